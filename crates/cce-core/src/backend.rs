@@ -1,0 +1,135 @@
+//! The backend trait: what CPU, CUDA and wgpu implement.
+//!
+//! Buffers are the backend's own (`Backend::Buffer`): host tensors for the CPU reference,
+//! device allocations for GPUs, so a caller holding device memory never copies `e`, `c`,
+//! `bias` or the gradients through the host. Targets (`[N]` integers) are read back by GPU
+//! backends to validate them and name a bad row; that is `4N` or `8N` bytes.
+
+use crate::error::Result;
+use crate::options::Options;
+use crate::stats::CallStats;
+use crate::tensor::{HostTensor, TensorMeta};
+
+/// The inputs of a call, as buffers of backend `B`.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a, B> {
+    /// Hidden states `[N, D]` (or `[..., T, D]`), f32/f16/bf16.
+    pub e: &'a B,
+    /// Classifier `[V, D]`, same dtype as `e`.
+    pub c: &'a B,
+    /// Optional bias `[V]`, same dtype as `e`.
+    pub bias: Option<&'a B>,
+    /// Targets `[N]`, i32 or i64.
+    pub targets: &'a B,
+}
+
+/// Output of the forward pass.
+#[derive(Debug)]
+pub struct ForwardOutput<B> {
+    /// Loss: shape `[]` f32 for mean/sum, `[N]` f32 for `Reduction::None`.
+    pub loss: B,
+    /// Log-sum-exp per row `[N]` f32 (nats); also the saved state for the backward. Ignored rows
+    /// still get their lse.
+    pub lse: B,
+    /// Entropy per row `[N]` f32 (nats), if asked.
+    pub entropy: Option<B>,
+    /// Argmax per row `[N]` i32, if asked.
+    pub argmax: Option<B>,
+    /// What the call did.
+    pub stats: CallStats,
+}
+
+/// Upstream gradient of the loss.
+#[derive(Clone, Copy, Debug)]
+pub enum DLoss<'a, B> {
+    /// `∂L/∂loss` for mean/sum reductions (1.0 for a plain `loss.backward()`).
+    Scalar(f32),
+    /// `∂L/∂loss_i`, `[N]` f32, for `Reduction::None`.
+    PerRow(&'a B),
+}
+
+/// Upstream gradients of the outputs of the forward.
+#[derive(Clone, Copy, Debug)]
+pub struct Upstream<'a, B> {
+    /// Gradient of the loss.
+    pub d_loss: DLoss<'a, B>,
+    /// Optional gradient of the lse output `[N]` f32 (`h_i` in MATH.md).
+    pub d_lse: Option<&'a B>,
+}
+
+impl<B> Default for Upstream<'_, B> {
+    fn default() -> Self {
+        Self {
+            d_loss: DLoss::Scalar(1.0),
+            d_lse: None,
+        }
+    }
+}
+
+/// Output of the backward pass. Gradients are in the input dtype (or f32 with
+/// `GradDType::F32`), accumulated in f32.
+#[derive(Debug)]
+pub struct BackwardOutput<B> {
+    /// `d_e` `[N, D]` (the shape of `e`), if `compute_d_e`.
+    pub d_e: Option<B>,
+    /// `d_c` `[V, D]`, if `compute_d_c`.
+    pub d_c: Option<B>,
+    /// `d_bias` `[V]`, if a bias was given and `compute_d_c`.
+    pub d_bias: Option<B>,
+    /// What the call did (filter statistics live here).
+    pub stats: CallStats,
+}
+
+/// A compute backend for cut cross-entropy.
+///
+/// Implementations validate with [`crate::problem::Problem::new`] and
+/// [`crate::problem::PreparedTargets`], follow [`crate::plan::Plan`], honour the filter rule of
+/// [`crate::filter`], and return typed errors, never panic, on bad input.
+pub trait Backend {
+    /// The backend's buffer type.
+    type Buffer: TensorMeta;
+
+    /// Short name (`cpu`, `cuda`, `wgpu`).
+    fn name(&self) -> &'static str;
+
+    /// Hardware facts the plan is derived from.
+    fn limits(&self) -> crate::plan::DeviceLimits;
+
+    /// Copy a host tensor to a backend buffer. Errors: `OutOfMemory`, `Backend`.
+    fn upload(&self, host: &HostTensor) -> Result<Self::Buffer>;
+
+    /// Copy a backend buffer to the host. Errors: `Backend`.
+    fn download(&self, buf: &Self::Buffer) -> Result<HostTensor>;
+
+    /// Forward: loss, lse, side outputs. Errors: every input error of
+    /// [`crate::problem::Problem::new`], `TargetOutOfRange`, `NonFinite`, `ResourceLimit`,
+    /// `OutOfMemory`, `Backend`.
+    fn forward(
+        &self,
+        inputs: &Inputs<'_, Self::Buffer>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<Self::Buffer>>;
+
+    /// Backward from the saved `lse` `[N]` f32 of a forward with the same inputs and options:
+    /// recomputes the logits (paper section 4.3). Errors as `forward`, plus `ShapeMismatch`
+    /// for `lse` or upstream gradients of the wrong shape.
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, Self::Buffer>,
+        opts: &Options,
+        lse: &Self::Buffer,
+        upstream: &Upstream<'_, Self::Buffer>,
+    ) -> Result<BackwardOutput<Self::Buffer>>;
+
+    /// Forward then backward. Backends may fuse; the default runs the two.
+    fn forward_backward(
+        &self,
+        inputs: &Inputs<'_, Self::Buffer>,
+        opts: &Options,
+        upstream: &Upstream<'_, Self::Buffer>,
+    ) -> Result<(ForwardOutput<Self::Buffer>, BackwardOutput<Self::Buffer>)> {
+        let fwd = self.forward(inputs, opts)?;
+        let bwd = self.backward(inputs, opts, &fwd.lse, upstream)?;
+        Ok((fwd, bwd))
+    }
+}

@@ -1,0 +1,570 @@
+//! The blocking plan: how a call is cut into chunks, tiles and passes. Pure data, computed from
+//! the problem, the options, the device limits and the memory budget; backends follow it and
+//! never invent tile sizes, so the CPU reference runs the very plan a GPU runs.
+//!
+//! Vocabulary: a **tile** is a sub-matrix of the logits (`tile.rows x tile.classes`); a
+//! **block** is a thread block / workgroup of a backend. A **chunk** is a range of rows or of
+//! classes processed as one unit so that buffers fit the device and accumulators fit the budget.
+//!
+//! Strategies (PERFORMANCE.md, "Design space"):
+//! - [`Strategy::TileOwnership`]: forward = online log-sum-exp over class tiles per row tile
+//!   (paper section 4.2), partial `(max, sum)` per class chunk merged in a fixed order; backward
+//!   recomputes logits tiles (paper section 4.3) in a row-owned pass for `d_e` (one block owns a
+//!   row tile and loops over all classes) and a class-owned pass for `d_c`/`d_bias`; with the
+//!   filter on, a threshold pass builds each row's histogram first. No float atomics, bitwise
+//!   deterministic; f32 accumulators per row chunk / class chunk.
+//! - [`Strategy::ChunkedDense`]: per chunk of rows, the logits are materialized in an f32
+//!   workspace (`chunk_rows x V`), then lse, thresholds and `G` in one memory pass, then
+//!   `d_e = G·C` and `d_c += Gᵀ·E` as GEMMs. 3 GEMMs, no recompute; needs `chunk_rows·V·4`
+//!   bytes plus a `V·D·4` f32 `d_c` accumulator (unless gradients are f32).
+
+use crate::dtype::DType;
+use crate::error::{CceError, Result};
+use crate::filter::{FilterRule, N_BINS};
+use crate::options::{GradDType, Options};
+use crate::problem::Problem;
+use std::fmt;
+use std::ops::Range;
+
+/// Which strategies a backend implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StrategyKind {
+    /// See [`Strategy::TileOwnership`].
+    TileOwnership,
+    /// See [`Strategy::ChunkedDense`].
+    ChunkedDense,
+}
+
+/// The chosen strategy with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Recomputing tile-owned forward/backward (module docs).
+    TileOwnership,
+    /// Row-chunked materialized logits (module docs).
+    ChunkedDense {
+        /// Rows per chunk.
+        chunk_rows: usize,
+    },
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Strategy::TileOwnership => write!(f, "tile-ownership"),
+            Strategy::ChunkedDense { chunk_rows } => write!(f, "chunked-dense({chunk_rows} rows)"),
+        }
+    }
+}
+
+/// Shape of a logits tile and of the depth step along `D`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileShape {
+    /// Rows (tokens) per tile.
+    pub rows: usize,
+    /// Classes per tile.
+    pub classes: usize,
+    /// Step along `D` per inner iteration (staged through fast memory).
+    pub depth: usize,
+}
+
+/// Hardware facts a backend reports; the plan derives everything else from them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceLimits {
+    /// Device name (for reports).
+    pub name: String,
+    /// Largest single buffer (binding) in bytes.
+    pub max_buffer_bytes: u64,
+    /// Fast on-chip memory per block (shared / workgroup memory) in bytes.
+    pub max_block_memory_bytes: u64,
+    /// Threads per block.
+    pub max_threads_per_block: u32,
+    /// Largest grid (blocks) per dimension.
+    pub max_grid: [u32; 3],
+    /// Element indices within one buffer must stay below `2^(index_bits − 1)` (32 on GPUs).
+    pub index_bits: u32,
+    /// Tile shape the backend's kernels are written for (fixed at compile time of the kernels).
+    pub tile: TileShape,
+    /// Strategies the backend implements, in order of preference.
+    pub strategies: Vec<StrategyKind>,
+}
+
+impl DeviceLimits {
+    /// Limits of the CPU reference: 64-bit indices, 1 TiB buffers, both strategies.
+    pub fn cpu() -> Self {
+        Self {
+            name: "cpu".into(),
+            max_buffer_bytes: 1 << 40,
+            max_block_memory_bytes: 1 << 20,
+            max_threads_per_block: 1,
+            max_grid: [u32::MAX; 3],
+            index_bits: 64,
+            tile: TileShape {
+                rows: 64,
+                classes: 256,
+                depth: 64,
+            },
+            strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
+        }
+    }
+}
+
+/// One pass over the problem, in execution order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Forward: lse, target logit, loss, side outputs.
+    Forward,
+    /// Backward, filter on: per-row histogram of `g0` and threshold `τ_i`.
+    Threshold,
+    /// Backward: `d_e`, row-owned.
+    BackwardDe,
+    /// Backward: `d_c` and `d_bias`, class-owned.
+    BackwardDc,
+}
+
+/// A logits tile: a range of rows and a range of classes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tile {
+    /// Rows of the tile.
+    pub rows: Range<usize>,
+    /// Classes of the tile.
+    pub classes: Range<usize>,
+}
+
+/// The blocking plan of one call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The validated problem.
+    pub problem: Problem,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// Logits tile shape.
+    pub tile: TileShape,
+    /// Row chunks (cover `0..N` in order, disjoint, each a multiple of `tile.rows` but the last).
+    pub row_chunks: Vec<Range<usize>>,
+    /// Class chunks (cover `0..V` likewise with `tile.classes`).
+    pub class_chunks: Vec<Range<usize>>,
+    /// Passes of a forward+backward call, in order (a forward-only call runs the first).
+    pub passes: Vec<Pass>,
+    /// Extra device memory the call uses beyond inputs and outputs, bytes.
+    pub workspace_bytes: u64,
+    /// The resolved filter rule.
+    pub filter: FilterRule,
+    /// Why this strategy and these chunks were chosen (for reports).
+    pub reason: String,
+}
+
+fn div_ceil(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+fn split(total: usize, chunk: usize) -> Vec<Range<usize>> {
+    (0..div_ceil(total, chunk))
+        .map(|i| i * chunk..((i + 1) * chunk).min(total))
+        .collect()
+}
+
+/// Largest multiple of `unit` that is `<= cap` (at least `unit`), and at most `total` rounded up.
+fn fit(cap: u64, unit: usize, total: usize) -> usize {
+    let m = (cap / unit as u64).max(1) as usize * unit;
+    m.min(div_ceil(total, unit) * unit)
+}
+
+impl Plan {
+    /// Compute the plan.
+    ///
+    /// Errors: `ResourceLimit` when even one tile's chunk does not fit `limits` or the budget;
+    /// `InvalidOption` when `limits` lists no strategy.
+    pub fn new(problem: &Problem, opts: &Options, limits: &DeviceLimits) -> Result<Self> {
+        let filter = FilterRule::resolve(opts, problem.dtype);
+        let tile = limits.tile;
+        let (n, v, d) = (problem.n, problem.v, problem.d);
+        let grads_f32 = opts.grad_dtype == GradDType::F32 || problem.dtype == DType::F32;
+        let idx_cap = if limits.index_bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << (limits.index_bits - 1)) - 1
+        };
+        // Per-row and per-chunk bookkeeping, O(N).
+        let row_state_bytes = |class_chunks: usize| -> u64 {
+            let hist = if filter.enabled { N_BINS as u64 * 4 } else { 0 };
+            n as u64 * (8 * class_chunks as u64 + 24 + hist)
+        };
+        // Buffers of one row chunk / class chunk must fit the device's binding and indexing.
+        let row_elem_bytes = (d as u64) * 4; // an f32 [rows, D] accumulator row is the widest
+        let class_elem_bytes = (d as u64) * 4;
+        let rows_cap = (limits.max_buffer_bytes / row_elem_bytes).min(idx_cap / d as u64);
+        let classes_cap = (limits.max_buffer_bytes / class_elem_bytes).min(idx_cap / d as u64);
+        if rows_cap < tile.rows as u64 || classes_cap < tile.classes as u64 {
+            return Err(CceError::ResourceLimit {
+                resource: format!("buffer bytes for one tile of D = {d} on {}", limits.name),
+                requested: (tile.rows.max(tile.classes) as u64) * row_elem_bytes,
+                max: limits.max_buffer_bytes,
+            });
+        }
+        // The grid of one chunk: (class tiles, row tiles).
+        let grid_rows_cap = limits.max_grid[1] as u64 * tile.rows as u64;
+        let grid_classes_cap = limits.max_grid[0] as u64 * tile.classes as u64;
+        let rows_cap = rows_cap.min(grid_rows_cap);
+        let classes_cap = classes_cap.min(grid_classes_cap);
+        let budget = opts.workspace_budget_bytes;
+        let mut why = Vec::new();
+        for kind in &limits.strategies {
+            match kind {
+                StrategyKind::ChunkedDense => {
+                    let dc_acc = if grads_f32 {
+                        0
+                    } else {
+                        v as u64 * d as u64 * 4
+                    };
+                    let fixed = dc_acc + row_state_bytes(1);
+                    if fixed >= budget {
+                        why.push(format!(
+                            "chunked-dense needs {} B for the f32 d_c accumulator and row state, over the budget of {budget} B",
+                            fixed
+                        ));
+                        continue;
+                    }
+                    let per_row = v as u64 * 4;
+                    let cap = ((budget - fixed) / per_row)
+                        .min(rows_cap)
+                        .min(idx_cap / v as u64)
+                        .min(limits.max_buffer_bytes / per_row);
+                    if cap < tile.rows as u64 {
+                        why.push(format!(
+                            "chunked-dense: budget {budget} B leaves room for {cap} rows of logits, under one tile of {} rows",
+                            tile.rows
+                        ));
+                        continue;
+                    }
+                    // Chunks of at least 1024 rows keep the d_c update compute-bound (PERFORMANCE.md).
+                    let chunk_rows = fit(cap, tile.rows, n);
+                    let row_chunks = split(n, chunk_rows);
+                    let class_chunks = split(v, fit(classes_cap, tile.classes, v));
+                    let workspace_bytes = fixed
+                        + (chunk_rows.min(n) as u64) * per_row
+                        + row_state_bytes(class_chunks.len())
+                        - row_state_bytes(1);
+                    return Ok(Self::finish(
+                        problem,
+                        Strategy::ChunkedDense { chunk_rows },
+                        tile,
+                        row_chunks,
+                        class_chunks,
+                        workspace_bytes,
+                        filter,
+                        format!(
+                            "chunked-dense: {chunk_rows}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
+                            chunk_rows.min(n) as u64 * per_row
+                        ),
+                    ));
+                }
+                StrategyKind::TileOwnership => {
+                    // Accumulators: f32 [rows, D] for the d_e pass, f32 [classes, D] for the
+                    // d_c pass (not at the same time), none when gradients are f32.
+                    let mut class_chunk = fit(classes_cap, tile.classes, v);
+                    let mut row_chunk = fit(rows_cap, tile.rows, n);
+                    let state = |cc: usize| row_state_bytes(div_ceil(v, cc));
+                    let acc = |rc: usize, cc: usize| -> u64 {
+                        if grads_f32 {
+                            0
+                        } else {
+                            (rc as u64 * d as u64 * 4).max(cc as u64 * d as u64 * 4)
+                        }
+                    };
+                    while state(class_chunk) + acc(row_chunk, class_chunk) > budget {
+                        let de = row_chunk as u64 * d as u64;
+                        let dc = class_chunk as u64 * d as u64;
+                        if dc >= de && class_chunk > tile.classes {
+                            class_chunk = fit(class_chunk as u64 / 2, tile.classes, v);
+                        } else if row_chunk > tile.rows {
+                            row_chunk = fit(row_chunk as u64 / 2, tile.rows, n);
+                        } else if class_chunk > tile.classes {
+                            class_chunk = fit(class_chunk as u64 / 2, tile.classes, v);
+                        } else {
+                            break;
+                        }
+                    }
+                    let ws = state(class_chunk) + acc(row_chunk, class_chunk);
+                    if ws > budget {
+                        why.push(format!(
+                            "tile-ownership needs at least {ws} B with one-tile chunks, over the budget of {budget} B"
+                        ));
+                        continue;
+                    }
+                    let row_chunks = split(n, row_chunk);
+                    let class_chunks = split(v, class_chunk);
+                    let reason = format!(
+                        "tile-ownership: {} row chunk(s) of {row_chunk}, {} class chunk(s) of {class_chunk}, workspace {ws} B within {budget} B{}",
+                        row_chunks.len(),
+                        class_chunks.len(),
+                        if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
+                    );
+                    return Ok(Self::finish(
+                        problem,
+                        Strategy::TileOwnership,
+                        tile,
+                        row_chunks,
+                        class_chunks,
+                        ws,
+                        filter,
+                        reason,
+                    ));
+                }
+            }
+        }
+        if limits.strategies.is_empty() {
+            return Err(CceError::InvalidOption {
+                name: "DeviceLimits::strategies",
+                reason: "the backend lists no strategy".into(),
+            });
+        }
+        Err(CceError::ResourceLimit {
+            resource: format!("workspace bytes ({})", why.join("; ")),
+            requested: row_state_bytes(div_ceil(v, tile.classes)),
+            max: budget,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        problem: &Problem,
+        strategy: Strategy,
+        tile: TileShape,
+        row_chunks: Vec<Range<usize>>,
+        class_chunks: Vec<Range<usize>>,
+        workspace_bytes: u64,
+        filter: FilterRule,
+        reason: String,
+    ) -> Self {
+        let mut passes = vec![Pass::Forward];
+        if filter.enabled {
+            passes.push(Pass::Threshold);
+        }
+        passes.push(Pass::BackwardDe);
+        passes.push(Pass::BackwardDc);
+        Self {
+            problem: *problem,
+            strategy,
+            tile,
+            row_chunks,
+            class_chunks,
+            passes,
+            workspace_bytes,
+            filter,
+            reason,
+        }
+    }
+
+    /// Row tiles of a row range (the last one may be short).
+    pub fn row_tiles(&self, rows: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+        let step = self.tile.rows;
+        (rows.start..rows.end)
+            .step_by(step)
+            .map(move |s| s..(s + step).min(rows.end))
+    }
+
+    /// Class tiles of a class range (the last one may be short).
+    pub fn class_tiles(&self, classes: Range<usize>) -> impl Iterator<Item = Range<usize>> + '_ {
+        let step = self.tile.classes;
+        (classes.start..classes.end)
+            .step_by(step)
+            .map(move |s| s..(s + step).min(classes.end))
+    }
+
+    /// Every logits tile, chunk by chunk (row chunk outer, class chunk inner).
+    pub fn tiles(&self) -> impl Iterator<Item = Tile> + '_ {
+        self.row_chunks.iter().flat_map(move |rc| {
+            self.class_chunks.iter().flat_map(move |cc| {
+                self.row_tiles(rc.clone()).flat_map(move |rows| {
+                    self.class_tiles(cc.clone()).map(move |classes| Tile {
+                        rows: rows.clone(),
+                        classes,
+                    })
+                })
+            })
+        })
+    }
+
+    /// Total number of logits tiles.
+    pub fn tile_count(&self) -> u64 {
+        let rt: u64 = self
+            .row_chunks
+            .iter()
+            .map(|r| div_ceil(r.len(), self.tile.rows) as u64)
+            .sum();
+        let ct: u64 = self
+            .class_chunks
+            .iter()
+            .map(|c| div_ceil(c.len(), self.tile.classes) as u64)
+            .sum();
+        rt * ct
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Strategy;
+    use super::*;
+    use crate::tensor::HostTensor;
+    use proptest::prelude::{any, prop, prop_assert, proptest, ProptestConfig};
+
+    fn problem(n: usize, d: usize, v: usize, dt: DType) -> Problem {
+        Problem {
+            n,
+            d,
+            v,
+            dtype: dt,
+            has_bias: false,
+            seq_len: n,
+        }
+    }
+
+    fn gpu_limits(max_buffer: u64, tile: (usize, usize)) -> DeviceLimits {
+        DeviceLimits {
+            name: "test-gpu".into(),
+            max_buffer_bytes: max_buffer,
+            max_block_memory_bytes: 48 << 10,
+            max_threads_per_block: 256,
+            max_grid: [65535, 65535, 65535],
+            index_bits: 32,
+            tile: TileShape {
+                rows: tile.0,
+                classes: tile.1,
+                depth: 16,
+            },
+            strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
+        }
+    }
+
+    fn check_invariants(plan: &Plan, limits: &DeviceLimits, budget: u64) {
+        let p = &plan.problem;
+        // Coverage: every (row, class) pair exactly once; tiles within bounds and shapes.
+        let mut count = vec![0u8; p.n * p.v];
+        for t in plan.tiles() {
+            assert!(t.rows.end <= p.n && t.classes.end <= p.v);
+            assert!(!t.rows.is_empty() && !t.classes.is_empty());
+            assert!(t.rows.len() <= plan.tile.rows && t.classes.len() <= plan.tile.classes);
+            for r in t.rows.clone() {
+                for c in t.classes.clone() {
+                    count[r * p.v + c] += 1;
+                }
+            }
+        }
+        assert!(count.iter().all(|&x| x == 1), "coverage");
+        assert_eq!(plan.tiles().count() as u64, plan.tile_count());
+        // Chunks: ordered, disjoint, covering, tile-aligned starts.
+        for (chunks, total, unit) in [
+            (&plan.row_chunks, p.n, plan.tile.rows),
+            (&plan.class_chunks, p.v, plan.tile.classes),
+        ] {
+            assert_eq!(chunks.first().unwrap().start, 0);
+            assert_eq!(chunks.last().unwrap().end, total);
+            for w in chunks.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            for c in chunks.iter() {
+                assert_eq!(c.start % unit, 0);
+            }
+        }
+        // Limits: buffers of a chunk fit, indices fit.
+        let idx_cap = if limits.index_bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << (limits.index_bits - 1)) - 1
+        };
+        for c in &plan.class_chunks {
+            assert!(c.len() as u64 * p.d as u64 * 4 <= limits.max_buffer_bytes);
+            assert!((c.len() as u64 * p.d as u64) <= idx_cap);
+            assert!(c.len().div_ceil(plan.tile.classes) as u64 <= limits.max_grid[0] as u64);
+        }
+        for r in &plan.row_chunks {
+            assert!(r.len() as u64 * p.d as u64 * 4 <= limits.max_buffer_bytes);
+            assert!(r.len().div_ceil(plan.tile.rows) as u64 <= limits.max_grid[1] as u64);
+        }
+        if let Strategy::ChunkedDense { chunk_rows } = plan.strategy {
+            assert!(chunk_rows as u64 * p.v as u64 * 4 <= limits.max_buffer_bytes);
+            assert!(chunk_rows as u64 * p.v as u64 <= idx_cap);
+        }
+        assert!(
+            plan.workspace_bytes <= budget,
+            "workspace {} > budget {budget}",
+            plan.workspace_bytes
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn plan_invariants_hold(
+            n in 1usize..300, d in 1usize..80, v in 1usize..700,
+            tr in prop::sample::select(vec![1usize, 16, 64, 128]),
+            tc in prop::sample::select(vec![1usize, 32, 64, 128, 256]),
+            buf_kib in 4u64..4096, budget_kib in 1u64..4096,
+            dt in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+            filter_off in any::<bool>(),
+        ) {
+            let p = problem(n, d, v, dt);
+            let limits = gpu_limits(buf_kib << 10, (tr, tc));
+            let opts = Options {
+                workspace_budget_bytes: budget_kib << 10,
+                filter_eps: if filter_off { crate::options::FilterEps::Off } else { crate::options::FilterEps::Auto },
+                ..Default::default()
+            };
+            match Plan::new(&p, &opts, &limits) {
+                Ok(plan) => check_invariants(&plan, &limits, opts.workspace_budget_bytes),
+                Err(CceError::ResourceLimit { .. }) => {
+                    // Only a budget or a buffer too small for one tile may refuse.
+                    let one_tile = (tr.max(tc) * d * 4) as u64 <= limits.max_buffer_bytes;
+                    let roomy = Options { workspace_budget_bytes: 1 << 40, ..opts.clone() };
+                    prop_assert!(!one_tile || Plan::new(&p, &roomy, &limits).is_ok());
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn seed_shape_default_budget_is_tile_ownership_within_budget() {
+        let p = problem(32768, 4096, 256000, DType::BF16);
+        let limits = gpu_limits(2 << 30, (128, 128));
+        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        assert_eq!(plan.strategy, Strategy::TileOwnership);
+        assert!(plan.workspace_bytes <= 512 << 20);
+        // With a budget for the f32 d_c accumulator, chunked dense is chosen.
+        let big = Options {
+            workspace_budget_bytes: 8 << 30,
+            ..Default::default()
+        };
+        let plan = Plan::new(&p, &big, &limits).unwrap();
+        assert!(
+            matches!(plan.strategy, Strategy::ChunkedDense { chunk_rows } if chunk_rows >= 1024)
+        );
+    }
+
+    #[test]
+    fn small_binding_splits_the_vocabulary() {
+        // lavapipe: 128 MiB per binding; c of the seed shape is 2 GiB in bf16.
+        let p = problem(4096, 4096, 256000, DType::BF16);
+        let limits = gpu_limits(128 << 20, (64, 64));
+        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        assert!(plan.class_chunks.len() > 1);
+        check_invariants_light(&plan, &limits);
+    }
+
+    fn check_invariants_light(plan: &Plan, limits: &DeviceLimits) {
+        for c in &plan.class_chunks {
+            assert!(c.len() as u64 * plan.problem.d as u64 * 4 <= limits.max_buffer_bytes);
+        }
+    }
+
+    #[test]
+    fn too_small_a_buffer_is_a_resource_error() {
+        let p = problem(10, 1 << 20, 10, DType::F32);
+        let limits = gpu_limits(1 << 20, (16, 16));
+        assert!(matches!(
+            Plan::new(&p, &Options::default(), &limits),
+            Err(CceError::ResourceLimit { .. })
+        ));
+        let _ = HostTensor::scalar_f32(0.0);
+    }
+}

@@ -1,0 +1,285 @@
+//! Shape and dtype validation, and target preparation (shift, ignore_index, range check).
+
+use crate::dtype::DType;
+use crate::error::{CceError, Result};
+use crate::options::Options;
+use crate::tensor::TensorMeta;
+
+/// Sizes and dtype of a validated call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Rows (tokens): product of `e`'s leading dimensions.
+    pub n: usize,
+    /// Hidden size.
+    pub d: usize,
+    /// Vocabulary size (classes).
+    pub v: usize,
+    /// dtype of `e`, `c` and `bias`.
+    pub dtype: DType,
+    /// Whether a bias `[V]` is given.
+    pub has_bias: bool,
+    /// Rows per sequence (for `shift`): `Options::seq_len`, or `T` when `e` is `[B, T, D]`, or `N`.
+    pub seq_len: usize,
+}
+
+impl Problem {
+    /// Validate shapes and dtypes of the inputs and the options.
+    ///
+    /// `e`: `[N, D]` or `[..., T, D]`; `c`: `[V, D]`; `bias`: `[V]`; `targets`: `[N]` or the
+    /// leading dims of `e`, i32 or i64. `e`, `c`, `bias` share a float dtype.
+    ///
+    /// Errors: `EmptyInput` (a zero-sized dimension), `ShapeMismatch`, `DTypeMismatch`,
+    /// `InvalidOption`, `ResourceLimit` (N or V ≥ 2³¹: targets and indices are 32-bit on devices).
+    pub fn new(
+        e: &dyn TensorMeta,
+        c: &dyn TensorMeta,
+        bias: Option<&dyn TensorMeta>,
+        targets: &dyn TensorMeta,
+        opts: &Options,
+    ) -> Result<Self> {
+        opts.validate()?;
+        let es = e.shape();
+        let cs = c.shape();
+        if es.len() < 2 {
+            return Err(CceError::ShapeMismatch {
+                what: "e",
+                expected: "[N, D] or [..., T, D]".into(),
+                got: format!("{es:?}"),
+            });
+        }
+        if cs.len() != 2 {
+            return Err(CceError::ShapeMismatch {
+                what: "c",
+                expected: "[V, D]".into(),
+                got: format!("{cs:?}"),
+            });
+        }
+        for (what, s) in [("e", es), ("c", cs), ("targets", targets.shape())] {
+            if s.contains(&0) || s.is_empty() && what == "targets" {
+                return Err(CceError::EmptyInput {
+                    what,
+                    shape: s.to_vec(),
+                });
+            }
+        }
+        let d = es[es.len() - 1];
+        let n: usize = es[..es.len() - 1].iter().product();
+        let v = cs[0];
+        if cs[1] != d {
+            return Err(CceError::ShapeMismatch {
+                what: "c (hidden size D)",
+                expected: format!("[V, {d}] (D of e)"),
+                got: format!("{cs:?}"),
+            });
+        }
+        let dtype = e.dtype();
+        if !dtype.is_float() {
+            return Err(CceError::DTypeMismatch {
+                what: "e",
+                expected: "f32, f16 or bf16".into(),
+                got: dtype,
+            });
+        }
+        if c.dtype() != dtype {
+            return Err(CceError::DTypeMismatch {
+                what: "c",
+                expected: format!("{dtype} (the dtype of e)"),
+                got: c.dtype(),
+            });
+        }
+        if let Some(b) = bias {
+            if b.shape() != [v] {
+                return Err(CceError::ShapeMismatch {
+                    what: "bias",
+                    expected: format!("[{v}]"),
+                    got: format!("{:?}", b.shape()),
+                });
+            }
+            if b.dtype() != dtype {
+                return Err(CceError::DTypeMismatch {
+                    what: "bias",
+                    expected: format!("{dtype} (the dtype of e)"),
+                    got: b.dtype(),
+                });
+            }
+        }
+        let ts = targets.shape();
+        if !(ts == [n] || ts == &es[..es.len() - 1]) {
+            return Err(CceError::ShapeMismatch {
+                what: "targets",
+                expected: format!("[{n}] or {:?}", &es[..es.len() - 1]),
+                got: format!("{ts:?}"),
+            });
+        }
+        if !matches!(targets.dtype(), DType::I32 | DType::I64) {
+            return Err(CceError::DTypeMismatch {
+                what: "targets",
+                expected: "i32 or i64".into(),
+                got: targets.dtype(),
+            });
+        }
+        let limit = i32::MAX as u64;
+        for (what, size) in [("rows N", n), ("vocabulary V", v)] {
+            if size as u64 > limit {
+                return Err(CceError::ResourceLimit {
+                    resource: format!("{what} (32-bit row/class indices)"),
+                    requested: size as u64,
+                    max: limit,
+                });
+            }
+        }
+        let seq_len = match (opts.seq_len, es.len()) {
+            (Some(t), _) => t,
+            (None, k) if k >= 3 => es[k - 2],
+            (None, _) => n,
+        };
+        if n % seq_len != 0 {
+            return Err(CceError::InvalidOption {
+                name: "seq_len",
+                reason: format!("N = {n} is not a multiple of seq_len = {seq_len}"),
+            });
+        }
+        Ok(Self {
+            n,
+            d,
+            v,
+            dtype,
+            has_bias: bias.is_some(),
+            seq_len,
+        })
+    }
+
+    /// FLOP of one logits GEMM, `2·N·V·D`.
+    pub fn gemm_flop(&self) -> f64 {
+        2.0 * self.n as f64 * self.v as f64 * self.d as f64
+    }
+}
+
+/// Targets after shift and validation: one class index per row of `e`, `-1` for ignored rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedTargets {
+    /// `[N]` class of each row in `[0, V)`, or `-1` (ignored: by `ignore_index` or by shift).
+    pub classes: Vec<i32>,
+    /// Count of rows with a class.
+    pub n_valid: usize,
+}
+
+impl PreparedTargets {
+    /// Apply `shift` (row `(b, t)` takes target `(b, t + shift)`, the last `shift` rows of each
+    /// sequence are ignored) and check every used target is in `[0, V)` or `ignore_index`.
+    ///
+    /// `raw`: `[N]` targets as given. Errors: `TargetOutOfRange` naming the first bad row (the
+    /// row in `raw`) and value; `ShapeMismatch` if `raw.len() != N`.
+    pub fn new(raw: &[i64], problem: &Problem, opts: &Options) -> Result<Self> {
+        if raw.len() != problem.n {
+            return Err(CceError::ShapeMismatch {
+                what: "targets",
+                expected: format!("[{}]", problem.n),
+                got: format!("[{}]", raw.len()),
+            });
+        }
+        // Every target is checked, also those a shift drops: a bad value is a bug upstream.
+        for (row, &value) in raw.iter().enumerate() {
+            if value != opts.ignore_index && !(0..problem.v as i64).contains(&value) {
+                return Err(CceError::TargetOutOfRange {
+                    row,
+                    value,
+                    vocab_size: problem.v,
+                    ignore_index: opts.ignore_index,
+                });
+            }
+        }
+        let t = problem.seq_len;
+        let s = opts.shift;
+        let mut n_valid = 0;
+        let classes = (0..problem.n)
+            .map(|i| {
+                let pos = i % t;
+                if pos + s >= t {
+                    return -1;
+                }
+                let y = raw[i + s];
+                if y == opts.ignore_index {
+                    -1
+                } else {
+                    n_valid += 1;
+                    y as i32
+                }
+            })
+            .collect();
+        Ok(Self { classes, n_valid })
+    }
+
+    /// Same as [`PreparedTargets::new`] for i32 targets.
+    pub fn from_i32(raw: &[i32], problem: &Problem, opts: &Options) -> Result<Self> {
+        let wide: Vec<i64> = raw.iter().map(|&x| x as i64).collect();
+        Self::new(&wide, problem, opts)
+    }
+}
+
+/// First non-finite value of a slice, as `(index, value)`.
+pub fn first_non_finite(values: impl IntoIterator<Item = f32>) -> Option<(usize, f32)> {
+    values.into_iter().enumerate().find(|(_, x)| !x.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::HostTensor;
+
+    fn t(shape: &[usize], dt: DType) -> HostTensor {
+        let n: usize = shape.iter().product();
+        HostTensor::from_f32(shape.to_vec(), &vec![0.5; n], dt).unwrap()
+    }
+
+    #[test]
+    fn three_dim_e_sets_seq_len() {
+        let e = t(&[2, 5, 3], DType::F32);
+        let c = t(&[7, 3], DType::F32);
+        let y = HostTensor::from_i64(vec![1; 10]);
+        let p = Problem::new(&e, &c, None, &y, &Options::default()).unwrap();
+        assert_eq!((p.n, p.d, p.v, p.seq_len), (10, 3, 7, 5));
+    }
+
+    #[test]
+    fn shift_pairs_rows_with_later_targets() {
+        let e = t(&[6, 2], DType::F32);
+        let c = t(&[9, 2], DType::F32);
+        let y = HostTensor::from_i64(vec![0; 6]);
+        let opts = Options {
+            shift: 1,
+            seq_len: Some(3),
+            ..Default::default()
+        };
+        let p = Problem::new(&e, &c, None, &y, &opts).unwrap();
+        let pt = PreparedTargets::new(&[1, 2, 3, 4, -100, 6], &p, &opts).unwrap();
+        assert_eq!(pt.classes, vec![2, 3, -1, -1, 6, -1]);
+        assert_eq!(pt.n_valid, 3);
+    }
+
+    #[test]
+    fn out_of_range_names_row_and_value() {
+        let e = t(&[3, 2], DType::F32);
+        let c = t(&[4, 2], DType::F32);
+        let y = HostTensor::from_i64(vec![0; 3]);
+        let o = Options::default();
+        let p = Problem::new(&e, &c, None, &y, &o).unwrap();
+        match PreparedTargets::new(&[0, 4, 1], &p, &o) {
+            Err(CceError::TargetOutOfRange {
+                row: 1,
+                value: 4,
+                vocab_size: 4,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            PreparedTargets::new(&[0, -1, 1], &p, &o),
+            Err(CceError::TargetOutOfRange {
+                row: 1,
+                value: -1,
+                ..
+            })
+        ));
+    }
+}

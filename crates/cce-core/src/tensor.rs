@@ -1,0 +1,242 @@
+//! Host tensors and the metadata every buffer (host or device) exposes.
+
+use crate::dtype::DType;
+use crate::error::{CceError, Result};
+use half::{bf16, f16};
+
+/// What every tensor-like buffer tells about itself: dtype and shape (row-major, contiguous).
+pub trait TensorMeta {
+    /// Element type.
+    fn dtype(&self) -> DType;
+    /// Shape, outermost first. Storage is row-major and contiguous.
+    fn shape(&self) -> &[usize];
+    /// Number of elements.
+    fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+}
+
+/// Typed host storage.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// f16 values.
+    F16(Vec<f16>),
+    /// bf16 values.
+    BF16(Vec<bf16>),
+    /// i32 values.
+    I32(Vec<i32>),
+    /// i64 values.
+    I64(Vec<i64>),
+}
+
+/// A contiguous row-major tensor in host memory. The CPU reference backend uses it as its
+/// buffer type; GPU backends upload from and download to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    shape: Vec<usize>,
+    data: HostData,
+}
+
+impl HostTensor {
+    /// Build from a shape and storage. Errors with `ShapeMismatch` if the element count differs.
+    pub fn new(shape: Vec<usize>, data: HostData) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        let len = data.len();
+        if n != len {
+            return Err(CceError::ShapeMismatch {
+                what: "host tensor storage",
+                expected: format!("{n} elements for shape {shape:?}"),
+                got: format!("{len} elements"),
+            });
+        }
+        Ok(Self { shape, data })
+    }
+
+    /// Round f32 values to `dtype` (round-to-nearest-even). `dtype` must be a float type,
+    /// else `DTypeMismatch`.
+    pub fn from_f32(shape: Vec<usize>, values: &[f32], dtype: DType) -> Result<Self> {
+        let data = match dtype {
+            DType::F32 => HostData::F32(values.to_vec()),
+            DType::F16 => HostData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
+            DType::BF16 => HostData::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            other => {
+                return Err(CceError::DTypeMismatch {
+                    what: "HostTensor::from_f32",
+                    expected: "f32, f16 or bf16".into(),
+                    got: other,
+                })
+            }
+        };
+        Self::new(shape, data)
+    }
+
+    /// Targets from i64 values, shape `[len]`.
+    pub fn from_i64(values: Vec<i64>) -> Self {
+        Self {
+            shape: vec![values.len()],
+            data: HostData::I64(values),
+        }
+    }
+
+    /// Targets from i32 values, shape `[len]`.
+    pub fn from_i32(values: Vec<i32>) -> Self {
+        Self {
+            shape: vec![values.len()],
+            data: HostData::I32(values),
+        }
+    }
+
+    /// A scalar f32 tensor (shape `[]`).
+    pub fn scalar_f32(x: f32) -> Self {
+        Self {
+            shape: vec![],
+            data: HostData::F32(vec![x]),
+        }
+    }
+
+    /// The storage.
+    pub fn data(&self) -> &HostData {
+        &self.data
+    }
+
+    /// Consume into storage.
+    pub fn into_data(self) -> HostData {
+        self.data
+    }
+
+    /// Values widened to f64 (exact for every dtype).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            HostData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            HostData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+
+    /// Values as f32 (exact for f32/f16/bf16; integers are converted).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            HostData::F32(v) => v.clone(),
+            HostData::F16(v) => v.iter().map(|&x| x.to_f32()).collect(),
+            HostData::BF16(v) => v.iter().map(|&x| x.to_f32()).collect(),
+            HostData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            HostData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
+
+    /// Integer values as i64 (`None` for float tensors).
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        match &self.data {
+            HostData::I32(v) => Some(v.iter().map(|&x| x as i64).collect()),
+            HostData::I64(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
+    /// Reinterpret with a new shape of the same element count (`ShapeMismatch` otherwise).
+    pub fn reshape(self, shape: Vec<usize>) -> Result<Self> {
+        Self::new(shape, self.data)
+    }
+
+    /// Raw little-endian bytes of the storage.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.data {
+            HostData::F32(v) => bytemuck::cast_slice(v),
+            HostData::F16(v) => bytemuck::cast_slice(v),
+            HostData::BF16(v) => bytemuck::cast_slice(v),
+            HostData::I32(v) => bytemuck::cast_slice(v),
+            HostData::I64(v) => bytemuck::cast_slice(v),
+        }
+    }
+
+    /// Build from raw little-endian bytes of `dtype` (`ShapeMismatch` if the length is off).
+    pub fn from_bytes(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if bytes.len() != n * dtype.size_bytes() {
+            return Err(CceError::ShapeMismatch {
+                what: "host tensor bytes",
+                expected: format!("{} bytes for {n} x {dtype}", n * dtype.size_bytes()),
+                got: format!("{} bytes", bytes.len()),
+            });
+        }
+        fn collect<T: bytemuck::Pod>(b: &[u8]) -> Vec<T> {
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(bytemuck::pod_read_unaligned)
+                .collect()
+        }
+        let data = match dtype {
+            DType::F32 => HostData::F32(collect(bytes)),
+            DType::F16 => HostData::F16(collect(bytes)),
+            DType::BF16 => HostData::BF16(collect(bytes)),
+            DType::I32 => HostData::I32(collect(bytes)),
+            DType::I64 => HostData::I64(collect(bytes)),
+        };
+        Self::new(shape, data)
+    }
+}
+
+impl HostData {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F16(v) => v.len(),
+            HostData::BF16(v) => v.len(),
+            HostData::I32(v) => v.len(),
+            HostData::I64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F16(_) => DType::F16,
+            HostData::BF16(_) => DType::BF16,
+            HostData::I32(_) => DType::I32,
+            HostData::I64(_) => DType::I64,
+        }
+    }
+}
+
+impl TensorMeta for HostTensor {
+    fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_each_dtype() {
+        let vals = [1.5f32, -2.25, 3.0e-3, 7.0];
+        for dt in [DType::F32, DType::F16, DType::BF16] {
+            let t = HostTensor::from_f32(vec![2, 2], &vals, dt).unwrap();
+            let back = HostTensor::from_bytes(vec![2, 2], dt, t.as_bytes()).unwrap();
+            assert_eq!(t, back);
+        }
+        assert!(matches!(
+            HostTensor::from_bytes(vec![3], DType::F32, &[0u8; 8]),
+            Err(CceError::ShapeMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn new_checks_element_count() {
+        assert!(HostTensor::new(vec![2, 3], HostData::F32(vec![1.0; 5])).is_err());
+    }
+}
