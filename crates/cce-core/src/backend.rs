@@ -80,6 +80,9 @@ pub struct BackwardOutput<B> {
     pub stats: CallStats,
 }
 
+/// Outputs of a forward+backward call.
+pub type ForwardBackward<B> = (ForwardOutput<B>, BackwardOutput<B>);
+
 /// A compute backend for cut cross-entropy.
 ///
 /// Implementations validate with [`crate::problem::Problem::new`] and
@@ -127,7 +130,7 @@ pub trait Backend {
         inputs: &Inputs<'_, Self::Buffer>,
         opts: &Options,
         upstream: &Upstream<'_, Self::Buffer>,
-    ) -> Result<(ForwardOutput<Self::Buffer>, BackwardOutput<Self::Buffer>)> {
+    ) -> Result<ForwardBackward<Self::Buffer>> {
         let fwd = self.forward(inputs, opts)?;
         let bwd = self.backward(inputs, opts, &fwd.lse, upstream)?;
         Ok((fwd, bwd))
