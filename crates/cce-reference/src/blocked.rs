@@ -111,8 +111,8 @@ fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(a.len() >= (m - 1) * rsa + (k.max(1) - 1) * csa + 1 || k == 0);
-    assert!(b.len() >= (k.max(1) - 1) * rsb + (n - 1) * csb + 1 || k == 0);
+    assert!(a.len() > (m - 1) * rsa + (k.max(1) - 1) * csa || k == 0);
+    assert!(b.len() > (k.max(1) - 1) * rsb + (n - 1) * csb || k == 0);
     assert!(out.len() >= (m - 1) * rso + n);
     // SAFETY: the asserts above bound every element the strided operands address:
     // a: (m-1)·rsa + (k-1)·csa, b: (k-1)·rsb + (n-1)·csb, out: (m-1)·rso + (n-1).
