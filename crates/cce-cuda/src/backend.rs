@@ -141,7 +141,8 @@ fn blocks_for(n: usize, per: usize) -> Result<u32> {
 
 /// Pick the number of splits of a tile loop for `units` independent blocks so that
 /// `units · splits` blocks fill `sm` multiprocessors with the least makespan
-/// (`ceil(blocks / sm) · ceil(tiles / splits)` tile steps), at most `max_splits`.
+/// (`ceil(blocks / sm) · (ceil(tiles / splits) + 2)` tile steps: two steps of overhead per
+/// block for its prologue and epilogue), at most `max_splits`.
 /// Returns `(splits, tiles_per_split)`.
 pub fn choose_splits(units: usize, tiles: usize, sm: usize, max_splits: usize) -> (usize, usize) {
     let max_s = max_splits.min(tiles).clamp(1, 65535);
@@ -150,7 +151,7 @@ pub fn choose_splits(units: usize, tiles: usize, sm: usize, max_splits: usize) -
         let tps = tiles.div_ceil(s);
         let s_eff = tiles.div_ceil(tps);
         let waves = (units * s_eff).div_ceil(sm.max(1));
-        let cost = waves as u128 * tps as u128;
+        let cost = waves as u128 * (tps as u128 + 2);
         if cost < best.0 {
             best = (cost, s_eff);
         }
@@ -398,7 +399,19 @@ impl CudaBackend {
         let c = cfg((4 * self.sm_count as u32, 1, 1), 256, 0);
         let (n64, v32) = (n as i64, v as i32);
         // SAFETY: `p` addresses n i64 values; the kernel writes indices < n only.
-        unsafe { launch!(self, "cce_fill_targets", c, p, n64, seed, v32, permille, ignore_index) }?;
+        unsafe {
+            launch!(
+                self,
+                "cce_fill_targets",
+                c,
+                p,
+                n64,
+                seed,
+                v32,
+                permille,
+                ignore_index
+            )
+        }?;
         Ok(t)
     }
 
@@ -553,11 +566,7 @@ impl CudaBackend {
         let cls_p = self.ptr(&p.classes);
         let (part_p, zt_p) = (self.ptr(&part), self.ptr(&z_target));
         let (n32, v32, d32, tps32) = (n as i32, v as i32, d as i32, tps as i32);
-        let c = cfg(
-            (n_rtiles as u32, splits as u32, 1),
-            NTHREADS,
-            LOGITS_SMEM,
-        );
+        let c = cfg((n_rtiles as u32, splits as u32, 1), NTHREADS, LOGITS_SMEM);
         let name = format!("cce_forward_{dtype}");
         // SAFETY: e [N, D], c [V, D], bias [V] hold the problem's dtype and sizes (validated by
         // Problem::new); classes holds N i32; part holds 6·splits·N f32 and z_target N f32. The

@@ -82,10 +82,12 @@ pub fn nvrtc_available() -> Result<(), String> {
     if unsafe { nvrtc_sys::is_culib_present() } {
         Ok(())
     } else {
-        Err("libnvrtc (CUDA 13, libnvrtc.so.13) could not be loaded; install the CUDA 13 NVRTC \
+        Err(
+            "libnvrtc (CUDA 13, libnvrtc.so.13) could not be loaded; install the CUDA 13 NVRTC \
              library or the nvidia-cuda-nvrtc==13.0.48 wheel and add its lib folder to \
              LD_LIBRARY_PATH"
-            .into())
+                .into(),
+        )
     }
 }
 
