@@ -379,8 +379,10 @@ fn filtered_error_is_bounded_by_the_dropped_mass() {
     };
     let mut rng = seeded();
     for dtype in [DType::F32, DType::BF16] {
-        for logit_std in [2.0, 8.0, 30.0] {
-            let (n, d, v) = (300, 64, 1500);
+        // Peaked rows keep ~2 entries (target and argmax); with 128 x 128 tiles a row tile has
+        // ~256 kept entries, so only a vocabulary of many tiles leaves whole tiles skippable.
+        for (logit_std, n, v) in [(2.0, 300, 1500), (8.0, 300, 1500), (30.0, 128, 32768)] {
+            let d = 64;
             let case = random_case(&mut rng, n, d, v, dtype, false, 0.1, logit_std);
             let delta = 2e-2f32;
             let opts = Options {
@@ -514,7 +516,8 @@ fn real_fixture_loss_lse_and_default_filter_accuracy() {
         .zip(&fx.lse_ref)
         .map(|(a, b)| (a - *b as f64).abs())
         .fold(0.0, f64::max);
-    assert!(worst < 2e-5, "lse max abs error {worst}");
+    // f32 accumulation over D = 576 of products up to ~10^2 (|e| ~ 50-1000): ~1e-4 absolute.
+    assert!(worst < 1.5e-4, "lse max abs error {worst}");
     eprintln!("real fixture f32: loss {loss:.6} (ref 2.142760), worst lse error {worst:.2e}");
 
     let e16 = HostTensor::from_f32(vec![1024, 576], &fx.e, DType::BF16).unwrap();
@@ -608,4 +611,48 @@ fn bitwise_repeatable() {
         )
     };
     assert_eq!(run(), run());
+}
+
+/// Small cases for compute-sanitizer (memcheck, racecheck): every dtype, exact and filtered,
+/// bias, analytic label smoothing, softcap, partial tiles, D off the vector width.
+#[test]
+fn sanitizer_smoke() {
+    let Some(be) = backend("sanitizer_smoke") else {
+        return;
+    };
+    let mut rng = seeded();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let mut s = spec(130, 36, 260, dtype, "exact+bias+ls");
+        s.bias = true;
+        s.opts.label_smoothing = 0.1;
+        s.ignored = 0.2;
+        eprintln!("{}", check(&be, &mut rng, &s));
+        let mut s = spec(130, 33, 300, dtype, "filtered+softcap+peaked");
+        s.opts.filter_eps = FilterEps::Value(1e-2);
+        s.opts.max_dropped_mass = 0.05;
+        s.opts.softcap = Some(20.0);
+        s.logit_std = 30.0;
+        // Filtered: only check that it runs clean; accuracy is judged elsewhere.
+        let case = random_case(&mut rng, s.n, s.d, s.v, dtype, true, 0.1, s.logit_std);
+        let (e, c, t) = (
+            upload(&be, &case.e),
+            upload(&be, &case.c),
+            upload(&be, &case.targets),
+        );
+        let b = upload(&be, case.bias.as_ref().unwrap());
+        let inputs = Inputs {
+            e: &e,
+            c: &c,
+            bias: Some(&b),
+            targets: &t,
+        };
+        let (_, g) = be
+            .forward_backward(&inputs, &s.opts, &Upstream::default())
+            .unwrap();
+        eprintln!(
+            "{dtype} filtered smoke: {} skipped of {}",
+            g.stats.tiles_skipped,
+            g.stats.tiles_visited + g.stats.tiles_skipped
+        );
+    }
 }

@@ -55,3 +55,15 @@ fn a_broken_kernel_reports_the_compiler_log() {
     let msg = err.to_string();
     assert!(msg.contains("undefined_symbol"), "{msg}");
 }
+
+/// Fill the on-disk kernel cache (`CCE_CUDA_CACHE_DIR`) through the backend's cached path, so a
+/// device run can carry the CUBIN instead of compiling (scripts/device-cuda.sh uses it).
+#[test]
+fn fill_kernel_cache() {
+    if kernels::nvrtc_available().is_err() || std::env::var_os("CCE_CUDA_CACHE_DIR").is_none() {
+        eprintln!("skipping fill_kernel_cache: NVRTC missing or CCE_CUDA_CACHE_DIR unset");
+        return;
+    }
+    let cubin = kernels::compile_cubin("sm_90a").unwrap_or_else(|e| panic!("{e}"));
+    assert!(!cubin.is_empty());
+}
