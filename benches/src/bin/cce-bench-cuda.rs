@@ -34,11 +34,46 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case { name: "seed-randn", n: 32768, d: 4096, v: 256000, data: Data::Randn, softcap: None },
-    Case { name: "seed-c/8", n: 32768, d: 4096, v: 256000, data: Data::CDiv8, softcap: None },
-    Case { name: "seed-e/8", n: 32768, d: 4096, v: 256000, data: Data::EDiv8, softcap: None },
-    Case { name: "gemma2-randn-softcap30", n: 8192, d: 2304, v: 256000, data: Data::Randn, softcap: Some(30.0) },
-    Case { name: "llama3-randn", n: 8192, d: 4096, v: 128256, data: Data::Randn, softcap: None },
+    Case {
+        name: "seed-randn",
+        n: 32768,
+        d: 4096,
+        v: 256000,
+        data: Data::Randn,
+        softcap: None,
+    },
+    Case {
+        name: "seed-c/8",
+        n: 32768,
+        d: 4096,
+        v: 256000,
+        data: Data::CDiv8,
+        softcap: None,
+    },
+    Case {
+        name: "seed-e/8",
+        n: 32768,
+        d: 4096,
+        v: 256000,
+        data: Data::EDiv8,
+        softcap: None,
+    },
+    Case {
+        name: "gemma2-randn-softcap30",
+        n: 8192,
+        d: 2304,
+        v: 256000,
+        data: Data::Randn,
+        softcap: Some(30.0),
+    },
+    Case {
+        name: "llama3-randn",
+        n: 8192,
+        d: 4096,
+        v: 128256,
+        data: Data::Randn,
+        softcap: None,
+    },
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -63,7 +98,10 @@ impl Pool {
         let p = Pool(pool);
         // Keep freed blocks in the pool between calls (as a caching allocator does).
         let mut thr: u64 = u64::MAX;
-        p.set(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut thr);
+        p.set(
+            dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut thr,
+        );
         p
     }
     fn set(&self, attr: dsys::CUmemPool_attribute, v: &mut u64) {
@@ -85,7 +123,10 @@ impl Pool {
     }
     fn reset_high(&self) {
         let mut z = 0u64;
-        self.set(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, &mut z);
+        self.set(
+            dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            &mut z,
+        );
     }
     fn high(&self) -> u64 {
         self.get(dsys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)
@@ -109,7 +150,15 @@ fn time_ms(be: &CudaBackend, mut f: impl FnMut()) -> f64 {
 }
 
 /// The logits GEMM `z = e · cᵀ` in row chunks (cuBLAS column-major: zᵀ = c · eᵀ).
-fn gemm_floor(be: &CudaBackend, blas: &CudaBlas, e: &CudaTensor, c: &CudaTensor, n: usize, d: usize, v: usize) -> f64 {
+fn gemm_floor(
+    be: &CudaBackend,
+    blas: &CudaBlas,
+    e: &CudaTensor,
+    c: &CudaTensor,
+    n: usize,
+    d: usize,
+    v: usize,
+) -> f64 {
     let chunk = 4096.min(n);
     let out = be.alloc_tensor(vec![chunk, v], DType::BF16).unwrap();
     let (alpha, beta) = (1.0f32, 0.0f32);
@@ -183,8 +232,13 @@ fn main() {
                 i += 1;
             }
             "-h" | "--help" => {
-                println!("cce-bench-cuda [--filter SUBSTR]... [--reps 5] [--warmup 1] [--out FILE]");
-                println!("cases: {}", CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", "));
+                println!(
+                    "cce-bench-cuda [--filter SUBSTR]... [--reps 5] [--warmup 1] [--out FILE]"
+                );
+                println!(
+                    "cases: {}",
+                    CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")
+                );
                 return;
             }
             other => panic!("unknown argument {other}"),
@@ -226,10 +280,19 @@ fn main() {
             be.fill_randn(&mut e, 11, 0.0, se).unwrap();
             be.fill_randn(&mut c, 12, 0.0, sc).unwrap();
             let t = be.random_targets(n, v, 0.0, -100, 13).unwrap();
-            let inputs = Inputs { e: &e, c: &c, bias: None, targets: &t };
+            let inputs = Inputs {
+                e: &e,
+                c: &c,
+                bias: None,
+                targets: &t,
+            };
             let opts = Options {
                 softcap: case.softcap,
-                filter_eps: if mode == "exact" { FilterEps::Off } else { FilterEps::Auto },
+                filter_eps: if mode == "exact" {
+                    FilterEps::Off
+                } else {
+                    FilterEps::Auto
+                },
                 ..Options::default()
             };
             let up = Upstream::default();
@@ -239,9 +302,11 @@ fn main() {
             }
             let fwd_ms = median(
                 (0..reps)
-                    .map(|_| time_ms(&be, || {
-                        be.forward(&inputs, &opts).unwrap();
-                    }))
+                    .map(|_| {
+                        time_ms(&be, || {
+                            be.forward(&inputs, &opts).unwrap();
+                        })
+                    })
                     .collect(),
             );
             let before = pool.used();
@@ -252,7 +317,9 @@ fn main() {
                     // Free the previous call's outputs first: the peak is one call's.
                     last = None;
                     let mut r = None;
-                    let ms = time_ms(&be, || r = Some(be.forward_backward(&inputs, &opts, &up).unwrap()));
+                    let ms = time_ms(&be, || {
+                        r = Some(be.forward_backward(&inputs, &opts, &up).unwrap())
+                    });
                     last = r;
                     ms
                 })
@@ -260,13 +327,21 @@ fn main() {
             let high = pool.high();
             let fb_ms = median(fb_all);
             let (fwd, bwd) = last.unwrap();
-            let grads = [&bwd.d_e, &bwd.d_c].into_iter().flatten().map(|g| g.nbytes() as u64).sum::<u64>();
+            let grads = [&bwd.d_e, &bwd.d_c]
+                .into_iter()
+                .flatten()
+                .map(|g| g.nbytes() as u64)
+                .sum::<u64>();
             let peak_extra = high.saturating_sub(before).saturating_sub(grads);
             let loss = be.download(&fwd.loss).unwrap().to_f32_vec()[0];
             drop((fwd, bwd.d_e, bwd.d_c));
             let gemm_ms = blas.as_ref().map_or(f64::NAN, |b| {
                 gemm_floor(&be, b, &e, &c, n, d, v);
-                median((0..reps).map(|_| gemm_floor(&be, b, &e, &c, n, d, v)).collect())
+                median(
+                    (0..reps)
+                        .map(|_| gemm_floor(&be, b, &e, &c, n, d, v))
+                        .collect(),
+                )
             });
             let row = Row {
                 case: case.name.to_string(),

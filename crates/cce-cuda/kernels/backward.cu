@@ -106,12 +106,6 @@ __device__ __forceinline__ void backward_de_impl(
     const int t_end = min(n_ctiles, t_begin + tiles_per_split);
     float* accg = acc + ((i64)blockIdx.y * rows_in_chunk + (row0 - row_begin)) * D;
 
-    RowInfo R[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int r = L.row_of(i);
-        R[i] = load_row(row0 + r, r < rows_valid, classes, lse, rowc, N, tau, 0.f);
-    }
     u64 n_visit = 0, n_skip = 0, e_kept = 0, e_skip = 0;
 
     for (int tile = t_begin; tile < t_end; ++tile) {
@@ -127,18 +121,22 @@ __device__ __forceinline__ void backward_de_impl(
         }
         int keep = 0;
         float drop[8];
+        int yv[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
+            int r = L.row_of(i);
+            RowInfo R = load_row(row0 + r, r < rows_valid, classes, lse, rowc, N, tau, 0.f);
+            yv[i] = R.y;
             drop[i] = 0.f;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 int cl = L.col_of(j);
                 float g0;
-                float v = grad_entry(G[i][j] + bj[j], softcap, R[i], col0 + cl, dense_ls, g0);
-                bool ok = R[i].active && cl < cols_valid;
-                G[i][j] = ok ? v * R[i].inv : 0.f;
+                float v = grad_entry(G[i][j] + bj[j], softcap, R, col0 + cl, dense_ls, g0);
+                bool ok = R.active && cl < cols_valid;
+                G[i][j] = ok ? v * R.inv : 0.f;
                 if (ok) {
-                    if (g0 >= R[i].tau) keep = 1;
+                    if (g0 >= R.tau) keep = 1;
                     drop[i] += g0;
                 }
             }
@@ -153,7 +151,7 @@ __device__ __forceinline__ void backward_de_impl(
                 float v = drop[i];
                 v += __shfl_xor_sync(0xffffffffu, v, 1);
                 v += __shfl_xor_sync(0xffffffffu, v, 2);
-                if (L.t == 0 && R[i].y >= 0) add_dropped(dropped, row0 + L.row_of(i), v);
+                if (L.t == 0 && yv[i] >= 0) add_dropped(dropped, row0 + L.row_of(i), v);
             }
             continue;
         }
@@ -183,7 +181,7 @@ __device__ __forceinline__ void backward_dc_impl(
     extern __shared__ __align__(16) u8 smem[];
     u8* Gs = smem;
     u8* X = smem + xs_bytes<Dt>();
-    float* bsum = (float*)(X + (xs_bytes<Dt>() > LOGITS_SMEM_BYTES ? xs_bytes<Dt>() : LOGITS_SMEM_BYTES));
+    float* bsum = (float*)(X + x_region_bytes<Dt>());
     const Lane L;
     const int col0 = class_begin + blockIdx.x * TILE_N;
     const int cols_valid = min(TILE_N, class_begin + classes_in_chunk - col0);

@@ -9,9 +9,11 @@
 // Tiling
 //   A logits tile is TILE_M x TILE_N = 128 rows x 128 classes, accumulated in f32 over D in
 //   steps of BK = 32 (16-bit inputs) or 16 (f32). Each step stages a 128 x BK slice of e and of
-//   c in shared memory (80-byte padded rows, two stages, register prefetch of the next step).
-//   The backward's second product (G·C or Gᵀ·E) runs over D in slices of 128 columns with G
-//   (128 x 128) resident in shared memory.
+//   c in shared memory (80-byte padded rows) through a 3-stage cp.async ring, so two steps of
+//   loads are in flight while one is multiplied. The backward's second product (G·C or Gᵀ·E)
+//   runs over D in slices of 128 columns with G (128 x 128) resident in shared memory and the
+//   slices double-buffered with cp.async; the f32 accumulator rows of a slice are fetched into
+//   registers before its product so their latency overlaps the tensor-core work.
 //
 // Thread mapping
 //   256 threads = 8 warps as 2 (rows) x 4 (classes); warp (wm, wn) owns the 64 x 32 sub-tile at
@@ -33,7 +35,8 @@ typedef long long i64;
 #define NTHREADS 256
 #define SROW_BYTES 80
 #define STAGE_BYTES (TILE_M * SROW_BYTES)
-#define LOGITS_SMEM_BYTES (4 * STAGE_BYTES)
+#define N_STAGES 3
+#define LOGITS_SMEM_BYTES (2 * N_STAGES * STAGE_BYTES)
 #define N_BINS 65
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -124,6 +127,57 @@ __device__ __forceinline__ void ldsm_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3
                  : "memory");
 }
 
+// 16-byte global -> shared copy that bypasses registers (sm_80+), and its group fences.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem_dst)), "l"(gsrc) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Stage one 16-byte chunk (VEC elements) of row `r` at column k of src [*, D] into smem `dst`:
+// cp.async when the chunk is whole and aligned, else element loads (zeros past D / rows_valid).
+template <class Dt>
+__device__ __forceinline__ void stage_chunk(u8* dst, const typename Dt::T* __restrict__ src, int row, bool row_ok,
+                                            int k, int D, bool vec_ok) {
+    typedef typename Dt::T T;
+    if (row_ok && k < D) {
+        const T* p = src + (i64)row * D + k;
+        if (vec_ok && k + Dt::VEC <= D) {
+            cp_async16(dst, p);
+            return;
+        }
+        union {
+            uint4 v;
+            T e[Dt::VEC];
+        } val;
+        val.v = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int x = 0; x < Dt::VEC; ++x)
+            if (k + x < D) val.e[x] = p[x];
+        *(uint4*)dst = val.v;
+    } else {
+        *(uint4*)dst = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// Stage the 128 x BK slices of e (rows row0..) and c (rows col0..) at depth k0 into `stage`.
+template <class Dt>
+__device__ __forceinline__ void stage_step(u8* stage, const typename Dt::T* __restrict__ e, int row0, int rows_valid,
+                                           const typename Dt::T* __restrict__ c, int col0, int cols_valid, int k0,
+                                           int D, bool vec_ok) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+        int ch = threadIdx.x + u * NTHREADS;
+        int r = ch >> 2, q = ch & 3;
+        int k = k0 + q * Dt::VEC;
+        stage_chunk<Dt>(stage + r * SROW_BYTES + q * 16, e, row0 + r, r < rows_valid, k, D, vec_ok);
+        stage_chunk<Dt>(stage + STAGE_BYTES + r * SROW_BYTES + q * 16, c, col0 + r, r < cols_valid, k, D, vec_ok);
+    }
+}
+
 struct Lane {
     int lane, wm, wn, g, t;
     __device__ __forceinline__ Lane() {
@@ -158,54 +212,6 @@ __device__ __forceinline__ int filter_bin(float g0, float eps, const float* edge
     while (k < N_BINS - 1 && g0 < edges[k + 1]) ++k;
     return k;
 }
-
-// ---------------------------------------------------------------------------------------------
-// Global -> shared staging of a 128 x BK slice (two 16-byte chunks per thread)
-// ---------------------------------------------------------------------------------------------
-
-template <class Dt>
-struct TileLoader {
-    typedef typename Dt::T T;
-    uint4 v[2];
-
-    // Rows row0 .. row0+127 of src [*, D], columns k0 .. k0+BK-1; rows >= rows_valid and
-    // columns >= D read as zero. vec_ok: D is a multiple of VEC and src is 16-byte aligned.
-    __device__ __forceinline__ void load(const T* __restrict__ src, int row0, int rows_valid, int k0,
-                                         int D, bool vec_ok) {
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            int ch = threadIdx.x + u * NTHREADS;
-            int r = ch >> 2, q = ch & 3;
-            int k = k0 + q * Dt::VEC;
-            union {
-                uint4 v;
-                T e[Dt::VEC];
-            } val;
-            val.v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < rows_valid && k < D) {
-                const T* p = src + (i64)(row0 + r) * D + k;
-                if (vec_ok && k + Dt::VEC <= D) {
-                    val.v = __ldg((const uint4*)p);
-                } else {
-#pragma unroll
-                    for (int x = 0; x < Dt::VEC; ++x) {
-                        if (k + x < D) val.e[x] = p[x];
-                    }
-                }
-            }
-            v[u] = val.v;
-        }
-    }
-
-    __device__ __forceinline__ void store(u8* stage) const {
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            int ch = threadIdx.x + u * NTHREADS;
-            int r = ch >> 2, q = ch & 3;
-            *(uint4*)(stage + r * SROW_BYTES + q * 16) = v[u];
-        }
-    }
-};
 
 // One BK step of the logits tile: acc += As · Bsᵀ over the staged slices.
 template <class Dt>
@@ -254,7 +260,8 @@ __device__ __forceinline__ void tile_step(const u8* As, const u8* Bs, float (&ac
 
 // The logits tile x = e[row0 .. +128] · c[col0 .. +128]ᵀ in f32 (no bias, no softcap), in the
 // thread's 8 x 8 fragment. Out-of-range rows / classes give 0. Uses LOGITS_SMEM_BYTES of smem;
-// every thread must call it; it ends with __syncthreads() so smem may be reused after it.
+// every thread must call it; it starts writing smem at once (the caller's previous readers
+// must have passed a barrier) and ends with __syncthreads() so smem may be reused after it.
 template <class Dt>
 __device__ __forceinline__ void logits_tile(const typename Dt::T* __restrict__ e, int row0, int rows_valid,
                                             const typename Dt::T* __restrict__ c, int col0, int cols_valid,
@@ -263,29 +270,26 @@ __device__ __forceinline__ void logits_tile(const typename Dt::T* __restrict__ e
     for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
-    TileLoader<Dt> la, lb;
     const int nk = (D + Dt::BK - 1) / Dt::BK;
-    la.load(e, row0, rows_valid, 0, D, vec_ok);
-    lb.load(c, col0, cols_valid, 0, D, vec_ok);
-    la.store(smem);
-    lb.store(smem + STAGE_BYTES);
-    __syncthreads();
-    for (int kt = 0; kt < nk; ++kt) {
-        const u8* As = smem + (kt & 1) * 2 * STAGE_BYTES;
-        const u8* Bs = As + STAGE_BYTES;
-        const bool more = kt + 1 < nk;
-        if (more) {
-            la.load(e, row0, rows_valid, (kt + 1) * Dt::BK, D, vec_ok);
-            lb.load(c, col0, cols_valid, (kt + 1) * Dt::BK, D, vec_ok);
-        }
-        tile_step<Dt>(As, Bs, acc, L);
-        if (more) {
-            u8* An = smem + ((kt + 1) & 1) * 2 * STAGE_BYTES;
-            la.store(An);
-            lb.store(An + STAGE_BYTES);
-        }
-        __syncthreads();
+#pragma unroll
+    for (int s = 0; s < N_STAGES - 1; ++s) {
+        if (s < nk) stage_step<Dt>(smem + s * 2 * STAGE_BYTES, e, row0, rows_valid, c, col0, cols_valid, s * Dt::BK, D, vec_ok);
+        cp_async_commit();
     }
+    for (int kt = 0; kt < nk; ++kt) {
+        cp_async_wait<N_STAGES - 2>();
+        __syncthreads();
+        // The stage refilled here was read at step kt-1; every thread is past the barrier.
+        const int nxt = kt + N_STAGES - 1;
+        if (nxt < nk)
+            stage_step<Dt>(smem + (nxt % N_STAGES) * 2 * STAGE_BYTES, e, row0, rows_valid, c, col0, cols_valid,
+                           nxt * Dt::BK, D, vec_ok);
+        cp_async_commit();
+        const u8* As = smem + (kt % N_STAGES) * 2 * STAGE_BYTES;
+        tile_step<Dt>(As, As + STAGE_BYTES, acc, L);
+    }
+    cp_async_wait<0>();
+    __syncthreads();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -298,44 +302,74 @@ __host__ __device__ constexpr int xs_bytes() {
     return TILE_M * Dt::XS_STRIDE * (int)sizeof(typename Dt::T);
 }
 
+// Shared bytes of the region that holds either the logits stages or the two B slices.
+template <class Dt>
+__host__ __device__ constexpr int x_region_bytes() {
+    return 2 * xs_bytes<Dt>() > LOGITS_SMEM_BYTES ? 2 * xs_bytes<Dt>() : LOGITS_SMEM_BYTES;
+}
+
 // A (`As`, XS_STRIDE-padded rows, k contiguous) is resident in smem. For each slice of 128
-// columns of D: stage src rows (k) x columns (n) in `Xs`, multiply, and read-modify-write the
-// f32 accumulator `accg` (row r of the output at accg + r*D; rows >= out_rows_valid are not
+// columns of D: stage src rows (k) x columns (n) in one of the two `Xs` buffers (2 x xs_bytes,
+// the next slice's copy in flight during this slice's product), multiply, and read-modify-write
+// the f32 accumulator `accg` (row r of the output at accg + r*D; rows >= out_rows_valid are not
 // written). The calling block owns those accumulator rows: no other block touches them during
-// the launch. Starts and ends with __syncthreads().
+// the launch. The caller's writes of `As` must precede the call; Xs must be free (past a
+// barrier). Ends with __syncthreads().
+template <class Dt>
+__device__ __forceinline__ void stage_slice(u8* Xs, const typename Dt::T* __restrict__ src, int src_row0,
+                                            int src_rows_valid, int d0, int D, bool vec_ok) {
+    const int CPR = 128 / Dt::VEC;                 // chunks per staged row
+    const int PER_THREAD = (128 * CPR) / NTHREADS; // chunks per thread
+    const int XS_ROW_BYTES = Dt::XS_STRIDE * (int)sizeof(typename Dt::T);
+#pragma unroll
+    for (int u = 0; u < PER_THREAD; ++u) {
+        int ch = threadIdx.x + u * NTHREADS;
+        int r = ch / CPR, q = ch % CPR;
+        stage_chunk<Dt>(Xs + r * XS_ROW_BYTES + q * 16, src, src_row0 + r, r < src_rows_valid, d0 + q * Dt::VEC, D,
+                        vec_ok);
+    }
+}
+
 template <class Dt>
 __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typename Dt::T* __restrict__ src,
                                                int src_row0, int src_rows_valid, int D, bool vec_ok,
                                                float* __restrict__ accg, int out_rows_valid, const Lane& L) {
     typedef typename Dt::T T;
-    const int CPR = 128 / Dt::VEC;                 // chunks per staged row
-    const int PER_THREAD = (128 * CPR) / NTHREADS; // chunks per thread
     const int XS_ROW_BYTES = Dt::XS_STRIDE * (int)sizeof(T);
-    for (int d0 = 0; d0 < D; d0 += 128) {
-        __syncthreads();
-#pragma unroll 4
-        for (int u = 0; u < PER_THREAD; ++u) {
-            int ch = threadIdx.x + u * NTHREADS;
-            int r = ch / CPR, q = ch % CPR;
-            int k = d0 + q * Dt::VEC;
-            union {
-                uint4 v;
-                T e[Dt::VEC];
-            } val;
-            val.v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < src_rows_valid && k < D) {
-                const T* p = src + (i64)(src_row0 + r) * D + k;
-                if (vec_ok && k + Dt::VEC <= D) {
-                    val.v = __ldg((const uint4*)p);
-                } else {
+    const int nd = (D + 127) / 128;
+    const bool pairs = (D & 1) == 0;
+    stage_slice<Dt>(Xs, src, src_row0, src_rows_valid, 0, D, vec_ok);
+    cp_async_commit();
+    for (int s = 0; s < nd; ++s) {
+        const int d0 = s * 128;
+        if (s + 1 < nd) stage_slice<Dt>(Xs + ((s + 1) & 1) * xs_bytes<Dt>(), src, src_row0, src_rows_valid, d0 + 128, D, vec_ok);
+        cp_async_commit();
+        // Fetch this slice's accumulator values now; they are added after the product.
+        float old[8][8];
 #pragma unroll
-                    for (int x = 0; x < Dt::VEC; ++x)
-                        if (k + x < D) val.e[x] = p[x];
+        for (int i = 0; i < 8; ++i) {
+            int r = L.row_of(i);
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                int col = d0 + L.col_of(j);
+                old[i][j] = 0.f;
+                old[i][j + 1] = 0.f;
+                if (r < out_rows_valid && col < D) {
+                    const float* rowp = accg + (i64)r * D;
+                    if (pairs) {
+                        float2 v = *(const float2*)(rowp + col);
+                        old[i][j] = v.x;
+                        old[i][j + 1] = v.y;
+                    } else {
+                        old[i][j] = rowp[col];
+                        if (col + 1 < D) old[i][j + 1] = rowp[col + 1];
+                    }
                 }
             }
-            *(uint4*)(Xs + r * XS_ROW_BYTES + q * 16) = val.v;
         }
+        cp_async_wait<1>();
         __syncthreads();
+        const u8* Xc = Xs + (s & 1) * xs_bytes<Dt>();
         float acc[8][8];
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -357,7 +391,7 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
                     int k = kk + (L.lane & 7) + ((L.lane >> 3) & 1) * 8;
                     int n = L.wn * 32 + p * 16 + (L.lane >> 4) * 8;
                     ldsm_x4_trans(b[2 * p][0], b[2 * p][1], b[2 * p + 1][0], b[2 * p + 1][1],
-                                  Xs + k * XS_ROW_BYTES + n * 2);
+                                  Xc + k * XS_ROW_BYTES + n * 2);
                 }
 #pragma unroll
                 for (int mi = 0; mi < 4; ++mi)
@@ -368,7 +402,7 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
             }
         } else {
             const float* Af = (const float*)As;
-            const float* Xf = (const float*)Xs;
+            const float* Xf = (const float*)Xc;
 #pragma unroll 4
             for (int k = 0; k < 128; ++k) {
                 float a[8], b[8];
@@ -382,7 +416,6 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
                     for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
             }
         }
-        const bool pairs = (D & 1) == 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             int r = L.row_of(i);
@@ -393,19 +426,17 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
                 int col = d0 + L.col_of(j);
                 if (col >= D) continue;
                 if (pairs) {
-                    float2* p2 = (float2*)(rowp + col);
-                    float2 old = *p2;
-                    old.x += acc[i][j];
-                    old.y += acc[i][j + 1];
-                    *p2 = old;
+                    *(float2*)(rowp + col) = make_float2(old[i][j] + acc[i][j], old[i][j + 1] + acc[i][j + 1]);
                 } else {
-                    rowp[col] += acc[i][j];
-                    if (col + 1 < D) rowp[col + 1] += acc[i][j + 1];
+                    rowp[col] = old[i][j] + acc[i][j];
+                    if (col + 1 < D) rowp[col + 1] = old[i][j + 1] + acc[i][j + 1];
                 }
             }
         }
+        // Every thread is done with Xs[s & 1] before iteration s + 1 refills it.
+        __syncthreads();
     }
-    __syncthreads();
+    cp_async_wait<0>();
 }
 
 // Write a value of G into a 128 x 128 smem operand tile at (r, k) (XS_STRIDE-padded rows).

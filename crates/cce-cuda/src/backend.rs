@@ -25,8 +25,9 @@ pub const TILE_ROWS: usize = 128;
 pub const TILE_CLASSES: usize = 128;
 /// Threads per block of the tile kernels (`NTHREADS`).
 const NTHREADS: u32 = 256;
-/// Shared memory of the logits staging (`LOGITS_SMEM_BYTES`).
-const LOGITS_SMEM: u32 = 4 * 128 * 80;
+/// Shared memory of the logits staging (`LOGITS_SMEM_BYTES`: 3 stages of two 128 x 80-byte
+/// slices).
+const LOGITS_SMEM: u32 = 2 * 3 * 128 * 80;
 const HIST_SMEM: u32 = LOGITS_SMEM + (128 * N_BINS as u32 + N_BINS as u32) * 4;
 
 /// Shared bytes of one 128 x 128 operand tile of the backward's second product.
@@ -37,8 +38,9 @@ fn xs_bytes(dtype: DType) -> u32 {
     }
 }
 
+/// G tile + the region shared by the logits stages and the two B slices (`x_region_bytes`).
 fn de_smem(dtype: DType) -> u32 {
-    xs_bytes(dtype) + xs_bytes(dtype).max(LOGITS_SMEM)
+    xs_bytes(dtype) + (2 * xs_bytes(dtype)).max(LOGITS_SMEM)
 }
 
 fn dc_smem(dtype: DType) -> u32 {
@@ -235,6 +237,7 @@ impl CudaBackend {
         }
         for dt in [DType::F32, DType::F16, DType::BF16] {
             let needs = [
+                (format!("cce_forward_{dt}"), LOGITS_SMEM),
                 (format!("cce_hist_{dt}"), HIST_SMEM),
                 (format!("cce_backward_de_{dt}"), de_smem(dt)),
                 (format!("cce_backward_dc_{dt}"), dc_smem(dt)),

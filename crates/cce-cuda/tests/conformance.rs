@@ -85,7 +85,7 @@ fn variants(n: usize, d: usize, v: usize, dtype: DType) -> Vec<Spec> {
     s.opts.reduction = Reduction::None;
     s.d_lse = true;
     out.push(s);
-    if n % 2 == 0 && n >= 4 {
+    if n.is_multiple_of(2) && n >= 4 {
         let mut s = spec(n, d, v, dtype, "shift1+seq");
         s.opts.shift = 1;
         s.opts.seq_len = Some(n / 2);
@@ -206,8 +206,8 @@ fn check(be: &CudaBackend, rng: &mut impl Rng, sp: &Spec) -> String {
                 .softcap
                 .map_or(x, |s| s as f64 * (x / s as f64).tanh())
         };
-        for i in 0..n {
-            let (a, b) = (ours[i] as usize, gt.argmax[i] as usize);
+        for (i, (&a, &b)) in ours.iter().zip(&gt.argmax).enumerate() {
+            let (a, b) = (a as usize, b as usize);
             if a != b {
                 let (za, zb) = (z(i, a), z(i, b));
                 assert!(

@@ -117,7 +117,8 @@ pub fn judge(
     for i in 0..gt.len() {
         let err = (ours[i] - gt[i]).abs();
         let allowed = (reference[i] - gt[i]).abs() + tol * scale;
-        if !(err <= allowed) {
+        // NaN counts as a mismatch.
+        if err.is_nan() || err > allowed {
             n_bad += 1;
             if bad.len() < 5 {
                 bad.push(format!(
