@@ -47,6 +47,14 @@ pub struct LmParams {
     pub unigram_std: f64,
     /// Probability that a row keeps the previous row's topic.
     pub topic_keep: f64,
+    /// Exponent `a` of the Zipf law of the unigram prior: its log part is `-a ln(rank)`.
+    pub zipf_exponent: f64,
+    /// Correlation of the bulk noise between consecutive rows (an AR(1) along the rows):
+    /// neighbouring tokens of a text share much of their hidden state.
+    pub row_corr: f64,
+    /// The peak class of a row is drawn from `softmax(peak_prior · b)`: 1 follows the unigram
+    /// prior, 0 is uniform over the vocabulary.
+    pub peak_prior: f64,
     /// `e` is multiplied and `c` divided by this factor (a power of two keeps the logits
     /// bit-identical), for realistic magnitudes: `|e_i|` in the hundreds, `|c_j|` below ~1.
     pub magnitude: f32,
@@ -63,7 +71,10 @@ impl LmParams {
         bulk_std: 2.85,
         unigram_std: 2.0,
         topic_keep: 0.5,
-        magnitude: 4.0,
+        zipf_exponent: 1.0,
+        row_corr: 0.0,
+        peak_prior: 1.0,
+        magnitude: 2.0,
     };
 
     /// Preset 2, fitted to a real model with V = 262144, D = 640; used for V >= 100000.
@@ -76,7 +87,10 @@ impl LmParams {
         bulk_std: 2.85,
         unigram_std: 3.5,
         topic_keep: 0.5,
-        magnitude: 4.0,
+        zipf_exponent: 1.0,
+        row_corr: 0.0,
+        peak_prior: 1.0,
+        magnitude: 2.0,
     };
 
     /// The preset for a vocabulary of `v` classes: [`Self::SMALL_VOCAB`] below 100000,
@@ -98,6 +112,9 @@ impl LmParams {
             self.bulk_std,
             self.unigram_std,
             self.topic_keep,
+            self.zipf_exponent,
+            self.row_corr,
+            self.peak_prior,
         ]
         .iter()
         .all(|x| x.is_finite());
@@ -107,6 +124,7 @@ impl LmParams {
             || self.bulk_std < 0.0
             || self.unigram_std < 0.0
             || !(0.0..=1.0).contains(&self.topic_keep)
+            || !(0.0..1.0).contains(&self.row_corr)
             || !(self.magnitude.is_finite() && self.magnitude > 0.0)
         {
             return Err(DataError::InvalidParameter(format!(
@@ -516,17 +534,22 @@ fn fill_lm(
     let mut rng = rng_for(seed, STREAM_CLASSES, 0);
     let mut rank: Vec<u32> = (1..=v as u32).collect();
     rank.shuffle(&mut rng);
-    let raw: Vec<f64> = rank.iter().map(|&r| -(r as f64).ln()).collect();
+    // Zipf part: -a ln(rank), centered; then Gaussian jitter so that the total has the
+    // standard deviation asked for (or the Zipf part scaled down if it alone is wider).
+    let raw: Vec<f64> = rank.iter().map(|&r| -p.zipf_exponent * (r as f64).ln()).collect();
     let mean = raw.iter().sum::<f64>() / v as f64;
-    let sd = (raw.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v as f64).sqrt();
+    let var = raw.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v as f64;
+    let target = p.unigram_std * p.unigram_std;
+    let (shrink, jitter) = if var > target {
+        ((target / var).sqrt(), 0.0)
+    } else {
+        (1.0, (target - var).sqrt())
+    };
     let bias: Vec<f64> = raw
         .iter()
         .map(|x| {
-            if sd > 0.0 {
-                (x - mean) / sd * p.unigram_std
-            } else {
-                0.0
-            }
+            let z: f64 = rng.sample(StandardNormal);
+            (x - mean) * shrink + jitter * z
         })
         .collect();
     let member: Vec<(usize, f64)> = (0..v)
@@ -542,7 +565,7 @@ fn fill_lm(
     let bmax = bias.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let mut acc = 0.0;
     for b in &bias {
-        acc += (b - bmax).exp();
+        acc += (p.peak_prior * (b - bmax)).exp();
         cdf.push(acc);
     }
     let mut rng = rng_for(seed, STREAM_ROWS, 0);
@@ -583,6 +606,25 @@ fn fill_lm(
             }
         }
     });
+    // Bulk directions of the rows: iid Gaussian, then (optionally) an AR(1) along the rows
+    // so that neighbouring tokens share their bulk.
+    if db > 0 {
+        e.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
+            let mut rng = rng_for(seed, STREAM_E, i as u64);
+            for x in &mut row[b0..] {
+                *x = rng.sample(StandardNormal);
+            }
+        });
+        if p.row_corr > 0.0 {
+            let (r, q) = (p.row_corr as f32, (1.0 - p.row_corr * p.row_corr).sqrt() as f32);
+            for i in 1..n {
+                let (prev, cur) = e[(i - 1) * d..(i + 1) * d].split_at_mut(d);
+                for (x, &y) in cur[b0..].iter_mut().zip(&prev[b0..]) {
+                    *x = r * y + q * *x;
+                }
+            }
+        }
+    }
     let cr = &*c;
     e.par_chunks_mut(d).enumerate().for_each(|(i, row)| {
         let (t, slope, peak, lift) = rows[i];
@@ -591,24 +633,14 @@ fn fill_lm(
             row[1 + t] = (slope * f as f64) as f32;
         }
         if db > 0 {
-            let mut rng = rng_for(seed, STREAM_E, i as u64);
             let var = (p.bulk_std * p.bulk_std - lift * lift / db as f64).max(0.0);
             let bulk = &mut row[b0..];
-            let mut norm = 0.0f64;
-            let mut z = vec![0f64; db];
-            for zk in z.iter_mut() {
-                *zk = rng.sample(StandardNormal);
-                norm += *zk * *zk;
-            }
-            let s = if norm > 0.0 {
-                var.sqrt() * (db as f64).sqrt() / norm.sqrt()
-            } else {
-                0.0
-            };
-            // The peak direction: c's bulk part of the peak class, rescaled to unit norm.
+            let norm: f64 = bulk.iter().map(|&z| z as f64 * z as f64).sum();
+            let s = if norm > 0.0 { var.sqrt() * (db as f64).sqrt() / norm.sqrt() } else { 0.0 };
+            // The peak direction: c's bulk part of the peak class (unit norm times 1/f).
             let u = &cr[peak * d + b0..(peak + 1) * d];
-            for ((x, zk), &uk) in bulk.iter_mut().zip(&z).zip(u) {
-                *x = ((zk * s + lift * uk as f64 * f as f64) * f as f64) as f32;
+            for (x, &uk) in bulk.iter_mut().zip(u) {
+                *x = ((*x as f64 * s + lift * uk as f64 * f as f64) * f as f64) as f32;
             }
         }
     });
