@@ -68,12 +68,12 @@ impl LmParams {
         slope_sigma: 0.22,
         peak_mu: 2.0,
         peak_sigma: 0.55,
-        bulk_std: 2.85,
+        bulk_std: 3.0,
         unigram_std: 2.0,
         topic_keep: 0.5,
         zipf_exponent: 1.0,
-        row_corr: 0.0,
-        peak_prior: 1.0,
+        row_corr: 0.98,
+        peak_prior: 0.3,
         magnitude: 2.0,
     };
 
@@ -84,12 +84,12 @@ impl LmParams {
         slope_sigma: 0.22,
         peak_mu: 2.3,
         peak_sigma: 0.55,
-        bulk_std: 2.85,
+        bulk_std: 3.0,
         unigram_std: 3.5,
         topic_keep: 0.5,
         zipf_exponent: 1.0,
-        row_corr: 0.0,
-        peak_prior: 1.0,
+        row_corr: 0.98,
+        peak_prior: 0.3,
         magnitude: 2.0,
     };
 
