@@ -153,8 +153,8 @@ pub enum Distribution {
         /// Factor applied to `c`.
         c_scale: f32,
     },
-    /// iid Gaussian logits: `e ~ N(0, a²)`, `c ~ N(0, 1/D)`, with `a` solved by bisection on
-    /// a sample of rows so that the mean softmax entropy is `entropy_nats`; targets sampled
+    /// iid Gaussian logits: `c ~ N(0, 1/D)`, `e` Gaussian directions of norm `a·√D` (so each
+    /// row's logits are N(0, a²) over classes), with `a` solved by bisection on a sample of rows so that the mean softmax entropy is `entropy_nats`; targets sampled
     /// from the softmax. The worst case for filtering.
     Iid {
         /// Target mean softmax entropy per row, nats, in `(0, ln V)`.
@@ -365,24 +365,27 @@ fn uniform_targets(n: usize, v: usize, seed: u64) -> Vec<i64> {
     (0..n).map(|_| rng.random_range(0..v) as i64).collect()
 }
 
-/// Mean softmax entropy (nats) of the rows of `x` (`rows x v`) scaled by `a`, in f64.
-fn mean_entropy(x: &[f32], v: usize, a: f64) -> f64 {
+/// Mean softmax entropy (nats) of the rows of `x` (`rows x v`) scaled by `a`, and its
+/// derivative in `a` (`-a Var_p(x)` per row), in f64.
+fn mean_entropy(x: &[f32], v: usize, a: f64) -> (f64, f64) {
     let rows = x.len() / v;
-    let total: f64 = x
+    let (h, dh) = x
         .par_chunks(v)
         .map(|row| {
-            let m = row.iter().fold(f32::NEG_INFINITY, |m, &y| m.max(y)) as f64 * a;
-            let (mut s, mut t) = (0.0f64, 0.0f64);
+            let mx = row.iter().fold(f32::NEG_INFINITY, |m, &y| m.max(y)) as f64;
+            let (mut s, mut t1, mut t2) = (0.0f64, 0.0f64, 0.0f64);
             for &y in row {
-                let z = y as f64 * a - m;
-                let w = z.exp();
+                let y = y as f64 - mx;
+                let w = (a * y).exp();
                 s += w;
-                t += w * z;
+                t1 += w * y;
+                t2 += w * y * y;
             }
-            s.ln() - t / s
+            let (m1, m2) = (t1 / s, t2 / s);
+            (s.ln() - a * m1, -a * (m2 - m1 * m1).max(0.0))
         })
-        .sum();
-    total / rows as f64
+        .reduce(|| (0.0, 0.0), |p, q| (p.0 + q.0, p.1 + q.1));
+    (h / rows as f64, dh / rows as f64)
 }
 
 /// Generates a synthetic dataset of `n` rows, hidden size `d` and `v` classes, drawn from
@@ -438,8 +441,19 @@ pub fn generate(dist: &Distribution, n: usize, d: usize, v: usize, seed: u64) ->
             }
             fill_normal(&mut e, d, 1.0, seed, STREAM_E);
             fill_normal(&mut c, d, 1.0 / (d as f32).sqrt(), seed, STREAM_C);
-            let a = solve_iid_scale(&e, &c, n, d, v, entropy_nats)?;
-            e.par_iter_mut().for_each(|x| *x *= a);
+            // Every row of e gets the norm sqrt(D), so every row's logits are N(0, 1) over
+            // the classes (given e) and one scale fits all rows.
+            e.par_chunks_mut(d).for_each(|row| {
+                let norm = row.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+                if norm > 0.0 {
+                    let s = ((d as f64).sqrt() / norm) as f32;
+                    row.iter_mut().for_each(|x| *x *= s);
+                }
+            });
+            if n > 0 {
+                let a = solve_iid_scale(&e, &c, n, d, v, entropy_nats)?;
+                e.par_iter_mut().for_each(|x| *x *= a);
+            }
             sample_targets(&e, &c, None, n, d, v, seed)
         }
         Distribution::Lm => {
@@ -465,46 +479,56 @@ pub fn generate(dist: &Distribution, n: usize, d: usize, v: usize, seed: u64) ->
     })
 }
 
-/// Finds the factor `a` for `e` such that the mean softmax entropy of a sample of up to 64
-/// rows (spread over all `n`) is `h`, by bisection (entropy decreases with `a`).
+/// Bytes of logits the `iid` calibration may hold (its sample of rows x all classes).
+const IID_SAMPLE_BYTES: usize = 256 << 20;
+
+/// Finds the factor `a` for `e` such that the mean softmax entropy of a sample of rows
+/// (all rows when their logits fit in 256 MiB, else an evenly spread subset of at least 16)
+/// is `h`: safeguarded Newton iterations inside a bisection bracket (entropy decreases with
+/// `a`). Per-row entropies of iid logits spread widely (p05-p95 ~0.8-4.2 nats at 2.5 nats), so
+/// a small sample would miss the mean.
 fn solve_iid_scale(e: &[f32], c: &[f32], n: usize, d: usize, v: usize, h: f64) -> Result<f32> {
-    let s = n.clamp(1, 64);
+    let s = n.min((IID_SAMPLE_BYTES / (4 * v)).max(16)).max(1);
     let mut sample = vec![0f32; s * d];
     for (t, row) in sample.chunks_mut(d).enumerate() {
         let i = t * n / s;
-        if n > 0 {
-            row.copy_from_slice(&e[i * d..(i + 1) * d]);
-        }
+        row.copy_from_slice(&e[i * d..(i + 1) * d]);
     }
     let mut x: Vec<f32> = try_zeroed(checked_len(s, v, "iid sample logits")?, "iid sample logits")?;
     let rows = block_rows(v, 128);
     x.par_chunks_mut(rows * v)
         .zip(sample.par_chunks(rows * d))
         .for_each(|(out, ein)| logits_block(ein, ein.len() / d, d, c, v, None, out));
-    let (mut lo, mut hi) = (0.0f64, 1.0f64);
-    let mut doublings = 0;
-    while mean_entropy(&x, v, hi) > h {
-        lo = hi;
-        hi *= 2.0;
-        doublings += 1;
-        if doublings > 60 {
-            return Err(DataError::InvalidParameter(format!(
-                "iid entropy {h} nats cannot be reached at D = {d}, V = {v}"
-            )));
+    let (mut lo, mut hi) = (0.0f64, f64::INFINITY);
+    let mut a = 1.0f64;
+    for _ in 0..200 {
+        let (ha, dh) = mean_entropy(&x, v, a);
+        if (ha - h).abs() < 1e-4 {
+            return Ok(a as f32);
         }
-    }
-    for _ in 0..60 {
-        if hi - lo <= 1e-7 * hi {
+        if ha > h {
+            lo = a;
+        } else {
+            hi = a;
+        }
+        let newton = a - (ha - h) / dh;
+        a = if newton.is_finite() && newton > lo && newton < hi {
+            newton
+        } else if hi.is_finite() {
+            0.5 * (lo + hi)
+        } else {
+            2.0 * a
+        };
+        if a > 1e30 || (hi - lo) < 1e-12 * hi {
             break;
         }
-        let mid = 0.5 * (lo + hi);
-        if mean_entropy(&x, v, mid) > h {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
     }
-    Ok((0.5 * (lo + hi)) as f32)
+    if hi.is_finite() && (hi - lo) < 1e-6 * hi {
+        return Ok(a as f32);
+    }
+    Err(DataError::InvalidParameter(format!(
+        "iid entropy {h} nats cannot be reached at D = {d}, V = {v}"
+    )))
 }
 
 /// Writes the `lm` construction into `e` (`n x d`) and `c` (`v x d`).
@@ -536,7 +560,10 @@ fn fill_lm(
     rank.shuffle(&mut rng);
     // Zipf part: -a ln(rank), centered; then Gaussian jitter so that the total has the
     // standard deviation asked for (or the Zipf part scaled down if it alone is wider).
-    let raw: Vec<f64> = rank.iter().map(|&r| -p.zipf_exponent * (r as f64).ln()).collect();
+    let raw: Vec<f64> = rank
+        .iter()
+        .map(|&r| -p.zipf_exponent * (r as f64).ln())
+        .collect();
     let mean = raw.iter().sum::<f64>() / v as f64;
     let var = raw.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v as f64;
     let target = p.unigram_std * p.unigram_std;
@@ -616,7 +643,10 @@ fn fill_lm(
             }
         });
         if p.row_corr > 0.0 {
-            let (r, q) = (p.row_corr as f32, (1.0 - p.row_corr * p.row_corr).sqrt() as f32);
+            let (r, q) = (
+                p.row_corr as f32,
+                (1.0 - p.row_corr * p.row_corr).sqrt() as f32,
+            );
             for i in 1..n {
                 let (prev, cur) = e[(i - 1) * d..(i + 1) * d].split_at_mut(d);
                 for (x, &y) in cur[b0..].iter_mut().zip(&prev[b0..]) {
@@ -636,7 +666,11 @@ fn fill_lm(
             let var = (p.bulk_std * p.bulk_std - lift * lift / db as f64).max(0.0);
             let bulk = &mut row[b0..];
             let norm: f64 = bulk.iter().map(|&z| z as f64 * z as f64).sum();
-            let s = if norm > 0.0 { var.sqrt() * (db as f64).sqrt() / norm.sqrt() } else { 0.0 };
+            let s = if norm > 0.0 {
+                var.sqrt() * (db as f64).sqrt() / norm.sqrt()
+            } else {
+                0.0
+            };
             // The peak direction: c's bulk part of the peak class (unit norm times 1/f).
             let u = &cr[peak * d + b0..(peak + 1) * d];
             for (x, &uk) in bulk.iter_mut().zip(u) {

@@ -18,11 +18,41 @@ fn parse_and_display() {
     use Distribution::*;
     let cases = [
         ("randn", Randn),
-        ("c/8", Scaled { e_scale: 1.0, c_scale: 0.125 }),
-        ("e/8", Scaled { e_scale: 0.125, c_scale: 1.0 }),
-        ("c*8", Scaled { e_scale: 1.0, c_scale: 8.0 }),
-        (" E*8 ", Scaled { e_scale: 8.0, c_scale: 1.0 }),
-        ("e*2,c/4", Scaled { e_scale: 2.0, c_scale: 0.25 }),
+        (
+            "c/8",
+            Scaled {
+                e_scale: 1.0,
+                c_scale: 0.125,
+            },
+        ),
+        (
+            "e/8",
+            Scaled {
+                e_scale: 0.125,
+                c_scale: 1.0,
+            },
+        ),
+        (
+            "c*8",
+            Scaled {
+                e_scale: 1.0,
+                c_scale: 8.0,
+            },
+        ),
+        (
+            " E*8 ",
+            Scaled {
+                e_scale: 8.0,
+                c_scale: 1.0,
+            },
+        ),
+        (
+            "e*2,c/4",
+            Scaled {
+                e_scale: 2.0,
+                c_scale: 0.25,
+            },
+        ),
         ("iid", Iid { entropy_nats: 2.5 }),
         ("iid:4", Iid { entropy_nats: 4.0 }),
         ("lm", Lm),
@@ -33,11 +63,20 @@ fn parse_and_display() {
         let got: Distribution = s.parse().unwrap();
         assert_eq!(got, want, "{s}");
         // Display gives a name that parses back to the same distribution.
-        assert_eq!(got.to_string().parse::<Distribution>().unwrap(), want, "{s}");
+        assert_eq!(
+            got.to_string().parse::<Distribution>().unwrap(),
+            want,
+            "{s}"
+        );
     }
-    for bad in ["", "gauss", "c/0", "c/-1", "x*8", "c%8", "iid:-1", "iid:abc", "c/"] {
+    for bad in [
+        "", "gauss", "c/0", "c/-1", "x*8", "c%8", "iid:-1", "iid:abc", "c/",
+    ] {
         assert!(
-            matches!(bad.parse::<Distribution>(), Err(DataError::InvalidParameter(_))),
+            matches!(
+                bad.parse::<Distribution>(),
+                Err(DataError::InvalidParameter(_))
+            ),
             "{bad}"
         );
     }
@@ -48,24 +87,60 @@ fn parse_and_display() {
 #[test]
 fn invalid_parameters() {
     let d = Distribution::Randn;
-    assert!(matches!(generate(&d, 4, 0, 4, 1), Err(DataError::InvalidParameter(_))));
-    assert!(matches!(generate(&d, 4, 4, 0, 1), Err(DataError::InvalidParameter(_))));
+    assert!(matches!(
+        generate(&d, 4, 0, 4, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
+    assert!(matches!(
+        generate(&d, 4, 4, 0, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
     let iid = |h| Distribution::Iid { entropy_nats: h };
-    assert!(matches!(generate(&iid(2.5), 4, 4, 1, 1), Err(DataError::InvalidParameter(_))));
-    assert!(matches!(generate(&iid(5.0), 4, 4, 100, 1), Err(DataError::InvalidParameter(_))));
-    assert!(matches!(generate(&iid(0.0), 4, 4, 100, 1), Err(DataError::InvalidParameter(_))));
-    let bad = Distribution::LmWith(LmParams { topic_keep: 1.5, ..LmParams::SMALL_VOCAB });
-    assert!(matches!(generate(&bad, 4, 64, 100, 1), Err(DataError::InvalidParameter(_))));
-    let bad = Distribution::Scaled { e_scale: f32::NAN, c_scale: 1.0 };
-    assert!(matches!(generate(&bad, 4, 4, 4, 1), Err(DataError::InvalidParameter(_))));
+    assert!(matches!(
+        generate(&iid(2.5), 4, 4, 1, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
+    assert!(matches!(
+        generate(&iid(5.0), 4, 4, 100, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
+    assert!(matches!(
+        generate(&iid(0.0), 4, 4, 100, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
+    let bad = Distribution::LmWith(LmParams {
+        topic_keep: 1.5,
+        ..LmParams::SMALL_VOCAB
+    });
+    assert!(matches!(
+        generate(&bad, 4, 64, 100, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
+    let bad = Distribution::Scaled {
+        e_scale: f32::NAN,
+        c_scale: 1.0,
+    };
+    assert!(matches!(
+        generate(&bad, 4, 4, 4, 1),
+        Err(DataError::InvalidParameter(_))
+    ));
     // A shape whose size overflows is reported, not attempted.
-    assert!(matches!(generate(&d, usize::MAX / 2, 4, 4, 1), Err(DataError::OutOfMemory { .. })));
+    assert!(matches!(
+        generate(&d, usize::MAX / 2, 4, 4, 1),
+        Err(DataError::OutOfMemory { .. })
+    ));
 }
 
 #[test]
 fn hostile_shapes() {
     for dist in ["randn", "c/8", "iid", "lm"] {
-        for (n, d, v) in [(1, 1, 1), (252, 123, 507), (129, 257, 129), (3, 2, 255), (0, 8, 16)] {
+        for (n, d, v) in [
+            (1, 1, 1),
+            (252, 123, 507),
+            (129, 257, 129),
+            (3, 2, 255),
+            (0, 8, 16),
+        ] {
             if dist == "iid" && v == 1 {
                 continue; // no entropy > 0 exists with one class
             }
@@ -86,8 +161,14 @@ fn deterministic_and_seed_dependent() {
         assert_ne!(a.c, c.c, "{dist}");
         assert_ne!(a.targets, c.targets, "{dist}");
         // Independent of the number of threads.
-        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-        let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
         let x = one.install(|| gen(dist, 100, 48, 700, 11));
         let y = three.install(|| gen(dist, 100, 48, 700, 11));
         assert_eq!(x, a, "{dist}: 1 thread");
@@ -97,27 +178,52 @@ fn deterministic_and_seed_dependent() {
 
 #[test]
 fn randn_is_near_one_hot_and_scaled_variants_order() {
-    let (n, d, v) = (256, 512, 8192);
+    let (n, d, v) = (128, 4096, 8192);
     let h = |dist: &str| measure(&gen(dist, n, d, v, 3)).unwrap();
     let randn = h("randn");
-    assert!(randn.entropy_mean < 0.15, "randn entropy {}", randn.entropy_mean);
+    // Near one-hot (logit std sqrt(D) = 64): CASES.md's ~0.1 nats.
+    assert!(
+        randn.entropy_mean < 0.2,
+        "randn entropy {}",
+        randn.entropy_mean
+    );
     assert!(randn.max_prob_mean > 0.9, "{}", randn.max_prob_mean);
     let c8 = h("c/8");
     let cx8 = h("c*8");
     // c/8 flattens the softmax (the seed's slow case), c*8 sharpens it further.
-    assert!(c8.entropy_mean > 0.5 && c8.entropy_mean < 3.0, "c/8 entropy {}", c8.entropy_mean);
-    assert!(cx8.entropy_mean < randn.entropy_mean + 1e-9, "c*8 entropy {}", cx8.entropy_mean);
+    assert!(
+        c8.entropy_mean > 0.5 && c8.entropy_mean < 3.0,
+        "c/8 entropy {}",
+        c8.entropy_mean
+    );
+    assert!(
+        cx8.entropy_mean < randn.entropy_mean + 1e-9,
+        "c*8 entropy {}",
+        cx8.entropy_mean
+    );
     // The logit std is ~sqrt(D) times the scales.
-    assert!((randn.row_logit_std / (d as f64).sqrt() - 1.0).abs() < 0.1, "{}", randn.row_logit_std);
+    assert!(
+        (randn.row_logit_std / (d as f64).sqrt() - 1.0).abs() < 0.1,
+        "{}",
+        randn.row_logit_std
+    );
 }
 
 #[test]
 fn iid_hits_its_entropy() {
-    for (h, n, d, v) in [(2.5, 512, 256, 16384), (4.0, 256, 128, 4096), (1.0, 256, 64, 2000)] {
+    for (h, n, d, v) in [
+        (2.5, 512, 256, 16384),
+        (4.0, 256, 128, 4096),
+        (1.0, 256, 64, 2000),
+    ] {
         let dist = Distribution::Iid { entropy_nats: h };
         let ds = generate(&dist, n, d, v, 21).unwrap();
         let s = measure(&ds).unwrap();
-        assert!((s.entropy_mean - h).abs() < 0.1, "iid:{h} measured {}", s.entropy_mean);
+        assert!(
+            (s.entropy_mean - h).abs() < 0.1,
+            "iid:{h} measured {}",
+            s.entropy_mean
+        );
         // No shared prior: mean logits per class barely vary compared with a row's logits.
         assert!(s.class_mean_logit_std < 0.25 * s.row_logit_std, "{s}");
     }
@@ -144,7 +250,10 @@ fn lm_lands_in_every_band() {
     let norm = |x: &[f32]| x.iter().map(|&y| y as f64 * y as f64).sum::<f64>().sqrt();
     let en = (0..ds.n).map(|i| norm(ds.e_row(i))).sum::<f64>() / ds.n as f64;
     let cn = (0..ds.v).map(|j| norm(ds.c_row(j))).sum::<f64>() / ds.v as f64;
-    assert!((50.0..1000.0).contains(&en) && (0.2..3.0).contains(&cn), "|e| {en}, |c| {cn}");
+    assert!(
+        (50.0..1000.0).contains(&en) && (0.2..3.0).contains(&cn),
+        "|e| {en}, |c| {cn}"
+    );
 }
 
 /// A mid-size large-vocabulary case (preset 2): generation and measurement at V = 128256.
@@ -154,6 +263,9 @@ fn lm_mid_size_large_vocab() {
     let s = measure(&ds).unwrap();
     eprintln!("{s}");
     assert!(s.entropy_mean > 1.2 && s.entropy_mean < 3.5, "{s}");
-    assert!(s.significant_mean > 40.0 && s.significant_mean < 300.0, "{s}");
+    assert!(
+        s.significant_mean > 40.0 && s.significant_mean < 300.0,
+        "{s}"
+    );
     assert!(s.significant_frac < 0.003, "{s}");
 }

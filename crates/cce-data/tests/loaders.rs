@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use cce_data::{
-    load_npy, load_safetensors, load_safetensors_split, save_dataset, save_safetensors, DataError, Dataset,
-    F32Tensor, NpyPaths, TensorNames,
+    load_npy, load_safetensors, load_safetensors_split, save_dataset, save_safetensors, DataError,
+    Dataset, F32Tensor, NpyPaths, TensorNames,
 };
 use npyz::WriterBuilder;
 use safetensors::tensor::TensorView;
@@ -18,10 +18,14 @@ fn f32s(x: &[f32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 fn bf16s(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()
+    x.iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect()
 }
 fn f16s(x: &[f32]) -> Vec<u8> {
-    x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()
+    x.iter()
+        .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        .collect()
 }
 fn i32s(x: &[i32]) -> Vec<u8> {
     x.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -33,7 +37,12 @@ fn i64s(x: &[i64]) -> Vec<u8> {
 fn write_st(dir: &Path, file: &str, tensors: &[T]) -> PathBuf {
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
-        .map(|(n, dt, s, b)| (n.to_string(), TensorView::new(*dt, s.clone(), b).expect("valid view")))
+        .map(|(n, dt, s, b)| {
+            (
+                n.to_string(),
+                TensorView::new(*dt, s.clone(), b).expect("valid view"),
+            )
+        })
         .collect();
     let bytes = safetensors::serialize(views, None).expect("serialize");
     let p = dir.join(file);
@@ -85,7 +94,12 @@ fn safetensors_valid_encodings() {
         ("E", Dtype::BF16, vec![1, 3, 4], bf16s(&e)),
         ("C", Dtype::F16, vec![5, 4], f16s(&c_vals())),
         ("targets", Dtype::I32, vec![1, 3], i32s(&[1, 2, 3])),
-        ("bias", Dtype::BF16, vec![5], bf16s(&[0.5, -0.5, 1.0, 2.0, -3.0])),
+        (
+            "bias",
+            Dtype::BF16,
+            vec![5],
+            bf16s(&[0.5, -0.5, 1.0, 2.0, -3.0]),
+        ),
         ("lse_ref", Dtype::F32, vec![3], f32s(&[1.0, 2.0, 3.0])),
         ("nll_ref", Dtype::F32, vec![3], f32s(&[0.1, 0.2, 0.3])),
     ];
@@ -104,11 +118,18 @@ fn safetensors_valid_encodings() {
 fn safetensors_q8_decode() {
     // V = 2, D = 40: two blocks per row, the second partial.
     let (v, d) = (2usize, 40usize);
-    let codes: Vec<i8> = (0..v * d).map(|i| ((i as i32 * 37) % 255 - 127) as i8).collect();
+    let codes: Vec<i8> = (0..v * d)
+        .map(|i| ((i as i32 * 37) % 255 - 127) as i8)
+        .collect();
     let scales = [0.5f32, 0.0078125, 2.0, 0.25];
     let t = vec![
         ("E", Dtype::F32, vec![1, d], f32s(&vec![1.0; d])),
-        ("C_q8", Dtype::I8, vec![v, d], codes.iter().map(|&c| c as u8).collect()),
+        (
+            "C_q8",
+            Dtype::I8,
+            vec![v, d],
+            codes.iter().map(|&c| c as u8).collect(),
+        ),
         ("C_scale", Dtype::F16, vec![v, 2], f16s(&scales)),
         ("targets", Dtype::I32, vec![1], i32s(&[1])),
     ];
@@ -116,7 +137,10 @@ fn safetensors_q8_decode() {
     let ds = load(dir.path(), &t).unwrap();
     for j in 0..v {
         for k in 0..d {
-            assert_eq!(ds.c[j * d + k], scales[j * 2 + k / 32] * codes[j * d + k] as f32);
+            assert_eq!(
+                ds.c[j * d + k],
+                scales[j * 2 + k / 32] * codes[j * d + k] as f32
+            );
         }
     }
     assert!(ds.name.contains("Q8_0"));
@@ -166,7 +190,10 @@ fn safetensors_missing_tensor() {
         (without(good(), "targets"), "targets"),
         (without(good(), "C"), "C (or C_q8 with C_scale)"),
         (
-            with(without(good(), "C"), ("C_q8", Dtype::I8, vec![5, 4], vec![1; 20])),
+            with(
+                without(good(), "C"),
+                ("C_q8", Dtype::I8, vec![5, 4], vec![1; 20]),
+            ),
             "C_scale",
         ),
     ] {
@@ -183,18 +210,46 @@ fn safetensors_wrong_dtype() {
     let d = dir.path();
     let q8 = |codes: Dtype, scale: Dtype| {
         let mut t = without(good(), "C");
-        t.push(("C_q8", codes, vec![5, 4], vec![1; 20 * codes.size()]));
-        t.push(("C_scale", scale, vec![5, 1], vec![0; 5 * scale.size()]));
+        t.push((
+            "C_q8",
+            codes,
+            vec![5, 4],
+            vec![1; 20 * (codes.bitsize() / 8)],
+        ));
+        t.push((
+            "C_scale",
+            scale,
+            vec![5, 1],
+            vec![0; 5 * (scale.bitsize() / 8)],
+        ));
         t
     };
     for (tensors, want) in [
-        (with(good(), ("E", Dtype::I32, vec![3, 4], vec![0; 48])), "E"),
-        (with(good(), ("E", Dtype::F64, vec![3, 4], vec![0; 96])), "E"),
+        (
+            with(good(), ("E", Dtype::I32, vec![3, 4], vec![0; 48])),
+            "E",
+        ),
+        (
+            with(good(), ("E", Dtype::F64, vec![3, 4], vec![0; 96])),
+            "E",
+        ),
         (with(good(), ("C", Dtype::I8, vec![5, 4], vec![0; 20])), "C"),
-        (with(good(), ("targets", Dtype::F32, vec![3], vec![0; 12])), "targets"),
-        (with(good(), ("targets", Dtype::U8, vec![3], vec![0; 3])), "targets"),
-        (with(good(), ("bias", Dtype::I64, vec![5], vec![0; 40])), "bias"),
-        (with(good(), ("lse_ref", Dtype::I32, vec![3], vec![0; 12])), "lse_ref"),
+        (
+            with(good(), ("targets", Dtype::F32, vec![3], vec![0; 12])),
+            "targets",
+        ),
+        (
+            with(good(), ("targets", Dtype::U8, vec![3], vec![0; 3])),
+            "targets",
+        ),
+        (
+            with(good(), ("bias", Dtype::I64, vec![5], vec![0; 40])),
+            "bias",
+        ),
+        (
+            with(good(), ("lse_ref", Dtype::I32, vec![3], vec![0; 12])),
+            "lse_ref",
+        ),
         (q8(Dtype::U8, Dtype::F16), "C_q8"),
         (q8(Dtype::I8, Dtype::I16), "C_scale"),
     ] {
@@ -213,11 +268,20 @@ fn safetensors_wrong_shape() {
     q8.push(("C_q8", Dtype::I8, vec![5, 4], vec![1; 20]));
     q8.push(("C_scale", Dtype::F16, vec![5], vec![0; 10]));
     for (tensors, want) in [
-        (with(good(), ("E", Dtype::F32, vec![12], f32s(&e_vals()))), "E"),
+        (
+            with(good(), ("E", Dtype::F32, vec![12], f32s(&e_vals()))),
+            "E",
+        ),
         (with(good(), ("E", Dtype::F32, vec![3, 0], vec![])), "E"),
-        (with(good(), ("C", Dtype::F32, vec![5, 2, 2], f32s(&c_vals()))), "C"),
+        (
+            with(good(), ("C", Dtype::F32, vec![5, 2, 2], f32s(&c_vals()))),
+            "C",
+        ),
         (with(good(), ("C", Dtype::F32, vec![0, 4], vec![])), "C"),
-        (with(good(), ("bias", Dtype::F32, vec![5, 1], f32s(&[0.0; 5]))), "bias"),
+        (
+            with(good(), ("bias", Dtype::F32, vec![5, 1], f32s(&[0.0; 5]))),
+            "bias",
+        ),
         (q8, "C_scale"),
     ] {
         match load(d, &tensors) {
@@ -283,7 +347,9 @@ fn safetensors_corrupt_and_io() {
         }
     }
     match load_safetensors(d.join("absent.safetensors"), &TensorNames::default()) {
-        Err(DataError::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
+        Err(DataError::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound)
+        }
         other => panic!("expected Io, got {other:?}"),
     }
     // A directory is not a file either.
@@ -304,8 +370,16 @@ fn save_roundtrip_and_errors() {
     save_safetensors(
         &p,
         &[
-            F32Tensor { name: "d_e", shape: &[2, 3], data: &de },
-            F32Tensor { name: "d_bias", shape: &[2], data: &db },
+            F32Tensor {
+                name: "d_e",
+                shape: &[2, 3],
+                data: &de,
+            },
+            F32Tensor {
+                name: "d_bias",
+                shape: &[2],
+                data: &db,
+            },
         ],
         Some(meta),
     )
@@ -319,15 +393,31 @@ fn save_roundtrip_and_errors() {
     assert!(!d.join("grads.safetensors.partial").exists());
 
     assert!(matches!(
-        save_safetensors(&p, &[F32Tensor { name: "x", shape: &[4], data: &de }], None),
+        save_safetensors(
+            &p,
+            &[F32Tensor {
+                name: "x",
+                shape: &[4],
+                data: &de
+            }],
+            None
+        ),
         Err(DataError::SizeMismatch { .. })
     ));
     assert!(matches!(
         save_safetensors(
             &p,
             &[
-                F32Tensor { name: "x", shape: &[6], data: &de },
-                F32Tensor { name: "x", shape: &[2], data: &db }
+                F32Tensor {
+                    name: "x",
+                    shape: &[6],
+                    data: &de
+                },
+                F32Tensor {
+                    name: "x",
+                    shape: &[2],
+                    data: &db
+                }
             ],
             None
         ),
@@ -355,20 +445,53 @@ fn save_roundtrip_and_errors() {
     save_dataset(&q, &ds).unwrap();
     let back = load_safetensors(&q, &TensorNames::default()).unwrap();
     assert_eq!(
-        (back.n, back.d, back.v, &back.e, &back.c, &back.bias, &back.targets, &back.lse_ref, &back.nll_ref),
-        (ds.n, ds.d, ds.v, &ds.e, &ds.c, &ds.bias, &ds.targets, &ds.lse_ref, &ds.nll_ref)
+        (
+            back.n,
+            back.d,
+            back.v,
+            &back.e,
+            &back.c,
+            &back.bias,
+            &back.targets,
+            &back.lse_ref,
+            &back.nll_ref
+        ),
+        (
+            ds.n,
+            ds.d,
+            ds.v,
+            &ds.e,
+            &ds.c,
+            &ds.bias,
+            &ds.targets,
+            &ds.lse_ref,
+            &ds.nll_ref
+        )
     );
     let mut bad = ds.clone();
     bad.targets.pop();
-    assert!(matches!(save_dataset(&q, &bad), Err(DataError::SizeMismatch { .. })));
+    assert!(matches!(
+        save_dataset(&q, &bad),
+        Err(DataError::SizeMismatch { .. })
+    ));
 }
 
 // ---- NumPy ----
 
-fn npy<T: npyz::AutoSerialize>(dir: &Path, file: &str, shape: &[u64], data: &[T], fortran: bool) -> PathBuf {
+fn npy<T: npyz::AutoSerialize + Clone>(
+    dir: &Path,
+    file: &str,
+    shape: &[u64],
+    data: &[T],
+    fortran: bool,
+) -> PathBuf {
     let p = dir.join(file);
     let f = std::fs::File::create(&p).unwrap();
-    let order = if fortran { npyz::Order::Fortran } else { npyz::Order::C };
+    let order = if fortran {
+        npyz::Order::Fortran
+    } else {
+        npyz::Order::C
+    };
     let mut w = npyz::WriteOptions::new()
         .default_dtype()
         .shape(shape)
@@ -428,7 +551,10 @@ fn npy_errors() {
     let g = npy_good(d);
 
     // Io: missing file.
-    let p = NpyPaths { c: d.join("absent.npy"), ..g.clone() };
+    let p = NpyPaths {
+        c: d.join("absent.npy"),
+        ..g.clone()
+    };
     assert!(matches!(load_npy(&p), Err(DataError::Io { .. })));
 
     // Corrupt: bad magic, truncated data, truncated header.
@@ -439,7 +565,10 @@ fn npy_errors() {
         ("trunch.npy", bytes[..12].to_vec()),
     ] {
         std::fs::write(d.join(name), b).unwrap();
-        let p = NpyPaths { c: d.join(name), ..g.clone() };
+        let p = NpyPaths {
+            c: d.join(name),
+            ..g.clone()
+        };
         match load_npy(&p) {
             Err(DataError::Corrupt { format, .. }) => assert_eq!(format, "npy"),
             other => panic!("{name}: expected Corrupt, got {other:?}"),
@@ -447,10 +576,22 @@ fn npy_errors() {
     }
 
     // WrongDtype.
-    let e64 = NpyPaths { e: npy(d, "e64.npy", &[3, 4], &vec![0f64; 12], false), ..g.clone() };
-    let ei = NpyPaths { e: npy(d, "ei.npy", &[3, 4], &vec![0i32; 12], false), ..g.clone() };
-    let tf = NpyPaths { targets: npy(d, "tf.npy", &[3], &[0f32; 3], false), ..g.clone() };
-    let tu = NpyPaths { targets: npy(d, "tu.npy", &[3], &[0u8; 3], false), ..g.clone() };
+    let e64 = NpyPaths {
+        e: npy(d, "e64.npy", &[3, 4], &vec![0f64; 12], false),
+        ..g.clone()
+    };
+    let ei = NpyPaths {
+        e: npy(d, "ei.npy", &[3, 4], &vec![0i32; 12], false),
+        ..g.clone()
+    };
+    let tf = NpyPaths {
+        targets: npy(d, "tf.npy", &[3], &[0f32; 3], false),
+        ..g.clone()
+    };
+    let tu = NpyPaths {
+        targets: npy(d, "tu.npy", &[3], &[0u8; 3], false),
+        ..g.clone()
+    };
     for (p, want) in [(e64, "e"), (ei, "e"), (tf, "targets"), (tu, "targets")] {
         match load_npy(&p) {
             Err(DataError::WrongDtype { name, .. }) => assert_eq!(name, want),
@@ -459,9 +600,18 @@ fn npy_errors() {
     }
 
     // WrongShape.
-    let e1 = NpyPaths { e: npy(d, "e1.npy", &[12], &e_vals(), false), ..g.clone() };
-    let c3 = NpyPaths { c: npy(d, "c3.npy", &[5, 2, 2], &c_vals(), false), ..g.clone() };
-    let b2 = NpyPaths { bias: Some(npy(d, "b2.npy", &[5, 1], &[0f32; 5], false)), ..g.clone() };
+    let e1 = NpyPaths {
+        e: npy(d, "e1.npy", &[12], &e_vals(), false),
+        ..g.clone()
+    };
+    let c3 = NpyPaths {
+        c: npy(d, "c3.npy", &[5, 2, 2], &c_vals(), false),
+        ..g.clone()
+    };
+    let b2 = NpyPaths {
+        bias: Some(npy(d, "b2.npy", &[5, 1], &[0f32; 5], false)),
+        ..g.clone()
+    };
     for (p, want) in [(e1, "e"), (c3, "c"), (b2, "bias")] {
         match load_npy(&p) {
             Err(DataError::WrongShape { name, .. }) => assert_eq!(name, want),
@@ -470,10 +620,23 @@ fn npy_errors() {
     }
 
     // SizeMismatch.
-    let cd = NpyPaths { c: npy(d, "cd.npy", &[4, 5], &c_vals(), false), ..g.clone() };
-    let tn = NpyPaths { targets: npy(d, "tn.npy", &[4], &[0i64; 4], false), ..g.clone() };
-    let bv = NpyPaths { bias: Some(npy(d, "bv.npy", &[4], &[0f32; 4], false)), ..g.clone() };
+    let cd = NpyPaths {
+        c: npy(d, "cd.npy", &[4, 5], &c_vals(), false),
+        ..g.clone()
+    };
+    let tn = NpyPaths {
+        targets: npy(d, "tn.npy", &[4], &[0i64; 4], false),
+        ..g.clone()
+    };
+    let bv = NpyPaths {
+        bias: Some(npy(d, "bv.npy", &[4], &[0f32; 4], false)),
+        ..g.clone()
+    };
     for p in [cd, tn, bv] {
-        assert!(matches!(load_npy(&p), Err(DataError::SizeMismatch { .. })), "{:?}", load_npy(&p));
+        assert!(
+            matches!(load_npy(&p), Err(DataError::SizeMismatch { .. })),
+            "{:?}",
+            load_npy(&p)
+        );
     }
 }

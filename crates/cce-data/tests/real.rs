@@ -8,7 +8,11 @@ fn fixture_loads_exactly() {
     let ds = load_real_fixture().unwrap();
     assert_eq!((ds.n, ds.d, ds.v), (1024, 576, 49152));
     assert!(ds.bias.is_none());
-    assert!(ds.name.contains("Q8_0") && ds.name.contains("BF16"), "{}", ds.name);
+    assert!(
+        ds.name.contains("Q8_0") && ds.name.contains("BF16"),
+        "{}",
+        ds.name
+    );
     // Hand-decoded from the file's bytes: C[v, d] = f16 scale[v, d / 32] * i8 code[v, d].
     for (v, d, code, scale) in [
         (0, 0, -42, 0.002536773681640625f32),
@@ -26,7 +30,10 @@ fn fixture_loads_exactly() {
     assert_eq!(ds.e[0], 0.0390625);
     assert_eq!(ds.e[1023 * 576 + 575], 0.1826171875);
     assert_eq!(ds.e[500 * 576 + 7], -1.078125);
-    assert_eq!((ds.targets[0], ds.targets[1], ds.targets[1023]), (288, 260, 1462));
+    assert_eq!(
+        (ds.targets[0], ds.targets[1], ds.targets[1023]),
+        (288, 260, 1462)
+    );
     let lse = ds.lse_ref.as_ref().unwrap();
     let nll = ds.nll_ref.as_ref().unwrap();
     assert_eq!((lse[0], lse[1023]), (30.628883, 18.865665));
@@ -37,7 +44,11 @@ fn fixture_loads_exactly() {
         let x: Vec<f64> = (0..ds.v).map(|j| ds.logit_f64(i, j)).collect();
         let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let l = m + x.iter().map(|y| (y - m).exp()).sum::<f64>().ln();
-        assert!((l - lse[i] as f64).abs() < 1e-4, "row {i}: lse {l} vs {}", lse[i]);
+        assert!(
+            (l - lse[i] as f64).abs() < 1e-4,
+            "row {i}: lse {l} vs {}",
+            lse[i]
+        );
         let t = ds.targets[i] as usize;
         assert!((l - x[t] - nll[i] as f64).abs() < 1e-4, "row {i}: nll");
     }
@@ -54,20 +65,54 @@ fn fixture_statistics() {
     let s = measure(&ds).unwrap();
     eprintln!("{s}");
     assert!((s.mean_nll - 2.142760).abs() < 1e-3, "{}", s.mean_nll);
-    assert!((2.0..2.6).contains(&s.entropy_mean), "entropy {}", s.entropy_mean);
-    assert!((0.45..0.6).contains(&s.max_prob_mean), "max prob {}", s.max_prob_mean);
-    assert!((90.0..140.0).contains(&s.significant_mean), "entries {}", s.significant_mean);
+    assert!(
+        (2.0..2.6).contains(&s.entropy_mean),
+        "entropy {}",
+        s.entropy_mean
+    );
+    assert!(
+        (0.45..0.6).contains(&s.max_prob_mean),
+        "max prob {}",
+        s.max_prob_mean
+    );
+    assert!(
+        (90.0..140.0).contains(&s.significant_mean),
+        "entries {}",
+        s.significant_mean
+    );
     assert!((0.0018..0.003).contains(&s.significant_frac));
-    assert!((0.5..0.8).contains(&s.tiles_128_sorted), "128 sorted {}", s.tiles_128_sorted);
-    assert!(s.tiles_128_unsorted >= 0.9, "128 unsorted {}", s.tiles_128_unsorted);
+    assert!(
+        (0.5..0.8).contains(&s.tiles_128_sorted),
+        "128 sorted {}",
+        s.tiles_128_sorted
+    );
+    assert!(
+        s.tiles_128_unsorted >= 0.9,
+        "128 unsorted {}",
+        s.tiles_128_unsorted
+    );
     assert!(s.tiles_128_sorted < s.tiles_128_unsorted);
-    assert!((0.2..0.4).contains(&s.tiles_16x64_sorted), "{}", s.tiles_16x64_sorted);
-    assert!((0.38..0.55).contains(&s.tiles_16x64_unsorted), "{}", s.tiles_16x64_unsorted);
+    assert!(
+        (0.2..0.4).contains(&s.tiles_16x64_sorted),
+        "{}",
+        s.tiles_16x64_sorted
+    );
+    assert!(
+        (0.38..0.55).contains(&s.tiles_16x64_unsorted),
+        "{}",
+        s.tiles_16x64_unsorted
+    );
     assert!((3.0..3.6).contains(&s.row_logit_std));
     assert!((1.8..2.4).contains(&s.class_mean_logit_std));
     assert!((0.03..0.05).contains(&s.mass_below_mean));
-    assert!((s.keep_1e2_mean - 779.0).abs() < 8.0 && (s.keep_1e2_median - 329.0).abs() < 4.0, "{s}");
-    assert!((s.keep_1e3_mean - 4154.0).abs() < 40.0 && (s.keep_1e3_median - 3058.0).abs() < 30.0, "{s}");
+    assert!(
+        (s.keep_1e2_mean - 779.0).abs() < 8.0 && (s.keep_1e2_median - 329.0).abs() < 4.0,
+        "{s}"
+    );
+    assert!(
+        (s.keep_1e3_mean - 4154.0).abs() < 40.0 && (s.keep_1e3_median - 3058.0).abs() < 30.0,
+        "{s}"
+    );
     assert!((0.45..0.6).contains(&s.top1_accuracy));
 }
 
