@@ -577,11 +577,11 @@ fn npy_errors() {
 
     // WrongDtype.
     let e64 = NpyPaths {
-        e: npy(d, "e64.npy", &[3, 4], &vec![0f64; 12], false),
+        e: npy(d, "e64.npy", &[3, 4], &[0f64; 12], false),
         ..g.clone()
     };
     let ei = NpyPaths {
-        e: npy(d, "ei.npy", &[3, 4], &vec![0i32; 12], false),
+        e: npy(d, "ei.npy", &[3, 4], &[0i32; 12], false),
         ..g.clone()
     };
     let tf = NpyPaths {

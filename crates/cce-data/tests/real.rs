@@ -1,6 +1,9 @@
 //! The shipped real fixture (SmolLM2-135M on real text): loading, exact decoding, and the
 //! statistics of its logits.
 
+// The constants below are the exact decimal expansions of f16/bf16/f32 values from the file.
+#![allow(clippy::excessive_precision)]
+
 use cce_data::{e12k_path, fixture_path, load_real_e12k, load_real_fixture, measure};
 
 #[test]
