@@ -124,6 +124,28 @@ fn invalid_parameters() {
         generate(&bad, 4, 4, 4, 1),
         Err(DataError::InvalidParameter(_))
     ));
+    // measure refuses a hand-made dataset without classes instead of panicking.
+    let empty = Dataset {
+        name: "empty".into(),
+        n: 2,
+        d: 3,
+        v: 0,
+        e: vec![0.0; 6],
+        c: vec![],
+        bias: None,
+        targets: vec![0, 0],
+        lse_ref: None,
+        nll_ref: None,
+    };
+    assert!(matches!(
+        measure(&empty),
+        Err(DataError::InvalidParameter(_))
+    ));
+    let short = Dataset { v: 1, ..empty };
+    assert!(matches!(
+        measure(&short),
+        Err(DataError::SizeMismatch { .. })
+    ));
     // A shape whose size overflows is reported, not attempted.
     assert!(matches!(
         generate(&d, usize::MAX / 2, 4, 4, 1),

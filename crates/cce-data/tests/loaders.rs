@@ -478,6 +478,35 @@ fn save_roundtrip_and_errors() {
 
 // ---- NumPy ----
 
+/// The same `.npy` with its shape `(5, 4, )` rewritten to `(99999, 99999, )` (10^10 elements)
+/// and the header length kept, so that only the data is short.
+fn huge_header(bytes: &[u8]) -> Vec<u8> {
+    let pos = bytes
+        .windows(8)
+        .position(|w| w == b"(5, 4, )")
+        .unwrap_or_else(|| {
+            panic!(
+                "shape in header: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(128)])
+            )
+        });
+    let nl = pos
+        + bytes[pos..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .expect("header end");
+    let mut b = bytes[..pos].to_vec();
+    b.extend_from_slice(b"(99999, 99999, )");
+    let mut tail = bytes[pos + 8..nl].to_vec();
+    let grown = 16 - 8;
+    assert!(tail.ends_with(&[b' '; 8]), "header padding");
+    tail.truncate(tail.len() - grown);
+    b.extend_from_slice(&tail);
+    b.extend_from_slice(&bytes[nl..]);
+    assert_eq!(b.len(), bytes.len());
+    b
+}
+
 fn npy<T: npyz::AutoSerialize + Clone>(
     dir: &Path,
     file: &str,
@@ -563,6 +592,7 @@ fn npy_errors() {
         ("garbage.npy", b"not a numpy file at all".to_vec()),
         ("trunc.npy", bytes[..bytes.len() - 5].to_vec()),
         ("trunch.npy", bytes[..12].to_vec()),
+        ("huge.npy", huge_header(&bytes)),
     ] {
         std::fs::write(d.join(name), b).unwrap();
         let p = NpyPaths {
@@ -570,7 +600,12 @@ fn npy_errors() {
             ..g.clone()
         };
         match load_npy(&p) {
-            Err(DataError::Corrupt { format, .. }) => assert_eq!(format, "npy"),
+            Err(DataError::Corrupt { format, reason, .. }) => {
+                assert_eq!(format, "npy");
+                if name == "huge.npy" {
+                    assert!(reason.contains("needs"), "{reason}");
+                }
+            }
             other => panic!("{name}: expected Corrupt, got {other:?}"),
         }
     }
