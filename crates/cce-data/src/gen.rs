@@ -165,8 +165,9 @@ impl LmParams {
 /// How a synthetic dataset is drawn (the distributions of CASES.md).
 ///
 /// Parsed from and displayed as: `randn`, `c/8`, `e/8`, `c*8`, `e*8` (any positive number
-/// after `/` or `*`), `iid` (2.5 nats) or `iid:H` (`H` nats), `lm` (the preset for `V`),
-/// `lm:small`, `lm:large` (a fixed preset).
+/// after `/` or `*`; both factors as `e*2,c/4`), `iid` (2.5 nats) or `iid:H` (`H` nats),
+/// `lm` (the preset for `V`), `lm:small`, `lm:large` (a fixed preset). Other
+/// [`LmWith`](Self::LmWith) parameters display as `lm:custom(...)`, which does not parse.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Distribution {
     /// `e`, `c` ~ N(0, 1) elementwise, targets uniform: the seed's inputs (logit std ~ √D, a
@@ -221,7 +222,7 @@ impl fmt::Display for Distribution {
             Distribution::Lm => write!(f, "lm"),
             Distribution::LmWith(p) if *p == LmParams::SMALL_VOCAB => write!(f, "lm:small"),
             Distribution::LmWith(p) if *p == LmParams::LARGE_VOCAB => write!(f, "lm:large"),
-            Distribution::LmWith(p) => write!(f, "lm{p:?}"),
+            Distribution::LmWith(p) => write!(f, "lm:custom({p:?})"),
         }
     }
 }
