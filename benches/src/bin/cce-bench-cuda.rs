@@ -10,7 +10,9 @@
 //! logits product `e · cᵀ` (`2·N·V·D` FLOP) through cuBLAS (bf16 in, f32 compute, bf16 out), in
 //! row chunks of 4096 so its output fits; floor(fwd) = 1 GEMM, floor(fwd+bwd) = 3 GEMMs.
 
-use cce_core::{Backend, CallStats, DType, FilterEps, Inputs, Options, TensorMeta, Upstream};
+use cce_core::{
+    Backend, CallStats, DType, FilterEps, HostTensor, Inputs, Options, TensorMeta, Upstream,
+};
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::sys as dsys;
 use cut_cross_entropy::cce_cuda::{CudaBackend, CudaTensor};
@@ -22,6 +24,8 @@ enum Data {
     Randn,
     CDiv8,
     EDiv8,
+    /// cce-data's `lm` generator (preset for V), generated on the host, rounded to bf16.
+    Lm,
 }
 
 struct Case {
@@ -56,6 +60,14 @@ const CASES: &[Case] = &[
         d: 4096,
         v: 256000,
         data: Data::EDiv8,
+        softcap: None,
+    },
+    Case {
+        name: "seed-lm",
+        n: 32768,
+        d: 4096,
+        v: 256000,
+        data: Data::Lm,
         softcap: None,
     },
     Case {
@@ -270,16 +282,40 @@ fn main() {
             }
             let t0 = Instant::now();
             let (n, d, v) = (case.n, case.d, case.v);
-            let mut e = be.alloc_tensor(vec![n, d], DType::BF16).unwrap();
-            let mut c = be.alloc_tensor(vec![v, d], DType::BF16).unwrap();
-            let (se, sc) = match case.data {
-                Data::Randn => (1.0, 1.0),
-                Data::CDiv8 => (1.0, 0.125),
-                Data::EDiv8 => (0.125, 1.0),
+            let (e, c, t) = match case.data {
+                Data::Lm => {
+                    // Host-side generator (targets sampled from the softmax), then bf16.
+                    let ds = cce_data::generate(&cce_data::Distribution::Lm, n, d, v, 7)
+                        .expect("lm generator");
+                    eprintln!(
+                        "{label}: lm data generated in {:.1} s",
+                        t0.elapsed().as_secs_f64()
+                    );
+                    let up = |x: &[f32], shape: Vec<usize>| {
+                        be.upload(&HostTensor::from_f32(shape, x, DType::BF16).unwrap())
+                            .unwrap()
+                    };
+                    let e = up(&ds.e, vec![n, d]);
+                    let c = up(&ds.c, vec![v, d]);
+                    let t = be
+                        .upload(&HostTensor::from_i64(ds.targets.clone()))
+                        .unwrap();
+                    (e, c, t)
+                }
+                _ => {
+                    let mut e = be.alloc_tensor(vec![n, d], DType::BF16).unwrap();
+                    let mut c = be.alloc_tensor(vec![v, d], DType::BF16).unwrap();
+                    let (se, sc) = match case.data {
+                        Data::CDiv8 => (1.0, 0.125),
+                        Data::EDiv8 => (0.125, 1.0),
+                        _ => (1.0, 1.0),
+                    };
+                    be.fill_randn(&mut e, 11, 0.0, se).unwrap();
+                    be.fill_randn(&mut c, 12, 0.0, sc).unwrap();
+                    let t = be.random_targets(n, v, 0.0, -100, 13).unwrap();
+                    (e, c, t)
+                }
             };
-            be.fill_randn(&mut e, 11, 0.0, se).unwrap();
-            be.fill_randn(&mut c, 12, 0.0, sc).unwrap();
-            let t = be.random_targets(n, v, 0.0, -100, 13).unwrap();
             let inputs = Inputs {
                 e: &e,
                 c: &c,
