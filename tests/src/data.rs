@@ -237,6 +237,9 @@ fn lm(r: &mut StdRng, n: usize, d: usize, v: usize, bias: bool, dtype: DType) ->
     for j in 0..v {
         let row = &mut c[j * d..(j + 1) * d];
         row[0] = u[j] as f32;
+        for x in row[1..1 + k_clusters].iter_mut() {
+            *x = 1e-3; // never exactly zero
+        }
         let cluster = r.random_range(0..k_clusters);
         let w: f64 = r.sample(Exp1);
         row[1 + cluster] = w.max(1e-3) as f32;

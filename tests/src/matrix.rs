@@ -324,6 +324,28 @@ pub fn filtered_mode(cfg: &SuiteConfig) -> Vec<Case> {
         }),
         ("max_dropped_mass=0", |o| o.max_dropped_mass = 0.0),
     ];
+    // Few rows against a large vocabulary: even a tile-granular filter skips here (most class
+    // tiles hold neither a target nor a significant probability), so the dropped-mass bound
+    // and the error explanation are exercised on every backend.
+    for (k, (n, dist)) in [(1usize, Dist::Peaked), (3, Dist::Lm), (8, Dist::Peaked), (5, Dist::Iid)]
+        .into_iter()
+        .enumerate()
+    {
+        for dt in DTYPES {
+            let base = Case::new("sparse rows", n, 64, 8191, dt)
+                .dist(dist)
+                .bias(k % 2 == 0)
+                .filtered();
+            cases.push(base.clone());
+            cases.push(Case {
+                label: "sparse rows, aggressive eps".into(),
+                ..base.with(|o| {
+                    o.filter_eps = FilterEps::Value(1e-2);
+                    o.max_dropped_mass = 5e-2;
+                })
+            });
+        }
+    }
     for (k, (label, f)) in variants.into_iter().enumerate() {
         for dist in [Dist::Iid, Dist::Lm] {
             cases.push(
