@@ -3,7 +3,7 @@
 //! called).
 
 use crate::case::Case;
-use crate::checks::{case_seed, conclude, CheckResult};
+use crate::checks::{case_seed, conclude, label, CheckResult};
 use crate::config::SuiteConfig;
 use crate::harness::check_seed;
 use crate::matrix::DTYPES;
@@ -98,10 +98,7 @@ fn with_target(t: &HostTensor, row: usize, value: i64, as_i32: bool) -> HostTens
     flat.reshape(shape).expect("targets shape")
 }
 
-fn variant_is(
-    name: &'static str,
-    f: impl Fn(&CceError) -> bool + 'static,
-) -> Expect {
+fn variant_is(name: &'static str, f: impl Fn(&CceError) -> bool + 'static) -> Expect {
     Box::new(move |e| {
         if f(e) {
             Ok(())
@@ -148,8 +145,12 @@ fn expect_error<B: Backend>(backend: &B, bad: &Bad, expect: &Expect, report: &mu
         }));
         let what = format!("{} via {entry:?}", bad.label);
         match outcome {
-            Err(_) => report.problem(format!("{what}: the backend panicked instead of returning an error")),
-            Ok(Ok(())) => report.problem(format!("{what}: accepted (returned Ok), an error was expected")),
+            Err(_) => report.problem(format!(
+                "{what}: the backend panicked instead of returning an error"
+            )),
+            Ok(Ok(())) => report.problem(format!(
+                "{what}: accepted (returned Ok), an error was expected"
+            )),
             Ok(Err(err)) => match expect(&err) {
                 Ok(()) => {}
                 Err(msg) => report.problem(format!("{what}: {msg}")),
@@ -172,7 +173,7 @@ fn run_bad<B: Backend>(
         expect_error(backend, &bad, &expect, &mut r);
         reports.push(r);
     }
-    conclude(check, backend.name(), seed, reports, started)
+    conclude(check, &label(cfg, backend), seed, reports, started)
 }
 
 fn sub_seed(seed: u64, k: usize) -> u64 {
@@ -183,7 +184,11 @@ fn sub_seed(seed: u64, k: usize) -> u64 {
 /// targets of length `N ± 1`, `e` of rank 1. Each must give `CceError::ShapeMismatch`.
 pub fn rejects_shape_mismatch<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     run_bad("rejects_shape_mismatch", backend, cfg, |seed| {
-        let is = || variant_is("ShapeMismatch", |e| matches!(e, CceError::ShapeMismatch { .. }));
+        let is = || {
+            variant_is("ShapeMismatch", |e| {
+                matches!(e, CceError::ShapeMismatch { .. })
+            })
+        };
         let mut out: Vec<(Bad, Expect)> = Vec::new();
         for (k, dt) in DTYPES.into_iter().enumerate() {
             let s = sub_seed(seed, k);
@@ -215,7 +220,11 @@ pub fn rejects_shape_mismatch<B: Backend>(backend: &B, cfg: &SuiteConfig) -> Che
 /// float targets. Each must give `CceError::DTypeMismatch`.
 pub fn rejects_dtype_mismatch<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     run_bad("rejects_dtype_mismatch", backend, cfg, |seed| {
-        let is = || variant_is("DTypeMismatch", |e| matches!(e, CceError::DTypeMismatch { .. }));
+        let is = || {
+            variant_is("DTypeMismatch", |e| {
+                matches!(e, CceError::DTypeMismatch { .. })
+            })
+        };
         let mut out: Vec<(Bad, Expect)> = Vec::new();
         for (k, dt) in DTYPES.into_iter().enumerate() {
             let s = sub_seed(seed, k);
@@ -248,7 +257,8 @@ pub fn rejects_target_out_of_range<B: Backend>(backend: &B, cfg: &SuiteConfig) -
         let mut rng = crate::data::rng(seed, 0xbad);
         let mut out: Vec<(Bad, Expect)> = Vec::new();
         let expect = |row: usize, value: i64| -> Expect {
-            Box::new(move |e| match e {
+            Box::new(move |e| {
+                match e {
                 CceError::TargetOutOfRange {
                     row: r,
                     value: v,
@@ -258,6 +268,7 @@ pub fn rejects_target_out_of_range<B: Backend>(backend: &B, cfg: &SuiteConfig) -
                 other => Err(format!(
                     "expected CceError::TargetOutOfRange {{ row: {row}, value: {value}, vocab_size: 20 }}, got {other:?}"
                 )),
+            }
             })
         };
         for (k, dt) in DTYPES.into_iter().enumerate() {
@@ -283,7 +294,11 @@ pub fn rejects_target_out_of_range<B: Backend>(backend: &B, cfg: &SuiteConfig) -
         let mut b = base("two bad rows 4 and 9", DType::F16, s);
         b.targets = with_target(&with_target(&b.targets, 9, 99, false), 4, 20, false);
         out.push((b, expect(4, 20)));
-        let mut b = base("bad target at row 5, dropped by shift 1 / seq_len 6", DType::F32, s);
+        let mut b = base(
+            "bad target at row 5, dropped by shift 1 / seq_len 6",
+            DType::F32,
+            s,
+        );
         b.targets = with_target(&b.targets, 5, 21, false);
         b.opts.shift = 1;
         b.opts.seq_len = Some(6);
@@ -372,20 +387,119 @@ pub fn rejects_empty_input<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckR
 pub fn rejects_invalid_options<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     run_bad("rejects_invalid_options", backend, cfg, |seed| {
         let bad_opts: Vec<(&'static str, &str, Options)> = vec![
-            ("softcap", "softcap 0", Options { softcap: Some(0.0), ..Default::default() }),
-            ("softcap", "softcap -3", Options { softcap: Some(-3.0), ..Default::default() }),
-            ("softcap", "softcap NaN", Options { softcap: Some(f32::NAN), ..Default::default() }),
-            ("softcap", "softcap inf", Options { softcap: Some(f32::INFINITY), ..Default::default() }),
-            ("label_smoothing", "label_smoothing 1", Options { label_smoothing: 1.0, ..Default::default() }),
-            ("label_smoothing", "label_smoothing -0.1", Options { label_smoothing: -0.1, ..Default::default() }),
-            ("z_loss", "z_loss -1", Options { z_loss: -1.0, ..Default::default() }),
-            ("z_loss", "z_loss NaN", Options { z_loss: f32::NAN, ..Default::default() }),
-            ("filter_eps", "filter_eps 0", Options { filter_eps: FilterEps::Value(0.0), ..Default::default() }),
-            ("filter_eps", "filter_eps 2", Options { filter_eps: FilterEps::Value(2.0), ..Default::default() }),
-            ("max_dropped_mass", "max_dropped_mass 2", Options { max_dropped_mass: 2.0, ..Default::default() }),
-            ("max_dropped_mass", "max_dropped_mass NaN", Options { max_dropped_mass: f32::NAN, ..Default::default() }),
-            ("seq_len", "seq_len 0", Options { seq_len: Some(0), ..Default::default() }),
-            ("seq_len", "seq_len 5 does not divide N = 12", Options { seq_len: Some(5), shift: 1, ..Default::default() }),
+            (
+                "softcap",
+                "softcap 0",
+                Options {
+                    softcap: Some(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "softcap",
+                "softcap -3",
+                Options {
+                    softcap: Some(-3.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "softcap",
+                "softcap NaN",
+                Options {
+                    softcap: Some(f32::NAN),
+                    ..Default::default()
+                },
+            ),
+            (
+                "softcap",
+                "softcap inf",
+                Options {
+                    softcap: Some(f32::INFINITY),
+                    ..Default::default()
+                },
+            ),
+            (
+                "label_smoothing",
+                "label_smoothing 1",
+                Options {
+                    label_smoothing: 1.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "label_smoothing",
+                "label_smoothing -0.1",
+                Options {
+                    label_smoothing: -0.1,
+                    ..Default::default()
+                },
+            ),
+            (
+                "z_loss",
+                "z_loss -1",
+                Options {
+                    z_loss: -1.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "z_loss",
+                "z_loss NaN",
+                Options {
+                    z_loss: f32::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "filter_eps",
+                "filter_eps 0",
+                Options {
+                    filter_eps: FilterEps::Value(0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "filter_eps",
+                "filter_eps 2",
+                Options {
+                    filter_eps: FilterEps::Value(2.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_dropped_mass",
+                "max_dropped_mass 2",
+                Options {
+                    max_dropped_mass: 2.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "max_dropped_mass",
+                "max_dropped_mass NaN",
+                Options {
+                    max_dropped_mass: f32::NAN,
+                    ..Default::default()
+                },
+            ),
+            (
+                "seq_len",
+                "seq_len 0",
+                Options {
+                    seq_len: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                "seq_len",
+                "seq_len 5 does not divide N = 12",
+                Options {
+                    seq_len: Some(5),
+                    shift: 1,
+                    ..Default::default()
+                },
+            ),
         ];
         bad_opts
             .into_iter()
@@ -410,7 +524,11 @@ pub fn rejects_invalid_options<B: Backend>(backend: &B, cfg: &SuiteConfig) -> Ch
 /// `d_loss` for reduction none / a per-row one for mean (some error).
 pub fn rejects_bad_upstream<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     run_bad("rejects_bad_upstream", backend, cfg, |seed| {
-        let is = || variant_is("ShapeMismatch", |e| matches!(e, CceError::ShapeMismatch { .. }));
+        let is = || {
+            variant_is("ShapeMismatch", |e| {
+                matches!(e, CceError::ShapeMismatch { .. })
+            })
+        };
         let any = || Box::new(|_: &CceError| Ok(())) as Expect;
         let mut out: Vec<(Bad, Expect)> = Vec::new();
         for (k, dt) in DTYPES.into_iter().enumerate() {

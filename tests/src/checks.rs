@@ -92,7 +92,12 @@ pub fn run_cases<B: Backend>(
         .enumerate()
         .map(|(k, case)| run_case(backend, case, case_seed(seed, case, k), cfg))
         .collect();
-    conclude(check, backend.name(), seed, reports, started)
+    conclude(check, &label(cfg, backend), seed, reports, started)
+}
+
+/// `stamp (backend name)`, as reports name the backend.
+pub fn label<B: Backend>(cfg: &SuiteConfig, backend: &B) -> String {
+    format!("{} ({})", cfg.name, backend.name())
 }
 
 /// Hostile shapes ([`matrix::hostile_shapes`]).
@@ -201,7 +206,13 @@ pub fn deterministic<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult 
         }
         reports.push(report);
     }
-    conclude("deterministic", backend.name(), seed, reports, started)
+    conclude(
+        "deterministic",
+        &label(cfg, backend),
+        seed,
+        reports,
+        started,
+    )
 }
 
 /// Relative error bounds on the real fixture in default filtered mode (MATH.md, "Gradient
@@ -250,7 +261,13 @@ pub fn real_fixture<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
             }
         }
     }
-    conclude("real_fixture", backend.name(), seed, vec![report], started)
+    conclude(
+        "real_fixture",
+        &label(cfg, backend),
+        seed,
+        vec![report],
+        started,
+    )
 }
 
 pub use crate::bad_input::{

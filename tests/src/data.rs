@@ -97,7 +97,14 @@ pub fn round_through(values: &[f32], dtype: DType) -> Vec<f32> {
 }
 
 /// f64 logits `x = e·cᵀ + bias` of the rounded inputs (`[N, V]`, for target sampling).
-fn logits_f64(e: &[f32], c: &[f32], bias: Option<&[f32]>, n: usize, d: usize, v: usize) -> Vec<f64> {
+fn logits_f64(
+    e: &[f32],
+    c: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    d: usize,
+    v: usize,
+) -> Vec<f64> {
     let mut z = vec![0.0f64; n * v];
     for i in 0..n {
         let ei = &e[i * d..(i + 1) * d];
@@ -259,7 +266,11 @@ fn lm(r: &mut StdRng, n: usize, d: usize, v: usize, bias: bool, dtype: DType) ->
         let peak = r.random_range(0..v);
         let lift_i: f64 = lift.sample(r);
         let cp = &c[peak * d + 1 + k_clusters..(peak + 1) * d];
-        let norm2: f64 = cp.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().max(1e-12);
+        let norm2: f64 = cp
+            .iter()
+            .map(|&x| (x as f64).powi(2))
+            .sum::<f64>()
+            .max(1e-12);
         let row = &mut e[i * d..(i + 1) * d];
         row[0] = 1.0;
         for x in row[1..1 + k_clusters].iter_mut() {

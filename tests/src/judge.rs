@@ -138,7 +138,11 @@ impl Judged<'_> {
                     gt: g,
                     reference: r,
                     abs_err: err,
-                    rel_err: if g != 0.0 { err / g.abs() } else { f64::INFINITY },
+                    rel_err: if g != 0.0 {
+                        err / g.abs()
+                    } else {
+                        f64::INFINITY
+                    },
                     allowed,
                 };
                 let excess = |m: &Mismatch| {

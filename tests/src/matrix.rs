@@ -277,13 +277,13 @@ pub fn side_outputs() -> Vec<Case> {
 }
 
 /// Realistic and extreme softmax shapes: peaked, flat, iid (2.5 nats) and lm, every dtype, in
-/// exact mode (256 x 128 x 2000, cut to `max_work_flop`).
+/// exact mode (192 x 128 x 2000, cut to `max_work_flop`).
 pub fn distributions(cfg: &SuiteConfig) -> Vec<Case> {
     let mut cases = Vec::new();
     for dist in [Dist::Peaked, Dist::Flat, Dist::Iid, Dist::Lm] {
         for dt in DTYPES {
             cases.push(
-                Case::new("distribution", 256, 128, 2000, dt)
+                Case::new("distribution", 192, 128, 2000, dt)
                     .dist(dist)
                     .bias(dist == Dist::Lm)
                     .fit_work(cfg.max_work_flop),
@@ -302,7 +302,7 @@ pub fn filtered_mode(cfg: &SuiteConfig) -> Vec<Case> {
     for dist in [Dist::Peaked, Dist::Flat, Dist::Iid, Dist::Lm] {
         for dt in DTYPES {
             cases.push(
-                Case::new("filtered", 256, 128, 2000, dt)
+                Case::new("filtered", 128, 128, 2000, dt)
                     .dist(dist)
                     .bias(dist != Dist::Flat)
                     .ignored(Ignored::Fraction(0.1))
@@ -311,7 +311,8 @@ pub fn filtered_mode(cfg: &SuiteConfig) -> Vec<Case> {
             );
         }
     }
-    let variants: [(&str, fn(&mut cce_core::Options)); 5] = [
+    type Edit = fn(&mut cce_core::Options);
+    let variants: [(&str, Edit); 5] = [
         ("filter d_e only", |o| o.filter_c_grad = false),
         ("filter d_c only", |o| o.filter_e_grad = false),
         ("aggressive eps", |o| {
@@ -327,9 +328,14 @@ pub fn filtered_mode(cfg: &SuiteConfig) -> Vec<Case> {
     // Few rows against a large vocabulary: even a tile-granular filter skips here (most class
     // tiles hold neither a target nor a significant probability), so the dropped-mass bound
     // and the error explanation are exercised on every backend.
-    for (k, (n, dist)) in [(1usize, Dist::Peaked), (3, Dist::Lm), (8, Dist::Peaked), (5, Dist::Iid)]
-        .into_iter()
-        .enumerate()
+    for (k, (n, dist)) in [
+        (1usize, Dist::Peaked),
+        (3, Dist::Lm),
+        (8, Dist::Peaked),
+        (5, Dist::Iid),
+    ]
+    .into_iter()
+    .enumerate()
     {
         for dt in DTYPES {
             let base = Case::new("sparse rows", n, 64, 8191, dt)

@@ -34,7 +34,11 @@ impl OracleBackend {
             opts,
         )?;
         if opts.check_finite {
-            let named = [("e", Some(inputs.e)), ("c", Some(inputs.c)), ("bias", inputs.bias)];
+            let named = [
+                ("e", Some(inputs.e)),
+                ("c", Some(inputs.c)),
+                ("bias", inputs.bias),
+            ];
             for (what, t) in named {
                 let Some(t) = t else { continue };
                 if let Some((index, value)) = first_non_finite(t.to_f32_vec()) {

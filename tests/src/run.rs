@@ -42,11 +42,9 @@ pub fn call<B: Backend>(backend: &B, case: &Case, data: &CaseData) -> Result<Out
     let bias = data.bias.as_ref().map(|b| backend.upload(b)).transpose()?;
     let targets = backend.upload(&data.targets)?;
     let per_row = match &data.d_loss {
-        DLossData::PerRow(g) => Some(backend.upload(&HostTensor::from_f32(
-            vec![g.len()],
-            g,
-            DType::F32,
-        )?)?),
+        DLossData::PerRow(g) => {
+            Some(backend.upload(&HostTensor::from_f32(vec![g.len()], g, DType::F32)?)?)
+        }
         DLossData::Scalar(_) => None,
     };
     let d_lse = data
@@ -414,39 +412,49 @@ pub fn judge_outputs(
     };
     let rms_e = judge::rms(&ev);
     let rms_c = judge::rms(&cv);
-    let grads: [(&'static str, &Option<HostTensor>, bool, Vec<usize>, usize, &[f64], f64, &[f64]); 3] = [
-        (
-            "d_e",
-            &out.d_e,
-            opts.compute_d_e,
-            e_shape.clone(),
-            v,
-            &gt.d_e,
-            w_max * rms_c * 1e-2,
-            &fb.d_e,
-        ),
-        (
-            "d_c",
-            &out.d_c,
-            opts.compute_d_c,
-            vec![v, d],
-            n,
-            &gt.d_c,
-            w_max * rms_e * 1e-2,
-            &fb.d_c,
-        ),
-        (
-            "d_bias",
-            &out.d_bias,
-            opts.compute_d_c && data.bias.is_some(),
-            vec![v],
-            n,
-            gt.d_bias.as_deref().unwrap_or(&[]),
-            w_max * 1e-2,
-            &fb.d_bias,
-        ),
+    let grads = [
+        GradSpec {
+            name: "d_e",
+            got: &out.d_e,
+            wanted: opts.compute_d_e,
+            shape: e_shape.clone(),
+            len: v,
+            gt: &gt.d_e,
+            floor: w_max * rms_c * 1e-2,
+            bound: &fb.d_e,
+        },
+        GradSpec {
+            name: "d_c",
+            got: &out.d_c,
+            wanted: opts.compute_d_c,
+            shape: vec![v, d],
+            len: n,
+            gt: &gt.d_c,
+            floor: w_max * rms_e * 1e-2,
+            bound: &fb.d_c,
+        },
+        GradSpec {
+            name: "d_bias",
+            got: &out.d_bias,
+            wanted: opts.compute_d_c && data.bias.is_some(),
+            shape: vec![v],
+            len: n,
+            gt: gt.d_bias.as_deref().unwrap_or(&[]),
+            floor: w_max * 1e-2,
+            bound: &fb.d_bias,
+        },
     ];
-    for (name, got, wanted, shape, len, gtv, floor, bound) in grads {
+    for GradSpec {
+        name,
+        got,
+        wanted,
+        shape,
+        len,
+        gt: gtv,
+        floor,
+        bound,
+    } in grads
+    {
         match (got, wanted) {
             (None, true) => report.problem(format!("{name} was asked for but not returned")),
             (Some(_), false) => report.problem(format!(
@@ -483,13 +491,26 @@ pub fn judge_outputs(
                     && data.d_lse.is_none()
                     && ours.iter().any(|&x| x != 0.0)
                 {
-                    report.problem(format!(
-                        "every row is ignored: {name} must be exactly 0"
-                    ));
+                    report.problem(format!("every row is ignored: {name} must be exactly 0"));
                 }
             }
         }
     }
+}
+
+/// What is judged of one gradient output.
+struct GradSpec<'a> {
+    name: &'static str,
+    got: &'a Option<HostTensor>,
+    wanted: bool,
+    shape: Vec<usize>,
+    /// Reduction length.
+    len: usize,
+    gt: &'a [f64],
+    /// Floor of the unit.
+    floor: f64,
+    /// Filter allowance per element (empty: none).
+    bound: &'a [f64],
 }
 
 /// Argmax: equal to the oracle's, or (near-ties) pointing at a logit within f32 error of the

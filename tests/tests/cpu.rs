@@ -35,5 +35,5 @@ cce_conformance::conformance_suite!(
     CpuBackend::with_limits(tile_ownership_limits()),
     require = true,
     max_work_flop = 2e10,
-    fixture_max_rows = 64,
+    fixture_max_rows = 32,
 );

@@ -5,8 +5,8 @@
 use cce_conformance::{checks, CheckResult, OracleBackend, SuiteConfig};
 use cce_core::options::{GradDType, Reduction};
 use cce_core::{
-    Backend, BackwardOutput, CceError, DLoss, DType, FilterRule, ForwardOutput, HostData, HostTensor,
-    Inputs, Options, Result, TensorMeta, Upstream,
+    Backend, BackwardOutput, CceError, DLoss, DType, FilterRule, ForwardOutput, HostData,
+    HostTensor, Inputs, Options, Result, TensorMeta, Upstream,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -146,13 +146,17 @@ impl Faulty {
             let t = inputs.targets.to_i64_vec()?;
             let fixed: Vec<i64> = t
                 .iter()
-                .map(|&x| if x == opts.ignore_index { x } else { x.clamp(0, v - 1) })
+                .map(|&x| {
+                    if x == opts.ignore_index {
+                        x
+                    } else {
+                        x.clamp(0, v - 1)
+                    }
+                })
                 .collect();
-            return Some(
-                HostTensor::from_i64(fixed)
-                    .reshape(inputs.targets.shape().to_vec())
-                    .ok()?,
-            );
+            return HostTensor::from_i64(fixed)
+                .reshape(inputs.targets.shape().to_vec())
+                .ok();
         }
         None
     }
@@ -217,11 +221,23 @@ impl Backend for Faulty {
         let k = self.calls.fetch_add(1, Ordering::Relaxed);
         match self.fault {
             Fault::LseOneRow => {
-                out.lse = map(&out.lse, |i, x| if i == n / 2 { x + 1e-3 * x.abs().max(1.0) } else { x })
+                out.lse = map(&out.lse, |i, x| {
+                    if i == n / 2 {
+                        x + 1e-3 * x.abs().max(1.0)
+                    } else {
+                        x
+                    }
+                })
             }
             Fault::LseFirstRowOfSecondTile => {
                 let r = self.limits().tile.rows;
-                out.lse = map(&out.lse, |i, x| if i == r { x + 1e-3 * x.abs().max(1.0) } else { x })
+                out.lse = map(&out.lse, |i, x| {
+                    if i == r {
+                        x + 1e-3 * x.abs().max(1.0)
+                    } else {
+                        x
+                    }
+                })
             }
             Fault::MeanOverAllRows if opts.reduction == Reduction::Mean => {
                 let scale = out.stats.n_valid as f64 / n as f64;
@@ -239,7 +255,10 @@ impl Backend for Faulty {
                 }
             }
             Fault::EntropyOff => {
-                out.entropy = out.entropy.as_ref().map(|t| map(t, |_, x| x * (1.0 + 1e-3)));
+                out.entropy = out
+                    .entropy
+                    .as_ref()
+                    .map(|t| map(t, |_, x| x * (1.0 + 1e-3)));
             }
             Fault::NonDeterministic if k % 2 == 1 => {
                 out.lse = map(&out.lse, |i, x| {
@@ -285,7 +304,9 @@ impl Backend for Faulty {
             .map_err(|e| self.map_err(e))?;
         let rule = FilterRule::resolve(opts, inputs.e.dtype());
         match self.fault {
-            Fault::DcRelative => out.d_c = out.d_c.as_ref().map(|t| map(t, |_, x| x * (1.0 + 1e-3))),
+            Fault::DcRelative => {
+                out.d_c = out.d_c.as_ref().map(|t| map(t, |_, x| x * (1.0 + 1e-3)))
+            }
             Fault::DropBiasGrad => out.d_bias = None,
             Fault::ZeroBiasGrad => out.d_bias = out.d_bias.as_ref().map(|t| map(t, |_, _| 0.0)),
             Fault::UnexplainedFilterError if rule.enabled => {
@@ -335,18 +356,38 @@ fn must_fail(fault: Fault, name: &str, check: Check) -> String {
 fn wrong_d_c_fails_reductions_and_the_real_fixture() {
     let text = must_fail(Fault::DcRelative, "reductions", checks::reductions);
     // The report in burn's style: indices, values, errors, tolerance, case and seed.
-    for needle in ["d_c", "(row, col)", "ours", "gt", "ref", "allowed", "CCE_SEED=", "case seed", "N=96 D=64 V=300"] {
+    for needle in [
+        "d_c",
+        "(row, col)",
+        "ours",
+        "gt",
+        "ref",
+        "allowed",
+        "CCE_SEED=",
+        "case seed",
+        "N=96 D=64 V=300",
+    ] {
         assert!(text.contains(needle), "report lacks '{needle}':\n{text}");
     }
     eprintln!("{text}");
     let text = must_fail(Fault::DcRelative, "real_fixture", checks::real_fixture);
-    assert!(text.contains("exceeds the original CCE's default"), "{text}");
+    assert!(
+        text.contains("exceeds the original CCE's default"),
+        "{text}"
+    );
 }
 
 #[test]
 fn missing_or_zero_bias_gradient_fails() {
-    let text = must_fail(Fault::DropBiasGrad, "hostile_shapes", checks::hostile_shapes);
-    assert!(text.contains("d_bias was asked for but not returned"), "{text}");
+    let text = must_fail(
+        Fault::DropBiasGrad,
+        "hostile_shapes",
+        checks::hostile_shapes,
+    );
+    assert!(
+        text.contains("d_bias was asked for but not returned"),
+        "{text}"
+    );
     must_fail(Fault::ZeroBiasGrad, "softcap", checks::softcap);
 }
 
@@ -365,14 +406,22 @@ fn wrong_lse_on_one_row_fails() {
 fn wrong_reduction_and_ignored_rows_fail() {
     must_fail(Fault::MeanOverAllRows, "reductions", checks::reductions);
     must_fail(Fault::MeanOverAllRows, "ignored_rows", checks::ignored_rows);
-    let text = must_fail(Fault::NanWhenAllIgnored, "ignored_rows", checks::ignored_rows);
+    let text = must_fail(
+        Fault::NanWhenAllIgnored,
+        "ignored_rows",
+        checks::ignored_rows,
+    );
     assert!(text.contains("all-ignored"), "{text}");
 }
 
 #[test]
 fn ignored_options_fail() {
     must_fail(Fault::IgnoreSoftcap, "softcap", checks::softcap);
-    must_fail(Fault::IgnoreLabelSmoothing, "label_smoothing", checks::label_smoothing);
+    must_fail(
+        Fault::IgnoreLabelSmoothing,
+        "label_smoothing",
+        checks::label_smoothing,
+    );
     must_fail(Fault::IgnoreZLoss, "z_loss", checks::z_loss);
     must_fail(Fault::IgnoreShift, "shift", checks::shift);
     must_fail(Fault::IgnoreDLse, "d_lse_upstream", checks::d_lse_upstream);
@@ -388,15 +437,31 @@ fn wrong_side_outputs_fail() {
 
 #[test]
 fn filter_defects_fail() {
-    must_fail(Fault::UnexplainedFilterError, "filtered_mode", checks::filtered_mode);
-    let text = must_fail(Fault::DroppedMassOverBound, "filtered_mode", checks::filtered_mode);
+    must_fail(
+        Fault::UnexplainedFilterError,
+        "filtered_mode",
+        checks::filtered_mode,
+    );
+    let text = must_fail(
+        Fault::DroppedMassOverBound,
+        "filtered_mode",
+        checks::filtered_mode,
+    );
     assert!(text.contains("exceeds max_dropped_mass"), "{text}");
-    must_fail(Fault::SkipsInExactMode, "hostile_shapes", checks::hostile_shapes);
+    must_fail(
+        Fault::SkipsInExactMode,
+        "hostile_shapes",
+        checks::hostile_shapes,
+    );
 }
 
 #[test]
 fn nondeterminism_fails() {
-    must_fail(Fault::NonDeterministic, "deterministic", checks::deterministic);
+    must_fail(
+        Fault::NonDeterministic,
+        "deterministic",
+        checks::deterministic,
+    );
 }
 
 #[test]
@@ -422,8 +487,16 @@ fn bad_input_defects_fail() {
     for (name, check) in wrong {
         must_fail(Fault::WrongVariant, name, check);
     }
-    must_fail(Fault::IgnoreCheckFinite, "rejects_non_finite", checks::rejects_non_finite);
-    let text = must_fail(Fault::PanicOnEmpty, "rejects_empty_input", checks::rejects_empty_input);
+    must_fail(
+        Fault::IgnoreCheckFinite,
+        "rejects_non_finite",
+        checks::rejects_non_finite,
+    );
+    let text = must_fail(
+        Fault::PanicOnEmpty,
+        "rejects_empty_input",
+        checks::rejects_empty_input,
+    );
     assert!(text.contains("panicked"), "{text}");
 }
 
@@ -456,5 +529,8 @@ fn constructor_forms_and_required_backends() {
             }),
         )
     });
-    assert!(other.is_err(), "constructor errors other than NoDevice must fail");
+    assert!(
+        other.is_err(),
+        "constructor errors other than NoDevice must fail"
+    );
 }
