@@ -106,29 +106,27 @@ fn logits_f64(
     v: usize,
 ) -> Vec<f64> {
     let mut z = vec![0.0f64; n * v];
-    for i in 0..n {
+    for (i, zi) in z.chunks_exact_mut(v).enumerate() {
         let ei = &e[i * d..(i + 1) * d];
-        for j in 0..v {
-            let cj = &c[j * d..(j + 1) * d];
-            let mut s = 0.0f64;
-            for k in 0..d {
-                s += ei[k] as f64 * cj[k] as f64;
-            }
-            z[i * v + j] = s + bias.map_or(0.0, |b| b[j] as f64);
+        for (j, (out, cj)) in zi.iter_mut().zip(c.chunks_exact(d)).enumerate() {
+            let s: f64 = ei.iter().zip(cj).map(|(&a, &b)| a as f64 * b as f64).sum();
+            *out = s + bias.map_or(0.0, |b| b[j] as f64);
         }
     }
     z
 }
 
+/// Softmax entropy of `scale · row` (one exponential per entry).
 fn entropy_of(row: &[f64], scale: f64) -> f64 {
     let m = row.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x * scale));
-    let s: f64 = row.iter().map(|&x| (x * scale - m).exp()).sum();
-    let lse = m + s.ln();
-    let pz: f64 = row
-        .iter()
-        .map(|&x| (x * scale - lse).exp() * x * scale)
-        .sum();
-    lse - pz
+    let (mut s, mut sz) = (0.0f64, 0.0f64);
+    for &x in row {
+        let w = (x * scale - m).exp();
+        s += w;
+        sz += w * (x * scale - m);
+    }
+    // H = lse − Σ p z with lse = m + ln s and Σ p z = m + sz / s.
+    s.ln() - sz / s
 }
 
 /// Sample one class per row from `softmax(row)` (Gumbel-max).
@@ -198,7 +196,7 @@ pub fn generate(
                 let row = &z[i * v..(i + 1) * v];
                 // Entropy falls as the scale grows: bisect on log-scale.
                 let (mut lo, mut hi) = (1e-3f64, 1e3f64);
-                for _ in 0..50 {
+                for _ in 0..32 {
                     let mid = (lo * hi).sqrt();
                     if entropy_of(row, mid) > target_h {
                         lo = mid;

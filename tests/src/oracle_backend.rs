@@ -7,8 +7,8 @@ use cce_core::options::{GradDType, Reduction};
 use cce_core::plan::{DeviceLimits, Strategy};
 use cce_core::problem::{first_non_finite, Problem};
 use cce_core::{
-    Backend, BackwardOutput, CallStats, CceError, DLoss, DType, FilterRule, ForwardOutput,
-    HostTensor, Inputs, Options, Result, TensorMeta, Upstream,
+    Backend, BackwardOutput, CallStats, CceError, DLoss, DType, FilterRule, ForwardBackward,
+    ForwardOutput, HostTensor, Inputs, Options, Result, TensorMeta, Upstream,
 };
 use cce_reference::{naive, Oracle, OracleDLoss, Precision};
 
@@ -99,6 +99,87 @@ impl OracleBackend {
         )
     }
 
+    fn forward_output(opts: &Options, problem: &Problem, o: &Oracle) -> ForwardOutput<HostTensor> {
+        let n = problem.n;
+        let loss = match opts.reduction {
+            Reduction::None => f32_tensor(vec![n], &o.loss),
+            _ => HostTensor::scalar_f32(o.loss[0] as f32),
+        };
+        ForwardOutput {
+            loss,
+            lse: f32_tensor(vec![n], &o.lse),
+            entropy: opts
+                .side_outputs
+                .entropy
+                .then(|| f32_tensor(vec![n], &o.entropy)),
+            argmax: opts
+                .side_outputs
+                .argmax
+                .then(|| HostTensor::from_i32(o.argmax.clone())),
+            stats: Self::stats(problem, opts, o.n_valid, false),
+        }
+    }
+
+    fn run_backward(
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        problem: &Problem,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<Oracle> {
+        let n = problem.n;
+        let d_loss = match (&upstream.d_loss, opts.reduction) {
+            (DLoss::Scalar(s), Reduction::Mean | Reduction::Sum) => OracleDLoss::Scalar(*s as f64),
+            (DLoss::PerRow(t), Reduction::None) => {
+                OracleDLoss::PerRow(Self::vector_f32("d_loss", t, n)?)
+            }
+            (DLoss::Scalar(_), Reduction::None) => {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: format!("per-row [{n}] for reduction none"),
+                    got: "scalar".into(),
+                })
+            }
+            (DLoss::PerRow(t), _) => {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: "a scalar for reduction mean/sum".into(),
+                    got: format!("{:?}", t.shape()),
+                })
+            }
+        };
+        let h = upstream
+            .d_lse
+            .map(|t| Self::vector_f32("d_lse", t, n))
+            .transpose()?;
+        Self::run(inputs, opts, &d_loss, h.as_deref())
+    }
+
+    fn backward_output(
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        problem: &Problem,
+        o: &Oracle,
+    ) -> BackwardOutput<HostTensor> {
+        let gdt = match opts.grad_dtype {
+            GradDType::Input => problem.dtype,
+            GradDType::F32 => DType::F32,
+        };
+        BackwardOutput {
+            d_e: opts
+                .compute_d_e
+                .then(|| rounded(inputs.e.shape().to_vec(), &o.d_e, gdt)),
+            d_c: opts
+                .compute_d_c
+                .then(|| rounded(vec![problem.v, problem.d], &o.d_c, gdt)),
+            d_bias: if opts.compute_d_c {
+                o.d_bias.as_ref().map(|b| rounded(vec![problem.v], b, gdt))
+            } else {
+                None
+            },
+            stats: Self::stats(problem, opts, o.n_valid, true),
+        }
+    }
+
     fn vector_f32(what: &'static str, t: &HostTensor, n: usize) -> Result<Vec<f64>> {
         if t.dtype() != DType::F32 {
             return Err(CceError::DTypeMismatch {
@@ -168,23 +249,7 @@ impl Backend for OracleBackend {
             _ => OracleDLoss::Scalar(1.0),
         };
         let o = Self::run(inputs, opts, &d_loss, None)?;
-        let loss = match opts.reduction {
-            Reduction::None => f32_tensor(vec![n], &o.loss),
-            _ => HostTensor::scalar_f32(o.loss[0] as f32),
-        };
-        Ok(ForwardOutput {
-            loss,
-            lse: f32_tensor(vec![n], &o.lse),
-            entropy: opts
-                .side_outputs
-                .entropy
-                .then(|| f32_tensor(vec![n], &o.entropy)),
-            argmax: opts
-                .side_outputs
-                .argmax
-                .then(|| HostTensor::from_i32(o.argmax.clone())),
-            stats: Self::stats(&problem, opts, o.n_valid, false),
-        })
+        Ok(Self::forward_output(opts, &problem, &o))
     }
 
     fn backward(
@@ -195,49 +260,23 @@ impl Backend for OracleBackend {
         upstream: &Upstream<'_, HostTensor>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let problem = Self::validate(inputs, opts)?;
-        let n = problem.n;
-        Self::vector_f32("lse", lse, n)?;
-        let d_loss = match (&upstream.d_loss, opts.reduction) {
-            (DLoss::Scalar(s), Reduction::Mean | Reduction::Sum) => OracleDLoss::Scalar(*s as f64),
-            (DLoss::PerRow(t), Reduction::None) => {
-                OracleDLoss::PerRow(Self::vector_f32("d_loss", t, n)?)
-            }
-            (DLoss::Scalar(_), Reduction::None) => {
-                return Err(CceError::ShapeMismatch {
-                    what: "d_loss",
-                    expected: format!("per-row [{n}] for reduction none"),
-                    got: "scalar".into(),
-                })
-            }
-            (DLoss::PerRow(t), _) => {
-                return Err(CceError::ShapeMismatch {
-                    what: "d_loss",
-                    expected: "a scalar for reduction mean/sum".into(),
-                    got: format!("{:?}", t.shape()),
-                })
-            }
-        };
-        let h = upstream
-            .d_lse
-            .map(|t| Self::vector_f32("d_lse", t, n))
-            .transpose()?;
-        let o = Self::run(inputs, opts, &d_loss, h.as_deref())?;
-        let gdt = match opts.grad_dtype {
-            GradDType::Input => problem.dtype,
-            GradDType::F32 => DType::F32,
-        };
-        let e_shape = inputs.e.shape().to_vec();
-        Ok(BackwardOutput {
-            d_e: opts.compute_d_e.then(|| rounded(e_shape, &o.d_e, gdt)),
-            d_c: opts
-                .compute_d_c
-                .then(|| rounded(vec![problem.v, problem.d], &o.d_c, gdt)),
-            d_bias: if opts.compute_d_c {
-                o.d_bias.as_ref().map(|b| rounded(vec![problem.v], b, gdt))
-            } else {
-                None
-            },
-            stats: Self::stats(&problem, opts, o.n_valid, true),
-        })
+        Self::vector_f32("lse", lse, problem.n)?;
+        let o = Self::run_backward(inputs, opts, &problem, upstream)?;
+        Ok(Self::backward_output(inputs, opts, &problem, &o))
+    }
+
+    /// One oracle run for both passes (the oracle computes everything at once).
+    fn forward_backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<ForwardBackward<HostTensor>> {
+        let problem = Self::validate(inputs, opts)?;
+        let o = Self::run_backward(inputs, opts, &problem, upstream)?;
+        Ok((
+            Self::forward_output(opts, &problem, &o),
+            Self::backward_output(inputs, opts, &problem, &o),
+        ))
     }
 }

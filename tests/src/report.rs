@@ -69,6 +69,9 @@ pub struct CaseReport {
     pub notes: Vec<String>,
     /// Whether the case was skipped (`Unsupported` with `allow_unsupported`).
     pub skipped: bool,
+    /// Wall time in ms of: generating the data, the backend call (upload, compute, download),
+    /// the oracles, the judging.
+    pub times_ms: [f64; 4],
 }
 
 impl CaseReport {
@@ -81,6 +84,7 @@ impl CaseReport {
             problems: Vec::new(),
             notes: Vec::new(),
             skipped: false,
+            times_ms: [0.0; 4],
         }
     }
 
@@ -123,6 +127,12 @@ impl CaseReport {
         }
         for n in &self.notes {
             s += &format!(" | {n}");
+        }
+        let [gen, call, oracle, judge] = self.times_ms;
+        if call > 0.0 {
+            s += &format!(
+                " | ms: data {gen:.0} backend {call:.0} oracle {oracle:.0} judge {judge:.0}"
+            );
         }
         s
     }

@@ -11,6 +11,7 @@ use cce_core::{
     Upstream,
 };
 use cce_reference::{naive, Oracle, OracleDLoss, Precision};
+use std::time::Instant;
 
 /// The downloaded outputs of one call.
 #[derive(Clone, Debug)]
@@ -131,8 +132,14 @@ pub fn oracles(case: &Case, data: &CaseData, with_ref: bool) -> (Oracle, Option<
 
 /// Run a case end to end: materialize from `seed`, call, judge against gt and ref.
 pub fn run_case<B: Backend>(backend: &B, case: &Case, seed: u64, cfg: &SuiteConfig) -> CaseReport {
+    let t0 = Instant::now();
     let data = case.materialize(seed);
-    run_with_data(backend, case, &data, seed, cfg, true)
+    let mut report = run_with_data(backend, case, &data, seed, cfg, true);
+    report.times_ms[0] = t0.elapsed().as_secs_f64() * 1e3
+        - report.times_ms[1]
+        - report.times_ms[2]
+        - report.times_ms[3];
+    report
 }
 
 /// Call the backend on `data` and judge the outputs (see [`judge_outputs`]).
@@ -145,7 +152,10 @@ pub fn run_with_data<B: Backend>(
     with_ref: bool,
 ) -> CaseReport {
     let mut report = CaseReport::new(case.to_string(), seed);
-    let outputs = match call(backend, case, data) {
+    let t0 = Instant::now();
+    let called = call(backend, case, data);
+    report.times_ms[1] = t0.elapsed().as_secs_f64() * 1e3;
+    let outputs = match called {
         Ok(o) => o,
         Err(CceError::Unsupported { backend: b, what }) if cfg.allow_unsupported => {
             report.skipped = true;
@@ -161,8 +171,12 @@ pub fn run_with_data<B: Backend>(
             return report;
         }
     };
+    let t1 = Instant::now();
     let (gt, reference) = oracles(case, data, with_ref);
+    let t2 = Instant::now();
     judge_outputs(case, data, &outputs, &gt, reference.as_ref(), &mut report);
+    report.times_ms[2] = (t2 - t1).as_secs_f64() * 1e3;
+    report.times_ms[3] = t2.elapsed().as_secs_f64() * 1e3;
     report
 }
 
