@@ -104,11 +104,19 @@ pub fn check_seed(cfg: &SuiteConfig) -> u64 {
     mix64(nanos ^ mix64(k) ^ (std::process::id() as u64) << 32)
 }
 
-/// End of a stamped test: print the per-case summary of a passing check, panic with the
-/// failure report (first mismatches, case, seed) otherwise.
+/// End of a stamped test: print the per-case summary of a passing check (every case in full
+/// with `CCE_VERBOSE=1`), panic with the failure report (first mismatches, case, seed)
+/// otherwise.
 pub fn finish(check: &str, cfg: &SuiteConfig, result: Result<CheckReport, CheckFailure>) {
     match result {
-        Ok(report) => eprintln!("{report}"),
+        Ok(report) => {
+            eprintln!("{report}");
+            if std::env::var_os("CCE_VERBOSE").is_some_and(|v| v != "0") {
+                for case in &report.cases {
+                    eprintln!("{case}");
+                }
+            }
+        }
         Err(failure) => panic!(
             "{failure}\nreproduce: CCE_SEED={} cargo test -p <crate> {}::{check}",
             failure.seed, cfg.name

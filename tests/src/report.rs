@@ -43,6 +43,8 @@ pub struct OutputVerdict {
     pub ref_rel_err: Option<f64>,
     /// Largest finite `|ours − gt|`.
     pub max_abs_err: f64,
+    /// Largest `|ours − gt| / allowed` (≤ 1 passes; the headroom of the output).
+    pub max_ratio: f64,
     /// `τ` used.
     pub tau: f64,
     /// `unit` used.
@@ -93,6 +95,11 @@ impl CaseReport {
         self.problems.is_empty() && self.outputs.iter().all(|o| o.bad == 0)
     }
 
+    /// Largest `|ours − gt| / allowed` over every judged element (≤ 1 passes).
+    pub fn max_ratio(&self) -> f64 {
+        self.outputs.iter().fold(0.0, |a, o| a.max(o.max_ratio))
+    }
+
     /// Relative error `‖ours − gt‖/‖gt‖` of an output, if judged.
     pub fn rel_err(&self, output: &str) -> Option<f64> {
         self.outputs
@@ -119,6 +126,9 @@ impl CaseReport {
             },
             self.case
         );
+        if !self.outputs.is_empty() {
+            s += &format!(" | err/allowed {:.2}", self.max_ratio());
+        }
         for o in &self.outputs {
             s += &format!(" | {} {:.1e}", o.name, o.rel_err);
             if let Some(r) = o.ref_rel_err {
@@ -155,12 +165,13 @@ impl fmt::Display for CaseReport {
         for o in &self.outputs {
             write!(
                 f,
-                "  {:<8} rel err {:.3e}{}  max abs {:.3e}  tau {:.1e} unit {:.3e}",
+                "  {:<8} rel err {:.3e}{}  max abs {:.3e}  err/allowed {:.2}  tau {:.1e} unit {:.3e}",
                 o.name,
                 o.rel_err,
                 o.ref_rel_err
                     .map_or(String::new(), |r| format!(" (ref {r:.3e})")),
                 o.max_abs_err,
+                o.max_ratio,
                 o.tau,
                 o.unit
             )?;

@@ -2,7 +2,7 @@
 
 use crate::case::{Api, Case, CaseData, DLossData, Ignored};
 use crate::config::SuiteConfig;
-use crate::judge::{self, FilterBound, Judged};
+use crate::judge::{self, FilterBound, Judged, TermScale};
 use crate::report::CaseReport;
 use cce_core::options::{GradDType, Reduction};
 use cce_core::problem::{PreparedTargets, Problem};
@@ -195,8 +195,9 @@ fn expect_dtype(report: &mut CaseReport, name: &str, t: &HostTensor, dtype: DTyp
     }
 }
 
-/// Per-row upstream weights: `g_i` (0 at ignored rows), `h_i`, valid mask.
-pub fn row_weights(case: &Case, data: &CaseData) -> (Vec<f64>, Vec<f64>, Vec<bool>) {
+/// Per-row upstream weights: `g_i` (0 at ignored rows), `h_i`, and the prepared classes
+/// (`-1` at ignored rows).
+pub fn row_weights(case: &Case, data: &CaseData) -> (Vec<f64>, Vec<f64>, Vec<i32>) {
     let problem = Problem::new(
         &data.e,
         &data.c,
@@ -226,7 +227,7 @@ pub fn row_weights(case: &Case, data: &CaseData) -> (Vec<f64>, Vec<f64>, Vec<boo
     let h = data.d_lse.as_ref().map_or(vec![0.0; problem.n], |h| {
         h.iter().map(|&x| x as f64).collect()
     });
-    (g, h, valid)
+    (g, h, prepared.classes)
 }
 
 /// Judge downloaded outputs against the ground truth `gt` and reference `reference` with the
@@ -246,7 +247,8 @@ pub fn judge_outputs(
     let e_shape = data.e.shape().to_vec();
     let lead = &e_shape[..e_shape.len() - 1];
     let zmag = gt.lse.iter().fold(1.0f64, |a, &x| a.max(x.abs()));
-    let (g, h, valid) = row_weights(case, data);
+    let (g, h, classes) = row_weights(case, data);
+    let valid: Vec<bool> = classes.iter().map(|&y| y >= 0).collect();
     let lambda = opts.z_loss as f64;
     let w: Vec<f64> = (0..n)
         .map(|i| g[i].abs() * ((1.0 + 2.0 * lambda * gt.lse[i]).abs() + 1.0) + h[i].abs())
@@ -277,6 +279,7 @@ pub fn judge_outputs(
                 cols: 1,
                 tau: judge::tau(dtype, v, 1.0),
                 unit,
+                unit_elem: None,
                 extra: None,
             }
             .verdict(),
@@ -310,6 +313,7 @@ pub fn judge_outputs(
                 cols: 1,
                 tau: judge::tau(dtype, v, 1.0),
                 unit: zmag,
+                unit_elem: None,
                 extra: None,
             }
             .verdict(),
@@ -330,6 +334,7 @@ pub fn judge_outputs(
                         cols: 1,
                         tau: judge::tau(dtype, v, 1.0),
                         unit: zmag,
+                        unit_elem: None,
                         extra: None,
                     }
                     .verdict(),
@@ -426,6 +431,22 @@ pub fn judge_outputs(
     };
     let rms_e = judge::rms(&ev);
     let rms_c = judge::rms(&cv);
+    // Per-element term magnitudes for f32 inputs (module docs of `judge`); RMS otherwise.
+    let scale = (dtype == DType::F32).then(|| {
+        let bv = data.bias.as_ref().map(|b| b.to_f64_vec());
+        TermScale::new(
+            &ev,
+            &cv,
+            bv.as_deref(),
+            d,
+            opts.softcap.map(f64::from),
+            &gt.lse,
+            &classes,
+            &g,
+            &w,
+            opts.label_smoothing as f64,
+        )
+    });
     let grads = [
         GradSpec {
             name: "d_e",
@@ -434,6 +455,7 @@ pub fn judge_outputs(
             shape: e_shape.clone(),
             len: v,
             gt: &gt.d_e,
+            scale: scale.as_ref().map(|s| s.d_e.as_slice()),
             floor: w_max * rms_c * 1e-2,
             bound: &fb.d_e,
         },
@@ -444,6 +466,7 @@ pub fn judge_outputs(
             shape: vec![v, d],
             len: n,
             gt: &gt.d_c,
+            scale: scale.as_ref().map(|s| s.d_c.as_slice()),
             floor: w_max * rms_e * 1e-2,
             bound: &fb.d_c,
         },
@@ -454,6 +477,7 @@ pub fn judge_outputs(
             shape: vec![v],
             len: n,
             gt: gt.d_bias.as_deref().unwrap_or(&[]),
+            scale: scale.as_ref().map(|s| s.d_bias.as_slice()),
             floor: w_max * 1e-2,
             bound: &fb.d_bias,
         },
@@ -465,6 +489,7 @@ pub fn judge_outputs(
         shape,
         len,
         gt: gtv,
+        scale: term_scale,
         floor,
         bound,
     } in grads
@@ -495,8 +520,9 @@ pub fn judge_outputs(
                         gt: gtv,
                         reference: refv,
                         cols: if name == "d_bias" { 1 } else { d },
-                        tau: judge::tau(dtype, len, zmag),
-                        unit: judge::rms(gtv) + floor,
+                        tau: judge::tau(dtype, len, judge::kappa(zmag, d)),
+                        unit: term_scale.map_or(judge::rms(gtv), |_| 0.0) + floor,
+                        unit_elem: term_scale,
                         extra: (!bound.is_empty()).then_some(&extra as &dyn Fn(usize) -> f64),
                     }
                     .verdict(),
@@ -521,6 +547,8 @@ struct GradSpec<'a> {
     /// Reduction length.
     len: usize,
     gt: &'a [f64],
+    /// Per-element unit (f32 cases), else the RMS of `gt` is used.
+    scale: Option<&'a [f64]>,
     /// Floor of the unit.
     floor: f64,
     /// Filter allowance per element (empty: none).
@@ -549,7 +577,7 @@ fn judge_argmax(
             None => x,
         }
     };
-    let allowed = judge::tau(DType::F32, d, zmag) * zmag;
+    let allowed = judge::tau(DType::F32, d, judge::kappa(zmag, d)) * zmag;
     let mut bad = Vec::new();
     for (i, (&ours, &want)) in am.iter().zip(&gt.argmax).enumerate() {
         if ours == want as i64 {
