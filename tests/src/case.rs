@@ -171,7 +171,7 @@ impl Case {
     /// Draw the inputs of this case from `seed`.
     pub fn materialize(&self, seed: u64) -> CaseData {
         let (n, d, v) = (self.n, self.d, self.v);
-        let raw = data::generate(self.dist, n, d, v, self.bias, self.dtype, seed);
+        let raw = data::generate(self.dist, n, d, v, self.bias, seed);
         let mut r = data::rng(seed, 0x7a11);
         let ii = self.opts.ignore_index;
         let mut targets = raw.targets.clone();
