@@ -12,8 +12,8 @@ cce_conformance::conformance_suite!(
     cpu,
     CpuBackend::new(),
     require = true,
-    max_work_flop = 6e10,
-    fixture_max_rows = 256,
+    max_work_flop = 2e11,
+    fixture_max_rows = 1024,
 );
 
 /// Limits of a GPU-like plan: tile-ownership only, 16 x 128 tiles, depth 32.
@@ -37,20 +37,3 @@ cce_conformance::conformance_suite!(
     max_work_flop = 2e10,
     fixture_max_rows = 32,
 );
-
-/// The real fixture at full size (1024 rows; ~1 min on 2 cores): `cargo test -p
-/// cce-conformance --test cpu -- --ignored`.
-#[test]
-#[ignore = "full-size real fixture, ~1 min"]
-fn real_fixture_full_size() {
-    let cfg = cce_conformance::SuiteConfig {
-        max_work_flop: f64::INFINITY,
-        fixture_max_rows: 1024,
-        ..cce_conformance::SuiteConfig::new("cpu_full")
-    };
-    cce_conformance::harness::finish(
-        "real_fixture",
-        &cfg,
-        cce_conformance::checks::real_fixture(&CpuBackend::new(), &cfg),
-    );
-}
