@@ -194,6 +194,7 @@ impl Judged<'_> {
             max_ratio,
             tau: self.tau,
             unit: self.unit,
+            unit_per_element: self.unit_elem.is_some(),
             first,
             worst,
         }

@@ -47,8 +47,10 @@ pub struct OutputVerdict {
     pub max_ratio: f64,
     /// `τ` used.
     pub tau: f64,
-    /// `unit` used.
+    /// `unit` used (its scalar part).
     pub unit: f64,
+    /// Whether a per-element term scale was added to `unit` (f32 gradients).
+    pub unit_per_element: bool,
     /// The first [`crate::judge::MAX_REPORTED`] mismatches, in index order.
     pub first: Vec<Mismatch>,
     /// The mismatch with the largest error/allowed ratio.
@@ -175,6 +177,9 @@ impl fmt::Display for CaseReport {
                 o.tau,
                 o.unit
             )?;
+            if o.unit_per_element {
+                write!(f, " + term scale")?;
+            }
             if o.bad == 0 {
                 writeln!(f, "  ok")?;
                 continue;
