@@ -111,8 +111,8 @@ fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    assert!(a.len() >= (m - 1) * rsa + (k.max(1) - 1) * csa + 1 || k == 0);
-    assert!(b.len() >= (k.max(1) - 1) * rsb + (n - 1) * csb + 1 || k == 0);
+    assert!(a.len() > (m - 1) * rsa + (k.max(1) - 1) * csa || k == 0);
+    assert!(b.len() > (k.max(1) - 1) * rsb + (n - 1) * csb || k == 0);
     assert!(out.len() >= (m - 1) * rso + n);
     // SAFETY: the asserts above bound every element the strided operands address:
     // a: (m-1)·rsa + (k-1)·csa, b: (k-1)·rsb + (n-1)·csb, out: (m-1)·rso + (n-1).
@@ -390,32 +390,27 @@ impl Backend for CpuBackend {
             tau: None,
         };
 
-        // 1. Thresholds.
-        let tau: Vec<f32> = if rule.enabled {
+        // 1. Thresholds (TileOwnership: a recompute pass; ChunkedDense: from the materialized
+        // logits of each row tile, below).
+        let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
+        let tau: Vec<f32> = if rule.enabled && !materialize {
             let tr = p.plan.tile.rows;
             (0..n.div_ceil(tr))
                 .into_par_iter()
                 .flat_map_iter(|t| {
                     let rows = t * tr..((t + 1) * tr).min(n);
-                    let mut hist = vec![0.0f64; rows.len() * N_BINS];
-                    for cc in &p.plan.class_chunks {
-                        for classes in p.plan.class_tiles(cc.clone()) {
-                            let z = p.logits_tile(&rows, &classes, opts.softcap);
-                            let k = classes.len();
-                            for ii in 0..rows.len() {
-                                let i = rows.start + ii;
-                                for jj in 0..k {
-                                    let g0 = g_ctx.g0(i, classes.start + jj, z[ii * k + jj]);
-                                    if let Some(b) = rule.bin(g0) {
-                                        hist[ii * N_BINS + b] += g0 as f64;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    (0..rows.len())
-                        .map(move |ii| rule.threshold(&hist[ii * N_BINS..(ii + 1) * N_BINS]))
-                        .collect::<Vec<_>>()
+                    let tiles = p
+                        .plan
+                        .class_chunks
+                        .iter()
+                        .flat_map(|cc| p.plan.class_tiles(cc.clone()));
+                    g_ctx.thresholds(
+                        &rows,
+                        tiles.map(|cl| {
+                            let z = p.logits_tile(&rows, &cl, opts.softcap);
+                            (cl, z)
+                        }),
+                    )
                 })
                 .collect()
         } else {
@@ -445,17 +440,40 @@ impl Backend for CpuBackend {
         let mut dropped = vec![0.0f64; n];
         let (mut kept_tiles, mut skipped_tiles, mut kept_entries, mut skipped_entries) =
             (0u64, 0u64, 0u64, 0u64);
-        let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
         for (rc, row_tiles) in &tiles_per_chunk {
             // G of every tile of the chunk: Some(G) when kept, None when skipped (ChunkedDense),
             // or only the mask (TileOwnership, recomputed in each pass).
             let per_row_tile: Vec<Vec<TileG>> = row_tiles
                 .par_iter()
                 .map(|rows| {
-                    class_tiles
-                        .iter()
-                        .map(|classes| g_ctx.tile(rows, classes, materialize))
-                        .collect()
+                    if materialize {
+                        // The row tile's logits for every class, computed once.
+                        let zs: Vec<Vec<f32>> = class_tiles
+                            .iter()
+                            .map(|cl| p.logits_tile(rows, cl, opts.softcap))
+                            .collect();
+                        let tau_rows = if rule.enabled {
+                            g_ctx.thresholds(
+                                rows,
+                                class_tiles
+                                    .iter()
+                                    .cloned()
+                                    .zip(zs.iter().map(|z| z.as_slice())),
+                            )
+                        } else {
+                            vec![0.0; rows.len()]
+                        };
+                        class_tiles
+                            .iter()
+                            .zip(zs)
+                            .map(|(classes, z)| g_ctx.tile_from(rows, classes, z, &tau_rows, true))
+                            .collect()
+                    } else {
+                        class_tiles
+                            .iter()
+                            .map(|classes| g_ctx.tile(rows, classes, false))
+                            .collect()
+                    }
                 })
                 .collect();
             for (rows, tiles) in row_tiles.iter().zip(&per_row_tile) {
@@ -688,14 +706,53 @@ impl GCtx<'_> {
         out
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of one tile.
+    /// Row thresholds `τ_i` of a row tile from its logits tiles `(classes, z)`.
+    fn thresholds<Z: AsRef<[f32]>>(
+        &self,
+        rows: &Range<usize>,
+        tiles: impl Iterator<Item = (Range<usize>, Z)>,
+    ) -> Vec<f32> {
+        let mut hist = vec![0.0f64; rows.len() * N_BINS];
+        for (classes, z) in tiles {
+            let z = z.as_ref();
+            let k = classes.len();
+            for ii in 0..rows.len() {
+                let i = rows.start + ii;
+                for jj in 0..k {
+                    let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
+                    if let Some(b) = self.rule.bin(g0) {
+                        hist[ii * N_BINS + b] += g0 as f64;
+                    }
+                }
+            }
+        }
+        (0..rows.len())
+            .map(|ii| self.rule.threshold(&hist[ii * N_BINS..(ii + 1) * N_BINS]))
+            .collect()
+    }
+
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile, recomputing its logits and
+    /// reading the thresholds of the threshold pass.
     fn tile(&self, rows: &Range<usize>, classes: &Range<usize>, keep_g: bool) -> TileG {
-        let k = classes.len();
         let z = self.p.logits_tile(rows, classes, self.opts.softcap);
+        let tau = self.tau.expect("thresholds before the mask");
+        self.tile_from(rows, classes, z, &tau[rows.clone()], keep_g)
+    }
+
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its logits `z` and the
+    /// thresholds `tau` of its rows.
+    fn tile_from(
+        &self,
+        rows: &Range<usize>,
+        classes: &Range<usize>,
+        z: Vec<f32>,
+        tau: &[f32],
+        keep_g: bool,
+    ) -> TileG {
+        let k = classes.len();
         let mut skipped = self.rule.enabled;
         let mut dropped = vec![0.0f64; rows.len()];
         if skipped {
-            let tau = self.tau.expect("thresholds before the mask");
             'rows: for ii in 0..rows.len() {
                 let i = rows.start + ii;
                 if self.g[i] == 0.0 && self.h[i] == 0.0 {
@@ -704,7 +761,7 @@ impl GCtx<'_> {
                 let mut sum = 0.0f64;
                 for jj in 0..k {
                     let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
-                    if g0 >= tau[i] {
+                    if g0 >= tau[ii] {
                         skipped = false;
                         break 'rows;
                     }

@@ -223,6 +223,7 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
         Precision::F64,
     )
     .unwrap();
+    let t0 = std::time::Instant::now();
     let (_, g) = be
         .forward_backward(
             &Inputs {
@@ -235,6 +236,10 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
             &Upstream::default(),
         )
         .unwrap();
+    eprintln!(
+        "blocked forward+backward on the real fixture (bf16, filtered): {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
     let re = rel(&g.d_e.unwrap().to_f64_vec(), &gt.d_e);
     let rc = rel(&g.d_c.unwrap().to_f64_vec(), &gt.d_c);
     eprintln!(
