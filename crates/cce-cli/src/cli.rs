@@ -75,22 +75,52 @@ pub struct InputArgs {
     #[arg(long, default_value = "C", value_name = "NAME", help_heading = "Input")]
     pub c_name: String,
     /// Name of the Q8_0 classifier codes (i8 `[V, D]`).
-    #[arg(long, default_value = "C_q8", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "C_q8",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub c_q8_name: String,
     /// Name of the Q8_0 classifier scales (f16 `[V, ceil(D/32)]`).
-    #[arg(long, default_value = "C_scale", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "C_scale",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub c_scale_name: String,
     /// Name of the optional bias `[V]` (read when present).
-    #[arg(long, default_value = "bias", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "bias",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub bias_name: String,
     /// Name of the targets tensor (i32 or i64, N elements).
-    #[arg(long, default_value = "targets", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "targets",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub targets_name: String,
     /// Name of the optional reference lse `[N]` (read when present).
-    #[arg(long, default_value = "lse_ref", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "lse_ref",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub lse_ref_name: String,
     /// Name of the optional reference per-row loss `[N]` (read when present).
-    #[arg(long, default_value = "nll_ref", value_name = "NAME", help_heading = "Input")]
+    #[arg(
+        long,
+        default_value = "nll_ref",
+        value_name = "NAME",
+        help_heading = "Input"
+    )]
     pub nll_ref_name: String,
     /// NumPy file of the hidden states `[..., D]` (float32/float16).
     #[arg(long, value_name = "FILE", requires_all = ["npy_c", "npy_targets"], conflicts_with = "case", help_heading = "Input")]
@@ -140,13 +170,28 @@ pub struct OptionArgs {
     #[arg(long, help_heading = "Options")]
     pub seq_len: Option<usize>,
     /// Label smoothing α in [0, 1).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, help_heading = "Options")]
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Options"
+    )]
     pub label_smoothing: f32,
     /// z-loss weight λ ≥ 0 (adds λ·lse² per valid row).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, help_heading = "Options")]
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Options"
+    )]
     pub z_loss: f32,
     /// Gradient filter threshold: auto (dtype eps / 32), off (exact), or a value in (0, 1].
-    #[arg(long, default_value = "auto", allow_hyphen_values = true, help_heading = "Options")]
+    #[arg(
+        long,
+        default_value = "auto",
+        allow_hyphen_values = true,
+        help_heading = "Options"
+    )]
     pub filter_eps: FilterEps,
     /// Per-row bound on the probability mass the filter may drop, in [0, 1].
     #[arg(long, default_value_t = cut_cross_entropy::options::DEFAULT_MAX_DROPPED_MASS, allow_negative_numbers = true, help_heading = "Options")]
@@ -161,7 +206,12 @@ pub struct OptionArgs {
     #[arg(long, help_heading = "Options")]
     pub deterministic: bool,
     /// Extra device memory the call may use, MiB.
-    #[arg(long, default_value_t = 512, value_name = "MIB", help_heading = "Options")]
+    #[arg(
+        long,
+        default_value_t = 512,
+        value_name = "MIB",
+        help_heading = "Options"
+    )]
     pub workspace_budget_mib: u64,
     /// Also compute the softmax entropy per row.
     #[arg(long, help_heading = "Options")]
@@ -272,7 +322,11 @@ pub struct ReproArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
     /// Cases, comma-separated: regular (= randn), c/8, e/8, c*8, e*8, lm, iid, iid:H.
-    #[arg(long, value_delimiter = ',', default_value = "regular,c/8,e/8,c*8,e*8,lm")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "regular,c/8,e/8,c*8,e*8,lm"
+    )]
     pub cases: Vec<String>,
     /// Gradient filter threshold: auto, off or a value in (0, 1].
     #[arg(long, default_value = "auto", allow_hyphen_values = true)]

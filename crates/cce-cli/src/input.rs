@@ -86,13 +86,14 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         lse_ref: args.lse_ref_name.clone(),
         nll_ref: args.nll_ref_name.clone(),
     };
-    let from_file = |path: PathBuf, is_fixture: bool| -> CliResult<(Dataset, Option<DType>, bool)> {
-        let ds = with_spinner(format!("loading {}", path.display()), || {
-            cce_data::load_safetensors(&path, &names)
-        })?;
-        let dt = described_dtype(&ds.name);
-        Ok((ds, dt, is_fixture))
-    };
+    let from_file =
+        |path: PathBuf, is_fixture: bool| -> CliResult<(Dataset, Option<DType>, bool)> {
+            let ds = with_spinner(format!("loading {}", path.display()), || {
+                cce_data::load_safetensors(&path, &names)
+            })?;
+            let dt = described_dtype(&ds.name);
+            Ok((ds, dt, is_fixture))
+        };
     let (ds, file_dtype, is_fixture) = if let Some(path) = &args.input {
         from_file(path.clone(), false)?
     } else if let Some(e) = &args.npy_e {
@@ -104,8 +105,12 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         };
         let ds = with_spinner("loading .npy files", || cce_data::load_npy(&paths))?;
         (ds, None, false)
-    } else if let Some(case) = args.case.as_deref().filter(|c| !c.eq_ignore_ascii_case("real")) {
-        let dist = parse_distribution(case)?;
+    } else if let Some(case) = args
+        .case
+        .as_deref()
+        .filter(|c| !c.eq_ignore_ascii_case("real"))
+    {
+        let dist = parse_distribution(case).map_err(|e| e.context("--case"))?;
         let (n, d, v) = (
             args.n.unwrap_or(DEFAULT_N),
             args.d.unwrap_or(DEFAULT_D),
@@ -127,6 +132,7 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
             ));
         }
         let path = fixture_path();
+        let path = path.canonicalize().unwrap_or(path);
         if !path.is_file() {
             return Err(CliError::msg(format!(
                 "the shipped real fixture is missing at {} (pass --input FILE or --case NAME)",

@@ -31,7 +31,8 @@ fn label_offsets(xy: &[(f64, f64)], x_span: f64, y_span: f64) -> Vec<i32> {
     let mut off = vec![0i32; xy.len()];
     for k in 0..xy.len() {
         let near = |j: usize| {
-            ((xy[j].0 - xy[k].0) / x_span).abs() < 0.08 && ((xy[j].1 - xy[k].1) / y_span).abs() < 0.06
+            ((xy[j].0 - xy[k].0) / x_span).abs() < 0.08
+                && ((xy[j].1 - xy[k].1) / y_span).abs() < 0.06
         };
         let mut o = 0;
         while (0..k).any(|j| near(j) && off[j] == o) {
@@ -47,11 +48,7 @@ fn label_offsets(xy: &[(f64, f64)], x_span: f64, y_span: f64) -> Vec<i32> {
 /// Errors: the file cannot be written, or no font is available for the text.
 pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
     let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
-    let x_max = pts
-        .iter()
-        .map(|p| finite(p.entropy))
-        .fold(0.5f64, f64::max)
-        * 1.2;
+    let x_max = pts.iter().map(|p| finite(p.entropy)).fold(0.5f64, f64::max) * 1.2;
     let t_max = pts
         .iter()
         .map(|p| finite(p.time_ms))
@@ -79,7 +76,10 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
         .axis_desc_style(font(16))
         .draw()
         .map_err(perr)?;
-    let xy: Vec<(f64, f64)> = pts.iter().map(|p| (finite(p.entropy), finite(p.time_ms))).collect();
+    let xy: Vec<(f64, f64)> = pts
+        .iter()
+        .map(|p| (finite(p.entropy), finite(p.time_ms)))
+        .collect();
     let off = label_offsets(&xy, x_max, t_max);
     ch.draw_series(pts.iter().zip(&xy).zip(&off).map(|((p, &c), &o)| {
         EmptyElement::at(c)
@@ -143,7 +143,11 @@ mod tests {
 
     #[test]
     fn near_labels_are_staggered() {
-        let off = label_offsets(&[(0.0, 1.0), (0.01, 1.0), (2.0, 1.0), (0.02, 1.01)], 3.0, 2.0);
+        let off = label_offsets(
+            &[(0.0, 1.0), (0.01, 1.0), (2.0, 1.0), (0.02, 1.01)],
+            3.0,
+            2.0,
+        );
         assert_eq!(off, vec![0, 1, 0, 2]);
     }
 }

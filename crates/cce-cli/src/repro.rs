@@ -90,7 +90,10 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     let cases: Vec<(String, Distribution)> = args
         .cases
         .iter()
-        .map(|c| Ok((c.trim().to_string(), parse_distribution(c)?)))
+        .map(|c| {
+            let dist = parse_distribution(c).map_err(|e| e.context("--cases"))?;
+            Ok((c.trim().to_string(), dist))
+        })
         .collect::<CliResult<_>>()?;
     if cases.is_empty() {
         return Err(CliError::msg("--cases: no case given"));
@@ -152,7 +155,10 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
             last = res;
             pb.inc(1);
         }
-        let s = last.backward_stats.clone().unwrap_or(last.forward_stats.clone());
+        let s = last
+            .backward_stats
+            .clone()
+            .unwrap_or(last.forward_stats.clone());
         if filter_line.is_none() {
             filter_line = Some(if s.filter_eps > 0.0 {
                 format!(

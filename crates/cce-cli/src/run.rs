@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use cce_data::F32Tensor;
 use cut_cross_entropy::{
-    backend_by_name, naive, CallStats, DType, FilterEps, HostResult, HostTensor, OracleDLoss,
-    Options, Precision, PreparedTargets, Problem, Reduction, TensorMeta,
+    backend_by_name, naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options,
+    OracleDLoss, Precision, PreparedTargets, Problem, Reduction, TensorMeta,
 };
 
 use crate::cli::{FloatDType, RunArgs};
@@ -230,7 +230,10 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
                 let got: Vec<f32> = rows.iter().map(|&i| loss[i]).collect();
                 let want: Vec<f64> = rows.iter().map(|&i| nll[i] as f64).collect();
                 let e = err_stats(&got, &want);
-                println!("           per-row max |loss_i - nll_ref_i| = {:.2e}", e.max_abs);
+                println!(
+                    "           per-row max |loss_i - nll_ref_i| = {:.2e}",
+                    e.max_abs
+                );
             }
         }
     }
@@ -333,7 +336,13 @@ fn oracle_bytes(t: &Tensors) -> u64 {
     8 * n * v + 16 * (n + v) * d + 64 * (n + v)
 }
 
-fn check(t: &Tensors, res: &HostResult, opts: &Options, dtype: DType, backward: bool) -> CliResult<()> {
+fn check(
+    t: &Tensors,
+    res: &HostResult,
+    opts: &Options,
+    dtype: DType,
+    backward: bool,
+) -> CliResult<()> {
     let need = oracle_bytes(t);
     if let Some(avail) = available_memory_bytes() {
         if need > avail {
@@ -411,7 +420,10 @@ fn check(t: &Tensors, res: &HostResult, opts: &Options, dtype: DType, backward: 
             .zip(&oracle.argmax)
             .filter(|(a, b)| **a != **b as i64)
             .count();
-        println!("  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can)", got.len());
+        println!(
+            "  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can)",
+            got.len()
+        );
     }
     let filtered = res
         .backward_stats
@@ -465,7 +477,10 @@ fn save_grads(
     meta.insert("dtype".to_string(), dtype.to_string());
     meta.insert(
         "loss".to_string(),
-        format!("{:?}", res.loss.to_f32_vec().first().copied().unwrap_or(f32::NAN)),
+        format!(
+            "{:?}",
+            res.loss.to_f32_vec().first().copied().unwrap_or(f32::NAN)
+        ),
     );
     cce_data::save_safetensors(path, &tensors, Some(meta))
         .map_err(|e| CliError::from(e).context("--save-grads"))?;
