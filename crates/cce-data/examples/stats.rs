@@ -8,12 +8,15 @@
 
 use std::time::Instant;
 
-use cce_data::{e12k_path, fixture_path, generate, load_real_e12k, load_real_fixture, measure, Distribution};
+use cce_data::{
+    e12k_path, fixture_path, generate, load_real_e12k, load_real_fixture, measure, Distribution,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let what = args.first().map_or("real", String::as_str);
-    let num = |i: usize, default: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default);
+    let num =
+        |i: usize, default: usize| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default);
     let t = Instant::now();
     let ds = match what {
         "real" => load_real_fixture()?,

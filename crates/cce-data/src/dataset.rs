@@ -57,11 +57,19 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Checks that every vector has the length its shape implies.
+    /// Checks that `d` and `v` are at least 1 and that every vector has the length its shape
+    /// implies (`n` may be 0).
     ///
     /// # Errors
-    /// [`DataError::SizeMismatch`] naming the first vector whose length is wrong.
+    /// [`DataError::InvalidParameter`] if `d` or `v` is 0; [`DataError::SizeMismatch`] naming
+    /// the first vector whose length is wrong.
     pub fn validate(&self) -> Result<()> {
+        if self.d == 0 || self.v == 0 {
+            return Err(DataError::InvalidParameter(format!(
+                "D and V must be >= 1 (n = {}, d = {}, v = {})",
+                self.n, self.d, self.v
+            )));
+        }
         let check = |what: &str, len: usize, want: Option<usize>| -> Result<()> {
             match want {
                 Some(w) if w == len => Ok(()),

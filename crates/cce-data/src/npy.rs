@@ -81,9 +81,24 @@ impl Array {
         self.shape.iter().product()
     }
 
-    /// Reads all elements as `T` (file order), reporting a short file as corrupt.
+    /// Reads all elements as `T` (file order), reporting a short file as corrupt (before
+    /// allocating anything for it).
     fn values<T: npyz::Deserialize>(&self) -> Result<Vec<T>> {
+        let data_bytes = NpyFile::new(&self.file[..])
+            .map_err(|e| corrupt(&self.path, e))?
+            .into_inner()
+            .len();
         let npy = NpyFile::new(&self.file[..]).map_err(|e| corrupt(&self.path, e))?;
+        let need = (self.len() as u128) * (std::mem::size_of::<T>() as u128);
+        if need > data_bytes as u128 {
+            return Err(corrupt(
+                &self.path,
+                format!(
+                    "shape {:?} needs {need} bytes of data, the file holds fewer",
+                    self.shape
+                ),
+            ));
+        }
         let v: Vec<T> = npy.into_vec().map_err(|e| corrupt(&self.path, e))?;
         if v.len() != self.len() {
             return Err(corrupt(&self.path, "fewer elements than the shape says"));

@@ -310,17 +310,14 @@ fn bin(q: f64) -> usize {
 
 /// Fewest entries to keep so that the dropped (smallest) probabilities sum to at most
 /// `delta` of the row's mass `s` (weights `w`, bins `mass`/`count` already filled).
-fn keep_count(
-    x: &[f32],
-    m: f64,
-    ls: f64,
-    w: &[f64],
-    s: f64,
-    mass: &[f64],
-    count: &[u32],
-    delta: f64,
-    tmp: &mut Vec<f64>,
-) -> u32 {
+fn keep_count(x: &[f32], m: f64, ls: f64, s: f64, sc: &mut Scratch, delta: f64) -> u32 {
+    let Scratch {
+        w,
+        mass,
+        count,
+        tmp,
+        ..
+    } = sc;
     let budget = delta * s;
     let mut dropped_mass = 0.0;
     let mut dropped = 0usize;
@@ -336,7 +333,7 @@ fn keep_count(
     }
     if let Some(cb) = critical {
         tmp.clear();
-        for (&xj, &wj) in x.iter().zip(w) {
+        for (&xj, &wj) in x.iter().zip(w.iter()) {
             if bin(ls - (xj as f64 - m)) == cb {
                 tmp.push(wj);
             }
@@ -417,8 +414,8 @@ fn row_stats(
             below += wj;
         }
     }
-    let keep_1e2 = keep_count(x, m, ls, &sc.w, s, &sc.mass, &sc.count, 1e-2, &mut sc.tmp);
-    let keep_1e3 = keep_count(x, m, ls, &sc.w, s, &sc.mass, &sc.count, 1e-3, &mut sc.tmp);
+    let keep_1e2 = keep_count(x, m, ls, s, sc, 1e-2);
+    let keep_1e3 = keep_count(x, m, ls, s, sc, 1e-3);
     let scored = (target >= 0 && (target as u64) < v as u64).then(|| {
         let y = target as usize;
         (m + ls - x[y] as f64, y == arg)
