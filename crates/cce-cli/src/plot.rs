@@ -72,6 +72,13 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
     ch.configure_mesh()
         .x_desc("mean softmax entropy (nats)")
         .y_desc("time (ms)")
+        .y_label_formatter(&|y| {
+            if t_max >= 10.0 {
+                format!("{y:.0}")
+            } else {
+                format!("{y:.2}")
+            }
+        })
         .label_style(font(14))
         .axis_desc_style(font(16))
         .draw()
@@ -99,6 +106,7 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
     ch.configure_mesh()
         .x_desc("mean softmax entropy (nats)")
         .y_desc("kept (%)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(font(14))
         .axis_desc_style(font(16))
         .draw()
