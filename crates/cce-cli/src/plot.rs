@@ -70,6 +70,7 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
         .build_cartesian_2d(0f64..x_max, 0f64..t_max)
         .map_err(perr)?;
     ch.configure_mesh()
+        .max_light_lines(4)
         .x_desc("mean softmax entropy (nats)")
         .y_desc("time (ms)")
         .y_label_formatter(&|y| {
@@ -104,6 +105,7 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
         .build_cartesian_2d(0f64..x_max, 0f64..110f64)
         .map_err(perr)?;
     ch.configure_mesh()
+        .max_light_lines(4)
         .x_desc("mean softmax entropy (nats)")
         .y_desc("kept (%)")
         .y_label_formatter(&|y| format!("{y:.0}"))
