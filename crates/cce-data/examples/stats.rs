@@ -4,7 +4,13 @@
 //! cargo run --release -p cce-data --example stats -- real
 //! cargo run --release -p cce-data --example stats -- e12k
 //! cargo run --release -p cce-data --example stats -- lm 4096 576 49152 [seed]
+//! LM=row_corr=0.95,peak_prior=0 cargo run --release -p cce-data --example stats -- lm
 //! ```
+//!
+//! Any distribution name of `cce_data::Distribution` works in place of `lm`; with `LM` set,
+//! the `lm` preset for V is used with the listed fields overridden (clusters, slope_mu,
+//! slope_sigma, peak_mu, peak_sigma, bulk_std, unigram_std, topic_keep, zipf, row_corr,
+//! peak_prior). The acceptance bands of CASES.md are printed after the table.
 
 use std::time::Instant;
 

@@ -57,16 +57,16 @@ impl std::fmt::Debug for Dataset {
 }
 
 impl Dataset {
-    /// Checks that `d` and `v` are at least 1 and that every vector has the length its shape
-    /// implies (`n` may be 0).
+    /// Checks that `d` and `v` are at least 1 (and `v < 2³²`) and that every vector has the
+    /// length its shape implies (`n` may be 0).
     ///
     /// # Errors
-    /// [`DataError::InvalidParameter`] if `d` or `v` is 0; [`DataError::SizeMismatch`] naming
-    /// the first vector whose length is wrong.
+    /// [`DataError::InvalidParameter`] if `d` or `v` is 0 or `v >= 2³²`;
+    /// [`DataError::SizeMismatch`] naming the first vector whose length is wrong.
     pub fn validate(&self) -> Result<()> {
-        if self.d == 0 || self.v == 0 {
+        if self.d == 0 || self.v == 0 || self.v > u32::MAX as usize {
             return Err(DataError::InvalidParameter(format!(
-                "D and V must be >= 1 (n = {}, d = {}, v = {})",
+                "D and V must be >= 1 and V < 2^32 (n = {}, d = {}, v = {})",
                 self.n, self.d, self.v
             )));
         }

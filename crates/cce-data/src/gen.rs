@@ -165,8 +165,9 @@ impl LmParams {
 /// How a synthetic dataset is drawn (the distributions of CASES.md).
 ///
 /// Parsed from and displayed as: `randn`, `c/8`, `e/8`, `c*8`, `e*8` (any positive number
-/// after `/` or `*`), `iid` (2.5 nats) or `iid:H` (`H` nats), `lm` (the preset for `V`),
-/// `lm:small`, `lm:large` (a fixed preset).
+/// after `/` or `*`; both factors as `e*2,c/4`), `iid` (2.5 nats) or `iid:H` (`H` nats),
+/// `lm` (the preset for `V`), `lm:small`, `lm:large` (a fixed preset). Other
+/// [`LmWith`](Self::LmWith) parameters display as `lm:custom(...)`, which does not parse.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Distribution {
     /// `e`, `c` ~ N(0, 1) elementwise, targets uniform: the seed's inputs (logit std ~ √D, a
@@ -221,7 +222,7 @@ impl fmt::Display for Distribution {
             Distribution::Lm => write!(f, "lm"),
             Distribution::LmWith(p) if *p == LmParams::SMALL_VOCAB => write!(f, "lm:small"),
             Distribution::LmWith(p) if *p == LmParams::LARGE_VOCAB => write!(f, "lm:large"),
-            Distribution::LmWith(p) => write!(f, "lm{p:?}"),
+            Distribution::LmWith(p) => write!(f, "lm:custom({p:?})"),
         }
     }
 }
@@ -419,13 +420,16 @@ fn mean_entropy(x: &[f32], v: usize, a: f64) -> (f64, f64) {
 /// `dist` with `seed`. Deterministic for a given seed and independent of the number of
 /// threads (each row of `e`, each row of `c` and each target has its own random stream).
 ///
-/// Values are f32 with `bias = None`. Memory: the result holds `4·(n·d + v·d) + 8·n` bytes
+/// Values are f32 with `bias = None`. For `iid` and `lm` the targets are drawn exactly from
+/// `softmax(e_i · Cᵀ)`: the f32 logits of a block of rows x all classes, then per row one
+/// uniform number and an inverse-CDF scan in f64 (the same law as Gumbel-max, with one `exp`
+/// per logit instead of a random number and two logs). Memory: the result holds `4·(n·d + v·d) + 8·n` bytes
 /// (the seed shape N = 32768, D = 4096, V = 256000 takes 4.5 GiB), plus, for `iid` and `lm`
 /// whose targets are sampled from the softmax, up to 32 MiB of logits per thread. Time is
 /// dominated by that sampling, a full `n x v x d` f32 matmul (for `iid` and `lm` only).
 ///
 /// # Errors
-/// - [`DataError::InvalidParameter`]: `d` or `v` is 0, a scale is not positive and finite,
+/// - [`DataError::InvalidParameter`]: `d` or `v` is 0 (or `v >= 2^32`), a scale is not positive and finite,
 ///   an `iid` entropy not in `(0, ln v)`, or bad [`LmParams`];
 /// - [`DataError::OutOfMemory`]: the arrays cannot be allocated.
 pub fn generate(dist: &Distribution, n: usize, d: usize, v: usize, seed: u64) -> Result<Dataset> {
@@ -434,8 +438,10 @@ pub fn generate(dist: &Distribution, n: usize, d: usize, v: usize, seed: u64) ->
             "D and V must be >= 1 (got N = {n}, D = {d}, V = {v})"
         )));
     }
-    if v > i64::MAX as usize {
-        return Err(DataError::InvalidParameter(format!("V = {v} too large")));
+    if v > u32::MAX as usize {
+        return Err(DataError::InvalidParameter(format!(
+            "V = {v} too large (at most 2^32 - 1)"
+        )));
     }
     let ne = checked_len(n, d, "e")?;
     let nc = checked_len(v, d, "c")?;
@@ -614,7 +620,7 @@ fn fill_lm(
         })
         .collect();
 
-    // Rows: sticky topic, slope, peak class (drawn from softmax(bias)), lift.
+    // Rows: sticky topic, slope, peak class (drawn from softmax(peak_prior * bias)), lift.
     let mut cdf = Vec::with_capacity(v);
     let bmax = bias.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let mut acc = 0.0;

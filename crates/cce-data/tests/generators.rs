@@ -291,3 +291,30 @@ fn lm_mid_size_large_vocab() {
     );
     assert!(s.significant_frac < 0.003, "{s}");
 }
+
+/// The seed shape (N = 32768, D = 4096, V = 256000): 4.5 GiB of f32. Not run by default
+/// (memory and time); `cargo test -p cce-data --release -- --ignored seed_shape`.
+#[test]
+#[ignore]
+fn seed_shape() {
+    let (n, d, v) = (32768, 4096, 256000);
+    let t = Instant::now();
+    let ds = generate(&Distribution::Randn, n, d, v, 1).unwrap();
+    eprintln!(
+        "randn seed shape generated in {:.1} s ({} MiB)",
+        t.elapsed().as_secs_f64(),
+        ds.bytes() >> 20
+    );
+    assert_eq!((ds.e.len(), ds.c.len()), (n * d, v * d));
+    drop(ds);
+    // lm at the seed's D and V (preset 2) on a few rows: targets sampled, then measured.
+    let t = Instant::now();
+    let ds = generate(&Distribution::Lm, 128, d, v, 1).unwrap();
+    let t_gen = t.elapsed().as_secs_f64();
+    let s = measure(&ds).unwrap();
+    eprintln!(
+        "lm 128 x 4096 x 256000: generated in {t_gen:.1} s, measured in {:.1} s\n{s}",
+        t.elapsed().as_secs_f64() - t_gen
+    );
+    assert!(s.entropy_mean > 1.0 && s.entropy_mean < 3.5, "{s}");
+}
