@@ -9,6 +9,23 @@
 //!
 //! Errors print as `error: <message>` with exit status 1 (2 for bad command-line syntax).
 
+/// `println!` that ignores a closed stdout (`cce run | head -3`) instead of panicking; the
+/// work (and `--save-grads`, `--plot`) goes on.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `print!` counterpart of `outln!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod cli;
 mod error;
 mod input;

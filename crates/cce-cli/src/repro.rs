@@ -100,7 +100,7 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     }
     let backend = backend_by_name(&args.backend)?;
     let dtype = args.dtype.dtype();
-    println!(
+    outln!(
         "repro      N = {}, D = {}, V = {}, dtype {dtype}, backend {}, seed {}, median of {} runs after 1 warm-up",
         args.n,
         args.d,
@@ -189,7 +189,7 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     }
     pb.finish_and_clear();
     if let Some(f) = filter_line {
-        println!("{f}");
+        outln!("{f}");
     }
 
     let base_idx = results
@@ -228,8 +228,8 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
             format!("{:.4}", r.loss),
         ]);
     }
-    println!("{}", table.render());
-    println!(
+    outln!("{}", table.render());
+    outln!(
         "total {:.1} s; peak RSS {}",
         t_all.elapsed().as_secs_f64(),
         peak_rss_bytes().map_or("unknown".into(), fmt_bytes)
@@ -255,7 +255,7 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
         );
         plot::draw(path, &title, &points)
             .map_err(|e| e.context(&format!("--plot {}", path.display())))?;
-        println!("plot       {}", path.display());
+        outln!("plot       {}", path.display());
     }
     Ok(())
 }

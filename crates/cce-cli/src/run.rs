@@ -149,16 +149,16 @@ fn print_header(l: &Loaded, dtype: DType, args: &RunArgs, backend: &str, opts: &
         (None, None) if l.is_fixture => "default: keeps the Q8_0 head exact",
         (None, None) => "default",
     };
-    println!("input      {}", ds.name);
-    println!(
+    outln!("input      {}", ds.name);
+    outln!(
         "problem    N = {}, D = {}, V = {}, bias {}, dtype {dtype} ({why})",
         ds.n,
         ds.d,
         ds.v,
         if ds.bias.is_some() { "yes" } else { "no" }
     );
-    println!("backend    {backend}");
-    println!("options    {}", describe_options(opts));
+    outln!("backend    {backend}");
+    outln!("options    {}", describe_options(opts));
 }
 
 /// Rows whose target the reference `nll_ref` covers under these options, or why none.
@@ -181,18 +181,18 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
     let value = match opts.reduction {
         Reduction::Mean => {
             let x = loss.first().copied().unwrap_or(f32::NAN) as f64;
-            println!("loss       {x:.6}  (mean over {n_valid} valid rows)");
+            outln!("loss       {x:.6}  (mean over {n_valid} valid rows)");
             x
         }
         Reduction::Sum => {
             let x = loss.first().copied().unwrap_or(f32::NAN) as f64;
-            println!("loss       {x:.6}  (sum over {n_valid} valid rows)");
+            outln!("loss       {x:.6}  (sum over {n_valid} valid rows)");
             x
         }
         Reduction::None => {
             let sum: f64 = loss.iter().map(|&x| x as f64).sum();
             let mean = sum / n_valid.max(1) as f64;
-            println!(
+            outln!(
                 "loss       [{}] per row: mean over {n_valid} valid rows {mean:.6}, sum {sum:.6}",
                 loss.len()
             );
@@ -205,7 +205,7 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
     match reference_rows(l, opts) {
         Err(why) => {
             let mean = nll.iter().map(|&x| x as f64).sum::<f64>() / nll.len().max(1) as f64;
-            println!("reference  {mean:.6}  (mean of the file's nll_ref; {why})");
+            outln!("reference  {mean:.6}  (mean of the file's nll_ref; {why})");
         }
         Ok(rows) => {
             let sum: f64 = rows.iter().map(|&i| nll[i] as f64).sum();
@@ -222,7 +222,7 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
             } else {
                 format!("DIFFERS at 4 decimals ({a} vs {b})")
             };
-            println!(
+            outln!(
                 "reference  {reference:.6}  ({kind} of the file's nll_ref over {} rows; |loss - reference| = {diff:.1e}, {verdict})",
                 rows.len()
             );
@@ -230,7 +230,7 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
                 let got: Vec<f32> = rows.iter().map(|&i| loss[i]).collect();
                 let want: Vec<f64> = rows.iter().map(|&i| nll[i] as f64).collect();
                 let e = err_stats(&got, &want);
-                println!(
+                outln!(
                     "           per-row max |loss_i - nll_ref_i| = {:.2e}",
                     e.max_abs
                 );
@@ -243,7 +243,7 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
 fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options) -> CliResult<()> {
     let lse = res.lse.to_f32_vec();
     if let Some(s) = summary(lse.iter().map(|&x| x as f64)) {
-        print!(
+        out!(
             "lse        min {:.4}, mean {:.4}, max {:.4} (nats, {} rows)",
             s.min,
             s.mean,
@@ -254,20 +254,23 @@ fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options)
             (Some(r), None) => {
                 let want: Vec<f64> = r.iter().map(|&x| x as f64).collect();
                 let e = err_stats(&lse, &want);
-                println!(
+                outln!(
                     "; max |lse - lse_ref| = {:.2e} (row {})",
-                    e.max_abs, e.worst
+                    e.max_abs,
+                    e.worst
                 );
             }
-            (Some(_), Some(_)) => println!("; lse_ref not comparable under softcap"),
-            _ => println!(),
+            (Some(_), Some(_)) => outln!("; lse_ref not comparable under softcap"),
+            _ => outln!(),
         }
     }
     if let Some(h) = &res.entropy {
         if let Some(s) = summary(h.to_f32_vec().iter().map(|&x| x as f64)) {
-            println!(
+            outln!(
                 "entropy    min {:.4}, mean {:.4}, max {:.4} (nats, softmax entropy per row)",
-                s.min, s.mean, s.max
+                s.min,
+                s.mean,
+                s.max
             );
         }
     }
@@ -288,7 +291,7 @@ fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options)
                 hit += usize::from(am.get(i) == Some(&(y as i64)));
             }
         }
-        println!(
+        outln!(
             "argmax     top-1 accuracy {:.2}% ({hit} of {valid} valid rows)",
             100.0 * hit as f64 / valid.max(1) as f64
         );
@@ -307,25 +310,25 @@ fn print_times_memory(l: &Loaded, t: &Tensors, res: &HostResult, call_ms: f64, b
     line.push_str(&format!(
         ", whole call {call_ms:.1} ms (with uploads and downloads)"
     ));
-    println!("{line}");
+    outln!("{line}");
     let ws_f = res.forward_stats.workspace_bytes;
     let ws_b = res.backward_stats.as_ref().map_or(0, |s| s.workspace_bytes);
     let rss = peak_rss_bytes().map_or("unknown".into(), fmt_bytes);
-    println!("memory     peak RSS {rss} (process VmHWM); inputs {} in {}; workspace forward {}, backward {}",
+    outln!("memory     peak RSS {rss} (process VmHWM); inputs {} in {}; workspace forward {}, backward {}",
         fmt_bytes(t.bytes()),
         t.e.dtype(),
         fmt_bytes(ws_f),
         fmt_bytes(ws_b),
     );
     if backend != "cpu" {
-        println!("           device memory = inputs + outputs + workspace (from the backend's stats); the RSS is host memory");
+        outln!("           device memory = inputs + outputs + workspace (from the backend's stats); the RSS is host memory");
     }
 }
 
 fn print_stats(title: &str, s: &CallStats) {
-    println!("{title}");
+    outln!("{title}");
     for line in s.to_string().lines() {
-        println!("  {line}");
+        outln!("  {line}");
     }
 }
 
@@ -375,7 +378,7 @@ fn check(
         },
     )?;
     let oracle_ms = t0.elapsed().as_secs_f64() * 1e3;
-    println!(
+    outln!(
         "check      against the f64 naive oracle on the same {dtype} inputs ({oracle_ms:.0} ms)"
     );
     let mut table = Table::new(&[
@@ -411,7 +414,7 @@ fn check(
         }
     }
     for line in table.render().lines() {
-        println!("  {line}");
+        outln!("  {line}");
     }
     if let Some(am) = &res.argmax {
         let got = am.to_i64_vec().unwrap_or_default();
@@ -420,7 +423,7 @@ fn check(
             .zip(&oracle.argmax)
             .filter(|(a, b)| **a != **b as i64)
             .count();
-        println!(
+        outln!(
             "  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can)",
             got.len()
         );
@@ -429,7 +432,7 @@ fn check(
         .backward_stats
         .as_ref()
         .is_some_and(|s| s.filter_eps > 0.0);
-    println!(
+    outln!(
         "  {dtype} tolerance on values of order 1: {:.0e}{}",
         dtype.tolerance(),
         if filtered {
@@ -488,7 +491,7 @@ fn save_grads(
         .iter()
         .map(|(n, t)| format!("{n} {:?}", t.shape()))
         .collect();
-    println!(
+    outln!(
         "saved      {} to {} (f32 safetensors)",
         names.join(", "),
         path.display()

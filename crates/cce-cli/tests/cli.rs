@@ -618,3 +618,28 @@ fn unwritable_save_grads() {
         &["no gradient was computed"],
     );
 }
+
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cce"))
+        .args([
+            "repro",
+            "--n",
+            "16",
+            "--d",
+            "16",
+            "--v",
+            "256",
+            "--repeats",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(!se.contains("panicked"), "{se}");
+}
