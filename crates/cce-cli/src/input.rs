@@ -188,8 +188,21 @@ impl Tensors {
 
 /// Rounds the dataset's values to `dtype` (round to nearest even; exact for f32).
 ///
-/// Errors: `ShapeMismatch` if the dataset is inconsistent.
+/// Errors: `ShapeMismatch` if the dataset is inconsistent; not enough free host memory for
+/// the copy.
 pub fn tensors(ds: &Dataset, dtype: DType) -> CliResult<Tensors> {
+    let elems =
+        ds.e.len() as u64 + ds.c.len() as u64 + ds.bias.as_ref().map_or(0, |b| b.len() as u64);
+    let need = elems * dtype.size_bytes() as u64 + 8 * ds.n as u64;
+    if let Some(avail) = crate::report::available_memory_bytes() {
+        if need > avail {
+            return Err(CliError::msg(format!(
+                "the {dtype} inputs need {} of host memory, only {} is available",
+                crate::report::fmt_bytes(need),
+                crate::report::fmt_bytes(avail)
+            )));
+        }
+    }
     Ok(Tensors {
         e: HostTensor::from_f32(vec![ds.n, ds.d], &ds.e, dtype)?,
         c: HostTensor::from_f32(vec![ds.v, ds.d], &ds.c, dtype)?,

@@ -168,7 +168,9 @@ fn reference_rows(l: &Loaded, opts: &Options) -> Result<Vec<usize>, &'static str
         || opts.z_loss != 0.0
         || opts.shift != 0
     {
-        return Err("the file's nll_ref is plain cross-entropy; not comparable with softcap, label smoothing, z-loss or shift");
+        return Err(
+            "plain cross-entropy, not comparable with softcap, label smoothing, z-loss or shift",
+        );
     }
     Ok((0..l.ds.n)
         .filter(|&i| l.ds.targets[i] != opts.ignore_index)
@@ -205,7 +207,7 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
     match reference_rows(l, opts) {
         Err(why) => {
             let mean = nll.iter().map(|&x| x as f64).sum::<f64>() / nll.len().max(1) as f64;
-            outln!("reference  {mean:.6}  (mean of the file's nll_ref; {why})");
+            outln!("reference  {mean:.6}  (mean of the file's nll_ref: {why})");
         }
         Ok(rows) => {
             let sum: f64 = rows.iter().map(|&i| nll[i] as f64).sum();
