@@ -16,31 +16,14 @@ use std::time::Instant;
 /// Result of a check.
 pub type CheckResult = Result<CheckReport, CheckFailure>;
 
-/// Names of every check, in the order the macro stamps them.
-pub const CHECKS: [&str; 22] = [
-    "hostile_shapes",
-    "one_tile_plus_one",
-    "reductions",
-    "ignored_rows",
-    "softcap",
-    "label_smoothing",
-    "z_loss",
-    "shift",
-    "d_lse_upstream",
-    "side_outputs",
-    "distributions",
-    "filtered_mode",
-    "api_paths",
-    "deterministic",
-    "real_fixture",
-    "rejects_shape_mismatch",
-    "rejects_dtype_mismatch",
-    "rejects_target_out_of_range",
-    "rejects_non_finite",
-    "rejects_empty_input",
-    "rejects_invalid_options",
-    "rejects_bad_upstream",
-];
+macro_rules! define_checks {
+    ($($check:ident),* $(,)?) => {
+        /// Names of every check, in the order [`crate::conformance_suite!`] stamps them (one
+        /// `#[test]` each; the same list feeds both).
+        pub const CHECKS: &[&str] = &[$(stringify!($check)),*];
+    };
+}
+crate::__cce_with_checks!(define_checks);
 
 /// Seed of one case: the check's base seed mixed with the case's description.
 pub fn case_seed(base: u64, case: &Case, index: usize) -> u64 {

@@ -100,30 +100,40 @@ macro_rules! conformance_suite {
                 $crate::harness::acquire(cfg, $crate::harness::Ctor($ctor).resolve())
             }
 
-            $crate::__cce_stamp_checks!(
-                hostile_shapes,
-                one_tile_plus_one,
-                reductions,
-                ignored_rows,
-                softcap,
-                label_smoothing,
-                z_loss,
-                shift,
-                d_lse_upstream,
-                side_outputs,
-                distributions,
-                filtered_mode,
-                api_paths,
-                deterministic,
-                real_fixture,
-                rejects_shape_mismatch,
-                rejects_dtype_mismatch,
-                rejects_target_out_of_range,
-                rejects_non_finite,
-                rejects_empty_input,
-                rejects_invalid_options,
-                rejects_bad_upstream,
-            );
+            $crate::__cce_with_checks!($crate::__cce_stamp_checks);
+        }
+    };
+}
+
+/// Internal: the list of checks, handed to the macro `$callback` (the single source of
+/// [`CHECKS`] and of the tests [`conformance_suite!`] stamps).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cce_with_checks {
+    ($($callback:tt)*) => {
+        $($callback)*! {
+            hostile_shapes,
+            one_tile_plus_one,
+            reductions,
+            ignored_rows,
+            softcap,
+            label_smoothing,
+            z_loss,
+            shift,
+            d_lse_upstream,
+            side_outputs,
+            distributions,
+            filtered_mode,
+            api_paths,
+            deterministic,
+            real_fixture,
+            rejects_shape_mismatch,
+            rejects_dtype_mismatch,
+            rejects_target_out_of_range,
+            rejects_non_finite,
+            rejects_empty_input,
+            rejects_invalid_options,
+            rejects_bad_upstream,
         }
     };
 }

@@ -34,6 +34,8 @@ cce_conformance::conformance_suite!(
 enum Fault {
     /// `d_c` off by a relative 1e-3.
     DcRelative,
+    /// `d_e` off by a relative 1e-3.
+    DeRelative,
     /// `d_bias` not returned.
     DropBiasGrad,
     /// `d_bias` all zero.
@@ -307,6 +309,9 @@ impl Backend for Faulty {
             Fault::DcRelative => {
                 out.d_c = out.d_c.as_ref().map(|t| map(t, |_, x| x * (1.0 + 1e-3)))
             }
+            Fault::DeRelative => {
+                out.d_e = out.d_e.as_ref().map(|t| map(t, |_, x| x * (1.0 + 1e-3)))
+            }
             Fault::DropBiasGrad => out.d_bias = None,
             Fault::ZeroBiasGrad => out.d_bias = out.d_bias.as_ref().map(|t| map(t, |_, _| 0.0)),
             Fault::UnexplainedFilterError if rule.enabled => {
@@ -375,6 +380,25 @@ fn wrong_d_c_fails_reductions_and_the_real_fixture() {
         text.contains("exceeds the original CCE's default"),
         "{text}"
     );
+}
+
+#[test]
+fn wrong_d_e_fails_distributions() {
+    let text = must_fail(Fault::DeRelative, "distributions", checks::distributions);
+    assert!(text.contains("d_e"), "{text}");
+}
+
+/// Every check of the suite is shown to fail on some defect (the tests of this file).
+#[test]
+fn every_check_has_a_defect_it_catches() {
+    let this_file = include_str!("self_test.rs");
+    for check in cce_conformance::CHECKS {
+        assert!(
+            this_file.contains(&format!("checks::{check})"))
+                || this_file.contains(&format!("checks::{check},")),
+            "no self-test shows that check '{check}' can fail"
+        );
+    }
 }
 
 #[test]
