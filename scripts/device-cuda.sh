@@ -13,7 +13,8 @@
 #   carry [".devbin/cuda"], command "bash scripts/device-cuda.sh run" (or copy this script
 #   into .devbin/cuda and run it from there when the checkout's copy is older).
 #
-# run: PHASES is a comma list of tests,large,sanitize,bench (default tests,sanitize,bench);
+# run: PHASES is a comma list of tests,suite,large,sanitize,bench (default
+# tests,suite,sanitize,bench); "suite" is the workspace conformance suite (cce-conformance);
 # BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"). Logs go to
 # $OUT (at most 8 files come back); a summary table is printed last.
 set -uo pipefail
@@ -39,32 +40,51 @@ for line in sys.stdin:
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
+  # The workspace conformance suite (tests/tests/cuda.rs) stamped on the CUDA backend.
+  cargo test --release -p cce-conformance --features cuda --test cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite"))
+        print("staged suite")
+' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda
   cp target/release/cce-bench-cuda "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/cce-bench-cuda
+  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   cp scripts/device-cuda.sh "$DEVBIN/"
+  # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
+  pwd >"$DEVBIN/build_root"
   du -ch "$DEVBIN"/* "$DEVBIN"/kcache/* | tail -1
   ls -la "$DEVBIN" "$DEVBIN/kcache"
   exit 0
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [tests,large,sanitize,bench]" >&2
+  echo "usage: $0 build | run [tests,suite,large,sanitize,bench]" >&2
   exit 2
 fi
 
 D=.devbin/cuda
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
-PHASES=${2:-tests,sanitize,bench}
+PHASES=${2:-tests,suite,sanitize,bench}
 export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1
+# Make the build checkout's data/ path (compiled into cce-data) point at this copy's data/.
+if [ -f "$D/build_root" ]; then
+  root=$(cat "$D/build_root")
+  if [ ! -e "$root/data" ]; then
+    mkdir -p "$root/crates/cce-data" && ln -sfn "$PWD/data" "$root/data"
+  fi
+fi
 declare -A status
 summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests large memcheck racecheck bench; do
+  for k in tests suite large memcheck racecheck bench; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -80,6 +100,15 @@ if [[ $PHASES == *tests* ]]; then
   done
   grep -E "^test |test result|panicked|skipping" "$OUT/tests.log" | tail -30
   status[tests]=$([ $ok = 1 ] && echo PASS || echo FAIL)
+fi
+
+if [[ $PHASES == *suite* ]]; then
+  if timeout 400 "$D/suite" --test-threads=1 >"$OUT/suite.log" 2>&1; then
+    status[suite]=PASS
+  else
+    status[suite]=FAIL
+  fi
+  grep -E "^test |test result|panicked" "$OUT/suite.log" | tail -40
 fi
 
 if [[ $PHASES == *large* ]]; then

@@ -4,13 +4,14 @@
 //   e [N, D], c [V, D], bias [V] (nullable), classes [N] i32 (-1 = ignored), lse [N] f32, softcap,
 //   vec_ok: as in forward.cu.
 //   rowc [5][N] f32 (from cce_row_coefs): a_i = g_i(1 + 2λ lse_i) + h_i, b_i = g_i(1 − α),
-//   c_i = g_i α / V, scale_i (a power of two ≥ |a_i| + |b_i| + |c_i|), g_i. With these
+//   c_i = g_i α / V, scale_i (a power of two ≥ (|a_i| + |b_i| + |c_i|) / 2^14), g_i. With these
 //   G_ij = a_i p_ij − b_i [j = y_i] − c_i (c_i only when dense_ls; else the smoothing term is added
 //   analytically at finalize), times 1 − (z_ij/s)² under softcap (MATH.md, "Backward").
-//   G is stored in the input dtype for the tensor-core product (bf16: as hi + lo, two tiles, so
-//   the product keeps ~16 mantissa bits of G), scaled by 1/scale_i (d_e pass)
-//   or 1/max_i scale_i (d_c pass, `gscale_bits`) so f16 neither overflows nor flushes; the
-//   scale is exact (power of two) and undone at finalize.
+//   G is stored in the input dtype for the tensor-core product as hi + lo (two tiles, so the
+//   product keeps ~16 (bf16) or ~22 (f16) mantissa bits of G), scaled by 1/scale_i (d_e pass)
+//   or 1/max_i scale_i (d_c pass, `gscale_bits`) so that |G'| ≤ 2^14: f16 cannot overflow
+//   (max 65504) and small entries of rows with a small upstream gradient stay far above the
+//   f16 subnormal range. The scale is exact (power of two) and undone at finalize.
 //   tau [N] f32 (nullable when the filter is off): entries with g0 = |p − onehot| < tau_i may be
 //   skipped; a tile is skipped when all its entries of active rows may be.
 //   acc: f32 accumulators, [splits][rows or classes of the chunk][D]; bpart [splits][classes]
@@ -320,8 +321,8 @@ extern "C" __global__ void cce_row_coefs(const int* __restrict__ classes, const 
     float scale = 1.f;
     if (bound > 0.f && bound < 3.0e38f) {
         int ex;
-        frexpf(bound, &ex);
-        scale = ldexpf(1.f, ex);
+        frexpf(bound, &ex); // bound < 2^ex
+        scale = ldexpf(1.f, ex - 14);
     }
     rowc[i] = a;
     rowc[N + i] = b;

@@ -84,7 +84,7 @@ struct DtF16 {
     static const int BK = 32;
     static const int VEC = 8;
     static const bool MMA = true;
-    static const bool SPLIT = false; // f16 G (11-bit mantissa, power-of-two scaled)
+    static const bool SPLIT = true; // G = hi + lo, two f16 tiles (22-bit mantissa)
     static const int XS_STRIDE = 136;
     static __device__ __forceinline__ float to_f(u16 x) {
         float r;

@@ -38,10 +38,10 @@ fn xs_bytes(dtype: DType) -> u32 {
     }
 }
 
-/// G tile(s) (`g_bytes`: hi and lo tiles for bf16) + the region shared by the logits stages
-/// and the two B slices (`x_region_bytes`).
+/// G tile(s) (`g_bytes`: hi and lo tiles for the 16-bit types) + the region shared by the
+/// logits stages and the two B slices (`x_region_bytes`).
 fn de_smem(dtype: DType) -> u32 {
-    let g = if dtype == DType::BF16 { 2 } else { 1 } * xs_bytes(dtype);
+    let g = if dtype == DType::F32 { 1 } else { 2 } * xs_bytes(dtype);
     g + (2 * xs_bytes(dtype)).max(LOGITS_SMEM)
 }
 
@@ -681,6 +681,13 @@ impl CudaBackend {
         };
         f32_vec(lse, "lse")?;
         let (dloss_rows, dloss_scalar) = match upstream.d_loss {
+            DLoss::Scalar(_) if opts.reduction == Reduction::None => {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: format!("per-row [{n}] f32 for reduction none"),
+                    got: "a scalar".into(),
+                });
+            }
             DLoss::Scalar(x) => (None, x),
             DLoss::PerRow(t) => {
                 if opts.reduction != Reduction::None {

@@ -28,9 +28,10 @@
 //!
 //! Logits and every accumulation are f32; f16/bf16 products use tensor cores (`mma.sync`
 //! m16n8k16 with f32 accumulators), f32 inputs use f32 FMA. The logits are never rounded to the
-//! input dtype (more exact than PyTorch's bf16 `e @ c.T`). `G` is rounded to the input dtype
-//! for the second product after an exact power-of-two scaling (so f16 neither overflows nor
-//! flushes small entries); gradients are returned in the input dtype or f32.
+//! input dtype (more exact than PyTorch's bf16 `e @ c.T`). For the second product `G` is split
+//! into hi + lo parts in the input dtype (16-bit types) after an exact power-of-two scaling
+//! (so f16 neither overflows nor flushes small entries); gradients are returned in the input
+//! dtype or f32.
 //!
 //! Targets are read back to the host (`4N`/`8N` bytes) to apply `shift` and `ignore_index` and
 //! to report a bad row by index ([`cce_core::PreparedTargets`]); the prepared i32 classes go

@@ -117,6 +117,16 @@ fn typed_errors() {
         be.backward(&inputs, &Options::default(), &lse_bad, &Upstream::default()),
         Err(CceError::ShapeMismatch { what: "lse", .. })
     ));
+    // A scalar upstream gradient for a per-row loss is rejected.
+    let none = Options {
+        reduction: cce_core::Reduction::None,
+        ..Options::default()
+    };
+    let fwd = be.forward(&inputs, &none).unwrap();
+    assert!(matches!(
+        be.backward(&inputs, &none, &fwd.lse, &Upstream::default()),
+        Err(CceError::ShapeMismatch { what: "d_loss", .. })
+    ));
     // A too-small workspace budget is a resource error, not a crash.
     let tiny = Options {
         workspace_budget_bytes: 16,
