@@ -1,1 +1,2 @@
+//! The `cce` command line (placeholder until the CLI lands).
 fn main() {}

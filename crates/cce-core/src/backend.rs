@@ -11,7 +11,7 @@ use crate::stats::CallStats;
 use crate::tensor::{HostTensor, TensorMeta};
 
 /// The inputs of a call, as buffers of backend `B`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Inputs<'a, B> {
     /// Hidden states `[N, D]` (or `[..., T, D]`), f32/f16/bf16.
     pub e: &'a B,
@@ -40,7 +40,7 @@ pub struct ForwardOutput<B> {
 }
 
 /// Upstream gradient of the loss.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub enum DLoss<'a, B> {
     /// `∂L/∂loss` for mean/sum reductions (1.0 for a plain `loss.backward()`).
     Scalar(f32),
@@ -49,13 +49,32 @@ pub enum DLoss<'a, B> {
 }
 
 /// Upstream gradients of the outputs of the forward.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct Upstream<'a, B> {
     /// Gradient of the loss.
     pub d_loss: DLoss<'a, B>,
     /// Optional gradient of the lse output `[N]` f32 (`h_i` in MATH.md).
     pub d_lse: Option<&'a B>,
 }
+
+impl<B> Clone for DLoss<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for DLoss<'_, B> {}
+impl<B> Clone for Upstream<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Upstream<'_, B> {}
+impl<B> Clone for Inputs<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Inputs<'_, B> {}
 
 impl<B> Default for Upstream<'_, B> {
     fn default() -> Self {
@@ -79,6 +98,9 @@ pub struct BackwardOutput<B> {
     /// What the call did (filter statistics live here).
     pub stats: CallStats,
 }
+
+/// Outputs of a forward+backward call.
+pub type ForwardBackward<B> = (ForwardOutput<B>, BackwardOutput<B>);
 
 /// A compute backend for cut cross-entropy.
 ///
@@ -127,7 +149,7 @@ pub trait Backend {
         inputs: &Inputs<'_, Self::Buffer>,
         opts: &Options,
         upstream: &Upstream<'_, Self::Buffer>,
-    ) -> Result<(ForwardOutput<Self::Buffer>, BackwardOutput<Self::Buffer>)> {
+    ) -> Result<ForwardBackward<Self::Buffer>> {
         let fwd = self.forward(inputs, opts)?;
         let bwd = self.backward(inputs, opts, &fwd.lse, upstream)?;
         Ok((fwd, bwd))

@@ -83,7 +83,7 @@ impl FilterRule {
     /// Histogram bin of a magnitude `g0 ≥ 0`, or `None` when `g0 ≥ eps` (never skippable) or
     /// the filter is off.
     pub fn bin(&self, g0: f32) -> Option<usize> {
-        if !self.enabled || !(g0 < self.eps) {
+        if !self.enabled || g0.is_nan() || g0 >= self.eps {
             return None;
         }
         if g0 <= 0.0 {

@@ -47,7 +47,9 @@ pub mod problem;
 pub mod stats;
 pub mod tensor;
 
-pub use backend::{Backend, BackwardOutput, DLoss, ForwardOutput, Inputs, Upstream};
+pub use backend::{
+    Backend, BackwardOutput, DLoss, ForwardBackward, ForwardOutput, Inputs, Upstream,
+};
 pub use dtype::DType;
 pub use error::{CceError, Result};
 pub use filter::FilterRule;

@@ -133,7 +133,7 @@ impl Problem {
             (None, k) if k >= 3 => es[k - 2],
             (None, _) => n,
         };
-        if n % seq_len != 0 {
+        if !n.is_multiple_of(seq_len) {
             return Err(CceError::InvalidOption {
                 name: "seq_len",
                 reason: format!("N = {n} is not a multiple of seq_len = {seq_len}"),

@@ -1,1 +1,13 @@
-//! placeholder
+//! # cce-reference: the CPU oracle and the CPU backend
+//!
+//! - [`naive`]: logits materialized, MATH.md followed literally, in f64 (the ground truth of
+//!   every test) or in the input dtype (what a user would otherwise run).
+//! - [`blocked`]: a multi-threaded CPU backend that follows the blocking plan and the filter rule
+//!   of `cce-core` exactly, so plan and filter bugs fail without a GPU.
+
+pub mod naive;
+
+pub use naive::{naive, naive_values, Oracle, OracleDLoss, Precision};
+pub mod blocked;
+
+pub use blocked::CpuBackend;

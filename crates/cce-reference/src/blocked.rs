@@ -1,0 +1,841 @@
+//! The blocked CPU backend: follows the plan and the filter rule of `cce-core` exactly.
+//!
+//! Forward (paper section 4.2): per row tile (in parallel), the class tiles of every class chunk
+//! in order; each logits tile is one f32 GEMM (`tile.rows x tile.classes x D`), followed by bias
+//! and softcap; an online log-sum-exp (f64 accumulators) keeps max, sum, the target logit,
+//! `Σ z`, `Σ p z` (entropy) and the argmax.
+//!
+//! Backward (paper section 4.3), from the saved lse:
+//! 1. threshold: per active row, a histogram of `g0 = |p − onehot|` over the filter's bins and
+//!    the row threshold `τ_i` ([`cce_core::filter`]);
+//! 2. tile mask: a tile is skipped when every entry of its active rows has `g0 < τ_i`; the
+//!    dropped mass of a row is `Σ g0` over its skipped tiles;
+//! 3. `d_e` (row-owned, parallel over row tiles) and `d_c`/`d_bias` (class-owned, parallel over
+//!    class tiles), f32 accumulation in a fixed order (bitwise deterministic).
+//!
+//! `Strategy::ChunkedDense` materializes the `G` of a row chunk once (the plan's workspace);
+//! `Strategy::TileOwnership` recomputes each tile in every pass. Both produce the same bits.
+
+use cce_core::filter::{FilterRule, N_BINS};
+use cce_core::options::{GradDType, Options, Reduction};
+use cce_core::plan::{DeviceLimits, Plan, Strategy};
+use cce_core::problem::{PreparedTargets, Problem};
+use cce_core::stats::CallStats;
+use cce_core::{
+    Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
+    TensorMeta, Upstream,
+};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// The CPU backend. Buffers are [`HostTensor`]s; every computation follows the [`Plan`].
+#[derive(Clone, Debug)]
+pub struct CpuBackend {
+    limits: DeviceLimits,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend with [`DeviceLimits::cpu`] (prefers `ChunkedDense`).
+    pub fn new() -> Self {
+        Self {
+            limits: DeviceLimits::cpu(),
+        }
+    }
+
+    /// A backend with custom limits (tile shape, strategies, buffer sizes), e.g. to run the
+    /// plan a GPU would get.
+    pub fn with_limits(limits: DeviceLimits) -> Self {
+        Self { limits }
+    }
+}
+
+/// Validated inputs as f32 (exact widening of f32/f16/bf16).
+struct Prepared {
+    problem: Problem,
+    plan: Plan,
+    targets: PreparedTargets,
+    e: Vec<f32>,
+    c: Vec<f32>,
+    bias: Option<Vec<f32>>,
+}
+
+fn prepare(
+    inputs: &Inputs<'_, HostTensor>,
+    opts: &Options,
+    limits: &DeviceLimits,
+) -> Result<Prepared> {
+    let problem = Problem::new(
+        inputs.e,
+        inputs.c,
+        inputs.bias.map(|b| b as &dyn TensorMeta),
+        inputs.targets,
+        opts,
+    )?;
+    let raw = inputs.targets.to_i64_vec().ok_or(CceError::DTypeMismatch {
+        what: "targets",
+        expected: "i32 or i64".into(),
+        got: inputs.targets.dtype(),
+    })?;
+    let targets = PreparedTargets::new(&raw, &problem, opts)?;
+    let plan = Plan::new(&problem, opts, limits)?;
+    Ok(Prepared {
+        problem,
+        plan,
+        targets,
+        e: inputs.e.to_f32_vec(),
+        c: inputs.c.to_f32_vec(),
+        bias: inputs.bias.map(|b| b.to_f32_vec()),
+    })
+}
+
+/// `out[m, n] (+)= a[m, k] · b[k, n]` with explicit strides, f32.
+#[allow(clippy::too_many_arguments)]
+fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    (rsa, csa): (usize, usize),
+    b: &[f32],
+    (rsb, csb): (usize, usize),
+    beta: f32,
+    out: &mut [f32],
+    rso: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(a.len() > (m - 1) * rsa + (k.max(1) - 1) * csa || k == 0);
+    assert!(b.len() > (k.max(1) - 1) * rsb + (n - 1) * csb || k == 0);
+    assert!(out.len() >= (m - 1) * rso + n);
+    // SAFETY: the asserts above bound every element the strided operands address:
+    // a: (m-1)·rsa + (k-1)·csa, b: (k-1)·rsb + (n-1)·csb, out: (m-1)·rso + (n-1).
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            b.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            beta,
+            out.as_mut_ptr(),
+            rso as isize,
+            1,
+        );
+    }
+}
+
+impl Prepared {
+    /// Logits tile `z[rows x classes]` (f32, bias and softcap applied), row-major.
+    fn logits_tile(
+        &self,
+        rows: &Range<usize>,
+        classes: &Range<usize>,
+        softcap: Option<f32>,
+    ) -> Vec<f32> {
+        let d = self.problem.d;
+        let (r, k) = (rows.len(), classes.len());
+        let mut z = vec![0.0f32; r * k];
+        sgemm(
+            r,
+            d,
+            k,
+            &self.e[rows.start * d..rows.end * d],
+            (d, 1),
+            &self.c[classes.start * d..classes.end * d],
+            (1, d),
+            0.0,
+            &mut z,
+            k,
+        );
+        if self.bias.is_some() || softcap.is_some() {
+            for row in z.chunks_mut(k) {
+                for (jj, x) in row.iter_mut().enumerate() {
+                    if let Some(b) = &self.bias {
+                        *x += b[classes.start + jj];
+                    }
+                    if let Some(s) = softcap {
+                        *x = s * (*x / s).tanh();
+                    }
+                }
+            }
+        }
+        z
+    }
+}
+
+/// Per-row forward accumulators.
+#[derive(Clone, Copy)]
+struct RowAcc {
+    m: f64,
+    s: f64,
+    pz: f64,
+    zsum: f64,
+    zy: f64,
+    argmax: i32,
+}
+
+impl Backend for CpuBackend {
+    type Buffer = HostTensor;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn limits(&self) -> DeviceLimits {
+        self.limits.clone()
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<HostTensor> {
+        Ok(host.clone())
+    }
+
+    fn download(&self, buf: &HostTensor) -> Result<HostTensor> {
+        Ok(buf.clone())
+    }
+
+    fn forward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<HostTensor>> {
+        let p = prepare(inputs, opts, &self.limits)?;
+        let Problem { n, v, .. } = p.problem;
+        let y = &p.targets.classes;
+        let mut acc = vec![
+            RowAcc {
+                m: f64::NEG_INFINITY,
+                s: 0.0,
+                pz: 0.0,
+                zsum: 0.0,
+                zy: 0.0,
+                argmax: 0
+            };
+            n
+        ];
+        let tile_rows = p.plan.tile.rows;
+        acc.par_chunks_mut(tile_rows)
+            .enumerate()
+            .for_each(|(t, accs)| {
+                let rows = t * tile_rows..(t * tile_rows + accs.len());
+                for cc in &p.plan.class_chunks {
+                    for classes in p.plan.class_tiles(cc.clone()) {
+                        let z = p.logits_tile(&rows, &classes, opts.softcap);
+                        let k = classes.len();
+                        for (ii, a) in accs.iter_mut().enumerate() {
+                            let zr = &z[ii * k..(ii + 1) * k];
+                            let yi = y[rows.start + ii];
+                            for (jj, &x) in zr.iter().enumerate() {
+                                let x = x as f64;
+                                let j = classes.start + jj;
+                                if x > a.m {
+                                    let scale = (a.m - x).exp();
+                                    a.s *= scale;
+                                    a.pz *= scale;
+                                    a.m = x;
+                                    a.argmax = j as i32;
+                                }
+                                let w = (x - a.m).exp();
+                                a.s += w;
+                                a.pz += w * x;
+                                a.zsum += x;
+                                if yi == j as i32 {
+                                    a.zy = x;
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        let lse: Vec<f64> = acc.iter().map(|a| a.m + a.s.ln()).collect();
+        if opts.check_finite {
+            if let Some(row) = lse.iter().position(|x| !x.is_finite()) {
+                return Err(locate_non_finite(&p, row));
+            }
+        }
+        let alpha = opts.label_smoothing as f64;
+        let lambda = opts.z_loss as f64;
+        let row_loss: Vec<f64> = (0..n)
+            .map(|i| {
+                if y[i] < 0 {
+                    0.0
+                } else {
+                    let l = lse[i];
+                    l - (1.0 - alpha) * acc[i].zy - alpha / v as f64 * acc[i].zsum + lambda * l * l
+                }
+            })
+            .collect();
+        let total: f64 = row_loss.iter().sum();
+        let n_valid = p.targets.n_valid;
+        let loss = match opts.reduction {
+            Reduction::None => HostTensor::from_f32(
+                vec![n],
+                &row_loss.iter().map(|&x| x as f32).collect::<Vec<_>>(),
+                DType::F32,
+            )?,
+            Reduction::Sum => HostTensor::scalar_f32(total as f32),
+            Reduction::Mean => HostTensor::scalar_f32(if n_valid == 0 {
+                0.0
+            } else {
+                (total / n_valid as f64) as f32
+            }),
+        };
+        let f32v = |f: &dyn Fn(usize) -> f64| -> Result<HostTensor> {
+            HostTensor::from_f32(
+                vec![n],
+                &(0..n).map(|i| f(i) as f32).collect::<Vec<_>>(),
+                DType::F32,
+            )
+        };
+        Ok(ForwardOutput {
+            loss,
+            lse: f32v(&|i| lse[i])?,
+            entropy: if opts.side_outputs.entropy {
+                Some(f32v(&|i| lse[i] - acc[i].pz / acc[i].s)?)
+            } else {
+                None
+            },
+            argmax: if opts.side_outputs.argmax {
+                Some(HostTensor::from_i32(acc.iter().map(|a| a.argmax).collect()))
+            } else {
+                None
+            },
+            stats: base_stats(&p, opts),
+        })
+    }
+
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        lse: &HostTensor,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<BackwardOutput<HostTensor>> {
+        let p = prepare(inputs, opts, &self.limits)?;
+        let Problem { n, d, v, .. } = p.problem;
+        if lse.shape() != [n] || lse.dtype() != DType::F32 {
+            return Err(CceError::ShapeMismatch {
+                what: "lse",
+                expected: format!("[{n}] f32"),
+                got: format!("{:?} {}", lse.shape(), lse.dtype()),
+            });
+        }
+        let lse = lse.to_f32_vec();
+        let y = &p.targets.classes;
+        let n_valid = p.targets.n_valid;
+        // Upstream g_i and h_i.
+        let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
+            (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
+                let t = t.to_f32_vec();
+                (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
+            }
+            (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
+                let s = if opts.reduction == Reduction::Mean && n_valid > 0 {
+                    s / n_valid as f32
+                } else {
+                    s
+                };
+                (0..n).map(|i| if y[i] < 0 { 0.0 } else { s }).collect()
+            }
+            _ => {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
+                    got: format!(
+                        "{:?} with reduction {:?}",
+                        matches!(upstream.d_loss, DLoss::Scalar(_))
+                            .then_some("scalar")
+                            .unwrap_or("per-row tensor"),
+                        opts.reduction
+                    ),
+                })
+            }
+        };
+        let h: Vec<f32> = match upstream.d_lse {
+            Some(t) if t.shape() == [n] => t.to_f32_vec(),
+            Some(t) => {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_lse",
+                    expected: format!("[{n}]"),
+                    got: format!("{:?}", t.shape()),
+                })
+            }
+            None => vec![0.0; n],
+        };
+        let rule = p.plan.filter;
+        let alpha = opts.label_smoothing;
+        let lambda = opts.z_loss;
+        let active: Vec<bool> = (0..n).map(|i| g[i] != 0.0 || h[i] != 0.0).collect();
+        let g_ctx = GCtx {
+            p: &p,
+            lse: &lse,
+            g: &g,
+            h: &h,
+            y,
+            opts,
+            alpha,
+            lambda,
+            rule,
+            tau: None,
+        };
+
+        // 1. Thresholds (TileOwnership: a recompute pass; ChunkedDense: from the materialized
+        // logits of each row tile, below).
+        let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
+        let tau: Vec<f32> = if rule.enabled && !materialize {
+            let tr = p.plan.tile.rows;
+            (0..n.div_ceil(tr))
+                .into_par_iter()
+                .flat_map_iter(|t| {
+                    let rows = t * tr..((t + 1) * tr).min(n);
+                    let tiles = p
+                        .plan
+                        .class_chunks
+                        .iter()
+                        .flat_map(|cc| p.plan.class_tiles(cc.clone()));
+                    g_ctx.thresholds(
+                        &rows,
+                        tiles.map(|cl| {
+                            let z = p.logits_tile(&rows, &cl, opts.softcap);
+                            (cl, z)
+                        }),
+                    )
+                })
+                .collect()
+        } else {
+            vec![0.0; n]
+        };
+        let g_ctx = GCtx {
+            tau: Some(&tau),
+            ..g_ctx
+        };
+
+        // 2-3. Tile mask, d_e, d_c, per the strategy.
+        let tiles_per_chunk: Vec<(Range<usize>, Vec<Range<usize>>)> = p
+            .plan
+            .row_chunks
+            .iter()
+            .map(|rc| (rc.clone(), p.plan.row_tiles(rc.clone()).collect()))
+            .collect();
+        let class_tiles: Vec<Range<usize>> = p
+            .plan
+            .class_chunks
+            .iter()
+            .flat_map(|cc| p.plan.class_tiles(cc.clone()))
+            .collect();
+        let mut d_e = vec![0.0f32; if opts.compute_d_e { n * d } else { 0 }];
+        let mut d_c = vec![0.0f32; if opts.compute_d_c { v * d } else { 0 }];
+        let mut d_bias = vec![0.0f32; if opts.compute_d_c { v } else { 0 }];
+        let mut dropped = vec![0.0f64; n];
+        let (mut kept_tiles, mut skipped_tiles, mut kept_entries, mut skipped_entries) =
+            (0u64, 0u64, 0u64, 0u64);
+        for (rc, row_tiles) in &tiles_per_chunk {
+            // G of every tile of the chunk: Some(G) when kept, None when skipped (ChunkedDense),
+            // or only the mask (TileOwnership, recomputed in each pass).
+            let per_row_tile: Vec<Vec<TileG>> = row_tiles
+                .par_iter()
+                .map(|rows| {
+                    if materialize {
+                        // The row tile's logits for every class, computed once.
+                        let zs: Vec<Vec<f32>> = class_tiles
+                            .iter()
+                            .map(|cl| p.logits_tile(rows, cl, opts.softcap))
+                            .collect();
+                        let tau_rows = if rule.enabled {
+                            g_ctx.thresholds(
+                                rows,
+                                class_tiles
+                                    .iter()
+                                    .cloned()
+                                    .zip(zs.iter().map(|z| z.as_slice())),
+                            )
+                        } else {
+                            vec![0.0; rows.len()]
+                        };
+                        class_tiles
+                            .iter()
+                            .zip(zs)
+                            .map(|(classes, z)| g_ctx.tile_from(rows, classes, z, &tau_rows, true))
+                            .collect()
+                    } else {
+                        class_tiles
+                            .iter()
+                            .map(|classes| g_ctx.tile(rows, classes, false))
+                            .collect()
+                    }
+                })
+                .collect();
+            for (rows, tiles) in row_tiles.iter().zip(&per_row_tile) {
+                for t in tiles {
+                    let active_rows = (rows.clone()).filter(|&i| active[i]).count() as u64;
+                    let entries = active_rows * t.classes as u64;
+                    if t.skipped {
+                        skipped_tiles += 1;
+                        skipped_entries += entries;
+                        for (ii, m) in t.dropped.iter().enumerate() {
+                            dropped[rows.start + ii] += m;
+                        }
+                    } else {
+                        kept_tiles += 1;
+                        kept_entries += entries;
+                    }
+                }
+            }
+            let g_of = |rows: &Range<usize>,
+                        rt: usize,
+                        ct: usize,
+                        classes: &Range<usize>,
+                        filtered: bool|
+             -> Option<Vec<f32>> {
+                let t = &per_row_tile[rt][ct];
+                if t.skipped && filtered {
+                    return None;
+                }
+                match &t.g {
+                    Some(gt) => Some(gt.clone()),
+                    None => Some(
+                        g_ctx
+                            .tile(rows, classes, true)
+                            .g
+                            .unwrap_or_else(|| g_ctx.dense_tile(rows, classes)),
+                    ),
+                }
+            };
+            if opts.compute_d_e {
+                let rows_slice = &mut d_e[rc.start * d..rc.end * d];
+                rows_slice
+                    .par_chunks_mut(p.plan.tile.rows * d)
+                    .enumerate()
+                    .for_each(|(rt, out)| {
+                        let rows = &row_tiles[rt];
+                        for (ct, classes) in class_tiles.iter().enumerate() {
+                            if let Some(gt) = g_of(rows, rt, ct, classes, rule.filter_e_grad) {
+                                sgemm(
+                                    rows.len(),
+                                    classes.len(),
+                                    d,
+                                    &gt,
+                                    (classes.len(), 1),
+                                    &p.c[classes.start * d..classes.end * d],
+                                    (d, 1),
+                                    1.0,
+                                    out,
+                                    d,
+                                );
+                            }
+                        }
+                    });
+            }
+            if opts.compute_d_c {
+                let tc = p.plan.tile.classes;
+                d_c.par_chunks_mut(tc * d)
+                    .zip(d_bias.par_chunks_mut(tc))
+                    .enumerate()
+                    .for_each(|(ct, (out, bias_out))| {
+                        let classes = &class_tiles[ct];
+                        for (rt, rows) in row_tiles.iter().enumerate() {
+                            if let Some(gt) = g_of(rows, rt, ct, classes, rule.filter_c_grad) {
+                                let k = classes.len();
+                                sgemm(
+                                    k,
+                                    rows.len(),
+                                    d,
+                                    &gt,
+                                    (1, k),
+                                    &p.e[rows.start * d..rows.end * d],
+                                    (d, 1),
+                                    1.0,
+                                    out,
+                                    d,
+                                );
+                                for ii in 0..rows.len() {
+                                    for jj in 0..k {
+                                        bias_out[jj] += gt[ii * k + jj];
+                                    }
+                                }
+                            }
+                        }
+                    });
+            }
+        }
+        // Label smoothing's rank-1 term (MATH.md, "Backward"), when analytic.
+        if rule.label_smoothing_analytic && alpha > 0.0 {
+            let a = alpha / v as f32;
+            if opts.compute_d_e {
+                let mut csum = vec![0.0f32; d];
+                for row in p.c.chunks(d) {
+                    csum.iter_mut().zip(row).for_each(|(s, x)| *s += x);
+                }
+                d_e.par_chunks_mut(d).enumerate().for_each(|(i, out)| {
+                    out.iter_mut()
+                        .zip(&csum)
+                        .for_each(|(o, s)| *o -= a * g[i] * s);
+                });
+            }
+            if opts.compute_d_c {
+                let mut ge = vec![0.0f32; d];
+                for (i, row) in p.e.chunks(d).enumerate() {
+                    ge.iter_mut().zip(row).for_each(|(s, x)| *s += g[i] * x);
+                }
+                let gsum: f32 = g.iter().sum();
+                d_c.par_chunks_mut(d)
+                    .for_each(|out| out.iter_mut().zip(&ge).for_each(|(o, s)| *o -= a * s));
+                d_bias.iter_mut().for_each(|b| *b -= a * gsum);
+            }
+        }
+        let filtered_passes = rule.filter_e_grad as u64 + rule.filter_c_grad as u64;
+        let mut stats = base_stats(&p, opts);
+        stats.tiles_visited = kept_tiles * filtered_passes;
+        stats.tiles_skipped = skipped_tiles * filtered_passes;
+        stats.entries_kept = kept_entries * filtered_passes;
+        stats.entries_skipped = skipped_entries * filtered_passes;
+        let valid_dropped: Vec<f64> = (0..n).filter(|&i| y[i] >= 0).map(|i| dropped[i]).collect();
+        stats.dropped_mass_max = valid_dropped.iter().cloned().fold(0.0, f64::max);
+        stats.dropped_mass_mean = if valid_dropped.is_empty() {
+            0.0
+        } else {
+            valid_dropped.iter().sum::<f64>() / valid_dropped.len() as f64
+        };
+        let out_dtype = match opts.grad_dtype {
+            GradDType::F32 => DType::F32,
+            GradDType::Input => p.problem.dtype,
+        };
+        let e_shape = inputs.e.shape().to_vec();
+        Ok(BackwardOutput {
+            d_e: if opts.compute_d_e {
+                Some(HostTensor::from_f32(e_shape, &d_e, out_dtype)?)
+            } else {
+                None
+            },
+            d_c: if opts.compute_d_c {
+                Some(HostTensor::from_f32(vec![v, d], &d_c, out_dtype)?)
+            } else {
+                None
+            },
+            d_bias: if opts.compute_d_c && p.bias.is_some() {
+                Some(HostTensor::from_f32(vec![v], &d_bias, out_dtype)?)
+            } else {
+                None
+            },
+            stats,
+        })
+    }
+}
+
+/// A tile's backward data.
+struct TileG {
+    classes: usize,
+    skipped: bool,
+    /// Per row of the tile, `Σ g0` (skipped tiles only).
+    dropped: Vec<f64>,
+    /// `G` of the tile (row-major), when materialized and kept.
+    g: Option<Vec<f32>>,
+}
+
+/// Everything needed to compute `G` for a tile.
+#[derive(Clone, Copy)]
+struct GCtx<'a> {
+    p: &'a Prepared,
+    lse: &'a [f32],
+    g: &'a [f32],
+    h: &'a [f32],
+    y: &'a [i32],
+    opts: &'a Options,
+    alpha: f32,
+    lambda: f32,
+    rule: FilterRule,
+    tau: Option<&'a [f32]>,
+}
+
+impl GCtx<'_> {
+    /// `g0 = |p − onehot|` of an active row (0 for inactive rows).
+    fn g0(&self, i: usize, j: usize, z: f32) -> f32 {
+        if self.g[i] == 0.0 && self.h[i] == 0.0 {
+            return 0.0;
+        }
+        let p = (z - self.lse[i]).exp();
+        if self.y[i] == j as i32 {
+            (1.0 - p).abs()
+        } else {
+            p
+        }
+    }
+
+    fn g_entry(&self, i: usize, j: usize, z: f32) -> f32 {
+        let p = (z - self.lse[i]).exp();
+        let onehot = if self.y[i] == j as i32 { 1.0 } else { 0.0 };
+        let ls = if self.rule.label_smoothing_analytic {
+            0.0
+        } else {
+            self.alpha / self.p.problem.v as f32
+        };
+        let mut gij = if self.g[i] == 0.0 {
+            0.0
+        } else {
+            self.g[i]
+                * ((1.0 + 2.0 * self.lambda * self.lse[i]) * p - (1.0 - self.alpha) * onehot - ls)
+        };
+        gij += self.h[i] * p;
+        if let Some(s) = self.opts.softcap {
+            gij *= 1.0 - (z / s) * (z / s);
+        }
+        gij
+    }
+
+    fn dense_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
+        let z = self.p.logits_tile(rows, classes, self.opts.softcap);
+        let k = classes.len();
+        let mut out = z;
+        for ii in 0..rows.len() {
+            for jj in 0..k {
+                out[ii * k + jj] =
+                    self.g_entry(rows.start + ii, classes.start + jj, out[ii * k + jj]);
+            }
+        }
+        out
+    }
+
+    /// Row thresholds `τ_i` of a row tile from its logits tiles `(classes, z)`.
+    fn thresholds<Z: AsRef<[f32]>>(
+        &self,
+        rows: &Range<usize>,
+        tiles: impl Iterator<Item = (Range<usize>, Z)>,
+    ) -> Vec<f32> {
+        let mut hist = vec![0.0f64; rows.len() * N_BINS];
+        for (classes, z) in tiles {
+            let z = z.as_ref();
+            let k = classes.len();
+            for ii in 0..rows.len() {
+                let i = rows.start + ii;
+                for jj in 0..k {
+                    let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
+                    if let Some(b) = self.rule.bin(g0) {
+                        hist[ii * N_BINS + b] += g0 as f64;
+                    }
+                }
+            }
+        }
+        (0..rows.len())
+            .map(|ii| self.rule.threshold(&hist[ii * N_BINS..(ii + 1) * N_BINS]))
+            .collect()
+    }
+
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile, recomputing its logits and
+    /// reading the thresholds of the threshold pass.
+    fn tile(&self, rows: &Range<usize>, classes: &Range<usize>, keep_g: bool) -> TileG {
+        let z = self.p.logits_tile(rows, classes, self.opts.softcap);
+        let tau = self.tau.expect("thresholds before the mask");
+        self.tile_from(rows, classes, z, &tau[rows.clone()], keep_g)
+    }
+
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its logits `z` and the
+    /// thresholds `tau` of its rows.
+    fn tile_from(
+        &self,
+        rows: &Range<usize>,
+        classes: &Range<usize>,
+        z: Vec<f32>,
+        tau: &[f32],
+        keep_g: bool,
+    ) -> TileG {
+        let k = classes.len();
+        let mut skipped = self.rule.enabled;
+        let mut dropped = vec![0.0f64; rows.len()];
+        if skipped {
+            'rows: for ii in 0..rows.len() {
+                let i = rows.start + ii;
+                if self.g[i] == 0.0 && self.h[i] == 0.0 {
+                    continue;
+                }
+                let mut sum = 0.0f64;
+                for jj in 0..k {
+                    let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
+                    if g0 >= tau[ii] {
+                        skipped = false;
+                        break 'rows;
+                    }
+                    sum += g0 as f64;
+                }
+                dropped[ii] = sum;
+            }
+        }
+        if skipped {
+            return TileG {
+                classes: k,
+                skipped,
+                dropped,
+                g: None,
+            };
+        }
+        let g = keep_g.then(|| {
+            let mut out = z;
+            for ii in 0..rows.len() {
+                for jj in 0..k {
+                    out[ii * k + jj] =
+                        self.g_entry(rows.start + ii, classes.start + jj, out[ii * k + jj]);
+                }
+            }
+            out
+        });
+        TileG {
+            classes: k,
+            skipped: false,
+            dropped: vec![],
+            g,
+        }
+    }
+}
+
+fn base_stats(p: &Prepared, opts: &Options) -> CallStats {
+    let _ = opts;
+    CallStats {
+        backend: "cpu".into(),
+        strategy: p.plan.strategy,
+        plan_reason: p.plan.reason.clone(),
+        n_valid: p.targets.n_valid,
+        tiles_total: p.plan.tile_count(),
+        tiles_visited: 0,
+        tiles_skipped: 0,
+        entries_kept: 0,
+        entries_skipped: 0,
+        dropped_mass_max: 0.0,
+        dropped_mass_mean: 0.0,
+        filter_eps: p.plan.filter.eps,
+        max_dropped_mass: p.plan.filter.max_dropped_mass,
+        workspace_bytes: p.plan.workspace_bytes,
+    }
+}
+
+fn locate_non_finite(p: &Prepared, row: usize) -> CceError {
+    let d = p.problem.d;
+    let scan = |what: &'static str, vals: &[f32], width: usize| {
+        cce_core::problem::first_non_finite(vals.iter().copied()).map(|(index, value)| {
+            CceError::NonFinite {
+                what,
+                index,
+                row: index / width,
+                value,
+            }
+        })
+    };
+    scan("e", &p.e, d)
+        .or_else(|| scan("c", &p.c, d))
+        .or_else(|| p.bias.as_ref().and_then(|b| scan("bias", b, 1)))
+        .unwrap_or(CceError::NonFinite {
+            what: "lse (overflow)",
+            index: row,
+            row,
+            value: f32::INFINITY,
+        })
+}

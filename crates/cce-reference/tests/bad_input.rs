@@ -1,0 +1,342 @@
+//! One test per class of bad input, each asserting the exact error variant (CPU backend).
+
+use cce_core::options::{FilterEps, Options, Reduction};
+use cce_core::{Backend, CceError, DLoss, DType, HostTensor, Inputs, Upstream};
+use cce_reference::CpuBackend;
+
+fn t(shape: &[usize], dt: DType, seed: f32) -> HostTensor {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| ((i as f32 + seed) * 0.7).sin()).collect();
+    HostTensor::from_f32(shape.to_vec(), &v, dt).unwrap()
+}
+
+fn fwd(
+    e: &HostTensor,
+    c: &HostTensor,
+    b: Option<&HostTensor>,
+    y: &HostTensor,
+    o: &Options,
+) -> Result<(), CceError> {
+    CpuBackend::new()
+        .forward(
+            &Inputs {
+                e,
+                c,
+                bias: b,
+                targets: y,
+            },
+            o,
+        )
+        .map(|_| ())
+}
+
+#[test]
+fn shape_mismatch_in_hidden_size() {
+    let r = fwd(
+        &t(&[4, 8], DType::F32, 1.0),
+        &t(&[10, 7], DType::F32, 2.0),
+        None,
+        &HostTensor::from_i64(vec![1; 4]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::ShapeMismatch {
+                what: "c (hidden size D)",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn shape_mismatch_in_targets_and_bias() {
+    let (e, c) = (t(&[4, 8], DType::F32, 1.0), t(&[10, 8], DType::F32, 2.0));
+    let r = fwd(
+        &e,
+        &c,
+        None,
+        &HostTensor::from_i64(vec![1; 5]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::ShapeMismatch {
+                what: "targets",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let r = fwd(
+        &e,
+        &c,
+        Some(&t(&[9], DType::F32, 0.0)),
+        &HostTensor::from_i64(vec![1; 4]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(r, Err(CceError::ShapeMismatch { what: "bias", .. })),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn dtype_mismatch() {
+    let r = fwd(
+        &t(&[4, 8], DType::F32, 1.0),
+        &t(&[10, 8], DType::BF16, 2.0),
+        None,
+        &HostTensor::from_i64(vec![1; 4]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::DTypeMismatch {
+                what: "c",
+                got: DType::BF16,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let y = t(&[4], DType::F32, 0.0);
+    let r = fwd(
+        &t(&[4, 8], DType::F32, 1.0),
+        &t(&[10, 8], DType::F32, 2.0),
+        None,
+        &y,
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::DTypeMismatch {
+                what: "targets",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn target_out_of_range_names_row_and_value() {
+    for (bad, row) in [(10i64, 2usize), (-1, 0), (1 << 40, 3)] {
+        let mut y = vec![3i64; 4];
+        y[row] = bad;
+        let r = fwd(
+            &t(&[4, 8], DType::F32, 1.0),
+            &t(&[10, 8], DType::F32, 2.0),
+            None,
+            &HostTensor::from_i64(y),
+            &Options::default(),
+        );
+        match r {
+            Err(CceError::TargetOutOfRange {
+                row: r0,
+                value,
+                vocab_size: 10,
+                ignore_index: -100,
+            }) => {
+                assert_eq!((r0, value), (row, bad))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn non_finite_inputs_are_named() {
+    let y = HostTensor::from_i64(vec![1; 4]);
+    let mut ev = t(&[4, 8], DType::F32, 1.0).to_f32_vec();
+    ev[13] = f32::NAN;
+    let e = HostTensor::from_f32(vec![4, 8], &ev, DType::F32).unwrap();
+    let r = fwd(
+        &e,
+        &t(&[10, 8], DType::F32, 2.0),
+        None,
+        &y,
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::NonFinite {
+                what: "e",
+                index: 13,
+                row: 1,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let mut cv = t(&[10, 8], DType::F32, 2.0).to_f32_vec();
+    cv[77] = f32::INFINITY;
+    let c = HostTensor::from_f32(vec![10, 8], &cv, DType::F32).unwrap();
+    let r = fwd(
+        &t(&[4, 8], DType::F32, 1.0),
+        &c,
+        None,
+        &y,
+        &Options::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::NonFinite {
+                what: "c",
+                index: 77,
+                row: 9,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn empty_batch_is_an_error() {
+    let r = fwd(
+        &t(&[0, 8], DType::F32, 1.0),
+        &t(&[10, 8], DType::F32, 2.0),
+        None,
+        &HostTensor::from_i64(vec![]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(r, Err(CceError::EmptyInput { what: "e", .. })),
+        "{r:?}"
+    );
+    let r = fwd(
+        &t(&[3, 8], DType::F32, 1.0),
+        &t(&[0, 8], DType::F32, 2.0),
+        None,
+        &HostTensor::from_i64(vec![0; 3]),
+        &Options::default(),
+    );
+    assert!(
+        matches!(r, Err(CceError::EmptyInput { what: "c", .. })),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn all_targets_ignored_is_zero_not_nan() {
+    let (e, c) = (t(&[4, 8], DType::BF16, 1.0), t(&[10, 8], DType::BF16, 2.0));
+    let y = HostTensor::from_i64(vec![-100; 4]);
+    let be = CpuBackend::new();
+    let (f, g) = be
+        .forward_backward(
+            &Inputs {
+                e: &e,
+                c: &c,
+                bias: None,
+                targets: &y,
+            },
+            &Options::default(),
+            &Upstream::default(),
+        )
+        .unwrap();
+    assert_eq!(f.loss.to_f32_vec(), vec![0.0]);
+    assert!(g
+        .d_e
+        .unwrap()
+        .to_f32_vec()
+        .iter()
+        .chain(&g.d_c.unwrap().to_f32_vec())
+        .all(|&x| x == 0.0));
+}
+
+#[test]
+fn invalid_options_are_named() {
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1; 4]),
+    );
+    let o = Options {
+        filter_eps: FilterEps::Value(-1.0),
+        ..Default::default()
+    };
+    assert!(matches!(
+        fwd(&e, &c, None, &y, &o),
+        Err(CceError::InvalidOption {
+            name: "filter_eps",
+            ..
+        })
+    ));
+    let o = Options {
+        shift: 1,
+        seq_len: Some(3),
+        ..Default::default()
+    };
+    assert!(matches!(
+        fwd(&e, &c, None, &y, &o),
+        Err(CceError::InvalidOption {
+            name: "seq_len",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn budget_too_small_is_a_resource_limit() {
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1; 4]),
+    );
+    let o = Options {
+        workspace_budget_bytes: 16,
+        ..Default::default()
+    };
+    assert!(matches!(
+        fwd(&e, &c, None, &y, &o),
+        Err(CceError::ResourceLimit { .. })
+    ));
+}
+
+#[test]
+fn backward_checks_lse_and_upstream_shapes() {
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1; 4]),
+    );
+    let be = CpuBackend::new();
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &y,
+    };
+    let bad_lse = t(&[5], DType::F32, 0.0);
+    let r = be.backward(&inputs, &Options::default(), &bad_lse, &Upstream::default());
+    assert!(
+        matches!(r, Err(CceError::ShapeMismatch { what: "lse", .. })),
+        "{r:?}"
+    );
+    let lse = t(&[4], DType::F32, 0.0);
+    let o = Options {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let r = be.backward(
+        &inputs,
+        &o,
+        &lse,
+        &Upstream {
+            d_loss: DLoss::Scalar(1.0),
+            d_lse: None,
+        },
+    );
+    assert!(
+        matches!(r, Err(CceError::ShapeMismatch { what: "d_loss", .. })),
+        "{r:?}"
+    );
+}

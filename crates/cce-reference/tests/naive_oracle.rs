@@ -1,0 +1,376 @@
+//! The f64 oracle against central finite differences, for every option, and against the real
+//! fixture's f64 reference.
+
+use cce_core::options::{Options, Reduction};
+use cce_core::problem::{PreparedTargets, Problem};
+use cce_core::{DType, HostTensor};
+use cce_reference::{naive, naive_values, OracleDLoss, Precision};
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Normal};
+
+struct Case {
+    n: usize,
+    d: usize,
+    v: usize,
+    e: Vec<f64>,
+    c: Vec<f64>,
+    bias: Option<Vec<f64>>,
+    targets: Vec<i64>,
+}
+
+fn random_case(rng: &mut impl Rng, n: usize, d: usize, v: usize, bias: bool, ignored: f64) -> Case {
+    let normal = Normal::new(0.0, 1.0).unwrap();
+    let mut draw = |k: usize| -> Vec<f64> { (0..k).map(|_| normal.sample(rng)).collect() };
+    let e = draw(n * d);
+    let c = draw(v * d);
+    let bias = bias.then(|| draw(v));
+    let targets = (0..n)
+        .map(|_| {
+            if rng.random::<f64>() < ignored {
+                -100
+            } else {
+                rng.random_range(0..v as i64)
+            }
+        })
+        .collect();
+    Case {
+        n,
+        d,
+        v,
+        e,
+        c,
+        bias,
+        targets,
+    }
+}
+
+/// Objective whose gradient the oracle's backward computes: Σ d_loss·loss + Σ h_i lse_i.
+fn objective(
+    case: &Case,
+    e: &[f64],
+    c: &[f64],
+    b: Option<&[f64]>,
+    opts: &Options,
+    dl: &OracleDLoss,
+    h: &[f64],
+) -> f64 {
+    let (problem, prepared) = prepare(case, opts);
+    let o = naive_values(
+        &problem,
+        e,
+        c,
+        b,
+        &prepared,
+        opts,
+        dl,
+        Some(h),
+        Precision::F64,
+    );
+    let l: f64 = match dl {
+        OracleDLoss::Scalar(s) => s * o.loss[0],
+        OracleDLoss::PerRow(g) => g.iter().zip(&o.loss).map(|(a, b)| a * b).sum(),
+    };
+    l + h.iter().zip(&o.lse).map(|(a, b)| a * b).sum::<f64>()
+}
+
+fn prepare(case: &Case, opts: &Options) -> (Problem, PreparedTargets) {
+    let e = HostTensor::from_f32(
+        vec![case.n, case.d],
+        &vec![1.0; case.n * case.d],
+        DType::F32,
+    )
+    .unwrap();
+    let c = HostTensor::from_f32(
+        vec![case.v, case.d],
+        &vec![1.0; case.v * case.d],
+        DType::F32,
+    )
+    .unwrap();
+    let b = case
+        .bias
+        .as_ref()
+        .map(|_| HostTensor::from_f32(vec![case.v], &vec![1.0; case.v], DType::F32).unwrap());
+    let t = HostTensor::from_i64(case.targets.clone());
+    let problem = Problem::new(&e, &c, b.as_ref().map(|x| x as _), &t, opts).unwrap();
+    let prepared = PreparedTargets::new(&case.targets, &problem, opts).unwrap();
+    (problem, prepared)
+}
+
+fn check_fd(case: &Case, opts: &Options, rng: &mut impl Rng) {
+    let (problem, prepared) = prepare(case, opts);
+    let dl = match opts.reduction {
+        Reduction::None => {
+            OracleDLoss::PerRow((0..case.n).map(|_| rng.random_range(-1.0..1.0)).collect())
+        }
+        _ => OracleDLoss::Scalar(rng.random_range(0.5..2.0)),
+    };
+    let h: Vec<f64> = (0..case.n).map(|_| rng.random_range(-0.5..0.5)).collect();
+    let o = naive_values(
+        &problem,
+        &case.e,
+        &case.c,
+        case.bias.as_deref(),
+        &prepared,
+        opts,
+        &dl,
+        Some(&h),
+        Precision::F64,
+    );
+    let step = 1e-5;
+    let mut worst: f64 = 0.0;
+    let mut check = |analytic: f64, f: &dyn Fn(f64) -> f64, what: &str, idx: usize| {
+        let numeric = (f(step) - f(-step)) / (2.0 * step);
+        let err = (analytic - numeric).abs() / (1.0 + numeric.abs());
+        worst = worst.max(err);
+        assert!(
+            err < 1e-6,
+            "{what}[{idx}]: analytic {analytic}, numeric {numeric}, opts {opts:?}"
+        );
+    };
+    for idx in 0..case.e.len() {
+        let f = |dx: f64| {
+            let mut e = case.e.clone();
+            e[idx] += dx;
+            objective(case, &e, &case.c, case.bias.as_deref(), opts, &dl, &h)
+        };
+        check(o.d_e[idx], &f, "d_e", idx);
+    }
+    for idx in 0..case.c.len() {
+        let f = |dx: f64| {
+            let mut c = case.c.clone();
+            c[idx] += dx;
+            objective(case, &case.e, &c, case.bias.as_deref(), opts, &dl, &h)
+        };
+        check(o.d_c[idx], &f, "d_c", idx);
+    }
+    if let Some(b0) = &case.bias {
+        for idx in 0..b0.len() {
+            let f = |dx: f64| {
+                let mut b = b0.clone();
+                b[idx] += dx;
+                objective(case, &case.e, &case.c, Some(&b), opts, &dl, &h)
+            };
+            check(o.d_bias.as_ref().unwrap()[idx], &f, "d_bias", idx);
+        }
+    }
+    assert!(worst.is_finite());
+}
+
+#[test]
+fn gradients_match_finite_differences_for_every_option() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed_0001);
+    let variants: Vec<(&str, Options, bool, f64)> = vec![
+        ("plain mean", Options::exact(), false, 0.0),
+        ("bias", Options::exact(), true, 0.0),
+        (
+            "softcap",
+            Options {
+                softcap: Some(2.0),
+                ..Options::exact()
+            },
+            true,
+            0.0,
+        ),
+        (
+            "label smoothing",
+            Options {
+                label_smoothing: 0.2,
+                ..Options::exact()
+            },
+            false,
+            0.0,
+        ),
+        (
+            "ls + softcap",
+            Options {
+                label_smoothing: 0.1,
+                softcap: Some(3.0),
+                ..Options::exact()
+            },
+            true,
+            0.0,
+        ),
+        (
+            "z-loss",
+            Options {
+                z_loss: 0.05,
+                ..Options::exact()
+            },
+            false,
+            0.0,
+        ),
+        (
+            "sum",
+            Options {
+                reduction: Reduction::Sum,
+                ..Options::exact()
+            },
+            false,
+            0.0,
+        ),
+        (
+            "none",
+            Options {
+                reduction: Reduction::None,
+                ..Options::exact()
+            },
+            true,
+            0.0,
+        ),
+        (
+            "shift",
+            Options {
+                shift: 1,
+                seq_len: Some(3),
+                ..Options::exact()
+            },
+            false,
+            0.0,
+        ),
+        ("ignored rows", Options::exact(), false, 0.4),
+        (
+            "everything",
+            Options {
+                softcap: Some(4.0),
+                z_loss: 0.01,
+                label_smoothing: 0.1,
+                shift: 2,
+                seq_len: Some(6),
+                reduction: Reduction::None,
+                ..Options::exact()
+            },
+            true,
+            0.2,
+        ),
+    ];
+    for (name, opts, bias, ignored) in variants {
+        for _ in 0..2 {
+            let case = random_case(&mut rng, 6, 5, 9, bias, ignored);
+            check_fd(&case, &opts, &mut rng);
+        }
+        eprintln!("finite differences ok: {name}");
+    }
+}
+
+#[test]
+fn all_rows_ignored_gives_zero_loss_and_gradients() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        let mut case = random_case(&mut rng, 5, 4, 7, true, 0.0);
+        case.targets = vec![-100; 5];
+        let opts = Options {
+            reduction,
+            ..Options::exact()
+        };
+        let (problem, prepared) = prepare(&case, &opts);
+        let dl = match reduction {
+            Reduction::None => OracleDLoss::PerRow(vec![1.0; 5]),
+            _ => OracleDLoss::Scalar(1.0),
+        };
+        let o = naive_values(
+            &problem,
+            &case.e,
+            &case.c,
+            case.bias.as_deref(),
+            &prepared,
+            &opts,
+            &dl,
+            None,
+            Precision::F64,
+        );
+        assert!(o.loss.iter().all(|&x| x == 0.0), "{reduction:?}");
+        assert!(o
+            .d_e
+            .iter()
+            .chain(&o.d_c)
+            .chain(o.d_bias.as_ref().unwrap())
+            .all(|&x| x == 0.0));
+        assert!(o.lse.iter().all(|x| x.is_finite()));
+    }
+}
+
+/// Load the shipped real fixture: e (bf16), c (Q8_0 dequantized, exact in f32), targets,
+/// lse_ref, nll_ref.
+pub fn load_fixture() -> (HostTensor, HostTensor, Vec<i64>, Vec<f32>, Vec<f32>) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/smollm2_lce_real_1k.safetensors"
+    );
+    let bytes = std::fs::read(path).expect("shipped fixture data/smollm2_lce_real_1k.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| st.tensor(name).unwrap();
+    let e = get("E");
+    let e = HostTensor::from_bytes(e.shape().to_vec(), DType::BF16, e.data()).unwrap();
+    let q8 = get("C_q8");
+    let (v, d) = (q8.shape()[0], q8.shape()[1]);
+    let scale = HostTensor::from_bytes(vec![v, d / 32], DType::F16, get("C_scale").data())
+        .unwrap()
+        .to_f32_vec();
+    let c: Vec<f32> = q8
+        .data()
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| {
+            let (row, col) = (i / d, i % d);
+            scale[row * (d / 32) + col / 32] * (q as i8) as f32
+        })
+        .collect();
+    let c = HostTensor::from_f32(vec![v, d], &c, DType::F32).unwrap();
+    let f32s = |name: &str| {
+        HostTensor::from_bytes(vec![1024], DType::F32, get(name).data())
+            .unwrap()
+            .to_f32_vec()
+    };
+    let t = HostTensor::from_bytes(vec![1024], DType::I32, get("targets").data())
+        .unwrap()
+        .to_i64_vec()
+        .unwrap();
+    (e, c, t, f32s("lse_ref"), f32s("nll_ref"))
+}
+
+#[test]
+fn oracle_reproduces_the_real_fixture() {
+    let (e, c, t, lse_ref, nll_ref) = load_fixture();
+    let e32 = HostTensor::from_f32(e.shape_vec(), &e.to_f32_vec(), DType::F32).unwrap();
+    let targets = HostTensor::from_i64(t);
+    let opts = Options {
+        reduction: Reduction::None,
+        ..Options::exact()
+    };
+    let o = naive(
+        &e32,
+        &c,
+        None,
+        &targets,
+        &opts,
+        &OracleDLoss::PerRow(vec![1.0; 1024]),
+        None,
+        Precision::F64,
+    )
+    .unwrap();
+    let mean: f64 = o.loss.iter().sum::<f64>() / 1024.0;
+    assert!(
+        ((mean - 2.142760) / 2.142760).abs() < 1e-5,
+        "mean nll {mean}"
+    );
+    for i in 0..1024 {
+        assert!(
+            (o.lse[i] - lse_ref[i] as f64).abs() < 1e-5,
+            "lse row {i}: {} vs {}",
+            o.lse[i],
+            lse_ref[i]
+        );
+        assert!((o.loss[i] - nll_ref[i] as f64).abs() < 1e-4, "nll row {i}");
+    }
+    eprintln!("real fixture: mean nll {mean:.6} (reference 2.142760)");
+}
+
+trait ShapeVec {
+    fn shape_vec(&self) -> Vec<usize>;
+}
+impl ShapeVec for HostTensor {
+    fn shape_vec(&self) -> Vec<usize> {
+        use cce_core::TensorMeta;
+        self.shape().to_vec()
+    }
+}
