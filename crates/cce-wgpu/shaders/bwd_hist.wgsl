@@ -60,7 +60,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         lse[i] = 0.0;
         if r < P.n_rows {
             let st = rs[r];
-            act[i] = st.active != 0u;
+            act[i] = st.live != 0u;
             y[i] = st.y;
             lse[i] = st.lse;
         }

@@ -48,9 +48,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if has_flag(FLAG_LS_ANALYTIC) {
         c = 0.0;
     }
-    var active = 0u;
+    var live = 0u;
     if g != 0.0 || h != 0.0 {
-        active = 1u;
+        live = 1u;
     }
-    rs[r] = RowState(y, lse, a, b, c, g, 0.0, active);
+    rs[r] = RowState(y, lse, a, b, c, g, 0.0, live);
 }

@@ -143,5 +143,5 @@ struct RowState {
     c: f32,       // g α / V, or 0 when label smoothing is analytic
     g: f32,       // upstream gradient of the row's loss (0 at ignored rows)
     tau: f32,     // filter threshold τ_i (0: skip nothing)
-    active: u32,  // 1 when the row's G is not identically 0
+    live: u32,  // 1 when the row's G is not identically 0
 }

@@ -51,7 +51,7 @@ fn grad_tile(c_base: u32, tx: u32) -> bool {
     for (var i = 0u; i < 8u; i++) {
         g0sum[i] = 0.0;
     }
-    let filter = has_flag(FLAG_FILTER);
+    let filtering = has_flag(FLAG_FILTER);
     for (var jj = 0u; jj < 8u; jj++) {
         let j = c_base + tx * 8u + jj;
         let valid_c = j < P.n_cls;
@@ -62,7 +62,7 @@ fn grad_tile(c_base: u32, tx: u32) -> bool {
         let gj = i32(P.cls0 + j);
         for (var i = 0u; i < 8u; i++) {
             var g = 0.0;
-            if valid_c && st[i].active != 0u {
+            if valid_c && st[i].live != 0u {
                 n_ent += 1u;
                 let z = cap(acc_get(i, jj) + bias);
                 let p = exp(z - st[i].lse);
@@ -76,7 +76,7 @@ fn grad_tile(c_base: u32, tx: u32) -> bool {
                     let q = z / P.softcap;
                     g *= 1.0 - q * q;
                 }
-                if !filter || g0 >= st[i].tau {
+                if !filtering || g0 >= st[i].tau {
                     need = true;
                 }
                 g0sum[i] += g0;
