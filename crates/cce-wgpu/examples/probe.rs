@@ -20,8 +20,19 @@ fn main(@builtin(local_invocation_index) li: u32) {
 }
 "#;
     let m = naga::front::wgsl::parse_str(src).unwrap();
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all()).validate(&m);
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&m);
     println!("validate: {:?}", info.as_ref().err());
-    let inf = info.unwrap(); let (m2, _i2) = naga::back::pipeline_constants::process_overrides(&m, &inf, None, &[("WG".to_string(), 4.0)].into_iter().collect()).unwrap();
+    let inf = info.unwrap();
+    let (m2, _i2) = naga::back::pipeline_constants::process_overrides(
+        &m,
+        &inf,
+        None,
+        &[("WG".to_string(), 4.0)].into_iter().collect(),
+    )
+    .unwrap();
     println!("{}", m2.global_variables.len());
 }

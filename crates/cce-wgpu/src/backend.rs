@@ -94,6 +94,9 @@ fn split(n_tiles: usize, want: usize) -> (usize, usize) {
     (per, n_tiles.div_ceil(per).max(1))
 }
 
+/// `(tiles per split, splits, first partial column)` of one class chunk.
+type ClassSplit = (usize, usize, usize);
+
 /// What a validated call needs on the device.
 struct Prepared {
     problem: Problem,
@@ -155,7 +158,7 @@ impl WgpuBackend {
         }
         // Per-row arrays of a row chunk are bound at offsets of whole tiles of rows.
         let align = ctx.limits.min_storage_buffer_offset_alignment as usize;
-        if (cfg.tile() * 4) % align != 0 {
+        if !(cfg.tile() * 4).is_multiple_of(align) {
             return Err(CceError::Unsupported {
                 backend: BACKEND,
                 what: format!("storage offset alignment {align} with tile {}", cfg.tile()),
@@ -259,7 +262,11 @@ impl WgpuBackend {
 
     /// Validate inputs, read back and prepare targets, compute the plan.
     fn prepare(&self, inputs: &Inputs<'_, WgpuTensor>, opts: &Options) -> Result<Prepared> {
-        for (t, what) in [(inputs.e, "e"), (inputs.c, "c"), (inputs.targets, "targets")] {
+        for (t, what) in [
+            (inputs.e, "e"),
+            (inputs.c, "c"),
+            (inputs.targets, "targets"),
+        ] {
             self.ctx.check_own(t, what)?;
         }
         if let Some(b) = inputs.bias {
@@ -335,7 +342,7 @@ impl WgpuBackend {
 
     /// Splits per class chunk for the forward / threshold passes: `(tiles per split, splits,
     /// first partial column)` per class chunk, and the total partial columns.
-    fn class_splits(&self, plan: &Plan) -> Result<(Vec<(usize, usize, usize)>, usize)> {
+    fn class_splits(&self, plan: &Plan) -> Result<(Vec<ClassSplit>, usize)> {
         let t = self.t();
         let max_rt = plan
             .row_chunks
@@ -344,7 +351,9 @@ impl WgpuBackend {
             .max()
             .unwrap_or(1);
         let max_rc = plan.row_chunks.iter().map(|r| r.len()).max().unwrap_or(1);
-        let mut want = (self.cfg.target_workgroups as usize).div_ceil(max_rt).max(1);
+        let mut want = (self.cfg.target_workgroups as usize)
+            .div_ceil(max_rt)
+            .max(1);
         loop {
             let mut out = Vec::new();
             let mut base = 0;
@@ -409,8 +418,12 @@ impl WgpuBackend {
             let n_rc = plan.row_chunks.len();
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
-                let (e_b, e_off) =
-                    ctx.range(&inputs.e.buffer, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                let (e_b, e_off) = ctx.range(
+                    &inputs.e.buffer,
+                    (rc.start * d) as u64,
+                    (rows * d) as u64,
+                    es,
+                )?;
                 let tgt_b = ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?;
                 let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
                 let part_b = ctx.whole(&part)?;
@@ -613,8 +626,18 @@ impl WgpuBackend {
 
         // Splits and slabs.
         let de_split = {
-            let max_rt = plan.row_chunks.iter().map(|r| tiles(r.len(), t)).max().unwrap_or(1);
-            let max_ct = plan.class_chunks.iter().map(|c| tiles(c.len(), t)).max().unwrap_or(1);
+            let max_rt = plan
+                .row_chunks
+                .iter()
+                .map(|r| tiles(r.len(), t))
+                .max()
+                .unwrap_or(1);
+            let max_ct = plan
+                .class_chunks
+                .iter()
+                .map(|c| tiles(c.len(), t))
+                .max()
+                .unwrap_or(1);
             let slab = (max_rc * d * 4) as u64;
             let room = budget.saturating_sub(workspace) / slab.max(1);
             let fit = (ctx.max_binding() / slab.max(1)).max(1);
@@ -626,8 +649,18 @@ impl WgpuBackend {
                 .max(1)
         };
         let dc_split = {
-            let max_ct = plan.class_chunks.iter().map(|c| tiles(c.len(), t)).max().unwrap_or(1);
-            let max_rt = plan.row_chunks.iter().map(|r| tiles(r.len(), t)).max().unwrap_or(1);
+            let max_ct = plan
+                .class_chunks
+                .iter()
+                .map(|c| tiles(c.len(), t))
+                .max()
+                .unwrap_or(1);
+            let max_rt = plan
+                .row_chunks
+                .iter()
+                .map(|r| tiles(r.len(), t))
+                .max()
+                .unwrap_or(1);
             let slab = (max_cc * d * 4) as u64;
             let room = budget.saturating_sub(workspace) / slab.max(1);
             let fit = (ctx.max_binding() / slab.max(1)).max(1);
@@ -716,7 +749,13 @@ impl WgpuBackend {
                     ShaderKind::BwdPrep,
                     dt,
                     &prm,
-                    &[ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?, ctx.aligned(&lse.buffer, rc.start as u64, rows as u64, 4)?, dl, dh, ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?],
+                    &[
+                        ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&lse.buffer, rc.start as u64, rows as u64, 4)?,
+                        dl,
+                        dh,
+                        ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?,
+                    ],
                     Self::grid_1d(rows),
                 );
             }
@@ -724,8 +763,12 @@ impl WgpuBackend {
                 let (splits, _) = self.class_splits(plan)?;
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
-                    let (e_b, e_off) =
-                        ctx.range(&inputs.e.buffer, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    let (e_b, e_off) = ctx.range(
+                        &inputs.e.buffer,
+                        (rc.start * d) as u64,
+                        (rows * d) as u64,
+                        es,
+                    )?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
@@ -736,7 +779,9 @@ impl WgpuBackend {
                             es,
                         )?;
                         let (b_b, b_off) = match inputs.bias {
-                            Some(b) => ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?,
+                            Some(b) => {
+                                ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?
+                            }
                             None => (ctx.whole(&ctx.dummy)?, 0),
                         };
                         let (per, nsplit, _) = splits[ci];
@@ -806,8 +851,12 @@ impl WgpuBackend {
             if let Some(es_buf) = &esum {
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
-                    let (e_b, e_off) =
-                        ctx.range(&inputs.e.buffer, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    let (e_b, e_off) = ctx.range(
+                        &inputs.e.buffer,
+                        (rc.start * d) as u64,
+                        (rows * d) as u64,
+                        es,
+                    )?;
                     let prm = Params {
                         n_rows: rows as u32,
                         e_off,
@@ -844,8 +893,12 @@ impl WgpuBackend {
                 let rows = rc.len();
                 enc.clear_buffer(&slab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_e");
-                let (e_b, e_off) =
-                    ctx.range(&inputs.e.buffer, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                let (e_b, e_off) = ctx.range(
+                    &inputs.e.buffer,
+                    (rc.start * d) as u64,
+                    (rows * d) as u64,
+                    es,
+                )?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for cc in &plan.class_chunks {
@@ -880,7 +933,15 @@ impl WgpuBackend {
                         ShaderKind::BwdDe,
                         dt,
                         &prm,
-                        &[e_b, c_b, b_b, rs_b, ctx.whole(&slab)?, dr_b, ctx.whole(&counters)?],
+                        &[
+                            e_b,
+                            c_b,
+                            b_b,
+                            rs_b,
+                            ctx.whole(&slab)?,
+                            dr_b,
+                            ctx.whole(&counters)?,
+                        ],
                         [ns as u32, tiles(rows, t) as u32, 1],
                     );
                 }
@@ -905,7 +966,11 @@ impl WgpuBackend {
                     aux: opts.label_smoothing / v as f32,
                     ..Params::default()
                 };
-                let units = if out_dt == 0 { rows * d } else { (rows * d).div_ceil(2) };
+                let units = if out_dt == 0 {
+                    rows * d
+                } else {
+                    (rows * d).div_ceil(2)
+                };
                 self.run(
                     &mut pass,
                     ShaderKind::Finalize,
@@ -940,16 +1005,24 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_c");
-                let (c_b, c_off) =
-                    ctx.range(&inputs.c.buffer, (cc.start * d) as u64, (ncls * d) as u64, es)?;
+                let (c_b, c_off) = ctx.range(
+                    &inputs.c.buffer,
+                    (cc.start * d) as u64,
+                    (ncls * d) as u64,
+                    es,
+                )?;
                 let (b_b, b_off) = match inputs.bias {
                     Some(b) => ctx.range(&b.buffer, cc.start as u64, ncls as u64, es)?,
                     None => (ctx.whole(&ctx.dummy)?, 0),
                 };
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
-                    let (e_b, e_off) =
-                        ctx.range(&inputs.e.buffer, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    let (e_b, e_off) = ctx.range(
+                        &inputs.e.buffer,
+                        (rc.start * d) as u64,
+                        (rows * d) as u64,
+                        es,
+                    )?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = split(tiles(rows, t), dc_split);
@@ -988,7 +1061,11 @@ impl WgpuBackend {
                 }
                 let osz = out_dtype.size_bytes() as u64;
                 let units = |k: usize| if out_dt == 0 { k } else { k.div_ceil(2) };
-                let ff = if esum.is_some() { flags::LS_ANALYTIC } else { 0 };
+                let ff = if esum.is_some() {
+                    flags::LS_ANALYTIC
+                } else {
+                    0
+                };
                 let alpha_v = opts.label_smoothing / v as f32;
                 let (o_b, o_off) =
                     ctx.range(&d_c.buffer, (cc.start * d) as u64, (ncls * d) as u64, osz)?;

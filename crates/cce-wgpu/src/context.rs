@@ -57,12 +57,8 @@ fn pick(adapters: Vec<wgpu::Adapter>) -> Option<wgpu::Adapter> {
     adapters
         .into_iter()
         .filter(|a| {
-            want.as_ref().is_none_or(|w| {
-                a.get_info()
-                    .name
-                    .to_lowercase()
-                    .contains(&w.to_lowercase())
-            })
+            want.as_ref()
+                .is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
         })
         .min_by_key(|a| rank(a.get_info().device_type))
 }
@@ -133,13 +129,21 @@ impl Context {
     }
 
     /// The pipeline of `kind` for dtype code and tile config.
-    pub fn pipeline(&self, kind: ShaderKind, dtype: u32, wg: u32, tk: u32) -> wgpu::ComputePipeline {
+    pub fn pipeline(
+        &self,
+        kind: ShaderKind,
+        dtype: u32,
+        wg: u32,
+        tk: u32,
+    ) -> wgpu::ComputePipeline {
         self.pipelines.get(&self.device, kind, dtype, wg, tk)
     }
 
     /// Largest storage binding in bytes.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// Run `f` inside out-of-memory, validation and internal error scopes, so that any wgpu

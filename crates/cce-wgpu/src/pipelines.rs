@@ -215,10 +215,7 @@ impl PipelineCache {
             },
             cache: None,
         });
-        self.pipelines
-            .lock()
-            .unwrap()
-            .insert(key, pipeline.clone());
+        self.pipelines.lock().unwrap().insert(key, pipeline.clone());
         pipeline
     }
 }

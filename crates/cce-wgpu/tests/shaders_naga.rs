@@ -13,7 +13,11 @@ fn every_shader_validates_with_its_overrides() {
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| {
-                panic!("{}: validation error\n{}", kind.name(), e.emit_to_string(src))
+                panic!(
+                    "{}: validation error\n{}",
+                    kind.name(),
+                    e.emit_to_string(src)
+                )
             });
         for dtype in 0..3u32 {
             for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 4)] {
@@ -29,7 +33,10 @@ fn every_shader_validates_with_its_overrides() {
                     &constants,
                 )
                 .unwrap_or_else(|e| {
-                    panic!("{}: overrides dtype {dtype} wg {wg} tk {tk}: {e}", kind.name())
+                    panic!(
+                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e}",
+                        kind.name()
+                    )
                 });
             }
         }
