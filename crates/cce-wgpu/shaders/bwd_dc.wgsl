@@ -23,6 +23,8 @@ var<workgroup> bred: array<f32, 8u * WG * WG>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = tile();
+    var acc: Acc;
+    var sc: Scratch;
     let t4 = 2u * WG;
     let tx = lid.x;
     let ty = lid.y;
@@ -45,42 +47,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     for (var rt = rt0; rt < rt1; rt++) {
         let r_base = rt * t;
-        load_rows(r_base, ty);
-        logits_tile(r_base, c_base, tx, ty, li);
-        let need = grad_tile(c_base, tx);
+        load_rows(&sc, r_base, ty);
+        logits_tile(&acc, r_base, c_base, tx, ty, li);
+        let need = grad_tile(&acc, &sc, c_base, tx);
         if !decide(need, li) {
             skipped_tiles += 1u;
-            skipped_e += n_ent;
+            skipped_e += sc.n_ent;
             if report {
                 for (var i = 0u; i < 8u; i++) {
                     let r = r_base + ty * 8u + i;
-                    if r < P.n_rows && g0sum[i] > 0.0 {
-                        atomicAdd(&dropped[r], to_fixed(g0sum[i]));
+                    if r < P.n_rows && sc.g0sum[i] > 0.0 {
+                        atomicAdd(&dropped[r], to_fixed(sc.g0sum[i]));
                     }
                 }
             }
             continue;
         }
         kept_tiles += 1u;
-        kept_e += n_ent;
+        kept_e += sc.n_ent;
         for (var i = 0u; i < 8u; i++) {
             let base = (ty * 8u + i) * t4 + 2u * tx;
             Gs[base] = acc[2u * i];
             Gs[base + 1u] = acc[2u * i + 1u];
             for (var jj = 0u; jj < 8u; jj++) {
-                bacc[jj] += acc_get(i, jj);
+                bacc[jj] += acc_get(&acc, i, jj);
             }
         }
         workgroupBarrier();
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            zero_acc();
+            zero_acc(&acc);
             for (var k0 = 0u; k0 < t; k0 += TK) {
                 stage_b_cols_e(r_base + k0, d0, li);
                 workgroupBarrier();
                 for (var k = 0u; k < TK; k++) {
                     let ka = (k0 + k) * t4 + 2u * ty;
                     let kb = k * t4 + 2u * tx;
-                    outer(Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
+                    outer(&acc, Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
                 }
                 workgroupBarrier();
             }
@@ -93,7 +95,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 for (var jj = 0u; jj < 8u; jj++) {
                     let d = d0 + tx * 8u + jj;
                     if d < P.d {
-                        slab[row + d] += acc_get(i, jj);
+                        slab[row + d] += acc_get(&acc, i, jj);
                     }
                 }
             }

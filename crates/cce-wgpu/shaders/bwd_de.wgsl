@@ -17,6 +17,8 @@
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = tile();
+    var acc: Acc;
+    var sc: Scratch;
     let t4 = 2u * WG;
     let tx = lid.x;
     let ty = lid.y;
@@ -28,7 +30,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let report = has_flag(FLAG_REPORT);
 
     init_shared(li);
-    load_rows(r_base, ty);
+    load_rows(&sc, r_base, ty);
     var drop_acc: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
         drop_acc[i] = 0.0;
@@ -40,33 +42,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
-        logits_tile(r_base, c_base, tx, ty, li);
-        let need = grad_tile(c_base, tx);
+        logits_tile(&acc, r_base, c_base, tx, ty, li);
+        let need = grad_tile(&acc, &sc, c_base, tx);
         if !decide(need, li) {
             skipped_tiles += 1u;
-            skipped_e += n_ent;
+            skipped_e += sc.n_ent;
             for (var i = 0u; i < 8u; i++) {
-                drop_acc[i] += g0sum[i];
+                drop_acc[i] += sc.g0sum[i];
             }
             continue;
         }
         kept_tiles += 1u;
-        kept_e += n_ent;
+        kept_e += sc.n_ent;
         for (var jj = 0u; jj < 8u; jj++) {
             let base = (tx * 8u + jj) * t4 + 2u * ty;
-            Gs[base] = vec4<f32>(acc_get(0u, jj), acc_get(1u, jj), acc_get(2u, jj), acc_get(3u, jj));
-            Gs[base + 1u] = vec4<f32>(acc_get(4u, jj), acc_get(5u, jj), acc_get(6u, jj), acc_get(7u, jj));
+            Gs[base] = vec4<f32>(acc_get(&acc, 0u, jj), acc_get(&acc, 1u, jj), acc_get(&acc, 2u, jj), acc_get(&acc, 3u, jj));
+            Gs[base + 1u] = vec4<f32>(acc_get(&acc, 4u, jj), acc_get(&acc, 5u, jj), acc_get(&acc, 6u, jj), acc_get(&acc, 7u, jj));
         }
         workgroupBarrier();
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            zero_acc();
+            zero_acc(&acc);
             for (var k0 = 0u; k0 < t; k0 += TK) {
                 stage_b_cols_c(c_base + k0, d0, li);
                 workgroupBarrier();
                 for (var k = 0u; k < TK; k++) {
                     let ka = (k0 + k) * t4 + 2u * ty;
                     let kb = k * t4 + 2u * tx;
-                    outer(Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
+                    outer(&acc, Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
                 }
                 workgroupBarrier();
             }
@@ -79,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 for (var jj = 0u; jj < 8u; jj++) {
                     let d = d0 + tx * 8u + jj;
                     if d < P.d {
-                        slab[row + d] += acc_get(i, jj);
+                        slab[row + d] += acc_get(&acc, i, jj);
                     }
                 }
             }

@@ -39,6 +39,7 @@ fn bin_of(g0: f32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let t = tile();
+    var acc: Acc;
     let tx = lid.x;
     let ty = lid.y;
     let split = wid.x;
@@ -69,7 +70,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
-        logits_tile(r_base, c_base, tx, ty, li);
+        logits_tile(&acc, r_base, c_base, tx, ty, li);
         for (var jj = 0u; jj < 8u; jj++) {
             let j = c_base + tx * 8u + jj;
             if j >= P.n_cls {
@@ -81,7 +82,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 if !act[i] {
                     continue;
                 }
-                let z = cap(acc_get(i, jj) + bias);
+                let z = cap(acc_get(&acc, i, jj) + bias);
                 let p = exp(z - lse[i]);
                 var g0 = p;
                 if gj == y[i] {

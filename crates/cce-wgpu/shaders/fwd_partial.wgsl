@@ -26,6 +26,7 @@ var<workgroup> red: array<Part, 8u * WG * WG>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let t = tile();
+    var acc: Acc;
     let tx = lid.x;
     let ty = lid.y;
     let split = wid.x;
@@ -57,7 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
-        logits_tile(r_base, c_base, tx, ty, li);
+        logits_tile(&acc, r_base, c_base, tx, ty, li);
         var bias: array<f32, 8>;
         var ok: array<bool, 8>;
         for (var jj = 0u; jj < 8u; jj++) {
@@ -74,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var lm = NEG_BIG;
             for (var jj = 0u; jj < 8u; jj++) {
                 if ok[jj] {
-                    let zz = cap(acc_get(i, jj) + bias[jj]);
+                    let zz = cap(acc_get(&acc, i, jj) + bias[jj]);
                     z[jj] = zz;
                     let gj = P.cls0 + c_base + tx * 8u + jj;
                     if i32(gj) == y[i] && r < P.n_rows {

@@ -13,7 +13,8 @@
 // Thread mapping
 //   WG x WG threads; thread (tx, ty) = local_invocation_id.xy owns the 8 x 8 micro-tile of rows
 //   ty*8 .. ty*8+7 and classes tx*8 .. tx*8+7, held in `acc` as acc[2*i + jj/4][jj % 4] for
-//   row ty*8+i, class tx*8+jj (f32 accumulation).
+//   row ty*8+i, class tx*8+jj (f32 accumulation); `acc` is a function-local `Acc` passed by
+//   pointer.
 
 override WG: u32 = 8u;
 override TK: u32 = 16u;
@@ -26,7 +27,9 @@ const MT: u32 = 8u;
 
 var<workgroup> As: array<vec4<f32>, TK * WG * 2u>;
 var<workgroup> Bs: array<vec4<f32>, TK * WG * 2u>;
-var<private> acc: array<vec4<f32>, 16>;
+// The thread's 8 x 8 micro-tile (a function-local variable of each entry point, passed by
+// pointer, so that drivers keep it in registers).
+alias Acc = array<vec4<f32>, 16>;
 
 fn tile() -> u32 {
     return WG * MT;
@@ -115,57 +118,57 @@ fn stage_b_cols_e(r_base: u32, d0: u32, li: u32) {
     }
 }
 
-fn zero_acc() {
+fn zero_acc(acc: ptr<function, Acc>) {
     for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<f32>(0.0);
+        (*acc)[i] = vec4<f32>(0.0);
     }
 }
 
 // acc[i][j] += a[i] * b[j] for one depth step.
-fn outer(a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b1: vec4<f32>) {
-    acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
-    acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
-    acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
-    acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
-    acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
-    acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
-    acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
-    acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
-    acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
-    acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
-    acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
-    acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
-    acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
-    acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
-    acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
-    acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
+fn outer(acc: ptr<function, Acc>, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b1: vec4<f32>) {
+    (*acc)[0] = fma(vec4<f32>(a0.x), b0, (*acc)[0]);
+    (*acc)[1] = fma(vec4<f32>(a0.x), b1, (*acc)[1]);
+    (*acc)[2] = fma(vec4<f32>(a0.y), b0, (*acc)[2]);
+    (*acc)[3] = fma(vec4<f32>(a0.y), b1, (*acc)[3]);
+    (*acc)[4] = fma(vec4<f32>(a0.z), b0, (*acc)[4]);
+    (*acc)[5] = fma(vec4<f32>(a0.z), b1, (*acc)[5]);
+    (*acc)[6] = fma(vec4<f32>(a0.w), b0, (*acc)[6]);
+    (*acc)[7] = fma(vec4<f32>(a0.w), b1, (*acc)[7]);
+    (*acc)[8] = fma(vec4<f32>(a1.x), b0, (*acc)[8]);
+    (*acc)[9] = fma(vec4<f32>(a1.x), b1, (*acc)[9]);
+    (*acc)[10] = fma(vec4<f32>(a1.y), b0, (*acc)[10]);
+    (*acc)[11] = fma(vec4<f32>(a1.y), b1, (*acc)[11]);
+    (*acc)[12] = fma(vec4<f32>(a1.z), b0, (*acc)[12]);
+    (*acc)[13] = fma(vec4<f32>(a1.z), b1, (*acc)[13]);
+    (*acc)[14] = fma(vec4<f32>(a1.w), b0, (*acc)[14]);
+    (*acc)[15] = fma(vec4<f32>(a1.w), b1, (*acc)[15]);
 }
 
 // acc += As^T Bs over one TK panel.
-fn mma_panel(tx: u32, ty: u32) {
+fn mma_panel(acc: ptr<function, Acc>, tx: u32, ty: u32) {
     let t4 = 2u * WG;
     for (var k = 0u; k < TK; k++) {
-        outer(As[k * t4 + 2u * ty], As[k * t4 + 2u * ty + 1u], Bs[k * t4 + 2u * tx], Bs[k * t4 + 2u * tx + 1u]);
+        outer(acc, As[k * t4 + 2u * ty], As[k * t4 + 2u * ty + 1u], Bs[k * t4 + 2u * tx], Bs[k * t4 + 2u * tx + 1u]);
     }
 }
 
 // acc = logits (without bias) of rows r_base.. x classes c_base.. of the chunk.
-fn logits_tile(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) {
-    zero_acc();
+fn logits_tile(acc: ptr<function, Acc>, r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) {
+    zero_acc(acc);
     for (var k0 = 0u; k0 < P.d; k0 += TK) {
         stage_a_rows_e(r_base, k0, li);
         stage_b_rows_c(c_base, k0, li);
         workgroupBarrier();
-        mma_panel(tx, ty);
+        mma_panel(acc, tx, ty);
         workgroupBarrier();
     }
 }
 
 // Entry (i, jj) of the thread's micro-tile.
-fn acc_get(i: u32, jj: u32) -> f32 {
-    return acc[2u * i + jj / 4u][jj & 3u];
+fn acc_get(acc: ptr<function, Acc>, i: u32, jj: u32) -> f32 {
+    return (*acc)[2u * i + jj / 4u][jj & 3u];
 }
 
-fn acc_set(i: u32, jj: u32, v: f32) {
-    acc[2u * i + jj / 4u][jj & 3u] = v;
+fn acc_set(acc: ptr<function, Acc>, i: u32, jj: u32, v: f32) {
+    (*acc)[2u * i + jj / 4u][jj & 3u] = v;
 }

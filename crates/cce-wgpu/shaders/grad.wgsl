@@ -28,28 +28,31 @@ var<workgroup> flag_a: atomic<u32>;
 var<workgroup> flag_u: u32;
 var<workgroup> cnt: array<atomic<u32>, 4>;
 
-var<private> st: array<RowState, 8>;
-var<private> g0sum: array<f32, 8>;
-var<private> n_ent: u32;
+// Per-thread scratch of a G tile (function-local in the entry point, passed by pointer).
+struct Scratch {
+    st: array<RowState, 8>,  // rows ty*8 + i of the current row tile
+    g0sum: array<f32, 8>,    // Σ g0 of the row's entries in the thread's 8 classes
+    n_ent: u32,              // entries (active row, valid class) of the thread
+}
 
 // Rows r_base + ty*8 + i of the chunk into `st` (inactive past the end).
-fn load_rows(r_base: u32, ty: u32) {
+fn load_rows(sc: ptr<function, Scratch>, r_base: u32, ty: u32) {
     for (var i = 0u; i < 8u; i++) {
         let r = r_base + ty * 8u + i;
         if r < P.n_rows {
-            st[i] = rs[r];
+            (*sc).st[i] = rs[r];
         } else {
-            st[i] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u);
+            (*sc).st[i] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u);
         }
     }
 }
 
 // Replace the logits in acc by G; returns whether this thread needs the tile.
-fn grad_tile(c_base: u32, tx: u32) -> bool {
+fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, tx: u32) -> bool {
     var need = false;
-    n_ent = 0u;
+    (*sc).n_ent = 0u;
     for (var i = 0u; i < 8u; i++) {
-        g0sum[i] = 0.0;
+        (*sc).g0sum[i] = 0.0;
     }
     let filtering = has_flag(FLAG_FILTER);
     for (var jj = 0u; jj < 8u; jj++) {
@@ -62,26 +65,27 @@ fn grad_tile(c_base: u32, tx: u32) -> bool {
         let gj = i32(P.cls0 + j);
         for (var i = 0u; i < 8u; i++) {
             var g = 0.0;
-            if valid_c && st[i].live != 0u {
-                n_ent += 1u;
-                let z = cap(acc_get(i, jj) + bias);
-                let p = exp(z - st[i].lse);
+            let s = (*sc).st[i];
+            if valid_c && s.live != 0u {
+                (*sc).n_ent += 1u;
+                let z = cap(acc_get(acc, i, jj) + bias);
+                let p = exp(z - s.lse);
                 var g0 = p;
-                g = st[i].a * p - st[i].c;
-                if gj == st[i].y {
+                g = s.a * p - s.c;
+                if gj == s.y {
                     g0 = abs(p - 1.0);
-                    g -= st[i].b;
+                    g -= s.b;
                 }
                 if has_flag(FLAG_SOFTCAP) {
                     let q = z / P.softcap;
                     g *= 1.0 - q * q;
                 }
-                if !filtering || g0 >= st[i].tau {
+                if !filtering || g0 >= s.tau {
                     need = true;
                 }
-                g0sum[i] += g0;
+                (*sc).g0sum[i] += g0;
             }
-            acc_set(i, jj, g);
+            acc_set(acc, i, jj, g);
         }
     }
     return need;
