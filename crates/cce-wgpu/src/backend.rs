@@ -1221,13 +1221,11 @@ impl Backend for WgpuBackend {
     }
 
     fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
-        let bytes = host.as_bytes().len() as u64;
-        self.ctx.scoped("upload", bytes, || self.ctx.upload(host))
+        self.ctx.scoped("upload", || self.ctx.upload(host))
     }
 
     fn download(&self, buf: &WgpuTensor) -> Result<HostTensor> {
-        self.ctx
-            .scoped("download", buf.size_bytes(), || self.ctx.download(buf))
+        self.ctx.scoped("download", || self.ctx.download(buf))
     }
 
     fn forward(
@@ -1236,7 +1234,7 @@ impl Backend for WgpuBackend {
         opts: &Options,
     ) -> Result<ForwardOutput<WgpuTensor>> {
         self.ctx
-            .scoped("forward", 0, || self.forward_impl(inputs, opts))
+            .scoped("forward", || self.forward_impl(inputs, opts))
     }
 
     fn backward(
@@ -1246,7 +1244,7 @@ impl Backend for WgpuBackend {
         lse: &WgpuTensor,
         upstream: &Upstream<'_, WgpuTensor>,
     ) -> Result<BackwardOutput<WgpuTensor>> {
-        self.ctx.scoped("backward", 0, || {
+        self.ctx.scoped("backward", || {
             self.backward_impl(inputs, opts, lse, upstream)
         })
     }

@@ -77,6 +77,8 @@ impl Context {
                 max: self.limits.max_buffer_size,
             });
         }
+        self.call_bytes
+            .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,

@@ -41,6 +41,8 @@ pub(crate) struct Context {
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// 256-byte read-only stand-in for absent optional inputs.
     pub dummy: wgpu::Buffer,
+    /// Bytes allocated since the current call's error scopes were pushed.
+    pub call_bytes: AtomicU64,
 }
 
 /// Adapter choice: `CCE_WGPU_ADAPTER` (substring of the adapter name) if set, else the first
@@ -125,6 +127,7 @@ impl Context {
             lost,
             uncaptured,
             dummy,
+            call_bytes: AtomicU64::new(0),
         })
     }
 
@@ -148,13 +151,9 @@ impl Context {
 
     /// Run `f` inside out-of-memory, validation and internal error scopes, so that any wgpu
     /// error of the call becomes a typed `CceError` (never a panic of the default handler).
-    /// `requested_bytes`: device memory the call allocates (reported on out-of-memory).
-    pub fn scoped<T>(
-        &self,
-        what: &str,
-        requested_bytes: u64,
-        f: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+    /// An out-of-memory error reports the bytes the call had allocated.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.call_bytes.store(0, Ordering::Relaxed);
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -166,7 +165,7 @@ impl Context {
         if o.is_some() {
             return Err(CceError::OutOfMemory {
                 backend: BACKEND,
-                requested_bytes,
+                requested_bytes: self.call_bytes.load(Ordering::Relaxed),
             });
         }
         if let Some(e) = v.or(i) {

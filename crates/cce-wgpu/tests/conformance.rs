@@ -28,25 +28,25 @@ fn backend() -> Option<&'static WgpuBackend> {
     }
 }
 
-/// xorshift64* with Box-Muller normals: fresh, never-zero inputs per case.
+/// Base seed of this test process: `CCE_TEST_SEED` if set, else the clock (fresh inputs on
+/// every run). Printed with each failure.
+fn base_seed() -> u64 {
+    static S: OnceLock<u64> = OnceLock::new();
+    *S.get_or_init(|| match std::env::var("CCE_TEST_SEED") {
+        Ok(s) => s.parse().expect("CCE_TEST_SEED must be an integer"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    })
+}
+
+/// xorshift64* with Box-Muller normals: never-zero inputs, one stream per case.
 struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64) -> Self {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
-        let s = if std::env::var("CCE_TEST_SEED").is_ok() {
-            std::env::var("CCE_TEST_SEED")
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-                ^ seed
-        } else {
-            t ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        };
-        Rng(s | 1)
+    fn new(case: u64) -> Self {
+        Rng((base_seed() ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
     }
     fn u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
@@ -353,6 +353,9 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
             .push(format!("{name}: d_bias presence differs")),
     }
     rep.failures
+        .into_iter()
+        .map(|f| format!("{f}\n    (rerun with CCE_TEST_SEED={})", base_seed()))
+        .collect()
 }
 
 fn run_all(cases: &[Case]) {
