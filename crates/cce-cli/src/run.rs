@@ -1,0 +1,502 @@
+//! `cce run`: one call on a file, a generated case or the shipped real fixture.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cce_data::F32Tensor;
+use cut_cross_entropy::{
+    backend_by_name, naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options,
+    OracleDLoss, Precision, PreparedTargets, Problem, Reduction, TensorMeta,
+};
+
+use crate::cli::{FloatDType, RunArgs};
+use crate::error::{CliError, CliResult};
+use crate::input::{self, Loaded, Tensors};
+use crate::progress::with_spinner;
+use crate::report::{
+    available_memory_bytes, err_stats, fmt_bytes, peak_rss_bytes, summary, ErrStats, Table,
+};
+
+/// Runs `cce run` and prints its report on stdout.
+///
+/// Errors: bad options, unreadable or inconsistent input, an unavailable backend, a failed
+/// call, an oracle too large for the memory, an unwritable `--save-grads` file.
+pub fn main(args: &RunArgs) -> CliResult<()> {
+    let opts = args.opts.options();
+    opts.validate()?;
+    let backward = !args.opts.no_backward;
+    // The backend first: a missing device should not wait for a large load.
+    let backend = backend_by_name(&args.backend)?;
+    let loaded = input::load(&args.input)?;
+    let ds = &loaded.ds;
+    let dtype = args
+        .dtype
+        .map(FloatDType::dtype)
+        .or(loaded.file_dtype)
+        .unwrap_or(DType::F32);
+    let t = input::tensors(ds, dtype)?;
+    let per_row = match (opts.reduction, backward) {
+        (Reduction::None, true) => Some(HostTensor::from_f32(
+            vec![ds.n],
+            &vec![1.0; ds.n],
+            DType::F32,
+        )?),
+        _ => None,
+    };
+
+    let what = if backward {
+        "forward + backward"
+    } else {
+        "forward"
+    };
+    let t0 = Instant::now();
+    let res = with_spinner(format!("{what} on {}", backend.name()), || {
+        backend.run(
+            &t.e,
+            &t.c,
+            t.bias.as_ref(),
+            &t.targets,
+            &opts,
+            backward,
+            1.0,
+            per_row.as_ref(),
+        )
+    })?;
+    let call_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    print_header(&loaded, dtype, args, backend.name(), &opts);
+    print_loss(&loaded, &res, &opts, dtype)?;
+    print_side_outputs(&loaded, &t, &res, &opts)?;
+    print_times_memory(&loaded, &t, &res, call_ms, backend.name());
+    print_stats("forward call", &res.forward_stats);
+    if let Some(s) = &res.backward_stats {
+        print_stats("backward call", s);
+    }
+    if args.check {
+        check(&t, &res, &opts, dtype, backward)?;
+    }
+    if let Some(path) = &args.save_grads {
+        save_grads(path, &res, &loaded, backend.name(), dtype)?;
+    }
+    Ok(())
+}
+
+/// `Options` fields that differ from the default, for the report.
+fn describe_options(o: &Options) -> String {
+    let d = Options::default();
+    let mut parts = vec![
+        format!("reduction {:?}", o.reduction).to_lowercase(),
+        match o.filter_eps {
+            FilterEps::Auto => "filter_eps auto".into(),
+            FilterEps::Off => "filter_eps off (exact)".into(),
+            FilterEps::Value(v) => format!("filter_eps {v:e}"),
+        },
+        format!("max_dropped_mass {:e}", o.max_dropped_mass),
+    ];
+    if let Some(s) = o.softcap {
+        parts.push(format!("softcap {s}"));
+    }
+    if o.shift != d.shift {
+        parts.push(format!("shift {}", o.shift));
+    }
+    if let Some(t) = o.seq_len {
+        parts.push(format!("seq_len {t}"));
+    }
+    if o.label_smoothing != 0.0 {
+        parts.push(format!("label_smoothing {}", o.label_smoothing));
+    }
+    if o.z_loss != 0.0 {
+        parts.push(format!("z_loss {}", o.z_loss));
+    }
+    if o.ignore_index != d.ignore_index {
+        parts.push(format!("ignore_index {}", o.ignore_index));
+    }
+    if !o.filter_e_grad {
+        parts.push("d_e unfiltered".into());
+    }
+    if !o.filter_c_grad {
+        parts.push("d_c unfiltered".into());
+    }
+    if o.deterministic {
+        parts.push("deterministic".into());
+    }
+    if o.workspace_budget_bytes != d.workspace_budget_bytes {
+        parts.push(format!(
+            "workspace budget {}",
+            fmt_bytes(o.workspace_budget_bytes)
+        ));
+    }
+    if o.grad_dtype != d.grad_dtype {
+        parts.push("f32 gradients".into());
+    }
+    if !o.check_finite {
+        parts.push("no finiteness check".into());
+    }
+    if !o.compute_d_e {
+        parts.push("no d_e".into());
+    }
+    if !o.compute_d_c {
+        parts.push("no d_c".into());
+    }
+    parts.join(", ")
+}
+
+fn print_header(l: &Loaded, dtype: DType, args: &RunArgs, backend: &str, opts: &Options) {
+    let ds = &l.ds;
+    let why = match (args.dtype, l.file_dtype) {
+        (Some(_), _) => "from --dtype",
+        (None, Some(_)) => "the file's",
+        (None, None) if l.is_fixture => "default: keeps the Q8_0 head exact",
+        (None, None) => "default",
+    };
+    outln!("input      {}", ds.name);
+    outln!(
+        "problem    N = {}, D = {}, V = {}, bias {}, dtype {dtype} ({why})",
+        ds.n,
+        ds.d,
+        ds.v,
+        if ds.bias.is_some() { "yes" } else { "no" }
+    );
+    outln!("backend    {backend}");
+    outln!("options    {}", describe_options(opts));
+}
+
+/// Rows whose target the reference `nll_ref` covers under these options, or why none.
+fn reference_rows(l: &Loaded, opts: &Options) -> Result<Vec<usize>, &'static str> {
+    if opts.softcap.is_some()
+        || opts.label_smoothing != 0.0
+        || opts.z_loss != 0.0
+        || opts.shift != 0
+    {
+        return Err(
+            "plain cross-entropy, not comparable with softcap, label smoothing, z-loss or shift",
+        );
+    }
+    Ok((0..l.ds.n)
+        .filter(|&i| l.ds.targets[i] != opts.ignore_index)
+        .collect())
+}
+
+fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> CliResult<()> {
+    let loss = res.loss.to_f32_vec();
+    let n_valid = res.forward_stats.n_valid;
+    let value = match opts.reduction {
+        Reduction::Mean => {
+            let x = loss.first().copied().unwrap_or(f32::NAN) as f64;
+            outln!("loss       {x:.6}  (mean over {n_valid} valid rows)");
+            x
+        }
+        Reduction::Sum => {
+            let x = loss.first().copied().unwrap_or(f32::NAN) as f64;
+            outln!("loss       {x:.6}  (sum over {n_valid} valid rows)");
+            x
+        }
+        Reduction::None => {
+            let sum: f64 = loss.iter().map(|&x| x as f64).sum();
+            let mean = sum / n_valid.max(1) as f64;
+            outln!(
+                "loss       [{}] per row: mean over {n_valid} valid rows {mean:.6}, sum {sum:.6}",
+                loss.len()
+            );
+            mean
+        }
+    };
+    let Some(nll) = &l.ds.nll_ref else {
+        return Ok(());
+    };
+    match reference_rows(l, opts) {
+        Err(why) => {
+            let mean = nll.iter().map(|&x| x as f64).sum::<f64>() / nll.len().max(1) as f64;
+            outln!("reference  {mean:.6}  (mean of the file's nll_ref: {why})");
+        }
+        Ok(rows) => {
+            let sum: f64 = rows.iter().map(|&i| nll[i] as f64).sum();
+            let (reference, kind) = match opts.reduction {
+                Reduction::Sum => (sum, "sum"),
+                _ => (sum / rows.len().max(1) as f64, "mean"),
+            };
+            let diff = (value - reference).abs();
+            let (a, b) = (format!("{value:.4}"), format!("{reference:.4}"));
+            let verdict = if a == b {
+                format!("matches to 4 decimals: {a}")
+            } else if dtype != DType::F32 {
+                format!("differs at 4 decimals ({a} vs {b}): {dtype} rounds e and c, the reference uses the exact values")
+            } else {
+                format!("DIFFERS at 4 decimals ({a} vs {b})")
+            };
+            outln!(
+                "reference  {reference:.6}  ({kind} of the file's nll_ref over {} rows; |loss - reference| = {diff:.1e}, {verdict})",
+                rows.len()
+            );
+            if opts.reduction == Reduction::None {
+                let got: Vec<f32> = rows.iter().map(|&i| loss[i]).collect();
+                let want: Vec<f64> = rows.iter().map(|&i| nll[i] as f64).collect();
+                let e = err_stats(&got, &want);
+                outln!(
+                    "           per-row max |loss_i - nll_ref_i| = {:.2e}",
+                    e.max_abs
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options) -> CliResult<()> {
+    let lse = res.lse.to_f32_vec();
+    if let Some(s) = summary(lse.iter().map(|&x| x as f64)) {
+        out!(
+            "lse        min {:.4}, mean {:.4}, max {:.4} (nats, {} rows)",
+            s.min,
+            s.mean,
+            s.max,
+            lse.len()
+        );
+        match (&l.ds.lse_ref, opts.softcap) {
+            (Some(r), None) => {
+                let want: Vec<f64> = r.iter().map(|&x| x as f64).collect();
+                let e = err_stats(&lse, &want);
+                outln!(
+                    "; max |lse - lse_ref| = {:.2e} (row {})",
+                    e.max_abs,
+                    e.worst
+                );
+            }
+            (Some(_), Some(_)) => outln!("; lse_ref not comparable under softcap"),
+            _ => outln!(),
+        }
+    }
+    if let Some(h) = &res.entropy {
+        if let Some(s) = summary(h.to_f32_vec().iter().map(|&x| x as f64)) {
+            outln!(
+                "entropy    min {:.4}, mean {:.4}, max {:.4} (nats, softmax entropy per row)",
+                s.min,
+                s.mean,
+                s.max
+            );
+        }
+    }
+    if let Some(am) = &res.argmax {
+        let am = am.to_i64_vec().unwrap_or_default();
+        let problem = Problem::new(
+            &t.e,
+            &t.c,
+            t.bias.as_ref().map(|b| b as &dyn TensorMeta),
+            &t.targets,
+            opts,
+        )?;
+        let prepared = PreparedTargets::new(&l.ds.targets, &problem, opts)?;
+        let (mut hit, mut valid) = (0usize, 0usize);
+        for (i, &y) in prepared.classes.iter().enumerate() {
+            if y >= 0 {
+                valid += 1;
+                hit += usize::from(am.get(i) == Some(&(y as i64)));
+            }
+        }
+        outln!(
+            "argmax     top-1 accuracy {:.2}% ({hit} of {valid} valid rows)",
+            100.0 * hit as f64 / valid.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+fn print_times_memory(l: &Loaded, t: &Tensors, res: &HostResult, call_ms: f64, backend: &str) {
+    let mut line = format!(
+        "time       load {:.1} ms, forward {:.1} ms",
+        l.load_ms, res.forward_ms
+    );
+    if let Some(b) = res.backward_ms {
+        line.push_str(&format!(", backward {b:.1} ms"));
+    }
+    line.push_str(&format!(
+        ", whole call {call_ms:.1} ms (with uploads and downloads)"
+    ));
+    outln!("{line}");
+    let ws_f = res.forward_stats.workspace_bytes;
+    let ws_b = res.backward_stats.as_ref().map_or(0, |s| s.workspace_bytes);
+    let rss = peak_rss_bytes().map_or("unknown".into(), fmt_bytes);
+    outln!("memory     peak RSS {rss} (process VmHWM); inputs {} in {}; workspace forward {}, backward {}",
+        fmt_bytes(t.bytes()),
+        t.e.dtype(),
+        fmt_bytes(ws_f),
+        fmt_bytes(ws_b),
+    );
+    if backend != "cpu" {
+        outln!("           device memory = inputs + outputs + workspace (from the backend's stats); the RSS is host memory");
+    }
+}
+
+fn print_stats(title: &str, s: &CallStats) {
+    outln!("{title}");
+    for line in s.to_string().lines() {
+        outln!("  {line}");
+    }
+}
+
+/// Bytes the f64 oracle needs: logits `N x V` plus f64 copies of inputs and gradients.
+fn oracle_bytes(t: &Tensors) -> u64 {
+    let (n, d) = (t.e.shape()[0] as u64, t.e.shape()[1] as u64);
+    let v = t.c.shape()[0] as u64;
+    8 * n * v + 16 * (n + v) * d + 64 * (n + v)
+}
+
+fn check(
+    t: &Tensors,
+    res: &HostResult,
+    opts: &Options,
+    dtype: DType,
+    backward: bool,
+) -> CliResult<()> {
+    let need = oracle_bytes(t);
+    if let Some(avail) = available_memory_bytes() {
+        if need > avail {
+            return Err(CliError::msg(format!(
+                "--check: the f64 oracle needs about {} (N x V f64 logits), only {} is available; use a smaller --n",
+                fmt_bytes(need),
+                fmt_bytes(avail)
+            )));
+        }
+    }
+    let n = t.e.shape()[0];
+    let d_loss = match opts.reduction {
+        Reduction::None => OracleDLoss::PerRow(vec![1.0; n]),
+        _ => OracleDLoss::Scalar(1.0),
+    };
+    let t0 = Instant::now();
+    let oracle = with_spinner(
+        format!("f64 oracle (materializes {})", fmt_bytes(need)),
+        || {
+            naive(
+                &t.e,
+                &t.c,
+                t.bias.as_ref(),
+                &t.targets,
+                opts,
+                &d_loss,
+                None,
+                Precision::F64,
+            )
+        },
+    )?;
+    let oracle_ms = t0.elapsed().as_secs_f64() * 1e3;
+    outln!(
+        "check      against the f64 naive oracle on the same {dtype} inputs ({oracle_ms:.0} ms)"
+    );
+    let mut table = Table::new(&[
+        "output",
+        "rel L2 error",
+        "max|err| / max|ref|",
+        "max|err|",
+        "at index",
+    ]);
+    let mut add = |name: &str, e: ErrStats| {
+        table.row(vec![
+            name.to_string(),
+            format!("{:.3e}", e.rel_l2),
+            format!("{:.3e}", e.rel_max),
+            format!("{:.3e}", e.max_abs),
+            e.worst.to_string(),
+        ]);
+    };
+    add("loss", err_stats(&res.loss.to_f32_vec(), &oracle.loss));
+    add("lse", err_stats(&res.lse.to_f32_vec(), &oracle.lse));
+    if let Some(h) = &res.entropy {
+        add("entropy", err_stats(&h.to_f32_vec(), &oracle.entropy));
+    }
+    if backward {
+        if let Some(g) = &res.d_e {
+            add("d_e", err_stats(&g.to_f32_vec(), &oracle.d_e));
+        }
+        if let Some(g) = &res.d_c {
+            add("d_c", err_stats(&g.to_f32_vec(), &oracle.d_c));
+        }
+        if let (Some(g), Some(w)) = (&res.d_bias, &oracle.d_bias) {
+            add("d_bias", err_stats(&g.to_f32_vec(), w));
+        }
+    }
+    for line in table.render().lines() {
+        outln!("  {line}");
+    }
+    if let Some(am) = &res.argmax {
+        let got = am.to_i64_vec().unwrap_or_default();
+        let diff = got
+            .iter()
+            .zip(&oracle.argmax)
+            .filter(|(a, b)| **a != **b as i64)
+            .count();
+        outln!(
+            "  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can)",
+            got.len()
+        );
+    }
+    let filtered = res
+        .backward_stats
+        .as_ref()
+        .is_some_and(|s| s.filter_eps > 0.0);
+    outln!(
+        "  {dtype} tolerance on values of order 1: {:.0e}{}",
+        dtype.tolerance(),
+        if filtered {
+            "; the filtered gradients also leave out up to max_dropped_mass of each row's probability (use --filter-eps off for the exact gradient)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+fn save_grads(
+    path: &std::path::Path,
+    res: &HostResult,
+    l: &Loaded,
+    backend: &str,
+    dtype: DType,
+) -> CliResult<()> {
+    let grads: Vec<(&str, &HostTensor)> = [
+        ("d_e", res.d_e.as_ref()),
+        ("d_c", res.d_c.as_ref()),
+        ("d_bias", res.d_bias.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(n, t)| t.map(|t| (n, t)))
+    .collect();
+    if grads.is_empty() {
+        return Err(CliError::msg(
+            "--save-grads: no gradient was computed (drop --no-d-e / --no-d-c)",
+        ));
+    }
+    let values: Vec<Vec<f32>> = grads.iter().map(|(_, t)| t.to_f32_vec()).collect();
+    let tensors: Vec<F32Tensor<'_>> = grads
+        .iter()
+        .zip(&values)
+        .map(|((name, t), v)| F32Tensor {
+            name,
+            shape: t.shape(),
+            data: v,
+        })
+        .collect();
+    let mut meta = HashMap::new();
+    meta.insert("input".to_string(), l.ds.name.clone());
+    meta.insert("backend".to_string(), backend.to_string());
+    meta.insert("dtype".to_string(), dtype.to_string());
+    meta.insert(
+        "loss".to_string(),
+        format!(
+            "{:?}",
+            res.loss.to_f32_vec().first().copied().unwrap_or(f32::NAN)
+        ),
+    );
+    cce_data::save_safetensors(path, &tensors, Some(meta))
+        .map_err(|e| CliError::from(e).context("--save-grads"))?;
+    let names: Vec<String> = grads
+        .iter()
+        .map(|(n, t)| format!("{n} {:?}", t.shape()))
+        .collect();
+    outln!(
+        "saved      {} to {} (f32 safetensors)",
+        names.join(", "),
+        path.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,645 @@
+//! End-to-end tests of the `cce` binary: the main job on the real fixture, `repro` with its
+//! plot, options and side outputs on small files, and bad input of every kind (non-zero exit,
+//! a clear `error:` message, never a panic).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use cce_data::{generate, save_dataset, save_safetensors, Dataset, F32Tensor};
+
+fn cce(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cce"))
+        .args(args)
+        .output()
+        .expect("the cce binary runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Asserts success and returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = cce(args);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cce {args:?} failed ({:?})\nstdout:\n{so}\nstderr:\n{se}",
+        out.status
+    );
+    assert!(!se.contains("panicked"), "stderr: {se}");
+    so
+}
+
+/// Asserts a clean failure whose stderr contains every one of `needles`; returns stderr.
+fn fails(args: &[&str], needles: &[&str]) -> String {
+    let out = cce(args);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        !out.status.success(),
+        "cce {args:?} should fail\nstdout:\n{so}\nstderr:\n{se}"
+    );
+    assert_ne!(out.status.code(), Some(101), "exit 101 is a panic: {se}");
+    assert!(!se.contains("panicked"), "cce {args:?} panicked:\n{se}");
+    assert!(
+        se.starts_with("error:"),
+        "stderr should start with `error:`:\n{se}"
+    );
+    for n in needles {
+        assert!(se.contains(n), "cce {args:?}: stderr lacks {n:?}:\n{se}");
+    }
+    se
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/smollm2_lce_real_1k.safetensors")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// A small generated problem (optionally with a bias), saved as f32 safetensors with i64
+/// targets.
+fn small_file(dir: &Path, bias: bool) -> PathBuf {
+    let mut ds: Dataset = generate(&"lm".parse().unwrap(), 48, 24, 700, 3).unwrap();
+    if bias {
+        ds.bias = Some((0..ds.v).map(|j| ((j % 7) as f32 - 3.0) * 0.25).collect());
+    }
+    let p = dir.join(if bias {
+        "small_bias.safetensors"
+    } else {
+        "small.safetensors"
+    });
+    save_dataset(&p, &ds).unwrap();
+    p
+}
+
+/// The relative L2 error of one output in the `--check` table.
+fn check_rel(out: &str, name: &str) -> f64 {
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("| {name} ")))
+        .unwrap_or_else(|| panic!("no check row for {name}:\n{out}"));
+    row.split('|').nth(2).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn default_run_prints_the_reference_loss() {
+    let out = ok(&["run"]);
+    let loss = out
+        .lines()
+        .find(|l| l.starts_with("loss "))
+        .unwrap_or_else(|| panic!("no loss line:\n{out}"));
+    assert!(loss.contains("2.14276"), "{loss}");
+    let reference = out
+        .lines()
+        .find(|l| l.starts_with("reference "))
+        .unwrap_or_else(|| panic!("no reference line:\n{out}"));
+    assert!(reference.contains("2.142760"), "{reference}");
+    assert!(
+        reference.contains("matches to 4 decimals: 2.1428"),
+        "{reference}"
+    );
+    for needle in [
+        "N = 1024, D = 576, V = 49152",
+        "dtype f32",
+        "max |lse - lse_ref|",
+        "peak RSS",
+        "forward call",
+        "backward call",
+        "strategy",
+        "dropped mass/row",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+}
+
+#[test]
+fn real_rows_with_check_side_outputs_and_saved_grads() {
+    let dir = tempfile::tempdir().unwrap();
+    let grads = dir.path().join("g.safetensors");
+    let out = ok(&[
+        "run",
+        "--case",
+        "real",
+        "--n",
+        "32",
+        "--entropy",
+        "--argmax",
+        "--filter-eps",
+        "off",
+        "--check",
+        "--save-grads",
+        s(&grads),
+    ]);
+    assert!(out.contains("N = 32, D = 576"), "{out}");
+    assert!(out.contains("entropy    min"), "{out}");
+    assert!(out.contains("top-1 accuracy"), "{out}");
+    assert!(out.contains("filter            off (exact)"), "{out}");
+    // Exact f32 against f64: every relative error is small.
+    for name in ["loss", "lse", "entropy", "d_e", "d_c"] {
+        let rel = check_rel(&out, name);
+        assert!(rel < 1e-4, "{name}: rel L2 {rel}\n{out}");
+    }
+    let bytes = std::fs::read(&grads).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&bytes[8..8 + header_len]);
+    assert!(
+        header.contains("\"d_e\"") && header.contains("\"d_c\""),
+        "{header}"
+    );
+    assert!(
+        header.contains("[32,576]") && header.contains("[49152,576]"),
+        "{header}"
+    );
+    assert_eq!(bytes.len(), 8 + header_len + 4 * (32 * 576 + 49152 * 576));
+}
+
+#[test]
+fn file_with_bias_every_option_and_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = small_file(dir.path(), true);
+    let grads = dir.path().join("g.safetensors");
+    let out = ok(&[
+        "run",
+        "--input",
+        s(&f),
+        "--softcap",
+        "20",
+        "--reduction",
+        "sum",
+        "--shift",
+        "1",
+        "--seq-len",
+        "16",
+        "--label-smoothing",
+        "0.1",
+        "--z-loss",
+        "1e-4",
+        "--filter-eps",
+        "1e-3",
+        "--max-dropped-mass",
+        "1e-2",
+        "--no-filter-c-grad",
+        "--deterministic",
+        "--workspace-budget-mib",
+        "64",
+        "--ignore-index",
+        "-1",
+        "--grad-dtype",
+        "f32",
+        "--check",
+        "--save-grads",
+        s(&grads),
+    ]);
+    assert!(out.contains("bias yes"), "{out}");
+    assert!(out.contains("dtype f32 (the file's)"), "{out}");
+    assert!(out.contains("softcap 20"), "{out}");
+    assert!(out.contains("shift 1, seq_len 16"), "{out}");
+    assert!(out.contains("(sum over 45 valid rows)"), "{out}");
+    assert!(out.contains("| d_bias "), "{out}");
+    assert!(
+        out.contains("saved      d_e [48, 24], d_c [700, 24], d_bias [700]"),
+        "{out}"
+    );
+    assert!(check_rel(&out, "loss") < 1e-5, "{out}");
+    assert!(check_rel(&out, "lse") < 1e-5, "{out}");
+}
+
+#[test]
+fn reduction_none_bf16_forward_only_and_generated_cases() {
+    let out = ok(&[
+        "run",
+        "--case",
+        "c/8",
+        "--n",
+        "40",
+        "--d",
+        "32",
+        "--v",
+        "300",
+        "--seed",
+        "5",
+        "--reduction",
+        "none",
+        "--dtype",
+        "bf16",
+        "--no-backward",
+    ]);
+    assert!(out.contains("c/8 N=40 D=32 V=300 seed=5"), "{out}");
+    assert!(out.contains("loss       [40] per row"), "{out}");
+    assert!(out.contains("dtype bf16 (from --dtype)"), "{out}");
+    assert!(!out.contains("backward call"), "{out}");
+    let out = ok(&[
+        "run",
+        "--case",
+        "iid:1.5",
+        "--n",
+        "16",
+        "--d",
+        "8",
+        "--v",
+        "100",
+        "--reduction",
+        "none",
+        "--filter-eps",
+        "off",
+        "--check",
+    ]);
+    assert!(check_rel(&out, "d_e") < 1e-4, "{out}");
+}
+
+/// Writes a little-endian C-order `.npy` file (format 1.0).
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let shape_s = match shape {
+        [a] => format!("({a},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn npy_input_and_its_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (n, d, v) = (6usize, 4usize, 10usize);
+    let f32s = |k: usize, scale: f32| -> Vec<u8> {
+        (0..k)
+            .flat_map(|i| (((i * 7919) % 13) as f32 * scale - 0.3).to_le_bytes())
+            .collect()
+    };
+    let e = dir.path().join("e.npy");
+    let c = dir.path().join("c.npy");
+    let t = dir.path().join("t.npy");
+    write_npy(&e, "<f4", &[n, d], &f32s(n * d, 0.1));
+    write_npy(&c, "<f4", &[v, d], &f32s(v * d, 0.05));
+    let targets: Vec<u8> = (0..n as i64)
+        .flat_map(|i| (i % v as i64).to_le_bytes())
+        .collect();
+    write_npy(&t, "<i8", &[n], &targets);
+    let out = ok(&[
+        "run",
+        "--npy-e",
+        s(&e),
+        "--npy-c",
+        s(&c),
+        "--npy-targets",
+        s(&t),
+        "--check",
+    ]);
+    assert!(out.contains("N = 6, D = 4, V = 10"), "{out}");
+
+    // c with the wrong D.
+    let c_bad = dir.path().join("c_bad.npy");
+    write_npy(&c_bad, "<f4", &[v, d + 1], &f32s(v * (d + 1), 0.05));
+    fails(
+        &[
+            "run",
+            "--npy-e",
+            s(&e),
+            "--npy-c",
+            s(&c_bad),
+            "--npy-targets",
+            s(&t),
+        ],
+        &["size mismatch"],
+    );
+    // A missing file.
+    let missing = dir.path().join("missing.npy");
+    fails(
+        &[
+            "run",
+            "--npy-e",
+            s(&missing),
+            "--npy-c",
+            s(&c),
+            "--npy-targets",
+            s(&t),
+        ],
+        &["missing.npy"],
+    );
+    // A truncated file.
+    let short = dir.path().join("short.npy");
+    let full = std::fs::read(&e).unwrap();
+    std::fs::write(&short, &full[..full.len() - 9]).unwrap();
+    fails(
+        &[
+            "run",
+            "--npy-e",
+            s(&short),
+            "--npy-c",
+            s(&c),
+            "--npy-targets",
+            s(&t),
+        ],
+        &["short.npy"],
+    );
+    // --npy-e alone.
+    fails(&["run", "--npy-e", s(&e)], &["--npy-c"]);
+}
+
+#[test]
+fn repro_at_a_tiny_size_writes_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("repro.png");
+    let out = ok(&[
+        "repro",
+        "--n",
+        "32",
+        "--d",
+        "16",
+        "--v",
+        "512",
+        "--repeats",
+        "1",
+        "--plot",
+        s(&png),
+    ]);
+    for case in ["regular", "c/8", "e/8", "c*8", "e*8", "lm"] {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("| {case} "))),
+            "no row for {case}:\n{out}"
+        );
+    }
+    assert!(out.contains("vs regular") && out.contains("1.00x"), "{out}");
+    assert!(
+        out.contains("tiles skipped") && out.contains("entropy (nats)"),
+        "{out}"
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.len() > 1000, "PNG of {} bytes", bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn repro_bad_values() {
+    fails(
+        &["repro", "--cases", "regular,nope"],
+        &["unknown distribution `nope`"],
+    );
+    fails(&["repro", "--repeats", "0"], &["--repeats"]);
+    fails(&["repro", "--n", "0"], &["--n, --d and --v must be >= 1"]);
+    fails(
+        &["repro", "--filter-eps", "2"],
+        &["invalid option filter_eps"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("no/such/dir/x.png");
+    fails(
+        &[
+            "repro",
+            "--n",
+            "8",
+            "--d",
+            "8",
+            "--v",
+            "64",
+            "--repeats",
+            "1",
+            "--cases",
+            "regular",
+            "--plot",
+            s(&png),
+        ],
+        &["--plot"],
+    );
+}
+
+#[test]
+fn missing_file() {
+    fails(
+        &["run", "--input", "/definitely/not/here.safetensors"],
+        &["I/O error", "/definitely/not/here.safetensors"],
+    );
+}
+
+#[test]
+fn missing_tensor_name() {
+    let fx = fixture();
+    fails(
+        &["run", "--input", s(&fx), "--targets-name", "labels"],
+        &["tensor `labels` not found"],
+    );
+    fails(
+        &["run", "--input", s(&fx), "--e-name", "hidden"],
+        &["tensor `hidden` not found"],
+    );
+}
+
+#[test]
+fn wrong_shapes_and_dtypes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.safetensors");
+    let e = vec![0.5f32; 4 * 8];
+    let c6 = vec![0.25f32; 16 * 6];
+    let c8 = vec![0.25f32; 16 * 8];
+    let t = vec![1.0f32; 4];
+    let t5 = vec![1.0f32; 5];
+    let write = |tensors: &[F32Tensor<'_>]| save_safetensors(&p, tensors, None).unwrap();
+    let tensor = |name, shape, data| F32Tensor { name, shape, data };
+
+    // D of E and C differ.
+    write(&[
+        tensor("E", &[4, 8], &e),
+        tensor("C", &[16, 6], &c6),
+        tensor("targets", &[4], &t),
+    ]);
+    fails(
+        &["run", "--input", s(&p)],
+        &["size mismatch", "D = 8", "D = 6"],
+    );
+    // E of rank 1.
+    write(&[
+        tensor("E", &[32], &e),
+        tensor("C", &[16, 8], &c8),
+        tensor("targets", &[4], &t),
+    ]);
+    fails(&["run", "--input", s(&p)], &["tensor `E` has shape [32]"]);
+    // Float targets.
+    write(&[
+        tensor("E", &[4, 8], &e),
+        tensor("C", &[16, 8], &c8),
+        tensor("targets", &[4], &t),
+    ]);
+    fails(
+        &["run", "--input", s(&p)],
+        &["tensor `targets` has dtype F32"],
+    );
+    // A reference of the wrong length.
+    write(&[
+        tensor("E", &[4, 8], &e),
+        tensor("C", &[16, 8], &c8),
+        tensor("lse_ref", &[5], &t5),
+    ]);
+    fails(
+        &["run", "--input", s(&p), "--targets-name", "lse_ref"],
+        &["lse_ref"],
+    );
+}
+
+#[test]
+fn out_of_range_target_and_non_finite_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ds = generate(&"randn".parse().unwrap(), 8, 4, 20, 1).unwrap();
+    ds.targets[3] = 20;
+    let p = dir.path().join("t.safetensors");
+    save_dataset(&p, &ds).unwrap();
+    fails(
+        &["run", "--input", s(&p)],
+        &["target out of range at row 3: 20 is not in [0, 20)"],
+    );
+    ds.targets[3] = 0;
+    ds.e[5] = f32::NAN;
+    save_dataset(&p, &ds).unwrap();
+    fails(&["run", "--input", s(&p)], &["non-finite value"]);
+}
+
+#[test]
+fn corrupt_and_truncated_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = std::fs::read(fixture()).unwrap();
+    let trunc = dir.path().join("trunc.safetensors");
+    std::fs::write(&trunc, &fx[..fx.len() / 3]).unwrap();
+    fails(
+        &["run", "--input", s(&trunc)],
+        &["trunc.safetensors", "corrupt or truncated"],
+    );
+    let tiny = dir.path().join("tiny.safetensors");
+    std::fs::write(&tiny, &fx[..5]).unwrap();
+    fails(&["run", "--input", s(&tiny)], &["corrupt or truncated"]);
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(
+        &junk,
+        b"this is not a safetensors file at all, not even close",
+    )
+    .unwrap();
+    fails(&["run", "--input", s(&junk)], &["corrupt or truncated"]);
+    let empty = dir.path().join("empty.safetensors");
+    std::fs::write(&empty, b"").unwrap();
+    fails(&["run", "--input", s(&empty)], &["corrupt or truncated"]);
+}
+
+#[test]
+fn bad_flag_values() {
+    fails(
+        &["run", "--reduction", "foo"],
+        &["'foo'", "--reduction", "unknown reduction"],
+    );
+    fails(
+        &["run", "--filter-eps", "-1"],
+        &["invalid option filter_eps", "(0, 1]"],
+    );
+    fails(&["run", "--filter-eps", "abc"], &["filter_eps 'abc'"]);
+    fails(
+        &["run", "--backend", "nope"],
+        &["'nope'", "--backend", "cpu"],
+    );
+    fails(&["run", "--dtype", "f8"], &["'f8'", "--dtype"]);
+    fails(
+        &["run", "--label-smoothing", "1.5"],
+        &["invalid option label_smoothing"],
+    );
+    fails(&["run", "--z-loss", "-1"], &["invalid option z_loss"]);
+    fails(&["run", "--softcap", "0"], &["invalid option softcap"]);
+    fails(
+        &["run", "--max-dropped-mass", "2"],
+        &["invalid option max_dropped_mass"],
+    );
+    fails(&["run", "--seq-len", "0"], &["invalid option seq_len"]);
+    fails(&["run", "--case", "nope"], &["unknown distribution `nope`"]);
+    fails(&["run", "--n", "5000"], &["--n 5000", "1024 rows"]);
+    fails(&["run", "--case", "real", "--v", "10"], &["--d and --v"]);
+    fails(&["run", "--d", "10"], &["--case"]);
+    fails(
+        &[
+            "run", "--case", "randn", "--n", "8", "--d", "0", "--v", "10",
+        ],
+        &["D and V must be >= 1"],
+    );
+    fails(
+        &[
+            "run", "--case", "iid:50", "--n", "8", "--d", "4", "--v", "10",
+        ],
+        &["iid entropy"],
+    );
+    fails(&["run", "--seq-len", "1000"], &["seq_len"]);
+    fails(
+        &["run", "--no-backward", "--save-grads", "x.safetensors"],
+        &["--save-grads"],
+    );
+    fails(
+        &["run", "--input", "a.safetensors", "--case", "lm"],
+        &["--case"],
+    );
+    if !cfg!(feature = "cuda") {
+        fails(&["run", "--backend", "cuda"], &["--features cuda"]);
+    }
+    if !cfg!(feature = "wgpu") {
+        fails(&["repro", "--backend", "wgpu"], &["--features wgpu"]);
+    }
+}
+
+#[test]
+fn unwritable_save_grads() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = small_file(dir.path(), false);
+    let g = dir.path().join("no/such/dir/g.safetensors");
+    fails(
+        &["run", "--input", s(&f), "--save-grads", s(&g)],
+        &["--save-grads", "I/O error"],
+    );
+    fails(
+        &[
+            "run",
+            "--input",
+            s(&f),
+            "--no-d-e",
+            "--no-d-c",
+            "--save-grads",
+            s(&g),
+        ],
+        &["no gradient was computed"],
+    );
+}
+
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cce"))
+        .args([
+            "repro",
+            "--n",
+            "16",
+            "--d",
+            "16",
+            "--v",
+            "256",
+            "--repeats",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let se = text(&out.stderr);
+    assert!(out.status.success(), "{se}");
+    assert!(!se.contains("panicked"), "{se}");
+}
