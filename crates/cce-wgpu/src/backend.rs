@@ -28,6 +28,11 @@ pub struct KernelConfig {
     /// Workgroups a pass aims to launch (the split count along the other dimension follows).
     /// Default 2048 on GPUs, 8 on CPU adapters.
     pub target_workgroups: u32,
+    /// Upper bound on the loop iterations (all loops together) one shader invocation runs,
+    /// 0 for none. llvmpipe/lavapipe silently cuts an invocation's loops short after 65535
+    /// iterations (gallivm's loop limiter), so on CPU adapters the work of a workgroup is
+    /// bounded and split over more workgroups. Default 32768 on CPU adapters, 0 on GPUs.
+    pub max_loop_iterations: u32,
 }
 
 impl KernelConfig {
@@ -88,9 +93,11 @@ fn u32c(x: usize, what: &str) -> Result<u32> {
 
 /// Splits of a chunk of `n_tiles` tiles into at most `want` contiguous pieces:
 /// `(tiles per split, splits)`.
-fn split(n_tiles: usize, want: usize) -> (usize, usize) {
+/// Splits of a chunk of `n_tiles` tiles into at most `want` contiguous pieces of at most
+/// `cap` tiles (the cap wins): `(tiles per split, splits)`.
+fn split(n_tiles: usize, want: usize, cap: usize) -> (usize, usize) {
     let want = want.clamp(1, n_tiles.max(1));
-    let per = n_tiles.div_ceil(want).max(1);
+    let per = n_tiles.div_ceil(want).clamp(1, cap.max(1));
     (per, n_tiles.div_ceil(per).max(1))
 }
 
@@ -116,6 +123,7 @@ impl WgpuBackend {
             wg: 8,
             tk: 16,
             target_workgroups: if cpu { 8 } else { 2048 },
+            max_loop_iterations: if cpu { 32768 } else { 0 },
         };
         Self::check_cfg(&ctx, &cfg)?;
         Ok(Self { ctx, cfg })
@@ -200,6 +208,53 @@ impl WgpuBackend {
 
     fn t(&self) -> usize {
         self.cfg.tile()
+    }
+
+    /// Most tiles one workgroup may walk when each costs `iters` loop iterations per thread.
+    fn cap_tiles(&self, iters: usize) -> usize {
+        match self.cfg.max_loop_iterations {
+            0 => usize::MAX,
+            m => (m as usize / iters.max(1)).max(1),
+        }
+    }
+
+    /// Loop iterations per thread of one depth step of the logits tile (two staging loops,
+    /// the TK-step product, the step itself).
+    fn step_iters(&self) -> usize {
+        let t = self.t();
+        let wg2 = (self.cfg.wg * self.cfg.wg) as usize;
+        let tk = self.cfg.tk as usize;
+        2 * (tk * t).div_ceil(wg2) + tk + 1
+    }
+
+    /// Loop iterations per thread of one forward / threshold tile.
+    fn fwd_iters(&self, d: usize) -> usize {
+        d.div_ceil(self.cfg.tk as usize) * self.step_iters() + 256
+    }
+
+    /// Loop iterations per thread of one backward tile (logits, G, the d_e or d_c product).
+    fn bwd_iters(&self, d: usize) -> usize {
+        let t = self.t();
+        let tk = self.cfg.tk as usize;
+        let slices = d.div_ceil(t);
+        let per_slice = t.div_ceil(tk) * (self.step_iters() - tk) + t.div_ceil(tk) * tk + 128;
+        self.fwd_iters(d) + slices * per_slice + 128
+    }
+
+    /// `Unsupported` when one tile alone exceeds the adapter's loop budget.
+    fn check_iters(&self, d: usize) -> Result<()> {
+        let m = self.cfg.max_loop_iterations as usize;
+        if m > 0 && self.bwd_iters(d) > 65535 {
+            return Err(CceError::Unsupported {
+                backend: BACKEND,
+                what: format!(
+                    "D = {d} on {} (one tile needs {} loop iterations, over the driver's 65535)",
+                    self.ctx.info.name,
+                    self.bwd_iters(d)
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Record one dispatch: binding 0 = `params`, then `binds` in order.
@@ -290,6 +345,7 @@ impl WgpuBackend {
             .ctx
             .upload_bytes(bytemuck::cast_slice(&prepared.classes), "targets")?;
         let plan = Plan::new(&problem, opts, &self.limits())?;
+        self.check_iters(problem.d)?;
         Ok(Prepared {
             problem,
             plan,
@@ -357,8 +413,9 @@ impl WgpuBackend {
         loop {
             let mut out = Vec::new();
             let mut base = 0;
+            let cap = self.cap_tiles(self.fwd_iters(plan.problem.d));
             for cc in &plan.class_chunks {
-                let (per, n) = split(tiles(cc.len(), t), want);
+                let (per, n) = split(tiles(cc.len(), t), want, cap);
                 out.push((per, n, base));
                 base += n;
             }
@@ -366,7 +423,7 @@ impl WgpuBackend {
             if bytes <= self.ctx.max_binding() {
                 return Ok((out, base));
             }
-            if want == 1 {
+            if want == 1 || out.iter().all(|x| x.1 == 1) {
                 return Err(CceError::ResourceLimit {
                     resource: "bytes of the forward partials of one row chunk".into(),
                     requested: bytes,
@@ -671,15 +728,27 @@ impl WgpuBackend {
                 .min(fit as usize)
                 .max(1)
         };
-        // Counter slots: every workgroup of the d_e and d_c passes.
+        // Splits per chunk (capped per workgroup), slabs, and counter slots: every workgroup of
+        // the d_e and d_c passes.
+        let bcap = self.cap_tiles(self.bwd_iters(d));
+        let de_splits: Vec<(usize, usize)> = plan
+            .class_chunks
+            .iter()
+            .map(|cc| split(tiles(cc.len(), t), de_split, bcap))
+            .collect();
+        let dc_splits: Vec<(usize, usize)> = plan
+            .row_chunks
+            .iter()
+            .map(|rc| split(tiles(rc.len(), t), dc_split, bcap))
+            .collect();
+        let de_slabs = de_splits.iter().map(|x| x.1).max().unwrap_or(1);
+        let dc_slabs = dc_splits.iter().map(|x| x.1).max().unwrap_or(1);
         let mut de_slots = 0usize;
         let mut dc_slots = 0usize;
-        for rc in &plan.row_chunks {
-            for cc in &plan.class_chunks {
-                let (_, ns) = split(tiles(cc.len(), t), de_split);
-                de_slots += ns * tiles(rc.len(), t);
-                let (_, ns) = split(tiles(rc.len(), t), dc_split);
-                dc_slots += ns * tiles(cc.len(), t);
+        for (ri, rc) in plan.row_chunks.iter().enumerate() {
+            for (ci, cc) in plan.class_chunks.iter().enumerate() {
+                de_slots += de_splits[ci].1 * tiles(rc.len(), t);
+                dc_slots += dc_splits[ri].1 * tiles(cc.len(), t);
             }
         }
         let n_slots = (if want_de { de_slots } else { 0 }) + (if want_dc { dc_slots } else { 0 });
@@ -823,9 +892,20 @@ impl WgpuBackend {
                     );
                 }
             }
-            // Column sums for analytic label smoothing.
+            // Column sums for analytic label smoothing, over pieces of at most `piece` rows
+            // (one loop iteration per row in the shader).
+            let piece = match self.cfg.max_loop_iterations {
+                0 => usize::MAX,
+                m => (m as usize / 2 / t * t).max(t),
+            };
+            let pieces = |r: &Range<usize>| -> Vec<Range<usize>> {
+                (r.start..r.end)
+                    .step_by(piece.min(r.len()).max(1))
+                    .map(|s| s..(s + piece).min(r.end))
+                    .collect()
+            };
             if let Some(cs) = &csum {
-                for cc in &plan.class_chunks {
+                for cc in plan.class_chunks.iter().flat_map(pieces) {
                     let (c_b, c_off) = ctx.range(
                         &inputs.c.buffer,
                         (cc.start * d) as u64,
@@ -849,7 +929,7 @@ impl WgpuBackend {
                 }
             }
             if let Some(es_buf) = &esum {
-                for rc in &plan.row_chunks {
+                for rc in plan.row_chunks.iter().flat_map(pieces) {
                     let rows = rc.len();
                     let (e_b, e_off) = ctx.range(
                         &inputs.e.buffer,
@@ -883,7 +963,7 @@ impl WgpuBackend {
         // 2. d_e, row-owned.
         if let Some(d_e) = &d_e {
             let slab_stride = max_rc * d;
-            let slab = ctx.raw_buffer((de_split * slab_stride * 4) as u64, "d_e slabs")?;
+            let slab = ctx.raw_buffer((de_slabs * slab_stride * 4) as u64, "d_e slabs")?;
             workspace += slab.size();
             let mut f = base.flags;
             if filter_e {
@@ -901,7 +981,7 @@ impl WgpuBackend {
                 )?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
-                for cc in &plan.class_chunks {
+                for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) = ctx.range(
                         &inputs.c.buffer,
                         (cc.start * d) as u64,
@@ -912,7 +992,7 @@ impl WgpuBackend {
                         Some(b) => ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
                     };
-                    let (per, ns) = split(tiles(cc.len(), t), de_split);
+                    let (per, ns) = de_splits[ci];
                     let prm = Params {
                         n_rows: rows as u32,
                         n_cls: cc.len() as u32,
@@ -959,7 +1039,7 @@ impl WgpuBackend {
                     n_rows: rows as u32,
                     d: d as u32,
                     n_units: u32c(rows * d, "elements of a chunk")?,
-                    n_slabs: de_split as u32,
+                    n_slabs: de_slabs as u32,
                     slab_stride: u32c(rows * d, "slab stride")?,
                     out_off: o_off,
                     flags: ff,
@@ -990,8 +1070,8 @@ impl WgpuBackend {
         // 3. d_c and d_bias, class-owned.
         if let Some(d_c) = &d_c {
             let slab_stride = max_cc * d;
-            let slab = ctx.raw_buffer((dc_split * slab_stride * 4) as u64, "d_c slabs")?;
-            let bslab = ctx.raw_buffer((dc_split * max_cc * 4) as u64, "d_bias slabs")?;
+            let slab = ctx.raw_buffer((dc_slabs * slab_stride * 4) as u64, "d_c slabs")?;
+            let bslab = ctx.raw_buffer((dc_slabs * max_cc * 4) as u64, "d_bias slabs")?;
             workspace += slab.size() + bslab.size();
             let mut f = base.flags;
             if filter_c {
@@ -1015,7 +1095,7 @@ impl WgpuBackend {
                     Some(b) => ctx.range(&b.buffer, cc.start as u64, ncls as u64, es)?,
                     None => (ctx.whole(&ctx.dummy)?, 0),
                 };
-                for rc in &plan.row_chunks {
+                for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
                     let (e_b, e_off) = ctx.range(
                         &inputs.e.buffer,
@@ -1025,7 +1105,7 @@ impl WgpuBackend {
                     )?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
-                    let (per, ns) = split(tiles(rows, t), dc_split);
+                    let (per, ns) = dc_splits[ri];
                     let prm = Params {
                         n_rows: rows as u32,
                         n_cls: ncls as u32,
@@ -1072,7 +1152,7 @@ impl WgpuBackend {
                 let prm = Params {
                     d: d as u32,
                     n_units: u32c(ncls * d, "elements of a chunk")?,
-                    n_slabs: dc_split as u32,
+                    n_slabs: dc_slabs as u32,
                     slab_stride: u32c(ncls * d, "slab stride")?,
                     out_off: o_off,
                     flags: ff,
@@ -1102,7 +1182,7 @@ impl WgpuBackend {
                         d: 1,
                         e_off: d as u32,
                         n_units: ncls as u32,
-                        n_slabs: dc_split as u32,
+                        n_slabs: dc_slabs as u32,
                         slab_stride: ncls as u32,
                         out_off: o_off,
                         flags: ff,

@@ -86,6 +86,8 @@ struct Case {
     /// Targets drawn from the first `k` classes, and a bias of −20 on every other class (a
     /// crude unigram prior: whole class tiles become skippable).
     hot_classes: Option<usize>,
+    /// Run with this `KernelConfig::target_workgroups` (few workgroups, long loops).
+    workgroups: Option<u32>,
 }
 
 impl Case {
@@ -111,6 +113,7 @@ impl Case {
             seq: None,
             expect_skips: false,
             hot_classes: None,
+            workgroups: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -176,6 +179,19 @@ fn f64s(b: &WgpuBackend, t: &cce_wgpu::WgpuTensor) -> Vec<f64> {
 
 /// Run one case through forward and backward and judge every output.
 fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
+    let owned;
+    let b = match case.workgroups {
+        Some(w) => {
+            owned = b
+                .with_config(cce_wgpu::KernelConfig {
+                    target_workgroups: w,
+                    ..b.config()
+                })
+                .unwrap();
+            &owned
+        }
+        None => b,
+    };
     let mut rng = Rng::new(seed);
     let (n, d, v, dt) = (case.n, case.d, case.v, case.dtype);
     let e_shape = match case.seq {
@@ -382,6 +398,12 @@ fn hostile_shapes() {
         Case::new("V mod 128 = 127", 33, 19, 255, BF16),
         Case::new("D > 256 with bias", 70, 300, 150, F32).with(|c| c.bias = true),
         Case::new("3-D e [B, T, D]", 48, 24, 100, F32).with(|c| c.seq = Some(12)),
+        // One workgroup would loop over 375 tiles: past lavapipe's 65535-iteration loop
+        // limiter unless the backend splits the work (KernelConfig::max_loop_iterations).
+        Case::new("long loops, 1 workgroup", 64, 64, 24000, F32).with(|c| {
+            c.workgroups = Some(1);
+            c.opts.label_smoothing = 0.1;
+        }),
     ]);
 }
 
