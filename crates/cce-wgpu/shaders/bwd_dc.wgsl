@@ -2,9 +2,10 @@
 //
 // Parameters
 //   bindings 0-3: see gemm.wgsl; 4-7: see grad.wgsl.
-//   `slab`  [n_slabs, n_cls, D] f32: slab `split` holds Σ over the split's row tiles of
-//           G_tileᵀ · E_tile for the classes of the chunk (read-modify-write, one owner).
-//   binding 8 `bslab` [n_slabs, n_cls] f32, read_write: Σ_i G_ij over the split's rows.
+//   `slab`  [n_slabs, n_cls, D] f32: slab w accumulates, for the classes of the chunk, Σ over
+//           the row tiles of the splits run in workgroup column w (split split_base + w of
+//           each wave) of G_tileᵀ · E_tile (read-modify-write, one owner per dispatch).
+//   binding 8 `bslab` [n_slabs, n_cls] f32, read_write: Σ_i G_ij likewise.
 // Tiling
 //   Grid (splits, class tiles of the chunk). Split `s` covers row tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the row chunk. Per kept tile: logits tile (same gemm
@@ -28,7 +29,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t4 = 2u * WG;
     let tx = lid.x;
     let ty = lid.y;
-    let split = wid.x;
+    // Tiles of split `split`; its accumulators are slab `wid.x` (splits run in waves of
+    // at most n_slabs workgroup columns).
+    let split = P.split_base + wid.x;
     let c_base = wid.y * t;
     let n_rt = (P.n_rows + t - 1u) / t;
     let rt0 = split * P.split_tiles;
@@ -91,7 +94,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 if j >= P.n_cls {
                     continue;
                 }
-                let row = split * P.slab_stride + j * P.d;
+                let row = wid.x * P.slab_stride + j * P.d;
                 for (var jj = 0u; jj < 8u; jj++) {
                     let d = d0 + tx * 8u + jj;
                     if d < P.d {
@@ -113,7 +116,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var k = 0u; k < WG; k++) {
                 s += bred[jl * WG + k];
             }
-            bslab[split * P.n_cls + j] += s;
+            bslab[wid.x * P.n_cls + j] += s;
         }
     }
     flush_counters(li, kept_tiles, skipped_tiles, kept_e, skipped_e,

@@ -2,8 +2,9 @@
 //
 // Parameters
 //   bindings 0-3: see gemm.wgsl; 4-7: see grad.wgsl.
-//   `slab` [n_slabs, n_rows, D] f32: slab `split` holds Σ over the split's class tiles of
-//          G_tile · C_tile for the rows of the chunk (read-modify-write, one owner per element).
+//   `slab` [n_slabs, n_rows, D] f32: slab w accumulates, for the rows of the chunk, Σ over the
+//          class tiles of the splits run in workgroup column w (split split_base + w of each
+//          wave) of G_tile · C_tile (read-modify-write, one owner per element per dispatch).
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the class chunk. Per kept tile: logits tile (gemm),
@@ -22,7 +23,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t4 = 2u * WG;
     let tx = lid.x;
     let ty = lid.y;
-    let split = wid.x;
+    // Tiles of split `split`; its accumulators are slab `wid.x` (splits run in waves of
+    // at most n_slabs workgroup columns).
+    let split = P.split_base + wid.x;
     let r_base = wid.y * t;
     let n_ct = (P.n_cls + t - 1u) / t;
     let ct0 = split * P.split_tiles;
@@ -77,7 +80,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 if r >= P.n_rows {
                     continue;
                 }
-                let row = split * P.slab_stride + r * P.d;
+                let row = wid.x * P.slab_stride + r * P.d;
                 for (var jj = 0u; jj < 8u; jj++) {
                     let d = d0 + tx * 8u + jj;
                     if d < P.d {

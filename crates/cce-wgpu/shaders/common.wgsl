@@ -34,7 +34,7 @@ struct Params {
     out_off: u32,     // element offset of the first output element in the out binding
     delta_fixed: u32, // max_dropped_mass in 2^-30 units
     n_units: u32,     // work items of a 1-D dispatch
-    pad0: u32,
+    split_base: u32,  // split index of the dispatch's first workgroup column (backward waves)
     softcap: f32,     // softcap s (FLAG_SOFTCAP)
     ls_alpha: f32,    // label smoothing alpha
     z_loss: f32,      // z-loss weight lambda

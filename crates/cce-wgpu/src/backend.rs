@@ -741,8 +741,19 @@ impl WgpuBackend {
             .iter()
             .map(|rc| split(tiles(rc.len(), t), dc_split, bcap))
             .collect();
-        let de_slabs = de_splits.iter().map(|x| x.1).max().unwrap_or(1);
-        let dc_slabs = dc_splits.iter().map(|x| x.1).max().unwrap_or(1);
+        // Slabs: at most the budgeted split count; more splits run in waves over the same slabs.
+        let de_slabs = de_splits
+            .iter()
+            .map(|x| x.1)
+            .max()
+            .unwrap_or(1)
+            .min(de_split);
+        let dc_slabs = dc_splits
+            .iter()
+            .map(|x| x.1)
+            .max()
+            .unwrap_or(1)
+            .min(dc_split);
         let mut de_slots = 0usize;
         let mut dc_slots = 0usize;
         for (ri, rc) in plan.row_chunks.iter().enumerate() {
@@ -993,37 +1004,41 @@ impl WgpuBackend {
                         None => (ctx.whole(&ctx.dummy)?, 0),
                     };
                     let (per, ns) = de_splits[ci];
-                    let prm = Params {
-                        n_rows: rows as u32,
-                        n_cls: cc.len() as u32,
-                        row0: rc.start as u32,
-                        cls0: cc.start as u32,
-                        e_off,
-                        c_off,
-                        b_off,
-                        flags: f,
-                        split_tiles: per as u32,
-                        slot_base: u32c(slot, "counter slots")?,
-                        slab_stride: u32c(rows * d, "slab stride")?,
-                        ..base
-                    };
-                    slot += ns * tiles(rows, t);
-                    self.run(
-                        &mut pass,
-                        ShaderKind::BwdDe,
-                        dt,
-                        &prm,
-                        &[
-                            e_b,
-                            c_b,
-                            b_b,
-                            rs_b,
-                            ctx.whole(&slab)?,
-                            dr_b,
-                            ctx.whole(&counters)?,
-                        ],
-                        [ns as u32, tiles(rows, t) as u32, 1],
-                    );
+                    for w0 in (0..ns).step_by(de_slabs) {
+                        let nw = de_slabs.min(ns - w0);
+                        let prm = Params {
+                            n_rows: rows as u32,
+                            n_cls: cc.len() as u32,
+                            row0: rc.start as u32,
+                            cls0: cc.start as u32,
+                            e_off,
+                            c_off,
+                            b_off,
+                            flags: f,
+                            split_tiles: per as u32,
+                            split_base: w0 as u32,
+                            slot_base: u32c(slot, "counter slots")?,
+                            slab_stride: u32c(rows * d, "slab stride")?,
+                            ..base
+                        };
+                        slot += nw * tiles(rows, t);
+                        self.run(
+                            &mut pass,
+                            ShaderKind::BwdDe,
+                            dt,
+                            &prm,
+                            &[
+                                e_b,
+                                c_b,
+                                b_b,
+                                rs_b,
+                                ctx.whole(&slab)?,
+                                dr_b,
+                                ctx.whole(&counters)?,
+                            ],
+                            [nw as u32, tiles(rows, t) as u32, 1],
+                        );
+                    }
                 }
                 let (o_b, o_off) = ctx.range(
                     &d_e.buffer,
@@ -1106,38 +1121,42 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
-                    let prm = Params {
-                        n_rows: rows as u32,
-                        n_cls: ncls as u32,
-                        row0: rc.start as u32,
-                        cls0: cc.start as u32,
-                        e_off,
-                        c_off,
-                        b_off,
-                        flags: f,
-                        split_tiles: per as u32,
-                        slot_base: u32c(slot, "counter slots")?,
-                        slab_stride: u32c(ncls * d, "slab stride")?,
-                        ..base
-                    };
-                    slot += ns * tiles(ncls, t);
-                    self.run(
-                        &mut pass,
-                        ShaderKind::BwdDc,
-                        dt,
-                        &prm,
-                        &[
-                            e_b,
-                            c_b,
-                            b_b,
-                            rs_b,
-                            ctx.whole(&slab)?,
-                            dr_b,
-                            ctx.whole(&counters)?,
-                            ctx.whole(&bslab)?,
-                        ],
-                        [ns as u32, tiles(ncls, t) as u32, 1],
-                    );
+                    for w0 in (0..ns).step_by(dc_slabs) {
+                        let nw = dc_slabs.min(ns - w0);
+                        let prm = Params {
+                            n_rows: rows as u32,
+                            n_cls: ncls as u32,
+                            row0: rc.start as u32,
+                            cls0: cc.start as u32,
+                            e_off,
+                            c_off,
+                            b_off,
+                            flags: f,
+                            split_tiles: per as u32,
+                            split_base: w0 as u32,
+                            slot_base: u32c(slot, "counter slots")?,
+                            slab_stride: u32c(ncls * d, "slab stride")?,
+                            ..base
+                        };
+                        slot += nw * tiles(ncls, t);
+                        self.run(
+                            &mut pass,
+                            ShaderKind::BwdDc,
+                            dt,
+                            &prm,
+                            &[
+                                e_b,
+                                c_b,
+                                b_b,
+                                rs_b,
+                                ctx.whole(&slab)?,
+                                dr_b,
+                                ctx.whole(&counters)?,
+                                ctx.whole(&bslab)?,
+                            ],
+                            [nw as u32, tiles(ncls, t) as u32, 1],
+                        );
+                    }
                 }
                 let osz = out_dtype.size_bytes() as u64;
                 let units = |k: usize| if out_dt == 0 { k } else { k.div_ceil(2) };

@@ -222,11 +222,23 @@ impl Context {
             });
         }
         self.wait()?;
-        match result.lock().unwrap().take() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => return Err(backend_err(format!("map_async: {e}"))),
-            None => return Err(backend_err("map_async did not complete")),
-        }
+        // Another thread's poll may have picked up the completion and be about to run our
+        // callback: poll until it has run.
+        let start = std::time::Instant::now();
+        let outcome = loop {
+            if let Some(r) = result.lock().unwrap().take() {
+                break r;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(600) {
+                return Err(backend_err("map_async did not complete within 600 s"));
+            }
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| backend_err(format!("poll: {e}")))?;
+            self.check_lost()?;
+            std::thread::yield_now();
+        };
+        outcome.map_err(|e| backend_err(format!("map_async: {e}")))?;
         let view = staging
             .get_mapped_range(..)
             .map_err(|e| backend_err(format!("get_mapped_range: {e}")))?;

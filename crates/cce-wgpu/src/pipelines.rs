@@ -157,7 +157,7 @@ pub struct Params {
     pub out_off: u32,
     pub delta_fixed: u32,
     pub n_units: u32,
-    pub pad0: u32,
+    pub split_base: u32,
     pub softcap: f32,
     pub ls_alpha: f32,
     pub z_loss: f32,
