@@ -594,6 +594,17 @@ impl Backend for CpuBackend {
                 d_bias.iter_mut().for_each(|b| *b -= a * gsum);
             }
         }
+        // A NaN/Inf input with a finite saved lse surfaces in the gradients: name the input.
+        if opts.check_finite {
+            let bad = d_e
+                .iter()
+                .chain(&d_c)
+                .chain(&d_bias)
+                .any(|x| !x.is_finite());
+            if bad {
+                return Err(locate_non_finite(&p, 0));
+            }
+        }
         let filtered_passes = rule.filter_e_grad as u64 + rule.filter_c_grad as u64;
         let mut stats = base_stats(&p, opts);
         stats.tiles_visited = kept_tiles * filtered_passes;
@@ -833,7 +844,7 @@ fn locate_non_finite(p: &Prepared, row: usize) -> CceError {
         .or_else(|| scan("c", &p.c, d))
         .or_else(|| p.bias.as_ref().and_then(|b| scan("bias", b, 1)))
         .unwrap_or(CceError::NonFinite {
-            what: "lse (overflow)",
+            what: "lse or gradients (overflow)",
             index: row,
             row,
             value: f32::INFINITY,

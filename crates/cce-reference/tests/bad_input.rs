@@ -340,3 +340,49 @@ fn backward_checks_lse_and_upstream_shapes() {
         "{r:?}"
     );
 }
+
+#[test]
+fn backward_names_a_non_finite_input_even_with_a_finite_lse() {
+    let y = HostTensor::from_i64(vec![1; 4]);
+    let c = t(&[10, 8], DType::F32, 2.0);
+    let e_ok = t(&[4, 8], DType::F32, 1.0);
+    let be = CpuBackend::new();
+    let lse = be
+        .forward(
+            &Inputs {
+                e: &e_ok,
+                c: &c,
+                bias: None,
+                targets: &y,
+            },
+            &Options::default(),
+        )
+        .unwrap()
+        .lse;
+    let mut ev = e_ok.to_f32_vec();
+    ev[5] = f32::NEG_INFINITY;
+    let e = HostTensor::from_f32(vec![4, 8], &ev, DType::F32).unwrap();
+    let r = be.backward(
+        &Inputs {
+            e: &e,
+            c: &c,
+            bias: None,
+            targets: &y,
+        },
+        &Options::default(),
+        &lse,
+        &Upstream::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(CceError::NonFinite {
+                what: "e",
+                index: 5,
+                row: 0,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+}
