@@ -629,7 +629,15 @@ impl WgpuBackend {
             Ok(())
         };
         check_rows(lse, "lse")?;
+        let bad_dloss = |what: &str| CceError::ShapeMismatch {
+            what: "d_loss",
+            expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
+            got: format!("{what} with reduction {:?}", opts.reduction),
+        };
         let (g_scalar, dloss_rows) = match upstream.d_loss {
+            DLoss::Scalar(_) if opts.reduction == Reduction::None => {
+                return Err(bad_dloss("scalar"));
+            }
             DLoss::Scalar(g) => {
                 let g = match opts.reduction {
                     Reduction::Mean if prep.n_valid > 0 => g / prep.n_valid as f32,
@@ -638,13 +646,10 @@ impl WgpuBackend {
                 };
                 (g, None)
             }
+            DLoss::PerRow(_) if opts.reduction != Reduction::None => {
+                return Err(bad_dloss("per-row tensor"));
+            }
             DLoss::PerRow(b) => {
-                if opts.reduction != Reduction::None {
-                    return Err(CceError::InvalidOption {
-                        name: "d_loss",
-                        reason: "a per-row upstream gradient needs Reduction::None".into(),
-                    });
-                }
                 check_rows(b, "d_loss")?;
                 (0.0, Some(b))
             }
