@@ -163,8 +163,12 @@ fn main() {
             let (e, c, yt) = if data == "randn" || data == "c/8" {
                 // Cheap inputs straight in the benchmark dtype (no f32 copy of c kept).
                 let c_scale = if data == "c/8" { 0.125 } else { 1.0 };
-                let e = normals(n * d, 1.0, args.dtype, 1).reshape(vec![n, d]).unwrap();
-                let c = normals(v * d, c_scale, args.dtype, 2).reshape(vec![v, d]).unwrap();
+                let e = normals(n * d, 1.0, args.dtype, 1)
+                    .reshape(vec![n, d])
+                    .unwrap();
+                let c = normals(v * d, c_scale, args.dtype, 2)
+                    .reshape(vec![v, d])
+                    .unwrap();
                 let mut y = 0x1234_5678u64;
                 let targets: Vec<i32> = (0..n)
                     .map(|_| {
@@ -174,7 +178,11 @@ fn main() {
                         (y % v as u64) as i32
                     })
                     .collect();
-                (e, c, HostTensor::new(vec![n], HostData::I32(targets)).unwrap())
+                (
+                    e,
+                    c,
+                    HostTensor::new(vec![n], HostData::I32(targets)).unwrap(),
+                )
             } else {
                 // cce-data generators (lm, iid, e*8, ...): targets sampled from the softmax on
                 // the CPU (one N x V x D pass).
