@@ -1,1 +1,44 @@
-//! placeholder
+//! # cce-wgpu: cut cross-entropy on any GPU that speaks Vulkan, Metal or DX12
+//!
+//! A [`cce_core::Backend`] written as WGSL compute shaders on wgpu 30: the loss of an LM head,
+//! `CE(E·Cᵀ (+ bias, softcap), targets)`, and its gradients `d_e = G·C`, `d_c = Gᵀ·E`,
+//! `d_bias = Σ_i G`, without materializing the `N x V` logits (Wijmans et al.,
+//! arXiv 2411.09009; the formulas are in the `cce_core` crate docs and MATH.md).
+//!
+//! | concept | here |
+//! |---|---|
+//! | device buffer | [`WgpuTensor`]: one `wgpu::Buffer` + dtype + shape |
+//! | device, queue, pipelines | one context per [`WgpuBackend`], built once, shared by clones |
+//! | tile shape | [`KernelConfig`] → WGSL `override` constants `WG`, `TK` |
+//! | dtype | WGSL `override DTYPE`: f32, f16 and bf16 all stored as `array<u32>` |
+//! | errors | wgpu error scopes → `CceError::{OutOfMemory, Backend}`; no adapter → `NoDevice` |
+//!
+//! ## Passes (strategy `TileOwnership` of [`cce_core::plan`])
+//! 1. `fwd_partial` + `fwd_merge` (+ `loss_reduce`): online log-sum-exp over class tiles, one
+//!    partial per (row, split), merged in fixed order; loss, entropy, argmax.
+//! 2. `bwd_prep`: per-row coefficients of `G`; with the filter on, `bwd_hist` + `bwd_tau`
+//!    build each row's histogram of `g0 = |p − onehot|` with u32 atomics and derive `τ_i`
+//!    ([`cce_core::FilterRule`]).
+//! 3. `bwd_de` (row-owned) and `bwd_dc` (class-owned): recompute the logits tile, form `G`,
+//!    skip the tile when every entry of an active row has `g0 < τ_i`, accumulate in f32 slabs
+//!    owned by one workgroup each (no float atomics), then `finalize` sums the slabs, adds the
+//!    analytic label-smoothing term and rounds once to the output dtype.
+//!
+//! Work is cut into row and class chunks by the plan so that no binding exceeds the adapter's
+//! `max_storage_buffer_binding_size`. Results are deterministic for a given device and config.
+//!
+//! ## dtypes
+//! f32, f16 and bf16 inputs are read as packed u32 words (`unpack2x16float` for f16, shifts
+//! for bf16), so neither `SHADER_F16` nor a bf16 type is required; logits and every
+//! accumulation are f32. Gradients come back in the input dtype (or f32 per
+//! `Options::grad_dtype`), rounded to nearest even.
+
+mod backend;
+mod buffers;
+mod context;
+mod pipelines;
+
+pub use backend::{KernelConfig, WgpuBackend};
+pub use buffers::WgpuTensor;
+pub use context::WgpuError;
+pub use pipelines::ShaderKind;

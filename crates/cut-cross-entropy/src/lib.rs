@@ -188,7 +188,7 @@ pub fn backend_by_name(name: &str) -> Result<Box<dyn HostBackend>> {
             }
             Ok(Box::new(CpuBackend::new()))
         }
-        // Reached only for the backends not compiled in.
+        // Reached for the backends not compiled in (unreachable when all features are on).
         #[allow(unreachable_patterns)]
         "cuda" | "wgpu" => Err(CceError::Unsupported {
             backend: "cut-cross-entropy",

@@ -1,0 +1,341 @@
+//! Benchmark of the wgpu backend: forward and forward+backward at named shapes and data
+//! distributions (CASES.md), as wall time (synchronized) and achieved TFLOP/s against the fp32
+//! FMA peak of the device (`--peak-tflops`, default 67 for the H200).
+//!
+//! ```text
+//! cce-bench-wgpu [--shapes gemma2,seed] [--data c/8,randn,lm] [--reps 3] [--deadline-s 240]
+//!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl]
+//!                [--configs 8:16,8:32]
+//! ```
+//! Data: `randn` (e, c ~ N(0, 1)) and `c/8` (c scaled by 1/8) generated here with uniform
+//! targets; any other name (`lm`, `iid`, ...) is a `cce_data::Distribution`, generated on the
+//! CPU with targets sampled from the softmax.
+//! FLOP: one logits GEMM is `2·N·V·D`. The forward executes 1; the backward executes 1 per
+//! threshold pass (filter on) plus 2 per pass over the kept fraction of tiles (d_e and d_c).
+//! "floor rate" divides the 3-GEMM floor (1 for forward only) by the time; "executed rate"
+//! divides the FLOP actually executed.
+
+use cut_cross_entropy::cce_wgpu::WgpuBackend;
+use cut_cross_entropy::{
+    Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
+};
+use std::io::Write;
+use std::time::Instant;
+
+struct Args {
+    shapes: Vec<String>,
+    data: Vec<String>,
+    reps: usize,
+    deadline_s: f64,
+    dtype: DType,
+    peak: f64,
+    exact: bool,
+    out: Option<String>,
+    /// Kernel configs `wg:tk` to compare on the first forward; the fastest is kept.
+    configs: Vec<(u32, u32)>,
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        shapes: vec!["gemma2".into()],
+        data: vec!["c/8".into(), "randn".into(), "lm".into()],
+        reps: 3,
+        deadline_s: 240.0,
+        dtype: DType::BF16,
+        peak: 67.0,
+        exact: false,
+        out: None,
+        configs: vec![],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut val = || it.next().expect("missing value");
+        match k.as_str() {
+            "--shapes" => a.shapes = val().split(',').map(String::from).collect(),
+            "--data" => a.data = val().split(',').map(String::from).collect(),
+            "--reps" => a.reps = val().parse().unwrap(),
+            "--deadline-s" => a.deadline_s = val().parse().unwrap(),
+            "--dtype" => a.dtype = val().parse().unwrap(),
+            "--peak-tflops" => a.peak = val().parse().unwrap(),
+            "--exact" => a.exact = true,
+            "--out" => a.out = Some(val()),
+            "--configs" => {
+                a.configs = val()
+                    .split(',')
+                    .map(|c| {
+                        let (w, t) = c.split_once(':').expect("wg:tk");
+                        (w.parse().unwrap(), t.parse().unwrap())
+                    })
+                    .collect()
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn shape(name: &str) -> (usize, usize, usize) {
+    match name {
+        "gemma2" => (8192, 2304, 256000),
+        "seed" => (32768, 4096, 256000),
+        "llama3" => (8192, 4096, 128256),
+        "small" => (2048, 1024, 32000),
+        other => {
+            let v: Vec<usize> = other.split('x').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1], v[2])
+        }
+    }
+}
+
+/// `n` normals times `scale` as bf16/f16/f32, generated on all cores (xorshift + Box-Muller).
+fn normals(n: usize, scale: f32, dtype: DType, seed: u64) -> HostTensor {
+    let threads = std::thread::available_parallelism().map_or(8, |x| x.get());
+    let chunk = n.div_ceil(threads).max(1);
+    let mut vals = vec![0f32; n];
+    std::thread::scope(|s| {
+        for (k, part) in vals.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                let mut x = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (k as u64 + 1) << 20) | 1;
+                let mut u = || {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    ((x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 + 0.5)
+                        / (1u64 << 53) as f64
+                };
+                for pair in part.chunks_mut(2) {
+                    let (a, b) = (u(), u());
+                    let r = (-2.0 * a.ln()).sqrt();
+                    let t = std::f64::consts::TAU * b;
+                    pair[0] = (r * t.cos()) as f32 * scale;
+                    if pair.len() > 1 {
+                        pair[1] = (r * t.sin()) as f32 * scale;
+                    }
+                }
+            });
+        }
+    });
+    HostTensor::from_f32(vec![n], &vals, dtype).unwrap()
+}
+
+fn sync_ms(b: &WgpuBackend, f: impl FnOnce()) -> f64 {
+    b.synchronize().unwrap();
+    let t = Instant::now();
+    f();
+    b.synchronize().unwrap();
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args = parse();
+    let start = Instant::now();
+    let mut b = WgpuBackend::new().expect("wgpu backend");
+    let mut tuned = args.configs.is_empty();
+    let info = b.adapter_info();
+    println!(
+        "adapter: {} ({:?}, driver {} {}), config {:?}",
+        info.name,
+        info.backend,
+        info.driver,
+        info.driver_info,
+        b.config()
+    );
+    let mut out = args
+        .out
+        .as_ref()
+        .map(|p| std::fs::File::create(p).expect("out file"));
+    let mut table = Vec::new();
+    for sname in &args.shapes {
+        let (n, d, v) = shape(sname);
+        let gemm = 2.0 * n as f64 * v as f64 * d as f64;
+        for data in &args.data {
+            let left = args.deadline_s - start.elapsed().as_secs_f64();
+            if left < 5.0 {
+                println!("{sname} {data}: skipped, deadline");
+                continue;
+            }
+            let tg = Instant::now();
+            let (e, c, yt) = if data == "randn" || data == "c/8" {
+                // Cheap inputs straight in the benchmark dtype (no f32 copy of c kept).
+                let c_scale = if data == "c/8" { 0.125 } else { 1.0 };
+                let e = normals(n * d, 1.0, args.dtype, 1)
+                    .reshape(vec![n, d])
+                    .unwrap();
+                let c = normals(v * d, c_scale, args.dtype, 2)
+                    .reshape(vec![v, d])
+                    .unwrap();
+                let mut y = 0x1234_5678u64;
+                let targets: Vec<i32> = (0..n)
+                    .map(|_| {
+                        y ^= y << 13;
+                        y ^= y >> 7;
+                        y ^= y << 17;
+                        (y % v as u64) as i32
+                    })
+                    .collect();
+                (
+                    e,
+                    c,
+                    HostTensor::new(vec![n], HostData::I32(targets)).unwrap(),
+                )
+            } else {
+                // cce-data generators (lm, iid, e*8, ...): targets sampled from the softmax on
+                // the CPU (one N x V x D pass).
+                let dist: cce_data::Distribution = data.parse().expect("distribution");
+                let ds = cce_data::generate(&dist, n, d, v, 7).expect("generate");
+                (
+                    HostTensor::from_f32(vec![n, d], &ds.e, args.dtype).unwrap(),
+                    HostTensor::from_f32(vec![v, d], &ds.c, args.dtype).unwrap(),
+                    HostTensor::from_i64(ds.targets),
+                )
+            };
+            let (eb, cb, ybuf) = (
+                b.upload(&e).unwrap(),
+                b.upload(&c).unwrap(),
+                b.upload(&yt).unwrap(),
+            );
+            drop((e, c));
+            b.synchronize().unwrap();
+            println!(
+                "{sname} {n}x{d}x{v} {data} {}: data ready in {:.1} s",
+                args.dtype,
+                tg.elapsed().as_secs_f64()
+            );
+            let inputs = Inputs {
+                e: &eb,
+                c: &cb,
+                bias: None,
+                targets: &ybuf,
+            };
+            let opts = if args.exact {
+                Options::exact()
+            } else {
+                Options::default()
+            };
+            if !tuned {
+                tuned = true;
+                let mut best = (f64::MAX, b.config());
+                for &(wg, tk) in &args.configs {
+                    let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
+                        wg,
+                        tk,
+                        ..b.config()
+                    };
+                    let Ok(bc) = b.with_config(cfg) else {
+                        println!("  config {wg}:{tk}: not supported here");
+                        continue;
+                    };
+                    let mut t = f64::MAX;
+                    for _ in 0..2 {
+                        t = sync_ms(&bc, || {
+                            bc.forward(&inputs, &opts).unwrap();
+                        });
+                    }
+                    println!("  config wg {wg} tk {tk}: forward {t:.1} ms");
+                    table.push(format!("| {sname} | {data} | forward, config wg {wg} tk {tk} | {t:.1} ms | {:.2} TFLOP/s | | tuning |", gemm / (t * 1e-3) / 1e12));
+                    if t < best.0 {
+                        best = (t, cfg);
+                    }
+                }
+                b = b.with_config(best.1).unwrap();
+                println!("  using {:?}", b.config());
+            }
+            let mode = if args.exact { "exact" } else { "filtered" };
+            // Forward.
+            let mut fwd_ms = Vec::new();
+            let mut lse = None;
+            for r in 0..=args.reps {
+                let ms = sync_ms(&b, || {
+                    lse = Some(b.forward(&inputs, &opts).unwrap().lse);
+                });
+                println!("  forward rep {r}: {ms:.1} ms");
+                if r > 0 {
+                    fwd_ms.push(ms);
+                }
+                if args.deadline_s - start.elapsed().as_secs_f64() < 4.0 * ms / 1e3 + 10.0 {
+                    break;
+                }
+            }
+            if fwd_ms.is_empty() {
+                println!("  forward: only the warm-up fitted the deadline");
+                continue;
+            }
+            let f_ms = median(fwd_ms.clone());
+            let f_rate = gemm / (f_ms * 1e-3) / 1e12;
+            let row = format!(
+                "| {sname} {n}x{d}x{v} | {data} | forward | {f_ms:.1} ms | {f_rate:.2} TFLOP/s | {:.1}% | 1 GEMM |",
+                100.0 * f_rate / args.peak
+            );
+            println!("{row}");
+            table.push(row);
+            // Forward + backward.
+            let left = args.deadline_s - start.elapsed().as_secs_f64();
+            if left < 6.0 * f_ms / 1e3 + 10.0 {
+                println!("  forward+backward: skipped, deadline");
+                continue;
+            }
+            let mut fb_ms = Vec::new();
+            let mut stats = None;
+            for r in 0..=args.reps {
+                let ms = sync_ms(&b, || {
+                    let (_, g) = b
+                        .forward_backward(&inputs, &opts, &Upstream::default())
+                        .unwrap();
+                    stats = Some(g.stats);
+                });
+                println!("  forward+backward rep {r}: {ms:.1} ms");
+                if r > 0 {
+                    fb_ms.push(ms);
+                }
+                if args.deadline_s - start.elapsed().as_secs_f64() < 2.0 * ms / 1e3 + 5.0 {
+                    break;
+                }
+            }
+            let st = stats.unwrap();
+            println!("{st}");
+            if fb_ms.is_empty() {
+                println!("  forward+backward: only the warm-up fitted the deadline");
+                continue;
+            }
+            let fb = median(fb_ms);
+            let t_all = (st.tiles_visited + st.tiles_skipped).max(1) as f64;
+            let kept = st.tiles_visited as f64 / t_all;
+            let threshold_pass = if st.filter_eps > 0.0 { 1.0 } else { 0.0 };
+            let kept = if st.filter_eps > 0.0 { kept } else { 1.0 };
+            let executed = gemm * (1.0 + threshold_pass + 4.0 * kept);
+            let floor_rate = 3.0 * gemm / (fb * 1e-3) / 1e12;
+            let exec_rate = executed / (fb * 1e-3) / 1e12;
+            let row = format!(
+                "| {sname} {n}x{d}x{v} | {data} | fwd+bwd {mode} | {fb:.1} ms | {exec_rate:.2} TFLOP/s executed ({:.1}% of peak); floor rate {floor_rate:.2} | {:.1}% | {:.0}% tiles kept, dropped mass max {:.1e} |",
+                100.0 * exec_rate / args.peak,
+                100.0 * floor_rate / args.peak,
+                100.0 * kept,
+                st.dropped_mass_max
+            );
+            println!("{row}");
+            table.push(row);
+            if let Some(f) = out.as_mut() {
+                writeln!(
+                    f,
+                    "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"forward_ms\":{f_ms:.3},\"fwd_bwd_ms\":{fb:.3},\"tiles_kept\":{kept:.4},\"forward_tflops\":{f_rate:.3},\"fwd_bwd_exec_tflops\":{exec_rate:.3},\"fwd_bwd_floor_tflops\":{floor_rate:.3}}}",
+                    args.dtype
+                )
+                .unwrap();
+            }
+            let _ = lse.map(|l| l.numel());
+        }
+    }
+    println!(
+        "\n| shape | data | pass | time (median) | rate | % of {} TFLOP/s | notes |",
+        args.peak
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for r in &table {
+        println!("{r}");
+    }
+}

@@ -1,0 +1,124 @@
+// bwd_dc.wgsl: backward, class-owned pass: d_c = Gᵀ · E and d_bias = Σ_i G_ij in f32 slabs.
+//
+// Parameters
+//   bindings 0-3: see gemm.wgsl; 4-7: see grad.wgsl.
+//   `slab`  [n_slabs, n_cls, D] f32: slab w accumulates, for the classes of the chunk, Σ over
+//           the row tiles of the splits run in workgroup column w (split split_base + w of
+//           each wave) of G_tileᵀ · E_tile (read-modify-write, one owner per dispatch).
+//   binding 8 `bslab` [n_slabs, n_cls] f32, read_write: Σ_i G_ij likewise.
+// Tiling
+//   Grid (splits, class tiles of the chunk). Split `s` covers row tiles
+//   [s*split_tiles, (s+1)*split_tiles) of the row chunk. Per kept tile: logits tile (same gemm
+//   and thread mapping as bwd_de.wgsl, hence the same G and the same skip decision), G tile
+//   into Gs[row][class], then for each TILE-wide slice of D: Σ_k Gs[k][class] · E[k][d] over
+//   the TILE rows in TK steps (E panel staged in Bs), added to the slab.
+// Thread mapping
+//   As gemm.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
+//   columns d0 + tx*8.. of the slice.
+
+@group(0) @binding(8) var<storage, read_write> bslab: array<f32>;
+
+var<workgroup> bred: array<f32, 8u * WG * WG>;
+
+@compute @workgroup_size(WG, WG, 1)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = tile();
+    var acc: Acc;
+    var sc: Scratch;
+    let t4 = 2u * WG;
+    let tx = lid.x;
+    let ty = lid.y;
+    // Tiles of split `split`; its accumulators are slab `wid.x` (splits run in waves of
+    // at most n_slabs workgroup columns).
+    let split = P.split_base + wid.x;
+    let c_base = wid.y * t;
+    let n_rt = (P.n_rows + t - 1u) / t;
+    let rt0 = split * P.split_tiles;
+    let rt1 = min(rt0 + P.split_tiles, n_rt);
+    let report = has_flag(FLAG_REPORT);
+
+    init_shared(li);
+    var bacc: array<f32, 8>;
+    for (var jj = 0u; jj < 8u; jj++) {
+        bacc[jj] = 0.0;
+    }
+    var kept_tiles = 0u;
+    var skipped_tiles = 0u;
+    var kept_e = 0u;
+    var skipped_e = 0u;
+
+    for (var rt = rt0; rt < rt1; rt++) {
+        let r_base = rt * t;
+        load_rows(&sc, r_base, ty);
+        logits_tile(&acc, r_base, c_base, tx, ty, li);
+        let need = grad_tile(&acc, &sc, c_base, tx);
+        if !decide(need, li) {
+            skipped_tiles += 1u;
+            skipped_e += sc.n_ent;
+            if report {
+                for (var i = 0u; i < 8u; i++) {
+                    let r = r_base + ty * 8u + i;
+                    if r < P.n_rows && sc.g0sum[i] > 0.0 {
+                        atomicAdd(&dropped[r], to_fixed(sc.g0sum[i]));
+                    }
+                }
+            }
+            continue;
+        }
+        kept_tiles += 1u;
+        kept_e += sc.n_ent;
+        for (var i = 0u; i < 8u; i++) {
+            let base = (ty * 8u + i) * t4 + 2u * tx;
+            Gs[base] = acc[2u * i];
+            Gs[base + 1u] = acc[2u * i + 1u];
+            for (var jj = 0u; jj < 8u; jj++) {
+                bacc[jj] += acc_get(&acc, i, jj);
+            }
+        }
+        workgroupBarrier();
+        for (var d0 = 0u; d0 < P.d; d0 += t) {
+            zero_acc(&acc);
+            for (var k0 = 0u; k0 < t; k0 += TK) {
+                stage_b_cols_e(r_base + k0, d0, li);
+                workgroupBarrier();
+                for (var k = 0u; k < TK; k++) {
+                    let ka = (k0 + k) * t4 + 2u * ty;
+                    let kb = k * t4 + 2u * tx;
+                    outer(&acc, Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
+                }
+                workgroupBarrier();
+            }
+            for (var i = 0u; i < 8u; i++) {
+                let j = c_base + ty * 8u + i;
+                if j >= P.n_cls {
+                    continue;
+                }
+                let row = wid.x * P.slab_stride + j * P.d;
+                for (var jj = 0u; jj < 8u; jj++) {
+                    let d = d0 + tx * 8u + jj;
+                    if d < P.d {
+                        slab[row + d] += acc_get(&acc, i, jj);
+                    }
+                }
+            }
+        }
+    }
+
+    for (var jj = 0u; jj < 8u; jj++) {
+        bred[(tx * 8u + jj) * WG + ty] = bacc[jj];
+    }
+    workgroupBarrier();
+    for (var jl = li; jl < t; jl += WG * WG) {
+        let j = c_base + jl;
+        if j < P.n_cls {
+            var s = 0.0;
+            for (var k = 0u; k < WG; k++) {
+                s += bred[jl * WG + k];
+            }
+            bslab[wid.x * P.n_cls + j] += s;
+        }
+    }
+    flush_counters(li, kept_tiles, skipped_tiles, kept_e, skipped_e,
+                   P.slot_base + wid.y * nwg.x + wid.x);
+}

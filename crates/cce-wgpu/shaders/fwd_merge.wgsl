@@ -1,0 +1,68 @@
+// fwd_merge.wgsl: forward pass, per-row merge of the split partials, loss and side outputs.
+//
+// Parameters
+//   binding 0 `P`: n_rows, row0, part_stride, v_total, ls_alpha, z_loss of the row chunk.
+//   binding 1 `part`    [n_rows, part_stride] Part: partials of fwd_partial.wgsl.
+//   binding 2 `tgt`     [n_rows] i32: prepared targets (-1 ignored).
+//   binding 3 `tlogit`  [n_rows] f32: z at the target class.
+//   binding 4 `lse`     [n_rows] f32 out: log Σ_j exp(z_ij) (nats).
+//   binding 5 `loss`    [n_rows] f32 out: ℓ_i = lse − (1−α) z_y − (α/V) Σ_j z_ij + λ lse², 0 at
+//                       ignored rows (MATH.md, "Forward").
+//   binding 6 `ent`     [n_rows] f32 out: entropy lse − Σ_j p_ij z_ij.
+//   binding 7 `amax`    [n_rows] i32 out: argmax (lowest index on ties).
+//   binding 8 `bad`     [1] atomic u32: smallest global row whose lse is not finite.
+// Tiling
+//   None: one thread per row; partials merged in column order (deterministic).
+// Thread mapping
+//   global_invocation_id.x = row of the chunk; 64 threads per workgroup.
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> part: array<Part>;
+@group(0) @binding(2) var<storage, read> tgt: array<i32>;
+@group(0) @binding(3) var<storage, read> tlogit: array<f32>;
+@group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> loss_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> ent_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> amax_out: array<i32>;
+@group(0) @binding(8) var<storage, read_write> bad: array<atomic<u32>>;
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    if r >= P.n_rows {
+        return;
+    }
+    var bm = NEG_BIG;
+    for (var k = 0u; k < P.part_stride; k++) {
+        bm = max(bm, part[r * P.part_stride + k].m);
+    }
+    var bs = 0.0;
+    var bw = 0.0;
+    var bsz = 0.0;
+    var av = NEG_BIG;
+    var ai = NO_INDEX;
+    for (var k = 0u; k < P.part_stride; k++) {
+        let st = part[r * P.part_stride + k];
+        let f = exp(st.m - bm);
+        bs += st.s * f;
+        bw += st.w * f;
+        bsz += st.sz;
+        if st.av > av || (st.av == av && st.ai < ai) {
+            av = st.av;
+            ai = st.ai;
+        }
+    }
+    let lse = bm + log(bs);
+    lse_out[r] = lse;
+    ent_out[r] = lse - bw / bs;
+    amax_out[r] = i32(ai);
+    var loss = 0.0;
+    if tgt[r] >= 0 {
+        let a = P.ls_alpha;
+        loss = lse - (1.0 - a) * tlogit[r] - (a / f32(P.v_total)) * bsz + P.z_loss * lse * lse;
+    }
+    loss_out[r] = loss;
+    if !is_finite(lse) {
+        atomicMin(&bad[0], P.row0 + r);
+    }
+}

@@ -1,0 +1,243 @@
+//! Device tensors and binding ranges.
+
+use crate::context::{backend_err, Context, BACKEND};
+use cce_core::{CceError, DType, HostTensor, Result, TensorMeta};
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+/// A tensor in device memory: one `wgpu::Buffer` (usages STORAGE | COPY_SRC | COPY_DST),
+/// row-major and contiguous, with its dtype and shape.
+///
+/// Layout: f32/i32 one element per 4 bytes; f16/bf16 two elements per u32 word, element
+/// `2k` in the low half (little endian, the host layout); i64 8 bytes. The buffer size is the
+/// byte size rounded up to a multiple of 4 (at least 4).
+#[derive(Clone)]
+pub struct WgpuTensor {
+    pub(crate) buffer: wgpu::Buffer,
+    dtype: DType,
+    shape: Vec<usize>,
+    pub(crate) ctx_id: u64,
+}
+
+impl std::fmt::Debug for WgpuTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuTensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("bytes", &self.buffer.size())
+            .finish()
+    }
+}
+
+impl TensorMeta for WgpuTensor {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
+impl WgpuTensor {
+    /// The underlying buffer (for callers that bind it in their own pipelines).
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    /// Data size in bytes (`numel · dtype size`, without the padding to 4).
+    pub fn size_bytes(&self) -> u64 {
+        self.numel() as u64 * self.dtype.size_bytes() as u64
+    }
+}
+
+pub(crate) fn padded(bytes: u64) -> u64 {
+    bytes.div_ceil(4).max(1) * 4
+}
+
+impl Context {
+    /// A zero-filled device tensor. Errors: `ResourceLimit` past `max_buffer_size`.
+    pub(crate) fn alloc(&self, shape: Vec<usize>, dtype: DType, label: &str) -> Result<WgpuTensor> {
+        let n: usize = shape.iter().product();
+        let size = padded(n as u64 * dtype.size_bytes() as u64);
+        let buffer = self.raw_buffer(size, label)?;
+        Ok(WgpuTensor {
+            buffer,
+            dtype,
+            shape,
+            ctx_id: self.id,
+        })
+    }
+
+    /// A zero-filled storage buffer of `size` bytes (multiple of 4).
+    pub(crate) fn raw_buffer(&self, size: u64, label: &str) -> Result<wgpu::Buffer> {
+        if size > self.limits.max_buffer_size {
+            return Err(CceError::ResourceLimit {
+                resource: format!("bytes of one wgpu buffer ({label})"),
+                requested: size,
+                max: self.limits.max_buffer_size,
+            });
+        }
+        self.call_bytes
+            .fetch_add(size, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// Upload host bytes into a new buffer.
+    pub(crate) fn upload_bytes(&self, bytes: &[u8], label: &str) -> Result<wgpu::Buffer> {
+        let size = padded(bytes.len() as u64);
+        let buffer = self.raw_buffer(size, label)?;
+        if !bytes.is_empty() {
+            let whole = bytes.len() / 4 * 4;
+            if whole > 0 {
+                self.queue.write_buffer(&buffer, 0, &bytes[..whole]);
+            }
+            if whole < bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                self.queue.write_buffer(&buffer, whole as u64, &tail);
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Host tensor to device tensor.
+    pub(crate) fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
+        let buffer = self.upload_bytes(host.as_bytes(), "tensor")?;
+        Ok(WgpuTensor {
+            buffer,
+            dtype: host.dtype(),
+            shape: host.shape().to_vec(),
+            ctx_id: self.id,
+        })
+    }
+
+    /// Device tensor to host tensor.
+    pub(crate) fn download(&self, t: &WgpuTensor) -> Result<HostTensor> {
+        self.check_own(t, "tensor")?;
+        let size = padded(t.size_bytes());
+        let enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let bytes = self
+            .submit_and_read(enc, &[(&t.buffer, 0, size)])?
+            .pop()
+            .unwrap_or_default();
+        HostTensor::from_bytes(
+            t.shape().to_vec(),
+            t.dtype(),
+            &bytes[..t.size_bytes() as usize],
+        )
+    }
+
+    /// `ForeignBuffer` unless `t` was made by this context.
+    pub(crate) fn check_own(&self, t: &WgpuTensor, what: &'static str) -> Result<()> {
+        if t.ctx_id != self.id {
+            return Err(CceError::ForeignBuffer {
+                backend: BACKEND,
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// A binding of elements `start .. start + count` (each `elem_bytes`) of `buf`: the offset
+    /// is aligned down to the storage offset alignment, and the remainder is returned in
+    /// elements for the shader to add. Errors: `ResourceLimit` when the range exceeds the
+    /// largest storage binding.
+    pub(crate) fn range<'a>(
+        &self,
+        buf: &'a wgpu::Buffer,
+        start: u64,
+        count: u64,
+        elem_bytes: u64,
+    ) -> Result<(Bind<'a>, u32)> {
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let start_b = start * elem_bytes;
+        let base = start_b / align * align;
+        let residual = (start_b - base) / elem_bytes;
+        let end_b = padded((start + count) * elem_bytes).min(buf.size());
+        let size = end_b.saturating_sub(base).max(4);
+        if size > self.max_binding() {
+            return Err(CceError::ResourceLimit {
+                resource: "bytes of one wgpu storage binding".into(),
+                requested: size,
+                max: self.max_binding(),
+            });
+        }
+        Ok((
+            Bind {
+                buf,
+                offset: base,
+                size,
+            },
+            residual as u32,
+        ))
+    }
+
+    /// Like [`Context::range`] but the start must be aligned (per-row arrays whose chunks
+    /// start at multiples of the tile rows). Errors: `Backend` if it is not.
+    pub(crate) fn aligned<'a>(
+        &self,
+        buf: &'a wgpu::Buffer,
+        start: u64,
+        count: u64,
+        elem_bytes: u64,
+    ) -> Result<Bind<'a>> {
+        let (b, residual) = self.range(buf, start, count, elem_bytes)?;
+        if residual != 0 {
+            return Err(backend_err(format!(
+                "binding offset {} not aligned to {} bytes",
+                start * elem_bytes,
+                self.limits.min_storage_buffer_offset_alignment
+            )));
+        }
+        Ok(b)
+    }
+
+    /// The whole buffer.
+    pub(crate) fn whole<'a>(&self, buf: &'a wgpu::Buffer) -> Result<Bind<'a>> {
+        if buf.size() > self.max_binding() {
+            return Err(CceError::ResourceLimit {
+                resource: "bytes of one wgpu storage binding".into(),
+                requested: buf.size(),
+                max: self.max_binding(),
+            });
+        }
+        Ok(Bind {
+            buf,
+            offset: 0,
+            size: buf.size(),
+        })
+    }
+}
+
+/// A buffer range bound to one binding slot.
+#[derive(Clone, Copy)]
+pub(crate) struct Bind<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Bind<'_> {
+    pub fn entry(&self, binding: u32) -> wgpu::BindGroupEntry<'_> {
+        wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: self.buf,
+                offset: self.offset,
+                size: NonZeroU64::new(self.size),
+            }),
+        }
+    }
+}
+
+/// Shared handle, so tensors can outlive a borrowed backend.
+pub(crate) type Ctx = Arc<Context>;

@@ -1,0 +1,263 @@
+//! The device context: adapter, device, queue, pipeline cache, error handling and readback.
+
+use crate::pipelines::{PipelineCache, ShaderKind};
+use cce_core::{CceError, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub(crate) const BACKEND: &str = "wgpu";
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A wgpu error or device loss, boxed into `CceError::Backend`.
+#[derive(Debug)]
+pub struct WgpuError(pub String);
+
+impl std::fmt::Display for WgpuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WgpuError {}
+
+pub(crate) fn backend_err(msg: impl Into<String>) -> CceError {
+    CceError::backend(BACKEND, WgpuError(msg.into()))
+}
+
+/// One device and everything built on it, shared by the backend and its tensors.
+pub(crate) struct Context {
+    /// Unique id, to recognize this context's tensors.
+    pub id: u64,
+    pub info: wgpu::AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    pub pipelines: PipelineCache,
+    /// Set by the device-lost callback.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Errors that escaped every error scope.
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    /// 256-byte read-only stand-in for absent optional inputs.
+    pub dummy: wgpu::Buffer,
+    /// Bytes allocated since the current call's error scopes were pushed.
+    pub call_bytes: AtomicU64,
+}
+
+/// Adapter choice: `CCE_WGPU_ADAPTER` (substring of the adapter name) if set, else the first
+/// discrete GPU, then integrated, virtual, CPU (lavapipe), other.
+fn pick(adapters: Vec<wgpu::Adapter>) -> Option<wgpu::Adapter> {
+    let want = std::env::var("CCE_WGPU_ADAPTER").ok();
+    let rank = |t: wgpu::DeviceType| match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    adapters
+        .into_iter()
+        .filter(|a| {
+            want.as_ref()
+                .is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
+        })
+        .min_by_key(|a| rank(a.get_info().device_type))
+}
+
+impl Context {
+    /// Open the best adapter with its own limits and the features we can use.
+    /// Errors: `NoDevice` (no adapter), `Backend` (device request failed).
+    pub fn new() -> Result<Self> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let n = adapters.len();
+        let adapter = pick(adapters).ok_or_else(|| CceError::NoDevice {
+            backend: BACKEND,
+            reason: if n == 0 {
+                "no wgpu adapter found (is a Vulkan driver installed? on Linux without a GPU: \
+                 apt-get install mesa-vulkan-drivers libvulkan1)"
+                    .into()
+            } else {
+                format!("{n} adapter(s), none matches CCE_WGPU_ADAPTER")
+            },
+        })?;
+        let info = adapter.get_info();
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("cce-wgpu"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| backend_err(format!("request_device on {}: {e}", info.name)))?;
+        let lost = Arc::new(Mutex::new(None));
+        {
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                *lost.lock().unwrap() = Some(format!("device lost ({reason:?}): {msg}"));
+            });
+        }
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        {
+            let un = uncaptured.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                un.lock().unwrap().push(e.to_string());
+            }));
+        }
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 256,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            info,
+            device,
+            queue,
+            limits,
+            features,
+            pipelines: PipelineCache::default(),
+            lost,
+            uncaptured,
+            dummy,
+            call_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// The pipeline of `kind` for dtype code and tile config.
+    pub fn pipeline(
+        &self,
+        kind: ShaderKind,
+        dtype: u32,
+        wg: u32,
+        tk: u32,
+    ) -> wgpu::ComputePipeline {
+        self.pipelines.get(&self.device, kind, dtype, wg, tk)
+    }
+
+    /// Largest storage binding in bytes.
+    pub fn max_binding(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Run `f` inside out-of-memory, validation and internal error scopes, so that any wgpu
+    /// error of the call becomes a typed `CceError` (never a panic of the default handler).
+    /// An out-of-memory error reports the bytes the call had allocated.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.call_bytes.store(0, Ordering::Relaxed);
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(validation.pop());
+        let i = pollster::block_on(internal.pop());
+        let o = pollster::block_on(oom.pop());
+        self.check_lost()?;
+        if o.is_some() {
+            return Err(CceError::OutOfMemory {
+                backend: BACKEND,
+                requested_bytes: self.call_bytes.load(Ordering::Relaxed),
+            });
+        }
+        if let Some(e) = v.or(i) {
+            return Err(backend_err(format!("{what}: {e}")));
+        }
+        if let Some(e) = self.uncaptured.lock().unwrap().pop() {
+            return Err(backend_err(format!("{what}: {e}")));
+        }
+        out
+    }
+
+    /// `Backend` error if the device was lost.
+    pub fn check_lost(&self) -> Result<()> {
+        match self.lost.lock().unwrap().as_ref() {
+            Some(msg) => Err(backend_err(msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Submit `encoder` after appending copies of `(buffer, offset, size)` ranges into one
+    /// staging buffer, wait, and return the bytes of each range. Sizes and offsets are
+    /// multiples of 4.
+    pub fn submit_and_read(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        ranges: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Vec<Vec<u8>>> {
+        let total: u64 = ranges.iter().map(|r| r.2).sum();
+        if total == 0 {
+            self.queue.submit([encoder.finish()]);
+            self.wait()?;
+            return Ok(ranges.iter().map(|_| Vec::new()).collect());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size: total,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut at = 0;
+        for &(buf, off, size) in ranges {
+            if size > 0 {
+                encoder.copy_buffer_to_buffer(buf, off, &staging, at, size);
+            }
+            at += size;
+        }
+        self.queue.submit([encoder.finish()]);
+        let result: Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>> =
+            Arc::new(Mutex::new(None));
+        {
+            let result = result.clone();
+            staging.map_async(wgpu::MapMode::Read, .., move |r| {
+                *result.lock().unwrap() = Some(r);
+            });
+        }
+        self.wait()?;
+        // Another thread's poll may have picked up the completion and be about to run our
+        // callback: poll until it has run.
+        let start = std::time::Instant::now();
+        let outcome = loop {
+            if let Some(r) = result.lock().unwrap().take() {
+                break r;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(600) {
+                return Err(backend_err("map_async did not complete within 600 s"));
+            }
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| backend_err(format!("poll: {e}")))?;
+            self.check_lost()?;
+            std::thread::yield_now();
+        };
+        outcome.map_err(|e| backend_err(format!("map_async: {e}")))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| backend_err(format!("get_mapped_range: {e}")))?;
+        let mut out = Vec::with_capacity(ranges.len());
+        let mut at = 0usize;
+        for &(_, _, size) in ranges {
+            out.push(view[at..at + size as usize].to_vec());
+            at += size as usize;
+        }
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Block until the queue is idle. Errors: `Backend` on poll failure or device loss.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| backend_err(format!("poll: {e}")))?;
+        self.check_lost()
+    }
+}

@@ -1,0 +1,221 @@
+//! Shader sources, the uniform `Params` block and the pipeline cache.
+//!
+//! Every shader is `common.wgsl` + (for the tiled passes) `gemm.wgsl` (+ `grad.wgsl`) + its own
+//! file, concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
+//! through `PipelineCompilationOptions::constants` (no string templates).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+macro_rules! shader {
+    ($($f:literal),+) => {
+        concat!($(include_str!(concat!("../shaders/", $f)), "\n"),+)
+    };
+}
+
+/// The compute shaders of the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ShaderKind {
+    /// Forward partials (online log-sum-exp per split).
+    FwdPartial,
+    /// Forward merge, per-row loss and side outputs.
+    FwdMerge,
+    /// Mean/sum of the per-row losses.
+    LossReduce,
+    /// Per-row backward coefficients.
+    BwdPrep,
+    /// Threshold pass: per-row histogram of g0.
+    BwdHist,
+    /// Threshold pass: τ_i from the histogram.
+    BwdTau,
+    /// Row-owned d_e pass.
+    BwdDe,
+    /// Class-owned d_c / d_bias pass.
+    BwdDc,
+    /// Slab sum + analytic term + dtype conversion.
+    Finalize,
+    /// Column sums for analytic label smoothing.
+    WSum,
+    /// Dropped-mass statistics.
+    StatReduce,
+}
+
+impl ShaderKind {
+    /// Every shader, for validation tests.
+    pub const ALL: [ShaderKind; 11] = [
+        ShaderKind::FwdPartial,
+        ShaderKind::FwdMerge,
+        ShaderKind::LossReduce,
+        ShaderKind::BwdPrep,
+        ShaderKind::BwdHist,
+        ShaderKind::BwdTau,
+        ShaderKind::BwdDe,
+        ShaderKind::BwdDc,
+        ShaderKind::Finalize,
+        ShaderKind::WSum,
+        ShaderKind::StatReduce,
+    ];
+
+    /// Full WGSL source (common prelude included).
+    pub fn source(self) -> &'static str {
+        match self {
+            ShaderKind::FwdPartial => shader!("common.wgsl", "gemm.wgsl", "fwd_partial.wgsl"),
+            ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
+            ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
+            ShaderKind::BwdPrep => shader!("common.wgsl", "bwd_prep.wgsl"),
+            ShaderKind::BwdHist => shader!("common.wgsl", "gemm.wgsl", "bwd_hist.wgsl"),
+            ShaderKind::BwdTau => shader!("common.wgsl", "bwd_tau.wgsl"),
+            ShaderKind::BwdDe => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_de.wgsl"),
+            ShaderKind::BwdDc => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_dc.wgsl"),
+            ShaderKind::Finalize => shader!("common.wgsl", "finalize.wgsl"),
+            ShaderKind::WSum => shader!("common.wgsl", "wsum.wgsl"),
+            ShaderKind::StatReduce => shader!("common.wgsl", "stat_reduce.wgsl"),
+        }
+    }
+
+    /// Whether the shader includes gemm.wgsl (and so has the `WG`, `TK` overrides).
+    pub fn is_tiled(self) -> bool {
+        matches!(
+            self,
+            ShaderKind::FwdPartial | ShaderKind::BwdHist | ShaderKind::BwdDe | ShaderKind::BwdDc
+        )
+    }
+
+    /// Short name for labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShaderKind::FwdPartial => "fwd_partial",
+            ShaderKind::FwdMerge => "fwd_merge",
+            ShaderKind::LossReduce => "loss_reduce",
+            ShaderKind::BwdPrep => "bwd_prep",
+            ShaderKind::BwdHist => "bwd_hist",
+            ShaderKind::BwdTau => "bwd_tau",
+            ShaderKind::BwdDe => "bwd_de",
+            ShaderKind::BwdDc => "bwd_dc",
+            ShaderKind::Finalize => "finalize",
+            ShaderKind::WSum => "wsum",
+            ShaderKind::StatReduce => "stat_reduce",
+        }
+    }
+
+    /// Override constants of a pipeline: `DTYPE` always, `WG` and `TK` for tiled shaders.
+    pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
+        let mut c = vec![("DTYPE", dtype_code as f64)];
+        if self.is_tiled() {
+            c.push(("WG", wg as f64));
+            c.push(("TK", tk as f64));
+        }
+        c
+    }
+}
+
+/// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl).
+pub mod flags {
+    /// Softcap on.
+    pub const SOFTCAP: u32 = 1;
+    /// Bias given.
+    pub const BIAS: u32 = 2;
+    /// Filter applies in this pass.
+    pub const FILTER: u32 = 4;
+    /// This pass reports the dropped mass.
+    pub const REPORT: u32 = 8;
+    /// Upstream d_loss per row.
+    pub const DLOSS_ROWS: u32 = 16;
+    /// Upstream d_lse given.
+    pub const DLSE: u32 = 32;
+    /// Label smoothing handled analytically.
+    pub const LS_ANALYTIC: u32 = 64;
+    /// Last chunk of a reduction.
+    pub const LAST: u32 = 128;
+    /// Weighted sums (wsum: by g; finalize: per-row coefficient).
+    pub const WEIGHTED: u32 = 256;
+    /// First chunk of a reduction.
+    pub const FIRST: u32 = 512;
+}
+
+/// The uniform block of every shader (`struct Params` in common.wgsl, same field order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub n_rows: u32,
+    pub n_cls: u32,
+    pub d: u32,
+    pub v_total: u32,
+    pub row0: u32,
+    pub cls0: u32,
+    pub e_off: u32,
+    pub c_off: u32,
+    pub b_off: u32,
+    pub flags: u32,
+    pub split_tiles: u32,
+    pub part_base: u32,
+    pub part_stride: u32,
+    pub slot_base: u32,
+    pub slab_stride: u32,
+    pub n_slabs: u32,
+    pub out_off: u32,
+    pub delta_fixed: u32,
+    pub n_units: u32,
+    pub split_base: u32,
+    pub softcap: f32,
+    pub ls_alpha: f32,
+    pub z_loss: f32,
+    pub eps: f32,
+    pub aux: f32,
+    pub pad1: f32,
+    pub pad2: f32,
+    pub pad3: f32,
+}
+
+/// Pipeline key: shader, dtype code, workgroup side, depth step.
+type Key = (ShaderKind, u32, u32, u32);
+
+/// Shader modules and compute pipelines, built once per device and reused.
+#[derive(Default)]
+pub struct PipelineCache {
+    modules: Mutex<HashMap<ShaderKind, wgpu::ShaderModule>>,
+    pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
+}
+
+impl PipelineCache {
+    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk` (built on first use).
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        kind: ShaderKind,
+        dtype_code: u32,
+        wg: u32,
+        tk: u32,
+    ) -> wgpu::ComputePipeline {
+        let key = (kind, dtype_code, wg, tk);
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return p.clone();
+        }
+        let module = {
+            let mut mods = self.modules.lock().unwrap();
+            mods.entry(kind)
+                .or_insert_with(|| {
+                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(kind.name()),
+                        source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(kind.source())),
+                    })
+                })
+                .clone()
+        };
+        let constants = kind.constants(dtype_code, wg, tk);
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kind.name()),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        self.pipelines.lock().unwrap().insert(key, pipeline.clone());
+        pipeline
+    }
+}

@@ -1,0 +1,639 @@
+//! Conformance of the wgpu backend against the f64 naive oracle (`cce_reference::naive`), on
+//! whatever adapter is present (lavapipe in CI). Judged per MATH.md, "How results are judged":
+//! per element `|ours − gt| ≤ |ref − gt| + tol(dtype)·max(1, |gt|)`, `gt` the f64 oracle, `ref`
+//! the same-dtype oracle; filtered mode adds the bound implied by the reported dropped mass.
+//!
+//! Without an adapter the tests print "skipping: <reason>" and pass, unless
+//! `CCE_REQUIRE_WGPU=1` (CI), where they fail.
+
+use cce_core::{
+    Backend, CceError, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction,
+    SideOutputs, TensorMeta, Upstream,
+};
+use cce_reference::naive::{naive, Oracle, OracleDLoss, Precision};
+use cce_wgpu::WgpuBackend;
+use std::sync::OnceLock;
+
+fn backend() -> Option<&'static WgpuBackend> {
+    static B: OnceLock<Result<WgpuBackend, String>> = OnceLock::new();
+    match B.get_or_init(|| WgpuBackend::new().map_err(|e| e.to_string())) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            if std::env::var("CCE_REQUIRE_WGPU").as_deref() == Ok("1") {
+                panic!("CCE_REQUIRE_WGPU=1 but no wgpu backend: {e}");
+            }
+            println!("skipping: {e}");
+            None
+        }
+    }
+}
+
+/// Base seed of this test process: `CCE_TEST_SEED` if set, else the clock (fresh inputs on
+/// every run). Printed with each failure.
+fn base_seed() -> u64 {
+    static S: OnceLock<u64> = OnceLock::new();
+    *S.get_or_init(|| match std::env::var("CCE_TEST_SEED") {
+        Ok(s) => s.parse().expect("CCE_TEST_SEED must be an integer"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    })
+}
+
+/// xorshift64* with Box-Muller normals: never-zero inputs, one stream per case.
+struct Rng(u64);
+
+impl Rng {
+    fn new(case: u64) -> Self {
+        Rng((base_seed() ^ case.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1)
+    }
+    fn u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unif(&mut self) -> f64 {
+        ((self.u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.unif(), self.unif());
+        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
+    }
+    fn normals(&mut self, n: usize, scale: f64) -> Vec<f32> {
+        (0..n).map(|_| (self.normal() * scale) as f32).collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    name: &'static str,
+    n: usize,
+    d: usize,
+    v: usize,
+    dtype: DType,
+    bias: bool,
+    ignore_frac: f64,
+    e_scale: f64,
+    c_scale: f64,
+    opts: Options,
+    d_lse: bool,
+    /// `e` as `[B, T, D]` with this `T`.
+    seq: Option<usize>,
+    /// Filtered mode must skip something.
+    expect_skips: bool,
+    /// Targets drawn from the first `k` classes, and a bias of −20 on every other class (a
+    /// crude unigram prior: whole class tiles become skippable).
+    hot_classes: Option<usize>,
+    /// Run with this `KernelConfig::target_workgroups` (few workgroups, long loops).
+    workgroups: Option<u32>,
+}
+
+impl Case {
+    fn new(name: &'static str, n: usize, d: usize, v: usize, dtype: DType) -> Self {
+        Self {
+            name,
+            n,
+            d,
+            v,
+            dtype,
+            bias: false,
+            ignore_frac: 0.0,
+            e_scale: 1.0,
+            c_scale: 1.0 / (d as f64).sqrt() * 2.0,
+            opts: Options {
+                side_outputs: SideOutputs {
+                    entropy: true,
+                    argmax: true,
+                },
+                ..Options::exact()
+            },
+            d_lse: false,
+            seq: None,
+            expect_skips: false,
+            hot_classes: None,
+            workgroups: None,
+        }
+    }
+    fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
+        f(&mut self);
+        self
+    }
+}
+
+struct Report {
+    failures: Vec<String>,
+}
+
+impl Report {
+    /// Per element: |ours − gt| ≤ |ref − gt| + tol·max(1,|gt|) + extra(i).
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        &mut self,
+        case: &str,
+        what: &str,
+        ours: &[f64],
+        gt: &[f64],
+        rf: &[f64],
+        tol: f64,
+        extra: impl Fn(usize) -> f64,
+    ) {
+        assert_eq!(ours.len(), gt.len(), "{case} {what}: length");
+        let mut bad = Vec::new();
+        let (mut num, mut den) = (0.0f64, 0.0f64);
+        for i in 0..gt.len() {
+            let err = (ours[i] - gt[i]).abs();
+            let bound = (rf[i] - gt[i]).abs() + tol * gt[i].abs().max(1.0) + extra(i);
+            num += err * err;
+            den += gt[i] * gt[i];
+            if err.is_nan() || err > bound {
+                bad.push((i, ours[i], gt[i], rf[i], err, bound));
+            }
+        }
+        let rel = if den > 0.0 {
+            (num / den).sqrt()
+        } else {
+            num.sqrt()
+        };
+        println!("  {case:<28} {what:<8} rel err {rel:.3e}");
+        if !bad.is_empty() {
+            let mut s = format!(
+                "{case}: {what}: {} of {} elements out of bound (rel err {rel:.3e}); first:",
+                bad.len(),
+                gt.len()
+            );
+            for (i, o, g, r, e, b) in bad.iter().take(5) {
+                s += &format!(
+                    "\n    [{i}] ours {o:.8e} gt {g:.8e} ref {r:.8e} |err| {e:.3e} > bound {b:.3e}"
+                );
+            }
+            self.failures.push(s);
+        }
+    }
+}
+
+fn f64s(b: &WgpuBackend, t: &cce_wgpu::WgpuTensor) -> Vec<f64> {
+    b.download(t).unwrap().to_f64_vec()
+}
+
+/// Run one case through forward and backward and judge every output.
+fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
+    let owned;
+    let b = match case.workgroups {
+        Some(w) => {
+            owned = b
+                .with_config(cce_wgpu::KernelConfig {
+                    target_workgroups: w,
+                    ..b.config()
+                })
+                .unwrap();
+            &owned
+        }
+        None => b,
+    };
+    let mut rng = Rng::new(seed);
+    let (n, d, v, dt) = (case.n, case.d, case.v, case.dtype);
+    let e_shape = match case.seq {
+        Some(t) => vec![n / t, t, d],
+        None => vec![n, d],
+    };
+    let e = HostTensor::from_f32(e_shape, &rng.normals(n * d, case.e_scale), dt).unwrap();
+    let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, case.c_scale), dt).unwrap();
+    let hot = case.hot_classes.unwrap_or(v);
+    let bias = case.bias.then(|| {
+        let mut b = rng.normals(v, 0.5);
+        b.iter_mut().skip(hot).for_each(|x| *x -= 20.0);
+        HostTensor::from_f32(vec![v], &b, dt).unwrap()
+    });
+    let ignore = case.opts.ignore_index;
+    let y: Vec<i64> = (0..n)
+        .map(|_| {
+            if rng.unif() < case.ignore_frac {
+                ignore
+            } else {
+                (rng.u64() % hot as u64) as i64
+            }
+        })
+        .collect();
+    let y = HostTensor::from_i64(y);
+    let opts = &case.opts;
+    let per_row = opts.reduction == Reduction::None;
+    let g_rows: Vec<f32> = (0..n).map(|_| (0.5 + rng.unif()) as f32).collect();
+    let h_rows: Vec<f32> = (0..n).map(|_| (rng.normal() * 0.3) as f32).collect();
+    let d_out = 0.75f32;
+    let oracle_dl = if per_row {
+        OracleDLoss::PerRow(g_rows.iter().map(|&x| x as f64).collect())
+    } else {
+        OracleDLoss::Scalar(d_out as f64)
+    };
+    let h64: Vec<f64> = h_rows.iter().map(|&x| x as f64).collect();
+    let h_opt = case.d_lse.then_some(&h64[..]);
+    let run = |p| naive(&e, &c, bias.as_ref(), &y, opts, &oracle_dl, h_opt, p).unwrap();
+    let gt: Oracle = run(Precision::F64);
+    let rf: Oracle = run(Precision::SameDtype);
+
+    let eb = b.upload(&e).unwrap();
+    let cb = b.upload(&c).unwrap();
+    let bb = bias.as_ref().map(|x| b.upload(x).unwrap());
+    let yb = b.upload(&y).unwrap();
+    let inputs = Inputs {
+        e: &eb,
+        c: &cb,
+        bias: bb.as_ref(),
+        targets: &yb,
+    };
+    let fwd = b.forward(&inputs, opts).unwrap();
+    let gb = b
+        .upload(&HostTensor::new(vec![n], cce_core::HostData::F32(g_rows.clone())).unwrap())
+        .unwrap();
+    let hb = b
+        .upload(&HostTensor::new(vec![n], cce_core::HostData::F32(h_rows.clone())).unwrap())
+        .unwrap();
+    let up = Upstream {
+        d_loss: if per_row {
+            DLoss::PerRow(&gb)
+        } else {
+            DLoss::Scalar(d_out)
+        },
+        d_lse: case.d_lse.then_some(&hb),
+    };
+    let bwd = b.backward(&inputs, opts, &fwd.lse, &up).unwrap();
+    println!("  {:<28} plan: {}", case.name, bwd.stats.plan_reason);
+
+    let mut rep = Report { failures: vec![] };
+    let tol = dt.tolerance();
+    let name = case.name;
+    let zero = |_| 0.0;
+    rep.check(
+        name,
+        "loss",
+        &f64s(b, &fwd.loss),
+        &gt.loss,
+        &rf.loss,
+        tol,
+        zero,
+    );
+    rep.check(name, "lse", &f64s(b, &fwd.lse), &gt.lse, &rf.lse, tol, zero);
+    if let Some(ent) = &fwd.entropy {
+        rep.check(
+            name,
+            "entropy",
+            &f64s(b, ent),
+            &gt.entropy,
+            &rf.entropy,
+            tol,
+            zero,
+        );
+    }
+    if let Some(am) = &fwd.argmax {
+        let ours = b.download(am).unwrap().to_i64_vec().unwrap();
+        // Logits of the f64 oracle are not returned: accept a different index only when the
+        // oracle's own same-dtype argmax also differs (a near tie).
+        for (i, &o) in ours.iter().enumerate() {
+            if o != gt.argmax[i] as i64 && rf.argmax[i] == gt.argmax[i] {
+                rep.failures.push(format!(
+                    "{name}: argmax row {i}: ours {o} gt {}",
+                    gt.argmax[i]
+                ));
+                break;
+            }
+        }
+    }
+
+    // Filtered mode: the skipped entries bound the error.
+    let st = &bwd.stats;
+    let dm = st.dropped_mass_max;
+    if st.filter_eps > 0.0 {
+        assert!(
+            dm <= st.max_dropped_mass as f64 * (1.0 + 1e-6) + 1e-9,
+            "{name}: dropped mass {dm} > bound {}",
+            st.max_dropped_mass
+        );
+        println!(
+            "  {name:<28} filter: {} tiles visited, {} skipped, dropped max {:.2e} mean {:.2e}",
+            st.tiles_visited, st.tiles_skipped, st.dropped_mass_max, st.dropped_mass_mean
+        );
+    }
+    if case.expect_skips {
+        assert!(
+            st.tiles_skipped > 0,
+            "{name}: expected skipped tiles, stats:\n{st}"
+        );
+    }
+    let ev = e.to_f64_vec();
+    let cv = c.to_f64_vec();
+    let lam = opts.z_loss as f64;
+    let coef: Vec<f64> = (0..n)
+        .map(|i| {
+            let g = match &oracle_dl {
+                _ if gt.row_loss[i] == 0.0 && y.to_i64_vec().unwrap()[i] == ignore => 0.0,
+                OracleDLoss::PerRow(gv) => gv[i].abs(),
+                OracleDLoss::Scalar(s) => match opts.reduction {
+                    Reduction::Mean => s.abs() / gt.n_valid.max(1) as f64,
+                    _ => s.abs(),
+                },
+            };
+            g * (1.0 + 2.0 * lam * gt.lse[i].abs()) + h_opt.map_or(0.0, |h| h[i].abs())
+        })
+        .collect();
+    let cmax = cv.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+    let gtol = if opts.grad_dtype == GradDType::F32 {
+        // Gradients in f32 are judged at f32 resolution on top of the input's error.
+        tol.min(1e-3)
+    } else {
+        tol
+    };
+    if let Some(de) = &bwd.d_e {
+        assert_eq!(de.shape(), e.shape());
+        let extra = |k: usize| coef[k / d] * dm * cmax;
+        rep.check(name, "d_e", &f64s(b, de), &gt.d_e, &rf.d_e, gtol, extra);
+    }
+    if let Some(dc) = &bwd.d_c {
+        let colb: Vec<f64> = (0..d)
+            .map(|k| (0..n).map(|i| coef[i] * ev[i * d + k].abs()).sum::<f64>() * dm)
+            .collect();
+        let extra = |k: usize| colb[k % d];
+        rep.check(name, "d_c", &f64s(b, dc), &gt.d_c, &rf.d_c, gtol, extra);
+    }
+    match (&bwd.d_bias, &gt.d_bias) {
+        (Some(db), Some(g)) => {
+            let sb: f64 = coef.iter().sum::<f64>() * dm;
+            let r = rf.d_bias.as_ref().unwrap();
+            rep.check(name, "d_bias", &f64s(b, db), g, r, gtol, |_| sb);
+        }
+        (None, None) => {}
+        _ if !opts.compute_d_c => {}
+        _ => rep
+            .failures
+            .push(format!("{name}: d_bias presence differs")),
+    }
+    rep.failures
+        .into_iter()
+        .map(|f| format!("{f}\n    (rerun with CCE_TEST_SEED={})", base_seed()))
+        .collect()
+}
+
+fn run_all(cases: &[Case]) {
+    let Some(b) = backend() else { return };
+    let mut failures = Vec::new();
+    for (k, case) in cases.iter().enumerate() {
+        failures.extend(run_case(b, case, k as u64 + 1));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+use DType::{BF16, F16, F32};
+
+#[test]
+fn hostile_shapes() {
+    run_all(&[
+        Case::new("1x1x1", 1, 1, 1, F32),
+        Case::new("252x123x507 f32 bias", 252, 123, 507, F32).with(|c| c.bias = true),
+        Case::new("252x123x507 f16 bias", 252, 123, 507, F16).with(|c| c.bias = true),
+        Case::new("252x123x507 bf16 bias", 252, 123, 507, BF16).with(|c| c.bias = true),
+        Case::new("one tile + 1", 65, 40, 65, F32),
+        Case::new("V mod 128 = 1", 33, 20, 129, F32),
+        Case::new("V mod 128 = 126", 33, 21, 254, F16),
+        Case::new("V mod 128 = 127", 33, 19, 255, BF16),
+        Case::new("D > 256 with bias", 70, 300, 150, F32).with(|c| c.bias = true),
+        Case::new("3-D e [B, T, D]", 48, 24, 100, F32).with(|c| c.seq = Some(12)),
+        // One workgroup would loop over 375 tiles: past lavapipe's 65535-iteration loop
+        // limiter unless the backend splits the work (KernelConfig::max_loop_iterations).
+        Case::new("long loops, 1 workgroup", 64, 64, 24000, F32).with(|c| {
+            c.workgroups = Some(1);
+            c.opts.label_smoothing = 0.1;
+        }),
+    ]);
+}
+
+#[test]
+fn ignored_rows_and_reductions() {
+    let all = |r: Reduction| {
+        move |c: &mut Case| {
+            c.ignore_frac = 1.0;
+            c.opts.reduction = r;
+        }
+    };
+    run_all(&[
+        Case::new("all ignored mean", 40, 16, 90, F32).with(all(Reduction::Mean)),
+        Case::new("all ignored sum", 40, 16, 90, BF16).with(all(Reduction::Sum)),
+        Case::new("all ignored filtered", 40, 16, 90, F32).with(|c| {
+            all(Reduction::Mean)(c);
+            c.opts.filter_eps = FilterEps::Auto;
+        }),
+        Case::new("20% ignored sum", 100, 64, 300, F32).with(|c| {
+            c.ignore_frac = 0.2;
+            c.opts.reduction = Reduction::Sum;
+        }),
+        Case::new("20% ignored none + d_lse", 100, 64, 300, F16).with(|c| {
+            c.ignore_frac = 0.2;
+            c.opts.reduction = Reduction::None;
+            c.d_lse = true;
+        }),
+        Case::new("shift 1, seq 10", 60, 32, 130, F32).with(|c| {
+            c.opts.shift = 1;
+            c.opts.seq_len = Some(10);
+            c.opts.ignore_index = -1;
+        }),
+    ]);
+}
+
+#[test]
+fn loss_options() {
+    run_all(&[
+        Case::new("softcap 4", 90, 64, 300, F32).with(|c| {
+            c.opts.softcap = Some(4.0);
+            c.bias = true;
+        }),
+        Case::new("softcap 4 bf16", 90, 64, 300, BF16).with(|c| c.opts.softcap = Some(4.0)),
+        Case::new("label smoothing (analytic)", 90, 64, 300, F32).with(|c| {
+            c.opts.label_smoothing = 0.1;
+            c.bias = true;
+        }),
+        Case::new("label smoothing + softcap", 90, 64, 300, F32).with(|c| {
+            c.opts.label_smoothing = 0.2;
+            c.opts.softcap = Some(5.0);
+        }),
+        Case::new("z-loss", 90, 64, 300, F32).with(|c| {
+            c.opts.z_loss = 1e-2;
+            c.d_lse = true;
+        }),
+        Case::new("all options bf16", 90, 64, 300, BF16).with(|c| {
+            c.opts.label_smoothing = 0.1;
+            c.opts.z_loss = 1e-3;
+            c.opts.reduction = Reduction::Sum;
+            c.ignore_frac = 0.2;
+            c.bias = true;
+        }),
+        Case::new("grad dtype f32 from bf16", 70, 48, 200, BF16)
+            .with(|c| c.opts.grad_dtype = GradDType::F32),
+        Case::new("flat softmax", 80, 64, 400, F32).with(|c| c.c_scale = 0.01),
+        Case::new("peaked softmax", 80, 64, 400, F32).with(|c| c.c_scale = 1.0),
+    ]);
+}
+
+#[test]
+fn chunked_plan_with_small_budget() {
+    // A tiny workspace budget cuts rows and classes into one-tile chunks, which exercises
+    // binding offsets (odd element offsets for f16/bf16) and chunk merges.
+    let small = |c: &mut Case| {
+        c.opts.workspace_budget_bytes = 40 << 10;
+        c.bias = true;
+    };
+    run_all(&[
+        Case::new("chunked f32", 200, 37, 333, F32).with(small),
+        Case::new("chunked f16", 200, 37, 333, F16).with(small),
+        Case::new("chunked bf16 ls", 200, 37, 333, BF16).with(|c| {
+            small(c);
+            c.opts.label_smoothing = 0.1;
+            c.opts.reduction = Reduction::Sum;
+        }),
+    ]);
+}
+
+#[test]
+fn filtered_mode_error_is_bounded_by_dropped_mass() {
+    // Peaked rows over a few hot classes: most 64 x 64 tiles hold only tiny probabilities.
+    let hot = |c: &mut Case| {
+        c.bias = true;
+        c.hot_classes = Some(64);
+        c.c_scale = 0.5;
+        c.expect_skips = true;
+    };
+    run_all(&[
+        Case::new("filtered peaked bf16", 200, 64, 600, BF16).with(|c| {
+            c.opts = Options::default();
+            hot(c);
+        }),
+        Case::new("filtered peaked f32 eps 1e-3", 200, 64, 600, F32).with(|c| {
+            c.opts = Options {
+                filter_eps: FilterEps::Value(1e-3),
+                max_dropped_mass: 1e-2,
+                ..Options::default()
+            };
+            hot(c);
+        }),
+        Case::new("filtered flat f16", 130, 64, 500, F16).with(|c| {
+            c.opts = Options::default();
+            c.c_scale = 0.02;
+        }),
+        Case::new("filtered d_c only + ls + z", 130, 64, 500, F32).with(|c| {
+            c.opts = Options {
+                filter_eps: FilterEps::Value(1e-3),
+                max_dropped_mass: 1e-2,
+                filter_e_grad: false,
+                label_smoothing: 0.1,
+                z_loss: 1e-3,
+                ..Options::default()
+            };
+            hot(c);
+        }),
+        Case::new("filtered, chunked, none + d_lse", 130, 40, 500, F16).with(|c| {
+            c.opts = Options {
+                reduction: Reduction::None,
+                workspace_budget_bytes: 60 << 10,
+                ..Options::default()
+            };
+            c.d_lse = true;
+            hot(c);
+        }),
+    ]);
+}
+
+#[test]
+fn deterministic_and_partial_outputs() {
+    let Some(b) = backend() else { return };
+    let mut rng = Rng::new(77);
+    let (n, d, v) = (70, 33, 150);
+    let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), F32).unwrap();
+    let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.3), F32).unwrap();
+    let y = HostTensor::from_i64((0..n as i64).map(|i| (i * 7) % v as i64).collect());
+    let (eb, cb, yb) = (
+        b.upload(&e).unwrap(),
+        b.upload(&c).unwrap(),
+        b.upload(&y).unwrap(),
+    );
+    let inputs = Inputs {
+        e: &eb,
+        c: &cb,
+        bias: None,
+        targets: &yb,
+    };
+    let opts = Options::default();
+    let one = || {
+        let (f, g) = b
+            .forward_backward(&inputs, &opts, &Upstream::default())
+            .unwrap();
+        (
+            b.download(&f.loss).unwrap(),
+            b.download(g.d_e.as_ref().unwrap()).unwrap(),
+            b.download(g.d_c.as_ref().unwrap()).unwrap(),
+        )
+    };
+    assert_eq!(one(), one(), "results are not bitwise repeatable");
+    let only_dc = Options {
+        compute_d_e: false,
+        ..opts.clone()
+    };
+    let f = b.forward(&inputs, &only_dc).unwrap();
+    let g = b
+        .backward(&inputs, &only_dc, &f.lse, &Upstream::default())
+        .unwrap();
+    assert!(g.d_e.is_none() && g.d_c.is_some());
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let Some(b) = backend() else { return };
+    let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
+    let c = HostTensor::from_f32(
+        vec![4, 2],
+        &[1.0, -1.0, 0.5, 0.25, 2.0, 1.0, -3.0, 0.1],
+        F32,
+    )
+    .unwrap();
+    let (eb, cb) = (b.upload(&e).unwrap(), b.upload(&c).unwrap());
+    let bad_y = b.upload(&HostTensor::from_i64(vec![0, 4, 1])).unwrap();
+    let inputs = Inputs {
+        e: &eb,
+        c: &cb,
+        bias: None,
+        targets: &bad_y,
+    };
+    match b.forward(&inputs, &Options::default()) {
+        Err(CceError::TargetOutOfRange {
+            row: 1, value: 4, ..
+        }) => {}
+        other => panic!("expected TargetOutOfRange, got {other:?}"),
+    }
+    let mut ev = vec![1.0f32; 6];
+    ev[3] = f32::NAN;
+    let en = b
+        .upload(&HostTensor::from_f32(vec![3, 2], &ev, F32).unwrap())
+        .unwrap();
+    let y = b.upload(&HostTensor::from_i32(vec![0, 1, 2])).unwrap();
+    let inputs = Inputs {
+        e: &en,
+        c: &cb,
+        bias: None,
+        targets: &y,
+    };
+    match b.forward(&inputs, &Options::default()) {
+        Err(CceError::NonFinite { row: 1, .. }) => {}
+        other => panic!("expected NonFinite at row 1, got {other:?}"),
+    }
+    let c3 = b
+        .upload(&HostTensor::from_f32(vec![4, 3], &[0.5; 12], F32).unwrap())
+        .unwrap();
+    let inputs = Inputs {
+        e: &eb,
+        c: &c3,
+        bias: None,
+        targets: &y,
+    };
+    assert!(matches!(
+        b.forward(&inputs, &Options::default()),
+        Err(CceError::ShapeMismatch { .. })
+    ));
+}

@@ -1,0 +1,71 @@
+//! CPU-only: every shader parses and validates with naga, also after its override constants
+//! are applied for each dtype and a few tile configurations.
+
+use cce_wgpu::ShaderKind;
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+#[test]
+fn every_shader_validates_with_its_overrides() {
+    for kind in ShaderKind::ALL {
+        let src = kind.source();
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{}: parse error\n{}", kind.name(), e.emit_to_string(src)));
+        let info = Validator::new(ValidationFlags::all(), Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: validation error\n{}",
+                    kind.name(),
+                    e.emit_to_string(src)
+                )
+            });
+        for dtype in 0..3u32 {
+            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 4)] {
+                let constants: naga::back::PipelineConstants = kind
+                    .constants(dtype, wg, tk)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                naga::back::pipeline_constants::process_overrides(
+                    &module,
+                    &info,
+                    Some((naga::ShaderStage::Compute, "main")),
+                    &constants,
+                )
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e}",
+                        kind.name()
+                    )
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn every_shader_file_opens_with_its_doc_block() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "wgsl") {
+            continue;
+        }
+        n += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        let head: String = text
+            .lines()
+            .take_while(|l| l.starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for word in ["Parameters", "Tiling", "Thread mapping"] {
+            assert!(
+                head.contains(word),
+                "{} does not open with a '{word}' section",
+                path.display()
+            );
+        }
+    }
+    assert!(n >= ShaderKind::ALL.len());
+}
