@@ -1,7 +1,21 @@
-// chunked.cu: the row kernels of Strategy::ChunkedDense (cce-core plan.rs).
+// chunked.cu: the row kernels of Strategy::ChunkedDense (cce-core plan.rs); the three
+// products are cuBLAS GEMMs (src/chunked.rs).
 //
-// A row chunk of R rows is processed as:
-//   (1) cuBLAS: L = E_r · Cᵀ, f32 [R, V] with row stride `ld` (a multiple of 4 floats);
+// Parameters (every kernel, details at each kernel):
+//   L    f32 [rows, ld] logits of one row chunk (ld a multiple of 8), row-major; the backward
+//        writes G over it in the gradient dtype with row stride ld·4/sizeof(G);
+//   bias DT [V] or 0; targets i32 [rows] (class, −1 = ignored), chunk-relative like every
+//        per-row array (lse, loss, entropy, argmax, kept, dropped, upstream gradients);
+//   flags u32 [row tiles, class tiles] of the plan's tile grid (filter statistics).
+// Tiling: one row per block (fwd, bwd) or per thread-block cluster (fused, CS blocks each
+//   owning a contiguous slice of the row in shared memory); a row is streamed in steps of
+//   THREADS·4·UNROLL columns.
+// Thread mapping: thread t owns the float4 columns 4·t + k·4·THREADS of its row (coalesced
+//   16-byte loads, UNROLL loads in flight); block reductions by warp shuffles then one warp,
+//   in a fixed order (bitwise deterministic).
+//
+// Per row chunk of R rows:
+//   (1) cuBLAS: L = E_r · Cᵀ, f32 [R, V] with row stride `ld`;
 //   (2) cce_dense_fwd_*:   bias, softcap, online max / Σexp → lse, loss, entropy, argmax;
 //   (3) cce_dense_bwd_*:   G = ∂loss/∂z (MATH.md "Backward") written IN PLACE over L in the
 //                          gradient dtype, with the per-row filter threshold τ_i (filter.rs);
@@ -19,7 +33,8 @@
 //
 // dtypes: DT 0 = f32, 1 = f16, 2 = bf16. 16-bit values are carried as unsigned short and
 // converted with cvt PTX (no CUDA headers needed by NVRTC). Kernel symbols carry the dtype.
-// Optional pointers are 0 when absent. Indices into [R, V] matrices are 64-bit.
+// Optional pointers are 0 when absent. Indices into [R, V] matrices are 64-bit. The fused
+// kernels need sm_90 (clusters, distributed shared memory) and are compiled only there.
 
 typedef unsigned short u16;
 typedef unsigned int u32;

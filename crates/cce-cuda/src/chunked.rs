@@ -307,7 +307,9 @@ impl DenseConfig {
             compute_d_c: opts.compute_d_c,
             want_entropy: opts.side_outputs.entropy,
             want_argmax: opts.side_outputs.argmax,
-            row_pass: RowPass::Fused { cluster: None },
+            // Measured on the H200 (docs/perf-log.md): the two-pass row kernels are as fast as
+            // the cluster-fused kernel in exact mode and faster with the filter on.
+            row_pass: RowPass::TwoPass,
         })
     }
 
@@ -1466,5 +1468,229 @@ impl DenseEngine {
         }
         .map_err(drv)
         .map(|_| ())
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Glue to CudaBackend: Backend-trait calls with CudaTensor buffers
+// ----------------------------------------------------------------------------------------------
+
+/// A validated `CudaBackend` call handed to the engine (the backend has checked shapes,
+/// dtypes, buffer ownership and targets, and made the plan).
+pub(crate) struct BackendCall<'a> {
+    /// The plan (strategy `ChunkedDense`).
+    pub plan: &'a cce_core::Plan,
+    /// Rows with a class.
+    pub n_valid: usize,
+    /// Prepared classes, i32 `[N]` (−1 = ignored).
+    pub classes: &'a CudaSlice<u8>,
+    /// The inputs.
+    pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
+    /// The options.
+    pub opts: &'a cce_core::Options,
+}
+
+type BackendOutputs = (
+    Option<cce_core::ForwardOutput<crate::CudaTensor>>,
+    Option<cce_core::BackwardOutput<crate::CudaTensor>>,
+);
+
+impl DenseEngine {
+    fn tensor(&self, shape: Vec<usize>, dtype: DType) -> Result<crate::CudaTensor> {
+        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        // SAFETY: every output tensor is fully written by the call before it is returned.
+        let s =
+            unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| alloc_err(e, bytes))?;
+        crate::CudaTensor::from_slice(s, dtype, shape)
+    }
+
+    fn base_stats(&self, call: &BackendCall<'_>, workspace_bytes: u64) -> cce_core::CallStats {
+        let p = call.plan;
+        cce_core::CallStats {
+            backend: BACKEND.into(),
+            strategy: p.strategy,
+            plan_reason: p.reason.clone(),
+            n_valid: call.n_valid,
+            tiles_total: p.tile_count(),
+            tiles_visited: 0,
+            tiles_skipped: 0,
+            entries_kept: 0,
+            entries_skipped: 0,
+            dropped_mass_max: 0.0,
+            dropped_mass_mean: 0.0,
+            filter_eps: p.filter.eps,
+            max_dropped_mass: p.filter.max_dropped_mass,
+            workspace_bytes,
+        }
+    }
+
+    /// Forward (`lse` None, `up` None), backward (`lse` Some), or both (`lse` None, `up` Some).
+    pub(crate) fn backend_run(
+        &self,
+        call: &BackendCall<'_>,
+        lse_in: Option<&crate::CudaTensor>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+    ) -> Result<BackendOutputs> {
+        use cce_core::TensorMeta;
+        let cfg = DenseConfig::from_plan(call.plan, call.opts)?;
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let f32_vec = |t: &crate::CudaTensor, what: &'static str| -> Result<()> {
+            if t.dtype() != DType::F32 || t.numel() != n {
+                return Err(CceError::ShapeMismatch {
+                    what,
+                    expected: format!("[{n}] f32"),
+                    got: format!("{:?} {}", t.shape(), t.dtype()),
+                });
+            }
+            Ok(())
+        };
+        let dense_up = match up {
+            Some(u) => {
+                let d_loss = match u.d_loss {
+                    cce_core::DLoss::Scalar(x) => DenseDLoss::Scalar(x),
+                    cce_core::DLoss::PerRow(t) => {
+                        if cfg.reduction != Reduction::None {
+                            return Err(CceError::ShapeMismatch {
+                                what: "d_loss",
+                                expected: format!("a scalar for reduction {:?}", cfg.reduction),
+                                got: format!("{:?}", t.shape()),
+                            });
+                        }
+                        f32_vec(t, "d_loss")?;
+                        DenseDLoss::PerRow(t.slice())
+                    }
+                };
+                if let Some(t) = u.d_lse {
+                    f32_vec(t, "d_lse")?;
+                }
+                Some(DenseUpstream {
+                    d_loss,
+                    d_lse: u.d_lse.map(|t| t.slice()),
+                })
+            }
+            None => None,
+        };
+        if let Some(t) = lse_in {
+            f32_vec(t, "lse")?;
+        }
+        let mut ws = DenseWorkspace::new(self, &cfg)?;
+        let inputs = DenseInputs {
+            e: call.inputs.e.slice(),
+            c: call.inputs.c.slice(),
+            bias: call.inputs.bias.map(|b| b.slice()),
+            targets: call.classes,
+            n_valid: call.n_valid,
+        };
+        let forward = lse_in.is_none();
+        let backward = up.is_some();
+        let mut fwd_t = if forward {
+            let loss_shape = if cfg.reduction == Reduction::None {
+                vec![n]
+            } else {
+                vec![]
+            };
+            Some((
+                self.tensor(loss_shape, DType::F32)?,
+                self.tensor(vec![n], DType::F32)?,
+                if cfg.want_entropy {
+                    Some(self.tensor(vec![n], DType::F32)?)
+                } else {
+                    None
+                },
+                if cfg.want_argmax {
+                    Some(self.tensor(vec![n], DType::I32)?)
+                } else {
+                    None
+                },
+            ))
+        } else {
+            None
+        };
+        let gdt = cfg.grad_dtype();
+        let mut grads_t = if backward {
+            Some((
+                if cfg.compute_d_e {
+                    Some(self.tensor(call.inputs.e.shape().to_vec(), gdt)?)
+                } else {
+                    None
+                },
+                if cfg.compute_d_c {
+                    Some(self.tensor(vec![v, d], gdt)?)
+                } else {
+                    None
+                },
+                if cfg.compute_d_c && cfg.has_bias {
+                    Some(self.tensor(vec![v], gdt)?)
+                } else {
+                    None
+                },
+            ))
+        } else {
+            None
+        };
+        let ws_bytes = ws.bytes() + self.own_bytes();
+        let mut dstats = DenseStats::default();
+        {
+            let mut fo = fwd_t.as_mut().map(|(loss, lse, ent, am)| DenseForwardOut {
+                loss: loss.slice_mut(),
+                lse: lse.slice_mut(),
+                entropy: ent.as_mut().map(|t| t.slice_mut()),
+                argmax: am.as_mut().map(|t| t.slice_mut()),
+            });
+            let mut go = match grads_t.as_mut() {
+                Some((de, dc, db)) => DenseGradOut {
+                    d_e: de.as_mut().map(|t| t.slice_mut()),
+                    d_c: dc.as_mut().map(|t| t.slice_mut()),
+                    d_bias: db.as_mut().map(|t| t.slice_mut()),
+                },
+                None => DenseGradOut::default(),
+            };
+            match (&mut fo, lse_in, dense_up.as_ref()) {
+                (Some(fo), None, None) => self.forward(&cfg, &mut ws, &inputs, fo)?,
+                (Some(fo), None, Some(u)) => {
+                    dstats = self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
+                }
+                (None, Some(lse), Some(u)) => {
+                    dstats = self.backward(&cfg, &mut ws, &inputs, lse.slice(), u, &mut go)?
+                }
+                _ => {
+                    return Err(CceError::InvalidOption {
+                        name: "call",
+                        reason: "neither forward nor backward".into(),
+                    })
+                }
+            }
+        }
+        drop(ws);
+        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| cce_core::ForwardOutput {
+            loss,
+            lse,
+            entropy,
+            argmax,
+            stats: self.base_stats(call, ws_bytes),
+        });
+        let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
+            let mut stats = self.base_stats(call, ws_bytes);
+            if dstats.filtered {
+                stats.tiles_visited = dstats.tiles_visited;
+                stats.tiles_skipped = dstats.tiles_skipped;
+                stats.entries_kept = dstats.entries_kept;
+                stats.entries_skipped = dstats.entries_skipped;
+                stats.dropped_mass_max = dstats.dropped_mass_max;
+                stats.dropped_mass_mean = dstats.dropped_mass_mean;
+            } else {
+                // Nothing skipped: every tile of both filtered products was computed.
+                let passes =
+                    call.plan.filter.filter_e_grad as u64 + call.plan.filter.filter_c_grad as u64;
+                stats.tiles_visited = passes * stats.tiles_total;
+            }
+            cce_core::BackwardOutput {
+                d_e,
+                d_c,
+                d_bias,
+                stats,
+            }
+        });
+        Ok((fwd, bwd))
     }
 }

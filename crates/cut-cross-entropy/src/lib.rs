@@ -188,6 +188,8 @@ pub fn backend_by_name(name: &str) -> Result<Box<dyn HostBackend>> {
             }
             Ok(Box::new(CpuBackend::new()))
         }
+        // Reached only for the backends not compiled in.
+        #[allow(unreachable_patterns)]
         "cuda" | "wgpu" => Err(CceError::Unsupported {
             backend: "cut-cross-entropy",
             what: format!("backend '{name}': rebuild with `--features {name}`"),

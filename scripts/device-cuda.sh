@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# CUDA device runner for cce-cuda (issue 5).
+#
+#   scripts/device-cuda.sh build        # here (no GPU needed): build, strip and stage binaries
+#   scripts/device-cuda.sh run [PHASES] # on the device machine, from the repository root
+#
+# build: `cargo test --release -p cce-cuda --no-run --message-format=json` gives the test
+# executables; `cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda` the
+# benchmark. Both are stripped and copied, with a kernel CUBIN compiled here by NVRTC (the
+# backend's disk cache, so the device skips the compile), into $DEVBIN (default
+# /work/main/.devbin/cuda: the device tool sends the lead's checkout /work/main, so the
+# binaries must be there; .devbin/ is in .gitignore). Then call the device tool with
+#   carry [".devbin/cuda"], command "bash scripts/device-cuda.sh run" (or copy this script
+#   into .devbin/cuda and run it from there when the checkout's copy is older).
+#
+# run: PHASES is a comma list of tests,large,sanitize,bench (default tests,sanitize,bench);
+# BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"). Logs go to
+# $OUT (at most 8 files come back); a summary table is printed last.
+set -uo pipefail
+
+DEVBIN=${DEVBIN:-/work/main/.devbin/cuda}
+mode=${1:-}
+
+if [ "$mode" = build ]; then
+  set -e
+  cd "$(dirname "$0")/.."
+  export LD_LIBRARY_PATH=/opt/cuda-pip/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p "$DEVBIN/kcache"
+  rm -f "$DEVBIN"/kcache/*
+  cargo test --release -p cce-cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, shutil, os
+dst = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"]
+        if name in ("conformance", "errors", "large"):
+            shutil.copy(m["executable"], os.path.join(dst, name))
+            print("staged", name)
+' "$DEVBIN"
+  cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda
+  cp target/release/cce-bench-cuda "$DEVBIN/"
+  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/cce-bench-cuda
+  CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
+  cp scripts/device-cuda.sh "$DEVBIN/"
+  du -ch "$DEVBIN"/* "$DEVBIN"/kcache/* | tail -1
+  ls -la "$DEVBIN" "$DEVBIN/kcache"
+  exit 0
+fi
+
+if [ "$mode" != run ]; then
+  echo "usage: $0 build | run [tests,large,sanitize,bench]" >&2
+  exit 2
+fi
+
+D=.devbin/cuda
+OUT=${OUT:-/tmp/cce-out}
+mkdir -p "$OUT"
+PHASES=${2:-tests,sanitize,bench}
+export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1
+declare -A status
+summary() {
+  echo
+  echo "==== summary ===="
+  printf '%-12s %s\n' phase result
+  for k in tests large memcheck racecheck bench; do
+    [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
+  done
+}
+trap summary EXIT
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if [[ $PHASES == *tests* ]]; then
+  ok=1
+  for t in errors conformance; do
+    echo "==== $t ===="
+    if ! timeout 300 "$D/$t" --test-threads=1 --nocapture >>"$OUT/tests.log" 2>&1; then ok=0; fi
+  done
+  grep -E "^test |test result|panicked|skipping" "$OUT/tests.log" | tail -30
+  status[tests]=$([ $ok = 1 ] && echo PASS || echo FAIL)
+fi
+
+if [[ $PHASES == *large* ]]; then
+  if timeout 400 "$D/large" --ignored --test-threads=1 --nocapture >"$OUT/large.log" 2>&1; then
+    status[large]=PASS
+  else
+    status[large]=FAIL
+  fi
+  grep -E "^test |test result|panicked|call|rel" "$OUT/large.log" | tail -20
+fi
+
+if [[ $PHASES == *sanitize* ]]; then
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+      "$D/conformance" sanitizer_smoke --test-threads=1 >"$OUT/$tool.log" 2>&1
+    rc=$?
+    tail -5 "$OUT/$tool.log"
+    s=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
+    status[$tool]="rc=$rc ${s:-no summary line}"
+  done
+fi
+
+if [[ $PHASES == *bench* ]]; then
+  # shellcheck disable=SC2086
+  timeout 500 "$D/cce-bench-cuda" ${BENCH_ARGS:-} --out "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+  rc=$?
+  cat "$OUT/bench.md" 2>/dev/null || tail -20 "$OUT/bench.log"
+  status[bench]="rc=$rc"
+fi
