@@ -297,6 +297,22 @@ impl CudaBackend {
         })
     }
 
+    /// Restrict the strategies the plan may choose to `kinds` (in preference order), keeping
+    /// only those this device supports; e.g. `[TileOwnership]` to test that strategy with
+    /// budgets where chunked dense would be chosen. Errors: `InvalidOption` when none is left.
+    pub fn with_strategies(mut self, kinds: &[StrategyKind]) -> Result<Self> {
+        let have = self.limits.strategies.clone();
+        let keep: Vec<StrategyKind> = kinds.iter().copied().filter(|k| have.contains(k)).collect();
+        if keep.is_empty() {
+            return Err(CceError::InvalidOption {
+                name: "strategies",
+                reason: format!("none of {kinds:?} is available (device supports {have:?})"),
+            });
+        }
+        self.limits.strategies = keep;
+        Ok(self)
+    }
+
     /// The CUDA context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
