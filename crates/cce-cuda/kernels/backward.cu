@@ -7,7 +7,8 @@
 //   c_i = g_i α / V, scale_i (a power of two ≥ |a_i| + |b_i| + |c_i|), g_i. With these
 //   G_ij = a_i p_ij − b_i [j = y_i] − c_i (c_i only when dense_ls; else the smoothing term is added
 //   analytically at finalize), times 1 − (z_ij/s)² under softcap (MATH.md, "Backward").
-//   G is stored in the input dtype for the tensor-core product, scaled by 1/scale_i (d_e pass)
+//   G is stored in the input dtype for the tensor-core product (bf16: as hi + lo, two tiles, so
+//   the product keeps ~16 mantissa bits of G), scaled by 1/scale_i (d_e pass)
 //   or 1/max_i scale_i (d_c pass, `gscale_bits`) so f16 neither overflows nor flushes; the
 //   scale is exact (power of two) and undone at finalize.
 //   tau [N] f32 (nullable when the filter is off): entries with g0 = |p − onehot| < tau_i may be
@@ -76,8 +77,12 @@ __device__ __forceinline__ float grad_entry(float x, float softcap, const RowInf
 template <class Dt>
 __device__ __forceinline__ void put_g2(u8* Gs, int r, int k, float v0, float v1) {
     if constexpr (Dt::MMA) {
-        u32 packed = (u32)Dt::from_f(v0) | ((u32)Dt::from_f(v1) << 16);
-        *(u32*)(Gs + (r * Dt::XS_STRIDE + k) * 2) = packed;
+        u16 h0 = Dt::from_f(v0), h1 = Dt::from_f(v1);
+        *(u32*)(Gs + (r * Dt::XS_STRIDE + k) * 2) = (u32)h0 | ((u32)h1 << 16);
+        if constexpr (Dt::SPLIT) {
+            u32 lo = (u32)Dt::from_f(v0 - Dt::to_f(h0)) | ((u32)Dt::from_f(v1 - Dt::to_f(h1)) << 16);
+            *(u32*)(Gs + xs_bytes<Dt>() + (r * Dt::XS_STRIDE + k) * 2) = lo;
+        }
     } else {
         *(float2*)(Gs + (r * Dt::XS_STRIDE + k) * 4) = make_float2(v0, v1);
     }
@@ -97,7 +102,7 @@ __device__ __forceinline__ void backward_de_impl(
     u64* __restrict__ counters) {
     extern __shared__ __align__(16) u8 smem[];
     u8* Gs = smem;
-    u8* X = smem + xs_bytes<Dt>();
+    u8* X = smem + g_bytes<Dt>();
     const Lane L;
     const int row0 = row_begin + blockIdx.x * TILE_M;
     const int rows_valid = min(TILE_M, row_begin + rows_in_chunk - row0);
@@ -180,7 +185,7 @@ __device__ __forceinline__ void backward_dc_impl(
     float* __restrict__ acc, float* __restrict__ bpart, u64* __restrict__ dropped, u64* __restrict__ counters) {
     extern __shared__ __align__(16) u8 smem[];
     u8* Gs = smem;
-    u8* X = smem + xs_bytes<Dt>();
+    u8* X = smem + g_bytes<Dt>();
     float* bsum = (float*)(X + x_region_bytes<Dt>());
     const Lane L;
     const int col0 = class_begin + blockIdx.x * TILE_N;

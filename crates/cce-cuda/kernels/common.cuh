@@ -50,6 +50,7 @@ struct DtF32 {
     static const int BK = 16;      // depth step of the logits tile
     static const int VEC = 4;      // elements per 16-byte chunk
     static const bool MMA = false; // SIMT FMA path
+    static const bool SPLIT = false; // G kept as one tile (f32)
     static const int XS_STRIDE = 132; // elements per row of the 128-wide second-product tiles
     static __device__ __forceinline__ float to_f(float x) { return x; }
     static __device__ __forceinline__ float from_f(float x) { return x; }
@@ -60,6 +61,7 @@ struct DtBF16 {
     static const int BK = 32;
     static const int VEC = 8;
     static const bool MMA = true;
+    static const bool SPLIT = true; // G = hi + lo, two bf16 tiles (16-bit mantissa)
     static const int XS_STRIDE = 136;
     static __device__ __forceinline__ float to_f(u16 x) { return __uint_as_float(((u32)x) << 16); }
     static __device__ __forceinline__ u16 from_f(float x) {
@@ -82,6 +84,7 @@ struct DtF16 {
     static const int BK = 32;
     static const int VEC = 8;
     static const bool MMA = true;
+    static const bool SPLIT = false; // f16 G (11-bit mantissa, power-of-two scaled)
     static const int XS_STRIDE = 136;
     static __device__ __forceinline__ float to_f(u16 x) {
         float r;
@@ -302,6 +305,12 @@ __host__ __device__ constexpr int xs_bytes() {
     return TILE_M * Dt::XS_STRIDE * (int)sizeof(typename Dt::T);
 }
 
+// Shared bytes of the G operand: one tile, or hi and lo tiles when Dt::SPLIT.
+template <class Dt>
+__host__ __device__ constexpr int g_bytes() {
+    return Dt::SPLIT ? 2 * xs_bytes<Dt>() : xs_bytes<Dt>();
+}
+
 // Shared bytes of the region that holds either the logits stages or the two B slices.
 template <class Dt>
 __host__ __device__ constexpr int x_region_bytes() {
@@ -378,13 +387,7 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
         if constexpr (Dt::MMA) {
 #pragma unroll 2
             for (int kk = 0; kk < 128; kk += 16) {
-                u32 a[4][4], b[4][2];
-#pragma unroll
-                for (int mi = 0; mi < 4; ++mi) {
-                    int r = L.wm * 64 + mi * 16 + (L.lane & 7) + ((L.lane >> 3) & 1) * 8;
-                    int k = kk + (L.lane >> 4) * 8;
-                    ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], As + r * XS_ROW_BYTES + k * 2);
-                }
+                u32 b[4][2];
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
                     // Xs is [k][n]: .trans gives the col-major B fragment directly.
@@ -394,11 +397,20 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
                                   Xc + k * XS_ROW_BYTES + n * 2);
                 }
 #pragma unroll
-                for (int mi = 0; mi < 4; ++mi)
+                for (int part = 0; part < (Dt::SPLIT ? 2 : 1); ++part) {
+                    const u8* Ap = As + part * xs_bytes<Dt>();
 #pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
-                        Dt::mma(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],
-                                acc[2 * mi + 1][2 * ni + 1], a[mi], b[ni]);
+                    for (int mi = 0; mi < 4; ++mi) {
+                        u32 a[4];
+                        int r = L.wm * 64 + mi * 16 + (L.lane & 7) + ((L.lane >> 3) & 1) * 8;
+                        int k = kk + (L.lane >> 4) * 8;
+                        ldsm_x4(a[0], a[1], a[2], a[3], Ap + r * XS_ROW_BYTES + k * 2);
+#pragma unroll
+                        for (int ni = 0; ni < 4; ++ni)
+                            Dt::mma(acc[2 * mi][2 * ni], acc[2 * mi][2 * ni + 1], acc[2 * mi + 1][2 * ni],
+                                    acc[2 * mi + 1][2 * ni + 1], a, b[ni]);
+                    }
+                }
             }
         } else {
             const float* Af = (const float*)As;
@@ -440,10 +452,14 @@ __device__ __forceinline__ void second_product(const u8* As, u8* Xs, const typen
 }
 
 // Write a value of G into a 128 x 128 smem operand tile at (r, k) (XS_STRIDE-padded rows).
+// With Dt::SPLIT the value is stored as hi = round(v) in the first tile and lo = round(v − hi)
+// in the second (xs_bytes further), so hi + lo carries ~16 mantissa bits.
 template <class Dt>
 __device__ __forceinline__ void put_g(u8* Gs, int r, int k, float v) {
     typedef typename Dt::T T;
-    ((T*)Gs)[r * Dt::XS_STRIDE + k] = Dt::from_f(v);
+    T hi = Dt::from_f(v);
+    ((T*)Gs)[r * Dt::XS_STRIDE + k] = hi;
+    if constexpr (Dt::SPLIT) ((T*)(Gs + xs_bytes<Dt>()))[r * Dt::XS_STRIDE + k] = Dt::from_f(v - Dt::to_f(hi));
 }
 
 // Merge two online log-sum-exp states (max m, Σ e^(z-m), Σ e^(z-m)(z-m)).

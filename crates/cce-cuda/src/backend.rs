@@ -40,9 +40,11 @@ fn xs_bytes(dtype: DType) -> u32 {
     }
 }
 
-/// G tile + the region shared by the logits stages and the two B slices (`x_region_bytes`).
+/// G tile(s) (`g_bytes`: hi and lo tiles for bf16) + the region shared by the logits stages
+/// and the two B slices (`x_region_bytes`).
 fn de_smem(dtype: DType) -> u32 {
-    xs_bytes(dtype) + (2 * xs_bytes(dtype)).max(LOGITS_SMEM)
+    let g = if dtype == DType::BF16 { 2 } else { 1 } * xs_bytes(dtype);
+    g + (2 * xs_bytes(dtype)).max(LOGITS_SMEM)
 }
 
 fn dc_smem(dtype: DType) -> u32 {
