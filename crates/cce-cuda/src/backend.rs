@@ -471,7 +471,23 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
-        let plan = Plan::new(&problem, opts, &self.limits)?;
+        // Chunked dense materializes a dense G for cuBLAS: filtering saves it no time, and its
+        // bf16 G costs d_c accuracy on real data (0.13% vs the original filter's 0.05%;
+        // docs/perf-log.md). Filtered calls therefore plan with tile ownership, which skips
+        // tiles and keeps G to 16 mantissa bits; exact calls prefer chunked dense.
+        let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
+        let plan = if filtered && self.limits.strategies.len() > 1 {
+            let mut limits = self.limits.clone();
+            limits
+                .strategies
+                .retain(|k| *k != StrategyKind::ChunkedDense);
+            let mut plan = Plan::new(&problem, opts, &limits)?;
+            plan.reason
+                .push_str(" (chunked-dense is used for exact calls only: its dense G gains nothing from the filter)");
+            plan
+        } else {
+            Plan::new(&problem, opts, &self.limits)?
+        };
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
         let raw = self
