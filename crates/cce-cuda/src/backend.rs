@@ -1,6 +1,8 @@
 //! The CUDA backend: device discovery, kernel module, and the forward / backward passes of
-//! [`cce_core::Strategy::TileOwnership`].
+//! [`cce_core::Strategy::TileOwnership`]; calls whose plan is
+//! [`cce_core::Strategy::ChunkedDense`] go to [`crate::chunked`].
 
+use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
 use crate::tensor::CudaTensor;
 use cce_core::filter::N_BINS;
@@ -8,7 +10,7 @@ use cce_core::plan::Pass;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
     GradDType, HostTensor, Inputs, Options, Plan, PreparedTargets, Problem, Reduction, Result,
-    StrategyKind, TensorMeta, TileShape, Upstream,
+    Strategy, StrategyKind, TensorMeta, TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
@@ -16,7 +18,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 const BACKEND: &str = "cuda";
 /// Rows per logits tile (kernels/common.cuh `TILE_M`).
@@ -96,6 +98,8 @@ pub struct CudaBackend {
     limits: DeviceLimits,
     sm_count: usize,
     arch: String,
+    /// The chunked-dense engine (cuBLAS handle, its kernels), made on first use.
+    dense: OnceLock<DenseEngine>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -275,7 +279,13 @@ impl CudaBackend {
                 classes: TILE_CLASSES,
                 depth: 32,
             },
-            strategies: vec![StrategyKind::TileOwnership],
+            // Chunked dense (cuBLAS) where the budget holds its f32 d_c accumulator, else tile
+            // ownership; chunked dense needs libcublas and compute capability 8.0+.
+            strategies: if dense_available(major) {
+                vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership]
+            } else {
+                vec![StrategyKind::TileOwnership]
+            },
         };
         Ok(Self {
             ctx,
@@ -285,7 +295,24 @@ impl CudaBackend {
             limits,
             sm_count,
             arch,
+            dense: OnceLock::new(),
         })
+    }
+
+    /// Restrict the strategies the plan may choose to `kinds` (in preference order), keeping
+    /// only those this device supports; e.g. `[TileOwnership]` to test that strategy with
+    /// budgets where chunked dense would be chosen. Errors: `InvalidOption` when none is left.
+    pub fn with_strategies(mut self, kinds: &[StrategyKind]) -> Result<Self> {
+        let have = self.limits.strategies.clone();
+        let keep: Vec<StrategyKind> = kinds.iter().copied().filter(|k| have.contains(k)).collect();
+        if keep.is_empty() {
+            return Err(CceError::InvalidOption {
+                name: "strategies",
+                reason: format!("none of {kinds:?} is available (device supports {have:?})"),
+            });
+        }
+        self.limits.strategies = keep;
+        Ok(self)
     }
 
     /// The CUDA context.
@@ -444,7 +471,23 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
-        let plan = Plan::new(&problem, opts, &self.limits)?;
+        // Chunked dense materializes a dense G for cuBLAS: filtering saves it no time, and its
+        // bf16 G costs d_c accuracy on real data (0.13% vs the original filter's 0.05%;
+        // docs/perf-log.md). Filtered calls therefore plan with tile ownership, which skips
+        // tiles and keeps G to 16 mantissa bits; exact calls prefer chunked dense.
+        let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
+        let plan = if filtered && self.limits.strategies.len() > 1 {
+            let mut limits = self.limits.clone();
+            limits
+                .strategies
+                .retain(|k| *k != StrategyKind::ChunkedDense);
+            let mut plan = Plan::new(&problem, opts, &limits)?;
+            plan.reason
+                .push_str(" (chunked-dense is used for exact calls only: its dense G gains nothing from the filter)");
+            plan
+        } else {
+            Plan::new(&problem, opts, &self.limits)?
+        };
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
         let raw = self
@@ -484,6 +527,39 @@ impl CudaBackend {
             max_dropped_mass: p.plan.filter.max_dropped_mass,
             workspace_bytes,
         }
+    }
+
+    /// With `check_finite`, read the lse back (4N bytes) and report the first non-finite input
+    /// behind a non-finite lse.
+    fn check_finite_lse(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        p: &Prepared,
+        lse: &CudaTensor,
+    ) -> Result<()> {
+        if opts.check_finite {
+            let host = self.download(lse)?.to_f32_vec();
+            if let Some((row, value)) = cce_core::problem::first_non_finite(host) {
+                return Err(self.locate_non_finite(inputs, p, row, value));
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunked-dense engine when the plan chose [`Strategy::ChunkedDense`] (made and its
+    /// kernels compiled on first use), else `None`.
+    fn dense_engine(&self, p: &Prepared) -> Result<Option<&DenseEngine>> {
+        if !matches!(p.plan.strategy, Strategy::ChunkedDense { .. }) {
+            return Ok(None);
+        }
+        if let Some(e) = self.dense.get() {
+            return Ok(Some(e));
+        }
+        let engine = DenseEngine::new(self.stream.clone())?;
+        // A concurrent first call may have won the race; either engine is equivalent.
+        let _ = self.dense.set(engine);
+        Ok(self.dense.get())
     }
 
     /// Locate the first non-finite input behind a non-finite lse of `row` (error path only).
@@ -641,12 +717,7 @@ impl CudaBackend {
                 out
             }
         };
-        if opts.check_finite {
-            let host = self.download(&lse)?.to_f32_vec();
-            if let Some((row, value)) = cce_core::problem::first_non_finite(host) {
-                return Err(self.locate_non_finite(inputs, p, row, value));
-            }
-        }
+        self.check_finite_lse(inputs, opts, p, &lse)?;
         drop(part);
         drop(z_target);
         Ok(ForwardOutput {
@@ -1209,6 +1280,26 @@ impl CudaBackend {
     }
 }
 
+/// Whether the chunked-dense strategy can run: libcublas loads and compute capability ≥ 8.0.
+fn dense_available(major: i32) -> bool {
+    // SAFETY: only tries to dlopen libcublas by its candidate names; no symbol is called.
+    major >= 8 && unsafe { cudarc::cublas::sys::is_culib_present() }
+}
+
+fn dense_call<'a>(
+    p: &'a Prepared,
+    inputs: &'a Inputs<'a, CudaTensor>,
+    opts: &'a Options,
+) -> BackendCall<'a> {
+    BackendCall {
+        plan: &p.plan,
+        n_valid: p.targets.n_valid,
+        classes: &p.classes,
+        inputs,
+        opts,
+    }
+}
+
 impl Backend for CudaBackend {
     type Buffer = CudaTensor;
 
@@ -1247,6 +1338,12 @@ impl Backend for CudaBackend {
         opts: &Options,
     ) -> Result<ForwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        if let Some(engine) = self.dense_engine(&p)? {
+            let (fwd, _) = engine.backend_run(&dense_call(&p, inputs, opts), None, None)?;
+            let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
+            self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
+            return Ok(fwd);
+        }
         self.run_forward(inputs, opts, &p)
     }
 
@@ -1258,6 +1355,12 @@ impl Backend for CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        if let Some(engine) = self.dense_engine(&p)? {
+            self.check_owned("lse", lse)?;
+            let (_, bwd) =
+                engine.backend_run(&dense_call(&p, inputs, opts), Some(lse), Some(upstream))?;
+            return bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"));
+        }
         self.run_backward(inputs, opts, &p, lse, upstream)
     }
 
@@ -1268,6 +1371,15 @@ impl Backend for CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<(ForwardOutput<CudaTensor>, BackwardOutput<CudaTensor>)> {
         let p = self.prepare(inputs, opts)?;
+        if let Some(engine) = self.dense_engine(&p)? {
+            // One call: 3 GEMMs per row chunk (the logits are not recomputed).
+            let (fwd, bwd) =
+                engine.backend_run(&dense_call(&p, inputs, opts), None, Some(upstream))?;
+            let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
+            let bwd = bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))?;
+            self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
+            return Ok((fwd, bwd));
+        }
         let fwd = self.run_forward(inputs, opts, &p)?;
         let bwd = self.run_backward(inputs, opts, &p, &fwd.lse, upstream)?;
         Ok((fwd, bwd))

@@ -9,7 +9,7 @@
 //! | buffer | [`CudaTensor`]: one device allocation + dtype + row-major shape |
 //! | device, stream | [`CudaBackend`] owns a context and runs everything on one stream |
 //! | kernels | `kernels/*.cu`, embedded, compiled by NVRTC to a CUBIN for the device (`sm_90a` on H100/H200), cached per process and on disk ([`kernels`]) |
-//! | strategy | [`cce_core::Strategy::TileOwnership`]: recomputing tile-owned passes, no float atomics, bitwise repeatable |
+//! | strategy | [`cce_core::Strategy::TileOwnership`]: recomputing tile-owned passes, no float atomics, bitwise repeatable; [`cce_core::Strategy::ChunkedDense`] ([`chunked`]): row chunks of materialized f32 logits, cuBLAS for the three products, when the budget holds an f32 `d_c` accumulator |
 //!
 //! ## Passes (kernels/*.cu)
 //! - **forward** (`cce_forward_<dtype>`): grid = row tiles x class splits; each block walks
@@ -39,6 +39,7 @@
 //! forward; only when it holds a NaN/Inf are the inputs read to locate the bad element.
 
 pub mod backend;
+pub mod chunked;
 pub mod kernels;
 pub mod tensor;
 

@@ -1,0 +1,1093 @@
+// chunked.cu: the row kernels of Strategy::ChunkedDense (cce-core plan.rs); the three
+// products are cuBLAS GEMMs (src/chunked.rs).
+//
+// Parameters (every kernel, details at each kernel):
+//   L    f32 [rows, ld] logits of one row chunk (ld a multiple of 8), row-major; the backward
+//        writes G over it in the gradient dtype with row stride ld·4/sizeof(G);
+//   bias DT [V] or 0; targets i32 [rows] (class, −1 = ignored), chunk-relative like every
+//        per-row array (lse, loss, entropy, argmax, kept, dropped, upstream gradients);
+//   flags u32 [row tiles, class tiles] of the plan's tile grid (filter statistics).
+// Tiling: one row per block (fwd, bwd) or per thread-block cluster (fused, CS blocks each
+//   owning a contiguous slice of the row in shared memory); a row is streamed in steps of
+//   THREADS·4·UNROLL columns.
+// Thread mapping: thread t owns the float4 columns 4·t + k·4·THREADS of its row (coalesced
+//   16-byte loads, UNROLL loads in flight); block reductions by warp shuffles then one warp,
+//   in a fixed order (bitwise deterministic).
+//
+// Per row chunk of R rows:
+//   (1) cuBLAS: L = E_r · Cᵀ, f32 [R, V] with row stride `ld`;
+//   (2) cce_dense_fwd_*:   bias, softcap, online max / Σexp → lse, loss, entropy, argmax;
+//   (3) cce_dense_bwd_*:   G = ∂loss/∂z (MATH.md "Backward") written IN PLACE over L in the
+//                          gradient dtype, with the per-row filter threshold τ_i (filter.rs);
+//       or cce_dense_fused_*: (2) and (3) in one pass, the row held in the shared memory of a
+//                          thread-block cluster (one HBM read of L instead of two);
+//   (4) cuBLAS: d_e_r = G · C, (5) cuBLAS: d_c += Gᵀ · E_r (f32 accumulator), d_bias by
+//       cce_dense_colsum_*.
+//
+// In-place G: row r of L occupies bytes [4·r·ld, 4·(r+1)·ld). G of row r is written at the
+// start of the same byte range, element j at byte 4·r·ld + j·sizeof(G); as a matrix G has the
+// row stride ld·4/sizeof(G) elements (2·ld for 16-bit G). Writing 16-bit G element j clobbers
+// f32 element j/2 of the same row, so a block must have read every f32 element < j/2 + 1 of the
+// row before writing G element j (see the barriers in cce_dense_bwd and the cluster barrier in
+// cce_dense_fused). Nothing of another row is touched.
+//
+// dtypes: DT 0 = f32, 1 = f16, 2 = bf16. 16-bit values are carried as unsigned short and
+// converted with cvt PTX (no CUDA headers needed by NVRTC). Kernel symbols carry the dtype.
+// Optional pointers are 0 when absent. Indices into [R, V] matrices are 64-bit. The fused
+// kernels need sm_90 (clusters, distributed shared memory) and are compiled only there.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF (__int_as_float(0xff800000))
+#define N_BINS 65
+#define FIXED_ONE 1073741824.0f /* 2^30, cce-core FIXED_POINT_ONE */
+#define INACTIVE_ROW 0xffffffffu /* kept_out of a row with zero upstream gradient */
+
+// ------------------------------------------------------------------------------------------
+// Element conversion
+// ------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f32_to_bf16(float x) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ u16 f32_to_f16(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+template <int DT> struct Elem;
+template <> struct Elem<0> {
+    static __device__ __forceinline__ float load(const void* p, long long i) {
+        return ((const float*)p)[i];
+    }
+    // i is a multiple of 4 and the base is 16-byte aligned.
+    static __device__ __forceinline__ float4 load4(const void* p, long long i) {
+        return *(const float4*)((const float*)p + i);
+    }
+    static __device__ __forceinline__ void store(void* p, long long i, float x) {
+        ((float*)p)[i] = x;
+    }
+    static __device__ __forceinline__ void store4(void* p, long long i, float4 v) {
+        *(float4*)((float*)p + i) = v;
+    }
+};
+template <int DT> struct Elem16 {
+    static __device__ __forceinline__ float cvt_in(u16 h) {
+        return DT == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+    static __device__ __forceinline__ u16 cvt_out(float x) {
+        return DT == 1 ? f32_to_f16(x) : f32_to_bf16(x);
+    }
+    static __device__ __forceinline__ float load(const void* p, long long i) {
+        return cvt_in(((const u16*)p)[i]);
+    }
+    // i is a multiple of 4 and the base is 8-byte aligned.
+    static __device__ __forceinline__ float4 load4(const void* p, long long i) {
+        uint2 u = *(const uint2*)((const u16*)p + i);
+        return make_float4(cvt_in((u16)(u.x & 0xffff)), cvt_in((u16)(u.x >> 16)),
+                           cvt_in((u16)(u.y & 0xffff)), cvt_in((u16)(u.y >> 16)));
+    }
+    static __device__ __forceinline__ void store(void* p, long long i, float x) {
+        ((u16*)p)[i] = cvt_out(x);
+    }
+    static __device__ __forceinline__ void store4(void* p, long long i, float4 v) {
+        uint2 u;
+        u.x = (u32)cvt_out(v.x) | ((u32)cvt_out(v.y) << 16);
+        u.y = (u32)cvt_out(v.z) | ((u32)cvt_out(v.w) << 16);
+        *(uint2*)((u16*)p + i) = u;
+    }
+};
+template <> struct Elem<1> : Elem16<1> {};
+template <> struct Elem<2> : Elem16<2> {};
+
+__device__ __forceinline__ float f4get(const float4& v, int k) {
+    return k == 0 ? v.x : (k == 1 ? v.y : (k == 2 ? v.z : v.w));
+}
+__device__ __forceinline__ void f4set(float4& v, int k, float x) {
+    if (k == 0) v.x = x; else if (k == 1) v.y = x; else if (k == 2) v.z = x; else v.w = x;
+}
+
+// z = softcap(x + bias): the one definition every kernel uses, so that the forward, the
+// histogram and G see the same bits.
+__device__ __forceinline__ float cap_z(float x, float softcap, float inv_softcap) {
+    return softcap > 0.0f ? softcap * tanhf(x * inv_softcap) : x;
+}
+
+// ------------------------------------------------------------------------------------------
+// Reductions (fixed shuffle / shared-memory trees: bitwise deterministic)
+// ------------------------------------------------------------------------------------------
+
+// Online log-sum-exp state: m = max, s = Σ exp(z − m), t = Σ exp(z − m)·z, am = argmax (lowest
+// index on ties), zs = Σ z.
+struct RowAcc {
+    float m, s, t, zs;
+    int am;
+};
+
+__device__ __forceinline__ void acc_init(RowAcc& a) {
+    a.m = NEG_INF; a.s = 0.0f; a.t = 0.0f; a.zs = 0.0f; a.am = 0x7fffffff;
+}
+
+__device__ __forceinline__ void acc_merge(RowAcc& a, const RowAcc& b) {
+    float M = fmaxf(a.m, b.m);
+    int am;
+    if (b.m > a.m || (b.m == a.m && b.am < a.am)) am = b.am; else am = a.am;
+    if (M != NEG_INF) {
+        float ea = __expf(a.m - M), eb = __expf(b.m - M);
+        a.s = a.s * ea + b.s * eb;
+        a.t = a.t * ea + b.t * eb;
+    } else {
+        a.s = a.s + b.s;
+        a.t = a.t + b.t;
+    }
+    a.m = M;
+    a.am = am;
+    a.zs += b.zs;
+}
+
+__device__ __forceinline__ RowAcc acc_shfl(const RowAcc& a, int o) {
+    RowAcc b;
+    b.m = __shfl_xor_sync(FULL_MASK, a.m, o);
+    b.s = __shfl_xor_sync(FULL_MASK, a.s, o);
+    b.t = __shfl_xor_sync(FULL_MASK, a.t, o);
+    b.zs = __shfl_xor_sync(FULL_MASK, a.zs, o);
+    b.am = __shfl_xor_sync(FULL_MASK, a.am, o);
+    return b;
+}
+
+// Add one value z at column j (columns visited in increasing order per thread).
+__device__ __forceinline__ void acc_push(RowAcc& a, float z, int j) {
+    if (z > a.m) {
+        float e = __expf(a.m - z);  // exp(-inf) = 0 for the first value
+        a.s = a.s * e + 1.0f;
+        a.t = a.t * e + z;
+        a.m = z;
+        a.am = j;
+    } else if (a.m != NEG_INF || z != z) {  // NaN z makes s NaN (lse non-finite)
+        float e = __expf(z - a.m);
+        a.s += e;
+        a.t += e * z;
+    }
+    a.zs += z;
+}
+
+// Block-wide merge; the result is valid in thread 0. `sh` holds 32 RowAcc.
+__device__ __forceinline__ RowAcc block_acc(RowAcc a, RowAcc* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        RowAcc b = acc_shfl(a, o);
+        acc_merge(a, b);
+    }
+    if (lane == 0) sh[warp] = a;
+    __syncthreads();
+    if (warp == 0) {
+        if (lane < nw) a = sh[lane]; else acc_init(a);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            RowAcc b = acc_shfl(a, o);
+            acc_merge(a, b);
+        }
+    }
+    __syncthreads();
+    return a;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+__device__ __forceinline__ u32 warp_sum_u32(u32 v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+// Block sums of (float, float, u32); result valid in every thread. `shf` holds 64 floats,
+// `shu` 32 u32.
+__device__ __forceinline__ void block_sum2u(float& a, float& b, u32& c, float* shf, u32* shu) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    a = warp_sum(a); b = warp_sum(b); c = warp_sum_u32(c);
+    __syncthreads();
+    if (lane == 0) { shf[warp] = a; shf[32 + warp] = b; shu[warp] = c; }
+    __syncthreads();
+    a = 0.0f; b = 0.0f; c = 0;
+    for (int w = 0; w < nw; ++w) { a += shf[w]; b += shf[32 + w]; c += shu[w]; }
+    __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------------
+// Filter helpers (cce-core filter.rs): bins of g0 = |p − onehot| below eps, 4 per octave.
+// ------------------------------------------------------------------------------------------
+
+// Bin of g0 < edges[0] (= eps), using the host-computed edges (edges[k] = eps·2^(−k/4)), with
+// the same guard loops as FilterRule::bin, so bins match the CPU reference exactly.
+__device__ __forceinline__ int filter_bin(float g0, const float* edges) {
+    if (g0 <= 0.0f) return N_BINS - 1;
+    float k = floorf(-4.0f * log2f(g0 / edges[0]));
+    int b = (int)fminf(fmaxf(k, 0.0f), (float)(N_BINS - 1));
+    while (b > 0 && g0 >= edges[b]) --b;
+    while (b < N_BINS - 1 && g0 < edges[b + 1]) ++b;
+    return b;
+}
+
+// Threshold from a fixed-point histogram (2^30 per unit mass, ceil-rounded per entry): the
+// largest edge whose below-mass is ≤ delta_fixed, or 0. Called by one thread.
+__device__ __forceinline__ float filter_threshold(const u32* hist, u64 delta_fixed,
+                                                  const float* edges) {
+    u64 below = 0;
+    int best = -1;
+    for (int k = N_BINS - 1; k >= 0; --k) {
+        below += hist[k];
+        if (below <= delta_fixed) best = k; else break;
+    }
+    return best >= 0 ? edges[best] : 0.0f;
+}
+
+// Row coefficients of G (MATH.md "Backward"): G = cp·p − cy·[j = y] − cc, times the softcap
+// factor. g = upstream loss gradient of the row (0 when ignored), h = upstream lse gradient.
+struct GCoef {
+    float cp, cy, cc;
+    bool active;
+};
+
+__device__ __forceinline__ GCoef g_coef(int y, long long row, const float* dl_rows,
+                                        float dl_scalar, const float* dlse, float lse,
+                                        float alpha, float lambda, int V) {
+    GCoef c;
+    float g = y >= 0 ? (dl_rows ? dl_rows[row] : dl_scalar) : 0.0f;
+    float h = dlse ? dlse[row] : 0.0f;
+    c.cp = g * (1.0f + 2.0f * lambda * lse) + h;
+    c.cy = g * (1.0f - alpha);
+    c.cc = g * alpha / (float)V;
+    c.active = (g != 0.0f) || (h != 0.0f);
+    return c;
+}
+
+// One entry of G. Returns G; adds to kept / dropped.
+__device__ __forceinline__ float g_entry(float z, int j, int y, float lse, const GCoef& c,
+                                         float tau, float softcap, float inv_softcap,
+                                         u32& kept, float& dropped, bool& any_kept) {
+    float p = __expf(z - lse);
+    bool tgt = (j == y);
+    float g0 = tgt ? fabsf(1.0f - p) : p;
+    float gv;
+    if (g0 < tau) {  // skipped (tau = 0 when the filter is off or the row inactive)
+        dropped += g0;
+        gv = -c.cc;
+    } else {
+        ++kept;
+        any_kept = true;
+        gv = c.cp * p - (tgt ? c.cy : 0.0f) - c.cc;
+    }
+    if (softcap > 0.0f) {
+        float q = z * inv_softcap;
+        gv *= 1.0f - q * q;
+    }
+    return gv;
+}
+
+// Warp-aggregated "this (row tile, class tile) kept an entry" flag. All 32 lanes must call it
+// (convergent); `j` is the lane's column (any value when !valid).
+__device__ __forceinline__ void flag_tile(u32* flags, long long flag_row, int n_ctiles,
+                                          int tile_classes, int j, bool kept_any) {
+    int t = j / tile_classes;
+    u32 grp = __match_any_sync(FULL_MASK, t);
+    u32 any = __ballot_sync(FULL_MASK, kept_any) & grp;
+    int lane = threadIdx.x & 31;
+    if (any != 0 && lane == __ffs(grp) - 1) atomicOr(&flags[flag_row * n_ctiles + t], 1u);
+}
+
+// ------------------------------------------------------------------------------------------
+// (2) Forward row kernel
+// ------------------------------------------------------------------------------------------
+// Parameters:
+//   L        f32 [rows, ld] logits of the chunk (read only), row-major, 16-byte aligned rows;
+//   bias     DT [V] or 0;  targets i32 [rows] (class or −1), chunk-relative;
+//   lse, loss, entropy (f32 [rows]), argmax (i32 [rows]) outputs, chunk-relative; entropy and
+//   argmax may be 0. loss = per-row ℓ_i (0 at ignored rows).
+// Tiling: one block per row; the row is streamed in steps of FWD_THREADS·4·FWD_UNROLL columns.
+// Thread mapping: thread t owns columns 4·t + k·4·FWD_THREADS (float4 loads, coalesced across
+// the warp), FWD_UNROLL loads in flight per thread; the scalar tail (V mod 4) one per thread.
+#define FWD_THREADS 256
+#define FWD_UNROLL 4
+
+template <int DT>
+__device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long ld, int V,
+                                          const void* __restrict__ bias, float softcap,
+                                          const int* __restrict__ targets, float alpha,
+                                          float lambda, float* lse_out, float* loss_out,
+                                          float* ent_out, int* am_out) {
+    __shared__ RowAcc sh[32];
+    const long long r = blockIdx.x;
+    const float* Lr = L + r * ld;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const int V4 = V & ~3;
+    RowAcc a;
+    acc_init(a);
+    for (int base = threadIdx.x * 4; base < V4; base += FWD_THREADS * 4 * FWD_UNROLL) {
+        float4 xv[FWD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            int j = base + u * FWD_THREADS * 4;
+            xv[u] = j < V4 ? __ldg((const float4*)(Lr + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (bias) {
+#pragma unroll
+            for (int u = 0; u < FWD_UNROLL; ++u) {
+                int j = base + u * FWD_THREADS * 4;
+                if (j < V4) {
+                    float4 b = Elem<DT>::load4(bias, j);
+                    xv[u].x += b.x; xv[u].y += b.y; xv[u].z += b.z; xv[u].w += b.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            int j = base + u * FWD_THREADS * 4;
+            if (j < V4) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc_push(a, cap_z(f4get(xv[u], k), softcap, inv_cap), j + k);
+            }
+        }
+    }
+    for (int j = V4 + threadIdx.x; j < V; j += FWD_THREADS) {
+        float x = Lr[j];
+        if (bias) x += Elem<DT>::load(bias, j);
+        acc_push(a, cap_z(x, softcap, inv_cap), j);
+    }
+    a = block_acc(a, sh);
+    if (threadIdx.x == 0) {
+        float lse = a.m + logf(a.s);
+        int y = targets[r];
+        float loss = 0.0f;
+        if (y >= 0) {
+            float x = Lr[y];
+            if (bias) x += Elem<DT>::load(bias, y);
+            float zy = cap_z(x, softcap, inv_cap);
+            loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
+            if (alpha != 0.0f) loss -= alpha / (float)V * a.zs;
+        }
+        lse_out[r] = lse;
+        loss_out[r] = loss;
+        if (ent_out) ent_out[r] = lse - a.t / a.s;
+        if (am_out) am_out[r] = a.am == 0x7fffffff ? 0 : a.am;
+    }
+}
+
+#define FWD_PARAMS                                                                            \
+    const float *__restrict__ L, long long ld, int V, const void *__restrict__ bias,         \
+        float softcap, const int *__restrict__ targets, float alpha, float lambda,           \
+        float *lse_out, float *loss_out, float *ent_out, int *am_out
+#define FWD_ARGS L, ld, V, bias, softcap, targets, alpha, lambda, lse_out, loss_out, ent_out, am_out
+
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_f32(FWD_PARAMS) {
+    dense_fwd<0>(FWD_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_f16(FWD_PARAMS) {
+    dense_fwd<1>(FWD_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_bf16(FWD_PARAMS) {
+    dense_fwd<2>(FWD_ARGS);
+}
+
+// ------------------------------------------------------------------------------------------
+// Histogram helper (filter pass)
+// ------------------------------------------------------------------------------------------
+
+// Add the fixed-point mass of g0 (when `valid` and g0 < eps) to the warp's histogram `whist`.
+// All 32 lanes must call it (convergent): the underflow bin, where most entries of a peaked row
+// land, is summed across the warp first (one atomic instead of 32 on one address).
+__device__ __forceinline__ void hist_add(u32* whist, float g0, bool valid, const float* edges) {
+    u32 mass = 0;
+    int b = N_BINS - 1;
+    if (valid && g0 < edges[0]) {
+        b = filter_bin(g0, edges);
+        mass = (u32)ceilf(g0 * FIXED_ONE);
+    }
+    u32 under = __reduce_add_sync(FULL_MASK, b == N_BINS - 1 ? mass : 0u);
+    if ((threadIdx.x & 31) == 0 && under != 0) atomicAdd(&whist[N_BINS - 1], under);
+    if (b != N_BINS - 1 && mass != 0) atomicAdd(&whist[b], mass);
+}
+
+// ------------------------------------------------------------------------------------------
+// (3) Backward row kernel: G in place over L, per-row filter threshold
+// ------------------------------------------------------------------------------------------
+// Parameters:
+//   L        f32 [rows, ld] logits of the chunk; G (DT, row stride ld·4/sizeof(DT)) is written
+//            over it (module comment);
+//   bias DT [V] or 0; targets i32 [rows]; lse f32 [rows] (saved by the forward);
+//   dl_rows  f32 [rows] per-row upstream loss gradient, or 0 → dl_scalar for every valid row;
+//   dlse     f32 [rows] upstream lse gradient, or 0;
+//   filter_on, edges f32 [65] (edge(k)), delta_fixed = floor(δ·2^30);
+//   kept u32 [rows], dropped f32 [rows] per-row statistics (written when filter_on);
+//   flags u32 [row tiles, n_ctiles] "tile kept an entry" (global row index row0 + r).
+// Tiling: one block per row. Pass 1 (filter on, active row): histogram of g0 in shared memory,
+//   one private histogram per warp; τ by thread 0. Pass 2: G.
+// Thread mapping: step s covers columns [s·STEP, (s+1)·STEP), STEP = BWD_THREADS·4·BWD_UNROLL;
+//   thread t owns the float4 columns s·STEP + u·BWD_THREADS·4 + 4t (coalesced, BWD_UNROLL
+//   loads in flight). Trip counts are uniform over the block (barriers, warp intrinsics).
+//   In pass 2 every step reads its columns into registers, then a barrier, then writes G: the
+//   writes of step s clobber f32 columns < (s+1)·STEP/2, all read by then.
+#define BWD_THREADS 512
+#define BWD_UNROLL 2
+
+template <int DT>
+__device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const void* bias,
+                                          float softcap, const int* targets, const float* lse_in,
+                                          const float* dl_rows, float dl_scalar,
+                                          const float* dlse, float alpha, float lambda,
+                                          int filter_on, const float* edges_g, u64 delta_fixed,
+                                          u32* kept_out, float* dropped_out, u32* flags,
+                                          long long row0, int tile_rows, int tile_classes,
+                                          int n_ctiles) {
+    __shared__ u32 hist[BWD_THREADS / 32][N_BINS];
+    __shared__ u32 tot[N_BINS];
+    __shared__ float edges[N_BINS];
+    __shared__ float shf[64];
+    __shared__ u32 shu[32];
+    __shared__ float tau_sh;
+    const int STEP = BWD_THREADS * 4 * BWD_UNROLL;
+    const long long r = blockIdx.x;
+    float* Lr = L + r * ld;
+    char* Gr = (char*)Lr;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const int V4 = V & ~3;
+    const int y = targets[r];
+    const float lse = lse_in[r];
+    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
+    const int warp = threadIdx.x >> 5;
+    const bool filt = filter_on && c.active;
+    float tau = 0.0f;
+    if (filt) {
+        for (int k = threadIdx.x; k < (BWD_THREADS / 32) * N_BINS; k += BWD_THREADS)
+            (&hist[0][0])[k] = 0;
+        if (threadIdx.x < N_BINS) edges[threadIdx.x] = edges_g[threadIdx.x];
+        __syncthreads();
+        for (int b0 = 0; b0 < V4; b0 += STEP) {
+            float4 xv[BWD_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BWD_UNROLL; ++u) {
+                int j = b0 + u * BWD_THREADS * 4 + threadIdx.x * 4;
+                xv[u] = j < V4 ? *(const float4*)(Lr + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < BWD_UNROLL; ++u) {
+                int j = b0 + u * BWD_THREADS * 4 + threadIdx.x * 4;
+                bool ok = j < V4;
+                float4 b = (bias && ok) ? Elem<DT>::load4(bias, j) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
+                    float p = __expf(z - lse);
+                    float g0 = (j + k == y) ? fabsf(1.0f - p) : p;
+                    hist_add(hist[warp], g0, ok, edges);
+                }
+            }
+        }
+        for (int b0 = V4; b0 < V; b0 += BWD_THREADS) {
+            int j = b0 + threadIdx.x;
+            bool ok = j < V;
+            float g0 = 0.0f;
+            if (ok) {
+                float x = Lr[j];
+                if (bias) x += Elem<DT>::load(bias, j);
+                float z = cap_z(x, softcap, inv_cap);
+                float p = __expf(z - lse);
+                g0 = (j == y) ? fabsf(1.0f - p) : p;
+            }
+            hist_add(hist[warp], g0, ok, edges);
+        }
+        __syncthreads();
+        if (threadIdx.x < N_BINS) {
+            u32 s = 0;
+            for (int w = 0; w < BWD_THREADS / 32; ++w) s += hist[w][threadIdx.x];
+            tot[threadIdx.x] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) tau_sh = filter_threshold(tot, delta_fixed, edges);
+        __syncthreads();
+        tau = tau_sh;
+    }
+    u32 kept = 0;
+    float dropped = 0.0f;
+    const long long flag_row = (row0 + r) / tile_rows;
+    for (int b0 = 0; b0 < V4; b0 += STEP) {
+        float4 xv[BWD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BWD_UNROLL; ++u) {
+            int j = b0 + u * BWD_THREADS * 4 + threadIdx.x * 4;
+            xv[u] = j < V4 ? *(const float4*)(Lr + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __syncthreads();  // every read of this step before any write of it (in-place G)
+#pragma unroll
+        for (int u = 0; u < BWD_UNROLL; ++u) {
+            int j = b0 + u * BWD_THREADS * 4 + threadIdx.x * 4;
+            bool any_kept = false;
+            if (j < V4) {
+                float4 b = bias ? Elem<DT>::load4(bias, j) : make_float4(0.f, 0.f, 0.f, 0.f);
+                float4 gv;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
+                    f4set(gv, k, g_entry(z, j + k, y, lse, c, tau, softcap, inv_cap, kept,
+                                         dropped, any_kept));
+                }
+                Elem<DT>::store4(Gr, j, gv);
+            }
+            if (filt) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, any_kept);
+        }
+    }
+    // Scalar tail (V mod 4 < BWD_THREADS columns): read, barrier, write.
+    {
+        int j = V4 + threadIdx.x;
+        float x = 0.0f;
+        if (j < V) {
+            x = Lr[j];
+            if (bias) x += Elem<DT>::load(bias, j);
+        }
+        __syncthreads();
+        if (j < V) {
+            bool any_kept = false;
+            float z = cap_z(x, softcap, inv_cap);
+            float gv = g_entry(z, j, y, lse, c, tau, softcap, inv_cap, kept, dropped, any_kept);
+            Elem<DT>::store(Gr, j, gv);
+            if (filt && any_kept) atomicOr(&flags[flag_row * n_ctiles + j / tile_classes], 1u);
+        }
+    }
+    if (filter_on) {
+        float unused = 0.0f;
+        block_sum2u(dropped, unused, kept, shf, shu);
+        if (threadIdx.x == 0) {
+            kept_out[r] = c.active ? kept : INACTIVE_ROW;
+            dropped_out[r] = c.active ? dropped : 0.0f;
+        }
+    }
+}
+
+#define BWD_PARAMS                                                                            \
+    float *L, long long ld, int V, const void *bias, float softcap, const int *targets,      \
+        const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
+        float alpha, float lambda, int filter_on, const float *edges_g, u64 delta_fixed,     \
+        u32 *kept_out, float *dropped_out, u32 *flags, long long row0, int tile_rows,        \
+        int tile_classes, int n_ctiles
+#define BWD_ARGS                                                                              \
+    L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, alpha, lambda,       \
+        filter_on, edges_g, delta_fixed, kept_out, dropped_out, flags, row0, tile_rows,       \
+        tile_classes, n_ctiles
+
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f32(BWD_PARAMS) {
+    dense_bwd<0>(BWD_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f16(BWD_PARAMS) {
+    dense_bwd<1>(BWD_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_bf16(BWD_PARAMS) {
+    dense_bwd<2>(BWD_ARGS);
+}
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// ------------------------------------------------------------------------------------------
+// (2)+(3) fused: one row per thread-block cluster, the row resident in shared memory
+// ------------------------------------------------------------------------------------------
+// Parameters: the union of the forward's and the backward's (lse, loss, entropy, argmax are
+//   outputs here), plus `slice` = columns per block (a multiple of 4; CS·slice ≥ V).
+// Tiling: a cluster of CS blocks owns one row; block `rank` owns columns
+//   [rank·slice, min((rank+1)·slice, V)) and keeps their z = softcap(x + bias) in dynamic
+//   shared memory (slice·4 bytes). The row is read from HBM once; max, Σexp, the histogram and
+//   G are computed from shared memory. Cluster-wide values are combined through distributed
+//   shared memory: lanes q < CS of warp 0 read block q's partial, lane 0 combines them in rank
+//   order (identical in every block, bitwise deterministic).
+// Thread mapping: FUSED_THREADS threads; float4 columns 4·t + s·4·FUSED_THREADS of the slice.
+// Ordering: G is written only after the first cluster barrier, when every block of the
+//   cluster has read its slice of L (in-place G clobbers the first half of the row's bytes);
+//   the last cluster barrier keeps every block's shared memory alive until peers have read it.
+#define FUSED_THREADS 512
+
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+// Read the 32-bit word at local shared address `addr` of block `rank` of the cluster.
+__device__ __forceinline__ u32 dsmem_ld_u32(u32 addr, u32 rank) {
+    u32 remote, v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(remote));
+    return v;
+}
+__device__ __forceinline__ float dsmem_ld_f32(u32 addr, u32 rank) {
+    return __uint_as_float(dsmem_ld_u32(addr, rank));
+}
+
+struct FusedShared {
+    RowAcc acc[32];
+    float m1, zs1, s2, t2, dropped4;  // this block's partials (read by peers)
+    int am1;
+    u32 kept4;
+    float M, ZS, S, T, tau;  // cluster-wide values, broadcast to the block
+    int AM;
+    u32 hist[FUSED_THREADS / 32][N_BINS];
+    u32 tot[N_BINS];   // this block's histogram (read by peers)
+    u32 tot2[N_BINS];  // the cluster's histogram
+    float edges[N_BINS];
+    float shf[64];
+    u32 shu[32];
+};
+
+template <int DT, int CS>
+__device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int slice,
+                                            const void* bias, float softcap, const int* targets,
+                                            float alpha, float lambda, const float* dl_rows,
+                                            float dl_scalar, const float* dlse, int filter_on,
+                                            const float* edges_g, u64 delta_fixed,
+                                            float* lse_out, float* loss_out, float* ent_out,
+                                            int* am_out, u32* kept_out, float* dropped_out,
+                                            u32* flags, long long row0, int tile_rows,
+                                            int tile_classes, int n_ctiles) {
+    extern __shared__ float4 zbuf4[];
+    float* zbuf = (float*)zbuf4;
+    __shared__ FusedShared sh;
+    const u32 rank = CS > 1 ? cluster_rank() : 0;
+    const long long r = blockIdx.x / CS;
+    float* Lr = L + r * ld;
+    char* Gr = (char*)Lr;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const int c0 = (int)rank * slice;
+    const int c1 = min(c0 + slice, V);
+    const int cnt = max(c1 - c0, 0);
+    const int cnt4 = cnt & ~3;
+    const int y = targets[r];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    // Load the slice: z into shared memory; thread-local max (first index), Σz.
+    float m = NEG_INF, zs = 0.0f;
+    int am = 0x7fffffff;
+    for (int base = threadIdx.x * 4; base < cnt4; base += FUSED_THREADS * 4 * 4) {
+        float4 xv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            int jj = base + u * FUSED_THREADS * 4;
+            xv[u] = jj < cnt4 ? *(const float4*)(Lr + c0 + jj) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            int jj = base + u * FUSED_THREADS * 4;
+            if (jj < cnt4) {
+                float4 b = bias ? Elem<DT>::load4(bias, c0 + jj) : make_float4(0.f, 0.f, 0.f, 0.f);
+                float4 zv;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
+                    f4set(zv, k, z);
+                    if (z > m) { m = z; am = c0 + jj + k; }
+                    zs += z;
+                }
+                *(float4*)(zbuf + jj) = zv;
+            }
+        }
+    }
+    for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
+        float x = Lr[c0 + jj];
+        if (bias) x += Elem<DT>::load(bias, c0 + jj);
+        float z = cap_z(x, softcap, inv_cap);
+        zbuf[jj] = z;
+        if (z > m) { m = z; am = c0 + jj; }
+        zs += z;
+    }
+    // Stage 1: block then cluster max / argmax / Σz.
+    {
+        RowAcc a;
+        a.m = m; a.s = 0.0f; a.t = 0.0f; a.zs = zs; a.am = am;
+        a = block_acc(a, sh.acc);
+        if (threadIdx.x == 0) { sh.m1 = a.m; sh.am1 = a.am; sh.zs1 = a.zs; }
+    }
+    if (CS > 1) cluster_sync_all(); else __syncthreads();
+    // From here on the whole row of L has been read by the cluster: G may be written.
+    if (warp == 0) {
+        float mq = NEG_INF, zq = 0.0f;
+        int amq = 0x7fffffff;
+        if (lane < CS) {
+            if (CS > 1) {
+                mq = dsmem_ld_f32(smem_addr(&sh.m1), lane);
+                amq = (int)dsmem_ld_u32(smem_addr(&sh.am1), lane);
+                zq = dsmem_ld_f32(smem_addr(&sh.zs1), lane);
+            } else {
+                mq = sh.m1; amq = sh.am1; zq = sh.zs1;
+            }
+        }
+        float M = NEG_INF, ZS = 0.0f;
+        int AM = 0x7fffffff;
+        for (int q = 0; q < CS; ++q) {
+            float a = __shfl_sync(FULL_MASK, mq, q);
+            int b = __shfl_sync(FULL_MASK, amq, q);
+            float z = __shfl_sync(FULL_MASK, zq, q);
+            if (a > M || (a == M && b < AM)) AM = b;
+            M = fmaxf(M, a);
+            ZS += z;
+        }
+        if (lane == 0) { sh.M = M; sh.AM = AM; sh.ZS = ZS; }
+    }
+    __syncthreads();
+    const float M = sh.M;
+    // Stage 2: Σ exp(z − M), Σ exp(z − M)·z from shared memory.
+    float s = 0.0f, t = 0.0f;
+    if (M != NEG_INF) {
+        for (int jj = threadIdx.x * 4; jj < cnt4; jj += FUSED_THREADS * 4) {
+            float4 zv = *(const float4*)(zbuf + jj);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float z = f4get(zv, k);
+                float e = __expf(z - M);
+                s += e;
+                t += e * z;
+            }
+        }
+        for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
+            float z = zbuf[jj];
+            float e = __expf(z - M);
+            s += e;
+            t += e * z;
+        }
+    }
+    {
+        u32 unused = 0;
+        block_sum2u(s, t, unused, sh.shf, sh.shu);
+        if (threadIdx.x == 0) { sh.s2 = s; sh.t2 = t; }
+    }
+    if (CS > 1) cluster_sync_all(); else __syncthreads();
+    if (warp == 0) {
+        float sq = 0.0f, tq = 0.0f;
+        if (lane < CS) {
+            if (CS > 1) {
+                sq = dsmem_ld_f32(smem_addr(&sh.s2), lane);
+                tq = dsmem_ld_f32(smem_addr(&sh.t2), lane);
+            } else {
+                sq = sh.s2; tq = sh.t2;
+            }
+        }
+        float S = 0.0f, T = 0.0f;
+        for (int q = 0; q < CS; ++q) {
+            S += __shfl_sync(FULL_MASK, sq, q);
+            T += __shfl_sync(FULL_MASK, tq, q);
+        }
+        if (lane == 0) { sh.S = S; sh.T = T; }
+    }
+    __syncthreads();
+    const float lse = M + logf(sh.S);
+    if (rank == 0 && threadIdx.x == 0) {
+        float loss = 0.0f;
+        if (y >= 0) {
+            // z_y from the shared memory of the block owning column y.
+            u32 owner = (u32)(y / slice);
+            int off = y - (int)owner * slice;
+            float zy = CS > 1 ? dsmem_ld_f32(smem_addr(zbuf + off), owner) : zbuf[off];
+            loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
+            if (alpha != 0.0f) loss -= alpha / (float)V * sh.ZS;
+        }
+        lse_out[r] = lse;
+        loss_out[r] = loss;
+        if (ent_out) ent_out[r] = lse - sh.T / sh.S;
+        if (am_out) am_out[r] = sh.AM == 0x7fffffff ? 0 : sh.AM;
+    }
+    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
+    // filt is uniform over the cluster (one row): every block takes the barrier below or none.
+    const bool filt = filter_on && c.active;
+    // Stage 3 (filter): histogram of g0, cluster-wide threshold.
+    float tau = 0.0f;
+    if (filt) {
+        for (int k = threadIdx.x; k < (FUSED_THREADS / 32) * N_BINS; k += FUSED_THREADS)
+            (&sh.hist[0][0])[k] = 0;
+        if (threadIdx.x < N_BINS) sh.edges[threadIdx.x] = edges_g[threadIdx.x];
+        __syncthreads();
+        for (int b0 = 0; b0 < cnt; b0 += FUSED_THREADS) {
+            int jj = b0 + threadIdx.x;
+            bool ok = jj < cnt;
+            float g0 = 0.0f;
+            if (ok) {
+                float p = __expf(zbuf[jj] - lse);
+                g0 = (c0 + jj == y) ? fabsf(1.0f - p) : p;
+            }
+            hist_add(sh.hist[warp], g0, ok, sh.edges);
+        }
+        __syncthreads();
+        if (threadIdx.x < N_BINS) {
+            u32 v = 0;
+            for (int w = 0; w < FUSED_THREADS / 32; ++w) v += sh.hist[w][threadIdx.x];
+            sh.tot[threadIdx.x] = v;
+        }
+        if (CS > 1) cluster_sync_all(); else __syncthreads();
+        if (threadIdx.x < N_BINS) {
+            u32 v = 0;
+            for (int q = 0; q < CS; ++q)
+                v += CS > 1 ? dsmem_ld_u32(smem_addr(&sh.tot[threadIdx.x]), (u32)q)
+                            : sh.tot[threadIdx.x];
+            sh.tot2[threadIdx.x] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) sh.tau = filter_threshold(sh.tot2, delta_fixed, sh.edges);
+        __syncthreads();
+        tau = sh.tau;
+    }
+    // Stage 4: G from shared memory, written over the row's first bytes.
+    u32 kept = 0;
+    float dropped = 0.0f;
+    const long long flag_row = (row0 + r) / tile_rows;
+    for (int b0 = 0; b0 < cnt4; b0 += FUSED_THREADS * 4) {
+        int jj = b0 + threadIdx.x * 4;
+        bool any_kept = false;
+        if (jj < cnt4) {
+            float4 zv = *(const float4*)(zbuf + jj);
+            float4 gv;
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                f4set(gv, k, g_entry(f4get(zv, k), c0 + jj + k, y, lse, c, tau, softcap, inv_cap,
+                                     kept, dropped, any_kept));
+            Elem<DT>::store4(Gr, c0 + jj, gv);
+        }
+        if (filt) flag_tile(flags, flag_row, n_ctiles, tile_classes, c0 + jj, any_kept);
+    }
+    for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
+        bool any_kept = false;
+        float gv = g_entry(zbuf[jj], c0 + jj, y, lse, c, tau, softcap, inv_cap, kept, dropped,
+                           any_kept);
+        Elem<DT>::store(Gr, c0 + jj, gv);
+        if (filt && any_kept) atomicOr(&flags[flag_row * n_ctiles + (c0 + jj) / tile_classes], 1u);
+    }
+    if (filter_on) {
+        float unused = 0.0f;
+        block_sum2u(dropped, unused, kept, sh.shf, sh.shu);
+        if (threadIdx.x == 0) { sh.dropped4 = dropped; sh.kept4 = kept; }
+    }
+    // Peers read z_y, the stage partials and (below) the statistics from this block's shared
+    // memory: keep it alive until they have (and publish the statistics).
+    if (CS > 1) cluster_sync_all(); else __syncthreads();
+    if (filter_on && rank == 0 && warp == 0) {
+        float dq = 0.0f;
+        u32 kq = 0;
+        if (lane < CS) {
+            dq = CS > 1 ? dsmem_ld_f32(smem_addr(&sh.dropped4), lane) : sh.dropped4;
+            kq = CS > 1 ? dsmem_ld_u32(smem_addr(&sh.kept4), lane) : sh.kept4;
+        }
+        float dsum = 0.0f;
+        u32 ksum = 0;
+        for (int q = 0; q < CS; ++q) {
+            dsum += __shfl_sync(FULL_MASK, dq, q);
+            ksum += __shfl_sync(FULL_MASK, kq, q);
+        }
+        if (lane == 0) {
+            kept_out[r] = c.active ? ksum : INACTIVE_ROW;
+            dropped_out[r] = c.active ? dsum : 0.0f;
+        }
+    }
+    if (filter_on && CS > 1) cluster_sync_all();
+}
+
+#define FUSED_PARAMS                                                                          \
+    float *L, long long ld, int V, int slice, const void *bias, float softcap,                \
+        const int *targets, float alpha, float lambda, const float *dl_rows, float dl_scalar, \
+        const float *dlse, int filter_on, const float *edges_g, u64 delta_fixed,             \
+        float *lse_out, float *loss_out, float *ent_out, int *am_out, u32 *kept_out,          \
+        float *dropped_out, u32 *flags, long long row0, int tile_rows, int tile_classes,      \
+        int n_ctiles
+#define FUSED_ARGS                                                                            \
+    L, ld, V, slice, bias, softcap, targets, alpha, lambda, dl_rows, dl_scalar, dlse,         \
+        filter_on, edges_g, delta_fixed, lse_out, loss_out, ent_out, am_out, kept_out,        \
+        dropped_out, flags, row0, tile_rows, tile_classes, n_ctiles
+
+#define FUSED_KERNEL(NAME, DT, CS)                                                            \
+    extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(FUSED_THREADS, 1) \
+        NAME(FUSED_PARAMS) {                                                                  \
+        dense_fused<DT, CS>(FUSED_ARGS);                                                      \
+    }
+FUSED_KERNEL(cce_dense_fused_f32_c1, 0, 1)
+FUSED_KERNEL(cce_dense_fused_f32_c2, 0, 2)
+FUSED_KERNEL(cce_dense_fused_f32_c4, 0, 4)
+FUSED_KERNEL(cce_dense_fused_f32_c8, 0, 8)
+FUSED_KERNEL(cce_dense_fused_f32_c16, 0, 16)
+FUSED_KERNEL(cce_dense_fused_f16_c1, 1, 1)
+FUSED_KERNEL(cce_dense_fused_f16_c2, 1, 2)
+FUSED_KERNEL(cce_dense_fused_f16_c4, 1, 4)
+FUSED_KERNEL(cce_dense_fused_f16_c8, 1, 8)
+FUSED_KERNEL(cce_dense_fused_f16_c16, 1, 16)
+FUSED_KERNEL(cce_dense_fused_bf16_c1, 2, 1)
+FUSED_KERNEL(cce_dense_fused_bf16_c2, 2, 2)
+FUSED_KERNEL(cce_dense_fused_bf16_c4, 2, 4)
+FUSED_KERNEL(cce_dense_fused_bf16_c8, 2, 8)
+FUSED_KERNEL(cce_dense_fused_bf16_c16, 2, 16)
+
+#endif  // __CUDA_ARCH__ >= 900
+
+// ------------------------------------------------------------------------------------------
+// d_bias: column sums of G
+// ------------------------------------------------------------------------------------------
+// Parameters: G (DT, [rows, ldg]); acc f32 [V] += Σ_rows G (fixed row order: deterministic).
+// Tiling: grid.x = ⌈V / COLSUM_THREADS⌉ column blocks.
+// Thread mapping: one column per thread, rows in order; a warp reads 32 consecutive columns.
+#define COLSUM_THREADS 256
+template <int DT>
+__device__ __forceinline__ void dense_colsum(const void* G, long long ldg, int rows, int V,
+                                             float* acc) {
+    int j = blockIdx.x * COLSUM_THREADS + threadIdx.x;
+    if (j >= V) return;
+    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+    int i = 0;
+    for (; i + 4 <= rows; i += 4) {
+        s0 += Elem<DT>::load(G, (long long)i * ldg + j);
+        s1 += Elem<DT>::load(G, (long long)(i + 1) * ldg + j);
+        s2 += Elem<DT>::load(G, (long long)(i + 2) * ldg + j);
+        s3 += Elem<DT>::load(G, (long long)(i + 3) * ldg + j);
+    }
+    for (; i < rows; ++i) s0 += Elem<DT>::load(G, (long long)i * ldg + j);
+    acc[j] += (s0 + s1) + (s2 + s3);
+}
+#define COLSUM_PARAMS const void *G, long long ldg, int rows, int V, float *acc
+extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_f32(COLSUM_PARAMS) {
+    dense_colsum<0>(G, ldg, rows, V, acc);
+}
+extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_f16(COLSUM_PARAMS) {
+    dense_colsum<1>(G, ldg, rows, V, acc);
+}
+extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_bf16(COLSUM_PARAMS) {
+    dense_colsum<2>(G, ldg, rows, V, acc);
+}
+
+// ------------------------------------------------------------------------------------------
+// Small kernels: conversion, loss reduction, statistics, test data
+// ------------------------------------------------------------------------------------------
+
+// f32 [n] → DT [n]. Grid-stride, one element per thread per step.
+template <int DT>
+__device__ __forceinline__ void convert_from_f32(const float* src, void* dst, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        Elem<DT>::store(dst, i, src[i]);
+}
+extern "C" __global__ void cce_dense_convert_f16(const float* src, void* dst, long long n) {
+    convert_from_f32<1>(src, dst, n);
+}
+extern "C" __global__ void cce_dense_convert_bf16(const float* src, void* dst, long long n) {
+    convert_from_f32<2>(src, dst, n);
+}
+
+// out[0] = scale · Σ_i x[i], f64 accumulation in a fixed order. One block of 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) cce_dense_sum_rows(const float* x, int n,
+                                                                     double scale, float* out) {
+    __shared__ double sh[1024];
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += 1024) s += (double)x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 512; w > 0; w >>= 1) {
+        if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = (float)(sh[0] * scale);
+}
+
+// Filter statistics over rows: out (f64 [5]) = {Σ kept over active rows, Σ dropped over valid
+// rows, max dropped over valid rows, kept tile flags, active rows}. kept[i] = INACTIVE_ROW marks
+// a row with zero upstream gradient. One block of 1024 threads, fixed reduction order.
+extern "C" __global__ void __launch_bounds__(1024) cce_dense_stats(const u32* kept,
+                                                                  const float* dropped,
+                                                                  const int* targets, int n,
+                                                                  const u32* flags,
+                                                                  long long n_flags,
+                                                                  double* out) {
+    __shared__ double sk[1024], sd[1024], sm[1024], sf[1024];
+    __shared__ u32 sa[1024];
+    double k = 0.0, d = 0.0, m = 0.0, f = 0.0;
+    u32 a = 0;
+    for (int i = threadIdx.x; i < n; i += 1024) {
+        if (kept[i] != INACTIVE_ROW) {
+            k += (double)kept[i];
+            ++a;
+        }
+        if (targets[i] >= 0) {
+            d += (double)dropped[i];
+            m = fmax(m, (double)dropped[i]);
+        }
+    }
+    for (long long i = threadIdx.x; i < n_flags; i += 1024) f += flags[i] ? 1.0 : 0.0;
+    sk[threadIdx.x] = k; sd[threadIdx.x] = d; sm[threadIdx.x] = m; sf[threadIdx.x] = f;
+    sa[threadIdx.x] = a;
+    __syncthreads();
+    for (int w = 512; w > 0; w >>= 1) {
+        if (threadIdx.x < w) {
+            sk[threadIdx.x] += sk[threadIdx.x + w];
+            sd[threadIdx.x] += sd[threadIdx.x + w];
+            sm[threadIdx.x] = fmax(sm[threadIdx.x], sm[threadIdx.x + w]);
+            sf[threadIdx.x] += sf[threadIdx.x + w];
+            sa[threadIdx.x] += sa[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        out[0] = sk[0]; out[1] = sd[0]; out[2] = sm[0]; out[3] = sf[0]; out[4] = (double)sa[0];
+    }
+}
+
+// Counter-based normal samples for benches and tests: x[i] = mean + std·N(0,1) from a hash of
+// (seed, i) (Box–Muller on two 24-bit uniforms). Grid-stride.
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+template <int DT>
+__device__ __forceinline__ void fill_randn(void* x, long long n, u64 seed, float mean, float std) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        u64 h = mix64(seed * 0x2545f4914f6cdd1dull + (u64)i);
+        float u1 = ((float)((h >> 40) & 0xffffff) + 1.0f) * (1.0f / 16777217.0f);
+        float u2 = (float)((h >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+        float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+        Elem<DT>::store(x, i, mean + std * z);
+    }
+}
+extern "C" __global__ void cce_dense_randn_f32(void* x, long long n, u64 seed, float mean, float std) {
+    fill_randn<0>(x, n, seed, mean, std);
+}
+extern "C" __global__ void cce_dense_randn_f16(void* x, long long n, u64 seed, float mean, float std) {
+    fill_randn<1>(x, n, seed, mean, std);
+}
+extern "C" __global__ void cce_dense_randn_bf16(void* x, long long n, u64 seed, float mean, float std) {
+    fill_randn<2>(x, n, seed, mean, std);
+}
+// targets[i] = hash class in [0, V), or −1 with probability ignore_frac.
+extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 seed,
+                                                    float ignore_frac) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u64 h = mix64(seed * 0x9e3779b97f4a7c15ull + (u64)i);
+    float u = (float)(h >> 40) * (1.0f / 16777216.0f);
+    t[i] = u < ignore_frac ? -1 : (int)((h & 0xffffffffull) % (u64)V);
+}

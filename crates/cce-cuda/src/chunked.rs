@@ -1,0 +1,1696 @@
+//! [`cce_core::Strategy::ChunkedDense`] on CUDA: row-chunked materialized logits, cuBLAS for the
+//! three products, custom row kernels (`kernels/chunked.cu`) for everything between them.
+//!
+//! Per chunk of `R` rows (`r0..r0+R`), all on one stream:
+//!
+//! | step | what | engine | bytes moved per logit |
+//! |---|---|---|---|
+//! | 1 | `L = E_r · Cᵀ`, f32 `[R, V]` | `cublasGemmEx` (bf16/f16 in, f32 out, f32 compute) | write 4 |
+//! | 2 | bias, softcap, lse, loss, entropy, argmax | `cce_dense_fwd_*` | read 4 |
+//! | 3 | `G` in the input dtype, written over `L`; per-row filter threshold | `cce_dense_bwd_*` | read 4 (+4 filtered), write 2 |
+//! | 2+3 | both in one read, the row resident in a cluster's shared memory | `cce_dense_fused_*` | read 4, write 2 |
+//! | 4 | `d_e_r = G · C` (input dtype or f32 out) | `cublasGemmEx` | read 2 |
+//! | 5 | `d_c += Gᵀ · E_r` into an f32 `[V, D]` accumulator | `cublasGemmEx`, beta = 1 | read 2 |
+//! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
+//!
+//! Forward only is steps 1-2; a backward from a saved lse is 1, 3, 4, 5 (it recomputes the
+//! logits: 4 GEMMs with the forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
+//!
+//! `G` overwrites the logits chunk in place (16-bit `G` has the row stride `2·ld`), so the
+//! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator.
+//!
+//! Filtering: with the filter on (both `filter_e_grad` and `filter_c_grad`), each active row
+//! gets the exact threshold `τ_i` of [`cce_core::filter`] from a histogram of
+//! `g0 = |p − onehot|` (65 bins, fixed-point masses), and entries with `g0 < τ_i` are zeroed
+//! in `G` (label smoothing's `−α g_i / V` stays: it is the analytic rank-1 term). Since `G` is
+//! dense for cuBLAS this saves no time; it is element-level and reports what a sparse backward
+//! would skip. With only one of `filter_e_grad` / `filter_c_grad`, nothing is skipped (allowed:
+//! "an implementation may skip fewer").
+//!
+//! Everything is deterministic: fixed reduction trees, cuBLAS with a fixed workspace (cuBLAS
+//! GEMMs are run-to-run deterministic on one device and stream unless split-K atomics are
+//! chosen, which cuBLAS does not do by default), the d_c accumulation in chunk order.
+
+use cce_core::filter::{FilterRule, N_BINS};
+use cce_core::{CceError, DType, Reduction, Result};
+use cudarc::cublas::{result as cublas_result, sys as cublas_sys, CudaBlas};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+const BACKEND: &str = "cuda";
+
+/// The kernel source (`kernels/chunked.cu`).
+pub const KERNEL_SOURCE: &str = include_str!("../kernels/chunked.cu");
+
+/// Threads per block of the kernels (must match the `#define`s in `chunked.cu`).
+const FWD_THREADS: u32 = 256;
+const BWD_THREADS: u32 = 512;
+const FUSED_THREADS: u32 = 512;
+const COLSUM_THREADS: u32 = 256;
+/// Cluster sizes the fused kernel is instantiated for.
+pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
+/// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
+/// threads per SM, so that one block loads while the other computes or writes.
+const FUSED_TARGET_SMEM_BYTES: usize = 100 << 10;
+/// cuBLAS workspace (Hopper kernels want up to 32 MiB).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+fn drv(e: DriverError) -> CceError {
+    CceError::backend(BACKEND, e)
+}
+
+fn alloc_err(e: DriverError, bytes: usize) -> CceError {
+    if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        CceError::OutOfMemory {
+            backend: BACKEND,
+            requested_bytes: bytes as u64,
+        }
+    } else {
+        drv(e)
+    }
+}
+
+fn dtype_code(dt: DType) -> Result<&'static str> {
+    match dt {
+        DType::F32 => Ok("f32"),
+        DType::F16 => Ok("f16"),
+        DType::BF16 => Ok("bf16"),
+        other => Err(CceError::Unsupported {
+            backend: BACKEND,
+            what: format!("dtype {other} in the chunked-dense kernels"),
+        }),
+    }
+}
+
+fn cuda_type(dt: DType) -> Result<cublas_sys::cudaDataType> {
+    match dt {
+        DType::F32 => Ok(cublas_sys::cudaDataType::CUDA_R_32F),
+        DType::F16 => Ok(cublas_sys::cudaDataType::CUDA_R_16F),
+        DType::BF16 => Ok(cublas_sys::cudaDataType::CUDA_R_16BF),
+        other => Err(CceError::Unsupported {
+            backend: BACKEND,
+            what: format!("dtype {other} in cuBLAS"),
+        }),
+    }
+}
+
+fn to_i32(x: usize, what: &str) -> Result<i32> {
+    i32::try_from(x).map_err(|_| CceError::ResourceLimit {
+        resource: format!("{what} (32-bit cuBLAS / kernel argument)"),
+        requested: x as u64,
+        max: i32::MAX as u64,
+    })
+}
+
+// ----------------------------------------------------------------------------------------------
+// Compilation
+// ----------------------------------------------------------------------------------------------
+
+/// NVRTC options for an architecture such as `sm_90a`.
+pub fn compile_options(arch: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+}
+
+/// Compile `chunked.cu` for `arch` to a CUBIN with NVRTC, through a disk cache in
+/// `CCE_CUDA_CACHE_DIR` (default `$TMPDIR/cce-cuda-kernels`) keyed by a hash of the source, the
+/// options and the NVRTC version. Errors: `NoDevice` when libnvrtc cannot be loaded, `Backend`
+/// with the compiler log when the source does not compile.
+pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
+    // SAFETY: only tries to dlopen libnvrtc by its candidate names; no symbol is called.
+    if !unsafe { nvrtc_sys::is_culib_present() } {
+        return Err(CceError::NoDevice {
+            backend: BACKEND,
+            reason: "libnvrtc (CUDA 13) could not be loaded".into(),
+        });
+    }
+    let (mut major, mut minor) = (0i32, 0i32);
+    // SAFETY: the library is present (checked above); both pointers are valid for writes.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CceError::backend(BACKEND, e))?;
+    let options = compile_options(arch);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (KERNEL_SOURCE, &options, major, minor).hash(&mut h);
+    let key = format!("cce-dense-{arch}-{:016x}.cubin", h.finish());
+    let dir = std::env::var_os("CCE_CUDA_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("cce-cuda-kernels"));
+    let path = dir.join(&key);
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok(bytes);
+        }
+    }
+    let bytes = compile_uncached(KERNEL_SOURCE, &options)?;
+    // Best effort: a read-only or missing folder only costs a compile next time.
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let tmp = dir.join(format!("{key}.{}", std::process::id()));
+        if std::fs::write(&tmp, &bytes).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(bytes)
+}
+
+/// Compile without the cache. Returns the CUBIN.
+pub fn compile_uncached(source: &str, options: &[String]) -> Result<Vec<u8>> {
+    let be = |e: nvrtc_result::NvrtcError| CceError::backend(BACKEND, e);
+    let src = CString::new(source).map_err(|e| CceError::backend(BACKEND, e))?;
+    let name = CString::new("chunked.cu").map_err(|e| CceError::backend(BACKEND, e))?;
+    let prog = nvrtc_result::create_program(&src, Some(&name)).map_err(be)?;
+    struct Guard(nvrtc_sys::nvrtcProgram);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            // SAFETY: the program was created above and is destroyed exactly once, here.
+            let _ = unsafe { nvrtc_result::destroy_program(self.0) };
+        }
+    }
+    let g = Guard(prog);
+    // SAFETY: `g.0` is a live program; the options are plain strings cudarc turns into C strings.
+    if let Err(e) = unsafe { nvrtc_result::compile_program(g.0, options) } {
+        // SAFETY: live program; NVRTC NUL-terminates the log it sized.
+        let log = unsafe { nvrtc_result::get_program_log(g.0) }
+            .map(|raw| {
+                // SAFETY: `raw` holds the NUL-terminated log written by NVRTC.
+                unsafe { CStr::from_ptr(raw.as_ptr() as *const c_char) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        return Err(CceError::backend(
+            BACKEND,
+            format!("NVRTC failed on chunked.cu ({e:?}, options {options:?}):\n{log}"),
+        ));
+    }
+    let mut size = 0usize;
+    // SAFETY: live, compiled program; `size` is valid for writes.
+    unsafe { nvrtc_sys::nvrtcGetCUBINSize(g.0, &mut size) }
+        .result()
+        .map_err(be)?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has exactly the size NVRTC reported for the CUBIN.
+    unsafe { nvrtc_sys::nvrtcGetCUBIN(g.0, cubin.as_mut_ptr() as *mut c_char) }
+        .result()
+        .map_err(be)?;
+    Ok(cubin)
+}
+
+/// NVRTC architecture name of a compute capability (`sm_90a` on Hopper).
+pub fn arch_of(major: i32, minor: i32) -> String {
+    if major == 9 && minor == 0 {
+        "sm_90a".into()
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Configuration
+// ----------------------------------------------------------------------------------------------
+
+/// How steps 2 and 3 run in a forward+backward call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowPass {
+    /// Forward row kernel then backward row kernel: two reads of the logits.
+    TwoPass,
+    /// One fused kernel per row with the row resident in the shared memory of a cluster of
+    /// `cluster` blocks (`None`: the smallest of [`CLUSTER_SIZES`] whose slice fits
+    /// ~100 KiB). Needs compute capability 9.0; falls back to `TwoPass` where the row does
+    /// not fit 16 blocks' shared memory.
+    Fused {
+        /// Blocks per cluster (one of [`CLUSTER_SIZES`]), or automatic.
+        cluster: Option<usize>,
+    },
+}
+
+/// Everything that configures a chunked-dense call besides the buffers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseConfig {
+    /// Rows.
+    pub n: usize,
+    /// Hidden size.
+    pub d: usize,
+    /// Classes.
+    pub v: usize,
+    /// dtype of `e`, `c`, `bias` (and of `G`).
+    pub dtype: DType,
+    /// Whether a bias is given.
+    pub has_bias: bool,
+    /// Rows per chunk (the plan's `chunk_rows`).
+    pub chunk_rows: usize,
+    /// Tile shape of the plan, for the tile statistics (rows, classes).
+    pub tile: (usize, usize),
+    /// Softcap `s` (0 or negative: off).
+    pub softcap: Option<f32>,
+    /// Label smoothing `α`.
+    pub label_smoothing: f32,
+    /// z-loss weight `λ`.
+    pub z_loss: f32,
+    /// Loss reduction.
+    pub reduction: Reduction,
+    /// The resolved filter rule.
+    pub filter: FilterRule,
+    /// Gradients in f32 (else the input dtype).
+    pub grad_f32: bool,
+    /// Compute `d_e`.
+    pub compute_d_e: bool,
+    /// Compute `d_c` (and `d_bias`).
+    pub compute_d_c: bool,
+    /// Entropy side output.
+    pub want_entropy: bool,
+    /// Argmax side output.
+    pub want_argmax: bool,
+    /// Row pass of forward+backward calls.
+    pub row_pass: RowPass,
+}
+
+impl DenseConfig {
+    /// The configuration of a plan (which must be `ChunkedDense`) and its options.
+    pub fn from_plan(plan: &cce_core::Plan, opts: &cce_core::Options) -> Result<Self> {
+        let chunk_rows = match plan.strategy {
+            cce_core::Strategy::ChunkedDense { chunk_rows } => chunk_rows,
+            other => {
+                return Err(CceError::InvalidOption {
+                    name: "plan.strategy",
+                    reason: format!("chunked-dense engine given a {other} plan"),
+                })
+            }
+        };
+        let p = &plan.problem;
+        Ok(Self {
+            n: p.n,
+            d: p.d,
+            v: p.v,
+            dtype: p.dtype,
+            has_bias: p.has_bias,
+            chunk_rows,
+            tile: (plan.tile.rows, plan.tile.classes),
+            softcap: opts.softcap,
+            label_smoothing: opts.label_smoothing,
+            z_loss: opts.z_loss,
+            reduction: opts.reduction,
+            filter: plan.filter,
+            grad_f32: opts.grad_dtype == cce_core::GradDType::F32 || p.dtype == DType::F32,
+            compute_d_e: opts.compute_d_e,
+            compute_d_c: opts.compute_d_c,
+            want_entropy: opts.side_outputs.entropy,
+            want_argmax: opts.side_outputs.argmax,
+            // Measured on the H200 (docs/perf-log.md): the two-pass row kernels are as fast as
+            // the cluster-fused kernel in exact mode and faster with the filter on.
+            row_pass: RowPass::TwoPass,
+        })
+    }
+
+    /// Whether entries are skipped: the filter is on for both gradients.
+    pub fn filtering(&self) -> bool {
+        self.filter.enabled && self.filter.filter_e_grad && self.filter.filter_c_grad
+    }
+
+    /// f32 row stride of the logits chunk: `V` rounded up to 8 (32-byte rows).
+    pub fn ld(&self) -> usize {
+        self.v.div_ceil(8) * 8
+    }
+
+    /// Rows per chunk actually used: the plan's, at most `N`. (cuBLAS takes 32-bit sizes and
+    /// leading dimensions but addresses matrices of more than 2³¹ elements, so the chunk is
+    /// not clamped further.)
+    pub fn effective_chunk_rows(&self) -> usize {
+        self.chunk_rows.clamp(1, self.n)
+    }
+
+    /// dtype of `G` (the input dtype).
+    pub fn g_dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// dtype of the returned gradients.
+    pub fn grad_dtype(&self) -> DType {
+        if self.grad_f32 {
+            DType::F32
+        } else {
+            self.dtype
+        }
+    }
+
+    fn row_tiles(&self) -> usize {
+        self.n.div_ceil(self.tile.0)
+    }
+
+    fn class_tiles(&self) -> usize {
+        self.v.div_ceil(self.tile.1)
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Buffers
+// ----------------------------------------------------------------------------------------------
+
+/// Device workspace of a call, reusable across calls of the same configuration.
+#[derive(Debug)]
+pub struct DenseWorkspace {
+    chunk_rows: usize,
+    ld: usize,
+    logits: CudaSlice<u8>,
+    dc_acc: Option<CudaSlice<u8>>,
+    dbias_acc: Option<CudaSlice<u8>>,
+    row_loss: CudaSlice<u8>,
+    kept: CudaSlice<u8>,
+    dropped: CudaSlice<u8>,
+    flags: CudaSlice<u8>,
+    edges: CudaSlice<u8>,
+    stats: CudaSlice<u8>,
+    bytes: u64,
+}
+
+impl DenseWorkspace {
+    /// Allocate the workspace of `cfg` on the engine's stream.
+    pub fn new(engine: &DenseEngine, cfg: &DenseConfig) -> Result<Self> {
+        let chunk_rows = cfg.effective_chunk_rows();
+        let ld = cfg.ld();
+        let mut bytes = 0u64;
+        let mut alloc = |n: usize| -> Result<CudaSlice<u8>> {
+            let n = n.max(4);
+            bytes += n as u64;
+            // SAFETY: every byte of a workspace buffer is written on the device before it is
+            // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
+            unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
+        };
+        let logits = alloc(chunk_rows * ld * 4)?;
+        let dc_acc = if cfg.compute_d_c && !cfg.grad_f32 {
+            Some(alloc(cfg.v * cfg.d * 4)?)
+        } else {
+            None
+        };
+        let dbias_acc = if cfg.compute_d_c && cfg.has_bias && !cfg.grad_f32 {
+            Some(alloc(cfg.v * 4)?)
+        } else {
+            None
+        };
+        let row_loss = alloc(cfg.n * 4)?;
+        let kept = alloc(cfg.n * 4)?;
+        let dropped = alloc(cfg.n * 4)?;
+        let flags = alloc(cfg.row_tiles() * cfg.class_tiles() * 4)?;
+        let mut edges = alloc(N_BINS * 4)?;
+        let stats = alloc(8 * 8)?;
+        let host: Vec<f32> = (0..N_BINS).map(|k| cfg.filter.edge(k)).collect();
+        engine
+            .stream
+            .memcpy_htod(bytemuck::cast_slice::<f32, u8>(&host), &mut edges)
+            .map_err(drv)?;
+        Ok(Self {
+            chunk_rows,
+            ld,
+            logits,
+            dc_acc,
+            dbias_acc,
+            row_loss,
+            kept,
+            dropped,
+            flags,
+            edges,
+            stats,
+            bytes,
+        })
+    }
+
+    /// Device bytes held (the plan's workspace: logits chunk, accumulators, row state).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Rows per chunk.
+    pub fn chunk_rows(&self) -> usize {
+        self.chunk_rows
+    }
+}
+
+/// Inputs of a call. Every buffer is raw bytes on the engine's device.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseInputs<'a> {
+    /// `e` `[N, D]` in `dtype`.
+    pub e: &'a CudaSlice<u8>,
+    /// `c` `[V, D]` in `dtype`.
+    pub c: &'a CudaSlice<u8>,
+    /// `bias` `[V]` in `dtype`.
+    pub bias: Option<&'a CudaSlice<u8>>,
+    /// Prepared targets, i32 `[N]`: the class, or −1 for an ignored row (shift applied).
+    pub targets: &'a CudaSlice<u8>,
+    /// Rows with a class.
+    pub n_valid: usize,
+}
+
+/// Upstream gradient of the loss.
+#[derive(Clone, Copy, Debug)]
+pub enum DenseDLoss<'a> {
+    /// `∂L/∂loss` (mean, sum; with `Reduction::None` every valid row gets it).
+    Scalar(f32),
+    /// `∂L/∂loss_i`, f32 `[N]`.
+    PerRow(&'a CudaSlice<u8>),
+}
+
+/// Upstream gradients.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseUpstream<'a> {
+    /// Of the loss.
+    pub d_loss: DenseDLoss<'a>,
+    /// Of the lse, f32 `[N]`.
+    pub d_lse: Option<&'a CudaSlice<u8>>,
+}
+
+/// Forward outputs (caller-allocated).
+#[derive(Debug)]
+pub struct DenseForwardOut<'a> {
+    /// f32 `[1]` (mean, sum) or `[N]` (none).
+    pub loss: &'a mut CudaSlice<u8>,
+    /// f32 `[N]`.
+    pub lse: &'a mut CudaSlice<u8>,
+    /// f32 `[N]`, when `want_entropy`.
+    pub entropy: Option<&'a mut CudaSlice<u8>>,
+    /// i32 `[N]`, when `want_argmax`.
+    pub argmax: Option<&'a mut CudaSlice<u8>>,
+}
+
+/// Gradient outputs (caller-allocated, in [`DenseConfig::grad_dtype`]).
+#[derive(Debug, Default)]
+pub struct DenseGradOut<'a> {
+    /// `[N, D]`, when `compute_d_e`.
+    pub d_e: Option<&'a mut CudaSlice<u8>>,
+    /// `[V, D]`, when `compute_d_c`.
+    pub d_c: Option<&'a mut CudaSlice<u8>>,
+    /// `[V]`, when `compute_d_c` and a bias is given.
+    pub d_bias: Option<&'a mut CudaSlice<u8>>,
+}
+
+/// What a backward did (merged into `CallStats` by the backend).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DenseStats {
+    /// Rows per chunk used.
+    pub chunk_rows: usize,
+    /// Chunks.
+    pub chunks: usize,
+    /// Row pass used (after fallbacks).
+    pub row_pass: Option<RowPass>,
+    /// Whether entries were skipped (filter on for both gradients).
+    pub filtered: bool,
+    /// Active rows (non-zero upstream gradient).
+    pub active_rows: u64,
+    /// `(row, class)` entries of active rows computed, summed over the 2 filtered products.
+    pub entries_kept: u64,
+    /// Entries skipped, likewise.
+    pub entries_skipped: u64,
+    /// Plan tiles with a kept entry, times 2.
+    pub tiles_visited: u64,
+    /// Plan tiles without one, times 2.
+    pub tiles_skipped: u64,
+    /// Largest per-row dropped mass over valid rows.
+    pub dropped_mass_max: f64,
+    /// Mean per-row dropped mass over valid rows.
+    pub dropped_mass_mean: f64,
+}
+
+// ----------------------------------------------------------------------------------------------
+// Engine
+// ----------------------------------------------------------------------------------------------
+
+/// The compiled kernels, the cuBLAS handle and its workspace, on one stream.
+pub struct DenseEngine {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    _blas_ws: CudaSlice<u8>,
+    funcs: HashMap<String, CudaFunction>,
+    arch: String,
+    max_smem_optin: usize,
+    fused_static_smem: usize,
+}
+
+impl std::fmt::Debug for DenseEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DenseEngine")
+            .field("arch", &self.arch)
+            .field("kernels", &self.funcs.len())
+            .finish()
+    }
+}
+
+enum Mode<'a> {
+    Forward,
+    ForwardBackward,
+    Backward { lse: &'a CudaSlice<u8> },
+}
+
+impl DenseEngine {
+    /// Compile (or load from the cache) the kernels for the stream's device and create the
+    /// cuBLAS handle. Errors: `NoDevice` (no NVRTC / cuBLAS), `Backend`.
+    pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
+        let ctx = stream.context().clone();
+        // SAFETY: only tries to dlopen libcublas by its candidate names.
+        if !unsafe { cublas_sys::is_culib_present() } {
+            return Err(CceError::NoDevice {
+                backend: BACKEND,
+                reason:
+                    "libcublas (CUDA 13) could not be loaded; add its folder to LD_LIBRARY_PATH"
+                        .into(),
+            });
+        }
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        if major < 8 {
+            return Err(CceError::Unsupported {
+                backend: BACKEND,
+                what: format!("compute capability {major}.{minor} (chunked-dense needs 8.0+)"),
+            });
+        }
+        let arch = arch_of(major, minor);
+        let cubin = compile_cubin(&arch)?;
+        let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(drv)?;
+        let mut names: Vec<String> = Vec::new();
+        for dt in ["f32", "f16", "bf16"] {
+            names.push(format!("cce_dense_fwd_{dt}"));
+            names.push(format!("cce_dense_bwd_{dt}"));
+            names.push(format!("cce_dense_colsum_{dt}"));
+            names.push(format!("cce_dense_randn_{dt}"));
+            if major >= 9 {
+                for cs in CLUSTER_SIZES {
+                    names.push(format!("cce_dense_fused_{dt}_c{cs}"));
+                }
+            }
+        }
+        for n in [
+            "cce_dense_convert_f16",
+            "cce_dense_convert_bf16",
+            "cce_dense_sum_rows",
+            "cce_dense_stats",
+            "cce_dense_random_targets",
+        ] {
+            names.push(n.into());
+        }
+        let mut funcs = HashMap::new();
+        for n in names {
+            let f = module.load_function(&n).map_err(drv)?;
+            funcs.insert(n, f);
+        }
+        let max_smem_optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(drv)? as usize;
+        let mut fused_static_smem = 0usize;
+        for (name, f) in &funcs {
+            if name.starts_with("cce_dense_fused_") {
+                let st = f
+                    .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                    .map_err(drv)? as usize;
+                fused_static_smem = fused_static_smem.max(st);
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    (max_smem_optin - st) as i32,
+                )
+                .map_err(drv)?;
+                if name.ends_with("_c16") {
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                    .map_err(drv)?;
+                }
+            }
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CceError::backend(BACKEND, e))?;
+        // SAFETY: cuBLAS only uses the workspace as scratch; it is fully written before read.
+        let blas_ws = unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE_BYTES) }
+            .map_err(|e| alloc_err(e, CUBLAS_WORKSPACE_BYTES))?;
+        let (ws_ptr, _g) = blas_ws.device_ptr(&stream);
+        // SAFETY: the handle is live; the workspace is a device allocation of the stated size
+        // that lives as long as the engine (and so the handle).
+        unsafe {
+            cublas_sys::cublasSetWorkspace_v2(
+                *blas.handle(),
+                ws_ptr as *mut c_void,
+                CUBLAS_WORKSPACE_BYTES,
+            )
+        }
+        .result()
+        .map_err(|e| CceError::backend(BACKEND, e))?;
+        drop(_g);
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            _blas_ws: blas_ws,
+            funcs,
+            arch,
+            max_smem_optin,
+            fused_static_smem,
+        })
+    }
+
+    /// The stream every operation runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// NVRTC architecture compiled for.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// Bytes of the engine's own allocations (the cuBLAS workspace).
+    pub fn own_bytes(&self) -> u64 {
+        CUBLAS_WORKSPACE_BYTES as u64
+    }
+
+    fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| CceError::backend(BACKEND, format!("kernel {name} not loaded")))
+    }
+
+    fn ptr(&self, s: &CudaSlice<u8>) -> u64 {
+        let (p, _sync) = s.device_ptr(&self.stream);
+        p
+    }
+
+    fn opt_ptr(&self, s: Option<&CudaSlice<u8>>) -> u64 {
+        s.map_or(0, |s| self.ptr(s))
+    }
+
+    /// Column-major `C[m, n] = op(A)·op(B) + beta·C` with f32 compute (cuBLAS's view; the
+    /// row-major callers below pass the transposed problem). Arguments are raw device addresses
+    /// of live allocations on this engine's device, each holding `ld x cols` elements of its
+    /// dtype; a GEMM that reads past them faults the context, so the callers check sizes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        (m, n, k): (usize, usize, usize),
+        (a, a_ty, lda): (u64, DType, usize),
+        (b, b_ty, ldb): (u64, DType, usize),
+        beta: f32,
+        (c, c_ty, ldc): (u64, DType, usize),
+    ) -> Result<()> {
+        let op = |t: bool| {
+            if t {
+                cublas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                cublas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let alpha = 1.0f32;
+        // SAFETY: the handle is bound to self.stream; a, b, c are device pointers of live
+        // allocations holding at least (ld x cols) elements of their types (checked by the
+        // callers' shapes); alpha and beta are host f32 values (default host pointer mode)
+        // matching the f32 compute type; the output does not alias the inputs.
+        unsafe {
+            cublas_result::gemm_ex(
+                *self.blas.handle(),
+                op(trans_a),
+                op(trans_b),
+                to_i32(m, "gemm m")?,
+                to_i32(n, "gemm n")?,
+                to_i32(k, "gemm k")?,
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                cuda_type(a_ty)?,
+                to_i32(lda, "gemm lda")?,
+                b as *const c_void,
+                cuda_type(b_ty)?,
+                to_i32(ldb, "gemm ldb")?,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                cuda_type(c_ty)?,
+                to_i32(ldc, "gemm ldc")?,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CceError::backend(BACKEND, e))
+    }
+
+    /// Row-major logits `L[rows, ld] (f32) = E[rows, D] · C[V, D]ᵀ`: column-major
+    /// `Lᵀ[V, rows] = op_T(C as [D, V]) · (E as [D, rows])`.
+    pub fn gemm_logits(
+        &self,
+        (v, d, rows): (usize, usize, usize),
+        dtype: DType,
+        (c, e, l): (u64, u64, u64),
+        ld: usize,
+    ) -> Result<()> {
+        self.gemm(
+            true,
+            false,
+            (v, rows, d),
+            (c, dtype, d),
+            (e, dtype, d),
+            0.0,
+            (l, DType::F32, ld),
+        )
+    }
+
+    /// Row-major `d_e[rows, D] = G[rows, V] · C[V, D]`: column-major
+    /// `d_eᵀ[D, rows] = (C as [D, V]) · (G as [V, rows], stride ldg)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_de(
+        &self,
+        (v, d, rows): (usize, usize, usize),
+        (dtype, g_ty, out_ty): (DType, DType, DType),
+        (c, g, de): (u64, u64, u64),
+        ldg: usize,
+    ) -> Result<()> {
+        self.gemm(
+            false,
+            false,
+            (d, rows, v),
+            (c, dtype, d),
+            (g, g_ty, ldg),
+            0.0,
+            (de, out_ty, d),
+        )
+    }
+
+    /// Row-major `d_c[V, D] (f32) (+)= G[rows, V]ᵀ · E[rows, D]`: column-major
+    /// `d_cᵀ[D, V] = (E as [D, rows]) · op_T(G as [V, rows], stride ldg)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_dc(
+        &self,
+        (v, d, rows): (usize, usize, usize),
+        (dtype, g_ty, acc_ty): (DType, DType, DType),
+        (e, g, dc): (u64, u64, u64),
+        ldg: usize,
+        beta: f32,
+    ) -> Result<()> {
+        self.gemm(
+            false,
+            true,
+            (d, v, rows),
+            (e, dtype, d),
+            (g, g_ty, ldg),
+            beta,
+            (dc, acc_ty, d),
+        )
+    }
+
+    /// Forward only: loss, lse, side outputs (steps 1-2 per chunk).
+    pub fn forward(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        out: &mut DenseForwardOut<'_>,
+    ) -> Result<()> {
+        let mut grads = DenseGradOut::default();
+        self.run(cfg, ws, inp, None, Some(out), &mut grads, Mode::Forward)
+            .map(|_| ())
+    }
+
+    /// Forward and backward with 3 GEMMs per chunk.
+    pub fn forward_backward(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        up: &DenseUpstream<'_>,
+        out: &mut DenseForwardOut<'_>,
+        grads: &mut DenseGradOut<'_>,
+    ) -> Result<DenseStats> {
+        self.run(
+            cfg,
+            ws,
+            inp,
+            Some(up),
+            Some(out),
+            grads,
+            Mode::ForwardBackward,
+        )
+    }
+
+    /// Backward from a saved lse (f32 `[N]`): recomputes the logits.
+    pub fn backward(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        lse: &CudaSlice<u8>,
+        up: &DenseUpstream<'_>,
+        grads: &mut DenseGradOut<'_>,
+    ) -> Result<DenseStats> {
+        self.run(cfg, ws, inp, Some(up), None, grads, Mode::Backward { lse })
+    }
+
+    /// Cluster size and slice (columns per block) of the fused kernel, or `None` when it does
+    /// not apply (not Hopper, or the row does not fit 16 blocks' shared memory).
+    pub fn fused_layout(&self, cfg: &DenseConfig) -> Option<(usize, usize)> {
+        let RowPass::Fused { cluster } = cfg.row_pass else {
+            return None;
+        };
+        if !self.funcs.contains_key("cce_dense_fused_f32_c1") {
+            return None;
+        }
+        let max_dyn = self.max_smem_optin.saturating_sub(self.fused_static_smem);
+        let slice_of = |cs: usize| cfg.v.div_ceil(cs).div_ceil(4) * 4;
+        let fits = |cs: usize| slice_of(cs) * 4 <= max_dyn;
+        let cs = match cluster {
+            Some(cs) if CLUSTER_SIZES.contains(&cs) && fits(cs) => cs,
+            Some(_) => return None,
+            None => {
+                let want = CLUSTER_SIZES
+                    .iter()
+                    .copied()
+                    .find(|&cs| slice_of(cs) * 4 <= FUSED_TARGET_SMEM_BYTES);
+                match want {
+                    Some(cs) => cs,
+                    None => CLUSTER_SIZES.iter().copied().find(|&cs| fits(cs))?,
+                }
+            }
+        };
+        Some((cs, slice_of(cs)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        up: Option<&DenseUpstream<'_>>,
+        fwd: Option<&mut DenseForwardOut<'_>>,
+        grads: &mut DenseGradOut<'_>,
+        mode: Mode<'_>,
+    ) -> Result<DenseStats> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let dt = cfg.dtype;
+        let esz = dt.size_bytes();
+        let code = dtype_code(dt)?;
+        let g_ty = cfg.g_dtype();
+        let out_ty = cfg.grad_dtype();
+        let ld = ws.ld;
+        let ldg = ld * 4 / g_ty.size_bytes();
+        let chunk = ws.chunk_rows;
+        if ld != cfg.ld() || chunk != cfg.effective_chunk_rows() {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
+        // Buffer size checks (the kernels trust them).
+        let need = |s: &CudaSlice<u8>, bytes: usize, what: &'static str| -> Result<()> {
+            if s.len() < bytes {
+                Err(CceError::ShapeMismatch {
+                    what,
+                    expected: format!("at least {bytes} bytes"),
+                    got: format!("{} bytes", s.len()),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        need(inp.e, n * d * esz, "e")?;
+        need(inp.c, v * d * esz, "c")?;
+        need(inp.targets, n * 4, "targets")?;
+        if let Some(b) = inp.bias {
+            need(b, v * esz, "bias")?;
+        }
+        if inp.bias.is_some() != cfg.has_bias {
+            return Err(CceError::InvalidOption {
+                name: "bias",
+                reason: "config and inputs disagree on the bias".into(),
+            });
+        }
+        let backward = !matches!(mode, Mode::Forward);
+        let forward = !matches!(mode, Mode::Backward { .. });
+        if let Some(o) = fwd.as_deref() {
+            need(
+                o.loss,
+                if cfg.reduction == Reduction::None {
+                    n * 4
+                } else {
+                    4
+                },
+                "loss",
+            )?;
+            need(o.lse, n * 4, "lse")?;
+            if let Some(x) = o.entropy.as_deref() {
+                need(x, n * 4, "entropy")?;
+            }
+            if let Some(x) = o.argmax.as_deref() {
+                need(x, n * 4, "argmax")?;
+            }
+        } else if forward {
+            return Err(CceError::InvalidOption {
+                name: "forward outputs",
+                reason: "missing".into(),
+            });
+        }
+        let mut upstream_rows = 0u64;
+        let mut dl_scalar = 0.0f32;
+        let mut dlse_ptr = 0u64;
+        if backward {
+            let up = up.ok_or_else(|| CceError::InvalidOption {
+                name: "upstream",
+                reason: "missing".into(),
+            })?;
+            match up.d_loss {
+                DenseDLoss::Scalar(g) => {
+                    dl_scalar = match cfg.reduction {
+                        Reduction::Mean if inp.n_valid > 0 => g / inp.n_valid as f32,
+                        Reduction::Mean => 0.0,
+                        _ => g,
+                    }
+                }
+                DenseDLoss::PerRow(s) => {
+                    need(s, n * 4, "d_loss")?;
+                    upstream_rows = self.ptr(s);
+                }
+            }
+            if let Some(h) = up.d_lse {
+                need(h, n * 4, "d_lse")?;
+                dlse_ptr = self.ptr(h);
+            }
+            if cfg.compute_d_e {
+                let s = grads
+                    .d_e
+                    .as_deref()
+                    .ok_or_else(|| CceError::InvalidOption {
+                        name: "d_e",
+                        reason: "output missing".into(),
+                    })?;
+                need(s, n * d * out_ty.size_bytes(), "d_e")?;
+            }
+            if cfg.compute_d_c {
+                let s = grads
+                    .d_c
+                    .as_deref()
+                    .ok_or_else(|| CceError::InvalidOption {
+                        name: "d_c",
+                        reason: "output missing".into(),
+                    })?;
+                need(s, v * d * out_ty.size_bytes(), "d_c")?;
+                if cfg.has_bias {
+                    let s = grads
+                        .d_bias
+                        .as_deref()
+                        .ok_or_else(|| CceError::InvalidOption {
+                            name: "d_bias",
+                            reason: "output missing".into(),
+                        })?;
+                    need(s, v * out_ty.size_bytes(), "d_bias")?;
+                }
+            }
+        }
+        if let Mode::Backward { lse } = mode {
+            need(lse, n * 4, "lse")?;
+        }
+
+        let filtering = backward && cfg.filtering();
+        let fused = if matches!(mode, Mode::ForwardBackward) {
+            self.fused_layout(cfg)
+        } else {
+            None
+        };
+        let softcap = cfg.softcap.unwrap_or(0.0);
+        let alpha = cfg.label_smoothing;
+        let lambda = cfg.z_loss;
+        let filter_on = filtering as i32;
+        let delta_fixed =
+            (cfg.filter.max_dropped_mass as f64 * cce_core::filter::FIXED_POINT_ONE).floor() as u64;
+        let (tile_rows, tile_classes) = (
+            to_i32(cfg.tile.0, "tile rows")?,
+            to_i32(cfg.tile.1, "tile classes")?,
+        );
+        let n_ctiles = to_i32(cfg.class_tiles(), "class tiles")?;
+        let v_i = to_i32(v, "V")?;
+        let ld_i = ld as i64;
+
+        let e_ptr = self.ptr(inp.e);
+        let c_ptr = self.ptr(inp.c);
+        let bias_ptr = self.opt_ptr(inp.bias);
+        let t_ptr = self.ptr(inp.targets);
+        let l_ptr = self.ptr(&ws.logits);
+        let kept_ptr = self.ptr(&ws.kept);
+        let dropped_ptr = self.ptr(&ws.dropped);
+        let flags_ptr = self.ptr(&ws.flags);
+        let edges_ptr = self.ptr(&ws.edges);
+        let row_loss_ptr = self.ptr(&ws.row_loss);
+        let (lse_ptr, loss_rows_ptr, ent_ptr, am_ptr) = match fwd.as_deref() {
+            Some(o) => (
+                self.ptr(o.lse),
+                if cfg.reduction == Reduction::None {
+                    self.ptr(o.loss)
+                } else {
+                    row_loss_ptr
+                },
+                if cfg.want_entropy {
+                    self.opt_ptr(o.entropy.as_deref())
+                } else {
+                    0
+                },
+                if cfg.want_argmax {
+                    self.opt_ptr(o.argmax.as_deref())
+                } else {
+                    0
+                },
+            ),
+            None => (0, 0, 0, 0),
+        };
+        let saved_lse_ptr = match mode {
+            Mode::Backward { lse } => self.ptr(lse),
+            _ => lse_ptr,
+        };
+        let de_ptr = if backward && cfg.compute_d_e {
+            self.opt_ptr(grads.d_e.as_deref())
+        } else {
+            0
+        };
+        let (dc_acc_ptr, dc_acc_ty) = if backward && cfg.compute_d_c {
+            match ws.dc_acc.as_ref() {
+                Some(a) => (self.ptr(a), DType::F32),
+                None => (self.opt_ptr(grads.d_c.as_deref()), DType::F32),
+            }
+        } else {
+            (0, DType::F32)
+        };
+        let dbias_acc_ptr = if backward && cfg.compute_d_c && cfg.has_bias {
+            match ws.dbias_acc.as_ref() {
+                Some(a) => self.ptr(a),
+                None => self.opt_ptr(grads.d_bias.as_deref()),
+            }
+        } else {
+            0
+        };
+
+        if backward {
+            if filtering {
+                self.stream.memset_zeros(&mut ws.flags).map_err(drv)?;
+                self.stream.memset_zeros(&mut ws.kept).map_err(drv)?;
+                self.stream.memset_zeros(&mut ws.dropped).map_err(drv)?;
+            }
+            if dbias_acc_ptr != 0 {
+                match ws.dbias_acc.as_mut() {
+                    Some(a) => self.stream.memset_zeros(a).map_err(drv)?,
+                    None => {
+                        if let Some(b) = grads.d_bias.as_deref_mut() {
+                            self.stream.memset_zeros(b).map_err(drv)?
+                        }
+                    }
+                }
+            }
+        }
+
+        let mut stats = DenseStats {
+            chunk_rows: chunk,
+            chunks: n.div_ceil(chunk),
+            row_pass: Some(match fused {
+                Some((cs, _)) => RowPass::Fused { cluster: Some(cs) },
+                None => RowPass::TwoPass,
+            }),
+            filtered: filtering,
+            ..Default::default()
+        };
+
+        let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
+        let f_bwd = self.func(&format!("cce_dense_bwd_{code}"))?;
+        let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
+        for (ci, r0) in (0..n).step_by(chunk).enumerate() {
+            let rows = chunk.min(n - r0);
+            let rows_u = rows as u32;
+            let e_r = e_ptr + (r0 * d * esz) as u64;
+            // (1) logits.
+            self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+            let off4 = (r0 * 4) as u64;
+            let t_r = t_ptr + off4;
+            let row0 = r0 as i64;
+            if let Some((cs, slice)) = fused {
+                // (2)+(3) fused.
+                let f = self.func(&format!("cce_dense_fused_{code}_c{cs}"))?;
+                let slice_i = slice as i32;
+                let lse_r = lse_ptr + off4;
+                let loss_r = loss_rows_ptr + off4;
+                let ent_r = if ent_ptr != 0 { ent_ptr + off4 } else { 0 };
+                let am_r = if am_ptr != 0 { am_ptr + off4 } else { 0 };
+                let dl_r = if upstream_rows != 0 {
+                    upstream_rows + off4
+                } else {
+                    0
+                };
+                let dlse_r = if dlse_ptr != 0 { dlse_ptr + off4 } else { 0 };
+                let kept_r = kept_ptr + off4;
+                let dropped_r = dropped_ptr + off4;
+                let cfg_l = LaunchConfig {
+                    grid_dim: (rows_u * cs as u32, 1, 1),
+                    block_dim: (FUSED_THREADS, 1, 1),
+                    shared_mem_bytes: (slice * 4) as u32,
+                };
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&l_ptr)
+                    .arg(&ld_i)
+                    .arg(&v_i)
+                    .arg(&slice_i)
+                    .arg(&bias_ptr)
+                    .arg(&softcap)
+                    .arg(&t_r)
+                    .arg(&alpha)
+                    .arg(&lambda)
+                    .arg(&dl_r)
+                    .arg(&dl_scalar)
+                    .arg(&dlse_r)
+                    .arg(&filter_on)
+                    .arg(&edges_ptr)
+                    .arg(&delta_fixed)
+                    .arg(&lse_r)
+                    .arg(&loss_r)
+                    .arg(&ent_r)
+                    .arg(&am_r)
+                    .arg(&kept_r)
+                    .arg(&dropped_r)
+                    .arg(&flags_ptr)
+                    .arg(&row0)
+                    .arg(&tile_rows)
+                    .arg(&tile_classes)
+                    .arg(&n_ctiles);
+                // SAFETY: argument types and order match FUSED_PARAMS in chunked.cu; every
+                // pointer is a live device buffer of the checked size (the chunk's rows of the
+                // [N] arrays start at offset r0); the grid is rows·cs blocks, a multiple of the
+                // compile-time cluster size; dynamic shared memory slice·4 ≤ the attribute set
+                // at construction.
+                unsafe { b.launch(cfg_l) }.map_err(drv)?;
+            } else {
+                if forward {
+                    // (2) forward rows.
+                    let lse_r = lse_ptr + off4;
+                    let loss_r = loss_rows_ptr + off4;
+                    let ent_r = if ent_ptr != 0 { ent_ptr + off4 } else { 0 };
+                    let am_r = if am_ptr != 0 { am_ptr + off4 } else { 0 };
+                    let cfg_l = LaunchConfig {
+                        grid_dim: (rows_u, 1, 1),
+                        block_dim: (FWD_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut b = self.stream.launch_builder(f_fwd);
+                    b.arg(&l_ptr)
+                        .arg(&ld_i)
+                        .arg(&v_i)
+                        .arg(&bias_ptr)
+                        .arg(&softcap)
+                        .arg(&t_r)
+                        .arg(&alpha)
+                        .arg(&lambda)
+                        .arg(&lse_r)
+                        .arg(&loss_r)
+                        .arg(&ent_r)
+                        .arg(&am_r);
+                    // SAFETY: argument types and order match FWD_PARAMS; L holds rows x ld f32
+                    // written by the GEMM above (stream order); the [N] outputs are offset to
+                    // the chunk and hold its rows.
+                    unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                }
+                if backward {
+                    // (3) G in place.
+                    let lse_r = saved_lse_ptr + off4;
+                    let dl_r = if upstream_rows != 0 {
+                        upstream_rows + off4
+                    } else {
+                        0
+                    };
+                    let dlse_r = if dlse_ptr != 0 { dlse_ptr + off4 } else { 0 };
+                    let kept_r = kept_ptr + off4;
+                    let dropped_r = dropped_ptr + off4;
+                    let cfg_l = LaunchConfig {
+                        grid_dim: (rows_u, 1, 1),
+                        block_dim: (BWD_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    let mut b = self.stream.launch_builder(f_bwd);
+                    b.arg(&l_ptr)
+                        .arg(&ld_i)
+                        .arg(&v_i)
+                        .arg(&bias_ptr)
+                        .arg(&softcap)
+                        .arg(&t_r)
+                        .arg(&lse_r)
+                        .arg(&dl_r)
+                        .arg(&dl_scalar)
+                        .arg(&dlse_r)
+                        .arg(&alpha)
+                        .arg(&lambda)
+                        .arg(&filter_on)
+                        .arg(&edges_ptr)
+                        .arg(&delta_fixed)
+                        .arg(&kept_r)
+                        .arg(&dropped_r)
+                        .arg(&flags_ptr)
+                        .arg(&row0)
+                        .arg(&tile_rows)
+                        .arg(&tile_classes)
+                        .arg(&n_ctiles);
+                    // SAFETY: argument types and order match BWD_PARAMS; L holds the chunk's
+                    // logits (stream order); lse rows were written by the forward kernel above
+                    // or given by the caller ([N] checked); flags hold row_tiles x class_tiles.
+                    unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                }
+            }
+            if backward {
+                // (4) d_e rows of the chunk.
+                if cfg.compute_d_e {
+                    let de_r = de_ptr + (r0 * d * out_ty.size_bytes()) as u64;
+                    self.gemm_de((v, d, rows), (dt, g_ty, out_ty), (c_ptr, l_ptr, de_r), ldg)?;
+                }
+                // (5) d_c += Gᵀ E_r, (6) d_bias.
+                if cfg.compute_d_c {
+                    let beta = if ci == 0 { 0.0 } else { 1.0 };
+                    self.gemm_dc(
+                        (v, d, rows),
+                        (dt, g_ty, dc_acc_ty),
+                        (e_r, l_ptr, dc_acc_ptr),
+                        ldg,
+                        beta,
+                    )?;
+                    if cfg.has_bias {
+                        let ldg_i = ldg as i64;
+                        let rows_i = rows as i32;
+                        let cfg_l = LaunchConfig {
+                            grid_dim: (v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
+                            block_dim: (COLSUM_THREADS, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        let mut b = self.stream.launch_builder(f_colsum);
+                        b.arg(&l_ptr)
+                            .arg(&ldg_i)
+                            .arg(&rows_i)
+                            .arg(&v_i)
+                            .arg(&dbias_acc_ptr);
+                        // SAFETY: matches COLSUM_PARAMS; G is rows x ldg of g_ty written by the
+                        // row kernel (stream order); the accumulator holds V f32 (zeroed).
+                        unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                    }
+                }
+            }
+        }
+
+        // Loss reduction.
+        if forward && cfg.reduction != Reduction::None {
+            let scale = match cfg.reduction {
+                Reduction::Mean if inp.n_valid > 0 => 1.0 / inp.n_valid as f64,
+                Reduction::Mean => 0.0,
+                _ => 1.0,
+            };
+            let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
+            let n_i = to_i32(n, "N")?;
+            let mut b = self.stream.launch_builder(self.func("cce_dense_sum_rows")?);
+            b.arg(&row_loss_ptr).arg(&n_i).arg(&scale).arg(&out);
+            // SAFETY: matches cce_dense_sum_rows; row_loss holds N f32 written above; out is
+            // the [1] f32 loss (checked).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+        }
+
+        if backward {
+            // Final conversions of the f32 accumulators.
+            if cfg.compute_d_c && !cfg.grad_f32 {
+                let f = self.func(&format!("cce_dense_convert_{code}"))?;
+                let convert = |src: u64, dst: u64, count: usize| -> Result<()> {
+                    let count_i = count as i64;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(&src).arg(&dst).arg(&count_i);
+                    // SAFETY: matches cce_dense_convert_*: src holds count f32, dst count
+                    // elements of the gradient dtype (checked sizes).
+                    unsafe {
+                        b.launch(LaunchConfig {
+                            grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(drv)
+                    .map(|_| ())
+                };
+                let dc_out = self.opt_ptr(grads.d_c.as_deref());
+                convert(dc_acc_ptr, dc_out, v * d)?;
+                if cfg.has_bias {
+                    let db_out = self.opt_ptr(grads.d_bias.as_deref());
+                    convert(dbias_acc_ptr, db_out, v)?;
+                }
+            }
+            if filtering {
+                let stats_ptr = self.ptr(&ws.stats);
+                let n_i = to_i32(n, "N")?;
+                let n_flags = (cfg.row_tiles() * cfg.class_tiles()) as i64;
+                let mut b = self.stream.launch_builder(self.func("cce_dense_stats")?);
+                b.arg(&kept_ptr)
+                    .arg(&dropped_ptr)
+                    .arg(&t_ptr)
+                    .arg(&n_i)
+                    .arg(&flags_ptr)
+                    .arg(&n_flags)
+                    .arg(&stats_ptr);
+                // SAFETY: matches cce_dense_stats; kept/dropped/targets hold N values, flags
+                // n_flags u32, stats 8 f64.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (1, 1, 1),
+                        block_dim: (1024, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+                let mut host = [0u8; 64];
+                self.stream
+                    .memcpy_dtoh(&ws.stats, &mut host[..])
+                    .map_err(drv)?;
+                self.stream.synchronize().map_err(drv)?;
+                let s: &[f64] = bytemuck::cast_slice(&host[..]);
+                let kept = s[0] as u64;
+                let active = s[4] as u64;
+                let entries = active * v as u64;
+                stats.active_rows = active;
+                stats.entries_kept = 2 * kept;
+                stats.entries_skipped = 2 * entries.saturating_sub(kept);
+                let tiles = (cfg.row_tiles() * cfg.class_tiles()) as u64;
+                let visited = s[3] as u64;
+                stats.tiles_visited = 2 * visited;
+                stats.tiles_skipped = 2 * tiles.saturating_sub(visited);
+                stats.dropped_mass_max = s[2];
+                stats.dropped_mass_mean = if inp.n_valid > 0 {
+                    s[1] / inp.n_valid as f64
+                } else {
+                    0.0
+                };
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Fill `x` (`n` elements of `dtype`) with `mean + std·N(0, 1)` from a counter-based hash
+    /// of `(seed, index)` (benches and tests).
+    pub fn fill_randn(
+        &self,
+        x: &mut CudaSlice<u8>,
+        dtype: DType,
+        n: usize,
+        seed: u64,
+        mean: f32,
+        std: f32,
+    ) -> Result<()> {
+        if x.len() < n * dtype.size_bytes() {
+            return Err(CceError::ShapeMismatch {
+                what: "fill_randn",
+                expected: format!("{} bytes", n * dtype.size_bytes()),
+                got: format!("{} bytes", x.len()),
+            });
+        }
+        let f = self.func(&format!("cce_dense_randn_{}", dtype_code(dtype)?))?;
+        let p = self.ptr(x);
+        let n_i = n as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&p).arg(&n_i).arg(&seed).arg(&mean).arg(&std);
+        // SAFETY: matches cce_dense_randn_*; x holds n elements of dtype (checked).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (n.div_ceil(256).clamp(1, 65535 * 16) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
+    /// Fill i32 targets `[n]` with hashed classes in `[0, v)`, −1 with probability
+    /// `ignore_frac`.
+    pub fn random_targets(
+        &self,
+        t: &mut CudaSlice<u8>,
+        n: usize,
+        v: usize,
+        seed: u64,
+        ignore_frac: f32,
+    ) -> Result<()> {
+        if t.len() < n * 4 {
+            return Err(CceError::ShapeMismatch {
+                what: "random_targets",
+                expected: format!("{} bytes", n * 4),
+                got: format!("{} bytes", t.len()),
+            });
+        }
+        let f = self.func("cce_dense_random_targets")?;
+        let p = self.ptr(t);
+        let n_i = to_i32(n, "N")?;
+        let v_i = to_i32(v, "V")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&p).arg(&n_i).arg(&v_i).arg(&seed).arg(&ignore_frac);
+        // SAFETY: matches cce_dense_random_targets; t holds n i32 (checked).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (n.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Glue to CudaBackend: Backend-trait calls with CudaTensor buffers
+// ----------------------------------------------------------------------------------------------
+
+/// A validated `CudaBackend` call handed to the engine (the backend has checked shapes,
+/// dtypes, buffer ownership and targets, and made the plan).
+pub(crate) struct BackendCall<'a> {
+    /// The plan (strategy `ChunkedDense`).
+    pub plan: &'a cce_core::Plan,
+    /// Rows with a class.
+    pub n_valid: usize,
+    /// Prepared classes, i32 `[N]` (−1 = ignored).
+    pub classes: &'a CudaSlice<u8>,
+    /// The inputs.
+    pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
+    /// The options.
+    pub opts: &'a cce_core::Options,
+}
+
+type BackendOutputs = (
+    Option<cce_core::ForwardOutput<crate::CudaTensor>>,
+    Option<cce_core::BackwardOutput<crate::CudaTensor>>,
+);
+
+impl DenseEngine {
+    fn tensor(&self, shape: Vec<usize>, dtype: DType) -> Result<crate::CudaTensor> {
+        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        // SAFETY: every output tensor is fully written by the call before it is returned.
+        let s =
+            unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| alloc_err(e, bytes))?;
+        crate::CudaTensor::from_slice(s, dtype, shape)
+    }
+
+    fn base_stats(&self, call: &BackendCall<'_>, workspace_bytes: u64) -> cce_core::CallStats {
+        let p = call.plan;
+        cce_core::CallStats {
+            backend: BACKEND.into(),
+            strategy: p.strategy,
+            plan_reason: p.reason.clone(),
+            n_valid: call.n_valid,
+            tiles_total: p.tile_count(),
+            tiles_visited: 0,
+            tiles_skipped: 0,
+            entries_kept: 0,
+            entries_skipped: 0,
+            dropped_mass_max: 0.0,
+            dropped_mass_mean: 0.0,
+            filter_eps: p.filter.eps,
+            max_dropped_mass: p.filter.max_dropped_mass,
+            workspace_bytes,
+        }
+    }
+
+    /// Forward (`lse` None, `up` None), backward (`lse` Some), or both (`lse` None, `up` Some).
+    pub(crate) fn backend_run(
+        &self,
+        call: &BackendCall<'_>,
+        lse_in: Option<&crate::CudaTensor>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+    ) -> Result<BackendOutputs> {
+        use cce_core::TensorMeta;
+        let cfg = DenseConfig::from_plan(call.plan, call.opts)?;
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let f32_vec = |t: &crate::CudaTensor, what: &'static str| -> Result<()> {
+            if t.dtype() != DType::F32 || t.numel() != n {
+                return Err(CceError::ShapeMismatch {
+                    what,
+                    expected: format!("[{n}] f32"),
+                    got: format!("{:?} {}", t.shape(), t.dtype()),
+                });
+            }
+            Ok(())
+        };
+        let dense_up = match up {
+            Some(u) => {
+                let d_loss = match u.d_loss {
+                    cce_core::DLoss::Scalar(x) => DenseDLoss::Scalar(x),
+                    cce_core::DLoss::PerRow(t) => {
+                        if cfg.reduction != Reduction::None {
+                            return Err(CceError::ShapeMismatch {
+                                what: "d_loss",
+                                expected: format!("a scalar for reduction {:?}", cfg.reduction),
+                                got: format!("{:?}", t.shape()),
+                            });
+                        }
+                        f32_vec(t, "d_loss")?;
+                        DenseDLoss::PerRow(t.slice())
+                    }
+                };
+                if let Some(t) = u.d_lse {
+                    f32_vec(t, "d_lse")?;
+                }
+                Some(DenseUpstream {
+                    d_loss,
+                    d_lse: u.d_lse.map(|t| t.slice()),
+                })
+            }
+            None => None,
+        };
+        if let Some(t) = lse_in {
+            f32_vec(t, "lse")?;
+        }
+        let mut ws = DenseWorkspace::new(self, &cfg)?;
+        let inputs = DenseInputs {
+            e: call.inputs.e.slice(),
+            c: call.inputs.c.slice(),
+            bias: call.inputs.bias.map(|b| b.slice()),
+            targets: call.classes,
+            n_valid: call.n_valid,
+        };
+        let forward = lse_in.is_none();
+        let backward = up.is_some();
+        let mut fwd_t = if forward {
+            let loss_shape = if cfg.reduction == Reduction::None {
+                vec![n]
+            } else {
+                vec![]
+            };
+            Some((
+                self.tensor(loss_shape, DType::F32)?,
+                self.tensor(vec![n], DType::F32)?,
+                if cfg.want_entropy {
+                    Some(self.tensor(vec![n], DType::F32)?)
+                } else {
+                    None
+                },
+                if cfg.want_argmax {
+                    Some(self.tensor(vec![n], DType::I32)?)
+                } else {
+                    None
+                },
+            ))
+        } else {
+            None
+        };
+        let gdt = cfg.grad_dtype();
+        let mut grads_t = if backward {
+            Some((
+                if cfg.compute_d_e {
+                    Some(self.tensor(call.inputs.e.shape().to_vec(), gdt)?)
+                } else {
+                    None
+                },
+                if cfg.compute_d_c {
+                    Some(self.tensor(vec![v, d], gdt)?)
+                } else {
+                    None
+                },
+                if cfg.compute_d_c && cfg.has_bias {
+                    Some(self.tensor(vec![v], gdt)?)
+                } else {
+                    None
+                },
+            ))
+        } else {
+            None
+        };
+        let ws_bytes = ws.bytes() + self.own_bytes();
+        let mut dstats = DenseStats::default();
+        {
+            let mut fo = fwd_t.as_mut().map(|(loss, lse, ent, am)| DenseForwardOut {
+                loss: loss.slice_mut(),
+                lse: lse.slice_mut(),
+                entropy: ent.as_mut().map(|t| t.slice_mut()),
+                argmax: am.as_mut().map(|t| t.slice_mut()),
+            });
+            let mut go = match grads_t.as_mut() {
+                Some((de, dc, db)) => DenseGradOut {
+                    d_e: de.as_mut().map(|t| t.slice_mut()),
+                    d_c: dc.as_mut().map(|t| t.slice_mut()),
+                    d_bias: db.as_mut().map(|t| t.slice_mut()),
+                },
+                None => DenseGradOut::default(),
+            };
+            match (&mut fo, lse_in, dense_up.as_ref()) {
+                (Some(fo), None, None) => self.forward(&cfg, &mut ws, &inputs, fo)?,
+                (Some(fo), None, Some(u)) => {
+                    dstats = self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
+                }
+                (None, Some(lse), Some(u)) => {
+                    dstats = self.backward(&cfg, &mut ws, &inputs, lse.slice(), u, &mut go)?
+                }
+                _ => {
+                    return Err(CceError::InvalidOption {
+                        name: "call",
+                        reason: "neither forward nor backward".into(),
+                    })
+                }
+            }
+        }
+        drop(ws);
+        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| cce_core::ForwardOutput {
+            loss,
+            lse,
+            entropy,
+            argmax,
+            stats: self.base_stats(call, ws_bytes),
+        });
+        let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
+            let mut stats = self.base_stats(call, ws_bytes);
+            if dstats.filtered {
+                stats.tiles_visited = dstats.tiles_visited;
+                stats.tiles_skipped = dstats.tiles_skipped;
+                stats.entries_kept = dstats.entries_kept;
+                stats.entries_skipped = dstats.entries_skipped;
+                stats.dropped_mass_max = dstats.dropped_mass_max;
+                stats.dropped_mass_mean = dstats.dropped_mass_mean;
+            } else {
+                // Nothing skipped: every tile of both filtered products was computed.
+                let passes =
+                    call.plan.filter.filter_e_grad as u64 + call.plan.filter.filter_c_grad as u64;
+                stats.tiles_visited = passes * stats.tiles_total;
+            }
+            cce_core::BackwardOutput {
+                d_e,
+                d_c,
+                d_bias,
+                stats,
+            }
+        });
+        Ok((fwd, bwd))
+    }
+}

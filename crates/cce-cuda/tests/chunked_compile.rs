@@ -1,0 +1,55 @@
+//! CPU-only: the chunked-dense kernels (`kernels/chunked.cu`) compile with NVRTC for sm_90a
+//! (with the cluster-fused kernels) and sm_80 (without), through the engine's own code path.
+//! Skips when libnvrtc cannot be loaded, unless CCE_REQUIRE_NVRTC=1 (CI).
+
+use cce_cuda::chunked::{compile_options, compile_uncached, CLUSTER_SIZES, KERNEL_SOURCE};
+
+fn nvrtc_present(test: &str) -> bool {
+    if cce_cuda::kernels::nvrtc_available().is_ok() {
+        return true;
+    }
+    if std::env::var("CCE_REQUIRE_NVRTC").as_deref() == Ok("1") {
+        panic!("CCE_REQUIRE_NVRTC=1 but NVRTC is missing");
+    }
+    eprintln!("skipping {test}: NVRTC missing");
+    false
+}
+
+fn has_symbol(cubin: &[u8], sym: &str) -> bool {
+    let needle = format!("{sym}\0");
+    cubin.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
+    if !nvrtc_present("chunked_kernels_compile_for_sm_90a_and_sm_80") {
+        return;
+    }
+    for arch in ["sm_90a", "sm_80"] {
+        let t0 = std::time::Instant::now();
+        let cubin = compile_uncached(KERNEL_SOURCE, &compile_options(arch))
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        eprintln!(
+            "chunked.cu for {arch}: {} bytes in {:.1} s",
+            cubin.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        for dt in ["f32", "f16", "bf16"] {
+            for k in ["fwd", "bwd", "colsum", "randn"] {
+                let sym = format!("cce_dense_{k}_{dt}");
+                assert!(has_symbol(&cubin, &sym), "{arch}: {sym} missing");
+            }
+            for cs in CLUSTER_SIZES {
+                let sym = format!("cce_dense_fused_{dt}_c{cs}");
+                assert_eq!(has_symbol(&cubin, &sym), arch == "sm_90a", "{arch}: {sym}");
+            }
+        }
+    }
+    for section in ["Parameters", "Tiling", "Thread mapping"] {
+        assert!(
+            KERNEL_SOURCE[..1500].contains(section),
+            "chunked.cu does not open with a '{section}' section"
+        );
+    }
+}
