@@ -54,6 +54,11 @@ pub fn draw(path: &Path, title: &str, pts: &[Point]) -> CliResult<()> {
         .map(|p| finite(p.time_ms))
         .fold(1e-3f64, f64::max)
         * 1.25;
+    // The text font is embedded (DejaVu Sans, licence in assets/DejaVuSans.LICENSE), so the
+    // binary needs no fontconfig or freetype on the machine it runs on.
+    static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| perr("the embedded font could not be parsed"))?;
     let font = |size: u32| ("sans-serif", size).into_font();
 
     let root = BitMapBackend::new(path, (1280, 560)).into_drawing_area();
