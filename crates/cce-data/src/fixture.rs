@@ -13,15 +13,28 @@ pub const E12K_FILE: &str = "smollm2_lce_real_E12k.safetensors";
 /// Environment variable that may point at the 12k-row file.
 pub const E12K_ENV: &str = "CCE_E12K";
 
+/// Environment variable naming a folder that holds the fixture, for binaries run away from the
+/// checkout they were built in (e.g. on a GPU machine): `$CCE_DATA_DIR/smollm2_lce_real_1k.safetensors`.
+pub const DATA_DIR_ENV: &str = "CCE_DATA_DIR";
+
 /// Path of the copy of the real fixture shipped in the repository:
 /// `<repo>/data/smollm2_lce_real_1k.safetensors` (31 MB; SmolLM2-135M-Instruct, N = 1024,
-/// D = 576, V = 49152; provenance and licences in `data/README.md`).
+/// D = 576, V = 49152; provenance and licences in `data/README.md`). `$CCE_DATA_DIR` wins when
+/// set, then `./data` when the compile-time checkout is gone.
 pub fn fixture_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    if let Some(dir) = std::env::var_os(DATA_DIR_ENV) {
+        return PathBuf::from(dir).join(FIXTURE_FILE);
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join("..")
         .join("data")
-        .join(FIXTURE_FILE)
+        .join(FIXTURE_FILE);
+    let local = Path::new("data").join(FIXTURE_FILE);
+    if !built.exists() && local.exists() {
+        return local;
+    }
+    built
 }
 
 /// Loads the shipped real fixture: `E` bf16 `[1024, 576]`, the Q8_0 head decoded exactly to

@@ -58,7 +58,8 @@ mod stats;
 pub use dataset::Dataset;
 pub use error::{DataError, Result};
 pub use fixture::{
-    e12k_path, fixture_path, load_real_e12k, load_real_fixture, E12K_ENV, E12K_FILE, FIXTURE_FILE,
+    e12k_path, fixture_path, load_real_e12k, load_real_fixture, DATA_DIR_ENV, E12K_ENV, E12K_FILE,
+    FIXTURE_FILE,
 };
 pub use gen::{generate, Distribution, LmParams, DEFAULT_IID_ENTROPY};
 pub use npy::{load_npy, NpyPaths};

@@ -289,49 +289,12 @@ fn all_rows_ignored_gives_zero_loss_and_gradients() {
     }
 }
 
-/// Load the shipped real fixture: e (bf16), c (Q8_0 dequantized, exact in f32), targets,
-/// lse_ref, nll_ref.
-pub fn load_fixture() -> (HostTensor, HostTensor, Vec<i64>, Vec<f32>, Vec<f32>) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../data/smollm2_lce_real_1k.safetensors"
-    );
-    let bytes = std::fs::read(path).expect("shipped fixture data/smollm2_lce_real_1k.safetensors");
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let get = |name: &str| st.tensor(name).unwrap();
-    let e = get("E");
-    let e = HostTensor::from_bytes(e.shape().to_vec(), DType::BF16, e.data()).unwrap();
-    let q8 = get("C_q8");
-    let (v, d) = (q8.shape()[0], q8.shape()[1]);
-    let scale = HostTensor::from_bytes(vec![v, d / 32], DType::F16, get("C_scale").data())
-        .unwrap()
-        .to_f32_vec();
-    let c: Vec<f32> = q8
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| {
-            let (row, col) = (i / d, i % d);
-            scale[row * (d / 32) + col / 32] * (q as i8) as f32
-        })
-        .collect();
-    let c = HostTensor::from_f32(vec![v, d], &c, DType::F32).unwrap();
-    let f32s = |name: &str| {
-        HostTensor::from_bytes(vec![1024], DType::F32, get(name).data())
-            .unwrap()
-            .to_f32_vec()
-    };
-    let t = HostTensor::from_bytes(vec![1024], DType::I32, get("targets").data())
-        .unwrap()
-        .to_i64_vec()
-        .unwrap();
-    (e, c, t, f32s("lse_ref"), f32s("nll_ref"))
-}
-
 #[test]
 fn oracle_reproduces_the_real_fixture() {
-    let (e, c, t, lse_ref, nll_ref) = load_fixture();
-    let e32 = HostTensor::from_f32(e.shape_vec(), &e.to_f32_vec(), DType::F32).unwrap();
+    let ds = cce_data::load_real_fixture().expect("shipped fixture");
+    let (t, lse_ref, nll_ref) = (ds.targets, ds.lse_ref.unwrap(), ds.nll_ref.unwrap());
+    let e32 = HostTensor::from_f32(vec![ds.n, ds.d], &ds.e, DType::F32).unwrap();
+    let c = HostTensor::from_f32(vec![ds.v, ds.d], &ds.c, DType::F32).unwrap();
     let targets = HostTensor::from_i64(t);
     let opts = Options {
         reduction: Reduction::None,
@@ -363,14 +326,4 @@ fn oracle_reproduces_the_real_fixture() {
         assert!((o.loss[i] - nll_ref[i] as f64).abs() < 1e-4, "nll row {i}");
     }
     eprintln!("real fixture: mean nll {mean:.6} (reference 2.142760)");
-}
-
-trait ShapeVec {
-    fn shape_vec(&self) -> Vec<usize>;
-}
-impl ShapeVec for HostTensor {
-    fn shape_vec(&self) -> Vec<usize> {
-        use cce_core::TensorMeta;
-        self.shape().to_vec()
-    }
 }

@@ -147,46 +147,14 @@ pub struct Fixture {
     pub lse_ref: Vec<f32>,
 }
 
+/// The shipped real fixture (`cce_data::load_real_fixture`; `$CCE_DATA_DIR` overrides the
+/// compile-time path on the device), or `None` when it cannot be read.
 pub fn load_fixture() -> Option<Fixture> {
-    let name = "smollm2_lce_real_1k.safetensors";
-    let mut candidates = vec![];
-    if let Ok(d) = std::env::var("CCE_DATA_DIR") {
-        candidates.push(std::path::PathBuf::from(d).join(name));
-    }
-    candidates.push(std::path::PathBuf::from("data").join(name));
-    candidates.push(
-        std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data")).join(name),
-    );
-    let bytes = candidates.iter().find_map(|p| std::fs::read(p).ok())?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).ok()?;
-    let get = |n: &str| st.tensor(n).unwrap();
-    let e = HostTensor::from_bytes(get("E").shape().to_vec(), DType::BF16, get("E").data())
-        .unwrap()
-        .to_f32_vec();
-    let q8 = get("C_q8");
-    let (v, d) = (q8.shape()[0], q8.shape()[1]);
-    let scale = HostTensor::from_bytes(vec![v, d / 32], DType::F16, get("C_scale").data())
-        .unwrap()
-        .to_f32_vec();
-    let c = q8
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(k, &q)| scale[(k / d) * (d / 32) + (k % d) / 32] * (q as i8) as f32)
-        .collect();
-    let t = get("targets");
-    let targets = HostTensor::from_bytes(vec![t.shape()[0]], DType::I32, t.data())
-        .unwrap()
-        .to_i64_vec()
-        .unwrap();
-    let l = get("lse_ref");
-    let lse_ref = HostTensor::from_bytes(vec![l.shape()[0]], DType::F32, l.data())
-        .unwrap()
-        .to_f32_vec();
+    let ds = cce_data::load_real_fixture().ok()?;
     Some(Fixture {
-        e,
-        c,
-        targets,
-        lse_ref,
+        e: ds.e,
+        c: ds.c,
+        targets: ds.targets,
+        lse_ref: ds.lse_ref?,
     })
 }

@@ -92,43 +92,15 @@ pub struct Fixture {
     pub nll_ref: Vec<f32>,
 }
 
-/// Load data/smollm2_lce_real_1k.safetensors (E bf16, C = C_scale · C_q8 exact in f32).
+/// The shipped real fixture (E bf16 widened, C = C_scale · C_q8 exact in f32).
 pub fn load_fixture() -> Fixture {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../data/smollm2_lce_real_1k.safetensors"
-    );
-    let bytes = std::fs::read(path).expect("shipped fixture data/smollm2_lce_real_1k.safetensors");
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let get = |name: &str| st.tensor(name).unwrap();
-    let e = HostTensor::from_bytes(get("E").shape().to_vec(), DType::BF16, get("E").data())
-        .unwrap()
-        .to_f32_vec();
-    let q8 = get("C_q8");
-    let (v, d) = (q8.shape()[0], q8.shape()[1]);
-    let scale = HostTensor::from_bytes(vec![v, d / 32], DType::F16, get("C_scale").data())
-        .unwrap()
-        .to_f32_vec();
-    let c = q8
-        .data()
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| scale[(i / d) * (d / 32) + (i % d) / 32] * (q as i8) as f32)
-        .collect();
-    let f32s = |name: &str| {
-        HostTensor::from_bytes(vec![1024], DType::F32, get(name).data())
-            .unwrap()
-            .to_f32_vec()
-    };
-    let targets = HostTensor::from_bytes(vec![1024], DType::I32, get("targets").data())
-        .unwrap()
-        .to_i64_vec()
-        .unwrap();
+    let ds = cce_data::load_real_fixture()
+        .expect("shipped fixture data/smollm2_lce_real_1k.safetensors");
     Fixture {
-        e,
-        c,
-        targets,
-        lse_ref: f32s("lse_ref"),
-        nll_ref: f32s("nll_ref"),
+        e: ds.e,
+        c: ds.c,
+        targets: ds.targets,
+        lse_ref: ds.lse_ref.expect("lse_ref in the fixture"),
+        nll_ref: ds.nll_ref.expect("nll_ref in the fixture"),
     }
 }
