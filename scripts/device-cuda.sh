@@ -71,7 +71,7 @@ D=.devbin/cuda
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
 PHASES=${2:-tests,suite,sanitize,bench}
-export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1
+export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1 CCE_DATA_DIR=$PWD/data
 # Make the build checkout's data/ path (compiled into cce-data) point at this copy's data/.
 if [ -f "$D/build_root" ]; then
   root=$(cat "$D/build_root")
