@@ -1,6 +1,6 @@
 //! # cce-reference: the CPU oracle and the CPU backend
 //!
-//! - [`naive`]: logits materialized, MATH.md followed literally, in f64 (the ground truth of
+//! - [`mod@naive`]: logits materialized, MATH.md followed literally, in f64 (the ground truth of
 //!   every test) or in the input dtype (what a user would otherwise run).
 //! - [`blocked`]: a multi-threaded CPU backend that follows the blocking plan and the filter rule
 //!   of `cce-core` exactly, so plan and filter bugs fail without a GPU.
