@@ -105,9 +105,14 @@ impl Problem {
         }
         let ts = targets.shape();
         if !(ts == [n] || ts == &es[..es.len() - 1]) {
+            let lead = &es[..es.len() - 1];
             return Err(CceError::ShapeMismatch {
                 what: "targets",
-                expected: format!("[{n}] or {:?}", &es[..es.len() - 1]),
+                expected: if lead.len() == 1 {
+                    format!("[{n}]")
+                } else {
+                    format!("[{n}] or {lead:?}")
+                },
                 got: format!("{ts:?}"),
             });
         }
@@ -195,7 +200,8 @@ impl PreparedTargets {
         let classes = (0..problem.n)
             .map(|i| {
                 let pos = i % t;
-                if pos + s >= t {
+                // `s >= t - pos` rather than `pos + s >= t`: no overflow for any shift.
+                if s >= t - pos {
                     return -1;
                 }
                 let y = raw[i + s];
@@ -255,6 +261,24 @@ mod tests {
         let pt = PreparedTargets::new(&[1, 2, 3, 4, -100, 6], &p, &opts).unwrap();
         assert_eq!(pt.classes, vec![2, 3, -1, -1, 6, -1]);
         assert_eq!(pt.n_valid, 3);
+    }
+
+    #[test]
+    fn a_huge_shift_ignores_every_row() {
+        let e = t(&[6, 2], DType::F32);
+        let c = t(&[9, 2], DType::F32);
+        let y = HostTensor::from_i64(vec![0; 6]);
+        for seq_len in [None, Some(3)] {
+            let opts = Options {
+                shift: usize::MAX,
+                seq_len,
+                ..Default::default()
+            };
+            let p = Problem::new(&e, &c, None, &y, &opts).unwrap();
+            let pt = PreparedTargets::new(&[1, 2, 3, 4, 5, 6], &p, &opts).unwrap();
+            assert_eq!(pt.classes, vec![-1; 6]);
+            assert_eq!(pt.n_valid, 0);
+        }
     }
 
     #[test]
