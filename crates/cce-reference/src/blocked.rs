@@ -408,7 +408,8 @@ impl Backend for CpuBackend {
                         &rows,
                         tiles.map(|cl| {
                             let z = p.logits_tile(&rows, &cl, opts.softcap);
-                            (cl, z)
+                            let probs = g_ctx.probs(&rows, cl.len(), &z);
+                            (cl, probs)
                         }),
                     )
                 })
@@ -452,13 +453,19 @@ impl Backend for CpuBackend {
                             .iter()
                             .map(|cl| p.logits_tile(rows, cl, opts.softcap))
                             .collect();
+                        // One exp per entry, shared by the thresholds, the mask and G.
+                        let ps: Vec<Vec<f32>> = class_tiles
+                            .iter()
+                            .zip(&zs)
+                            .map(|(cl, z)| g_ctx.probs(rows, cl.len(), z))
+                            .collect();
                         let tau_rows = if rule.enabled {
                             g_ctx.thresholds(
                                 rows,
                                 class_tiles
                                     .iter()
                                     .cloned()
-                                    .zip(zs.iter().map(|z| z.as_slice())),
+                                    .zip(ps.iter().map(|p| p.as_slice())),
                             )
                         } else {
                             vec![0.0; rows.len()]
@@ -466,7 +473,10 @@ impl Backend for CpuBackend {
                         class_tiles
                             .iter()
                             .zip(zs)
-                            .map(|(classes, z)| g_ctx.tile_from(rows, classes, z, &tau_rows, true))
+                            .zip(&ps)
+                            .map(|((classes, z), pt)| {
+                                g_ctx.tile_from(rows, classes, z, pt, &tau_rows, true)
+                            })
                             .collect()
                     } else {
                         class_tiles
@@ -670,12 +680,21 @@ struct GCtx<'a> {
 }
 
 impl GCtx<'_> {
-    /// `g0 = |p − onehot|` of an active row (0 for inactive rows).
-    fn g0(&self, i: usize, j: usize, z: f32) -> f32 {
+    /// Probabilities `p = exp(z − lse_i)` of a tile's logits (one `exp` per entry).
+    fn probs(&self, rows: &Range<usize>, k: usize, z: &[f32]) -> Vec<f32> {
+        let mut p = z.to_vec();
+        for (ii, row) in p.chunks_mut(k.max(1)).enumerate() {
+            let l = self.lse[rows.start + ii];
+            row.iter_mut().for_each(|x| *x = (*x - l).exp());
+        }
+        p
+    }
+
+    /// `g0 = |p − onehot|` of an active row (0 for inactive rows), from the probability `p`.
+    fn g0(&self, i: usize, j: usize, p: f32) -> f32 {
         if self.g[i] == 0.0 && self.h[i] == 0.0 {
             return 0.0;
         }
-        let p = (z - self.lse[i]).exp();
         if self.y[i] == j as i32 {
             (1.0 - p).abs()
         } else {
@@ -683,8 +702,8 @@ impl GCtx<'_> {
         }
     }
 
-    fn g_entry(&self, i: usize, j: usize, z: f32) -> f32 {
-        let p = (z - self.lse[i]).exp();
+    /// `G_ij` (MATH.md, "Backward") from the probability `p` and the (capped) logit `z`.
+    fn g_entry(&self, i: usize, j: usize, p: f32, z: f32) -> f32 {
         let onehot = if self.y[i] == j as i32 { 1.0 } else { 0.0 };
         let ls = if self.rule.label_smoothing_analytic {
             0.0
@@ -707,30 +726,31 @@ impl GCtx<'_> {
     fn dense_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
         let z = self.p.logits_tile(rows, classes, self.opts.softcap);
         let k = classes.len();
+        let p = self.probs(rows, k, &z);
         let mut out = z;
         for ii in 0..rows.len() {
             for jj in 0..k {
-                out[ii * k + jj] =
-                    self.g_entry(rows.start + ii, classes.start + jj, out[ii * k + jj]);
+                let at = ii * k + jj;
+                out[at] = self.g_entry(rows.start + ii, classes.start + jj, p[at], out[at]);
             }
         }
         out
     }
 
-    /// Row thresholds `τ_i` of a row tile from its logits tiles `(classes, z)`.
-    fn thresholds<Z: AsRef<[f32]>>(
+    /// Row thresholds `τ_i` of a row tile from its probability tiles `(classes, p)`.
+    fn thresholds<P: AsRef<[f32]>>(
         &self,
         rows: &Range<usize>,
-        tiles: impl Iterator<Item = (Range<usize>, Z)>,
+        tiles: impl Iterator<Item = (Range<usize>, P)>,
     ) -> Vec<f32> {
         let mut hist = vec![0.0f64; rows.len() * N_BINS];
-        for (classes, z) in tiles {
-            let z = z.as_ref();
+        for (classes, p) in tiles {
+            let p = p.as_ref();
             let k = classes.len();
             for ii in 0..rows.len() {
                 let i = rows.start + ii;
                 for jj in 0..k {
-                    let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
+                    let g0 = self.g0(i, classes.start + jj, p[ii * k + jj]);
                     if let Some(b) = self.rule.bin(g0) {
                         hist[ii * N_BINS + b] += g0 as f64;
                     }
@@ -746,17 +766,20 @@ impl GCtx<'_> {
     /// reading the thresholds of the threshold pass.
     fn tile(&self, rows: &Range<usize>, classes: &Range<usize>, keep_g: bool) -> TileG {
         let z = self.p.logits_tile(rows, classes, self.opts.softcap);
+        let p = self.probs(rows, classes.len(), &z);
         let tau = self.tau.expect("thresholds before the mask");
-        self.tile_from(rows, classes, z, &tau[rows.clone()], keep_g)
+        self.tile_from(rows, classes, z, &p, &tau[rows.clone()], keep_g)
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its logits `z` and the
-    /// thresholds `tau` of its rows.
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its logits `z`, their
+    /// probabilities `p` and the thresholds `tau` of its rows.
+    #[allow(clippy::too_many_arguments)]
     fn tile_from(
         &self,
         rows: &Range<usize>,
         classes: &Range<usize>,
         z: Vec<f32>,
+        p: &[f32],
         tau: &[f32],
         keep_g: bool,
     ) -> TileG {
@@ -771,7 +794,7 @@ impl GCtx<'_> {
                 }
                 let mut sum = 0.0f64;
                 for jj in 0..k {
-                    let g0 = self.g0(i, classes.start + jj, z[ii * k + jj]);
+                    let g0 = self.g0(i, classes.start + jj, p[ii * k + jj]);
                     if g0 >= tau[ii] {
                         skipped = false;
                         break 'rows;
@@ -793,8 +816,8 @@ impl GCtx<'_> {
             let mut out = z;
             for ii in 0..rows.len() {
                 for jj in 0..k {
-                    out[ii * k + jj] =
-                        self.g_entry(rows.start + ii, classes.start + jj, out[ii * k + jj]);
+                    let at = ii * k + jj;
+                    out[at] = self.g_entry(rows.start + ii, classes.start + jj, p[at], out[at]);
                 }
             }
             out
