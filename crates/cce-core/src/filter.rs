@@ -46,6 +46,9 @@ pub struct FilterRule {
     pub filter_c_grad: bool,
     /// Label smoothing's `−α/V` term is added analytically (rank-1) instead of per entry.
     pub label_smoothing_analytic: bool,
+    /// `edges[k] = eps · 2^(−k/4)`, precomputed so that [`FilterRule::bin`] needs no
+    /// transcendental function.
+    edges: [f32; N_BINS],
 }
 
 impl FilterRule {
@@ -64,9 +67,15 @@ impl FilterRule {
             && opts.max_dropped_mass > 0.0
             && (opts.filter_e_grad || opts.filter_c_grad)
             && !(ls && opts.softcap.is_some());
+        let eps = if enabled { eps } else { 0.0 };
+        let mut edges = [0.0f32; N_BINS];
+        for (k, e) in edges.iter_mut().enumerate() {
+            *e = eps * (-(k as f32) / BINS_PER_OCTAVE as f32).exp2();
+        }
         Self {
             enabled,
-            eps: if enabled { eps } else { 0.0 },
+            eps,
+            edges,
             max_dropped_mass: if enabled { opts.max_dropped_mass } else { 0.0 },
             filter_e_grad: enabled && opts.filter_e_grad,
             filter_c_grad: enabled && opts.filter_c_grad,
@@ -77,7 +86,7 @@ impl FilterRule {
     /// Upper edge of bin `k` (`k = 0..N_BINS`): `eps · 2^(−k/4)`. Bin `k < N_BINS − 1` holds
     /// `[edge(k+1), edge(k))`; the last bin holds `[0, edge(N_BINS − 1))`.
     pub fn edge(&self, k: usize) -> f32 {
-        self.eps * (-(k as f32) / BINS_PER_OCTAVE as f32).exp2()
+        self.edges[k]
     }
 
     /// Histogram bin of a magnitude `g0 ≥ 0`, or `None` when `g0 ≥ eps` (never skippable) or
@@ -86,20 +95,8 @@ impl FilterRule {
         if !self.enabled || g0.is_nan() || g0 >= self.eps {
             return None;
         }
-        if g0 <= 0.0 {
-            return Some(N_BINS - 1);
-        }
-        // k = floor(-4 log2(g0/eps)); bin k holds [eps 2^-(k+1)/4, eps 2^-k/4).
-        let k = (-(BINS_PER_OCTAVE as f32) * (g0 / self.eps).log2()).floor();
-        let mut k = (k.max(0.0) as usize).min(N_BINS - 1);
-        // Guard the rounding of log2 at bin edges so that g0 < edge(k) always holds.
-        while k > 0 && g0 >= self.edge(k) {
-            k -= 1;
-        }
-        while k < N_BINS - 1 && g0 < self.edge(k + 1) {
-            k += 1;
-        }
-        Some(k)
+        // Edges decrease with k: the count of edges[1..] above g0 is the bin (binary search).
+        Some(self.edges[1..].partition_point(|&e| e > g0))
     }
 
     /// The row threshold `τ` from a histogram `hist[k]` = `Σ g0` of the row's entries in bin `k`
