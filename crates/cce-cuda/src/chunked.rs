@@ -1391,7 +1391,7 @@ impl DenseEngine {
                 stats.tiles_skipped = 2 * tiles.saturating_sub(visited);
                 stats.dropped_mass_max = s[2];
                 stats.dropped_mass_mean = if inp.n_valid > 0 {
-                    s[1] / inp.n_valid as f64
+                    (s[1] / inp.n_valid as f64).min(s[2])
                 } else {
                     0.0
                 };

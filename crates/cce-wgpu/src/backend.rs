@@ -1281,8 +1281,10 @@ impl WgpuBackend {
             let st: &[u32] = bytemuck::cast_slice(&back[1]);
             stats.dropped_mass_max = st[0] as f64 / FIXED_POINT_ONE;
             let sum = f32::from_bits(st[1]) as f64;
+            // The max is a fixed-point (rounded up) reduction and the sum an f32 one: clamp so
+            // that rounding never reports a mean above the max.
             stats.dropped_mass_mean = if prep.n_valid > 0 {
-                sum / prep.n_valid as f64
+                (sum / prep.n_valid as f64).min(stats.dropped_mass_max)
             } else {
                 0.0
             };
