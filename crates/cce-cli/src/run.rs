@@ -25,6 +25,16 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     let opts = args.opts.options();
     opts.validate()?;
     let backward = !args.opts.no_backward;
+    // An unwritable --save-grads path fails before any work, not after it.
+    if let Some(path) = &args.save_grads {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if path.is_dir() || parent.is_some_and(|p| !p.is_dir()) {
+            return Err(CliError::msg(format!(
+                "--save-grads {}: not a writable file path (a directory, or its folder does not exist)",
+                path.display()
+            )));
+        }
+    }
     // The backend first: a missing device should not wait for a large load.
     let backend = backend_by_name(&args.backend)?;
     let loaded = input::load(&args.input)?;

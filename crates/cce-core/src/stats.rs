@@ -59,7 +59,13 @@ impl fmt::Display for CallStats {
         )?;
         writeln!(f, "valid rows        {}", self.n_valid)?;
         writeln!(f, "tiles             {} per pass", self.tiles_total)?;
-        if self.filter_eps > 0.0 {
+        if self.filter_eps > 0.0 && self.tiles_visited + self.tiles_skipped == 0 {
+            writeln!(
+                f,
+                "filter            eps {:.3e}, max dropped mass {:.1e} per row (applies to the backward)",
+                self.filter_eps, self.max_dropped_mass
+            )?;
+        } else if self.filter_eps > 0.0 {
             writeln!(
                 f,
                 "filter            eps {:.3e}, max dropped mass {:.1e} per row",

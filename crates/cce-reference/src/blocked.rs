@@ -332,6 +332,24 @@ impl Backend for CpuBackend {
             });
         }
         let lse = lse.to_f32_vec();
+        if let Some((index, value)) = cce_core::problem::first_non_finite(lse.iter().copied()) {
+            return Err(CceError::NonFinite {
+                what: "lse",
+                index,
+                row: index,
+                value,
+            });
+        }
+        if let DLoss::Scalar(s) = upstream.d_loss {
+            if !s.is_finite() {
+                return Err(CceError::NonFinite {
+                    what: "d_loss",
+                    index: 0,
+                    row: 0,
+                    value: s,
+                });
+            }
+        }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;
         // Upstream g_i and h_i.
