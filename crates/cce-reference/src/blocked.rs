@@ -21,11 +21,13 @@ use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
 use cce_core::problem::{PreparedTargets, Problem};
 use cce_core::stats::CallStats;
+use cce_core::HostData;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
     TensorMeta, Upstream,
 };
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// The CPU backend. Buffers are [`HostTensor`]s; every computation follows the [`Plan`].
@@ -56,20 +58,28 @@ impl CpuBackend {
 }
 
 /// Validated inputs as f32 (exact widening of f32/f16/bf16).
-struct Prepared {
+struct Prepared<'a> {
     problem: Problem,
     plan: Plan,
     targets: PreparedTargets,
-    e: Vec<f32>,
-    c: Vec<f32>,
-    bias: Option<Vec<f32>>,
+    e: Cow<'a, [f32]>,
+    c: Cow<'a, [f32]>,
+    bias: Option<Cow<'a, [f32]>>,
 }
 
-fn prepare(
-    inputs: &Inputs<'_, HostTensor>,
+/// The values of a float tensor as f32: borrowed when already f32, widened (exactly) otherwise.
+fn as_f32(t: &HostTensor) -> Cow<'_, [f32]> {
+    match t.data() {
+        HostData::F32(v) => Cow::Borrowed(v),
+        _ => Cow::Owned(t.to_f32_vec()),
+    }
+}
+
+fn prepare<'a>(
+    inputs: &Inputs<'a, HostTensor>,
     opts: &Options,
     limits: &DeviceLimits,
-) -> Result<Prepared> {
+) -> Result<Prepared<'a>> {
     let problem = Problem::new(
         inputs.e,
         inputs.c,
@@ -88,9 +98,9 @@ fn prepare(
         problem,
         plan,
         targets,
-        e: inputs.e.to_f32_vec(),
-        c: inputs.c.to_f32_vec(),
-        bias: inputs.bias.map(|b| b.to_f32_vec()),
+        e: as_f32(inputs.e),
+        c: as_f32(inputs.c),
+        bias: inputs.bias.map(as_f32),
     })
 }
 
@@ -136,7 +146,7 @@ fn sgemm(
     }
 }
 
-impl Prepared {
+impl Prepared<'_> {
     /// Logits tile `z[rows x classes]` (f32, bias and softcap applied), row-major.
     fn logits_tile(
         &self,
@@ -685,7 +695,7 @@ struct TileG {
 /// Everything needed to compute `G` for a tile.
 #[derive(Clone, Copy)]
 struct GCtx<'a> {
-    p: &'a Prepared,
+    p: &'a Prepared<'a>,
     lse: &'a [f32],
     g: &'a [f32],
     h: &'a [f32],
