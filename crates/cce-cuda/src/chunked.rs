@@ -981,33 +981,19 @@ impl DenseEngine {
                 need(h, n * 4, "d_lse")?;
                 dlse_ptr = self.ptr(h);
             }
+            let missing = |name: &'static str| CceError::InvalidOption {
+                name,
+                reason: "output missing".into(),
+            };
             if cfg.compute_d_e {
-                let s = grads
-                    .d_e
-                    .as_deref()
-                    .ok_or_else(|| CceError::InvalidOption {
-                        name: "d_e",
-                        reason: "output missing".into(),
-                    })?;
+                let s = grads.d_e.as_deref().ok_or_else(|| missing("d_e"))?;
                 need(s, n * d * out_ty.size_bytes(), "d_e")?;
             }
             if cfg.compute_d_c {
-                let s = grads
-                    .d_c
-                    .as_deref()
-                    .ok_or_else(|| CceError::InvalidOption {
-                        name: "d_c",
-                        reason: "output missing".into(),
-                    })?;
+                let s = grads.d_c.as_deref().ok_or_else(|| missing("d_c"))?;
                 need(s, v * d * out_ty.size_bytes(), "d_c")?;
                 if cfg.has_bias {
-                    let s = grads
-                        .d_bias
-                        .as_deref()
-                        .ok_or_else(|| CceError::InvalidOption {
-                            name: "d_bias",
-                            reason: "output missing".into(),
-                        })?;
+                    let s = grads.d_bias.as_deref().ok_or_else(|| missing("d_bias"))?;
                     need(s, v * out_ty.size_bytes(), "d_bias")?;
                 }
             }

@@ -535,19 +535,20 @@ impl Backend for CpuBackend {
                         ct: usize,
                         classes: &Range<usize>,
                         filtered: bool|
-             -> Option<Vec<f32>> {
+             -> Option<Cow<'_, [f32]>> {
                 let t = &per_row_tile[rt][ct];
                 if t.skipped && filtered {
                     return None;
                 }
+                // Materialized G is borrowed; tile ownership recomputes it.
                 match &t.g {
-                    Some(gt) => Some(gt.clone()),
-                    None => Some(
+                    Some(gt) => Some(Cow::Borrowed(gt.as_slice())),
+                    None => Some(Cow::Owned(
                         g_ctx
                             .tile(rows, classes, true)
                             .g
                             .unwrap_or_else(|| g_ctx.dense_tile(rows, classes)),
-                    ),
+                    )),
                 }
             };
             if opts.compute_d_e {
