@@ -1,11 +1,44 @@
 //! The conformance suite on the CUDA backend (feature `cuda`). Without a CUDA device or
 //! driver library the tests print "skipping: ..." and pass, unless `CCE_REQUIRE_CUDA=1`.
+//!
+//! Stamped four times: the default strategy choice (`cuda`), then each strategy first
+//! (`cuda_split`, `cuda_chunked`, `cuda_tiles`; f16 inputs, and filtered calls for chunked
+//! dense, still fall back to tile ownership), the dense ones with chunks capped at one
+//! 128 x 128 tile so that the suite's small problems run several row and class chunks.
 
 #![cfg(feature = "cuda")]
 
+use cut_cross_entropy::cce_cuda::CudaBackend;
+use cut_cross_entropy::StrategyKind;
+
 cce_conformance::conformance_suite!(
     cuda,
-    cut_cross_entropy::cce_cuda::CudaBackend::new(0),
+    CudaBackend::new(0),
+    max_work_flop = 1e13,
+    fixture_max_rows = 1024,
+);
+
+cce_conformance::conformance_suite!(
+    cuda_split,
+    CudaBackend::new(0)
+        .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense, StrategyKind::TileOwnership]))
+        .and_then(|b| b.with_chunk_cap(128, 128)),
+    max_work_flop = 1e13,
+    fixture_max_rows = 1024,
+);
+
+cce_conformance::conformance_suite!(
+    cuda_chunked,
+    CudaBackend::new(0)
+        .and_then(|b| b.with_strategies(&[StrategyKind::ChunkedDense, StrategyKind::TileOwnership]))
+        .and_then(|b| b.with_chunk_cap(128, 128)),
+    max_work_flop = 1e13,
+    fixture_max_rows = 1024,
+);
+
+cce_conformance::conformance_suite!(
+    cuda_tiles,
+    CudaBackend::new(0).and_then(|b| b.with_strategies(&[StrategyKind::TileOwnership])),
     max_work_flop = 1e13,
     fixture_max_rows = 1024,
 );

@@ -17,6 +17,14 @@
 //!   workspace (`chunk_rows x V`), then lse, thresholds and `G` in one memory pass, then
 //!   `d_e = G·C` and `d_c += Gᵀ·E` as GEMMs. 3 GEMMs, no recompute; needs `chunk_rows·V·4`
 //!   bytes plus a `V·D·4` f32 `d_c` accumulator (unless gradients are f32).
+//! - [`Strategy::SplitDense`]: two dense passes that need no accumulator across chunks, so
+//!   they fit a small budget. Row pass, per chunk of rows: logits `[chunk_rows, V]`
+//!   materialized, lse, thresholds and `G`, then `d_e = G·C` complete for those rows. Class
+//!   pass, per chunk of classes: the logits `[N, chunk_classes]` recomputed, `G` again (from the
+//!   saved lse and thresholds), then `d_c = Gᵀ·E` complete for those classes. 4 GEMMs (one
+//!   recompute, PERFORMANCE.md "Design space" 2), workspace
+//!   `max(chunk_rows·V, N·chunk_classes)·4` bytes plus, with bf16 inputs, an f16 copy of `e`
+//!   for the `d_c` product (`N·D·2`).
 
 use crate::dtype::DType;
 use crate::error::{CceError, Result};
@@ -33,6 +41,8 @@ pub enum StrategyKind {
     TileOwnership,
     /// See [`Strategy::ChunkedDense`].
     ChunkedDense,
+    /// See [`Strategy::SplitDense`].
+    SplitDense,
 }
 
 /// The chosen strategy with its parameters.
@@ -45,13 +55,36 @@ pub enum Strategy {
         /// Rows per chunk.
         chunk_rows: usize,
     },
+    /// A row pass for `d_e` and a class pass for `d_c`, each complete per chunk (module docs).
+    SplitDense {
+        /// Rows per chunk of the row pass (a multiple of the tile rows, but at most `N`).
+        chunk_rows: usize,
+        /// Classes per chunk of the class pass (a multiple of the tile classes, at most
+        /// [`SPLIT_DENSE_MAX_CLASSES`]).
+        chunk_classes: usize,
+    },
 }
+
+/// Largest class chunk of [`Strategy::SplitDense`]: its class-pass kernel holds a whole row of
+/// the chunk in registers (256 threads x 16 values).
+pub const SPLIT_DENSE_MAX_CLASSES: usize = 4096;
+
+/// Device memory a GEMM library keeps for its own use while a dense strategy runs (cuBLAS's
+/// 32 MiB workspace on Hopper); [`Strategy::SplitDense`] plans within the budget less this.
+pub const GEMM_LIBRARY_RESERVE_BYTES: u64 = 32 << 20;
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Strategy::TileOwnership => write!(f, "tile-ownership"),
             Strategy::ChunkedDense { chunk_rows } => write!(f, "chunked-dense({chunk_rows} rows)"),
+            Strategy::SplitDense {
+                chunk_rows,
+                chunk_classes,
+            } => write!(
+                f,
+                "split-dense({chunk_rows}-row chunks for d_e, {chunk_classes}-class chunks for d_c)"
+            ),
         }
     }
 }
@@ -256,6 +289,70 @@ impl Plan {
                             "chunked-dense: {chunk_rows}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
                             chunk_rows.min(n) as u64 * per_row
                         ),
+                    ));
+                }
+                StrategyKind::SplitDense => {
+                    // Row state as for chunked dense, plus τ_i [N] f32 and a d_bias f32 [V].
+                    let fixed = row_state_bytes(1)
+                        + n as u64 * 4
+                        + v as u64 * 4
+                        + GEMM_LIBRARY_RESERVE_BYTES;
+                    let e16 = if problem.dtype == DType::BF16 && opts.compute_d_c {
+                        n as u64 * d as u64 * 2
+                    } else {
+                        0
+                    };
+                    let ld_of = |cols: usize| cols.div_ceil(8) as u64 * 8 * 4;
+                    let room = budget.saturating_sub(fixed);
+                    let row_cap = (room / ld_of(v))
+                        .min(rows_cap)
+                        .min(idx_cap / ld_of(v))
+                        .min(limits.max_buffer_bytes / ld_of(v));
+                    let class_room = room.saturating_sub(e16);
+                    let class_cap = (class_room / (n as u64 * 4))
+                        .min(SPLIT_DENSE_MAX_CLASSES as u64)
+                        .min(classes_cap)
+                        .min(idx_cap / (n as u64 * 8))
+                        .min(limits.max_buffer_bytes / (n as u64 * 8));
+                    let min_rows = tile.rows.min(n) as u64;
+                    let min_classes = tile.classes.min(v) as u64;
+                    if row_cap < min_rows || class_cap < min_classes {
+                        why.push(format!(
+                            "split-dense: budget {budget} B leaves room for {row_cap} logits rows of V = {v} and {class_cap} classes of N = {n}, under one tile"
+                        ));
+                        continue;
+                    }
+                    let chunk_rows = fit(row_cap, tile.rows, n).min(n);
+                    let chunk_classes = fit(class_cap, tile.classes, v).min(v);
+                    let scratch =
+                        (chunk_rows as u64 * ld_of(v)).max(n as u64 * ld_of(chunk_classes) + e16);
+                    let workspace_bytes = fixed + scratch;
+                    if workspace_bytes > budget {
+                        why.push(format!(
+                            "split-dense needs {workspace_bytes} B with its smallest chunks, over the budget of {budget} B"
+                        ));
+                        continue;
+                    }
+                    let row_chunks = split(n, chunk_rows);
+                    let class_chunks = split(v, chunk_classes);
+                    let reason = format!(
+                        "split-dense: {} row chunk(s) of {chunk_rows} for d_e and {} class chunk(s) of {chunk_classes} for d_c, no cross-chunk accumulator; workspace {workspace_bytes} B within {budget} B{}",
+                        row_chunks.len(),
+                        class_chunks.len(),
+                        if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
+                    );
+                    return Ok(Self::finish(
+                        problem,
+                        Strategy::SplitDense {
+                            chunk_rows,
+                            chunk_classes,
+                        },
+                        tile,
+                        row_chunks,
+                        class_chunks,
+                        workspace_bytes,
+                        filter,
+                        reason,
                     ));
                 }
                 StrategyKind::TileOwnership => {
@@ -485,6 +582,18 @@ mod tests {
             assert!(chunk_rows as u64 * p.v as u64 * 4 <= limits.max_buffer_bytes);
             assert!(chunk_rows as u64 * p.v as u64 <= idx_cap);
         }
+        if let Strategy::SplitDense {
+            chunk_rows,
+            chunk_classes,
+        } = plan.strategy
+        {
+            // The chunks are the plan's chunks, and each buffer of a pass fits one binding.
+            assert_eq!(plan.row_chunks[0].len(), chunk_rows);
+            assert_eq!(plan.class_chunks[0].len(), chunk_classes);
+            assert!(chunk_classes <= SPLIT_DENSE_MAX_CLASSES);
+            assert!(chunk_rows as u64 * p.v.div_ceil(8) as u64 * 32 <= limits.max_buffer_bytes);
+            assert!(p.n as u64 * chunk_classes.div_ceil(8) as u64 * 32 <= limits.max_buffer_bytes);
+        }
         assert!(
             plan.workspace_bytes <= budget,
             "workspace {} > budget {budget}",
@@ -499,12 +608,16 @@ mod tests {
             n in 1usize..300, d in 1usize..80, v in 1usize..700,
             tr in prop::sample::select(vec![1usize, 16, 64, 128]),
             tc in prop::sample::select(vec![1usize, 32, 64, 128, 256]),
-            buf_kib in 4u64..4096, budget_kib in 1u64..4096,
+            buf_kib in 4u64..4096, budget_kib in 1u64..(64 << 10),
             dt in prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
             filter_off in any::<bool>(),
+            split in any::<bool>(),
         ) {
             let p = problem(n, d, v, dt);
-            let limits = gpu_limits(buf_kib << 10, (tr, tc));
+            let mut limits = gpu_limits(buf_kib << 10, (tr, tc));
+            if split {
+                limits.strategies = vec![StrategyKind::SplitDense, StrategyKind::TileOwnership];
+            }
             let opts = Options {
                 workspace_budget_bytes: budget_kib << 10,
                 filter_eps: if filter_off { crate::options::FilterEps::Off } else { crate::options::FilterEps::Auto },
@@ -539,6 +652,36 @@ mod tests {
         assert!(
             matches!(plan.strategy, Strategy::ChunkedDense { chunk_rows } if chunk_rows >= 1024)
         );
+    }
+
+    #[test]
+    fn seed_shape_default_budget_is_split_dense_within_budget() {
+        let p = problem(32768, 4096, 256000, DType::BF16);
+        let mut limits = gpu_limits(140 << 30, (128, 128));
+        limits.strategies = vec![
+            StrategyKind::ChunkedDense,
+            StrategyKind::SplitDense,
+            StrategyKind::TileOwnership,
+        ];
+        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        let Strategy::SplitDense {
+            chunk_rows,
+            chunk_classes,
+        } = plan.strategy
+        else {
+            panic!("{}", plan.reason)
+        };
+        // 0.5 GiB less cuBLAS's 32 MiB: ~384 rows of V = 256000 f32 logits, and the f16 copy
+        // of e (256 MiB) beside ~1.7k classes of N = 32768.
+        assert_eq!(chunk_rows, 384);
+        assert!((1536..=1792).contains(&chunk_classes), "{chunk_classes}");
+        assert!(plan.workspace_bytes <= 512 << 20);
+        assert!(
+            plan.reason.contains("chunked-dense needs"),
+            "{}",
+            plan.reason
+        );
+        check_invariants_light(&plan, &limits);
     }
 
     #[test]

@@ -439,7 +439,9 @@ __device__ __forceinline__ void hist_add(u32* whist, float g0, bool valid, const
 //   dlse     f32 [rows] upstream lse gradient, or 0;
 //   filter_on, edges f32 [65] (edge(k)), delta_fixed = floor(δ·2^30);
 //   kept u32 [rows], dropped f32 [rows] per-row statistics (written when filter_on);
-//   flags u32 [row tiles, n_ctiles] "tile kept an entry" (global row index row0 + r).
+//   flags u32 [row tiles, n_ctiles] "tile kept an entry" (global row index row0 + r);
+//   tau_out  f32 [rows] the row's threshold τ_i (0: nothing skipped), or 0 (split dense's
+//            class pass reads it back).
 // Tiling: one block per row. Pass 1 (filter on, active row): histogram of g0 in shared memory,
 //   one private histogram per warp; τ by thread 0. Pass 2: G.
 // Thread mapping: step s covers columns [s·STEP, (s+1)·STEP), STEP = BWD_THREADS·4·BWD_UNROLL;
@@ -458,7 +460,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                                           int filter_on, const float* edges_g, u64 delta_fixed,
                                           u32* kept_out, float* dropped_out, u32* flags,
                                           long long row0, int tile_rows, int tile_classes,
-                                          int n_ctiles) {
+                                          int n_ctiles, float* tau_out) {
     __shared__ u32 hist[BWD_THREADS / 32][N_BINS];
     __shared__ u32 tot[N_BINS];
     __shared__ float edges[N_BINS];
@@ -527,6 +529,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         __syncthreads();
         tau = tau_sh;
     }
+    if (tau_out && threadIdx.x == 0) tau_out[r] = tau;
     u32 kept = 0;
     float dropped = 0.0f;
     const long long flag_row = (row0 + r) / tile_rows;
@@ -588,11 +591,11 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
         float alpha, float lambda, int filter_on, const float *edges_g, u64 delta_fixed,     \
         u32 *kept_out, float *dropped_out, u32 *flags, long long row0, int tile_rows,        \
-        int tile_classes, int n_ctiles
+        int tile_classes, int n_ctiles, float *tau_out
 #define BWD_ARGS                                                                              \
     L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, alpha, lambda,       \
         filter_on, edges_g, delta_fixed, kept_out, dropped_out, flags, row0, tile_rows,       \
-        tile_classes, n_ctiles
+        tile_classes, n_ctiles, tau_out
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f32(BWD_PARAMS) {
     dense_bwd<0>(BWD_ARGS);
@@ -948,13 +951,14 @@ FUSED_KERNEL(cce_dense_fused_bf16_c16, 2, 16)
 // ------------------------------------------------------------------------------------------
 // d_bias: column sums of G
 // ------------------------------------------------------------------------------------------
-// Parameters: G (DT, [rows, ldg]); acc f32 [V] += Σ_rows G (fixed row order: deterministic).
+// Parameters: G (DT, [rows, ldg]); acc f32 [V] += scale · Σ_rows G (fixed row order:
+//   deterministic; scale undoes a power-of-two scaling of G).
 // Tiling: grid.x = ⌈V / COLSUM_THREADS⌉ column blocks.
 // Thread mapping: one column per thread, rows in order; a warp reads 32 consecutive columns.
 #define COLSUM_THREADS 256
 template <int DT>
 __device__ __forceinline__ void dense_colsum(const void* G, long long ldg, int rows, int V,
-                                             float* acc) {
+                                             float* acc, float scale) {
     int j = blockIdx.x * COLSUM_THREADS + threadIdx.x;
     if (j >= V) return;
     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
@@ -966,17 +970,151 @@ __device__ __forceinline__ void dense_colsum(const void* G, long long ldg, int r
         s3 += Elem<DT>::load(G, (long long)(i + 3) * ldg + j);
     }
     for (; i < rows; ++i) s0 += Elem<DT>::load(G, (long long)i * ldg + j);
-    acc[j] += (s0 + s1) + (s2 + s3);
+    acc[j] += ((s0 + s1) + (s2 + s3)) * scale;
 }
-#define COLSUM_PARAMS const void *G, long long ldg, int rows, int V, float *acc
+#define COLSUM_PARAMS const void *G, long long ldg, int rows, int V, float *acc, float scale
 extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_f32(COLSUM_PARAMS) {
-    dense_colsum<0>(G, ldg, rows, V, acc);
+    dense_colsum<0>(G, ldg, rows, V, acc, scale);
 }
 extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_f16(COLSUM_PARAMS) {
-    dense_colsum<1>(G, ldg, rows, V, acc);
+    dense_colsum<1>(G, ldg, rows, V, acc, scale);
 }
 extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_bf16(COLSUM_PARAMS) {
-    dense_colsum<2>(G, ldg, rows, V, acc);
+    dense_colsum<2>(G, ldg, rows, V, acc, scale);
+}
+
+// ------------------------------------------------------------------------------------------
+// Split dense (Strategy::SplitDense): the class pass
+// ------------------------------------------------------------------------------------------
+// The row pass is steps (1)-(4) above with tau_out set. The class pass, per chunk of K
+// classes [k0, k0+K), over all N rows:
+//   (a) cuBLAS: L = E · C[k0:k0+K]ᵀ, f32 [N, ldk];
+//   (b) cce_split_gcols_*: G of those columns from the saved lse and τ_i, written in place,
+//       scaled by 2^s into f16 (bf16/f16 inputs: 11-bit significand instead of bf16's 8, so
+//       d_c is ~8x more exact than with bf16 G) or kept f32 (f32 inputs);
+//   (c) cuBLAS: d_c[k0:k0+K] = 2^(k−s) · G'ᵀ · E' with E' = f16(2^−k · e) (cce_split_e_to_f16_*,
+//       once per call; e itself for f16/f32 inputs), written in the gradient dtype;
+//   (d) d_bias by cce_dense_colsum_* with scale 2^−s.
+// The scales come from cce_split_scales_* (max |e| and max_i |coefficients of G_i|), read
+// back once per call.
+
+// Parameters: e DT [count]; targets i32 [N]; dl_rows f32 [N] or 0 (→ dl_scalar); dlse f32 [N]
+//   or 0; lse f32 [N]; out u32 [2] (zeroed by the caller) = bits of {max |e|, max_i
+//   (|cp_i| + |cy_i| + |cc_i|)}, the bound of |G_ij| (g_coef).
+// Tiling: grid-stride over e, then over rows.
+// Thread mapping: one element / row per thread per step; per-block max by warp shuffles, one
+//   atomicMax per warp on the bit pattern (non-negative floats order like their bits: the
+//   result does not depend on the order).
+template <int DT>
+__device__ __forceinline__ void split_scales(const void* e, long long count, const int* targets,
+                                             const float* dl_rows, float dl_scalar,
+                                             const float* dlse, const float* lse, float alpha,
+                                             float lambda, int N, int V, u32* out) {
+    float me = 0.0f, mc = 0.0f;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
+        me = fmaxf(me, fabsf(Elem<DT>::load(e, i)));
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
+        GCoef c = g_coef(targets[i], i, dl_rows, dl_scalar, dlse, lse[i], alpha, lambda, V);
+        mc = fmaxf(mc, fabsf(c.cp) + fabsf(c.cy) + fabsf(c.cc));
+    }
+    me = warp_max(me);
+    mc = warp_max(mc);
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&out[0], __float_as_uint(me));
+        atomicMax(&out[1], __float_as_uint(mc));
+    }
+}
+#define SCALES_PARAMS                                                                         \
+    const void *e, long long count, const int *targets, const float *dl_rows,                \
+        float dl_scalar, const float *dlse, const float *lse, float alpha, float lambda, int N, \
+        int V, u32 *out
+#define SCALES_ARGS e, count, targets, dl_rows, dl_scalar, dlse, lse, alpha, lambda, N, V, out
+extern "C" __global__ void __launch_bounds__(256) cce_split_scales_f32(SCALES_PARAMS) {
+    split_scales<0>(SCALES_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_split_scales_f16(SCALES_PARAMS) {
+    split_scales<1>(SCALES_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_split_scales_bf16(SCALES_PARAMS) {
+    split_scales<2>(SCALES_ARGS);
+}
+
+// Parameters: src bf16 [count]; dst f16 [count] = f16(src · scale), scale a power of two that
+//   keeps max |src · scale| ≤ 2^15 (exact for |src · scale| ≥ 2^−14: bf16's 8 significand bits
+//   fit f16's 11). Grid-stride, one element per thread per step.
+extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const u16* src, u16* dst,
+                                                                         long long count,
+                                                                         float scale) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
+        dst[i] = f32_to_f16(bf16_to_f32(src[i]) * scale);
+}
+
+// (b) G of one class chunk, in place.
+// Parameters:
+//   L      f32 [N, ld] logits of classes [k0, k0+K) (K ≤ GC_THREADS·GC_UNROLL), row-major;
+//          G is written over it in GT (0 = f32, 1 = f16) with row stride ld·4/sizeof(GT);
+//   bias   DT [V] or 0 (indexed k0 + j); targets i32 [N] (global class or −1); lse, tau f32 [N]
+//          from the row pass; dl_rows / dl_scalar / dlse as in the backward row kernel;
+//   g_scale the power of two G is multiplied by before it is stored.
+// Tiling: one block per row; the whole chunk row is held in registers.
+// Thread mapping: thread t owns columns t + u·GC_THREADS (coalesced 4-byte loads); all loads,
+//   then a barrier, then all stores (a 16-bit store to column j clobbers f32 column j/2).
+#define GC_THREADS 256
+#define GC_UNROLL 16
+template <int DT, int GT>
+__device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k0, int V,
+                                            const void* bias, float softcap, const int* targets,
+                                            const float* lse_in, const float* tau_in,
+                                            const float* dl_rows, float dl_scalar,
+                                            const float* dlse, float alpha, float lambda,
+                                            float g_scale) {
+    const long long r = blockIdx.x;
+    float* Lr = L + r * ld;
+    const int y = targets[r];
+    const float lse = lse_in[r];
+    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
+    const float tau = c.active ? tau_in[r] : 0.0f;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    float x[GC_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GC_UNROLL; ++u) {
+        int j = threadIdx.x + u * GC_THREADS;
+        x[u] = j < K ? Lr[j] : 0.0f;
+    }
+    __syncthreads();
+    u32 kept = 0;
+    float dropped = 0.0f;
+    bool any = false;
+#pragma unroll
+    for (int u = 0; u < GC_UNROLL; ++u) {
+        int j = threadIdx.x + u * GC_THREADS;
+        if (j < K) {
+            float xb = x[u] + (bias ? Elem<DT>::load(bias, (long long)k0 + j) : 0.0f);
+            float z = cap_z(xb, softcap, inv_cap);
+            float gv = c.active ? g_entry(z, k0 + j, y, lse, c, tau, softcap, inv_cap, kept,
+                                          dropped, any)
+                                : 0.0f;
+            Elem<GT>::store(Lr, j, gv * g_scale);
+        }
+    }
+}
+#define GCOLS_PARAMS                                                                          \
+    float *L, long long ld, int K, int k0, int V, const void *bias, float softcap,           \
+        const int *targets, const float *lse_in, const float *tau_in, const float *dl_rows,  \
+        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale
+#define GCOLS_ARGS                                                                            \
+    L, ld, K, k0, V, bias, softcap, targets, lse_in, tau_in, dl_rows, dl_scalar, dlse, alpha, \
+        lambda, g_scale
+extern "C" __global__ void __launch_bounds__(GC_THREADS) cce_split_gcols_f32(GCOLS_PARAMS) {
+    split_gcols<0, 0>(GCOLS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(GC_THREADS) cce_split_gcols_f16(GCOLS_PARAMS) {
+    split_gcols<1, 1>(GCOLS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(GC_THREADS) cce_split_gcols_bf16(GCOLS_PARAMS) {
+    split_gcols<2, 1>(GCOLS_ARGS);
 }
 
 // ------------------------------------------------------------------------------------------

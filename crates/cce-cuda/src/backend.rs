@@ -1,6 +1,14 @@
 //! The CUDA backend: device discovery, kernel module, and the forward / backward passes of
 //! [`cce_core::Strategy::TileOwnership`]; calls whose plan is
-//! [`cce_core::Strategy::ChunkedDense`] go to [`crate::chunked`].
+//! [`cce_core::Strategy::ChunkedDense`] or [`cce_core::Strategy::SplitDense`] go to
+//! [`crate::chunked`].
+//!
+//! Strategy choice (the plan takes the first that fits the budget, in this order):
+//! - chunked dense (3 GEMMs) for exact calls whose budget holds the f32 `d_c` accumulator;
+//! - split dense (4 GEMMs, no cross-chunk accumulator: fits the default 512 MiB at every
+//!   shape of PERFORMANCE.md) for bf16 / f32 inputs, filtered or exact;
+//! - tile ownership otherwise, and for f16 inputs (the dense row pass keeps `G` in the input
+//!   dtype, and f16 `G` with a mean over many rows is subnormal).
 
 use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
@@ -100,6 +108,8 @@ pub struct CudaBackend {
     arch: String,
     /// The chunked-dense engine (cuBLAS handle, its kernels), made on first use.
     dense: OnceLock<DenseEngine>,
+    /// Test knob: cap of the dense strategies' chunks (rows, classes).
+    chunk_cap: Option<(usize, usize)>,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -281,18 +291,20 @@ impl CudaBackend {
                 classes: TILE_CLASSES,
                 depth: 32,
             },
-            // Tile ownership by default. Chunked dense (cuBLAS; needs libcublas and compute
-            // capability 8.0+) is opt-in through `with_strategies`: it rounds G to the input
-            // dtype once for the tensor-core GEMMs, which is as accurate as a materialized
-            // PyTorch computation in norm but fails the per-element conformance rule on a few
-            // elements of f16/bf16 cases (H200 run of 2026-11-29).
+            // The dense strategies need libcublas and compute capability 8.0+ (module docs).
             strategies: vec![StrategyKind::TileOwnership],
         };
         let available = if dense_available(major) {
-            vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership]
+            vec![
+                StrategyKind::ChunkedDense,
+                StrategyKind::SplitDense,
+                StrategyKind::TileOwnership,
+            ]
         } else {
             vec![StrategyKind::TileOwnership]
         };
+        let mut limits = limits;
+        limits.strategies = available.clone();
         Ok(Self {
             ctx,
             stream,
@@ -303,7 +315,25 @@ impl CudaBackend {
             arch,
             dense: OnceLock::new(),
             available,
+            chunk_cap: None,
         })
+    }
+
+    /// Cap the chunks of the dense strategies at `rows` rows and `classes` classes (rounded
+    /// down to whole tiles, at least one): more chunks than the budget needs, so that small
+    /// problems exercise the chunk loops (tests). Errors: `InvalidOption` for a zero cap.
+    pub fn with_chunk_cap(mut self, rows: usize, classes: usize) -> Result<Self> {
+        if rows == 0 || classes == 0 {
+            return Err(CceError::InvalidOption {
+                name: "chunk_cap",
+                reason: "rows and classes must be at least 1".into(),
+            });
+        }
+        self.chunk_cap = Some((
+            rows.max(TILE_ROWS) / TILE_ROWS * TILE_ROWS,
+            classes.max(TILE_CLASSES) / TILE_CLASSES * TILE_CLASSES,
+        ));
+        Ok(self)
     }
 
     /// Set the strategies the plan may choose to `kinds` (in preference order), keeping only
@@ -479,23 +509,40 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
-        // Chunked dense materializes a dense G for cuBLAS: filtering saves it no time, and its
-        // bf16 G costs d_c accuracy on real data (0.13% vs the original filter's 0.05%;
-        // docs/perf-log.md). Filtered calls therefore plan with tile ownership, which skips
-        // tiles and keeps G to 16 mantissa bits; exact calls prefer chunked dense.
+        // Chunked dense's d_c product uses bf16 G: on real data that costs d_c 0.13% against
+        // the original filter's 0.05% (docs/perf-log.md), so filtered calls skip it; split
+        // dense computes d_c from f16 G (11 significand bits). f16 inputs keep tile ownership:
+        // the dense row pass would hold G in f16 without a scale (subnormal under a mean).
         let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
-        let plan = if filtered && self.limits.strategies.len() > 1 {
-            let mut limits = self.limits.clone();
-            limits
-                .strategies
-                .retain(|k| *k != StrategyKind::ChunkedDense);
-            let mut plan = Plan::new(&problem, opts, &limits)?;
-            plan.reason
-                .push_str(" (chunked-dense is used for exact calls only: its dense G gains nothing from the filter)");
-            plan
-        } else {
-            Plan::new(&problem, opts, &self.limits)?
-        };
+        let mut limits = self.limits.clone();
+        let mut notes = Vec::new();
+        if limits.strategies.len() > 1 {
+            if problem.dtype == DType::F16 {
+                limits
+                    .strategies
+                    .retain(|k| *k == StrategyKind::TileOwnership);
+                notes.push(
+                    "f16 inputs use tile ownership (the dense strategies' G would be unscaled f16)",
+                );
+            } else if filtered && limits.strategies.contains(&StrategyKind::ChunkedDense) {
+                limits
+                    .strategies
+                    .retain(|k| *k != StrategyKind::ChunkedDense);
+                notes.push(
+                    "chunked-dense is used for exact calls only (its d_c product uses bf16 G)",
+                );
+            }
+            if limits.strategies.is_empty() {
+                limits.strategies.push(StrategyKind::TileOwnership);
+            }
+        }
+        let mut plan = Plan::new(&problem, opts, &limits)?;
+        for note in notes {
+            plan.reason.push_str(&format!(" ({note})"));
+        }
+        if let Some((cap_rows, cap_classes)) = self.chunk_cap {
+            cap_plan_chunks(&mut plan, cap_rows, cap_classes);
+        }
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
         let raw = self
@@ -558,7 +605,10 @@ impl CudaBackend {
     /// The chunked-dense engine when the plan chose [`Strategy::ChunkedDense`] (made and its
     /// kernels compiled on first use), else `None`.
     fn dense_engine(&self, p: &Prepared) -> Result<Option<&DenseEngine>> {
-        if !matches!(p.plan.strategy, Strategy::ChunkedDense { .. }) {
+        if !matches!(
+            p.plan.strategy,
+            Strategy::ChunkedDense { .. } | Strategy::SplitDense { .. }
+        ) {
             return Ok(None);
         }
         if let Some(e) = self.dense.get() {
@@ -1289,6 +1339,35 @@ impl CudaBackend {
 }
 
 /// Whether the chunked-dense strategy can run: libcublas loads and compute capability ≥ 8.0.
+/// Shrink the chunks of a dense plan to at most `rows` x `classes` (whole tiles).
+fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
+    let (n, v) = (plan.problem.n, plan.problem.v);
+    let chunks = |total: usize, c: usize| -> Vec<std::ops::Range<usize>> {
+        (0..total.div_ceil(c))
+            .map(|i| i * c..((i + 1) * c).min(total))
+            .collect()
+    };
+    match &mut plan.strategy {
+        Strategy::ChunkedDense { chunk_rows } => {
+            *chunk_rows = (*chunk_rows).min(rows);
+            plan.row_chunks = chunks(n, *chunk_rows);
+        }
+        Strategy::SplitDense {
+            chunk_rows,
+            chunk_classes,
+        } => {
+            *chunk_rows = (*chunk_rows).min(rows);
+            *chunk_classes = (*chunk_classes).min(classes);
+            plan.row_chunks = chunks(n, *chunk_rows);
+            plan.class_chunks = chunks(v, *chunk_classes);
+        }
+        Strategy::TileOwnership => return,
+    }
+    plan.reason.push_str(&format!(
+        " (chunks capped at {rows} rows, {classes} classes)"
+    ));
+}
+
 fn dense_available(major: i32) -> bool {
     // SAFETY: only tries to dlopen libcublas by its candidate names; no symbol is called.
     major >= 8 && unsafe { cudarc::cublas::sys::is_culib_present() }

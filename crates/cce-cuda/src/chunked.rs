@@ -250,6 +250,9 @@ pub struct DenseConfig {
     pub has_bias: bool,
     /// Rows per chunk (the plan's `chunk_rows`).
     pub chunk_rows: usize,
+    /// [`cce_core::Strategy::SplitDense`]: classes per chunk of the class pass (`d_c` complete
+    /// per class chunk, no f32 accumulator); `None`: chunked dense.
+    pub chunk_classes: Option<usize>,
     /// Tile shape of the plan, for the tile statistics (rows, classes).
     pub tile: (usize, usize),
     /// Softcap `s` (0 or negative: off).
@@ -279,8 +282,12 @@ pub struct DenseConfig {
 impl DenseConfig {
     /// The configuration of a plan (which must be `ChunkedDense`) and its options.
     pub fn from_plan(plan: &cce_core::Plan, opts: &cce_core::Options) -> Result<Self> {
-        let chunk_rows = match plan.strategy {
-            cce_core::Strategy::ChunkedDense { chunk_rows } => chunk_rows,
+        let (chunk_rows, chunk_classes) = match plan.strategy {
+            cce_core::Strategy::ChunkedDense { chunk_rows } => (chunk_rows, None),
+            cce_core::Strategy::SplitDense {
+                chunk_rows,
+                chunk_classes,
+            } => (chunk_rows, Some(chunk_classes)),
             other => {
                 return Err(CceError::InvalidOption {
                     name: "plan.strategy",
@@ -296,6 +303,7 @@ impl DenseConfig {
             dtype: p.dtype,
             has_bias: p.has_bias,
             chunk_rows,
+            chunk_classes,
             tile: (plan.tile.rows, plan.tile.classes),
             softcap: opts.softcap,
             label_smoothing: opts.label_smoothing,
@@ -335,6 +343,31 @@ impl DenseConfig {
         self.dtype
     }
 
+    /// Split dense: f32 row stride of the class pass's logits, the chunk's classes rounded up
+    /// to 8.
+    pub fn ld_classes(&self) -> usize {
+        self.chunk_classes.unwrap_or(0).clamp(1, self.v).div_ceil(8) * 8
+    }
+
+    /// Split dense: dtype of the class pass's `G` and `e` operands (f16 for 16-bit inputs,
+    /// f32 for f32 inputs).
+    pub fn class_pass_dtype(&self) -> DType {
+        if self.dtype == DType::F32 {
+            DType::F32
+        } else {
+            DType::F16
+        }
+    }
+
+    /// Split dense: bytes of the f16 copy of `e` (bf16 inputs with `d_c` only).
+    pub fn e16_bytes(&self) -> usize {
+        if self.chunk_classes.is_some() && self.dtype == DType::BF16 && self.compute_d_c {
+            self.n * self.d * 2
+        } else {
+            0
+        }
+    }
+
     /// dtype of the returned gradients.
     pub fn grad_dtype(&self) -> DType {
         if self.grad_f32 {
@@ -363,6 +396,8 @@ pub struct DenseWorkspace {
     chunk_rows: usize,
     ld: usize,
     logits: CudaSlice<u8>,
+    tau: CudaSlice<u8>,
+    scales: CudaSlice<u8>,
     dc_acc: Option<CudaSlice<u8>>,
     dbias_acc: Option<CudaSlice<u8>>,
     row_loss: CudaSlice<u8>,
@@ -387,8 +422,19 @@ impl DenseWorkspace {
             // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
             unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
         };
-        let logits = alloc(chunk_rows * ld * 4)?;
-        let dc_acc = if cfg.compute_d_c && !cfg.grad_f32 {
+        let scratch = if cfg.chunk_classes.is_some() {
+            (chunk_rows * ld * 4).max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes())
+        } else {
+            chunk_rows * ld * 4
+        };
+        let logits = alloc(scratch)?;
+        let tau = alloc(if cfg.chunk_classes.is_some() {
+            cfg.n * 4
+        } else {
+            4
+        })?;
+        let scales = alloc(8)?;
+        let dc_acc = if cfg.compute_d_c && !cfg.grad_f32 && cfg.chunk_classes.is_none() {
             Some(alloc(cfg.v * cfg.d * 4)?)
         } else {
             None
@@ -413,6 +459,8 @@ impl DenseWorkspace {
             chunk_rows,
             ld,
             logits,
+            tau,
+            scales,
             dc_acc,
             dbias_acc,
             row_loss,
@@ -545,6 +593,22 @@ impl std::fmt::Debug for DenseEngine {
     }
 }
 
+/// Device addresses the class pass reads (0 = absent) besides the inputs and workspace.
+#[derive(Clone, Copy)]
+struct ClassPassArgs {
+    /// f32 `[N]` lse (forward output or the caller's saved one).
+    lse: u64,
+    /// f32 `[N]` per-row upstream loss gradient, or 0 (then `dl_scalar`).
+    dl_rows: u64,
+    dl_scalar: f32,
+    /// f32 `[N]` upstream lse gradient, or 0.
+    dlse: u64,
+    /// `d_c` output `[V, D]` in the gradient dtype.
+    d_c: u64,
+    /// f32 `[V]` `d_bias` accumulator (or the f32 output), when a bias is given.
+    d_bias_acc: u64,
+}
+
 enum Mode<'a> {
     Forward,
     ForwardBackward,
@@ -581,6 +645,8 @@ impl DenseEngine {
             names.push(format!("cce_dense_bwd_{dt}"));
             names.push(format!("cce_dense_colsum_{dt}"));
             names.push(format!("cce_dense_randn_{dt}"));
+            names.push(format!("cce_split_scales_{dt}"));
+            names.push(format!("cce_split_gcols_{dt}"));
             if major >= 9 {
                 for cs in CLUSTER_SIZES {
                     names.push(format!("cce_dense_fused_{dt}_c{cs}"));
@@ -593,6 +659,7 @@ impl DenseEngine {
             "cce_dense_sum_rows",
             "cce_dense_stats",
             "cce_dense_random_targets",
+            "cce_split_e_to_f16_bf16",
         ] {
             names.push(n.into());
         }
@@ -701,7 +768,7 @@ impl DenseEngine {
         (m, n, k): (usize, usize, usize),
         (a, a_ty, lda): (u64, DType, usize),
         (b, b_ty, ldb): (u64, DType, usize),
-        beta: f32,
+        (alpha, beta): (f32, f32),
         (c, c_ty, ldc): (u64, DType, usize),
     ) -> Result<()> {
         let op = |t: bool| {
@@ -711,7 +778,6 @@ impl DenseEngine {
                 cublas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
-        let alpha = 1.0f32;
         // SAFETY: the handle is bound to self.stream; a, b, c are device pointers of live
         // allocations holding at least (ld x cols) elements of their types (checked by the
         // callers' shapes); alpha and beta are host f32 values (default host pointer mode)
@@ -757,7 +823,7 @@ impl DenseEngine {
             (v, rows, d),
             (c, dtype, d),
             (e, dtype, d),
-            0.0,
+            (1.0, 0.0),
             (l, DType::F32, ld),
         )
     }
@@ -778,13 +844,14 @@ impl DenseEngine {
             (d, rows, v),
             (c, dtype, d),
             (g, g_ty, ldg),
-            0.0,
+            (1.0, 0.0),
             (de, out_ty, d),
         )
     }
 
-    /// Row-major `d_c[V, D] (f32) (+)= G[rows, V]ᵀ · E[rows, D]`: column-major
-    /// `d_cᵀ[D, V] = (E as [D, rows]) · op_T(G as [V, rows], stride ldg)`.
+    /// Row-major `d_c[V, D] = alpha · G[rows, V]ᵀ · E[rows, D] + beta · d_c`: column-major
+    /// `d_cᵀ[D, V] = (E as [D, rows]) · op_T(G as [V, rows], stride ldg)`. `dtype` is the type
+    /// of `E`.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_dc(
         &self,
@@ -792,7 +859,7 @@ impl DenseEngine {
         (dtype, g_ty, acc_ty): (DType, DType, DType),
         (e, g, dc): (u64, u64, u64),
         ldg: usize,
-        beta: f32,
+        (alpha, beta): (f32, f32),
     ) -> Result<()> {
         self.gemm(
             false,
@@ -800,7 +867,7 @@ impl DenseEngine {
             (d, v, rows),
             (e, dtype, d),
             (g, g_ty, ldg),
-            beta,
+            (alpha, beta),
             (dc, acc_ty, d),
         )
     }
@@ -1003,7 +1070,15 @@ impl DenseEngine {
         }
 
         let filtering = backward && cfg.filtering();
-        let fused = if matches!(mode, Mode::ForwardBackward) {
+        let split = cfg.chunk_classes.is_some();
+        if split && ws.tau.len() < n * 4 {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
+        let tau_ptr = self.ptr(&ws.tau);
+        let fused = if matches!(mode, Mode::ForwardBackward) && !split {
             self.fused_layout(cfg)
         } else {
             None
@@ -1215,6 +1290,7 @@ impl DenseEngine {
                     let dlse_r = if dlse_ptr != 0 { dlse_ptr + off4 } else { 0 };
                     let kept_r = kept_ptr + off4;
                     let dropped_r = dropped_ptr + off4;
+                    let tau_r = if split { tau_ptr + off4 } else { 0u64 };
                     let cfg_l = LaunchConfig {
                         grid_dim: (rows_u, 1, 1),
                         block_dim: (BWD_THREADS, 1, 1),
@@ -1242,7 +1318,8 @@ impl DenseEngine {
                         .arg(&row0)
                         .arg(&tile_rows)
                         .arg(&tile_classes)
-                        .arg(&n_ctiles);
+                        .arg(&n_ctiles)
+                        .arg(&tau_r);
                     // SAFETY: argument types and order match BWD_PARAMS; L holds the chunk's
                     // logits (stream order); lse rows were written by the forward kernel above
                     // or given by the caller ([N] checked); flags hold row_tiles x class_tiles.
@@ -1255,15 +1332,15 @@ impl DenseEngine {
                     let de_r = de_ptr + (r0 * d * out_ty.size_bytes()) as u64;
                     self.gemm_de((v, d, rows), (dt, g_ty, out_ty), (c_ptr, l_ptr, de_r), ldg)?;
                 }
-                // (5) d_c += Gᵀ E_r, (6) d_bias.
-                if cfg.compute_d_c {
+                // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
+                if cfg.compute_d_c && !split {
                     let beta = if ci == 0 { 0.0 } else { 1.0 };
                     self.gemm_dc(
                         (v, d, rows),
                         (dt, g_ty, dc_acc_ty),
                         (e_r, l_ptr, dc_acc_ptr),
                         ldg,
-                        beta,
+                        (1.0, beta),
                     )?;
                     if cfg.has_bias {
                         let ldg_i = ldg as i64;
@@ -1274,17 +1351,35 @@ impl DenseEngine {
                             shared_mem_bytes: 0,
                         };
                         let mut b = self.stream.launch_builder(f_colsum);
+                        let one = 1.0f32;
                         b.arg(&l_ptr)
                             .arg(&ldg_i)
                             .arg(&rows_i)
                             .arg(&v_i)
-                            .arg(&dbias_acc_ptr);
+                            .arg(&dbias_acc_ptr)
+                            .arg(&one);
                         // SAFETY: matches COLSUM_PARAMS; G is rows x ldg of g_ty written by the
                         // row kernel (stream order); the accumulator holds V f32 (zeroed).
                         unsafe { b.launch(cfg_l) }.map_err(drv)?;
                     }
                 }
             }
+        }
+
+        if split && backward && cfg.compute_d_c {
+            self.class_pass(
+                cfg,
+                ws,
+                inp,
+                ClassPassArgs {
+                    lse: saved_lse_ptr,
+                    dl_rows: upstream_rows,
+                    dl_scalar,
+                    dlse: dlse_ptr,
+                    d_c: self.opt_ptr(grads.d_c.as_deref()),
+                    d_bias_acc: dbias_acc_ptr,
+                },
+            )?;
         }
 
         // Loss reduction.
@@ -1330,8 +1425,10 @@ impl DenseEngine {
                     .map_err(drv)
                     .map(|_| ())
                 };
-                let dc_out = self.opt_ptr(grads.d_c.as_deref());
-                convert(dc_acc_ptr, dc_out, v * d)?;
+                if !split {
+                    let dc_out = self.opt_ptr(grads.d_c.as_deref());
+                    convert(dc_acc_ptr, dc_out, v * d)?;
+                }
                 if cfg.has_bias {
                     let db_out = self.opt_ptr(grads.d_bias.as_deref());
                     convert(dbias_acc_ptr, db_out, v)?;
@@ -1384,6 +1481,212 @@ impl DenseEngine {
             }
         }
         Ok(stats)
+    }
+
+    /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
+    /// all rows recomputed, `G` from the saved lse and thresholds (f16 with a power-of-two
+    /// scale, or f32), and `d_c` of the chunk's classes by one GEMM, written in the gradient
+    /// dtype; `d_bias` added to its f32 accumulator (or the f32 output, zeroed by the caller).
+    fn class_pass(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        a: ClassPassArgs,
+    ) -> Result<()> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let dt = cfg.dtype;
+        let esz = dt.size_bytes();
+        let code = dtype_code(dt)?;
+        let kmax = cfg.chunk_classes.unwrap_or(v).clamp(1, v);
+        if kmax > cce_core::plan::SPLIT_DENSE_MAX_CLASSES {
+            return Err(CceError::InvalidOption {
+                name: "chunk_classes",
+                reason: format!(
+                    "{kmax} > {} (the class-pass kernel's row capacity)",
+                    cce_core::plan::SPLIT_DENSE_MAX_CLASSES
+                ),
+            });
+        }
+        let ldk = cfg.ld_classes();
+        let gdt = cfg.class_pass_dtype();
+        let out_ty = cfg.grad_dtype();
+        let l_ptr = self.ptr(&ws.logits);
+        let e16_off = n * ldk * 4;
+        if ws.logits.len() < e16_off + cfg.e16_bytes() {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
+        let e_ptr = self.ptr(inp.e);
+        let c_ptr = self.ptr(inp.c);
+        let t_ptr = self.ptr(inp.targets);
+        let bias_ptr = self.opt_ptr(inp.bias);
+        let tau_ptr = self.ptr(&ws.tau);
+        let n_i = to_i32(n, "N")?;
+        let v_i = to_i32(v, "V")?;
+
+        // Scales: max |e| (bf16 inputs only: the f16 copy) and the bound of |G|.
+        self.stream.memset_zeros(&mut ws.scales).map_err(drv)?;
+        let e_count = if dt == DType::BF16 { (n * d) as i64 } else { 0 };
+        let scales_ptr = self.ptr(&ws.scales);
+        {
+            let mut b = self
+                .stream
+                .launch_builder(self.func(&format!("cce_split_scales_{code}"))?);
+            b.arg(&e_ptr)
+                .arg(&e_count)
+                .arg(&t_ptr)
+                .arg(&a.dl_rows)
+                .arg(&a.dl_scalar)
+                .arg(&a.dlse)
+                .arg(&a.lse)
+                .arg(&cfg.label_smoothing)
+                .arg(&cfg.z_loss)
+                .arg(&n_i)
+                .arg(&v_i)
+                .arg(&scales_ptr);
+            // SAFETY: matches SCALES_PARAMS; e holds n·d elements (checked by the caller),
+            // targets / lse / dl_rows / dlse hold N values (or are 0), out holds 2 u32 (zeroed).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (((n * d).div_ceil(256 * 8)).clamp(1, 132 * 16) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+        }
+        let mut host = [0u8; 8];
+        self.stream
+            .memcpy_dtoh(&ws.scales, &mut host[..])
+            .map_err(drv)?;
+        self.stream.synchronize().map_err(drv)?;
+        let bits: &[u32] = bytemuck::cast_slice(&host[..]);
+        let (max_e, max_g) = (f32::from_bits(bits[0]), f32::from_bits(bits[1]));
+        // Powers of two: max |2^ke · e| ≤ 2^15 and max |2^kg · G| ≤ 2^14 (f16 max 65504).
+        let pow2_to = |max: f32, top: i32| -> i32 {
+            if max > 0.0 && max.is_finite() {
+                (top - max.log2().ceil() as i32).clamp(-100, 100)
+            } else {
+                0
+            }
+        };
+        let (ke, kg) = if gdt == DType::F16 {
+            (
+                if dt == DType::BF16 {
+                    pow2_to(max_e, 15)
+                } else {
+                    0
+                },
+                pow2_to(max_g, 14),
+            )
+        } else {
+            (0, 0)
+        };
+        let e_scale = 2f32.powi(ke);
+        let g_scale = 2f32.powi(kg);
+        let alpha = 2f32.powi(-ke - kg);
+        let inv_g = 2f32.powi(-kg);
+
+        // E' = f16(2^ke · e) for bf16 inputs.
+        let e_op = if dt == DType::BF16 {
+            let dst = l_ptr + e16_off as u64;
+            let count = (n * d) as i64;
+            let mut b = self
+                .stream
+                .launch_builder(self.func("cce_split_e_to_f16_bf16")?);
+            b.arg(&e_ptr).arg(&dst).arg(&count).arg(&e_scale);
+            // SAFETY: matches cce_split_e_to_f16_bf16; src holds n·d bf16, dst the n·d f16 of
+            // the workspace's tail (size checked above), disjoint from the logits region.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (((n * d).div_ceil(256 * 4)).clamp(1, 132 * 32) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+            dst
+        } else {
+            e_ptr
+        };
+
+        let ldg = ldk * 4 / gdt.size_bytes();
+        let f_g = self.func(&format!("cce_split_gcols_{code}"))?;
+        let f_colsum = self.func(&format!("cce_dense_colsum_{}", dtype_code(gdt)?))?;
+        let softcap = cfg.softcap.unwrap_or(0.0);
+        let ld_i = ldk as i64;
+        for k0 in (0..v).step_by(kmax) {
+            let kc = kmax.min(v - k0);
+            let kc_i = kc as i32;
+            let k0_i = k0 as i32;
+            // (a) logits of the chunk's classes for every row.
+            let c_k = c_ptr + (k0 * d * esz) as u64;
+            self.gemm_logits((kc, d, n), dt, (c_k, e_ptr, l_ptr), ldk)?;
+            // (b) G in place.
+            let mut b = self.stream.launch_builder(f_g);
+            b.arg(&l_ptr)
+                .arg(&ld_i)
+                .arg(&kc_i)
+                .arg(&k0_i)
+                .arg(&v_i)
+                .arg(&bias_ptr)
+                .arg(&softcap)
+                .arg(&t_ptr)
+                .arg(&a.lse)
+                .arg(&tau_ptr)
+                .arg(&a.dl_rows)
+                .arg(&a.dl_scalar)
+                .arg(&a.dlse)
+                .arg(&cfg.label_smoothing)
+                .arg(&cfg.z_loss)
+                .arg(&g_scale);
+            // SAFETY: matches GCOLS_PARAMS; L holds n rows of ldk f32 written by the GEMM
+            // above (stream order), kc ≤ SPLIT_DENSE_MAX_CLASSES = GC_THREADS·GC_UNROLL
+            // (checked); lse / tau / targets / upstream rows hold N values; bias holds V.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (n as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+            // (c) d_c of the chunk, complete.
+            let dc_k = a.d_c + (k0 * d * out_ty.size_bytes()) as u64;
+            self.gemm_dc(
+                (kc, d, n),
+                (gdt, gdt, out_ty),
+                (e_op, l_ptr, dc_k),
+                ldg,
+                (alpha, 0.0),
+            )?;
+            // (d) d_bias of the chunk.
+            if cfg.has_bias {
+                let ldg_i = ldg as i64;
+                let acc_k = a.d_bias_acc + (k0 * 4) as u64;
+                let mut b = self.stream.launch_builder(f_colsum);
+                b.arg(&l_ptr)
+                    .arg(&ldg_i)
+                    .arg(&n_i)
+                    .arg(&kc_i)
+                    .arg(&acc_k)
+                    .arg(&inv_g);
+                // SAFETY: matches COLSUM_PARAMS; G is n x ldg of gdt (written above), the
+                // accumulator holds V f32 (zeroed), offset to the chunk's kc columns.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (kc.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
+                        block_dim: (COLSUM_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+            }
+        }
+        Ok(())
     }
 
     /// Fill `x` (`n` elements of `dtype`) with `mean + std·N(0, 1)` from a counter-based hash

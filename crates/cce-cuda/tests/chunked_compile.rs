@@ -35,9 +35,14 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
             t0.elapsed().as_secs_f64()
         );
         assert_eq!(&cubin[..4], b"\x7fELF");
+        assert!(has_symbol(&cubin, "cce_split_e_to_f16_bf16"), "{arch}");
         for dt in ["f32", "f16", "bf16"] {
             for k in ["fwd", "bwd", "colsum", "randn"] {
                 let sym = format!("cce_dense_{k}_{dt}");
+                assert!(has_symbol(&cubin, &sym), "{arch}: {sym} missing");
+            }
+            for k in ["scales", "gcols"] {
+                let sym = format!("cce_split_{k}_{dt}");
                 assert!(has_symbol(&cubin, &sym), "{arch}: {sym} missing");
             }
             for cs in CLUSTER_SIZES {
