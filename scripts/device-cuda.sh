@@ -13,7 +13,7 @@
 #   carry [".devbin/cuda"], command "bash scripts/device-cuda.sh run" (or copy this script
 #   into .devbin/cuda and run it from there when the checkout's copy is older).
 #
-# run: PHASES is a comma list of tests,suite,large,sanitize,bench (default
+# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench (default
 # tests,suite,sanitize,bench); "suite" is the workspace conformance suite (cce-conformance);
 # BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"). Logs go to
 # $OUT (at most 8 files come back); a summary table is printed last.
@@ -50,9 +50,9 @@ for line in sys.stdin:
         shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite"))
         print("staged suite")
 ' "$DEVBIN"
-  cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda
-  cp target/release/cce-bench-cuda "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda
+  cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
+  cp target/release/cce-bench-cuda target/release/cce-bench-dense "$DEVBIN/"
+  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   cp scripts/device-cuda.sh "$DEVBIN/"
   # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
@@ -84,7 +84,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite large memcheck racecheck bench; do
+  for k in tests suite large memcheck racecheck dense bench; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -129,6 +129,18 @@ if [[ $PHASES == *sanitize* ]]; then
     s=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
     status[$tool]="rc=$rc ${s:-no summary line}"
   done
+fi
+
+if [[ $PHASES == *dense* ]]; then
+  # The dense strategies' benchmark (cce-bench-dense); DENSE_ARGS e.g. "--shapes ... --data ...".
+  for p in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$p/libcublas.so.13" ] && export LD_LIBRARY_PATH="$p:${LD_LIBRARY_PATH:-}"
+  done
+  # shellcheck disable=SC2086
+  timeout ${DENSE_TIMEOUT:-400} "$D/cce-bench-dense" --mode bench ${DENSE_ARGS:-} >"$OUT/dense.log" 2>&1
+  rc=$?
+  grep -E "^\|" "$OUT/dense.log" | tail -40 || tail -20 "$OUT/dense.log"
+  status[dense]="rc=$rc"
 fi
 
 if [[ $PHASES == *bench* ]]; then

@@ -431,8 +431,9 @@ pub fn judge_outputs(
     };
     let rms_e = judge::rms(&ev);
     let rms_c = judge::rms(&cv);
-    // Per-element term magnitudes for f32 inputs (module docs of `judge`); RMS otherwise.
-    let scale = (dtype == DType::F32).then(|| {
+    // Per-element term magnitudes (module docs of `judge`), for every input dtype; 16-bit
+    // inputs add the RMS of the ground truth.
+    let scale = Some({
         let bv = data.bias.as_ref().map(|b| b.to_f64_vec());
         TermScale::new(
             &ev,
@@ -521,7 +522,11 @@ pub fn judge_outputs(
                         reference: refv,
                         cols: if name == "d_bias" { 1 } else { d },
                         tau: judge::tau(dtype, len, judge::kappa(zmag, d)),
-                        unit: term_scale.map_or(judge::rms(gtv), |_| 0.0) + floor,
+                        unit: if dtype == DType::F32 {
+                            0.0
+                        } else {
+                            judge::rms(gtv)
+                        } + floor,
                         unit_elem: term_scale,
                         extra: (!bound.is_empty()).then_some(&extra as &dyn Fn(usize) -> f64),
                     }

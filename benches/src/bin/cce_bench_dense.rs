@@ -1,4 +1,5 @@
-//! `cce-bench-dense`: [`cce_core::Strategy::ChunkedDense`] on CUDA.
+//! `cce-bench-dense`: the dense strategies on CUDA ([`cce_core::Strategy::ChunkedDense`],
+//! [`cce_core::Strategy::SplitDense`]).
 //!
 //! - `--mode compile`: compile the kernels into the NVRTC cache (`CCE_CUDA_CACHE_DIR`); no GPU.
 //! - `--mode check`: correctness on small shapes against the f64 oracle of `cce-reference`
@@ -10,7 +11,12 @@
 //!   `--iters` after `--warmup`; workspace from `cce_core::Plan` with `--budget-gib`.
 //!
 //! Options: `--row-pass two-pass|fused|fused-cN` (comma list in bench mode), `--shapes
-//! "N,D,V[,softcap[,budget_gib]];..."`, `--iters 5`, `--warmup 2`, `--budget-gib 8`.
+//! "N,D,V[,softcap[,budget_gib]];..."`, `--iters 5`, `--warmup 2`, `--budget-gib 8`,
+//! `--strategy chunked,split,split@4` (bench mode; `@G` sets that strategy's budget in GiB,
+//! split dense defaults to 0.5 GiB), `--data randn,c/8,e/8,e/11` (bench mode: e, c ~
+//! N(0, 1) with c or e scaled; e/11 gives ~2.5 nats at V = 256000, iid logits over classes).
+//! Bench rows report the mean softmax entropy of the data (the forward's side output), the
+//! filtered gradients' relative error against exact mode, and the dropped mass.
 
 use cce_core::filter::FilterRule;
 use cce_core::plan::{DeviceLimits, Plan, StrategyKind, TileShape};
@@ -38,6 +44,9 @@ struct Args {
     iters: usize,
     warmup: usize,
     budget_gib: f64,
+    /// Strategy and its budget in GiB (None: the shape's or `--budget-gib`).
+    strategies: Vec<(StrategyKind, Option<f64>)>,
+    data: Vec<String>,
 }
 
 fn parse_row_pass(s: &str) -> Res<RowPass> {
@@ -72,6 +81,11 @@ fn parse_args() -> Res<Args> {
         iters: 5,
         warmup: 2,
         budget_gib: 8.0,
+        strategies: vec![
+            (StrategyKind::ChunkedDense, None),
+            (StrategyKind::SplitDense, Some(0.5)),
+        ],
+        data: vec!["randn".into(), "c/8".into()],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -103,6 +117,24 @@ fn parse_args() -> Res<Args> {
             "--iters" => a.iters = val.parse()?,
             "--warmup" => a.warmup = val.parse()?,
             "--budget-gib" => a.budget_gib = val.parse()?,
+            "--strategy" => {
+                a.strategies = val
+                    .split(',')
+                    .map(|x| -> Res<(StrategyKind, Option<f64>)> {
+                        let (name, gib) = match x.split_once('@') {
+                            Some((a, b)) => (a, Some(b.parse::<f64>()?)),
+                            None => (x, None),
+                        };
+                        match name {
+                            "chunked" => Ok((StrategyKind::ChunkedDense, gib)),
+                            // Split dense runs within the default budget unless told.
+                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)))),
+                            o => Err(format!("unknown strategy {o}").into()),
+                        }
+                    })
+                    .collect::<Res<Vec<_>>>()?
+            }
+            "--data" => a.data = val.split(',').map(String::from).collect(),
             x => return Err(format!("unknown argument {x}").into()),
         }
         i += 2;
@@ -219,7 +251,7 @@ fn time_ms(
     Ok((v[v.len() / 2], v[0]))
 }
 
-fn cuda_limits(budget_rows_tile: usize) -> DeviceLimits {
+fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind) -> DeviceLimits {
     DeviceLimits {
         name: "cuda".into(),
         max_buffer_bytes: 1 << 40,
@@ -232,7 +264,7 @@ fn cuda_limits(budget_rows_tile: usize) -> DeviceLimits {
             classes: 128,
             depth: 64,
         },
-        strategies: vec![StrategyKind::ChunkedDense],
+        strategies: vec![kind],
     }
 }
 
@@ -366,6 +398,8 @@ fn case_config(k: &CheckCase, rp: RowPass) -> DenseConfig {
         dtype: k.dt,
         has_bias: k.bias,
         chunk_rows: k.chunk_rows,
+        chunk_classes: None,
+        de_f16: false,
         tile: (64, 128),
         softcap: k.softcap,
         label_smoothing: k.ls,
@@ -854,7 +888,7 @@ fn bench(
                     (dt, dt, DType::F32),
                     (e_ptr, p, dcf_p),
                     2 * ld,
-                    0.0,
+                    (1.0, 0.0),
                 )?)
             })?;
             let t_l16 = {
@@ -868,7 +902,7 @@ fn bench(
                         (v, n, d),
                         (c_ptr, dt, d),
                         (e_ptr, dt, d),
-                        0.0,
+                        (1.0, 0.0),
                         (op, dt, v),
                     )?)
                 })?
@@ -887,19 +921,26 @@ fn bench(
             floors.0, floors.3, floors.1, floors.2, floor3, 3.0 * floor1
         );
 
-        for &rp in &args.row_pass {
-            let problem = Problem {
-                n,
-                d,
-                v,
-                dtype: dt,
-                has_bias: false,
-                seq_len: n,
+        let rp = args.row_pass.first().copied().unwrap_or(RowPass::TwoPass);
+        let problem = Problem {
+            n,
+            d,
+            v,
+            dtype: dt,
+            has_bias: false,
+            seq_len: n,
+        };
+        for data_name in &args.data {
+            let (e_std, c_std) = match data_name.as_str() {
+                "randn" => (1.0f32, 1.0f32),
+                "c/8" => (1.0, 0.125),
+                "e/8" => (0.125, 1.0),
+                "e/11" => (1.0 / 11.0, 1.0),
+                o => return Err(format!("unknown data {o}").into()),
             };
-            for (data_name, c_scale) in [("randn", 1.0f32), ("c/8", 0.125)] {
-                if c_scale != 1.0 {
-                    engine.fill_randn(&mut data.c, dt, v * d, 8, 0.0, c_scale)?;
-                }
+            engine.fill_randn(&mut data.e, dt, n * d, 7, 0.0, e_std)?;
+            engine.fill_randn(&mut data.c, dt, v * d, 8, 0.0, c_std)?;
+            for &(kind, kind_gib) in &args.strategies {
                 let res = bench_one(
                     engine,
                     ctx,
@@ -907,32 +948,31 @@ fn bench(
                     &data,
                     &problem,
                     softcap,
-                    budget_bytes,
-                    rp,
+                    kind_gib.map_or(budget_bytes, |g| (g * (1u64 << 30) as f64) as u64),
+                    (kind, rp),
                     args,
-                    &mut loss,
-                    &mut lse,
-                    &mut de,
-                    &mut dc,
-                    c_scale == 1.0,
+                    (&mut loss, &mut lse, &mut de, &mut dc),
+                    data_name == &args.data[0],
                 );
                 match res {
                     Ok(r) => {
                         let line = format!(
-                            "| {n}x{d}x{v}{} | {data_name} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3}x | {} | {:.2} | {:.2} | {:.3}x | {:.2} | {:.3}x | {:.0} | {:.2e} / {:.2e} | {:.2} | {:.2} |",
+                            "| {n}x{d}x{v}{} | {data_name} | {:.2} | {} | {} | {:.2} | {:.2} | {:.2} | {:.3}x | {} | {:.2} | {:.3}x | {:.2} | {:.3}x | {:.2e} / {:.2e} | {:.0} | {:.2e} / {:.2e} | {:.3} | {:.3} |",
                             softcap.map(|s| format!(" cap{s}")).unwrap_or_default(),
-                            row_pass_name(r.row_pass),
-                            r.chunk_rows,
-                            budget_gib,
+                            r.entropy,
+                            r.strategy,
+                            r.chunks,
+                            r.budget_gib,
                             floor1,
                             r.fwd_ms.map_or(f64::NAN, |x| x),
                             r.fwd_ms.map_or(f64::NAN, |x| x / floor1),
                             r.exact_ms.map_or("-".into(), |x| format!("{x:.2}")),
                             floor3,
-                            r.gemms_ms,
                             r.exact_ms.map_or(f64::NAN, |x| x / floor3),
                             r.filt_ms,
                             r.filt_ms / floor3,
+                            r.err_de,
+                            r.err_dc,
                             r.kept_per_row,
                             r.dropped_max,
                             r.dropped_mean,
@@ -942,18 +982,16 @@ fn bench(
                         println!("{line}");
                         table.push(line);
                     }
-                    Err(e) => println!("  {} {data_name}: ERROR {e}", row_pass_name(rp)),
+                    Err(e) => println!("  {kind:?} {data_name}: ERROR {e}"),
                 }
             }
-            // Restore randn c for the next row pass.
-            engine.fill_randn(&mut data.c, dt, v * d, 8, 0.0, 1.0)?;
         }
         drop(data);
         stream.synchronize()?;
     }
     println!();
-    println!("| shape | data | row pass | chunk rows | budget GiB | 1-GEMM floor ms | fwd ms | fwd / 1 GEMM | fwd+bwd exact ms | 3-GEMM floor ms | chunked GEMMs only ms | exact / floor | fwd+bwd filtered ms | filtered / floor | kept entries/row | dropped mass max / mean | workspace GiB (tally) | measured extra GiB |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| shape | data | entropy nats | strategy | chunks | budget GiB | 1-GEMM floor ms | fwd ms | fwd / 1 GEMM | fwd+bwd exact ms | 3-GEMM floor ms | exact / floor | fwd+bwd filtered ms | filtered / floor | filtered vs exact rel. err d_e / d_c | kept entries/row | dropped mass max / mean | workspace GiB (tally) | measured extra GiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in table {
         println!("{l}");
     }
@@ -975,18 +1013,28 @@ fn trim_pool(ctx: &Arc<CudaContext>) -> Res<()> {
 }
 
 struct BenchResult {
-    row_pass: RowPass,
-    chunk_rows: usize,
+    strategy: String,
+    chunks: String,
+    entropy: f64,
     fwd_ms: Option<f64>,
     exact_ms: Option<f64>,
-    gemms_ms: f64,
     filt_ms: f64,
+    err_de: f64,
+    err_dc: f64,
     kept_per_row: f64,
     dropped_max: f64,
     dropped_mean: f64,
     ws_bytes: u64,
     mem_delta_gib: f64,
+    budget_gib: f64,
 }
+
+type GradBufs<'a> = (
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+);
 
 #[allow(clippy::too_many_arguments)]
 fn bench_one(
@@ -997,13 +1045,10 @@ fn bench_one(
     problem: &Problem,
     softcap: Option<f32>,
     budget_bytes: u64,
-    rp: RowPass,
+    (kind, rp): (StrategyKind, RowPass),
     args: &Args,
-    loss: &mut CudaSlice<u8>,
-    lse: &mut CudaSlice<u8>,
-    de: &mut CudaSlice<u8>,
-    dc: &mut CudaSlice<u8>,
-    full: bool,
+    (loss, lse, de, dc): GradBufs<'_>,
+    print_plan: bool,
 ) -> Res<BenchResult> {
     let (n, d, v) = (problem.n, problem.d, problem.v);
     let opts = Options {
@@ -1011,12 +1056,10 @@ fn bench_one(
         workspace_budget_bytes: budget_bytes,
         ..Options::default()
     };
-    let plan = Plan::new(problem, &opts, &cuda_limits(128))?;
+    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
-    let mut cfg_exact = DenseConfig::from_plan(&plan, &Options::exact())?;
-    cfg_exact.softcap = softcap;
-    cfg_exact.row_pass = rp;
+    let mut cfg_exact = cfg.clone();
     cfg_exact.filter = FilterRule::resolve(&Options::exact(), problem.dtype);
     stream.synchronize()?;
     trim_pool(ctx)?;
@@ -1026,15 +1069,12 @@ fn bench_one(
     let (free1, _) = ctx.mem_get_info()?;
     let mem_delta_gib = gib(free0.saturating_sub(free1) as u64 + engine.own_bytes());
     let ws_bytes = ws.bytes() + engine.own_bytes();
-    if full {
+    if print_plan {
         println!(
-            "  [{}] plan: {} ; workspace tally {:.2} GiB (+ cuBLAS {} MiB), chunk rows used {}, fused layout {:?}",
-            row_pass_name(rp),
+            "  [{kind:?}] plan: {} ; workspace tally {:.3} GiB (+ cuBLAS {} MiB)",
             plan.reason,
             gib(ws.bytes()),
             engine.own_bytes() >> 20,
-            ws.chunk_rows(),
-            engine.fused_layout(&cfg)
         );
     }
     let up = DenseUpstream {
@@ -1042,104 +1082,107 @@ fn bench_one(
         d_lse: None,
     };
     let inp = data.inputs();
-    let mut run_fb = |c: &DenseConfig, ws: &mut DenseWorkspace| -> Res<DenseStats> {
+    let run_fb = |c: &DenseConfig,
+                  ws: &mut DenseWorkspace,
+                  (loss, lse, de, dc): GradBufs<'_>|
+     -> Res<DenseStats> {
         let mut fo = DenseForwardOut {
-            loss: &mut *loss,
-            lse: &mut *lse,
+            loss,
+            lse,
             entropy: None,
             argmax: None,
         };
         let mut go = DenseGradOut {
-            d_e: Some(&mut *de),
-            d_c: Some(&mut *dc),
+            d_e: Some(de),
+            d_c: Some(dc),
             d_bias: None,
         };
         Ok(engine.forward_backward(c, ws, &inp, &up, &mut fo, &mut go)?)
     };
-    let mut fwd_ms = None;
-    let mut gemms_ms = f64::NAN;
-    // Exact mode on every data set: GEMM speed depends on the data (a G of zeros, as on randn
-    // rows, runs the two gradient GEMMs faster than dense G).
-    let exact_ms = {
-        // The same workspace serves both configurations (the filter edges go unused).
-        Some(
-            time_ms(stream, args.warmup, args.iters, || {
-                run_fb(&cfg_exact, &mut ws).map(|_| ())
-            })?
-            .0,
+    // Exact mode on every data set (GEMM speed depends on the data: a G of zeros, as on randn
+    // rows, runs the gradient GEMMs faster than dense G).
+    let exact_ms = time_ms(stream, args.warmup, args.iters, || {
+        run_fb(
+            &cfg_exact,
+            &mut ws,
+            (&mut *loss, &mut *lse, &mut *de, &mut *dc),
         )
-    };
+        .map(|_| ())
+    })?
+    .0;
+    stream.synchronize()?;
+    let de_exact = to_f64(stream, &*de, problem.dtype, n * d)?;
+    let dc_exact = to_f64(stream, &*dc, problem.dtype, v * d)?;
     let mut last = DenseStats::default();
     let filt_ms = time_ms(stream, args.warmup, args.iters, || {
-        last = run_fb(&cfg, &mut ws)?;
+        last = run_fb(&cfg, &mut ws, (&mut *loss, &mut *lse, &mut *de, &mut *dc))?;
         Ok(())
     })?
     .0;
-    if full {
-        let mut lse2 = alloc(stream, n * 4)?;
-        let mut loss2 = alloc(stream, 4)?;
-        fwd_ms = Some(
-            time_ms(stream, args.warmup, args.iters, || {
-                let mut fo = DenseForwardOut {
-                    loss: &mut loss2,
-                    lse: &mut lse2,
-                    entropy: None,
-                    argmax: None,
-                };
-                Ok(engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?)
-            })?
-            .0,
-        );
-        // The chunk loop with the three GEMMs only (no row kernels): the cuBLAS part of the call.
-        let chunk = ws.chunk_rows();
-        let ld = cfg.ld();
-        // The logits buffer is private to the workspace; a same-size scratch stands in for it.
-        let mut lp = alloc(stream, chunk * ld * 4)?;
-        engine.fill_randn(&mut lp, DType::BF16, chunk * ld * 2, 5, 0.0, 1e-3)?;
-        let l_ptr = lp.device_ptr(stream).0;
-        let e_ptr = data.e.device_ptr(stream).0;
-        let c_ptr = data.c.device_ptr(stream).0;
-        let de_ptr = de.device_ptr(stream).0;
-        let acc = alloc(stream, v * d * 4)?;
-        let acc_ptr = acc.device_ptr(stream).0;
-        let dt = problem.dtype;
-        gemms_ms = time_ms(stream, args.warmup, args.iters, || {
-            for (ci, r0) in (0..n).step_by(chunk).enumerate() {
-                let rows = chunk.min(n - r0);
-                let e_r = e_ptr + (r0 * d * 2) as u64;
-                engine.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
-                engine.gemm_de(
-                    (v, d, rows),
-                    (dt, dt, dt),
-                    (c_ptr, l_ptr, de_ptr + (r0 * d * 2) as u64),
-                    2 * ld,
-                )?;
-                engine.gemm_dc(
-                    (v, d, rows),
-                    (dt, dt, DType::F32),
-                    (e_r, l_ptr, acc_ptr),
-                    2 * ld,
-                    if ci == 0 { 0.0 } else { 1.0 },
-                )?;
-            }
-            Ok(())
+    stream.synchronize()?;
+    let err_de = rel_err(&to_f64(stream, &*de, problem.dtype, n * d)?, &de_exact);
+    let err_dc = rel_err(&to_f64(stream, &*dc, problem.dtype, v * d)?, &dc_exact);
+    drop((de_exact, dc_exact));
+    // Forward only, and the data's mean softmax entropy (the forward's side output).
+    let mut lse2 = alloc(stream, n * 4)?;
+    let mut loss2 = alloc(stream, 4)?;
+    let mut ent = alloc(stream, n * 4)?;
+    let fwd_ms = Some(
+        time_ms(stream, args.warmup, args.iters, || {
+            let mut fo = DenseForwardOut {
+                loss: &mut loss2,
+                lse: &mut lse2,
+                entropy: None,
+                argmax: None,
+            };
+            Ok(engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?)
         })?
-        .0;
-        drop(lp);
-        drop(acc);
+        .0,
+    );
+    let mut cfg_ent = cfg_exact.clone();
+    cfg_ent.want_entropy = true;
+    {
+        let mut fo = DenseForwardOut {
+            loss: &mut loss2,
+            lse: &mut lse2,
+            entropy: Some(&mut ent),
+            argmax: None,
+        };
+        engine.forward(&cfg_ent, &mut ws, &inp, &mut fo)?;
     }
+    let entv = to_f64(stream, &ent, DType::F32, n)?;
+    let entropy = entv.iter().sum::<f64>() / n as f64;
     let active = last.active_rows.max(1) as f64;
+    let chunks = match plan.strategy {
+        cce_core::Strategy::SplitDense {
+            chunk_rows,
+            chunk_classes,
+            de_f16,
+        } => format!(
+            "{chunk_rows} rows ({}) / {chunk_classes} classes",
+            if de_f16 { "f16 G, f16 c" } else { "bf16 G" }
+        ),
+        cce_core::Strategy::ChunkedDense { chunk_rows } => format!("{chunk_rows} rows"),
+        other => other.to_string(),
+    };
     Ok(BenchResult {
-        row_pass: last.row_pass.unwrap_or(rp),
-        chunk_rows: last.chunk_rows,
+        strategy: match kind {
+            StrategyKind::SplitDense => "split".into(),
+            StrategyKind::ChunkedDense => "chunked".into(),
+            k => format!("{k:?}"),
+        },
+        chunks,
+        entropy,
         fwd_ms,
-        exact_ms,
-        gemms_ms,
+        exact_ms: Some(exact_ms),
         filt_ms,
+        err_de,
+        err_dc,
         kept_per_row: last.entries_kept as f64 / 2.0 / active,
         dropped_max: last.dropped_mass_max,
         dropped_mean: last.dropped_mass_mean,
         ws_bytes,
         mem_delta_gib,
+        budget_gib: gib(budget_bytes),
     })
 }

@@ -62,6 +62,10 @@ pub enum Strategy {
         /// Classes per chunk of the class pass (a multiple of the tile classes, at most
         /// [`SPLIT_DENSE_MAX_CLASSES`]).
         chunk_classes: usize,
+        /// The row pass's `d_e = G·C` from f16 `G` (scaled per row) and `c` in f16 (the input
+        /// for f16, an f16 copy for bf16: `V·D·2` bytes); false: `G` in the input dtype (f32),
+        /// or for bf16 split hi + lo into two bf16 GEMMs (16 significand bits).
+        de_f16: bool,
     },
 }
 
@@ -81,9 +85,11 @@ impl fmt::Display for Strategy {
             Strategy::SplitDense {
                 chunk_rows,
                 chunk_classes,
+                de_f16,
             } => write!(
                 f,
-                "split-dense({chunk_rows}-row chunks for d_e, {chunk_classes}-class chunks for d_c)"
+                "split-dense({chunk_rows}-row chunks for d_e{}, {chunk_classes}-class chunks for d_c)",
+                if *de_f16 { " with f16 G" } else { "" }
             ),
         }
     }
@@ -297,19 +303,50 @@ impl Plan {
                         + n as u64 * 4
                         + v as u64 * 4
                         + GEMM_LIBRARY_RESERVE_BYTES;
-                    let e16 = if problem.dtype == DType::BF16 && opts.compute_d_c {
+                    let room = budget.saturating_sub(fixed);
+                    let dt = problem.dtype;
+                    let ld_v = v.div_ceil(8) as u64 * 8;
+                    let ld_of = |cols: usize| cols.div_ceil(8) as u64 * 8 * 4;
+                    // Row pass: the logits rows; with f16 G for d_e (f16 inputs, or bf16 with
+                    // an f16 copy of c, V·D·2 bytes) also f32 d_e rows and a scale per row.
+                    // Without the copy, bf16 inputs take bf16 G (8 significand bits instead of
+                    // 11, as a materialized bf16 computation).
+                    let row_pass = |de_f16: bool| -> (u64, u64) {
+                        let mut unit = ld_v * 4;
+                        let mut once = 0;
+                        let f16_g = dt == DType::F16 || (dt == DType::BF16 && de_f16);
+                        if opts.compute_d_e && f16_g {
+                            unit += d as u64 * 4 + 4;
+                            if dt == DType::BF16 {
+                                once = v as u64 * d as u64 * 2;
+                            }
+                        }
+                        (unit, once)
+                    };
+                    let rows_for = |(unit, once): (u64, u64)| -> u64 {
+                        (room.saturating_sub(once) / unit)
+                            .min(rows_cap)
+                            .min(idx_cap / ld_v)
+                            .min(limits.max_buffer_bytes / (ld_v * 4))
+                    };
+                    // Prefer f16 G for d_e when its copy of c leaves at least 1024 rows (or N).
+                    let de_f16 = dt == DType::F16
+                        || (dt == DType::BF16 && rows_for(row_pass(true)) >= 1024.min(n) as u64);
+                    let (row_unit, row_once) = row_pass(de_f16);
+                    let row_cap = rows_for((row_unit, row_once));
+                    // Class pass: the logits of every row for a chunk of classes; bf16 inputs
+                    // add an f16 copy of e and an f32 d_c chunk (no f16 x f16 -> bf16 GEMM).
+                    let e16 = if dt == DType::BF16 && opts.compute_d_c {
                         n as u64 * d as u64 * 2
                     } else {
                         0
                     };
-                    let ld_of = |cols: usize| cols.div_ceil(8) as u64 * 8 * 4;
-                    let room = budget.saturating_sub(fixed);
-                    let row_cap = (room / ld_of(v))
-                        .min(rows_cap)
-                        .min(idx_cap / ld_of(v))
-                        .min(limits.max_buffer_bytes / ld_of(v));
-                    let class_room = room.saturating_sub(e16);
-                    let class_cap = (class_room / (n as u64 * 4))
+                    let dc_tmp_per_class = if e16 > 0 && !grads_f32 {
+                        d as u64 * 4
+                    } else {
+                        0
+                    };
+                    let class_cap = (room.saturating_sub(e16) / (n as u64 * 4 + dc_tmp_per_class))
                         .min(SPLIT_DENSE_MAX_CLASSES as u64)
                         .min(classes_cap)
                         .min(idx_cap / (n as u64 * 8))
@@ -324,8 +361,11 @@ impl Plan {
                     }
                     let chunk_rows = fit(row_cap, tile.rows, n).min(n);
                     let chunk_classes = fit(class_cap, tile.classes, v).min(v);
-                    let scratch =
-                        (chunk_rows as u64 * ld_of(v)).max(n as u64 * ld_of(chunk_classes) + e16);
+                    let scratch = (row_once + chunk_rows as u64 * row_unit).max(
+                        n as u64 * ld_of(chunk_classes)
+                            + e16
+                            + chunk_classes as u64 * dc_tmp_per_class,
+                    );
                     let workspace_bytes = fixed + scratch;
                     if workspace_bytes > budget {
                         why.push(format!(
@@ -335,10 +375,23 @@ impl Plan {
                     }
                     let row_chunks = split(n, chunk_rows);
                     let class_chunks = split(v, chunk_classes);
+                    let de_how = match (dt, de_f16) {
+                        (DType::F32, _) => "f32 G",
+                        (DType::BF16, true) => "f16 G and an f16 copy of c",
+                        (DType::BF16, false) => {
+                            "bf16 G; a budget with room for an f16 copy of c gives f16 G"
+                        }
+                        _ => "f16 G",
+                    };
                     let reason = format!(
-                        "split-dense: {} row chunk(s) of {chunk_rows} for d_e and {} class chunk(s) of {chunk_classes} for d_c, no cross-chunk accumulator; workspace {workspace_bytes} B within {budget} B{}",
+                        "split-dense: {} row chunk(s) of {chunk_rows} for d_e ({de_how}) and {} class chunk(s) of {chunk_classes} for d_c, no cross-chunk accumulator; workspace {workspace_bytes} B within {budget} B{}{}",
                         row_chunks.len(),
                         class_chunks.len(),
+                        if filter.enabled {
+                            "; the filter skips nothing here (dense GEMMs gain nothing from skipped entries)"
+                        } else {
+                            ""
+                        },
                         if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
                     );
                     return Ok(Self::finish(
@@ -346,6 +399,7 @@ impl Plan {
                         Strategy::SplitDense {
                             chunk_rows,
                             chunk_classes,
+                            de_f16,
                         },
                         tile,
                         row_chunks,
@@ -585,6 +639,7 @@ mod tests {
         if let Strategy::SplitDense {
             chunk_rows,
             chunk_classes,
+            ..
         } = plan.strategy
         {
             // The chunks are the plan's chunks, and each buffer of a pass fits one binding.
@@ -667,14 +722,17 @@ mod tests {
         let Strategy::SplitDense {
             chunk_rows,
             chunk_classes,
+            de_f16,
         } = plan.strategy
         else {
             panic!("{}", plan.reason)
         };
-        // 0.5 GiB less cuBLAS's 32 MiB: ~384 rows of V = 256000 f32 logits, and the f16 copy
-        // of e (256 MiB) beside ~1.7k classes of N = 32768.
+        // 0.5 GiB less cuBLAS's 32 MiB: 384 rows of V = 256000 f32 logits (no room for an f16
+        // copy of c); the f16 copy of e (256 MiB) and an f32 d_c chunk beside ~1.4k classes of
+        // N = 32768.
         assert_eq!(chunk_rows, 384);
-        assert!((1536..=1792).contains(&chunk_classes), "{chunk_classes}");
+        assert!(!de_f16);
+        assert!((1280..=1792).contains(&chunk_classes), "{chunk_classes}");
         assert!(plan.workspace_bytes <= 512 << 20);
         assert!(
             plan.reason.contains("chunked-dense needs"),

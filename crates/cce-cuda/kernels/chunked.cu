@@ -266,6 +266,7 @@ __device__ __forceinline__ float filter_threshold(const u32* hist, u64 delta_fix
 // factor. g = upstream loss gradient of the row (0 when ignored), h = upstream lse gradient.
 struct GCoef {
     float cp, cy, cc;
+    float oh;  // 1 − α: the target's one-hot weight (filter magnitude |oh − p| at the target)
     bool active;
 };
 
@@ -278,6 +279,7 @@ __device__ __forceinline__ GCoef g_coef(int y, long long row, const float* dl_ro
     c.cp = g * (1.0f + 2.0f * lambda * lse) + h;
     c.cy = g * (1.0f - alpha);
     c.cc = g * alpha / (float)V;
+    c.oh = 1.0f - alpha;
     c.active = (g != 0.0f) || (h != 0.0f);
     return c;
 }
@@ -288,7 +290,10 @@ __device__ __forceinline__ float g_entry(float z, int j, int y, float lse, const
                                          u32& kept, float& dropped, bool& any_kept) {
     float p = __expf(z - lse);
     bool tgt = (j == y);
-    float g0 = tgt ? fabsf(1.0f - p) : p;
+    // With label smoothing the target's entry is g·(p − (1 − α)) besides the uniform term, so
+    // its filter magnitude is |(1 − α) − p| (|1 − p| without): a target with p → 1 is not
+    // skippable when α > 0.
+    float g0 = tgt ? fabsf(c.oh - p) : p;
     float gv;
     if (g0 < tau) {  // skipped (tau = 0 when the filter is off or the row inactive)
         dropped += g0;
@@ -441,7 +446,8 @@ __device__ __forceinline__ void hist_add(u32* whist, float g0, bool valid, const
 //   kept u32 [rows], dropped f32 [rows] per-row statistics (written when filter_on);
 //   flags u32 [row tiles, n_ctiles] "tile kept an entry" (global row index row0 + r);
 //   tau_out  f32 [rows] the row's threshold τ_i (0: nothing skipped), or 0 (split dense's
-//            class pass reads it back).
+//            class pass reads it back);
+//   row_scale    f32 [rows] 2^−s_i (mode 2 only, else 0). Modes: see GStore below.
 // Tiling: one block per row. Pass 1 (filter on, active row): histogram of g0 in shared memory,
 //   one private histogram per warp; τ by thread 0. Pass 2: G.
 // Thread mapping: step s covers columns [s·STEP, (s+1)·STEP), STEP = BWD_THREADS·4·BWD_UNROLL;
@@ -452,7 +458,40 @@ __device__ __forceinline__ void hist_add(u32* whist, float g0, bool valid, const
 #define BWD_THREADS 512
 #define BWD_UNROLL 2
 
-template <int DT>
+// G storage modes of the backward row kernel (template GM):
+//   0: G in the input dtype DT, in place (chunked dense; split dense with f32 inputs);
+//   2: f16 G scaled per row by 2^s_i (max |2^s_i G_ij| ≤ 2^14), in place, and
+//      row_scale[r] = 2^−s_i (split dense with an f16 c).
+template <int GM> struct GStore;
+template <> struct GStore<2> {
+    static __device__ __forceinline__ void put4(char* Gr, int j, float4 g, float sc) {
+        Elem<1>::store4(Gr, j, make_float4(g.x * sc, g.y * sc, g.z * sc, g.w * sc));
+    }
+    static __device__ __forceinline__ void put(char* Gr, int j, float g, float sc) {
+        Elem<1>::store(Gr, j, g * sc);
+    }
+};
+template <int DT> struct GStoreDT {
+    static __device__ __forceinline__ void put4(char* Gr, int j, float4 g, float) {
+        Elem<DT>::store4(Gr, j, g);
+    }
+    static __device__ __forceinline__ void put(char* Gr, int j, float g, float) {
+        Elem<DT>::store(Gr, j, g);
+    }
+};
+
+template <int DT, int GM> struct GSel { typedef GStore<GM> T; };
+template <int DT> struct GSel<DT, 0> { typedef GStoreDT<DT> T; };
+
+// Power of two 2^s with max |2^s · G| ≤ 2^14 for a row whose |G_ij| ≤ bound (1 when 0).
+__device__ __forceinline__ float g_row_scale(float bound) {
+    if (!(bound > 0.0f) || !isfinite(bound)) return 1.0f;
+    int s = 14 - (int)ceilf(log2f(bound));
+    s = max(-100, min(100, s));
+    return exp2f((float)s);
+}
+
+template <int DT, int GM>
 __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const void* bias,
                                           float softcap, const int* targets, const float* lse_in,
                                           const float* dl_rows, float dl_scalar,
@@ -460,7 +499,8 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                                           int filter_on, const float* edges_g, u64 delta_fixed,
                                           u32* kept_out, float* dropped_out, u32* flags,
                                           long long row0, int tile_rows, int tile_classes,
-                                          int n_ctiles, float* tau_out) {
+                                          int n_ctiles, float* tau_out, float* row_scale) {
+    typedef typename GSel<DT, GM>::T GS;
     __shared__ u32 hist[BWD_THREADS / 32][N_BINS];
     __shared__ u32 tot[N_BINS];
     __shared__ float edges[N_BINS];
@@ -500,7 +540,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 for (int k = 0; k < 4; ++k) {
                     float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
                     float p = __expf(z - lse);
-                    float g0 = (j + k == y) ? fabsf(1.0f - p) : p;
+                    float g0 = (j + k == y) ? fabsf(c.oh - p) : p;
                     hist_add(hist[warp], g0, ok, edges);
                 }
             }
@@ -514,7 +554,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 if (bias) x += Elem<DT>::load(bias, j);
                 float z = cap_z(x, softcap, inv_cap);
                 float p = __expf(z - lse);
-                g0 = (j == y) ? fabsf(1.0f - p) : p;
+                g0 = (j == y) ? fabsf(c.oh - p) : p;
             }
             hist_add(hist[warp], g0, ok, edges);
         }
@@ -530,6 +570,8 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         tau = tau_sh;
     }
     if (tau_out && threadIdx.x == 0) tau_out[r] = tau;
+    const float gsc = GM == 2 ? g_row_scale(fabsf(c.cp) + fabsf(c.cy) + fabsf(c.cc)) : 1.0f;
+    if (GM == 2 && threadIdx.x == 0) row_scale[r] = 1.0f / gsc;
     u32 kept = 0;
     float dropped = 0.0f;
     const long long flag_row = (row0 + r) / tile_rows;
@@ -554,7 +596,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                     f4set(gv, k, g_entry(z, j + k, y, lse, c, tau, softcap, inv_cap, kept,
                                          dropped, any_kept));
                 }
-                Elem<DT>::store4(Gr, j, gv);
+                GS::put4(Gr, j, gv, gsc);
             }
             if (filt) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, any_kept);
         }
@@ -572,7 +614,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
             bool any_kept = false;
             float z = cap_z(x, softcap, inv_cap);
             float gv = g_entry(z, j, y, lse, c, tau, softcap, inv_cap, kept, dropped, any_kept);
-            Elem<DT>::store(Gr, j, gv);
+            GS::put(Gr, j, gv, gsc);
             if (filt && any_kept) atomicOr(&flags[flag_row * n_ctiles + j / tile_classes], 1u);
         }
     }
@@ -591,20 +633,27 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
         float alpha, float lambda, int filter_on, const float *edges_g, u64 delta_fixed,     \
         u32 *kept_out, float *dropped_out, u32 *flags, long long row0, int tile_rows,        \
-        int tile_classes, int n_ctiles, float *tau_out
+        int tile_classes, int n_ctiles, float *tau_out, float *row_scale
 #define BWD_ARGS                                                                              \
     L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, alpha, lambda,       \
         filter_on, edges_g, delta_fixed, kept_out, dropped_out, flags, row0, tile_rows,       \
-        tile_classes, n_ctiles, tau_out
+        tile_classes, n_ctiles, tau_out, row_scale
 
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f32(BWD_PARAMS) {
-    dense_bwd<0>(BWD_ARGS);
+    dense_bwd<0, 0>(BWD_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f16(BWD_PARAMS) {
-    dense_bwd<1>(BWD_ARGS);
+    dense_bwd<1, 0>(BWD_ARGS);
 }
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f16s_f16(BWD_PARAMS) {
+    dense_bwd<1, 2>(BWD_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_f16s_bf16(BWD_PARAMS) {
+    dense_bwd<2, 2>(BWD_ARGS);
+}
+
 extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_bf16(BWD_PARAMS) {
-    dense_bwd<2>(BWD_ARGS);
+    dense_bwd<2, 0>(BWD_ARGS);
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -836,7 +885,7 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
             float g0 = 0.0f;
             if (ok) {
                 float p = __expf(zbuf[jj] - lse);
-                g0 = (c0 + jj == y) ? fabsf(1.0f - p) : p;
+                g0 = (c0 + jj == y) ? fabsf(c.oh - p) : p;
             }
             hist_add(sh.hist[warp], g0, ok, sh.edges);
         }
@@ -1042,13 +1091,38 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_scales_bf16(SCALES_P
 
 // Parameters: src bf16 [count]; dst f16 [count] = f16(src · scale), scale a power of two that
 //   keeps max |src · scale| ≤ 2^15 (exact for |src · scale| ≥ 2^−14: bf16's 8 significand bits
-//   fit f16's 11). Grid-stride, one element per thread per step.
+//   fit f16's 11). Used for e (class pass) and c (row pass with an f16 c).
+// Tiling / thread mapping: grid-stride, one element per thread per step.
 extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const u16* src, u16* dst,
                                                                          long long count,
                                                                          float scale) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
         dst[i] = f32_to_f16(bf16_to_f32(src[i]) * scale);
+}
+
+// d_e rows from the f32 product of the row pass: d_e[r, k] = out(tmp[r, k] · rs[r] · cscale),
+//   rs = row_scale (mode 2) or 0 (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16,
+//   2 bf16). Tiling / thread mapping: grid-stride over rows·D, one element per thread.
+template <int OT>
+__device__ __forceinline__ void split_de_finish(const float* tmp, const float* rs, float cscale,
+                                                void* de, long long rows, int D) {
+    const long long n = rows * D;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float s = (rs ? rs[i / D] : 1.0f) * cscale;
+        Elem<OT>::store(de, i, tmp[i] * s);
+    }
+}
+#define DEF_PARAMS const float *tmp, const float *rs, float cscale, void *de, long long rows, int D
+extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_f32(DEF_PARAMS) {
+    split_de_finish<0>(tmp, rs, cscale, de, rows, D);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_f16(DEF_PARAMS) {
+    split_de_finish<1>(tmp, rs, cscale, de, rows, D);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_PARAMS) {
+    split_de_finish<2>(tmp, rs, cscale, de, rows, D);
 }
 
 // (b) G of one class chunk, in place.

@@ -4,11 +4,13 @@
 //! [`crate::chunked`].
 //!
 //! Strategy choice (the plan takes the first that fits the budget, in this order):
-//! - chunked dense (3 GEMMs) for exact calls whose budget holds the f32 `d_c` accumulator;
-//! - split dense (4 GEMMs, no cross-chunk accumulator: fits the default 512 MiB at every
-//!   shape of PERFORMANCE.md) for bf16 / f32 inputs, filtered or exact;
-//! - tile ownership otherwise, and for f16 inputs (the dense row pass keeps `G` in the input
-//!   dtype, and f16 `G` with a mean over many rows is subnormal).
+//! - chunked dense (cuBLAS, 3 GEMMs, an f32 `d_c` accumulator of `4·V·D` bytes) for exact
+//!   bf16 / f32 calls: its products use `G` rounded to the input dtype, as a materialized
+//!   computation does;
+//! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
+//!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
+//!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`);
+//! - tile ownership otherwise (or without libcublas / compute capability 8.0).
 
 use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
@@ -337,8 +339,8 @@ impl CudaBackend {
     }
 
     /// Set the strategies the plan may choose to `kinds` (in preference order), keeping only
-    /// those this device supports; e.g. `[ChunkedDense, TileOwnership]` to opt in to the
-    /// cuBLAS chunked-dense strategy where the budget holds its f32 `d_c` accumulator.
+    /// those this device supports; e.g. `[SplitDense, TileOwnership]` to leave out the
+    /// chunked-dense strategy (bf16 `G`) even where the budget holds its accumulator.
     /// Errors: `InvalidOption` when none is left.
     pub fn with_strategies(mut self, kinds: &[StrategyKind]) -> Result<Self> {
         let have = self.available.clone();
@@ -509,32 +511,23 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
-        // Chunked dense's d_c product uses bf16 G: on real data that costs d_c 0.13% against
-        // the original filter's 0.05% (docs/perf-log.md), so filtered calls skip it; split
-        // dense computes d_c from f16 G (11 significand bits). f16 inputs keep tile ownership:
-        // the dense row pass would hold G in f16 without a scale (subnormal under a mean).
+        // Chunked dense rounds G to the input dtype for both products: on real data
+        // that costs d_c 0.13% against the original filter's 0.05% (docs/perf-log.md), and f16
+        // G under a mean is subnormal; so filtered and f16 calls skip it. Split dense keeps
+        // f16 G for d_c in every dtype.
         let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
         let mut limits = self.limits.clone();
         let mut notes = Vec::new();
-        if limits.strategies.len() > 1 {
-            if problem.dtype == DType::F16 {
-                limits
-                    .strategies
-                    .retain(|k| *k == StrategyKind::TileOwnership);
-                notes.push(
-                    "f16 inputs use tile ownership (the dense strategies' G would be unscaled f16)",
-                );
-            } else if filtered && limits.strategies.contains(&StrategyKind::ChunkedDense) {
-                limits
-                    .strategies
-                    .retain(|k| *k != StrategyKind::ChunkedDense);
-                notes.push(
-                    "chunked-dense is used for exact calls only (its d_c product uses bf16 G)",
-                );
-            }
-            if limits.strategies.is_empty() {
-                limits.strategies.push(StrategyKind::TileOwnership);
-            }
+        if limits.strategies.len() > 1
+            && limits.strategies.contains(&StrategyKind::ChunkedDense)
+            && (filtered || problem.dtype == DType::F16)
+        {
+            limits
+                .strategies
+                .retain(|k| *k != StrategyKind::ChunkedDense);
+            notes.push(
+                "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)",
+            );
         }
         let mut plan = Plan::new(&problem, opts, &limits)?;
         for note in notes {
@@ -1355,6 +1348,7 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
         Strategy::SplitDense {
             chunk_rows,
             chunk_classes,
+            ..
         } => {
             *chunk_rows = (*chunk_rows).min(rows);
             *chunk_classes = (*chunk_classes).min(classes);

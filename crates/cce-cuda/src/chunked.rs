@@ -102,6 +102,15 @@ fn cuda_type(dt: DType) -> Result<cublas_sys::cudaDataType> {
     }
 }
 
+/// The exponent `k` (clamped to ±100) with `max · 2^k ≤ 2^top`; 0 for a zero or non-finite max.
+fn pow2_to(max: f32, top: i32) -> i32 {
+    if max > 0.0 && max.is_finite() {
+        (top - max.log2().ceil() as i32).clamp(-100, 100)
+    } else {
+        0
+    }
+}
+
 fn to_i32(x: usize, what: &str) -> Result<i32> {
     i32::try_from(x).map_err(|_| CceError::ResourceLimit {
         resource: format!("{what} (32-bit cuBLAS / kernel argument)"),
@@ -253,6 +262,9 @@ pub struct DenseConfig {
     /// [`cce_core::Strategy::SplitDense`]: classes per chunk of the class pass (`d_c` complete
     /// per class chunk, no f32 accumulator); `None`: chunked dense.
     pub chunk_classes: Option<usize>,
+    /// Split dense: the row pass computes `d_e` from f16 `G` and `c` in f16 (see
+    /// [`cce_core::Strategy::SplitDense`]); false: hi + lo bf16 `G` (bf16 inputs) or f32 `G`.
+    pub de_f16: bool,
     /// Tile shape of the plan, for the tile statistics (rows, classes).
     pub tile: (usize, usize),
     /// Softcap `s` (0 or negative: off).
@@ -282,12 +294,13 @@ pub struct DenseConfig {
 impl DenseConfig {
     /// The configuration of a plan (which must be `ChunkedDense`) and its options.
     pub fn from_plan(plan: &cce_core::Plan, opts: &cce_core::Options) -> Result<Self> {
-        let (chunk_rows, chunk_classes) = match plan.strategy {
-            cce_core::Strategy::ChunkedDense { chunk_rows } => (chunk_rows, None),
+        let (chunk_rows, chunk_classes, de_f16) = match plan.strategy {
+            cce_core::Strategy::ChunkedDense { chunk_rows } => (chunk_rows, None, false),
             cce_core::Strategy::SplitDense {
                 chunk_rows,
                 chunk_classes,
-            } => (chunk_rows, Some(chunk_classes)),
+                de_f16,
+            } => (chunk_rows, Some(chunk_classes), de_f16),
             other => {
                 return Err(CceError::InvalidOption {
                     name: "plan.strategy",
@@ -304,6 +317,7 @@ impl DenseConfig {
             has_bias: p.has_bias,
             chunk_rows,
             chunk_classes,
+            de_f16,
             tile: (plan.tile.rows, plan.tile.classes),
             softcap: opts.softcap,
             label_smoothing: opts.label_smoothing,
@@ -359,12 +373,62 @@ impl DenseConfig {
         }
     }
 
-    /// Split dense: bytes of the f16 copy of `e` (bf16 inputs with `d_c` only).
+    /// Split dense: bytes of the f16 copy of `e` (bf16 inputs with `d_c` only), rounded up to
+    /// 256 so that the f32 chunk after it stays aligned.
     pub fn e16_bytes(&self) -> usize {
         if self.chunk_classes.is_some() && self.dtype == DType::BF16 && self.compute_d_c {
-            self.n * self.d * 2
+            (self.n * self.d * 2).div_ceil(256) * 256
         } else {
             0
+        }
+    }
+
+    /// Split dense: how the row pass stores `G` for `d_e` (the backward row kernel's mode,
+    /// `chunked.cu` "GStore"): 0 in the input dtype (written over the logits; `d_e` straight
+    /// from one GEMM), 2 in f16 scaled per row (`d_e` through f32 rows and a finishing pass).
+    pub fn g_mode(&self) -> u8 {
+        let f16_g = self.dtype == DType::F16 || (self.dtype == DType::BF16 && self.de_f16);
+        if self.chunk_classes.is_some() && self.compute_d_e && f16_g {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// Split dense: byte offsets in the workspace's scratch buffer of the row pass's regions
+    /// (256-byte aligned): the f16 copy of `c`, the logits, the f32 `d_e` rows, the per-row
+    /// scales; and the end.
+    pub fn row_layout(&self) -> RowLayout {
+        let al = |x: usize| x.div_ceil(256) * 256;
+        let r = self.effective_chunk_rows();
+        let ld = self.ld();
+        let mode = self.g_mode();
+        let c16 = if mode == 2 && self.dtype == DType::BF16 {
+            al(self.v * self.d * 2)
+        } else {
+            0
+        };
+        let logits = c16;
+        let tmp = logits + al(r * ld * 4);
+        let rs = tmp + if mode != 0 { al(r * self.d * 4) } else { 0 };
+        let end = rs + if mode != 0 { al(r * 4) } else { 0 };
+        RowLayout {
+            c16: 0,
+            logits,
+            tmp,
+            rs,
+            end,
+        }
+    }
+
+    /// Split dense: bytes of the f32 `d_c` chunk that f16 operands need before a bf16 output
+    /// (cuBLAS has no f16 x f16 → bf16 GEMM).
+    pub fn dc_tmp_bytes(&self) -> usize {
+        match self.chunk_classes {
+            Some(k) if self.dtype == DType::BF16 && self.compute_d_c && !self.grad_f32 => {
+                k.clamp(1, self.v) * self.d * 4
+            }
+            _ => 0,
         }
     }
 
@@ -389,6 +453,21 @@ impl DenseConfig {
 // ----------------------------------------------------------------------------------------------
 // Buffers
 // ----------------------------------------------------------------------------------------------
+
+/// Byte offsets of split dense's row-pass regions ([`DenseConfig::row_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    /// f16 copy of `c` (bf16 inputs, `d_e` from f16 `G`).
+    pub c16: usize,
+    /// f32 logits `[chunk_rows, ld]`, overwritten by `G`.
+    pub logits: usize,
+    /// f32 `d_e` rows `[chunk_rows, D]`.
+    pub tmp: usize,
+    /// f32 per-row scales `[chunk_rows]` (f16 mode).
+    pub rs: usize,
+    /// End of the row pass's regions.
+    pub end: usize,
+}
 
 /// Device workspace of a call, reusable across calls of the same configuration.
 #[derive(Debug)]
@@ -423,7 +502,9 @@ impl DenseWorkspace {
             unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
         };
         let scratch = if cfg.chunk_classes.is_some() {
-            (chunk_rows * ld * 4).max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes())
+            cfg.row_layout()
+                .end
+                .max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes() + cfg.dc_tmp_bytes())
         } else {
             chunk_rows * ld * 4
         };
@@ -647,6 +728,7 @@ impl DenseEngine {
             names.push(format!("cce_dense_randn_{dt}"));
             names.push(format!("cce_split_scales_{dt}"));
             names.push(format!("cce_split_gcols_{dt}"));
+            names.push(format!("cce_split_de_finish_{dt}"));
             if major >= 9 {
                 for cs in CLUSTER_SIZES {
                     names.push(format!("cce_dense_fused_{dt}_c{cs}"));
@@ -660,6 +742,8 @@ impl DenseEngine {
             "cce_dense_stats",
             "cce_dense_random_targets",
             "cce_split_e_to_f16_bf16",
+            "cce_dense_bwd_f16s_f16",
+            "cce_dense_bwd_f16s_bf16",
         ] {
             names.push(n.into());
         }
@@ -1069,8 +1153,11 @@ impl DenseEngine {
             need(lse, n * 4, "lse")?;
         }
 
-        let filtering = backward && cfg.filtering();
         let split = cfg.chunk_classes.is_some();
+        // Split dense skips nothing (allowed: "an implementation may skip fewer"): its dense
+        // GEMMs gain nothing from zeroed entries, and the threshold's histogram pass cost 3-7%
+        // at the seed shape (docs/perf-log.md), so filtered calls run exactly like exact ones.
+        let filtering = backward && cfg.filtering() && !split;
         if split && ws.tau.len() < n * 4 {
             return Err(CceError::InvalidOption {
                 name: "workspace",
@@ -1101,7 +1188,20 @@ impl DenseEngine {
         let c_ptr = self.ptr(inp.c);
         let bias_ptr = self.opt_ptr(inp.bias);
         let t_ptr = self.ptr(inp.targets);
-        let l_ptr = self.ptr(&ws.logits);
+        let layout = cfg.row_layout();
+        let g_mode = if backward { cfg.g_mode() } else { 0 };
+        let ws_base = self.ptr(&ws.logits);
+        let l_ptr = if split {
+            ws_base + layout.logits as u64
+        } else {
+            ws_base
+        };
+        if split && ws.logits.len() < layout.end {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
         let kept_ptr = self.ptr(&ws.kept);
         let dropped_ptr = self.ptr(&ws.dropped);
         let flags_ptr = self.ptr(&ws.flags);
@@ -1184,7 +1284,19 @@ impl DenseEngine {
         };
 
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
-        let f_bwd = self.func(&format!("cce_dense_bwd_{code}"))?;
+        let f_bwd = self.func(&match g_mode {
+            2 => format!("cce_dense_bwd_f16s_{code}"),
+            _ => format!("cce_dense_bwd_{code}"),
+        })?;
+        // Split dense, f16 G for d_e: c in f16 (bf16 inputs: a copy scaled by 2^kc).
+        let (c_de_ptr, c_de_scale) = if g_mode == 2 && dt == DType::BF16 {
+            let kc = self.c16_copy(cfg, ws, inp.c, ws_base + layout.c16 as u64)?;
+            (ws_base + layout.c16 as u64, 2f32.powi(-kc))
+        } else {
+            (c_ptr, 1.0f32)
+        };
+        let tmp_ptr = ws_base + layout.tmp as u64;
+        let rs_ptr = ws_base + layout.rs as u64;
         let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
         for (ci, r0) in (0..n).step_by(chunk).enumerate() {
             let rows = chunk.min(n - r0);
@@ -1291,6 +1403,7 @@ impl DenseEngine {
                     let kept_r = kept_ptr + off4;
                     let dropped_r = dropped_ptr + off4;
                     let tau_r = if split { tau_ptr + off4 } else { 0u64 };
+                    let rs_arg = if g_mode == 2 { rs_ptr } else { 0u64 };
                     let cfg_l = LaunchConfig {
                         grid_dim: (rows_u, 1, 1),
                         block_dim: (BWD_THREADS, 1, 1),
@@ -1319,7 +1432,8 @@ impl DenseEngine {
                         .arg(&tile_rows)
                         .arg(&tile_classes)
                         .arg(&n_ctiles)
-                        .arg(&tau_r);
+                        .arg(&tau_r)
+                        .arg(&rs_arg);
                     // SAFETY: argument types and order match BWD_PARAMS; L holds the chunk's
                     // logits (stream order); lse rows were written by the forward kernel above
                     // or given by the caller ([N] checked); flags hold row_tiles x class_tiles.
@@ -1330,7 +1444,28 @@ impl DenseEngine {
                 // (4) d_e rows of the chunk.
                 if cfg.compute_d_e {
                     let de_r = de_ptr + (r0 * d * out_ty.size_bytes()) as u64;
-                    self.gemm_de((v, d, rows), (dt, g_ty, out_ty), (c_ptr, l_ptr, de_r), ldg)?;
+                    match g_mode {
+                        0 => self.gemm_de(
+                            (v, d, rows),
+                            (dt, g_ty, out_ty),
+                            (c_ptr, l_ptr, de_r),
+                            ldg,
+                        )?,
+                        _ => {
+                            // f16 G' (scaled per row) times c in f16 into f32 rows, then
+                            // d_e = rows · 2^−s_i · 2^−kc in the gradient dtype.
+                            self.gemm(
+                                false,
+                                false,
+                                (d, rows, v),
+                                (c_de_ptr, DType::F16, d),
+                                (l_ptr, DType::F16, ld * 2),
+                                (1.0, 0.0),
+                                (tmp_ptr, DType::F32, d),
+                            )?;
+                            self.de_finish(out_ty, tmp_ptr, rs_ptr, c_de_scale, de_r, (rows, d))?;
+                        }
+                    }
                 }
                 // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
                 if cfg.compute_d_c && !split {
@@ -1483,6 +1618,122 @@ impl DenseEngine {
         Ok(stats)
     }
 
+    /// Split dense: `dst` (f16 `[V, D]`) = `2^kc · c` for bf16 `c`, with `kc` from max |c| so
+    /// that max |2^kc · c| ≤ 2^15 (one read-back). Returns `kc`.
+    fn c16_copy(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        c: &CudaSlice<u8>,
+        dst: u64,
+    ) -> Result<i32> {
+        let count = cfg.v * cfg.d;
+        let max_c = self.abs_max(ws, c, cfg.dtype, count)?;
+        let kc = pow2_to(max_c, 15);
+        self.to_f16(self.ptr(c), dst, count, 2f32.powi(kc))?;
+        Ok(kc)
+    }
+
+    /// max |x| over `count` elements of `dtype` (a device reduction and a 4-byte read-back).
+    fn abs_max(
+        &self,
+        ws: &mut DenseWorkspace,
+        x: &CudaSlice<u8>,
+        dtype: DType,
+        count: usize,
+    ) -> Result<f32> {
+        self.stream.memset_zeros(&mut ws.scales).map_err(drv)?;
+        let scales_ptr = self.ptr(&ws.scales);
+        let x_ptr = self.ptr(x);
+        let count_i = count as i64;
+        let (zero_u, zero_f, zero_i) = (0u64, 0.0f32, 0i32);
+        let mut b = self
+            .stream
+            .launch_builder(self.func(&format!("cce_split_scales_{}", dtype_code(dtype)?))?);
+        b.arg(&x_ptr)
+            .arg(&count_i)
+            .arg(&zero_u)
+            .arg(&zero_u)
+            .arg(&zero_f)
+            .arg(&zero_u)
+            .arg(&zero_u)
+            .arg(&zero_f)
+            .arg(&zero_f)
+            .arg(&zero_i)
+            .arg(&zero_i)
+            .arg(&scales_ptr);
+        // SAFETY: matches SCALES_PARAMS; x holds `count` elements (the caller's buffer), N = 0
+        // so the row pointers are not read; out holds 2 u32 (zeroed).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (count.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        let mut host = [0u8; 8];
+        self.stream
+            .memcpy_dtoh(&ws.scales, &mut host[..])
+            .map_err(drv)?;
+        self.stream.synchronize().map_err(drv)?;
+        let bits: &[u32] = bytemuck::cast_slice(&host[..]);
+        Ok(f32::from_bits(bits[0]))
+    }
+
+    /// `dst` (f16) = `src` (bf16) · `scale`, `count` elements.
+    fn to_f16(&self, src: u64, dst: u64, count: usize, scale: f32) -> Result<()> {
+        let count_i = count as i64;
+        let mut b = self
+            .stream
+            .launch_builder(self.func("cce_split_e_to_f16_bf16")?);
+        b.arg(&src).arg(&dst).arg(&count_i).arg(&scale);
+        // SAFETY: matches cce_split_e_to_f16_bf16; src holds count bf16, dst count f16 (a
+        // workspace region sized for it), disjoint.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (count.div_ceil(256 * 4).clamp(1, 132 * 32) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
+    /// `d_e` rows (`out_ty`) = f32 rows · per-row scale (or 1) · `cscale`.
+    fn de_finish(
+        &self,
+        out_ty: DType,
+        tmp: u64,
+        rs: u64,
+        cscale: f32,
+        de: u64,
+        (rows, d): (usize, usize),
+    ) -> Result<()> {
+        let f = self.func(&format!("cce_split_de_finish_{}", dtype_code(out_ty)?))?;
+        let rows_i = rows as i64;
+        let d_i = to_i32(d, "D")?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&tmp)
+            .arg(&rs)
+            .arg(&cscale)
+            .arg(&de)
+            .arg(&rows_i)
+            .arg(&d_i);
+        // SAFETY: matches DEF_PARAMS; tmp holds rows·d f32 written by the GEMMs above (stream
+        // order), rs rows f32 (or 0), de rows·d elements of out_ty (the chunk's d_e rows).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: ((rows * d).div_ceil(256).clamp(1, 132 * 64) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
     /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
     /// all rows recomputed, `G` from the saved lse and thresholds (f16 with a power-of-two
     /// scale, or f32), and `d_c` of the chunk's classes by one GEMM, written in the gradient
@@ -1513,7 +1764,8 @@ impl DenseEngine {
         let out_ty = cfg.grad_dtype();
         let l_ptr = self.ptr(&ws.logits);
         let e16_off = n * ldk * 4;
-        if ws.logits.len() < e16_off + cfg.e16_bytes() {
+        let tmp_off = e16_off + cfg.e16_bytes();
+        if ws.logits.len() < tmp_off + cfg.dc_tmp_bytes() {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "allocated for another configuration".into(),
@@ -1566,13 +1818,6 @@ impl DenseEngine {
         let bits: &[u32] = bytemuck::cast_slice(&host[..]);
         let (max_e, max_g) = (f32::from_bits(bits[0]), f32::from_bits(bits[1]));
         // Powers of two: max |2^ke · e| ≤ 2^15 and max |2^kg · G| ≤ 2^14 (f16 max 65504).
-        let pow2_to = |max: f32, top: i32| -> i32 {
-            if max > 0.0 && max.is_finite() {
-                (top - max.log2().ceil() as i32).clamp(-100, 100)
-            } else {
-                0
-            }
-        };
         let (ke, kg) = if gdt == DType::F16 {
             (
                 if dt == DType::BF16 {
@@ -1593,21 +1838,7 @@ impl DenseEngine {
         // E' = f16(2^ke · e) for bf16 inputs.
         let e_op = if dt == DType::BF16 {
             let dst = l_ptr + e16_off as u64;
-            let count = (n * d) as i64;
-            let mut b = self
-                .stream
-                .launch_builder(self.func("cce_split_e_to_f16_bf16")?);
-            b.arg(&e_ptr).arg(&dst).arg(&count).arg(&e_scale);
-            // SAFETY: matches cce_split_e_to_f16_bf16; src holds n·d bf16, dst the n·d f16 of
-            // the workspace's tail (size checked above), disjoint from the logits region.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (((n * d).div_ceil(256 * 4)).clamp(1, 132 * 32) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(drv)?;
+            self.to_f16(e_ptr, dst, n * d, e_scale)?;
             dst
         } else {
             e_ptr
@@ -1654,15 +1885,41 @@ impl DenseEngine {
                 })
             }
             .map_err(drv)?;
-            // (c) d_c of the chunk, complete.
+            // (c) d_c of the chunk, complete (through an f32 chunk for a bf16 output).
             let dc_k = a.d_c + (k0 * d * out_ty.size_bytes()) as u64;
-            self.gemm_dc(
-                (kc, d, n),
-                (gdt, gdt, out_ty),
-                (e_op, l_ptr, dc_k),
-                ldg,
-                (alpha, 0.0),
-            )?;
+            if cfg.dc_tmp_bytes() > 0 {
+                let tmp = l_ptr + tmp_off as u64;
+                self.gemm_dc(
+                    (kc, d, n),
+                    (gdt, gdt, DType::F32),
+                    (e_op, l_ptr, tmp),
+                    ldg,
+                    (alpha, 0.0),
+                )?;
+                let f = self.func(&format!("cce_dense_convert_{code}"))?;
+                let count = kc * d;
+                let count_i = count as i64;
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&tmp).arg(&dc_k).arg(&count_i);
+                // SAFETY: matches cce_dense_convert_*: tmp holds kc·d f32 (workspace tail,
+                // size checked above), d_c rows k0..k0+kc hold kc·d gradient elements.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+            } else {
+                self.gemm_dc(
+                    (kc, d, n),
+                    (gdt, gdt, out_ty),
+                    (e_op, l_ptr, dc_k),
+                    ldg,
+                    (alpha, 0.0),
+                )?;
+            }
             // (d) d_bias of the chunk.
             if cfg.has_bias {
                 let ldg_i = ldg as i64;
@@ -1836,6 +2093,13 @@ impl DenseEngine {
         let dense_up = match up {
             Some(u) => {
                 let d_loss = match u.d_loss {
+                    cce_core::DLoss::Scalar(_) if cfg.reduction == Reduction::None => {
+                        return Err(CceError::ShapeMismatch {
+                            what: "d_loss",
+                            expected: format!("per-row [{n}] f32 for reduction none"),
+                            got: "a scalar".into(),
+                        });
+                    }
                     cce_core::DLoss::Scalar(x) => DenseDLoss::Scalar(x),
                     cce_core::DLoss::PerRow(t) => {
                         if cfg.reduction != Reduction::None {
@@ -1968,10 +2232,11 @@ impl DenseEngine {
                 stats.dropped_mass_max = dstats.dropped_mass_max;
                 stats.dropped_mass_mean = dstats.dropped_mass_mean;
             } else {
-                // Nothing skipped: every tile of both filtered products was computed.
+                // Nothing skipped: every tile and entry of both filtered products was computed.
                 let passes =
                     call.plan.filter.filter_e_grad as u64 + call.plan.filter.filter_c_grad as u64;
                 stats.tiles_visited = passes * stats.tiles_total;
+                stats.entries_kept = passes * call.n_valid as u64 * v as u64;
             }
             cce_core::BackwardOutput {
                 d_e,

@@ -35,13 +35,19 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
             t0.elapsed().as_secs_f64()
         );
         assert_eq!(&cubin[..4], b"\x7fELF");
-        assert!(has_symbol(&cubin, "cce_split_e_to_f16_bf16"), "{arch}");
+        for sym in [
+            "cce_split_e_to_f16_bf16",
+            "cce_dense_bwd_f16s_f16",
+            "cce_dense_bwd_f16s_bf16",
+        ] {
+            assert!(has_symbol(&cubin, sym), "{arch}: {sym} missing");
+        }
         for dt in ["f32", "f16", "bf16"] {
             for k in ["fwd", "bwd", "colsum", "randn"] {
                 let sym = format!("cce_dense_{k}_{dt}");
                 assert!(has_symbol(&cubin, &sym), "{arch}: {sym} missing");
             }
-            for k in ["scales", "gcols"] {
+            for k in ["scales", "gcols", "de_finish"] {
                 let sym = format!("cce_split_{k}_{dt}");
                 assert!(has_symbol(&cubin, &sym), "{arch}: {sym} missing");
             }

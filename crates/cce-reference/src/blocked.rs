@@ -719,13 +719,15 @@ impl GCtx<'_> {
         p
     }
 
-    /// `g0 = |p − onehot|` of an active row (0 for inactive rows), from the probability `p`.
+    /// `g0 = |p − (1 − α)·onehot|` of an active row (0 for inactive rows), from the
+    /// probability `p`: with label smoothing the target's entry is `g·(p − (1 − α))` besides
+    /// the uniform term, so a target with `p → 1` is not skippable when `α > 0`.
     fn g0(&self, i: usize, j: usize, p: f32) -> f32 {
         if self.g[i] == 0.0 && self.h[i] == 0.0 {
             return 0.0;
         }
         if self.y[i] == j as i32 {
-            (1.0 - p).abs()
+            (1.0 - self.alpha - p).abs()
         } else {
             p
         }
