@@ -1,5 +1,5 @@
-// chunked.cu: the row kernels of Strategy::ChunkedDense (cce-core plan.rs); the three
-// products are cuBLAS GEMMs (src/chunked.rs).
+// chunked.cu: the row kernels of Strategy::ChunkedDense and Strategy::SplitDense (cce-core
+// plan.rs; split dense's class pass: section "Split dense"); products are cuBLAS GEMMs.
 //
 // Parameters (every kernel, details at each kernel):
 //   L    f32 [rows, ld] logits of one row chunk (ld a multiple of 8), row-major; the backward

@@ -1,5 +1,12 @@
-//! [`cce_core::Strategy::ChunkedDense`] on CUDA: row-chunked materialized logits, cuBLAS for the
-//! three products, custom row kernels (`kernels/chunked.cu`) for everything between them.
+//! [`cce_core::Strategy::ChunkedDense`] and [`cce_core::Strategy::SplitDense`] on CUDA:
+//! materialized f32 logits chunks, cuBLAS for the products, custom row kernels
+//! (`kernels/chunked.cu`) for everything between them.
+//!
+//! Split dense runs a row pass (steps 1-4 below per row chunk, with `G` for `d_e` in f16
+//! scaled per row against an f16 copy of `c` when [`DenseConfig::de_f16`], else in the input
+//! dtype) and then a class pass per chunk of classes over all rows (logits recomputed, `G` from
+//! the saved lse and thresholds in f16 with one power-of-two scale, `d_c` rows complete against
+//! an f16 copy of `e`); see `chunked.cu` "Split dense". It skips nothing when the filter is on.
 //!
 //! Per chunk of `R` rows (`r0..r0+R`), all on one stream:
 //!

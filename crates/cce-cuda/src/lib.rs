@@ -9,7 +9,7 @@
 //! | buffer | [`CudaTensor`]: one device allocation + dtype + row-major shape |
 //! | device, stream | [`CudaBackend`] owns a context and runs everything on one stream |
 //! | kernels | `kernels/*.cu`, embedded, compiled by NVRTC to a CUBIN for the device (`sm_90a` on H100/H200), cached per process and on disk ([`kernels`]) |
-//! | strategy | [`cce_core::Strategy::TileOwnership`]: recomputing tile-owned passes, no float atomics, bitwise repeatable; [`cce_core::Strategy::ChunkedDense`] ([`chunked`]): row chunks of materialized f32 logits, cuBLAS for the three products, when the budget holds an f32 `d_c` accumulator |
+//! | strategy | [`cce_core::Strategy::TileOwnership`]: recomputing tile-owned passes, no float atomics, bitwise repeatable; [`cce_core::Strategy::ChunkedDense`] ([`chunked`]): row chunks of materialized f32 logits, cuBLAS for the three products, for exact calls whose budget holds an f32 `d_c` accumulator; [`cce_core::Strategy::SplitDense`] ([`chunked`]): a row pass for `d_e` and a class pass for `d_c`, 4 cuBLAS GEMMs, no cross-chunk accumulator (the default within 0.5 GiB); order and rules in [`backend`] |
 //!
 //! ## Passes (kernels/*.cu)
 //! - **forward** (`cce_forward_<dtype>`): grid = row tiles x class splits; each block walks
