@@ -4,7 +4,10 @@
 //! Stamped four times: the default strategy choice (`cuda`), then each strategy first
 //! (`cuda_split`, `cuda_chunked`, `cuda_tiles`; f16 inputs, and filtered calls for chunked
 //! dense, still fall back to tile ownership), the dense ones with chunks capped at one
-//! 128 x 128 tile so that the suite's small problems run several row and class chunks.
+//! 128 x 128 tile so that the suite's small problems run several row and class chunks. The
+//! default stamp's split-dense calls take f16 `G` for `d_e` (small problems leave room for an
+//! f16 copy of `c`); `cuda_split` forces bf16 `G`, the path of the default budget at the
+//! seed shape.
 
 #![cfg(feature = "cuda")]
 
@@ -22,7 +25,8 @@ cce_conformance::conformance_suite!(
     cuda_split,
     CudaBackend::new(0)
         .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense, StrategyKind::TileOwnership]))
-        .and_then(|b| b.with_chunk_cap(128, 128)),
+        .and_then(|b| b.with_chunk_cap(128, 128))
+        .map(|b| b.with_split_de_f16(false)),
     max_work_flop = 1e13,
     fixture_max_rows = 1024,
 );

@@ -4,9 +4,10 @@
 //! `|p_ij − [j = y_i]| < filter_eps`. On real LM data that drops 3-5% of `d_e` (MATH.md,
 //! "Gradient filtering"), so this crate bounds, per row, the total skipped magnitude too:
 //!
-//! - `g0_ij = |p_ij − (1 − α)·[j = y_i]|` (the probability for `j ≠ y_i`, `1 − α − p` at the
-//!   target, `α` the label smoothing: the target's entry of `G` is `g·(p − (1 − α))` besides
-//!   the uniform `−α g / V`, so with `α > 0` a target with `p → 1` is never skippable);
+//! - `g0_ij = p_ij` for `j ≠ y_i`, and `max(|1 − p|, |w − p|)` at the target, `w = 1 − α` its
+//!   one-hot weight (`α` the label smoothing; `w = 0` for a row with only an lse gradient):
+//!   the first term is CCE's `|p − onehot|`, the second the entry's real size (`G = g·(p − w)`
+//!   besides the uniform `−α g / V`), so a target with `p → 1` is never skipped when `α > 0`;
 //! - row `i` gets a threshold `τ_i ≤ filter_eps`: the largest grid value
 //!   `τ_k = filter_eps · 2^(−k/4)`, `k = 0..=64`, such that `Σ_{j: g0_ij < τ_k} g0_ij ≤ δ`
 //!   (`δ = max_dropped_mass`), or `τ_i = 0` (skip nothing) if even the lowest edge holds more;

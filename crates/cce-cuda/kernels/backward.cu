@@ -62,11 +62,16 @@ __device__ __forceinline__ RowInfo load_row(int row, bool in_range, const int* _
 }
 
 // G of one entry (unscaled) and its filter magnitude g0.
-__device__ __forceinline__ float grad_entry(float x, float softcap, const RowInfo& R, int col, int dense_ls, float& g0) {
+__device__ __forceinline__ float grad_entry(float x, float softcap, const RowInfo& R, int col, int dense_ls, int V,
+                                           float& g0) {
     float z = apply_softcap(x, softcap);
     float p = expf(z - R.lse);
     float onehot = col == R.y ? 1.f : 0.f;
-    g0 = fabsf(p - onehot);
+    // Filter magnitude (cce-core filter.rs): p off the target, max(|1 − p|, |w − p|) at it, w the
+    // one-hot weight 1 − α = b / g (b + c·V = g; w = 0 for a row with only an lse gradient).
+    const float g_row = R.b + R.c * (float)V;
+    const float w = g_row != 0.f ? R.b / g_row : 0.f;
+    g0 = onehot != 0.f ? fmaxf(fabsf(1.f - p), fabsf(w - p)) : p;
     float G = R.a * p - R.b * onehot - (dense_ls ? R.c : 0.f);
     if (softcap > 0.f) {
         float q = z / softcap;
@@ -138,7 +143,7 @@ __device__ __forceinline__ void backward_de_impl(
             for (int j = 0; j < 8; ++j) {
                 int cl = L.col_of(j);
                 float g0;
-                float v = grad_entry(G[i][j] + bj[j], softcap, R, col0 + cl, dense_ls, g0);
+                float v = grad_entry(G[i][j] + bj[j], softcap, R, col0 + cl, dense_ls, V, g0);
                 bool ok = R.active && cl < cols_valid;
                 G[i][j] = ok ? v * R.inv : 0.f;
                 if (ok) {
@@ -222,7 +227,7 @@ __device__ __forceinline__ void backward_dc_impl(
             for (int j = 0; j < 8; ++j) {
                 int cl = L.col_of(j);
                 float g0;
-                float v = grad_entry(G[i][j] + bj[j], softcap, R, col0 + cl, dense_ls, g0);
+                float v = grad_entry(G[i][j] + bj[j], softcap, R, col0 + cl, dense_ls, V, g0);
                 bool ok = R.active && cl < cols_valid;
                 G[i][j] = ok ? v * R.inv : 0.f;
                 if (ok) {

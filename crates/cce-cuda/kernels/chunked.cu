@@ -279,9 +279,17 @@ __device__ __forceinline__ GCoef g_coef(int y, long long row, const float* dl_ro
     c.cp = g * (1.0f + 2.0f * lambda * lse) + h;
     c.cy = g * (1.0f - alpha);
     c.cc = g * alpha / (float)V;
-    c.oh = 1.0f - alpha;
+    c.oh = g != 0.0f ? 1.0f - alpha : 0.0f;  // no one-hot term without a loss gradient
     c.active = (g != 0.0f) || (h != 0.0f);
     return c;
+}
+
+// Filter magnitude of the target entry: max(|1 − p|, |w − p|), w = 1 − α its one-hot weight
+// (0 for a row with only an lse gradient). The first term keeps the contract's rule (skippable
+// only if |p − 1| < eps); the second the entry's real size g·|p − w|, so a target with p → 1 is
+// never skipped under label smoothing, nor in a row whose G at the target is h·p.
+__device__ __forceinline__ float target_g0(float p, float w) {
+    return fmaxf(fabsf(1.0f - p), fabsf(w - p));
 }
 
 // One entry of G. Returns G; adds to kept / dropped.
@@ -290,10 +298,7 @@ __device__ __forceinline__ float g_entry(float z, int j, int y, float lse, const
                                          u32& kept, float& dropped, bool& any_kept) {
     float p = __expf(z - lse);
     bool tgt = (j == y);
-    // With label smoothing the target's entry is g·(p − (1 − α)) besides the uniform term, so
-    // its filter magnitude is |(1 − α) − p| (|1 − p| without): a target with p → 1 is not
-    // skippable when α > 0.
-    float g0 = tgt ? fabsf(c.oh - p) : p;
+    float g0 = tgt ? target_g0(p, c.oh) : p;
     float gv;
     if (g0 < tau) {  // skipped (tau = 0 when the filter is off or the row inactive)
         dropped += g0;
@@ -540,7 +545,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 for (int k = 0; k < 4; ++k) {
                     float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
                     float p = __expf(z - lse);
-                    float g0 = (j + k == y) ? fabsf(c.oh - p) : p;
+                    float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
                     hist_add(hist[warp], g0, ok, edges);
                 }
             }
@@ -554,7 +559,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 if (bias) x += Elem<DT>::load(bias, j);
                 float z = cap_z(x, softcap, inv_cap);
                 float p = __expf(z - lse);
-                g0 = (j == y) ? fabsf(c.oh - p) : p;
+                g0 = (j == y) ? target_g0(p, c.oh) : p;
             }
             hist_add(hist[warp], g0, ok, edges);
         }
@@ -885,7 +890,7 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
             float g0 = 0.0f;
             if (ok) {
                 float p = __expf(zbuf[jj] - lse);
-                g0 = (c0 + jj == y) ? fabsf(c.oh - p) : p;
+                g0 = (c0 + jj == y) ? target_g0(p, c.oh) : p;
             }
             hist_add(sh.hist[warp], g0, ok, sh.edges);
         }

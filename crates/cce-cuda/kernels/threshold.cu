@@ -3,7 +3,8 @@
 //
 // Parameters
 //   e, c, bias, classes, softcap, vec_ok: as in forward.cu. lse [N] f32 from the forward.
-//   eps: the resolved filter_eps; edges [N_BINS] f32: the host's FilterRule::edge(k) table.
+//   eps: the resolved filter_eps; oh = 1 − label smoothing (the target's one-hot weight);
+//   edges [N_BINS] f32: the host's FilterRule::edge(k) table.
 //   hist [N][N_BINS] u32 (in/out, zeroed by the caller): Σ ceil(g0·2^30) of the row's entries
 //   with g0 < eps in each bin (integer atomics: exact and order independent).
 //   cce_threshold: delta = max_dropped_mass; tau [N] f32 (out): the largest edge whose bins
@@ -20,7 +21,7 @@ template <class Dt>
 __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, const typename Dt::T* __restrict__ c,
                                           const typename Dt::T* __restrict__ bias, const int* __restrict__ classes,
                                           const float* __restrict__ lse, int N, int V, int D, int vec_ok,
-                                          float softcap, float eps, const float* __restrict__ edges,
+                                          float softcap, float eps, float oh, const float* __restrict__ edges,
                                           int tiles_per_split, u32* __restrict__ hist) {
     extern __shared__ __align__(16) u8 smem[];
     u32* hs = (u32*)(smem + LOGITS_SMEM_BYTES);
@@ -62,7 +63,8 @@ __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, 
                 if (cl >= cols_valid) continue;
                 float z = apply_softcap(acc[i][j] + bj[j], softcap);
                 float p = expf(z - l[i]);
-                float g0 = fabsf(p - (col0 + cl == y[i] ? 1.f : 0.f));
+                // p off the target, max(|1 − p|, |oh − p|) at it (cce-core filter.rs; oh = 1 − α).
+                float g0 = col0 + cl == y[i] ? fmaxf(fabsf(1.f - p), fabsf(oh - p)) : p;
                 if (g0 < eps) {
                     u32 w = mass_to_fixed(g0);
                     if (w) atomicAdd(&hs[L.row_of(i) * N_BINS + filter_bin(g0, eps, es)], w);
@@ -82,9 +84,9 @@ __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, 
     extern "C" __global__ void __launch_bounds__(NTHREADS) NAME(                                       \
         const DT::T* __restrict__ e, const DT::T* __restrict__ c, const DT::T* __restrict__ bias,      \
         const int* __restrict__ classes, const float* __restrict__ lse, int N, int V, int D, int vec_ok, \
-        float softcap, float eps, const float* __restrict__ edges, int tiles_per_split,                \
+        float softcap, float eps, float oh, const float* __restrict__ edges, int tiles_per_split,      \
         u32* __restrict__ hist) {                                                                      \
-        hist_impl<DT>(e, c, bias, classes, lse, N, V, D, vec_ok, softcap, eps, edges, tiles_per_split, hist); \
+        hist_impl<DT>(e, c, bias, classes, lse, N, V, D, vec_ok, softcap, eps, oh, edges, tiles_per_split, hist); \
     }
 
 CCE_HIST(cce_hist_f32, DtF32)

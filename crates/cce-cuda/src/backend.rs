@@ -112,6 +112,8 @@ pub struct CudaBackend {
     dense: OnceLock<DenseEngine>,
     /// Test knob: cap of the dense strategies' chunks (rows, classes).
     chunk_cap: Option<(usize, usize)>,
+    /// Test knob: false forces split dense's `d_e` onto bf16 `G` (what a tight budget does).
+    split_de_f16: bool,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -318,7 +320,16 @@ impl CudaBackend {
             dense: OnceLock::new(),
             available,
             chunk_cap: None,
+            split_de_f16: true,
         })
+    }
+
+    /// With `false`, split dense computes `d_e` from bf16 `G` (bf16 inputs) even where the
+    /// budget holds the f16 copy of `c`: the path the default budget takes at large shapes,
+    /// for tests on small ones. Default `true`.
+    pub fn with_split_de_f16(mut self, allow: bool) -> Self {
+        self.split_de_f16 = allow;
+        self
     }
 
     /// Cap the chunks of the dense strategies at `rows` rows and `classes` classes (rounded
@@ -535,6 +546,13 @@ impl CudaBackend {
         }
         if let Some((cap_rows, cap_classes)) = self.chunk_cap {
             cap_plan_chunks(&mut plan, cap_rows, cap_classes);
+        }
+        if let Strategy::SplitDense { de_f16, .. } = &mut plan.strategy {
+            if *de_f16 && !self.split_de_f16 && problem.dtype == DType::BF16 {
+                *de_f16 = false;
+                plan.reason
+                    .push_str(" (d_e from bf16 G: with_split_de_f16(false))");
+            }
         }
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
@@ -925,6 +943,7 @@ impl CudaBackend {
             let name = format!("cce_hist_{dtype}");
             let tps32 = tps as i32;
             let eps = filter.eps;
+            let one_minus_alpha = 1.0f32 - alpha;
             // SAFETY: inputs as in the forward; lse holds N f32; edges N_BINS f32; hist N·N_BINS
             // u32 zeroed; the kernel adds only to rows < N. HIST_SMEM was set as the function's
             // dynamic shared memory limit at construction.
@@ -944,6 +963,7 @@ impl CudaBackend {
                     p.vec_ok,
                     p.softcap,
                     eps,
+                    one_minus_alpha,
                     edges_p,
                     tps32,
                     hist_p
@@ -1331,7 +1351,6 @@ impl CudaBackend {
     }
 }
 
-/// Whether the chunked-dense strategy can run: libcublas loads and compute capability ≥ 8.0.
 /// Shrink the chunks of a dense plan to at most `rows` x `classes` (whole tiles).
 fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
     let (n, v) = (plan.problem.n, plan.problem.v);
@@ -1362,6 +1381,7 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
     ));
 }
 
+/// Whether the dense strategies can run: libcublas loads and compute capability ≥ 8.0.
 fn dense_available(major: i32) -> bool {
     // SAFETY: only tries to dlopen libcublas by its candidate names; no symbol is called.
     major >= 8 && unsafe { cudarc::cublas::sys::is_culib_present() }

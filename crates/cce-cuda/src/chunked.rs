@@ -270,7 +270,7 @@ pub struct DenseConfig {
     /// per class chunk, no f32 accumulator); `None`: chunked dense.
     pub chunk_classes: Option<usize>,
     /// Split dense: the row pass computes `d_e` from f16 `G` and `c` in f16 (see
-    /// [`cce_core::Strategy::SplitDense`]); false: hi + lo bf16 `G` (bf16 inputs) or f32 `G`.
+    /// [`cce_core::Strategy::SplitDense`]); false: `G` in the input dtype.
     pub de_f16: bool,
     /// Tile shape of the plan, for the tile statistics (rows, classes).
     pub tile: (usize, usize),
@@ -533,9 +533,15 @@ impl DenseWorkspace {
             None
         };
         let row_loss = alloc(cfg.n * 4)?;
-        let kept = alloc(cfg.n * 4)?;
-        let dropped = alloc(cfg.n * 4)?;
-        let flags = alloc(cfg.row_tiles() * cfg.class_tiles() * 4)?;
+        // Filter statistics: split dense never filters (see `run`), so it keeps placeholders.
+        let split = cfg.chunk_classes.is_some();
+        let kept = alloc(if split { 4 } else { cfg.n * 4 })?;
+        let dropped = alloc(if split { 4 } else { cfg.n * 4 })?;
+        let flags = alloc(if split {
+            4
+        } else {
+            cfg.row_tiles() * cfg.class_tiles() * 4
+        })?;
         let mut edges = alloc(N_BINS * 4)?;
         let stats = alloc(8 * 8)?;
         let host: Vec<f32> = (0..N_BINS).map(|k| cfg.filter.edge(k)).collect();

@@ -183,12 +183,16 @@ fn check(be: &CudaBackend, rng: &mut impl Rng, sp: &Spec) -> String {
     let lse = to_f64(be, &fwd.lse);
     let r_lse = judge(&what("lse"), &lse, &gt.lse, &rf.lse, tol, true);
     if let Some(ent) = &fwd.entropy {
+        // Entropy = lse − Σ p·z is a difference of logit-sized terms: its absolute error is the
+        // logits' (the conformance judge's unit for entropy is max |lse| too). On peaked f32
+        // rows (|z| ~ 50) an entropy of 0.35 was off by 1.8e-5 on the H200 (2026-12-01).
+        let mag = |v: &[f64]| v.iter().fold(1.0f64, |m, x| m.max(x.abs()));
         judge(
             &what("entropy"),
             &to_f64(be, ent),
             &gt.entropy,
             &rf.entropy,
-            tol,
+            tol * mag(&gt.lse) / mag(&gt.entropy),
             true,
         );
     }

@@ -719,15 +719,20 @@ impl GCtx<'_> {
         p
     }
 
-    /// `g0 = |p − (1 − α)·onehot|` of an active row (0 for inactive rows), from the
-    /// probability `p`: with label smoothing the target's entry is `g·(p − (1 − α))` besides
-    /// the uniform term, so a target with `p → 1` is not skippable when `α > 0`.
+    /// `g0` of an active row (0 for inactive rows) from the probability `p`: `p` off the
+    /// target, `max(|1 − p|, |w − p|)` at it with `w = 1 − α` its one-hot weight (0 for a row
+    /// with only an lse gradient), see cce-core filter.rs.
     fn g0(&self, i: usize, j: usize, p: f32) -> f32 {
         if self.g[i] == 0.0 && self.h[i] == 0.0 {
             return 0.0;
         }
         if self.y[i] == j as i32 {
-            (1.0 - self.alpha - p).abs()
+            let w = if self.g[i] != 0.0 {
+                1.0 - self.alpha
+            } else {
+                0.0
+            };
+            (1.0 - p).abs().max((w - p).abs())
         } else {
             p
         }

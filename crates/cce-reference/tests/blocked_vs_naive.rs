@@ -260,3 +260,71 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
     // (issue 6). Only the accuracy contract is asserted here.
     let _ = e16.shape();
 }
+
+#[test]
+fn label_smoothing_never_skips_a_confident_target() {
+    // Rows aimed at their target class (p_target rounds to 1 in f32, so |1 − p| = 0): with label
+    // smoothing the target's entry of G is g·(p − (1 − α)) ≈ g·α, which no filter may drop. The
+    // filter magnitude at the target is |(1 − α) − p| (cce-core filter.rs); with |1 − p| whole
+    // tiles holding the target were skipped and d_e lost α·c_target per row.
+    let mut rng = seeded();
+    let (n, d, v) = (64, 32, 512);
+    let mut case = random_case(&mut rng, n, d, v, false, 0.0, 1.0);
+    for i in 0..n {
+        let y = case.targets[i] as usize;
+        for k in 0..d {
+            case.e[i * d + k] = 4.0 * case.c[y * d + k] + 0.1 * case.e[i * d + k];
+        }
+    }
+    let (e, c, _, t) = case.tensors(DType::F32);
+    for alpha in [0.0f32, 0.1] {
+        let opts = Options {
+            filter_eps: FilterEps::Value(1e-3),
+            max_dropped_mass: 2e-2,
+            label_smoothing: alpha,
+            reduction: Reduction::Sum,
+            ..Default::default()
+        };
+        let exact = naive(
+            &e,
+            &c,
+            None,
+            &t,
+            &opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::F64,
+        )
+        .unwrap();
+        let be = CpuBackend::with_limits(limits(StrategyKind::TileOwnership, 8, 32));
+        let inputs = Inputs {
+            e: &e,
+            c: &c,
+            bias: None,
+            targets: &t,
+        };
+        let (_, g) = be
+            .forward_backward(&inputs, &opts, &Upstream::default())
+            .unwrap();
+        let s = &g.stats;
+        // Peaked rows: tiles away from the target are skipped either way.
+        assert!(s.tiles_skipped > 0, "alpha {alpha}: nothing skipped: {s}");
+        let d_e = g.d_e.unwrap().to_f64_vec();
+        let cmax = case
+            .c
+            .chunks(d)
+            .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
+            .fold(0.0, f64::max);
+        for i in 0..n {
+            let err: f64 = (0..d)
+                .map(|k| (d_e[i * d + k] - exact.d_e[i * d + k]).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                err <= s.dropped_mass_max * cmax + 1e-4,
+                "alpha {alpha}, row {i}: err {err} bound {}\n{s}",
+                s.dropped_mass_max * cmax
+            );
+        }
+    }
+}

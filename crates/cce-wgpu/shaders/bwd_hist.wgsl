@@ -1,4 +1,5 @@
-// bwd_hist.wgsl: threshold pass, per-row histogram of g0 = |p − onehot| over the filter bins.
+// bwd_hist.wgsl: threshold pass, per-row histogram of g0 over the filter bins (g0 = p off the
+// target, max(|1 − p|, |(1 − α) − p|) at it; α the label smoothing; cce-core filter.rs).
 //
 // Parameters
 //   bindings 0-3: see gemm.wgsl. P.eps = resolved filter_eps (> 0).
@@ -86,7 +87,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 let p = exp(z - lse[i]);
                 var g0 = p;
                 if gj == y[i] {
-                    g0 = abs(p - 1.0);
+                    g0 = max(abs(p - 1.0), abs(p - (1.0 - P.ls_alpha)));
                 }
                 if g0 < P.eps {
                     let k = bin_of(g0);

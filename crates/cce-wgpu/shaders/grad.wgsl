@@ -14,7 +14,8 @@
 // Thread mapping
 //   As gemm.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj).
 //
-// G_ij = (a p_ij − b [j = y_i] − c) · (1 − (z_ij/s)²) (MATH.md, "Backward"); g0 = |p − onehot|.
+// G_ij = (a p_ij − b [j = y_i] − c) · (1 − (z_ij/s)²) (MATH.md, "Backward");
+// g0 = p off the target, max(|1 − p|, |(1 − α) − p|) at it (cce-core filter.rs).
 // A tile is kept when some entry of an active row has g0 ≥ τ_i (FLAG_FILTER), or, without
 // the filter, when any row of the tile is active; the decision is uniform over the workgroup.
 
@@ -73,7 +74,9 @@ fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, t
                 var g0 = p;
                 g = s.a * p - s.c;
                 if gj == s.y {
-                    g0 = abs(p - 1.0);
+                    // max(|1 − p|, |w − p|), w = 1 − α the one-hot weight (0 when g = 0):
+                    // cce-core filter.rs.
+                    g0 = max(abs(p - 1.0), abs(p - select(0.0, 1.0 - P.ls_alpha, s.b != 0.0)));
                     g -= s.b;
                 }
                 if has_flag(FLAG_SOFTCAP) {
