@@ -109,6 +109,34 @@ fn exact_mode_matches_oracle_on_hostile_shapes_both_strategies() {
     }
 }
 
+/// Per row, `‖d_e − exact‖ ≤ dropped_max · max_j ‖c_j‖ (+1e-4)`: the skipped entries of a row
+/// hold at most its dropped mass, each `|G_ij| ≤ |g_i| · g0_ij` with `|g_i| = 1` (sum reduction).
+fn assert_de_within_dropped_mass(
+    case: &common::Case,
+    d_e: &[f64],
+    exact: &[f64],
+    s: &cce_core::CallStats,
+    what: &str,
+) {
+    let d = case.d;
+    let cmax = case
+        .c
+        .chunks(d)
+        .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
+        .fold(0.0, f64::max);
+    for i in 0..case.n {
+        let err: f64 = (0..d)
+            .map(|k| (d_e[i * d + k] - exact[i * d + k]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        assert!(
+            err <= s.dropped_mass_max * cmax + 1e-4,
+            "{what}, row {i}: err {err} bound {}\n{s}",
+            s.dropped_mass_max * cmax
+        );
+    }
+}
+
 #[test]
 fn filtered_error_is_bounded_by_the_dropped_mass() {
     let mut rng = seeded();
@@ -154,23 +182,7 @@ fn filtered_error_is_bounded_by_the_dropped_mass() {
             "scale {scale}: nothing skipped: {s}"
         );
         let d_e = g.d_e.unwrap().to_f64_vec();
-        let cmax = case
-            .c
-            .chunks(d)
-            .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
-            .fold(0.0, f64::max);
-        for i in 0..n {
-            let err: f64 = (0..d)
-                .map(|k| (d_e[i * d + k] - exact.d_e[i * d + k]).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            // ‖Σ_skipped G_ij c_j‖ ≤ Σ_skipped |G_ij| ‖c_j‖ ≤ dropped_i · max ‖c_j‖ (|g_i| = 1).
-            assert!(
-                err <= s.dropped_mass_max * cmax + 1e-4,
-                "row {i}: err {err} bound {}",
-                s.dropped_mass_max * cmax
-            );
-        }
+        assert_de_within_dropped_mass(&case, &d_e, &exact.d_e, s, &format!("scale {scale}"));
         eprintln!("scale {scale}: {s}");
     }
 }
@@ -310,21 +322,6 @@ fn label_smoothing_never_skips_a_confident_target() {
         // Peaked rows: tiles away from the target are skipped either way.
         assert!(s.tiles_skipped > 0, "alpha {alpha}: nothing skipped: {s}");
         let d_e = g.d_e.unwrap().to_f64_vec();
-        let cmax = case
-            .c
-            .chunks(d)
-            .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
-            .fold(0.0, f64::max);
-        for i in 0..n {
-            let err: f64 = (0..d)
-                .map(|k| (d_e[i * d + k] - exact.d_e[i * d + k]).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            assert!(
-                err <= s.dropped_mass_max * cmax + 1e-4,
-                "alpha {alpha}, row {i}: err {err} bound {}\n{s}",
-                s.dropped_mass_max * cmax
-            );
-        }
+        assert_de_within_dropped_mass(&case, &d_e, &exact.d_e, s, &format!("alpha {alpha}"));
     }
 }
