@@ -63,8 +63,8 @@ pub enum Strategy {
         /// [`SPLIT_DENSE_MAX_CLASSES`]).
         chunk_classes: usize,
         /// The row pass's `d_e = G·C` from f16 `G` (scaled per row) and `c` in f16 (the input
-        /// for f16, an f16 copy for bf16: `V·D·2` bytes); false: `G` in the input dtype (f32),
-        /// or for bf16 split hi + lo into two bf16 GEMMs (16 significand bits).
+        /// for f16, an f16 copy for bf16: `V·D·2` bytes); false: `G` in the input dtype (bf16 or
+        /// f32), one GEMM either way.
         de_f16: bool,
     },
 }
