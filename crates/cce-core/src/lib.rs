@@ -54,7 +54,7 @@ pub use dtype::DType;
 pub use error::{CceError, Result};
 pub use filter::FilterRule;
 pub use options::{FilterEps, GradDType, Options, Reduction, SideOutputs};
-pub use plan::{DeviceLimits, Plan, Strategy, StrategyKind, TileShape};
+pub use plan::{DeviceLimits, Plan, SparseBackward, Strategy, StrategyKind, TileShape};
 pub use problem::{PreparedTargets, Problem};
 pub use stats::CallStats;
 pub use tensor::{HostData, HostTensor, TensorMeta};

@@ -25,6 +25,13 @@
 //!   recompute, PERFORMANCE.md "Design space" 2), workspace
 //!   `max(chunk_rows·V, N·chunk_classes)·4` bytes plus, with bf16 inputs, an f16 copy of `e`
 //!   for the `d_c` product (`N·D·2`).
+//! - [`SparseBackward`], an attempt before split dense's backward when the filter is on
+//!   (PERFORMANCE.md "Design space" 4): the row pass keeps, per row, only the entries with
+//!   `g0_ij ≥ τ_i` (the filter rule's threshold, so the dropped mass is `≤ δ` per row) as
+//!   `(class, G)` pairs; `d_e` gathers rows of `C`, `d_c` gathers rows of `E` after the pairs
+//!   are regrouped by class. One logits GEMM in all, no recompute. It gives way to the dense
+//!   passes when the first row chunk keeps more entries per row than pays
+//!   ([`SPARSE_PAY_DIVISOR`]) or the pairs outgrow their capacity.
 
 use crate::dtype::DType;
 use crate::error::{CceError, Result};
@@ -76,6 +83,119 @@ pub const SPLIT_DENSE_MAX_CLASSES: usize = 4096;
 /// Device memory a GEMM library keeps for its own use while a dense strategy runs (cuBLAS's
 /// 32 MiB workspace on Hopper); [`Strategy::SplitDense`] plans within the budget less this.
 pub const GEMM_LIBRARY_RESERVE_BYTES: u64 = 32 << 20;
+
+/// A sparse backward tried before [`Strategy::SplitDense`]'s dense backward (module docs).
+///
+/// Memory: it lives inside split dense's scratch (the dense passes run only if it gives way),
+/// laid out by [`SparseBackward::layout`], plus `8·N` bytes of row offsets and counts and the
+/// tile statistics' flags, which the plan adds to the workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseBackward {
+    /// Rows per chunk of its row pass (logits `[chunk_rows, V]` f32 materialized).
+    pub chunk_rows: usize,
+    /// Kept `(class, G)` pairs the workspace holds for the whole call (all rows).
+    pub capacity: usize,
+    /// Mean kept entries per row of the first row chunk above which the dense passes are
+    /// taken instead: about where gathering `2·k·D` input elements per row stops being
+    /// cheaper than split dense's three tensor-core GEMMs (PERFORMANCE.md "Design space" 4;
+    /// `V / SPARSE_PAY_DIVISOR`, at least 1).
+    pub max_mean_kept: usize,
+}
+
+/// [`SparseBackward::max_mean_kept`] is `V / SPARSE_PAY_DIVISOR`. With 16-bit inputs a row's
+/// sparse backward reads `2·k·D·2` bytes of gathered rows (at an effective ~3 TB/s on an H200)
+/// against dense GEMMs of `2·V·D` flops per row and product (~660 Tflop/s): they break even near
+/// `k ≈ V / 150` (three GEMMs); `V / 256` keeps a margin for the gathers' poorer locality.
+pub const SPARSE_PAY_DIVISOR: usize = 256;
+
+/// Byte offsets of [`SparseBackward`]'s regions in the scratch buffer (256-byte aligned).
+/// The row pass uses `logits` and `csr_*`; after it, the regrouping by class overlays the
+/// logits with `csc_*` and the per-class `counts` / `starts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseLayout {
+    /// f32 logits `[chunk_rows, ld]` (`ld` = `V` rounded up to 8).
+    pub logits: usize,
+    /// u32 `[capacity]` row of each pair, grouped by class.
+    pub csc_row: usize,
+    /// f32 `[capacity]` `G` of each pair, grouped by class.
+    pub csc_val: usize,
+    /// u32 `[V]` pairs per class (then a fill counter).
+    pub counts: usize,
+    /// u32 `[V + 1]` first pair of each class.
+    pub starts: usize,
+    /// u32 `[capacity]` class of each pair, grouped by row.
+    pub csr_col: usize,
+    /// f32 `[capacity]` `G` of each pair, grouped by row.
+    pub csr_val: usize,
+    /// End of the regions (bytes the scratch must hold).
+    pub end: usize,
+}
+
+impl SparseBackward {
+    /// The layout for `V` classes (module docs of [`SparseLayout`]).
+    pub fn layout(&self, v: usize) -> SparseLayout {
+        let al = |x: usize| x.div_ceil(256) * 256;
+        let ld = v.div_ceil(8) * 8;
+        let cap4 = al(self.capacity * 4);
+        let logits_end = al(self.chunk_rows * ld * 4);
+        let csc_row = 0;
+        let csc_val = cap4;
+        let counts = csc_val + cap4;
+        let starts = counts + al(v * 4);
+        let region0 = logits_end.max(starts + al((v + 1) * 4));
+        SparseLayout {
+            logits: 0,
+            csc_row,
+            csc_val,
+            counts,
+            starts,
+            csr_col: region0,
+            csr_val: region0 + cap4,
+            end: region0 + 2 * cap4,
+        }
+    }
+
+    /// The largest sparse backward that fits `scratch` bytes for `N x V` (rows at most
+    /// `max_rows`, a multiple of `unit_rows` unless `N` is smaller), or `None` when it would
+    /// hold fewer than `N` pairs (one per row).
+    pub fn fit(
+        scratch: usize,
+        n: usize,
+        v: usize,
+        unit_rows: usize,
+        max_rows: usize,
+    ) -> Option<Self> {
+        let ld4 = v.div_ceil(8) * 8 * 4;
+        // Logits at most half the scratch; the pairs, held twice, fill the rest.
+        let rows = ((scratch / 2) / ld4).min(max_rows).min(n);
+        let rows = if rows >= unit_rows {
+            rows / unit_rows * unit_rows
+        } else {
+            rows
+        };
+        if rows == 0 {
+            return None;
+        }
+        let fixed = 8 * (v + 1) + 8 * 256;
+        let capacity = (scratch.saturating_sub(fixed) / 16).min(u32::MAX as usize - 1);
+        let sp = Self {
+            chunk_rows: rows,
+            capacity,
+            max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
+        };
+        (capacity >= n && sp.layout(v).end <= scratch).then_some(sp)
+    }
+}
+
+impl fmt::Display for SparseBackward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sparse backward first ({}-row chunks, {} kept pairs, dense passes above {} kept entries per row)",
+            self.chunk_rows, self.capacity, self.max_mean_kept
+        )
+    }
+}
 
 impl fmt::Display for Strategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -188,6 +308,9 @@ pub struct Plan {
     pub workspace_bytes: u64,
     /// The resolved filter rule.
     pub filter: FilterRule,
+    /// A sparse backward to try before the strategy's dense one (split dense with the filter
+    /// on for both gradients, no label smoothing, not deterministic), or `None`.
+    pub sparse: Option<SparseBackward>,
     /// Why this strategy and these chunks were chosen (for reports).
     pub reason: String,
 }
@@ -298,10 +421,24 @@ impl Plan {
                     ));
                 }
                 StrategyKind::SplitDense => {
+                    // The sparse backward's own state: row offsets and counts [N] u32 each,
+                    // the tile statistics' flags, a counter.
+                    let sparse_ok = filter.filter_e_grad
+                        && filter.filter_c_grad
+                        && opts.label_smoothing == 0.0
+                        && !opts.deterministic;
+                    let sparse_fixed = if sparse_ok {
+                        8 * n as u64
+                            + 4 * (div_ceil(n, tile.rows) as u64 * div_ceil(v, tile.classes) as u64)
+                            + 256
+                    } else {
+                        0
+                    };
                     // Row state as for chunked dense, plus τ_i [N] f32 and a d_bias f32 [V].
                     let fixed = row_state_bytes(1)
                         + n as u64 * 4
                         + v as u64 * 4
+                        + sparse_fixed
                         + GEMM_LIBRARY_RESERVE_BYTES;
                     let room = budget.saturating_sub(fixed);
                     let dt = problem.dtype;
@@ -394,7 +531,7 @@ impl Plan {
                         },
                         if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
                     );
-                    return Ok(Self::finish(
+                    let mut plan = Self::finish(
                         problem,
                         Strategy::SplitDense {
                             chunk_rows,
@@ -407,7 +544,26 @@ impl Plan {
                         workspace_bytes,
                         filter,
                         reason,
-                    ));
+                    );
+                    if sparse_ok {
+                        plan.sparse = usize::try_from(scratch).ok().and_then(|s| {
+                            SparseBackward::fit(s, n, v, tile.rows, chunk_rows)
+                        });
+                        match plan.sparse {
+                            Some(sp) => plan.reason = format!("{sp}; then {}", plan.reason),
+                            None => {
+                                plan.workspace_bytes -= sparse_fixed;
+                                plan.reason.push_str(
+                                    "; no sparse backward: its pairs would not fit the scratch",
+                                );
+                            }
+                        }
+                    } else if filter.enabled {
+                        plan.reason.push_str(
+                            "; no sparse backward (it needs the filter on both gradients, no label smoothing, and non-deterministic mode)",
+                        );
+                    }
+                    return Ok(plan);
                 }
                 StrategyKind::TileOwnership => {
                     // Accumulators: f32 [rows, D] for the d_e pass, f32 [classes, D] for the
@@ -502,6 +658,7 @@ impl Plan {
             passes,
             workspace_bytes,
             filter,
+            sparse: None,
             reason,
         }
     }
@@ -649,6 +806,20 @@ mod tests {
             assert!(chunk_rows as u64 * p.v.div_ceil(8) as u64 * 32 <= limits.max_buffer_bytes);
             assert!(p.n as u64 * chunk_classes.div_ceil(8) as u64 * 32 <= limits.max_buffer_bytes);
         }
+        if let Some(sp) = plan.sparse {
+            // Split dense's scratch holds the sparse layout; the pairs cover one per row.
+            let Strategy::SplitDense { chunk_rows, .. } = plan.strategy else {
+                panic!("sparse backward without split dense")
+            };
+            assert!(sp.chunk_rows >= 1 && sp.chunk_rows <= chunk_rows.min(p.n));
+            assert!(sp.capacity >= p.n && sp.max_mean_kept >= 1);
+            let lay = sp.layout(p.v);
+            assert!(lay.csc_val + sp.capacity * 4 <= lay.counts);
+            assert!(lay.starts + (p.v + 1) * 4 <= lay.csr_col);
+            assert!(sp.chunk_rows * p.v.div_ceil(8) * 32 <= lay.csr_col);
+            assert!(lay.csr_val + sp.capacity * 4 <= lay.end);
+            assert!(plan.filter.filter_e_grad && plan.filter.filter_c_grad);
+        }
         assert!(
             plan.workspace_bytes <= budget,
             "workspace {} > budget {budget}",
@@ -734,6 +905,25 @@ mod tests {
         assert!(!de_f16);
         assert!((1280..=1792).contains(&chunk_classes), "{chunk_classes}");
         assert!(plan.workspace_bytes <= 512 << 20);
+        // The sparse backward holds the pairs of c/8 data at the seed shape (324 per row).
+        let sp = plan.sparse.expect("sparse backward");
+        assert!(sp.capacity >= 32768 * 324, "{sp}");
+        assert_eq!(sp.max_mean_kept, 1000);
+        assert!(plan.reason.starts_with("sparse backward first"), "{}", plan.reason);
+        // Exact calls, label smoothing and deterministic mode take no sparse backward.
+        for o in [
+            Options::exact(),
+            Options {
+                label_smoothing: 0.1,
+                ..Default::default()
+            },
+            Options {
+                deterministic: true,
+                ..Default::default()
+            },
+        ] {
+            assert!(Plan::new(&p, &o, &limits).unwrap().sparse.is_none());
+        }
         assert!(
             plan.reason.contains("chunked-dense needs"),
             "{}",
