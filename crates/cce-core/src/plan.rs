@@ -546,9 +546,9 @@ impl Plan {
                         reason,
                     );
                     if sparse_ok {
-                        plan.sparse = usize::try_from(scratch).ok().and_then(|s| {
-                            SparseBackward::fit(s, n, v, tile.rows, chunk_rows)
-                        });
+                        plan.sparse = usize::try_from(scratch)
+                            .ok()
+                            .and_then(|s| SparseBackward::fit(s, n, v, tile.rows, chunk_rows));
                         match plan.sparse {
                             Some(sp) => plan.reason = format!("{sp}; then {}", plan.reason),
                             None => {
@@ -909,7 +909,11 @@ mod tests {
         let sp = plan.sparse.expect("sparse backward");
         assert!(sp.capacity >= 32768 * 324, "{sp}");
         assert_eq!(sp.max_mean_kept, 1000);
-        assert!(plan.reason.starts_with("sparse backward first"), "{}", plan.reason);
+        assert!(
+            plan.reason.starts_with("sparse backward first"),
+            "{}",
+            plan.reason
+        );
         // Exact calls, label smoothing and deterministic mode take no sparse backward.
         for o in [
             Options::exact(),

@@ -1308,3 +1308,474 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
     float u = (float)(h >> 40) * (1.0f / 16777216.0f);
     t[i] = u < ignore_frac ? -1 : (int)((h & 0xffffffffull) % (u64)V);
 }
+
+// ------------------------------------------------------------------------------------------
+// Sparse backward (cce-core plan.rs SparseBackward; PERFORMANCE.md "Design space" 4)
+// ------------------------------------------------------------------------------------------
+// Per row chunk of R rows:
+//   (1) cuBLAS logits, (2) cce_dense_fwd_* (forward calls),
+//   (3) cce_sparse_select_*: τ_i from the row's histogram of g0 (filter.rs), then the kept
+//       entries (g0 ≥ τ_i) as (class, G) pairs, packed per row at an offset taken from a
+//       call-wide counter;
+//   (4) cce_sparse_gather_* (rows): d_e_i = Σ_k G_ik · c[class_k].
+// After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_scan (first pair
+// of each class), cce_sparse_scatter (pairs regrouped by class as (row, G)), then
+// cce_sparse_gather_* (classes): d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
+// Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
+
+#define SEL_THREADS 512
+#define SEL_UNROLL 2
+#define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
+#define GATHER_THREADS 128
+
+// Histogram of g0 mass (fixed point) and of entry counts per bin; `big` counts entries with
+// g0 ≥ eps (never skipped). All 32 lanes must call it.
+__device__ __forceinline__ void hist_add_count(u32* wmass, u32* wcnt, float g0, bool valid,
+                                               const float* edges, u32& big) {
+    u32 mass = 0;
+    int b = N_BINS - 1;
+    bool binned = false;
+    if (valid) {
+        if (g0 < edges[0]) {
+            b = filter_bin(g0, edges);
+            mass = (u32)ceilf(g0 * FIXED_ONE);
+            binned = true;
+        } else {
+            ++big;
+        }
+    }
+    bool under = binned && b == N_BINS - 1;
+    u32 um = __reduce_add_sync(FULL_MASK, under ? mass : 0u);
+    u32 uc = __reduce_add_sync(FULL_MASK, under ? 1u : 0u);
+    if ((threadIdx.x & 31) == 0) {
+        if (um != 0) atomicAdd(&wmass[N_BINS - 1], um);
+        if (uc != 0) atomicAdd(&wcnt[N_BINS - 1], uc);
+    }
+    if (binned && !under) {
+        if (mass != 0) atomicAdd(&wmass[b], mass);
+        atomicAdd(&wcnt[b], 1u);
+    }
+}
+
+// Inclusive warp scan of u32.
+__device__ __forceinline__ u32 warp_incl_scan(u32 x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// Block exclusive scan of per-thread counts (blockDim.x = SEL_THREADS); returns the thread's
+// offset, `total` gets the block sum. `wsh` holds 33 u32. Ends with a barrier.
+__device__ __forceinline__ u32 block_excl_scan(u32 c, u32* wsh, u32& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nw = SEL_THREADS / 32;
+    u32 incl = warp_incl_scan(c);
+    if (lane == 31) wsh[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < nw ? wsh[lane] : 0u;
+        u32 wi = warp_incl_scan(w);
+        if (lane < nw) wsh[lane] = wi - w;
+        if (lane == nw - 1) wsh[32] = wi;
+    }
+    __syncthreads();
+    u32 off = wsh[warp] + incl - c;
+    total = wsh[32];
+    __syncthreads();
+    return off;
+}
+
+// Columns of thread t in step b0 (u = 0..SEL_UNROLL−1): j = b0 + u·SEL_THREADS·4 + 4t .. +3.
+// Loads 4 logits (bias added, softcapped) with a float4 where all 4 are in range.
+template <int DT>
+__device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, int j, int V,
+                                           float softcap, float inv_cap) {
+    float4 x;
+    if (j + 3 < V) {
+        x = *(const float4*)(Lr + j);
+        if (bias) {
+            float4 b = Elem<DT>::load4(bias, j);
+            x.x += b.x; x.y += b.y; x.z += b.z; x.w += b.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float v = 0.0f;
+            if (j + k < V) {
+                v = Lr[j + k];
+                if (bias) v += Elem<DT>::load(bias, j + k);
+            }
+            f4set(x, k, v);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) f4set(x, k, cap_z(f4get(x, k), softcap, inv_cap));
+    return x;
+}
+
+// (3) Parameters:
+//   L f32 [rows, ld] logits of the chunk (read only); bias DT [V] or 0; softcap (0: off);
+//   targets i32 [rows], lse f32 [rows], dl_rows f32 [rows] or 0 (→ dl_scalar), dlse f32 [rows]
+//   or 0, lambda: as cce_dense_bwd (chunk-relative per-row arrays);
+//   edges f32 [65], delta_fixed = floor(δ·2^30): the filter grid;
+//   cap: pairs the buffers hold; counter u64 [1]: pairs allocated so far (call-wide);
+//   overflow u32 [1]: set to 1 when a row's pairs did not fit;
+//   row_off, row_cnt u32 [rows]: first pair and pair count of each row (SPARSE_OVERFLOW);
+//   ent_col u32 [cap], ent_val f32 [cap]: the pairs (class, G);
+//   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
+//   (global row row0 + r, as cce_dense_bwd).
+// Tiling: one block per row. Pass 1: histograms of mass and counts (one per warp) → τ_i and the
+//   row's pair count k_i (thread 0), one atomic on the counter for the row's offset. Pass 2:
+//   the pairs, compacted in a fixed order by a block scan per step (deterministic within the
+//   row).
+// Thread mapping: as cce_dense_bwd (columns 4t + u·SEL_THREADS·4 of each step); trip counts
+//   uniform over the block.
+template <int DT>
+__device__ __forceinline__ void sparse_select(
+    const float* L, long long ld, int V, const void* bias, float softcap, const int* targets,
+    const float* lse_in, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
+    const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
+    u32* row_cnt, u32* ent_col, float* ent_val, u32* kept_out, float* dropped_out,
+    float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles) {
+    __shared__ u32 hm[SEL_THREADS / 32][N_BINS];
+    __shared__ u32 hc[SEL_THREADS / 32][N_BINS];
+    __shared__ u32 tot[N_BINS];
+    __shared__ float edges[N_BINS];
+    __shared__ float shf[64];
+    __shared__ u32 shu[33];
+    __shared__ u32 k_sh;
+    __shared__ u64 base_sh;
+    __shared__ float tau_sh;
+    const int STEP = SEL_THREADS * 4 * SEL_UNROLL;
+    const long long r = blockIdx.x;
+    const float* Lr = L + r * ld;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const int y = targets[r];
+    const float lse = lse_in[r];
+    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
+    const int warp = threadIdx.x >> 5;
+    if (!c.active) {
+        if (threadIdx.x == 0) {
+            row_off[r] = 0;
+            row_cnt[r] = 0;
+            kept_out[r] = INACTIVE_ROW;
+            dropped_out[r] = 0.0f;
+            tau_out[r] = 0.0f;
+        }
+        return;
+    }
+    for (int k = threadIdx.x; k < (SEL_THREADS / 32) * N_BINS; k += SEL_THREADS) {
+        (&hm[0][0])[k] = 0;
+        (&hc[0][0])[k] = 0;
+    }
+    if (threadIdx.x < N_BINS) edges[threadIdx.x] = edges_g[threadIdx.x];
+    __syncthreads();
+    u32 big = 0;
+    for (int b0 = 0; b0 < V; b0 += STEP) {
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; ++u) {
+            int j = b0 + u * SEL_THREADS * 4 + threadIdx.x * 4;
+            float4 z = sel_load<DT>(Lr, bias, j, V, softcap, inv_cap);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float p = __expf(f4get(z, k) - lse);
+                float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
+                hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, big);
+            }
+        }
+    }
+    {
+        float unused_a = 0.0f, unused_b = 0.0f;
+        block_sum2u(unused_a, unused_b, big, shf, shu);
+    }
+    if (threadIdx.x < N_BINS) {
+        u32 s = 0;
+        for (int w = 0; w < SEL_THREADS / 32; ++w) s += hm[w][threadIdx.x];
+        tot[threadIdx.x] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 below = 0;
+        int best = -1;
+        for (int k = N_BINS - 1; k >= 0; --k) {
+            below += tot[k];
+            if (below <= delta_fixed) best = k; else break;
+        }
+        u32 k_row = (u32)V;
+        if (best >= 0) {
+            k_row = big;
+            for (int b = 0; b < best; ++b)
+                for (int w = 0; w < SEL_THREADS / 32; ++w) k_row += hc[w][b];
+        }
+        float tau = best >= 0 ? edges[best] : 0.0f;
+        u64 base = k_row > 0 ? atomicAdd(counter, (u64)k_row) : 0ull;
+        if (base + k_row > cap) {
+            atomicOr(overflow, 1u);
+            k_row = SPARSE_OVERFLOW;
+        }
+        k_sh = k_row;
+        base_sh = base;
+        tau_sh = tau;
+        tau_out[r] = tau;
+    }
+    __syncthreads();
+    const u32 k_row = k_sh;
+    const float tau = tau_sh;
+    if (k_row == SPARSE_OVERFLOW) {
+        if (threadIdx.x == 0) {
+            row_off[r] = 0;
+            row_cnt[r] = SPARSE_OVERFLOW;
+            kept_out[r] = 0;
+            dropped_out[r] = 0.0f;
+        }
+        return;
+    }
+    const u64 base = base_sh;
+    const long long flag_row = (row0 + r) / tile_rows;
+    u32 run = 0;  // pairs written so far (block-uniform)
+    float dropped = 0.0f;
+    for (int b0 = 0; b0 < V; b0 += STEP) {
+        float gv[SEL_UNROLL * 4];
+        u32 bits = 0;
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL; ++u) {
+            int j = b0 + u * SEL_THREADS * 4 + threadIdx.x * 4;
+            float4 z = sel_load<DT>(Lr, bias, j, V, softcap, inv_cap);
+            bool any_kept = false;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float zk = f4get(z, k);
+                float p = __expf(zk - lse);
+                bool tgt = (j + k == y);
+                float g0 = tgt ? target_g0(p, c.oh) : p;
+                float g = 0.0f;
+                if (j + k < V) {
+                    if (g0 < tau) {
+                        dropped += g0;
+                    } else {
+                        bits |= 1u << (u * 4 + k);
+                        any_kept = true;
+                        g = c.cp * p - (tgt ? c.cy : 0.0f);
+                        if (softcap > 0.0f) {
+                            float q = zk * inv_cap;
+                            g *= 1.0f - q * q;
+                        }
+                    }
+                }
+                gv[u * 4 + k] = g;
+            }
+            flag_tile(flags, flag_row, n_ctiles, tile_classes, j, any_kept);
+        }
+        u32 step_tot;
+        u32 pos = run + block_excl_scan((u32)__popc(bits), shu, step_tot);
+#pragma unroll
+        for (int q = 0; q < SEL_UNROLL * 4; ++q) {
+            if (bits & (1u << q)) {
+                if (pos < k_row) {
+                    int j = b0 + (q / 4) * SEL_THREADS * 4 + threadIdx.x * 4 + (q % 4);
+                    ent_col[base + pos] = (u32)j;
+                    ent_val[base + pos] = gv[q];
+                }
+                ++pos;
+            }
+        }
+        run += step_tot;
+    }
+    float unused = 0.0f;
+    u32 unused_u = 0;
+    block_sum2u(dropped, unused, unused_u, shf, shu);
+    if (threadIdx.x == 0) {
+        u32 n_w = run < k_row ? run : k_row;
+        row_off[r] = (u32)base;
+        row_cnt[r] = n_w;
+        kept_out[r] = n_w;
+        dropped_out[r] = dropped;
+    }
+}
+
+#define SEL_PARAMS                                                                            \
+    const float *L, long long ld, int V, const void *bias, float softcap, const int *targets,\
+        const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
+        float lambda, const float *edges_g, u64 delta_fixed, u64 cap, u64 *counter,          \
+        u32 *overflow, u32 *row_off, u32 *row_cnt, u32 *ent_col, float *ent_val,             \
+        u32 *kept_out, float *dropped_out, float *tau_out, u32 *flags, long long row0,       \
+        int tile_rows, int tile_classes, int n_ctiles
+#define SEL_ARGS                                                                              \
+    L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
+        delta_fixed, cap, counter, overflow, row_off, row_cnt, ent_col, ent_val, kept_out,   \
+        dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_f32(SEL_PARAMS) {
+    sparse_select<0>(SEL_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_f16(SEL_PARAMS) {
+    sparse_select<1>(SEL_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_bf16(SEL_PARAMS) {
+    sparse_select<2>(SEL_ARGS);
+}
+
+// (4) and d_c: out_r = Σ_k val[s_r + k] · src[idx[s_r + k], :] for k < n_r, in the gradient
+// dtype OT, and sum_out[r] = Σ_k val[s_r + k] (d_bias) when sum_out ≠ 0.
+// Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
+//   n_r = off[r + 1] − off[r]; idx u32, val f32 [pairs]; src DT [*, D]; out OT [R, D];
+//   sum_out OT [R] or 0.
+// Tiling: block (r, y) owns row r of out, columns [y·GATHER_THREADS·VEC, (y+1)·...): the
+//   pairs are read in order (a fixed sum order: deterministic), 4 gathered rows in flight.
+// Thread mapping: thread t owns VEC consecutive columns (VEC = 4 needs D % 4 == 0: 8- or
+//   16-byte loads), coalesced across the warp.
+// VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
+template <int DT, int VEC>
+__device__ __forceinline__ void load_vec(const void* src, long long i, float* x) {
+    if (VEC == 4) {
+        float4 v = Elem<DT>::load4(src, i);
+        x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+    } else {
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) x[q] = Elem<DT>::load(src, i + q);
+    }
+}
+template <int OT, int VEC>
+__device__ __forceinline__ void store_vec(void* dst, long long i, const float* x) {
+    if (VEC == 4) {
+        Elem<OT>::store4(dst, i, make_float4(x[0], x[1], x[2], x[3]));
+    } else {
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) Elem<OT>::store(dst, i + q, x[q]);
+    }
+}
+
+template <int DT, int OT, int VEC>
+__device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
+                                              const u32* __restrict__ cnt,
+                                              const u32* __restrict__ idx,
+                                              const float* __restrict__ val,
+                                              const void* __restrict__ src, long long D,
+                                              void* __restrict__ out, void* __restrict__ sum_out) {
+    const long long r = blockIdx.x;
+    const u32 s = off[r];
+    u32 n;
+    if (cnt) {
+        n = cnt[r];
+        if (n == SPARSE_OVERFLOW) n = 0;
+    } else {
+        n = off[r + 1] - s;
+    }
+    const long long d0 = ((long long)blockIdx.y * GATHER_THREADS + threadIdx.x) * VEC;
+    const bool ok = d0 < D;
+    float acc[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
+    float gsum = 0.0f;
+    u32 k = 0;
+    for (; k + 4 <= n; k += 4) {
+        u32 i[4];
+        float g[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            i[a] = idx[s + k + a];
+            g[a] = val[s + k + a];
+        }
+        if (ok) {
+            float x[4][VEC];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) load_vec<DT, VEC>(src, (long long)i[a] * D + d0, x[a]);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g[a], x[a][q], acc[q]);
+        }
+        gsum += (g[0] + g[1]) + (g[2] + g[3]);
+    }
+    for (; k < n; ++k) {
+        const u32 i = idx[s + k];
+        const float g = val[s + k];
+        if (ok) {
+            float x[VEC];
+            load_vec<DT, VEC>(src, (long long)i * D + d0, x);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g, x[q], acc[q]);
+        }
+        gsum += g;
+    }
+    if (ok) store_vec<OT, VEC>(out, r * D + d0, acc);
+    if (sum_out && blockIdx.y == 0 && threadIdx.x == 0) Elem<OT>::store(sum_out, r, gsum);
+}
+
+#define GATHER_PARAMS                                                                         \
+    const u32 *off, const u32 *cnt, const u32 *idx, const float *val, const void *src,       \
+        long long D, void *out, void *sum_out
+#define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
+    extern "C" __global__ void __launch_bounds__(GATHER_THREADS) NAME(GATHER_PARAMS) {        \
+        sparse_gather<DT, OT, VEC>(off, cnt, idx, val, src, D, out, sum_out);                 \
+    }
+GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
+GATHER_KERNEL(cce_sparse_gather_f16_f16_v4, 1, 1, 4)
+GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1)
+GATHER_KERNEL(cce_sparse_gather_f16_f32_v4, 1, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1)
+GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v4, 2, 2, 4)
+GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1)
+GATHER_KERNEL(cce_sparse_gather_bf16_f32_v4, 2, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
+
+// Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), col u32 /
+// val f32 [pairs] grouped by row; counts u32 [V] (zeroed before cce_sparse_count);
+// starts u32 [V + 1]; csc_row u32 / csc_val f32 [pairs] grouped by class.
+// Tiling: count and scatter: one block per row, threads stride over its pairs; scan: one block
+//   of 1024 threads, thread t owns a contiguous range of classes.
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
+    const u32* row_off, const u32* row_cnt, const u32* col, u32* counts) {
+    const long long r = blockIdx.x;
+    u32 n = row_cnt[r];
+    if (n == SPARSE_OVERFLOW) return;
+    const u32 s = row_off[r];
+    for (u32 k = threadIdx.x; k < n; k += GATHER_THREADS) atomicAdd(&counts[col[s + k]], 1u);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) cce_sparse_scan(u32* counts, u32* starts,
+                                                                   int V) {
+    __shared__ u32 wsh[33];
+    const int per = (V + 1023) / 1024;
+    const int j0 = min(V, threadIdx.x * per), j1 = min(V, j0 + per);
+    u32 local = 0;
+    for (int j = j0; j < j1; ++j) local += counts[j];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 incl = warp_incl_scan(local);
+    if (lane == 31) wsh[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = wsh[lane];
+        u32 wi = warp_incl_scan(w);
+        wsh[lane] = wi - w;
+        if (lane == 31) wsh[32] = wi;
+    }
+    __syncthreads();
+    u32 run = wsh[warp] + incl - local;
+    for (int j = j0; j < j1; ++j) {
+        u32 x = counts[j];
+        starts[j] = run;
+        run += x;
+        counts[j] = 0;  // reused as the fill counter of cce_sparse_scatter
+    }
+    if (threadIdx.x == 0) starts[V] = wsh[32];
+}
+
+extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_scatter(
+    const u32* row_off, const u32* row_cnt, const u32* col, const float* val,
+    const u32* starts, u32* fill, u32* csc_row, float* csc_val) {
+    const long long r = blockIdx.x;
+    u32 n = row_cnt[r];
+    if (n == SPARSE_OVERFLOW) return;
+    const u32 s = row_off[r];
+    for (u32 k = threadIdx.x; k < n; k += GATHER_THREADS) {
+        u32 j = col[s + k];
+        u32 pos = starts[j] + atomicAdd(&fill[j], 1u);
+        csc_row[pos] = (u32)r;
+        csc_val[pos] = val[s + k];
+    }
+}

@@ -99,6 +99,19 @@ pub fn probe() -> Result<usize> {
     Ok(count as usize)
 }
 
+/// How a filtered split-dense call uses the plan's [`cce_core::SparseBackward`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SparseMode {
+    /// As planned: tried first, the dense passes when it does not pay or does not fit.
+    #[default]
+    Auto,
+    /// Never: the dense passes (benchmarks of the dense path with the filter on).
+    Off,
+    /// At any density: gives way only when the pairs do not fit (tests on small shapes,
+    /// where every row keeps more than `V / 256` entries).
+    Always,
+}
+
 /// The CUDA backend (module docs of the crate).
 pub struct CudaBackend {
     ctx: Arc<CudaContext>,
@@ -114,6 +127,8 @@ pub struct CudaBackend {
     chunk_cap: Option<(usize, usize)>,
     /// Test knob: false forces split dense's `d_e` onto bf16 `G` (what a tight budget does).
     split_de_f16: bool,
+    /// Test and bench knob: how the plan's sparse backward is used.
+    sparse: SparseMode,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -321,7 +336,15 @@ impl CudaBackend {
             available,
             chunk_cap: None,
             split_de_f16: true,
+            sparse: SparseMode::Auto,
         })
+    }
+
+    /// How filtered split-dense calls use the plan's sparse backward ([`SparseMode`]).
+    /// Default [`SparseMode::Auto`].
+    pub fn with_sparse(mut self, mode: SparseMode) -> Self {
+        self.sparse = mode;
+        self
     }
 
     /// With `false`, split dense computes `d_e` from bf16 `G` (bf16 inputs) even where the
@@ -546,6 +569,19 @@ impl CudaBackend {
         }
         if let Some((cap_rows, cap_classes)) = self.chunk_cap {
             cap_plan_chunks(&mut plan, cap_rows, cap_classes);
+        }
+        match (self.sparse, plan.sparse.as_mut()) {
+            (SparseMode::Off, Some(_)) => {
+                plan.sparse = None;
+                plan.reason
+                    .push_str(" (sparse backward off: with_sparse(SparseMode::Off))");
+            }
+            (SparseMode::Always, Some(sp)) => {
+                sp.max_mean_kept = problem.v;
+                plan.reason
+                    .push_str(" (sparse backward at any density: with_sparse(SparseMode::Always))");
+            }
+            _ => {}
         }
         if let Strategy::SplitDense { de_f16, .. } = &mut plan.strategy {
             if *de_f16 && !self.split_de_f16 && problem.dtype == DType::BF16 {
@@ -1373,6 +1409,9 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
             *chunk_classes = (*chunk_classes).min(classes);
             plan.row_chunks = chunks(n, *chunk_rows);
             plan.class_chunks = chunks(v, *chunk_classes);
+            if let Some(sp) = plan.sparse.as_mut() {
+                sp.chunk_rows = sp.chunk_rows.min(rows);
+            }
         }
         Strategy::TileOwnership => return,
     }

@@ -62,6 +62,8 @@ const FWD_THREADS: u32 = 256;
 const BWD_THREADS: u32 = 512;
 const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
+const SEL_THREADS: u32 = 512;
+const GATHER_THREADS: u32 = 128;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -296,6 +298,8 @@ pub struct DenseConfig {
     pub want_argmax: bool,
     /// Row pass of forward+backward calls.
     pub row_pass: RowPass,
+    /// The plan's sparse backward, tried first in filtered backward calls (split dense only).
+    pub sparse: Option<cce_core::SparseBackward>,
 }
 
 impl DenseConfig {
@@ -339,6 +343,11 @@ impl DenseConfig {
             // Measured on the H200 (docs/perf-log.md): the two-pass row kernels are as fast as
             // the cluster-fused kernel in exact mode and faster with the filter on.
             row_pass: RowPass::TwoPass,
+            sparse: if chunk_classes.is_some() {
+                plan.sparse
+            } else {
+                None
+            },
         })
     }
 
@@ -492,6 +501,10 @@ pub struct DenseWorkspace {
     flags: CudaSlice<u8>,
     edges: CudaSlice<u8>,
     stats: CudaSlice<u8>,
+    /// Sparse backward: row offsets then row counts, u32 `[N]` each.
+    sparse_rows: CudaSlice<u8>,
+    /// Sparse backward: pair counter (u64) and overflow flag (u32).
+    sparse_ctl: CudaSlice<u8>,
     bytes: u64,
 }
 
@@ -508,10 +521,13 @@ impl DenseWorkspace {
             // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
             unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
         };
+        // Split dense's scratch holds the sparse backward's layout (the plan sized the pairs
+        // to fit it; chunks capped by a test knob may leave it smaller, then it grows).
         let scratch = if cfg.chunk_classes.is_some() {
             cfg.row_layout()
                 .end
                 .max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes() + cfg.dc_tmp_bytes())
+                .max(cfg.sparse.map_or(0, |sp| sp.layout(cfg.v).end))
         } else {
             chunk_rows * ld * 4
         };
@@ -533,8 +549,9 @@ impl DenseWorkspace {
             None
         };
         let row_loss = alloc(cfg.n * 4)?;
-        // Filter statistics: split dense never filters (see `run`), so it keeps placeholders.
-        let split = cfg.chunk_classes.is_some();
+        // Filter statistics: split dense never filters (see `run`), so it keeps placeholders,
+        // unless it tries a sparse backward.
+        let split = cfg.chunk_classes.is_some() && cfg.sparse.is_none();
         let kept = alloc(if split { 4 } else { cfg.n * 4 })?;
         let dropped = alloc(if split { 4 } else { cfg.n * 4 })?;
         let flags = alloc(if split {
@@ -542,6 +559,8 @@ impl DenseWorkspace {
         } else {
             cfg.row_tiles() * cfg.class_tiles() * 4
         })?;
+        let sparse_rows = alloc(if cfg.sparse.is_some() { cfg.n * 8 } else { 4 })?;
+        let sparse_ctl = alloc(16)?;
         let mut edges = alloc(N_BINS * 4)?;
         let stats = alloc(8 * 8)?;
         let host: Vec<f32> = (0..N_BINS).map(|k| cfg.filter.edge(k)).collect();
@@ -563,6 +582,8 @@ impl DenseWorkspace {
             flags,
             edges,
             stats,
+            sparse_rows,
+            sparse_ctl,
             bytes,
         })
     }
@@ -660,6 +681,8 @@ pub struct DenseStats {
     pub dropped_mass_max: f64,
     /// Mean per-row dropped mass over valid rows.
     pub dropped_mass_mean: f64,
+    /// What the sparse backward did, when the plan had one: used, or why it gave way.
+    pub sparse: Option<String>,
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -703,6 +726,45 @@ struct ClassPassArgs {
     d_bias_acc: u64,
 }
 
+/// Per-row arrays and scalars the row kernels share (device addresses of `[N]` arrays, 0 =
+/// absent; kernels get them offset to their chunk).
+#[derive(Clone, Copy)]
+struct RowArgs {
+    ld: i64,
+    v: i32,
+    bias: u64,
+    softcap: f32,
+    alpha: f32,
+    lambda: f32,
+    targets: u64,
+    /// Forward outputs: f32 lse, f32 per-row loss, entropy, argmax.
+    lse: u64,
+    loss_rows: u64,
+    entropy: u64,
+    argmax: u64,
+}
+
+/// What the sparse backward reads and writes besides the workspace (0 = absent).
+#[derive(Clone, Copy)]
+struct SparseArgs {
+    /// Also run the forward rows (lse, loss) in its row pass.
+    forward: bool,
+    /// f32 `[N]` lse the selection uses (the forward's or the caller's).
+    saved_lse: u64,
+    dl_rows: u64,
+    dl_scalar: f32,
+    dlse: u64,
+    e: u64,
+    c: u64,
+    /// Gradient outputs in the gradient dtype (0 when not computed).
+    d_e: u64,
+    d_c: u64,
+    d_bias: u64,
+    delta_fixed: u64,
+    /// Tile statistics: tile rows, tile classes, class tiles.
+    tile: (i32, i32, i32),
+}
+
 enum Mode<'a> {
     Forward,
     ForwardBackward,
@@ -742,6 +804,12 @@ impl DenseEngine {
             names.push(format!("cce_split_scales_{dt}"));
             names.push(format!("cce_split_gcols_{dt}"));
             names.push(format!("cce_split_de_finish_{dt}"));
+            names.push(format!("cce_sparse_select_{dt}"));
+            for out in [dt, "f32"] {
+                for vec in [1, 4] {
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{vec}"));
+                }
+            }
             if major >= 9 {
                 for cs in CLUSTER_SIZES {
                     names.push(format!("cce_dense_fused_{dt}_c{cs}"));
@@ -757,6 +825,9 @@ impl DenseEngine {
             "cce_split_e_to_f16_bf16",
             "cce_dense_bwd_f16s_f16",
             "cce_dense_bwd_f16s_bf16",
+            "cce_sparse_count",
+            "cce_sparse_scan",
+            "cce_sparse_scatter",
         ] {
             names.push(n.into());
         }
@@ -1267,8 +1338,22 @@ impl DenseEngine {
             0
         };
 
+        let row_args = RowArgs {
+            ld: ld_i,
+            v: v_i,
+            bias: bias_ptr,
+            softcap,
+            alpha,
+            lambda,
+            targets: t_ptr,
+            lse: lse_ptr,
+            loss_rows: loss_rows_ptr,
+            entropy: ent_ptr,
+            argmax: am_ptr,
+        };
+        let try_sparse = backward && split && cfg.sparse.is_some() && cfg.filtering();
         if backward {
-            if filtering {
+            if filtering || try_sparse {
                 self.stream.memset_zeros(&mut ws.flags).map_err(drv)?;
                 self.stream.memset_zeros(&mut ws.kept).map_err(drv)?;
                 self.stream.memset_zeros(&mut ws.dropped).map_err(drv)?;
@@ -1297,6 +1382,46 @@ impl DenseEngine {
         };
 
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
+        // Sparse backward first (filtered split-dense calls); `None`: the dense passes below.
+        let mut sparse_kept = None;
+        if try_sparse {
+            let sa = SparseArgs {
+                forward,
+                saved_lse: saved_lse_ptr,
+                dl_rows: upstream_rows,
+                dl_scalar,
+                dlse: dlse_ptr,
+                e: e_ptr,
+                c: c_ptr,
+                d_e: de_ptr,
+                d_c: if cfg.compute_d_c {
+                    self.opt_ptr(grads.d_c.as_deref())
+                } else {
+                    0
+                },
+                d_bias: if cfg.compute_d_c && cfg.has_bias {
+                    self.opt_ptr(grads.d_bias.as_deref())
+                } else {
+                    0
+                },
+                delta_fixed: (cfg.filter.max_dropped_mass as f64
+                    * cce_core::filter::FIXED_POINT_ONE)
+                    .floor() as u64,
+                tile: (tile_rows, tile_classes, n_ctiles),
+            };
+            match self.sparse_backward(cfg, ws, &row_args, &sa)? {
+                Ok(kept) => {
+                    stats.sparse = Some(format!(
+                        "sparse backward: {kept} kept entries ({:.1} per row), one logits GEMM",
+                        kept as f64 / n as f64
+                    ));
+                    sparse_kept = Some(kept);
+                }
+                Err(why) => stats.sparse = Some(format!("dense passes: {why}")),
+            }
+        }
+        let sparse_used = sparse_kept.is_some();
+        stats.filtered = filtering || sparse_used;
         let f_bwd = self.func(&match g_mode {
             2 => format!("cce_dense_bwd_f16s_{code}"),
             _ => format!("cce_dense_bwd_{code}"),
@@ -1311,7 +1436,8 @@ impl DenseEngine {
         let tmp_ptr = ws_base + layout.tmp as u64;
         let rs_ptr = ws_base + layout.rs as u64;
         let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
-        for (ci, r0) in (0..n).step_by(chunk).enumerate() {
+        let dense_chunks = if sparse_used { 0 } else { n };
+        for (ci, r0) in (0..dense_chunks).step_by(chunk).enumerate() {
             let rows = chunk.min(n - r0);
             let rows_u = rows as u32;
             let e_r = e_ptr + (r0 * d * esz) as u64;
@@ -1377,32 +1503,7 @@ impl DenseEngine {
             } else {
                 if forward {
                     // (2) forward rows.
-                    let lse_r = lse_ptr + off4;
-                    let loss_r = loss_rows_ptr + off4;
-                    let ent_r = if ent_ptr != 0 { ent_ptr + off4 } else { 0 };
-                    let am_r = if am_ptr != 0 { am_ptr + off4 } else { 0 };
-                    let cfg_l = LaunchConfig {
-                        grid_dim: (rows_u, 1, 1),
-                        block_dim: (FWD_THREADS, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    let mut b = self.stream.launch_builder(f_fwd);
-                    b.arg(&l_ptr)
-                        .arg(&ld_i)
-                        .arg(&v_i)
-                        .arg(&bias_ptr)
-                        .arg(&softcap)
-                        .arg(&t_r)
-                        .arg(&alpha)
-                        .arg(&lambda)
-                        .arg(&lse_r)
-                        .arg(&loss_r)
-                        .arg(&ent_r)
-                        .arg(&am_r);
-                    // SAFETY: argument types and order match FWD_PARAMS; L holds rows x ld f32
-                    // written by the GEMM above (stream order); the [N] outputs are offset to
-                    // the chunk and hold its rows.
-                    unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                    self.fwd_rows(f_fwd, &row_args, r0, rows, l_ptr)?;
                 }
                 if backward {
                     // (3) G in place.
@@ -1514,7 +1615,7 @@ impl DenseEngine {
             }
         }
 
-        if split && backward && cfg.compute_d_c {
+        if split && backward && cfg.compute_d_c && !sparse_used {
             self.class_pass(
                 cfg,
                 ws,
@@ -1554,8 +1655,9 @@ impl DenseEngine {
         }
 
         if backward {
-            // Final conversions of the f32 accumulators.
-            if cfg.compute_d_c && !cfg.grad_f32 {
+            // Final conversions of the f32 accumulators (the sparse products write the
+            // gradients directly).
+            if cfg.compute_d_c && !cfg.grad_f32 && !sparse_used {
                 let f = self.func(&format!("cce_dense_convert_{code}"))?;
                 let convert = |src: u64, dst: u64, count: usize| -> Result<()> {
                     let count_i = count as i64;
@@ -1582,7 +1684,7 @@ impl DenseEngine {
                     convert(dbias_acc_ptr, db_out, v)?;
                 }
             }
-            if filtering {
+            if filtering || sparse_used {
                 let stats_ptr = self.ptr(&ws.stats);
                 let n_i = to_i32(n, "N")?;
                 let n_flags = (cfg.row_tiles() * cfg.class_tiles()) as i64;
@@ -1629,6 +1731,296 @@ impl DenseEngine {
             }
         }
         Ok(stats)
+    }
+
+    /// Step (2), the forward row kernel, for rows `r0..r0 + rows` of logits at `l_ptr`.
+    fn fwd_rows(
+        &self,
+        f: &CudaFunction,
+        a: &RowArgs,
+        r0: usize,
+        rows: usize,
+        l_ptr: u64,
+    ) -> Result<()> {
+        let off4 = (r0 * 4) as u64;
+        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+        let (t_r, lse_r, loss_r, ent_r, am_r) = (
+            at(a.targets),
+            at(a.lse),
+            at(a.loss_rows),
+            at(a.entropy),
+            at(a.argmax),
+        );
+        let cfg_l = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (FWD_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&l_ptr)
+            .arg(&a.ld)
+            .arg(&a.v)
+            .arg(&a.bias)
+            .arg(&a.softcap)
+            .arg(&t_r)
+            .arg(&a.alpha)
+            .arg(&a.lambda)
+            .arg(&lse_r)
+            .arg(&loss_r)
+            .arg(&ent_r)
+            .arg(&am_r);
+        // SAFETY: argument types and order match FWD_PARAMS; L holds rows x ld f32 written by
+        // the logits GEMM before this launch (stream order); the [N] outputs (checked sizes)
+        // are offset to the chunk and hold its rows.
+        unsafe { b.launch(cfg_l) }.map_err(drv)?;
+        Ok(())
+    }
+
+    /// Read the sparse backward's pair counter and overflow flag (one host sync).
+    fn sparse_ctl(&self, ws: &DenseWorkspace) -> Result<(u64, bool)> {
+        let mut host = [0u8; 16];
+        self.stream
+            .memcpy_dtoh(&ws.sparse_ctl, &mut host[..])
+            .map_err(drv)?;
+        self.stream.synchronize().map_err(drv)?;
+        let counter = u64::from_le_bytes(host[0..8].try_into().expect("8 bytes"));
+        let overflow = u32::from_le_bytes(host[8..12].try_into().expect("4 bytes"));
+        Ok((counter, overflow != 0))
+    }
+
+    /// The plan's [`cce_core::SparseBackward`] (`chunked.cu` "Sparse backward"): per row chunk
+    /// the logits GEMM, the forward rows (forward calls), the kept pairs, `d_e` rows by
+    /// gathering `c`; then the pairs regrouped by class and `d_c` (and `d_bias`) by gathering
+    /// `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err(why))` when it gives way to the dense passes
+    /// (nothing it wrote is then used): the first chunk keeps more than
+    /// `max_mean_kept` entries per row, or the pairs outgrow the capacity. Two host syncs.
+    fn sparse_backward(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        ra: &RowArgs,
+        a: &SparseArgs,
+    ) -> Result<std::result::Result<u64, String>> {
+        let sp = cfg.sparse.ok_or_else(|| CceError::InvalidOption {
+            name: "plan.sparse",
+            reason: "no sparse backward in the plan".into(),
+        })?;
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let dt = cfg.dtype;
+        let code = dtype_code(dt)?;
+        let out_ty = cfg.grad_dtype();
+        let out_code = dtype_code(out_ty)?;
+        let lay = sp.layout(v);
+        let ld = ws.ld;
+        if ws.logits.len() < lay.end || ws.sparse_rows.len() < n * 8 || ws.kept.len() < n * 4 {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
+        let base = self.ptr(&ws.logits);
+        let l_ptr = base + lay.logits as u64;
+        let (col_ptr, val_ptr) = (base + lay.csr_col as u64, base + lay.csr_val as u64);
+        let row_off = self.ptr(&ws.sparse_rows);
+        let row_cnt = row_off + (n * 4) as u64;
+        let ctl = self.ptr(&ws.sparse_ctl);
+        let (counter, overflow) = (ctl, ctl + 8);
+        self.stream.memset_zeros(&mut ws.sparse_ctl).map_err(drv)?;
+        let cap = sp.capacity as u64;
+        let chunk = sp.chunk_rows.clamp(1, n);
+        let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
+        let f_sel = self.func(&format!("cce_sparse_select_{code}"))?;
+        let vec = if d % 4 == 0 { 4 } else { 1 };
+        let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
+        let gy = d.div_ceil(GATHER_THREADS as usize * vec) as u32;
+        let d_i = d as i64;
+        let osz = out_ty.size_bytes();
+        let (kept_ptr, dropped_ptr, tau_ptr, flags_ptr, edges_ptr) = (
+            self.ptr(&ws.kept),
+            self.ptr(&ws.dropped),
+            self.ptr(&ws.tau),
+            self.ptr(&ws.flags),
+            self.ptr(&ws.edges),
+        );
+        let (tile_rows, tile_classes, n_ctiles) = a.tile;
+        let esz = dt.size_bytes();
+        for (ci, r0) in (0..n).step_by(chunk).enumerate() {
+            let rows = chunk.min(n - r0);
+            let e_r = a.e + (r0 * d * esz) as u64;
+            self.gemm_logits((v, d, rows), dt, (a.c, e_r, l_ptr), ld)?;
+            if a.forward {
+                self.fwd_rows(f_fwd, ra, r0, rows, l_ptr)?;
+            }
+            let off4 = (r0 * 4) as u64;
+            let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+            let (t_r, lse_r, dl_r, dlse_r) =
+                (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse));
+            let (off_r, cnt_r, kept_r, dropped_r, tau_r) = (
+                row_off + off4,
+                row_cnt + off4,
+                kept_ptr + off4,
+                dropped_ptr + off4,
+                tau_ptr + off4,
+            );
+            let row0 = r0 as i64;
+            let mut b = self.stream.launch_builder(f_sel);
+            b.arg(&l_ptr)
+                .arg(&ra.ld)
+                .arg(&ra.v)
+                .arg(&ra.bias)
+                .arg(&ra.softcap)
+                .arg(&t_r)
+                .arg(&lse_r)
+                .arg(&dl_r)
+                .arg(&a.dl_scalar)
+                .arg(&dlse_r)
+                .arg(&ra.lambda)
+                .arg(&edges_ptr)
+                .arg(&a.delta_fixed)
+                .arg(&cap)
+                .arg(&counter)
+                .arg(&overflow)
+                .arg(&off_r)
+                .arg(&cnt_r)
+                .arg(&col_ptr)
+                .arg(&val_ptr)
+                .arg(&kept_r)
+                .arg(&dropped_r)
+                .arg(&tau_r)
+                .arg(&flags_ptr)
+                .arg(&row0)
+                .arg(&tile_rows)
+                .arg(&tile_classes)
+                .arg(&n_ctiles);
+            // SAFETY: argument types and order match SEL_PARAMS; L holds the chunk's logits
+            // (stream order); per-row arrays hold N entries and are offset to the chunk; the
+            // pair buffers hold `cap` entries each (layout checked above) and the kernel
+            // writes a row's pairs only below its allocation, which is within `cap`.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (rows as u32, 1, 1),
+                    block_dim: (SEL_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+            if ci == 0 {
+                let (pairs, over) = self.sparse_ctl(ws)?;
+                let mean = pairs as f64 / rows as f64;
+                if over {
+                    return Ok(Err(format!(
+                        "the first {rows} rows' pairs overflowed the sparse capacity of {cap}"
+                    )));
+                }
+                if mean > sp.max_mean_kept as f64 {
+                    return Ok(Err(format!(
+                        "the first {rows} rows keep {mean:.0} entries per row (filter threshold at dropped mass {:.0e}), above the {} where the sparse products stop paying",
+                        cfg.filter.max_dropped_mass, sp.max_mean_kept
+                    )));
+                }
+                if mean * n as f64 > cap as f64 {
+                    return Ok(Err(format!(
+                        "the first {rows} rows keep {mean:.0} entries per row; all {n} rows would need about {:.0} pairs, over the sparse capacity of {cap}",
+                        mean * n as f64
+                    )));
+                }
+            }
+            if a.d_e != 0 {
+                let de_r = a.d_e + (r0 * d * osz) as u64;
+                let zero = 0u64;
+                let mut b = self.stream.launch_builder(f_gather);
+                b.arg(&off_r)
+                    .arg(&cnt_r)
+                    .arg(&col_ptr)
+                    .arg(&val_ptr)
+                    .arg(&a.c)
+                    .arg(&d_i)
+                    .arg(&de_r)
+                    .arg(&zero);
+                // SAFETY: matches GATHER_PARAMS; row offsets/counts were written by the select
+                // kernel above (stream order) and index pairs within `cap`; classes are < V,
+                // so every gathered row lies in c [V, D]; d_e holds N x D of the gradient
+                // dtype and is offset to the chunk.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (rows as u32, gy, 1),
+                        block_dim: (GATHER_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+            }
+        }
+        let (pairs, over) = self.sparse_ctl(ws)?;
+        if over {
+            return Ok(Err(format!(
+                "the pairs outgrew the sparse capacity of {cap} after the first chunk ({pairs} asked)"
+            )));
+        }
+        if a.d_c != 0 {
+            let (counts, starts) = (base + lay.counts as u64, base + lay.starts as u64);
+            let (csc_row, csc_val) = (base + lay.csc_row as u64, base + lay.csc_val as u64);
+            {
+                let mut view = ws.logits.slice_mut(lay.counts..lay.counts + v * 4);
+                self.stream.memset_zeros(&mut view).map_err(drv)?;
+            }
+            let rows_cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (GATHER_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(self.func("cce_sparse_count")?);
+            b.arg(&row_off).arg(&row_cnt).arg(&col_ptr).arg(&counts);
+            // SAFETY: matches cce_sparse_count; rows' pairs as written by the select kernels
+            // (classes < V, counts holds V u32, zeroed above); the logits are no longer read.
+            unsafe { b.launch(rows_cfg) }.map_err(drv)?;
+            let v_i = v as i32;
+            let mut b = self.stream.launch_builder(self.func("cce_sparse_scan")?);
+            b.arg(&counts).arg(&starts).arg(&v_i);
+            // SAFETY: matches cce_sparse_scan; counts V u32, starts V + 1 u32 (layout).
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+            let mut b = self.stream.launch_builder(self.func("cce_sparse_scatter")?);
+            b.arg(&row_off)
+                .arg(&row_cnt)
+                .arg(&col_ptr)
+                .arg(&val_ptr)
+                .arg(&starts)
+                .arg(&counts)
+                .arg(&csc_row)
+                .arg(&csc_val);
+            // SAFETY: matches cce_sparse_scatter; starts sum to `pairs` ≤ cap, so every
+            // position is within the csc buffers (layout), which overlay only the logits.
+            unsafe { b.launch(rows_cfg) }.map_err(drv)?;
+            let zero = 0u64;
+            let mut b = self.stream.launch_builder(f_gather);
+            b.arg(&starts)
+                .arg(&zero)
+                .arg(&csc_row)
+                .arg(&csc_val)
+                .arg(&a.e)
+                .arg(&d_i)
+                .arg(&a.d_c)
+                .arg(&a.d_bias);
+            // SAFETY: matches GATHER_PARAMS with cnt = 0 (counts from starts[V + 1]); rows are
+            // < N, so gathered rows lie in e [N, D]; d_c holds V x D and d_bias V (or 0) of
+            // the gradient dtype.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (v as u32, gy, 1),
+                    block_dim: (GATHER_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+        }
+        Ok(Ok(pairs))
     }
 
     /// Split dense: `dst` (f16 `[V, D]`) = `2^kc · c` for bf16 `c`, with `kc` from max |c| so
@@ -2237,6 +2629,9 @@ impl DenseEngine {
         });
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
+            if let Some(note) = &dstats.sparse {
+                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
+            }
             if dstats.filtered {
                 stats.tiles_visited = dstats.tiles_visited;
                 stats.tiles_skipped = dstats.tiles_skipped;

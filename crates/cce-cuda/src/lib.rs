@@ -43,5 +43,5 @@ pub mod chunked;
 pub mod kernels;
 pub mod tensor;
 
-pub use backend::{probe, CudaBackend};
+pub use backend::{probe, CudaBackend, SparseMode};
 pub use tensor::CudaTensor;
