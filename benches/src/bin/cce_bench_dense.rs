@@ -412,6 +412,7 @@ fn case_config(k: &CheckCase, rp: RowPass) -> DenseConfig {
         want_entropy: k.side,
         want_argmax: k.side,
         row_pass: rp,
+        sparse: None,
     }
 }
 
@@ -1150,6 +1151,9 @@ fn bench_one(
         };
         engine.forward(&cfg_ent, &mut ws, &inp, &mut fo)?;
     }
+    if let Some(note) = &last.sparse {
+        println!("  filtered backward: {note}");
+    }
     let entv = to_f64(stream, &ent, DType::F32, n)?;
     let entropy = entv.iter().sum::<f64>() / n as f64;
     let active = last.active_rows.max(1) as f64;
@@ -1167,6 +1171,14 @@ fn bench_one(
     };
     Ok(BenchResult {
         strategy: match kind {
+            StrategyKind::SplitDense
+                if last
+                    .sparse
+                    .as_deref()
+                    .is_some_and(|x| x.starts_with("sparse")) =>
+            {
+                "split (filtered: sparse)".into()
+            }
             StrategyKind::SplitDense => "split".into(),
             StrategyKind::ChunkedDense => "chunked".into(),
             k => format!("{k:?}"),
