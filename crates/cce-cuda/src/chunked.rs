@@ -744,6 +744,66 @@ struct RowArgs {
     argmax: u64,
 }
 
+/// Device time per phase, for "why is this call slow" (`CCE_CUDA_PROFILE=1`): an event at
+/// each mark, the interval since the previous mark summed under the mark's name, printed to
+/// stderr by [`PhaseTimer::report`]. Off (no events) without the variable.
+struct PhaseTimer {
+    stream: Arc<CudaStream>,
+    last: Option<cudarc::driver::CudaEvent>,
+    spans: Vec<(
+        &'static str,
+        cudarc::driver::CudaEvent,
+        cudarc::driver::CudaEvent,
+    )>,
+}
+
+impl PhaseTimer {
+    fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>> {
+        if std::env::var_os("CCE_CUDA_PROFILE").is_none() {
+            return Ok(None);
+        }
+        let last = stream.record_event(None).map_err(drv)?;
+        Ok(Some(Self {
+            stream: stream.clone(),
+            last: Some(last),
+            spans: Vec::new(),
+        }))
+    }
+
+    fn mark(t: &mut Option<Self>, name: &'static str) -> Result<()> {
+        if let Some(t) = t.as_mut() {
+            let ev = t.stream.record_event(None).map_err(drv)?;
+            let prev = t.last.replace(t.stream.record_event(None).map_err(drv)?);
+            if let Some(prev) = prev {
+                t.spans.push((name, prev, ev));
+            }
+        }
+        Ok(())
+    }
+
+    fn report(t: Option<Self>, what: &str) -> Result<()> {
+        let Some(t) = t else { return Ok(()) };
+        t.stream.synchronize().map_err(drv)?;
+        let mut sums: Vec<(&'static str, f64, usize)> = Vec::new();
+        for (name, a, b) in &t.spans {
+            let ms = a.elapsed_ms(b).map_err(drv)? as f64;
+            match sums.iter_mut().find(|x| x.0 == *name) {
+                Some(x) => {
+                    x.1 += ms;
+                    x.2 += 1;
+                }
+                None => sums.push((name, ms, 1)),
+            }
+        }
+        let total: f64 = sums.iter().map(|x| x.1).sum();
+        eprintln!("[cce-cuda profile] {what}: {total:.2} ms");
+        for (name, ms, k) in sums {
+            eprintln!("  {name:<24} {ms:9.2} ms  ({k} spans)");
+        }
+        Ok(())
+    }
+}
+
 /// What the sparse backward reads and writes besides the workspace (0 = absent).
 #[derive(Clone, Copy)]
 struct SparseArgs {
@@ -1844,12 +1904,15 @@ impl DenseEngine {
         );
         let (tile_rows, tile_classes, n_ctiles) = a.tile;
         let esz = dt.size_bytes();
+        let mut timer = PhaseTimer::new(&self.stream)?;
         for (ci, r0) in (0..n).step_by(chunk).enumerate() {
             let rows = chunk.min(n - r0);
             let e_r = a.e + (r0 * d * esz) as u64;
             self.gemm_logits((v, d, rows), dt, (a.c, e_r, l_ptr), ld)?;
+            PhaseTimer::mark(&mut timer, "logits GEMM")?;
             if a.forward {
                 self.fwd_rows(f_fwd, ra, r0, rows, l_ptr)?;
+                PhaseTimer::mark(&mut timer, "forward rows")?;
             }
             let off4 = (r0 * 4) as u64;
             let at = |p: u64| if p != 0 { p + off4 } else { 0 };
@@ -1904,6 +1967,7 @@ impl DenseEngine {
                 })
             }
             .map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "select")?;
             if ci == 0 {
                 let (pairs, over) = self.sparse_ctl(ws)?;
                 let mean = pairs as f64 / rows as f64;
@@ -1949,6 +2013,7 @@ impl DenseEngine {
                     })
                 }
                 .map_err(drv)?;
+                PhaseTimer::mark(&mut timer, "d_e gather")?;
             }
         }
         let (pairs, over) = self.sparse_ctl(ws)?;
@@ -1974,6 +2039,7 @@ impl DenseEngine {
             // SAFETY: matches cce_sparse_count; rows' pairs as written by the select kernels
             // (classes < V, counts holds V u32, zeroed above); the logits are no longer read.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "count by class")?;
             let v_i = v as i32;
             let mut b = self.stream.launch_builder(self.func("cce_sparse_scan")?);
             b.arg(&counts).arg(&starts).arg(&v_i);
@@ -1986,6 +2052,7 @@ impl DenseEngine {
                 })
             }
             .map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "scan")?;
             let mut b = self.stream.launch_builder(self.func("cce_sparse_scatter")?);
             b.arg(&row_off)
                 .arg(&row_cnt)
@@ -1998,6 +2065,7 @@ impl DenseEngine {
             // SAFETY: matches cce_sparse_scatter; starts sum to `pairs` ≤ cap, so every
             // position is within the csc buffers (layout), which overlay only the logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "scatter")?;
             let zero = 0u64;
             let mut b = self.stream.launch_builder(f_gather);
             b.arg(&starts)
@@ -2019,7 +2087,9 @@ impl DenseEngine {
                 })
             }
             .map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "d_c gather")?;
         }
+        PhaseTimer::report(timer, "sparse backward")?;
         Ok(Ok(pairs))
     }
 
