@@ -86,15 +86,24 @@ pub const GEMM_LIBRARY_RESERVE_BYTES: u64 = 32 << 20;
 
 /// A sparse backward tried before [`Strategy::SplitDense`]'s dense backward (module docs).
 ///
-/// Memory: it lives inside split dense's scratch (the dense passes run only if it gives way),
-/// laid out by [`SparseBackward::layout`], plus `8·N` bytes of row offsets and counts and the
-/// tile statistics' flags, which the plan adds to the workspace.
+/// Memory: one scratch buffer of `scratch_bytes` (split dense's, grown when that is too small
+/// for a useful capacity and the budget allows; the dense passes reuse it if it gives way):
+/// the logits chunk at its start, the kept pairs as 8-byte records (class, G) growing down
+/// from its end, and after the row pass the pairs regrouped by class over the logits
+/// ([`SparseBackward::class_layout`]). Plus `8·N` bytes of row offsets and counts and the tile
+/// statistics' flags, which the plan adds to the workspace.
+///
+/// Chunking: the first row chunk (`probe_rows`) measures the density; the following chunks
+/// take the most rows (up to `max_rows`) whose logits leave room for the pairs that density
+/// predicts ([`SparseBackward::rows_after_probe`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SparseBackward {
-    /// Rows per chunk of its row pass (logits `[chunk_rows, V]` f32 materialized).
-    pub chunk_rows: usize,
-    /// Kept `(class, G)` pairs the workspace holds for the whole call (all rows).
-    pub capacity: usize,
+    /// Rows of the first row chunk.
+    pub probe_rows: usize,
+    /// Most rows per chunk after it.
+    pub max_rows: usize,
+    /// Bytes of the scratch buffer it lays out (a multiple of 256).
+    pub scratch_bytes: usize,
     /// Mean kept entries per row of the first row chunk above which the dense passes are
     /// taken instead: about where gathering `2·k·D` input elements per row stops being
     /// cheaper than split dense's three tensor-core GEMMs (PERFORMANCE.md "Design space" 4;
@@ -103,87 +112,101 @@ pub struct SparseBackward {
 }
 
 /// [`SparseBackward::max_mean_kept`] is `V / SPARSE_PAY_DIVISOR`. With 16-bit inputs a row's
-/// sparse backward reads `2·k·D·2` bytes of gathered rows (at an effective ~3 TB/s on an H200)
-/// against dense GEMMs of `2·V·D` flops per row and product (~660 Tflop/s): they break even near
-/// `k ≈ V / 150` (three GEMMs); `V / 256` keeps a margin for the gathers' poorer locality.
+/// sparse backward reads `2·k·D·2` bytes of gathered rows (at an effective ~2-3 TB/s on an
+/// H200) against dense GEMMs of `2·V·D` flops per row and product (~660 Tflop/s): they break
+/// even near `k ≈ V / 150` (three GEMMs); `V / 256` keeps a margin for the gathers' poorer
+/// locality.
 pub const SPARSE_PAY_DIVISOR: usize = 256;
 
-/// Byte offsets of [`SparseBackward`]'s regions in the scratch buffer (256-byte aligned).
-/// The row pass uses `logits` and `csr_*`; after it, the regrouping by class overlays the
-/// logits with `csc_*` and the per-class `counts` / `starts`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SparseLayout {
-    /// f32 logits `[chunk_rows, ld]` (`ld` = `V` rounded up to 8).
-    pub logits: usize,
-    /// u32 `[capacity]` row of each pair, grouped by class.
-    pub csc_row: usize,
-    /// f32 `[capacity]` `G` of each pair, grouped by class.
-    pub csc_val: usize,
-    /// u32 `[V]` pairs per class (then a fill counter).
-    pub counts: usize,
-    /// u32 `[V + 1]` first pair of each class.
-    pub starts: usize,
-    /// u32 `[capacity]` class of each pair, grouped by row.
-    pub csr_col: usize,
-    /// f32 `[capacity]` `G` of each pair, grouped by row.
-    pub csr_val: usize,
-    /// End of the regions (bytes the scratch must hold).
-    pub end: usize,
+/// Rows of [`SparseBackward::probe_rows`] (at most `N`).
+pub const SPARSE_PROBE_ROWS: usize = 128;
+
+fn align256(x: usize) -> usize {
+    x.div_ceil(256) * 256
 }
 
 impl SparseBackward {
-    /// The layout for `V` classes (module docs of [`SparseLayout`]).
-    pub fn layout(&self, v: usize) -> SparseLayout {
-        let al = |x: usize| x.div_ceil(256) * 256;
-        let ld = v.div_ceil(8) * 8;
-        let cap4 = al(self.capacity * 4);
-        let logits_end = al(self.chunk_rows * ld * 4);
-        let csc_row = 0;
-        let csc_val = cap4;
-        let counts = csc_val + cap4;
-        let starts = counts + al(v * 4);
-        let region0 = logits_end.max(starts + al((v + 1) * 4));
-        SparseLayout {
-            logits: 0,
-            csc_row,
-            csc_val,
-            counts,
-            starts,
-            csr_col: region0,
-            csr_val: region0 + cap4,
-            end: region0 + 2 * cap4,
-        }
+    /// f32 row stride of the logits chunk: `V` rounded up to 8.
+    pub fn ld(v: usize) -> usize {
+        v.div_ceil(8) * 8
     }
 
-    /// The largest sparse backward that fits `scratch` bytes for `N x V` (rows at most
-    /// `max_rows`, a multiple of `unit_rows` unless `N` is smaller), or `None` when it would
-    /// hold fewer than `N` pairs (one per row).
+    /// Bytes the logits of a `rows`-row chunk take at the start of the scratch.
+    pub fn logits_bytes(rows: usize, v: usize) -> usize {
+        align256(rows * Self::ld(v) * 4)
+    }
+
+    /// Pairs the scratch holds while chunks of `rows` rows run: the records stay clear of the
+    /// logits, and the regrouping by class needs them twice plus `8·(V + 1)` bytes.
+    pub fn capacity(&self, rows: usize, v: usize) -> usize {
+        let s = self.scratch_bytes;
+        let by_rows = s.saturating_sub(Self::logits_bytes(rows, v)) / 8;
+        let by_class = s.saturating_sub(8 * (v + 1) + 1024) / 16;
+        by_rows.min(by_class).min(u32::MAX as usize - 1)
+    }
+
+    /// Rows per chunk after a first chunk of `probe_rows` rows kept `pairs` pairs, `n` rows in
+    /// all: the most rows (at most `max_rows`, at least `probe_rows`) whose logits leave room
+    /// for the pairs that density predicts, plus a quarter.
+    pub fn rows_after_probe(&self, pairs: u64, n: usize, v: usize) -> usize {
+        let probe = self.probe_rows.clamp(1, n);
+        let mean = pairs as f64 / probe as f64;
+        let expect = pairs as f64 + 1.25 * mean * (n - probe) as f64 + 1024.0;
+        let room = (self.scratch_bytes as f64 - 8.0 * expect).max(0.0);
+        let rows = (room / (Self::ld(v) * 4) as f64).floor() as usize;
+        rows.min(self.max_rows).min(n).max(probe)
+    }
+
+    /// Byte offsets of the regrouping by class for `pairs` pairs: records (row, G) at 0,
+    /// counts u32 `[V]`, starts u32 `[V + 1]`; and the end, which stays below the row
+    /// records (`scratch_bytes − 8·pairs`) when `pairs ≤ capacity`.
+    pub fn class_layout(pairs: usize, v: usize) -> (usize, usize, usize) {
+        let counts = align256(pairs * 8);
+        let starts = counts + align256(v * 4);
+        (counts, starts, starts + (v + 1) * 4)
+    }
+
+    /// The sparse backward for `N x V` in split dense's `scratch` bytes, growing it up to
+    /// `room` bytes when that holds fewer than 4 pairs per row; `None` when even `room` does
+    /// not hold 1 pair per row next to the first chunk's logits. Chunks: `probe_rows` =
+    /// [`SPARSE_PROBE_ROWS`] (a multiple of `unit_rows` when larger, at most `N`), then at
+    /// most `max_rows`.
     pub fn fit(
         scratch: usize,
+        room: usize,
         n: usize,
         v: usize,
         unit_rows: usize,
         max_rows: usize,
     ) -> Option<Self> {
-        let ld4 = v.div_ceil(8) * 8 * 4;
-        // Logits at most half the scratch; the pairs, held twice, fill the rest.
-        let rows = ((scratch / 2) / ld4).min(max_rows).min(n);
-        let rows = if rows >= unit_rows {
-            rows / unit_rows * unit_rows
+        let probe = if SPARSE_PROBE_ROWS >= unit_rows {
+            SPARSE_PROBE_ROWS / unit_rows * unit_rows
         } else {
-            rows
-        };
-        if rows == 0 {
-            return None;
+            unit_rows
         }
-        let fixed = 8 * (v + 1) + 8 * 256;
-        let capacity = (scratch.saturating_sub(fixed) / 16).min(u32::MAX as usize - 1);
+        .min(n)
+        .min(max_rows.max(1));
+        let need = |pairs: usize| -> usize {
+            (Self::logits_bytes(probe, v) + 8 * pairs).max(16 * pairs + 8 * (v + 1) + 1024)
+        };
+        let target = need(4 * n);
+        let scratch_bytes = if scratch >= target {
+            scratch
+        } else if room >= target {
+            target
+        } else if room.max(scratch) >= need(n) {
+            room.max(scratch)
+        } else {
+            return None;
+        };
         let sp = Self {
-            chunk_rows: rows,
-            capacity,
+            probe_rows: probe.max(1),
+            max_rows: max_rows.max(probe).max(1),
+            // A multiple of 256: the records grow down from its end in 8-byte units.
+            scratch_bytes: scratch_bytes / 256 * 256,
             max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
         };
-        (capacity >= n && sp.layout(v).end <= scratch).then_some(sp)
+        (sp.capacity(sp.probe_rows, v) >= n).then_some(sp)
     }
 }
 
@@ -191,8 +214,8 @@ impl fmt::Display for SparseBackward {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "sparse backward first ({}-row chunks, {} kept pairs, dense passes above {} kept entries per row)",
-            self.chunk_rows, self.capacity, self.max_mean_kept
+            "sparse backward first (a {}-row chunk measures the density, then up to {}-row chunks; {} B of scratch; dense passes above {} kept entries per row)",
+            self.probe_rows, self.max_rows, self.scratch_bytes, self.max_mean_kept
         )
     }
 }
@@ -546,11 +569,19 @@ impl Plan {
                         reason,
                     );
                     if sparse_ok {
-                        plan.sparse = usize::try_from(scratch)
-                            .ok()
-                            .and_then(|s| SparseBackward::fit(s, n, v, tile.rows, chunk_rows));
+                        let room_s = budget.saturating_sub(workspace_bytes) + scratch;
+                        plan.sparse = match (usize::try_from(scratch), usize::try_from(room_s)) {
+                            (Ok(s), Ok(r)) => {
+                                SparseBackward::fit(s, r, n, v, tile.rows, chunk_rows)
+                            }
+                            _ => None,
+                        };
                         match plan.sparse {
-                            Some(sp) => plan.reason = format!("{sp}; then {}", plan.reason),
+                            Some(sp) => {
+                                plan.workspace_bytes +=
+                                    (sp.scratch_bytes as u64).saturating_sub(scratch);
+                                plan.reason = format!("{sp}; then {}", plan.reason)
+                            }
                             None => {
                                 plan.workspace_bytes -= sparse_fixed;
                                 plan.reason.push_str(
@@ -811,13 +842,26 @@ mod tests {
             let Strategy::SplitDense { chunk_rows, .. } = plan.strategy else {
                 panic!("sparse backward without split dense")
             };
-            assert!(sp.chunk_rows >= 1 && sp.chunk_rows <= chunk_rows.min(p.n));
-            assert!(sp.capacity >= p.n && sp.max_mean_kept >= 1);
-            let lay = sp.layout(p.v);
-            assert!(lay.csc_val + sp.capacity * 4 <= lay.counts);
-            assert!(lay.starts + (p.v + 1) * 4 <= lay.csr_col);
-            assert!(sp.chunk_rows * p.v.div_ceil(8) * 32 <= lay.csr_col);
-            assert!(lay.csr_val + sp.capacity * 4 <= lay.end);
+            assert!(sp.probe_rows >= 1 && sp.probe_rows <= p.n);
+            assert_eq!(sp.scratch_bytes % 256, 0);
+            assert!(sp.max_rows >= sp.probe_rows && sp.max_rows <= chunk_rows.max(sp.probe_rows));
+            assert!(sp.capacity(sp.probe_rows, p.v) >= p.n && sp.max_mean_kept >= 1);
+            // Every chunk size it may pick keeps the records clear of the logits and the
+            // regrouping by class below the records.
+            for pairs in [0u64, p.n as u64, 7 * p.n as u64, 1000 * p.n as u64] {
+                let rows = sp.rows_after_probe(pairs, p.n, p.v);
+                assert!(rows >= sp.probe_rows.min(p.n) && rows <= sp.max_rows.min(p.n));
+                let cap = sp.capacity(rows, p.v);
+                assert!(
+                    SparseBackward::logits_bytes(rows, p.v) + 8 * cap <= sp.scratch_bytes
+                        || cap == 0
+                );
+                let (_, _, end) = SparseBackward::class_layout(cap, p.v);
+                assert!(
+                    end + 8 * cap <= sp.scratch_bytes || cap == 0,
+                    "{sp:?} rows {rows} cap {cap}"
+                );
+            }
             assert!(plan.filter.filter_e_grad && plan.filter.filter_c_grad);
         }
         assert!(
@@ -907,7 +951,10 @@ mod tests {
         assert!(plan.workspace_bytes <= 512 << 20);
         // The sparse backward holds the pairs of c/8 data at the seed shape (324 per row).
         let sp = plan.sparse.expect("sparse backward");
-        assert!(sp.capacity >= 32768 * 324, "{sp}");
+        assert!(sp.capacity(sp.probe_rows, 256000) >= 32768 * 324, "{sp}");
+        // randn data (3 pairs per row) gets 384-row chunks, c/8 (324) about as many.
+        assert_eq!(sp.rows_after_probe(3 * 128, 32768, 256000), 384);
+        assert!(sp.rows_after_probe(324 * 128, 32768, 256000) >= 300);
         assert_eq!(sp.max_mean_kept, 1000);
         assert!(
             plan.reason.starts_with("sparse backward first"),

@@ -1315,45 +1315,43 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 // Per row chunk of R rows:
 //   (1) cuBLAS logits, (2) cce_dense_fwd_* (forward calls),
 //   (3) cce_sparse_select_*: τ_i from the row's histogram of g0 (filter.rs), then the kept
-//       entries (g0 ≥ τ_i) as (class, G) pairs, packed per row at an offset taken from a
-//       call-wide counter;
+//       entries (g0 ≥ τ_i) as 8-byte records (class | G bits << 32), packed per row at an
+//       offset taken from a call-wide counter; record k lives at recs_end[−1 − k] (the records
+//       grow down from the end of the scratch, the logits chunk sits at its start);
 //   (4) cce_sparse_gather_* (rows): d_e_i = Σ_k G_ik · c[class_k].
 // After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_scan (first pair
-// of each class), cce_sparse_scatter (pairs regrouped by class as (row, G)), then
-// cce_sparse_gather_* (classes): d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
+// of each class), cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
+// increasing order from the start of the scratch), then cce_sparse_gather_* (classes):
+// d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
 #define SEL_THREADS 512
 #define SEL_UNROLL 2
 #define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
-#define GATHER_THREADS 128
+#define GATHER_THREADS 128 /* count and scatter */
+#define GATHER_MAX 512     /* gather blocks: up to this many threads */
 
-// Histogram of g0 mass (fixed point) and of entry counts per bin; `big` counts entries with
-// g0 ≥ eps (never skipped). All 32 lanes must call it.
+// Histogram of g0 (fixed point) and of entry counts for the graded bins (g0 in
+// [edge(64), eps)); entries below edge(64) add to the thread's underflow mass `under` (no
+// shared atomic: on peaked rows that is nearly every entry), entries ≥ eps to `big` (never
+// skipped). The underflow bin's count is not needed: a threshold never keeps that bin.
 __device__ __forceinline__ void hist_add_count(u32* wmass, u32* wcnt, float g0, bool valid,
-                                               const float* edges, u32& big) {
-    u32 mass = 0;
-    int b = N_BINS - 1;
-    bool binned = false;
-    if (valid) {
-        if (g0 < edges[0]) {
-            b = filter_bin(g0, edges);
-            mass = (u32)ceilf(g0 * FIXED_ONE);
-            binned = true;
+                                               const float* edges, float e_lo, float e_hi,
+                                               u64& under, u32& big) {
+    if (!valid) return;
+    if (g0 < e_lo) {  // e_lo = edges[N_BINS − 1]
+        under += (u64)ceilf(g0 * FIXED_ONE);
+    } else if (g0 < e_hi) {  // e_hi = edges[0] = eps
+        int b = filter_bin(g0, edges);
+        u32 mass = (u32)ceilf(g0 * FIXED_ONE);
+        if (b == N_BINS - 1) {
+            under += mass;
         } else {
-            ++big;
+            atomicAdd(&wmass[b], mass);
+            atomicAdd(&wcnt[b], 1u);
         }
-    }
-    bool under = binned && b == N_BINS - 1;
-    u32 um = __reduce_add_sync(FULL_MASK, under ? mass : 0u);
-    u32 uc = __reduce_add_sync(FULL_MASK, under ? 1u : 0u);
-    if ((threadIdx.x & 31) == 0) {
-        if (um != 0) atomicAdd(&wmass[N_BINS - 1], um);
-        if (uc != 0) atomicAdd(&wcnt[N_BINS - 1], uc);
-    }
-    if (binned && !under) {
-        if (mass != 0) atomicAdd(&wmass[b], mass);
-        atomicAdd(&wcnt[b], 1u);
+    } else {
+        ++big;
     }
 }
 
@@ -1425,7 +1423,7 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   cap: pairs the buffers hold; counter u64 [1]: pairs allocated so far (call-wide);
 //   overflow u32 [1]: set to 1 when a row's pairs did not fit;
 //   row_off, row_cnt u32 [rows]: first pair and pair count of each row (SPARSE_OVERFLOW);
-//   ent_col u32 [cap], ent_val f32 [cap]: the pairs (class, G);
+//   recs_end: one past the last of `cap` u64 records (record k at recs_end[−1 − k]);
 //   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
 //   (global row row0 + r, as cce_dense_bwd).
 // Tiling: one block per row. Pass 1: histograms of mass and counts (one per warp) → τ_i and the
@@ -1439,11 +1437,12 @@ __device__ __forceinline__ void sparse_select(
     const float* L, long long ld, int V, const void* bias, float softcap, const int* targets,
     const float* lse_in, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
     const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
-    u32* row_cnt, u32* ent_col, float* ent_val, u32* kept_out, float* dropped_out,
+    u32* row_cnt, u64* recs_end, u32* kept_out, float* dropped_out,
     float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles) {
     __shared__ u32 hm[SEL_THREADS / 32][N_BINS];
     __shared__ u32 hc[SEL_THREADS / 32][N_BINS];
-    __shared__ u32 tot[N_BINS];
+    __shared__ u64 tot[N_BINS];
+    __shared__ u64 under_sh[SEL_THREADS / 32];
     __shared__ float edges[N_BINS];
     __shared__ float shf[64];
     __shared__ u32 shu[33];
@@ -1475,6 +1474,8 @@ __device__ __forceinline__ void sparse_select(
     if (threadIdx.x < N_BINS) edges[threadIdx.x] = edges_g[threadIdx.x];
     __syncthreads();
     u32 big = 0;
+    u64 under = 0;
+    const float e_lo = edges[N_BINS - 1], e_hi = edges[0];
     for (int b0 = 0; b0 < V; b0 += STEP) {
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL; ++u) {
@@ -1484,17 +1485,23 @@ __device__ __forceinline__ void sparse_select(
             for (int k = 0; k < 4; ++k) {
                 float p = __expf(f4get(z, k) - lse);
                 float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
-                hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, big);
+                hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, e_lo, e_hi, under,
+                               big);
             }
         }
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) under += __shfl_down_sync(FULL_MASK, under, o);
+    if ((threadIdx.x & 31) == 0) under_sh[warp] = under;
     {
         float unused_a = 0.0f, unused_b = 0.0f;
         block_sum2u(unused_a, unused_b, big, shf, shu);
     }
     if (threadIdx.x < N_BINS) {
-        u32 s = 0;
+        u64 s = 0;
         for (int w = 0; w < SEL_THREADS / 32; ++w) s += hm[w][threadIdx.x];
+        if (threadIdx.x == N_BINS - 1)
+            for (int w = 0; w < SEL_THREADS / 32; ++w) s += under_sh[w];
         tot[threadIdx.x] = s;
     }
     __syncthreads();
@@ -1568,8 +1575,11 @@ __device__ __forceinline__ void sparse_select(
                 }
                 gv[u * 4 + k] = g;
             }
-            flag_tile(flags, flag_row, n_ctiles, tile_classes, j, any_kept);
+            if (__any_sync(FULL_MASK, any_kept))
+                flag_tile(flags, flag_row, n_ctiles, tile_classes, j, any_kept);
         }
+        // Most steps of a peaked row keep nothing: one barrier decides whether to scan.
+        if (!__syncthreads_or(bits != 0u)) continue;
         u32 step_tot;
         u32 pos = run + block_excl_scan((u32)__popc(bits), shu, step_tot);
 #pragma unroll
@@ -1577,8 +1587,8 @@ __device__ __forceinline__ void sparse_select(
             if (bits & (1u << q)) {
                 if (pos < k_row) {
                     int j = b0 + (q / 4) * SEL_THREADS * 4 + threadIdx.x * 4 + (q % 4);
-                    ent_col[base + pos] = (u32)j;
-                    ent_val[base + pos] = gv[q];
+                    recs_end[-1 - (long long)(base + pos)] =
+                        (u64)(u32)j | ((u64)__float_as_uint(gv[q]) << 32);
                 }
                 ++pos;
             }
@@ -1601,36 +1611,47 @@ __device__ __forceinline__ void sparse_select(
     const float *L, long long ld, int V, const void *bias, float softcap, const int *targets,\
         const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
         float lambda, const float *edges_g, u64 delta_fixed, u64 cap, u64 *counter,          \
-        u32 *overflow, u32 *row_off, u32 *row_cnt, u32 *ent_col, float *ent_val,             \
-        u32 *kept_out, float *dropped_out, float *tau_out, u32 *flags, long long row0,       \
-        int tile_rows, int tile_classes, int n_ctiles
+        u32 *overflow, u32 *row_off, u32 *row_cnt, u64 *recs_end, u32 *kept_out,             \
+        float *dropped_out, float *tau_out, u32 *flags, long long row0, int tile_rows,       \
+        int tile_classes, int n_ctiles
 #define SEL_ARGS                                                                              \
     L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
-        delta_fixed, cap, counter, overflow, row_off, row_cnt, ent_col, ent_val, kept_out,   \
+        delta_fixed, cap, counter, overflow, row_off, row_cnt, recs_end, kept_out,           \
         dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_f32(SEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_f32(SEL_PARAMS) {
     sparse_select<0>(SEL_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_f16(SEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_f16(SEL_PARAMS) {
     sparse_select<1>(SEL_ARGS);
 }
-extern "C" __global__ void __launch_bounds__(SEL_THREADS) cce_sparse_select_bf16(SEL_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_bf16(SEL_PARAMS) {
     sparse_select<2>(SEL_ARGS);
 }
 
-// (4) and d_c: out_r = Σ_k val[s_r + k] · src[idx[s_r + k], :] for k < n_r, in the gradient
-// dtype OT, and sum_out[r] = Σ_k val[s_r + k] (d_bias) when sum_out ≠ 0.
+// (4) and d_c: out_r = Σ_k G_k · src[idx_k, :] over the records k = s_r .. s_r + n_r − 1,
+// record k = recs[step·k] (idx | G bits << 32), in the gradient dtype OT; sum_out[r] = Σ_k G_k
+// (d_bias) when sum_out ≠ 0.
 // Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
-//   n_r = off[r + 1] − off[r]; idx u32, val f32 [pairs]; src DT [*, D]; out OT [R, D];
-//   sum_out OT [R] or 0.
-// Tiling: block (r, y) owns row r of out, columns [y·GATHER_THREADS·VEC, (y+1)·...): the
-//   pairs are read in order (a fixed sum order: deterministic), 4 gathered rows in flight.
-// Thread mapping: thread t owns VEC consecutive columns (VEC = 4 needs D % 4 == 0: 8- or
-//   16-byte loads), coalesced across the warp.
+//   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
+//   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
+// Tiling: block (r, y) of B ≤ GATHER_MAX threads owns row r of out, columns [y·B·VEC,
+//   (y+1)·B·VEC) (one block per row when D ≤ GATHER_MAX·VEC: a gathered row is then read
+//   whole by one block, one TLB translation per row); the records are read in order (a
+//   fixed sum order), 4 gathered rows in flight per thread.
+// Thread mapping: thread t owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
+//   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
 template <int DT, int VEC>
 __device__ __forceinline__ void load_vec(const void* src, long long i, float* x) {
-    if (VEC == 4) {
+    if (VEC == 8 && DT != 0) {
+        uint4 u = *(const uint4*)((const u16*)src + i);
+        u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            x[2 * q] = Elem16<DT>::cvt_in((u16)(w[q] & 0xffff));
+            x[2 * q + 1] = Elem16<DT>::cvt_in((u16)(w[q] >> 16));
+        }
+    } else if (VEC == 4) {
         float4 v = Elem<DT>::load4(src, i);
         x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
     } else {
@@ -1640,7 +1661,10 @@ __device__ __forceinline__ void load_vec(const void* src, long long i, float* x)
 }
 template <int OT, int VEC>
 __device__ __forceinline__ void store_vec(void* dst, long long i, const float* x) {
-    if (VEC == 4) {
+    if (VEC == 8) {
+        Elem<OT>::store4(dst, i, make_float4(x[0], x[1], x[2], x[3]));
+        Elem<OT>::store4(dst, i + 4, make_float4(x[4], x[5], x[6], x[7]));
+    } else if (VEC == 4) {
         Elem<OT>::store4(dst, i, make_float4(x[0], x[1], x[2], x[3]));
     } else {
 #pragma unroll
@@ -1651,8 +1675,7 @@ __device__ __forceinline__ void store_vec(void* dst, long long i, const float* x
 template <int DT, int OT, int VEC>
 __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
                                               const u32* __restrict__ cnt,
-                                              const u32* __restrict__ idx,
-                                              const float* __restrict__ val,
+                                              const u64* __restrict__ recs, long long step,
                                               const void* __restrict__ src, long long D,
                                               void* __restrict__ out, void* __restrict__ sum_out) {
     const long long r = blockIdx.x;
@@ -1664,7 +1687,7 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
     } else {
         n = off[r + 1] - s;
     }
-    const long long d0 = ((long long)blockIdx.y * GATHER_THREADS + threadIdx.x) * VEC;
+    const long long d0 = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * VEC;
     const bool ok = d0 < D;
     float acc[VEC];
 #pragma unroll
@@ -1676,8 +1699,9 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
         float g[4];
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
-            i[a] = idx[s + k + a];
-            g[a] = val[s + k + a];
+            u64 rec = recs[step * (long long)(s + k + a)];
+            i[a] = (u32)rec;
+            g[a] = __uint_as_float((u32)(rec >> 32));
         }
         if (ok) {
             float x[4][VEC];
@@ -1691,8 +1715,9 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
         gsum += (g[0] + g[1]) + (g[2] + g[3]);
     }
     for (; k < n; ++k) {
-        const u32 i = idx[s + k];
-        const float g = val[s + k];
+        const u64 rec = recs[step * (long long)(s + k)];
+        const u32 i = (u32)rec;
+        const float g = __uint_as_float((u32)(rec >> 32));
         if (ok) {
             float x[VEC];
             load_vec<DT, VEC>(src, (long long)i * D + d0, x);
@@ -1706,35 +1731,37 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
 }
 
 #define GATHER_PARAMS                                                                         \
-    const u32 *off, const u32 *cnt, const u32 *idx, const float *val, const void *src,       \
+    const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
         long long D, void *out, void *sum_out
 #define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
-    extern "C" __global__ void __launch_bounds__(GATHER_THREADS) NAME(GATHER_PARAMS) {        \
-        sparse_gather<DT, OT, VEC>(off, cnt, idx, val, src, D, out, sum_out);                 \
+    extern "C" __global__ void __launch_bounds__(GATHER_MAX) NAME(GATHER_PARAMS) {            \
+        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
     }
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
-GATHER_KERNEL(cce_sparse_gather_f16_f16_v4, 1, 1, 4)
+GATHER_KERNEL(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
 GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1)
-GATHER_KERNEL(cce_sparse_gather_f16_f32_v4, 1, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
 GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1)
-GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v4, 2, 2, 4)
+GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
 GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1)
-GATHER_KERNEL(cce_sparse_gather_bf16_f32_v4, 2, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
 GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
 
-// Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), col u32 /
-// val f32 [pairs] grouped by row; counts u32 [V] (zeroed before cce_sparse_count);
-// starts u32 [V + 1]; csc_row u32 / csc_val f32 [pairs] grouped by class.
+// Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), recs_end
+// (the row records, record k at recs_end[−1 − k]); counts u32 [V] (zeroed before
+// cce_sparse_count); starts u32 [V + 1]; csc u64 [pairs] the class records (row | G << 32),
+// grouped by class (order within a class: arrival, not deterministic).
 // Tiling: count and scatter: one block per row, threads stride over its pairs; scan: one block
 //   of 1024 threads, thread t owns a contiguous range of classes.
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
-    const u32* row_off, const u32* row_cnt, const u32* col, u32* counts) {
+    const u32* row_off, const u32* row_cnt, const u64* recs_end, u32* counts) {
     const long long r = blockIdx.x;
     u32 n = row_cnt[r];
     if (n == SPARSE_OVERFLOW) return;
     const u32 s = row_off[r];
-    for (u32 k = threadIdx.x; k < n; k += GATHER_THREADS) atomicAdd(&counts[col[s + k]], 1u);
+    for (u32 k = threadIdx.x; k < n; k += GATHER_THREADS)
+        atomicAdd(&counts[(u32)recs_end[-1 - (long long)(s + k)]], 1u);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) cce_sparse_scan(u32* counts, u32* starts,
@@ -1766,16 +1793,16 @@ extern "C" __global__ void __launch_bounds__(1024) cce_sparse_scan(u32* counts, 
 }
 
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_scatter(
-    const u32* row_off, const u32* row_cnt, const u32* col, const float* val,
-    const u32* starts, u32* fill, u32* csc_row, float* csc_val) {
+    const u32* row_off, const u32* row_cnt, const u64* recs_end, const u32* starts, u32* fill,
+    u64* csc) {
     const long long r = blockIdx.x;
     u32 n = row_cnt[r];
     if (n == SPARSE_OVERFLOW) return;
     const u32 s = row_off[r];
     for (u32 k = threadIdx.x; k < n; k += GATHER_THREADS) {
-        u32 j = col[s + k];
+        u64 rec = recs_end[-1 - (long long)(s + k)];
+        u32 j = (u32)rec;
         u32 pos = starts[j] + atomicAdd(&fill[j], 1u);
-        csc_row[pos] = (u32)r;
-        csc_val[pos] = val[s + k];
+        csc[pos] = (u64)(u32)r | (rec & 0xffffffff00000000ull);
     }
 }

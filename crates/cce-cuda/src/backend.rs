@@ -1410,7 +1410,7 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
             plan.row_chunks = chunks(n, *chunk_rows);
             plan.class_chunks = chunks(v, *chunk_classes);
             if let Some(sp) = plan.sparse.as_mut() {
-                sp.chunk_rows = sp.chunk_rows.min(rows);
+                sp.max_rows = sp.max_rows.min(rows).max(sp.probe_rows);
             }
         }
         Strategy::TileOwnership => return,

@@ -64,6 +64,7 @@ const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
 const SEL_THREADS: u32 = 512;
 const GATHER_THREADS: u32 = 128;
+const GATHER_MAX: u32 = 512;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -527,7 +528,7 @@ impl DenseWorkspace {
             cfg.row_layout()
                 .end
                 .max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes() + cfg.dc_tmp_bytes())
-                .max(cfg.sparse.map_or(0, |sp| sp.layout(cfg.v).end))
+                .max(cfg.sparse.map_or(0, |sp| sp.scratch_bytes))
         } else {
             chunk_rows * ld * 4
         };
@@ -762,7 +763,9 @@ impl PhaseTimer {
         if std::env::var_os("CCE_CUDA_PROFILE").is_none() {
             return Ok(None);
         }
-        let last = stream.record_event(None).map_err(drv)?;
+        let last = stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv)?;
         Ok(Some(Self {
             stream: stream.clone(),
             last: Some(last),
@@ -772,8 +775,15 @@ impl PhaseTimer {
 
     fn mark(t: &mut Option<Self>, name: &'static str) -> Result<()> {
         if let Some(t) = t.as_mut() {
-            let ev = t.stream.record_event(None).map_err(drv)?;
-            let prev = t.last.replace(t.stream.record_event(None).map_err(drv)?);
+            let ev = t
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv)?;
+            let prev = t.last.replace(
+                t.stream
+                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(drv)?,
+            );
             if let Some(prev) = prev {
                 t.spans.push((name, prev, ev));
             }
@@ -865,9 +875,10 @@ impl DenseEngine {
             names.push(format!("cce_split_gcols_{dt}"));
             names.push(format!("cce_split_de_finish_{dt}"));
             names.push(format!("cce_sparse_select_{dt}"));
+            let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
-                for vec in [1, 4] {
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{vec}"));
+                for v in [1, vec] {
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
                 }
             }
             if major >= 9 {
@@ -1870,29 +1881,39 @@ impl DenseEngine {
         let code = dtype_code(dt)?;
         let out_ty = cfg.grad_dtype();
         let out_code = dtype_code(out_ty)?;
-        let lay = sp.layout(v);
         let ld = ws.ld;
-        if ws.logits.len() < lay.end || ws.sparse_rows.len() < n * 8 || ws.kept.len() < n * 4 {
+        let scratch = sp.scratch_bytes;
+        if ws.logits.len() < scratch
+            || ws.sparse_rows.len() < n * 8
+            || ws.kept.len() < n * 4
+            || ld != cce_core::SparseBackward::ld(v)
+        {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "allocated for another configuration".into(),
             });
         }
         let base = self.ptr(&ws.logits);
-        let l_ptr = base + lay.logits as u64;
-        let (col_ptr, val_ptr) = (base + lay.csr_col as u64, base + lay.csr_val as u64);
+        // Logits chunk at the start; row records grow down from the end (kernels/chunked.cu).
+        let l_ptr = base;
+        let recs_end = base + scratch as u64;
+        let recs_last = recs_end - 8;
         let row_off = self.ptr(&ws.sparse_rows);
         let row_cnt = row_off + (n * 4) as u64;
         let ctl = self.ptr(&ws.sparse_ctl);
         let (counter, overflow) = (ctl, ctl + 8);
         self.stream.memset_zeros(&mut ws.sparse_ctl).map_err(drv)?;
-        let cap = sp.capacity as u64;
-        let chunk = sp.chunk_rows.clamp(1, n);
+        let mut chunk = sp.probe_rows.clamp(1, n);
+        let mut cap = sp.capacity(chunk, v) as u64;
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
         let f_sel = self.func(&format!("cce_sparse_select_{code}"))?;
-        let vec = if d % 4 == 0 { 4 } else { 1 };
+        let vec16 = 16 / dt.size_bytes();
+        let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
-        let gy = d.div_ceil(GATHER_THREADS as usize * vec) as u32;
+        // Gather blocks: one per output row (up to GATHER_MAX threads of `vec` columns each).
+        let gthreads = ((d / vec).div_ceil(32) * 32).clamp(32, GATHER_MAX as usize);
+        let gy = d.div_ceil(gthreads * vec) as u32;
+        let gthreads = gthreads as u32;
         let d_i = d as i64;
         let osz = out_ty.size_bytes();
         let (kept_ptr, dropped_ptr, tau_ptr, flags_ptr, edges_ptr) = (
@@ -1905,7 +1926,8 @@ impl DenseEngine {
         let (tile_rows, tile_classes, n_ctiles) = a.tile;
         let esz = dt.size_bytes();
         let mut timer = PhaseTimer::new(&self.stream)?;
-        for (ci, r0) in (0..n).step_by(chunk).enumerate() {
+        let mut r0 = 0usize;
+        while r0 < n {
             let rows = chunk.min(n - r0);
             let e_r = a.e + (r0 * d * esz) as u64;
             self.gemm_logits((v, d, rows), dt, (a.c, e_r, l_ptr), ld)?;
@@ -1945,8 +1967,7 @@ impl DenseEngine {
                 .arg(&overflow)
                 .arg(&off_r)
                 .arg(&cnt_r)
-                .arg(&col_ptr)
-                .arg(&val_ptr)
+                .arg(&recs_end)
                 .arg(&kept_r)
                 .arg(&dropped_r)
                 .arg(&tau_r)
@@ -1968,7 +1989,7 @@ impl DenseEngine {
             }
             .map_err(drv)?;
             PhaseTimer::mark(&mut timer, "select")?;
-            if ci == 0 {
+            if r0 == 0 {
                 let (pairs, over) = self.sparse_ctl(ws)?;
                 let mean = pairs as f64 / rows as f64;
                 if over {
@@ -1982,6 +2003,9 @@ impl DenseEngine {
                         cfg.filter.max_dropped_mass, sp.max_mean_kept
                     )));
                 }
+                // Grow the chunks to what the density leaves room for.
+                chunk = sp.rows_after_probe(pairs, n, v);
+                cap = sp.capacity(chunk, v) as u64;
                 if mean * n as f64 > cap as f64 {
                     return Ok(Err(format!(
                         "the first {rows} rows keep {mean:.0} entries per row; all {n} rows would need about {:.0} pairs, over the sparse capacity of {cap}",
@@ -1993,10 +2017,11 @@ impl DenseEngine {
                 let de_r = a.d_e + (r0 * d * osz) as u64;
                 let zero = 0u64;
                 let mut b = self.stream.launch_builder(f_gather);
+                let step = -1i64;
                 b.arg(&off_r)
                     .arg(&cnt_r)
-                    .arg(&col_ptr)
-                    .arg(&val_ptr)
+                    .arg(&recs_last)
+                    .arg(&step)
                     .arg(&a.c)
                     .arg(&d_i)
                     .arg(&de_r)
@@ -2008,13 +2033,14 @@ impl DenseEngine {
                 unsafe {
                     b.launch(LaunchConfig {
                         grid_dim: (rows as u32, gy, 1),
-                        block_dim: (GATHER_THREADS, 1, 1),
+                        block_dim: (gthreads, 1, 1),
                         shared_mem_bytes: 0,
                     })
                 }
                 .map_err(drv)?;
                 PhaseTimer::mark(&mut timer, "d_e gather")?;
             }
+            r0 += rows;
         }
         let (pairs, over) = self.sparse_ctl(ws)?;
         if over {
@@ -2023,10 +2049,18 @@ impl DenseEngine {
             )));
         }
         if a.d_c != 0 {
-            let (counts, starts) = (base + lay.counts as u64, base + lay.starts as u64);
-            let (csc_row, csc_val) = (base + lay.csc_row as u64, base + lay.csc_val as u64);
+            let (counts_off, starts_off, end) =
+                cce_core::SparseBackward::class_layout(pairs as usize, v);
+            if end + 8 * pairs as usize > scratch {
+                return Err(CceError::InvalidOption {
+                    name: "sparse layout",
+                    reason: format!("{pairs} pairs leave no room to regroup them by class"),
+                });
+            }
+            let (counts, starts) = (base + counts_off as u64, base + starts_off as u64);
+            let csc = base;
             {
-                let mut view = ws.logits.slice_mut(lay.counts..lay.counts + v * 4);
+                let mut view = ws.logits.slice_mut(counts_off..counts_off + v * 4);
                 self.stream.memset_zeros(&mut view).map_err(drv)?;
             }
             let rows_cfg = LaunchConfig {
@@ -2035,7 +2069,7 @@ impl DenseEngine {
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream.launch_builder(self.func("cce_sparse_count")?);
-            b.arg(&row_off).arg(&row_cnt).arg(&col_ptr).arg(&counts);
+            b.arg(&row_off).arg(&row_cnt).arg(&recs_end).arg(&counts);
             // SAFETY: matches cce_sparse_count; rows' pairs as written by the select kernels
             // (classes < V, counts holds V u32, zeroed above); the logits are no longer read.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
@@ -2056,22 +2090,20 @@ impl DenseEngine {
             let mut b = self.stream.launch_builder(self.func("cce_sparse_scatter")?);
             b.arg(&row_off)
                 .arg(&row_cnt)
-                .arg(&col_ptr)
-                .arg(&val_ptr)
+                .arg(&recs_end)
                 .arg(&starts)
                 .arg(&counts)
-                .arg(&csc_row)
-                .arg(&csc_val);
+                .arg(&csc);
             // SAFETY: matches cce_sparse_scatter; starts sum to `pairs` ≤ cap, so every
             // position is within the csc buffers (layout), which overlay only the logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            let zero = 0u64;
+            let (zero, step) = (0u64, 1i64);
             let mut b = self.stream.launch_builder(f_gather);
             b.arg(&starts)
                 .arg(&zero)
-                .arg(&csc_row)
-                .arg(&csc_val)
+                .arg(&csc)
+                .arg(&step)
                 .arg(&a.e)
                 .arg(&d_i)
                 .arg(&a.d_c)
@@ -2082,7 +2114,7 @@ impl DenseEngine {
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (v as u32, gy, 1),
-                    block_dim: (GATHER_THREADS, 1, 1),
+                    block_dim: (gthreads, 1, 1),
                     shared_mem_bytes: 0,
                 })
             }
