@@ -189,13 +189,13 @@ impl SparseBackward {
         let need = |pairs: usize| -> usize {
             (Self::logits_bytes(probe, v) + 8 * pairs).max(16 * pairs + 8 * (v + 1) + 1024)
         };
-        let target = need(4 * n);
+        let target = align256(need(4 * n));
         let scratch_bytes = if scratch >= target {
-            scratch
+            scratch / 256 * 256
         } else if room >= target {
             target
         } else if room.max(scratch) >= need(n) {
-            room.max(scratch)
+            room.max(scratch) / 256 * 256
         } else {
             return None;
         };
@@ -203,7 +203,7 @@ impl SparseBackward {
             probe_rows: probe.max(1),
             max_rows: max_rows.max(probe).max(1),
             // A multiple of 256: the records grow down from its end in 8-byte units.
-            scratch_bytes: scratch_bytes / 256 * 256,
+            scratch_bytes,
             max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
         };
         (sp.capacity(sp.probe_rows, v) >= n).then_some(sp)

@@ -1327,9 +1327,10 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 
 #define SEL_THREADS 512
 #define SEL_UNROLL 2
+#define SEL_CAND 3072 /* pass-2 candidates a select block keeps in shared memory */
 #define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
 #define GATHER_THREADS 128 /* count and scatter */
-#define GATHER_MAX 512     /* gather blocks: up to this many threads */
+#define GATHER_WARPS 8     /* gather blocks: warps splitting a row's records */
 
 // Histogram of g0 (fixed point) and of entry counts for the graded bins (g0 in
 // [edge(64), eps)); entries below edge(64) add to the thread's underflow mass `under` (no
@@ -1448,6 +1449,8 @@ __device__ __forceinline__ void sparse_select(
     __shared__ u32 shu[33];
     __shared__ u32 k_sh;
     __shared__ u64 base_sh;
+    __shared__ int cand_col[SEL_CAND];
+    __shared__ float cand_z[SEL_CAND];
     __shared__ float tau_sh;
     const int STEP = SEL_THREADS * 4 * SEL_UNROLL;
     const long long r = blockIdx.x;
@@ -1475,8 +1478,12 @@ __device__ __forceinline__ void sparse_select(
     __syncthreads();
     u32 big = 0;
     u64 under = 0;
+    float d_under = 0.0f;  // Σ g0 below edge(64): dropped whenever τ > 0
+    u32 ncand = 0;         // candidates (g0 ≥ edge(64)) seen so far (block-uniform)
     const float e_lo = edges[N_BINS - 1], e_hi = edges[0];
     for (int b0 = 0; b0 < V; b0 += STEP) {
+        u32 cb = 0;
+        float zc[SEL_UNROLL * 4];
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL; ++u) {
             int j = b0 + u * SEL_THREADS * 4 + threadIdx.x * 4;
@@ -1485,9 +1492,28 @@ __device__ __forceinline__ void sparse_select(
             for (int k = 0; k < 4; ++k) {
                 float p = __expf(f4get(z, k) - lse);
                 float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
-                hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, e_lo, e_hi, under,
-                               big);
+                bool valid = j + k < V;
+                hist_add_count(hm[warp], hc[warp], g0, valid, edges, e_lo, e_hi, under, big);
+                if (valid && !(g0 < e_lo)) cb |= 1u << (u * 4 + k);
+                if (valid && g0 < e_lo) d_under += g0;
+                zc[u * 4 + k] = f4get(z, k);
             }
+        }
+        // Candidates for pass 2, in column-step order (deterministic), while they fit.
+        if (ncand <= SEL_CAND && __syncthreads_or(cb != 0u)) {
+            u32 step_tot;
+            u32 pos = ncand + block_excl_scan((u32)__popc(cb), shu, step_tot);
+#pragma unroll
+            for (int q = 0; q < SEL_UNROLL * 4; ++q) {
+                if (cb & (1u << q)) {
+                    if (pos < SEL_CAND) {
+                        cand_col[pos] = b0 + (q / 4) * SEL_THREADS * 4 + threadIdx.x * 4 + (q % 4);
+                        cand_z[pos] = zc[q];
+                    }
+                    ++pos;
+                }
+            }
+            ncand += step_tot;
         }
     }
 #pragma unroll
@@ -1545,7 +1571,43 @@ __device__ __forceinline__ void sparse_select(
     const long long flag_row = (row0 + r) / tile_rows;
     u32 run = 0;  // pairs written so far (block-uniform)
     float dropped = 0.0f;
-    for (int b0 = 0; b0 < V; b0 += STEP) {
+    // Pass 2 from the candidates when they all fit and τ > 0 (every kept entry has
+    // g0 ≥ τ ≥ edge(64), so it is a candidate): no second read of the row.
+    const bool from_cand = ncand <= SEL_CAND && tau > 0.0f;
+    if (from_cand) {
+        dropped = d_under;
+        for (u32 c0 = 0; c0 < ncand; c0 += SEL_THREADS) {
+            u32 q = c0 + threadIdx.x;
+            bool keep = false;
+            int j = 0;
+            float g = 0.0f;
+            if (q < ncand) {
+                j = cand_col[q];
+                float zk = cand_z[q];
+                float p = __expf(zk - lse);
+                bool tgt = (j == y);
+                float g0 = tgt ? target_g0(p, c.oh) : p;
+                if (g0 < tau) {
+                    dropped += g0;
+                } else {
+                    keep = true;
+                    g = c.cp * p - (tgt ? c.cy : 0.0f);
+                    if (softcap > 0.0f) {
+                        float qz = zk * inv_cap;
+                        g *= 1.0f - qz * qz;
+                    }
+                }
+            }
+            if (__any_sync(FULL_MASK, keep)) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, keep);
+            u32 step_tot;
+            u32 pos = run + block_excl_scan(keep ? 1u : 0u, shu, step_tot);
+            if (keep && pos < k_row)
+                recs_end[-1 - (long long)(base + pos)] =
+                    (u64)(u32)j | ((u64)__float_as_uint(g) << 32);
+            run += step_tot;
+        }
+    }
+    for (int b0 = 0; b0 < (from_cand ? 0 : V); b0 += STEP) {
         float gv[SEL_UNROLL * 4];
         u32 bits = 0;
 #pragma unroll
@@ -1634,11 +1696,12 @@ extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_b
 // Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
 //   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
 //   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
-// Tiling: block (r, y) of B ≤ GATHER_MAX threads owns row r of out, columns [y·B·VEC,
-//   (y+1)·B·VEC) (one block per row when D ≤ GATHER_MAX·VEC: a gathered row is then read
-//   whole by one block, one TLB translation per row); the records are read in order (a
-//   fixed sum order), 4 gathered rows in flight per thread.
-// Thread mapping: thread t owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
+// Tiling: block (r, y) owns row r of out, columns [y·32·VEC, (y+1)·32·VEC); its GATHER_WARPS
+//   warps split the row's records (warp w: records w + k·GATHER_WARPS), each lane holding
+//   partial sums of its VEC columns, then warp 0 adds the warps' partials in a fixed order
+//   (deterministic for a given record order). Splitting keeps a row with many records (flat
+//   rows, frequent classes) from serializing a launch on one long chain of loads.
+// Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
 template <int DT, int VEC>
@@ -1678,6 +1741,8 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
                                               const u64* __restrict__ recs, long long step,
                                               const void* __restrict__ src, long long D,
                                               void* __restrict__ out, void* __restrict__ sum_out) {
+    __shared__ float part[GATHER_WARPS][32 * VEC];
+    __shared__ float gpart[GATHER_WARPS];
     const long long r = blockIdx.x;
     const u32 s = off[r];
     u32 n;
@@ -1687,19 +1752,22 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
     } else {
         n = off[r + 1] - s;
     }
-    const long long d0 = ((long long)blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
     const bool ok = d0 < D;
     float acc[VEC];
 #pragma unroll
     for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
     float gsum = 0.0f;
-    u32 k = 0;
-    for (; k + 4 <= n; k += 4) {
+    // Warp w takes records w, w + GATHER_WARPS, ...: a long row's chain of dependent loads is
+    // split GATHER_WARPS ways; 4 records (4 gathered rows) in flight per lane.
+    u32 k = warp;
+    for (; k + 3 * GATHER_WARPS < n; k += 4 * GATHER_WARPS) {
         u32 i[4];
         float g[4];
 #pragma unroll
         for (int a = 0; a < 4; ++a) {
-            u64 rec = recs[step * (long long)(s + k + a)];
+            u64 rec = recs[step * (long long)(s + k + a * GATHER_WARPS)];
             i[a] = (u32)rec;
             g[a] = __uint_as_float((u32)(rec >> 32));
         }
@@ -1714,7 +1782,7 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
         }
         gsum += (g[0] + g[1]) + (g[2] + g[3]);
     }
-    for (; k < n; ++k) {
+    for (; k < n; k += GATHER_WARPS) {
         const u64 rec = recs[step * (long long)(s + k)];
         const u32 i = (u32)rec;
         const float g = __uint_as_float((u32)(rec >> 32));
@@ -1726,15 +1794,33 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
         }
         gsum += g;
     }
-    if (ok) store_vec<OT, VEC>(out, r * D + d0, acc);
-    if (sum_out && blockIdx.y == 0 && threadIdx.x == 0) Elem<OT>::store(sum_out, r, gsum);
+    // Fixed-order sum of the warps' partial rows (deterministic).
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) part[warp][lane * VEC + q] = acc[q];
+    if (lane == 0) gpart[warp] = gsum;
+    __syncthreads();
+    if (warp == 0) {
+        float tot[VEC];
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+            float t = 0.0f;
+            for (int w = 0; w < GATHER_WARPS; ++w) t += part[w][lane * VEC + q];
+            tot[q] = t;
+        }
+        if (ok) store_vec<OT, VEC>(out, r * D + d0, tot);
+        if (sum_out && blockIdx.y == 0 && lane == 0) {
+            float t = 0.0f;
+            for (int w = 0; w < GATHER_WARPS; ++w) t += gpart[w];
+            Elem<OT>::store(sum_out, r, t);
+        }
+    }
 }
 
 #define GATHER_PARAMS                                                                         \
     const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
         long long D, void *out, void *sum_out
 #define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
-    extern "C" __global__ void __launch_bounds__(GATHER_MAX) NAME(GATHER_PARAMS) {            \
+    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
         sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
     }
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)

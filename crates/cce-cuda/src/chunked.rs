@@ -64,7 +64,7 @@ const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
 const SEL_THREADS: u32 = 512;
 const GATHER_THREADS: u32 = 128;
-const GATHER_MAX: u32 = 512;
+const GATHER_WARPS: u32 = 8;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -1910,10 +1910,9 @@ impl DenseEngine {
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
-        // Gather blocks: one per output row (up to GATHER_MAX threads of `vec` columns each).
-        let gthreads = ((d / vec).div_ceil(32) * 32).clamp(32, GATHER_MAX as usize);
-        let gy = d.div_ceil(gthreads * vec) as u32;
-        let gthreads = gthreads as u32;
+        // Gather blocks: GATHER_WARPS warps per (output row, 32·vec columns).
+        let gthreads = GATHER_WARPS * 32;
+        let gy = d.div_ceil(32 * vec) as u32;
         let d_i = d as i64;
         let osz = out_ty.size_bytes();
         let (kept_ptr, dropped_ptr, tau_ptr, flags_ptr, edges_ptr) = (
