@@ -167,7 +167,7 @@ impl SparseBackward {
     }
 
     /// The sparse backward for `N x V` in split dense's `scratch` bytes, growing it up to
-    /// `room` bytes when that holds fewer than 4 pairs per row; `None` when even `room` does
+    /// `room` bytes when that holds fewer than `min(1024, V)` pairs per row; `None` when even `room` does
     /// not hold 1 pair per row next to the first chunk's logits. Chunks: `probe_rows` =
     /// [`SPARSE_PROBE_ROWS`] (a multiple of `unit_rows` when larger, at most `N`), then at
     /// most `max_rows`.
@@ -189,7 +189,8 @@ impl SparseBackward {
         let need = |pairs: usize| -> usize {
             (Self::logits_bytes(probe, v) + 8 * pairs).max(16 * pairs + 8 * (v + 1) + 1024)
         };
-        let target = align256(need(4 * n));
+        // Room for 1024 pairs per row (or every entry), when the budget has it.
+        let target = align256(need((1024 * n).min(n * v)));
         let scratch_bytes = if scratch >= target {
             scratch / 256 * 256
         } else if room >= target {

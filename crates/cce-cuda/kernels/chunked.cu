@@ -1327,7 +1327,8 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 
 #define SEL_THREADS 512
 #define SEL_UNROLL 2
-#define SEL_CAND 3072 /* pass-2 candidates a select block keeps in shared memory */
+#define SEL_CAND 3072   /* pass-2 candidates a select block keeps in shared memory */
+#define SEL_CAND_BIN 32 /* candidates: g0 ≥ edge(32) = eps·2^−8 (τ is higher on peaked rows) */
 #define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
 #define GATHER_THREADS 128 /* count and scatter */
 #define GATHER_WARPS 8     /* gather blocks: warps splitting a row's records */
@@ -1478,9 +1479,9 @@ __device__ __forceinline__ void sparse_select(
     __syncthreads();
     u32 big = 0;
     u64 under = 0;
-    float d_under = 0.0f;  // Σ g0 below edge(64): dropped whenever τ > 0
-    u32 ncand = 0;         // candidates (g0 ≥ edge(64)) seen so far (block-uniform)
-    const float e_lo = edges[N_BINS - 1], e_hi = edges[0];
+    float d_under = 0.0f;  // Σ g0 below edge(SEL_CAND_BIN): dropped whenever τ ≥ that edge
+    u32 ncand = 0;         // candidates (g0 ≥ edge(SEL_CAND_BIN)) so far (block-uniform)
+    const float e_lo = edges[N_BINS - 1], e_hi = edges[0], e_c = edges[SEL_CAND_BIN];
     for (int b0 = 0; b0 < V; b0 += STEP) {
         u32 cb = 0;
         float zc[SEL_UNROLL * 4];
@@ -1494,8 +1495,8 @@ __device__ __forceinline__ void sparse_select(
                 float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
                 bool valid = j + k < V;
                 hist_add_count(hm[warp], hc[warp], g0, valid, edges, e_lo, e_hi, under, big);
-                if (valid && !(g0 < e_lo)) cb |= 1u << (u * 4 + k);
-                if (valid && g0 < e_lo) d_under += g0;
+                if (valid && !(g0 < e_c)) cb |= 1u << (u * 4 + k);
+                if (valid && g0 < e_c) d_under += g0;
                 zc[u * 4 + k] = f4get(z, k);
             }
         }
@@ -1571,9 +1572,9 @@ __device__ __forceinline__ void sparse_select(
     const long long flag_row = (row0 + r) / tile_rows;
     u32 run = 0;  // pairs written so far (block-uniform)
     float dropped = 0.0f;
-    // Pass 2 from the candidates when they all fit and τ > 0 (every kept entry has
-    // g0 ≥ τ ≥ edge(64), so it is a candidate): no second read of the row.
-    const bool from_cand = ncand <= SEL_CAND && tau > 0.0f;
+    // Pass 2 from the candidates when they all fit and τ ≥ edge(SEL_CAND_BIN) (every kept
+    // entry has g0 ≥ τ, so it is a candidate): no second read of the row.
+    const bool from_cand = ncand <= SEL_CAND && tau >= e_c && tau > 0.0f;
     if (from_cand) {
         dropped = d_under;
         for (u32 c0 = 0; c0 < ncand; c0 += SEL_THREADS) {
