@@ -1325,7 +1325,7 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 // d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
-#define SEL_THREADS 512
+#define SEL_THREADS 512 /* select blocks (a 256-thread variant: cce_sparse_select_*_t256) */
 #define SEL_UNROLL 2
 #define SEL_CAND 3072   /* pass-2 candidates a select block keeps in shared memory */
 #define SEL_CAND_BIN 32 /* candidates: g0 ≥ edge(32) = eps·2^−8 (τ is higher on peaked rows) */
@@ -1368,11 +1368,12 @@ __device__ __forceinline__ u32 warp_incl_scan(u32 x) {
     return x;
 }
 
-// Block exclusive scan of per-thread counts (blockDim.x = SEL_THREADS); returns the thread's
+// Block exclusive scan of per-thread counts (blockDim.x = T); returns the thread's
 // offset, `total` gets the block sum. `wsh` holds 33 u32. Ends with a barrier.
+template <int T>
 __device__ __forceinline__ u32 block_excl_scan(u32 c, u32* wsh, u32& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nw = SEL_THREADS / 32;
+    const int nw = T / 32;
     u32 incl = warp_incl_scan(c);
     if (lane == 31) wsh[warp] = incl;
     __syncthreads();
@@ -1434,17 +1435,17 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   row).
 // Thread mapping: as cce_dense_bwd (columns 4t + u·SEL_THREADS·4 of each step); trip counts
 //   uniform over the block.
-template <int DT>
+template <int DT, int T>
 __device__ __forceinline__ void sparse_select(
     const float* L, long long ld, int V, const void* bias, float softcap, const int* targets,
     const float* lse_in, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
     const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
     u32* row_cnt, u64* recs_end, u32* kept_out, float* dropped_out,
     float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles) {
-    __shared__ u32 hm[SEL_THREADS / 32][N_BINS];
-    __shared__ u32 hc[SEL_THREADS / 32][N_BINS];
+    __shared__ u32 hm[T / 32][N_BINS];
+    __shared__ u32 hc[T / 32][N_BINS];
     __shared__ u64 tot[N_BINS];
-    __shared__ u64 under_sh[SEL_THREADS / 32];
+    __shared__ u64 under_sh[T / 32];
     __shared__ float edges[N_BINS];
     __shared__ float shf[64];
     __shared__ u32 shu[33];
@@ -1453,7 +1454,7 @@ __device__ __forceinline__ void sparse_select(
     __shared__ int cand_col[SEL_CAND];
     __shared__ float cand_z[SEL_CAND];
     __shared__ float tau_sh;
-    const int STEP = SEL_THREADS * 4 * SEL_UNROLL;
+    const int STEP = T * 4 * SEL_UNROLL;
     const long long r = blockIdx.x;
     const float* Lr = L + r * ld;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
@@ -1471,7 +1472,7 @@ __device__ __forceinline__ void sparse_select(
         }
         return;
     }
-    for (int k = threadIdx.x; k < (SEL_THREADS / 32) * N_BINS; k += SEL_THREADS) {
+    for (int k = threadIdx.x; k < (T / 32) * N_BINS; k += T) {
         (&hm[0][0])[k] = 0;
         (&hc[0][0])[k] = 0;
     }
@@ -1487,7 +1488,7 @@ __device__ __forceinline__ void sparse_select(
         float zc[SEL_UNROLL * 4];
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL; ++u) {
-            int j = b0 + u * SEL_THREADS * 4 + threadIdx.x * 4;
+            int j = b0 + u * T * 4 + threadIdx.x * 4;
             float4 z = sel_load<DT>(Lr, bias, j, V, softcap, inv_cap);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -1503,12 +1504,12 @@ __device__ __forceinline__ void sparse_select(
         // Candidates for pass 2, in column-step order (deterministic), while they fit.
         if (ncand <= SEL_CAND && __syncthreads_or(cb != 0u)) {
             u32 step_tot;
-            u32 pos = ncand + block_excl_scan((u32)__popc(cb), shu, step_tot);
+            u32 pos = ncand + block_excl_scan<T>((u32)__popc(cb), shu, step_tot);
 #pragma unroll
             for (int q = 0; q < SEL_UNROLL * 4; ++q) {
                 if (cb & (1u << q)) {
                     if (pos < SEL_CAND) {
-                        cand_col[pos] = b0 + (q / 4) * SEL_THREADS * 4 + threadIdx.x * 4 + (q % 4);
+                        cand_col[pos] = b0 + (q / 4) * T * 4 + threadIdx.x * 4 + (q % 4);
                         cand_z[pos] = zc[q];
                     }
                     ++pos;
@@ -1526,9 +1527,9 @@ __device__ __forceinline__ void sparse_select(
     }
     if (threadIdx.x < N_BINS) {
         u64 s = 0;
-        for (int w = 0; w < SEL_THREADS / 32; ++w) s += hm[w][threadIdx.x];
+        for (int w = 0; w < T / 32; ++w) s += hm[w][threadIdx.x];
         if (threadIdx.x == N_BINS - 1)
-            for (int w = 0; w < SEL_THREADS / 32; ++w) s += under_sh[w];
+            for (int w = 0; w < T / 32; ++w) s += under_sh[w];
         tot[threadIdx.x] = s;
     }
     __syncthreads();
@@ -1543,7 +1544,7 @@ __device__ __forceinline__ void sparse_select(
         if (best >= 0) {
             k_row = big;
             for (int b = 0; b < best; ++b)
-                for (int w = 0; w < SEL_THREADS / 32; ++w) k_row += hc[w][b];
+                for (int w = 0; w < T / 32; ++w) k_row += hc[w][b];
         }
         float tau = best >= 0 ? edges[best] : 0.0f;
         u64 base = k_row > 0 ? atomicAdd(counter, (u64)k_row) : 0ull;
@@ -1577,7 +1578,7 @@ __device__ __forceinline__ void sparse_select(
     const bool from_cand = ncand <= SEL_CAND && tau >= e_c && tau > 0.0f;
     if (from_cand) {
         dropped = d_under;
-        for (u32 c0 = 0; c0 < ncand; c0 += SEL_THREADS) {
+        for (u32 c0 = 0; c0 < ncand; c0 += T) {
             u32 q = c0 + threadIdx.x;
             bool keep = false;
             int j = 0;
@@ -1601,19 +1602,20 @@ __device__ __forceinline__ void sparse_select(
             }
             if (__any_sync(FULL_MASK, keep)) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, keep);
             u32 step_tot;
-            u32 pos = run + block_excl_scan(keep ? 1u : 0u, shu, step_tot);
+            u32 pos = run + block_excl_scan<T>(keep ? 1u : 0u, shu, step_tot);
             if (keep && pos < k_row)
                 recs_end[-1 - (long long)(base + pos)] =
                     (u64)(u32)j | ((u64)__float_as_uint(g) << 32);
             run += step_tot;
         }
     }
+    if (!from_cand && threadIdx.x == 0) atomicAdd(overflow + 1, 1u);  // profile: full pass 2
     for (int b0 = 0; b0 < (from_cand ? 0 : V); b0 += STEP) {
         float gv[SEL_UNROLL * 4];
         u32 bits = 0;
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL; ++u) {
-            int j = b0 + u * SEL_THREADS * 4 + threadIdx.x * 4;
+            int j = b0 + u * T * 4 + threadIdx.x * 4;
             float4 z = sel_load<DT>(Lr, bias, j, V, softcap, inv_cap);
             bool any_kept = false;
 #pragma unroll
@@ -1644,12 +1646,12 @@ __device__ __forceinline__ void sparse_select(
         // Most steps of a peaked row keep nothing: one barrier decides whether to scan.
         if (!__syncthreads_or(bits != 0u)) continue;
         u32 step_tot;
-        u32 pos = run + block_excl_scan((u32)__popc(bits), shu, step_tot);
+        u32 pos = run + block_excl_scan<T>((u32)__popc(bits), shu, step_tot);
 #pragma unroll
         for (int q = 0; q < SEL_UNROLL * 4; ++q) {
             if (bits & (1u << q)) {
                 if (pos < k_row) {
-                    int j = b0 + (q / 4) * SEL_THREADS * 4 + threadIdx.x * 4 + (q % 4);
+                    int j = b0 + (q / 4) * T * 4 + threadIdx.x * 4 + (q % 4);
                     recs_end[-1 - (long long)(base + pos)] =
                         (u64)(u32)j | ((u64)__float_as_uint(gv[q]) << 32);
                 }
@@ -1681,15 +1683,17 @@ __device__ __forceinline__ void sparse_select(
     L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
         delta_fixed, cap, counter, overflow, row_off, row_cnt, recs_end, kept_out,           \
         dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_f32(SEL_PARAMS) {
-    sparse_select<0>(SEL_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_f16(SEL_PARAMS) {
-    sparse_select<1>(SEL_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(SEL_THREADS, 2) cce_sparse_select_bf16(SEL_PARAMS) {
-    sparse_select<2>(SEL_ARGS);
-}
+#define SEL_KERNELS(DTN, DT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(512, 2) cce_sparse_select_##DTN(SEL_PARAMS) {  \
+        sparse_select<DT, 512>(SEL_ARGS);                                                     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, 4)                                      \
+        cce_sparse_select_##DTN##_t256(SEL_PARAMS) {                                          \
+        sparse_select<DT, 256>(SEL_ARGS);                                                     \
+    }
+SEL_KERNELS(f32, 0)
+SEL_KERNELS(f16, 1)
+SEL_KERNELS(bf16, 2)
 
 // (4) and d_c: out_r = Σ_k G_k · src[idx_k, :] over the records k = s_r .. s_r + n_r − 1,
 // record k = recs[step·k] (idx | G bits << 32), in the gradient dtype OT; sum_out[r] = Σ_k G_k

@@ -875,6 +875,7 @@ impl DenseEngine {
             names.push(format!("cce_split_gcols_{dt}"));
             names.push(format!("cce_split_de_finish_{dt}"));
             names.push(format!("cce_sparse_select_{dt}"));
+            names.push(format!("cce_sparse_select_{dt}_t256"));
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
@@ -1849,6 +1850,12 @@ impl DenseEngine {
 
     /// Read the sparse backward's pair counter and overflow flag (one host sync).
     fn sparse_ctl(&self, ws: &DenseWorkspace) -> Result<(u64, bool)> {
+        self.sparse_ctl3(ws).map(|(a, b, _)| (a, b))
+    }
+
+    /// Pair counter, overflow flag, and rows whose select pass 2 re-read the row (candidates
+    /// did not hold every kept entry).
+    fn sparse_ctl3(&self, ws: &DenseWorkspace) -> Result<(u64, bool, u32)> {
         let mut host = [0u8; 16];
         self.stream
             .memcpy_dtoh(&ws.sparse_ctl, &mut host[..])
@@ -1856,7 +1863,8 @@ impl DenseEngine {
         self.stream.synchronize().map_err(drv)?;
         let counter = u64::from_le_bytes(host[0..8].try_into().expect("8 bytes"));
         let overflow = u32::from_le_bytes(host[8..12].try_into().expect("4 bytes"));
-        Ok((counter, overflow != 0))
+        let full = u32::from_le_bytes(host[12..16].try_into().expect("4 bytes"));
+        Ok((counter, overflow != 0, full))
     }
 
     /// The plan's [`cce_core::SparseBackward`] (`chunked.cu` "Sparse backward"): per row chunk
@@ -1906,7 +1914,16 @@ impl DenseEngine {
         let mut chunk = sp.probe_rows.clamp(1, n);
         let mut cap = sp.capacity(chunk, v) as u64;
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
-        let f_sel = self.func(&format!("cce_sparse_select_{code}"))?;
+        // Select blocks of 512 threads (256 with CCE_CUDA_SELECT_THREADS=256, for benches).
+        let sel_threads: u32 = match std::env::var("CCE_CUDA_SELECT_THREADS").as_deref() {
+            Ok("256") => 256,
+            _ => SEL_THREADS,
+        };
+        let f_sel = self.func(&if sel_threads == 256 {
+            format!("cce_sparse_select_{code}_t256")
+        } else {
+            format!("cce_sparse_select_{code}")
+        })?;
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
@@ -1982,7 +1999,7 @@ impl DenseEngine {
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (rows as u32, 1, 1),
-                    block_dim: (SEL_THREADS, 1, 1),
+                    block_dim: (sel_threads, 1, 1),
                     shared_mem_bytes: 0,
                 })
             }
@@ -2120,7 +2137,13 @@ impl DenseEngine {
             .map_err(drv)?;
             PhaseTimer::mark(&mut timer, "d_c gather")?;
         }
-        PhaseTimer::report(timer, "sparse backward")?;
+        if timer.is_some() {
+            let (_, _, full) = self.sparse_ctl3(ws)?;
+            PhaseTimer::report(
+                timer,
+                &format!("sparse backward ({sel_threads}-thread select, {full} of {n} rows re-read in pass 2)"),
+            )?;
+        }
         Ok(Ok(pairs))
     }
 
