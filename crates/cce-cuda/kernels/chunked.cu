@@ -1326,7 +1326,8 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
 #define SEL_THREADS 512 /* select blocks (a 256-thread variant: cce_sparse_select_*_t256) */
-#define SEL_UNROLL 2
+#define SEL_UNROLL 2  /* float4 loads in flight per thread, pass 2 */
+#define SEL_UNROLL1 4 /* and pass 1 (the pass every row makes) */
 #define SEL_CAND 3072   /* pass-2 candidates a select block keeps in shared memory */
 #define SEL_CAND_BIN 32 /* candidates: g0 ≥ edge(32) = eps·2^−8 (τ is higher on peaked rows) */
 #define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
@@ -1454,7 +1455,8 @@ __device__ __forceinline__ void sparse_select(
     __shared__ int cand_col[SEL_CAND];
     __shared__ float cand_z[SEL_CAND];
     __shared__ float tau_sh;
-    const int STEP = T * 4 * SEL_UNROLL;
+    const int STEP = T * 4 * SEL_UNROLL;    // pass 2 (full re-read)
+    const int STEP1 = T * 4 * SEL_UNROLL1;  // pass 1
     const long long r = blockIdx.x;
     const float* Lr = L + r * ld;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
@@ -1483,22 +1485,23 @@ __device__ __forceinline__ void sparse_select(
     float d_under = 0.0f;  // Σ g0 below edge(SEL_CAND_BIN): dropped whenever τ ≥ that edge
     u32 ncand = 0;         // candidates (g0 ≥ edge(SEL_CAND_BIN)) so far (block-uniform)
     const float e_lo = edges[N_BINS - 1], e_hi = edges[0], e_c = edges[SEL_CAND_BIN];
-    for (int b0 = 0; b0 < V; b0 += STEP) {
+    for (int b0 = 0; b0 < V; b0 += STEP1) {
         u32 cb = 0;
-        float zc[SEL_UNROLL * 4];
+        float4 zz[SEL_UNROLL1];
 #pragma unroll
-        for (int u = 0; u < SEL_UNROLL; ++u) {
+        for (int u = 0; u < SEL_UNROLL1; ++u)
+            zz[u] = sel_load<DT>(Lr, bias, b0 + u * T * 4 + threadIdx.x * 4, V, softcap, inv_cap);
+#pragma unroll
+        for (int u = 0; u < SEL_UNROLL1; ++u) {
             int j = b0 + u * T * 4 + threadIdx.x * 4;
-            float4 z = sel_load<DT>(Lr, bias, j, V, softcap, inv_cap);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                float p = __expf(f4get(z, k) - lse);
+                float p = __expf(f4get(zz[u], k) - lse);
                 float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
                 bool valid = j + k < V;
                 hist_add_count(hm[warp], hc[warp], g0, valid, edges, e_lo, e_hi, under, big);
                 if (valid && !(g0 < e_c)) cb |= 1u << (u * 4 + k);
                 if (valid && g0 < e_c) d_under += g0;
-                zc[u * 4 + k] = f4get(z, k);
             }
         }
         // Candidates for pass 2, in column-step order (deterministic), while they fit.
@@ -1506,11 +1509,11 @@ __device__ __forceinline__ void sparse_select(
             u32 step_tot;
             u32 pos = ncand + block_excl_scan<T>((u32)__popc(cb), shu, step_tot);
 #pragma unroll
-            for (int q = 0; q < SEL_UNROLL * 4; ++q) {
+            for (int q = 0; q < SEL_UNROLL1 * 4; ++q) {
                 if (cb & (1u << q)) {
                     if (pos < SEL_CAND) {
                         cand_col[pos] = b0 + (q / 4) * T * 4 + threadIdx.x * 4 + (q % 4);
-                        cand_z[pos] = zc[q];
+                        cand_z[pos] = f4get(zz[q / 4], q % 4);
                     }
                     ++pos;
                 }
