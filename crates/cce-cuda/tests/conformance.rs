@@ -780,6 +780,13 @@ fn sanitizer_smoke() {
     let Some(be) = backend("sanitizer_smoke") else {
         return;
     };
+    let sparse_be = CudaBackend::new(0)
+        .unwrap()
+        .with_strategies(&[cce_core::StrategyKind::SplitDense])
+        .unwrap()
+        .with_chunk_cap(64, 128)
+        .unwrap()
+        .with_sparse(cce_cuda::SparseMode::Always);
     let mut rng = seeded();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         let mut s = spec(130, 36, 260, dtype, "exact+bias+ls");
@@ -814,5 +821,16 @@ fn sanitizer_smoke() {
             g.stats.tiles_skipped,
             g.stats.tiles_visited + g.stats.tiles_skipped
         );
+        // The sparse backward's kernels (select, gathers, regrouping by class) on the same
+        // inputs, in 64-row chunks.
+        let (_, g) = sparse_be
+            .forward_backward(&inputs, &s.opts, &Upstream::default())
+            .unwrap();
+        assert!(
+            g.stats.plan_reason.starts_with("sparse backward:"),
+            "{}",
+            g.stats
+        );
+        eprintln!("{dtype} sparse smoke: {} kept", g.stats.entries_kept);
     }
 }
