@@ -9,7 +9,10 @@
 //!   computation does;
 //! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
 //!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
-//!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`);
+//!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`); filtered
+//!   calls (filter on both gradients, no label smoothing, not deterministic) first try the
+//!   plan's sparse backward ([`cce_core::SparseBackward`], [`SparseMode`] to force or disable
+//!   it), which gives way to the dense passes on data that keeps many entries per row;
 //! - tile ownership otherwise (or without libcublas / compute capability 8.0).
 
 use crate::chunked::{BackendCall, DenseEngine};

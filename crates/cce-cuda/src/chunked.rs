@@ -6,7 +6,18 @@
 //! scaled per row against an f16 copy of `c` when [`DenseConfig::de_f16`], else in the input
 //! dtype) and then a class pass per chunk of classes over all rows (logits recomputed, `G` from
 //! the saved lse and thresholds in f16 with one power-of-two scale, `d_c` rows complete against
-//! an f16 copy of `e`); see `chunked.cu` "Split dense". It skips nothing when the filter is on.
+//! an f16 copy of `e`); see `chunked.cu` "Split dense". Its dense passes skip nothing when the
+//! filter is on.
+//!
+//! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
+//! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
+//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
+//! by gathering rows of `c`; then the records regrouped by class and `d_c`, `d_bias` by
+//! gathering rows of `e`. One logits GEMM, two host syncs (after the first chunk, whose density
+//! decides, and after the row pass). When the first chunk keeps more than `max_mean_kept`
+//! entries per row or the records would outgrow the scratch, the dense passes run instead and
+//! the backward's `plan_reason` says why. Not deterministic (the regrouping by class uses
+//! atomics), so deterministic calls never take it.
 //!
 //! Per chunk of `R` rows (`r0..r0+R`), all on one stream:
 //!
