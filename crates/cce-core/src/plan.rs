@@ -121,6 +121,9 @@ pub const SPARSE_PAY_DIVISOR: usize = 256;
 /// Rows of [`SparseBackward::probe_rows`] (at most `N`).
 pub const SPARSE_PROBE_ROWS: usize = 128;
 
+/// Pairs per row [`SparseBackward::rows_after_probe`] leaves room for at least.
+pub const SPARSE_MIN_PAIRS_PER_ROW: usize = 64;
+
 fn align256(x: usize) -> usize {
     x.div_ceil(256) * 256
 }
@@ -147,11 +150,14 @@ impl SparseBackward {
 
     /// Rows per chunk after a first chunk of `probe_rows` rows kept `pairs` pairs, `n` rows in
     /// all: the most rows (at most `max_rows`, at least `probe_rows`) whose logits leave room
-    /// for the pairs that density predicts, plus a quarter.
+    /// for the pairs that density predicts, plus a quarter, and at least
+    /// [`SPARSE_MIN_PAIRS_PER_ROW`] per row (a probe of ignored or peaked rows would otherwise
+    /// leave no room for denser rows later).
     pub fn rows_after_probe(&self, pairs: u64, n: usize, v: usize) -> usize {
         let probe = self.probe_rows.clamp(1, n);
         let mean = pairs as f64 / probe as f64;
-        let expect = pairs as f64 + 1.25 * mean * (n - probe) as f64 + 1024.0;
+        let floor = (SPARSE_MIN_PAIRS_PER_ROW.min(v) * n) as f64;
+        let expect = (pairs as f64 + 1.25 * mean * (n - probe) as f64).max(floor) + 1024.0;
         let room = (self.scratch_bytes as f64 - 8.0 * expect).max(0.0);
         let rows = (room / (Self::ld(v) * 4) as f64).floor() as usize;
         rows.min(self.max_rows).min(n).max(probe)
@@ -982,6 +988,25 @@ mod tests {
             plan.reason
         );
         check_invariants_light(&plan, &limits);
+    }
+
+    #[test]
+    fn sparse_chunks_leave_room_for_denser_rows_than_the_probe() {
+        // A probe of ignored rows (0 pairs) must not size the chunks so large that later rows
+        // keeping ~10 entries each overflow (8192 x 4096 x 128256, default budget).
+        let p = problem(8192, 4096, 128256, DType::BF16);
+        let mut limits = gpu_limits(140 << 30, (128, 128));
+        limits.strategies = vec![StrategyKind::SplitDense, StrategyKind::TileOwnership];
+        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        let sp = plan.sparse.expect("sparse backward");
+        for pairs in [0, 3 * 128] {
+            let rows = sp.rows_after_probe(pairs, p.n, p.v);
+            assert!(
+                sp.capacity(rows, p.v) >= SPARSE_MIN_PAIRS_PER_ROW * p.n,
+                "{sp:?}: {rows} rows leave {} pairs",
+                sp.capacity(rows, p.v)
+            );
+        }
     }
 
     #[test]

@@ -1391,8 +1391,9 @@ __device__ __forceinline__ u32 block_excl_scan(u32 c, u32* wsh, u32& total) {
     return off;
 }
 
-// Columns of thread t in step b0 (u = 0..SEL_UNROLL−1): j = b0 + u·SEL_THREADS·4 + 4t .. +3.
-// Loads 4 logits (bias added, softcapped) with a float4 where all 4 are in range.
+// The 4 logits at columns j .. j+3 (j a multiple of 4; in select, thread t of T at step b0
+// and unroll u takes j = b0 + u·T·4 + 4t), bias added, softcapped; a float4 load where all 4
+// are in range.
 template <int DT>
 __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, int j, int V,
                                            float softcap, float inv_cap) {

@@ -1510,7 +1510,7 @@ impl DenseEngine {
             _ => format!("cce_dense_bwd_{code}"),
         })?;
         // Split dense, f16 G for d_e: c in f16 (bf16 inputs: a copy scaled by 2^kc).
-        let (c_de_ptr, c_de_scale) = if g_mode == 2 && dt == DType::BF16 {
+        let (c_de_ptr, c_de_scale) = if g_mode == 2 && dt == DType::BF16 && !sparse_used {
             let kc = self.c16_copy(cfg, ws, inp.c, ws_base + layout.c16 as u64)?;
             (ws_base + layout.c16 as u64, 2f32.powi(-kc))
         } else {
@@ -1883,7 +1883,8 @@ impl DenseEngine {
     /// gathering `c`; then the pairs regrouped by class and `d_c` (and `d_bias`) by gathering
     /// `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err(why))` when it gives way to the dense passes
     /// (nothing it wrote is then used): the first chunk keeps more than
-    /// `max_mean_kept` entries per row, or the pairs outgrow the capacity. Two host syncs.
+    /// `max_mean_kept` entries per row, or the pairs outgrow the capacity. Two host syncs
+    /// (three with `CCE_CUDA_PROFILE`).
     fn sparse_backward(
         &self,
         cfg: &DenseConfig,
@@ -2005,8 +2006,10 @@ impl DenseEngine {
                 .arg(&n_ctiles);
             // SAFETY: argument types and order match SEL_PARAMS; L holds the chunk's logits
             // (stream order); per-row arrays hold N entries and are offset to the chunk; the
-            // pair buffers hold `cap` entries each (layout checked above) and the kernel
-            // writes a row's pairs only below its allocation, which is within `cap`.
+            // kernel writes a row's records only when its allocation ends within `cap` =
+            // `SparseBackward::capacity(chunk)`, which keeps the records between the end of
+            // this chunk's logits and the end of the scratch (`scratch_bytes` ≤ the buffer,
+            // checked above).
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (rows as u32, 1, 1),
@@ -2121,8 +2124,9 @@ impl DenseEngine {
                 .arg(&starts)
                 .arg(&counts)
                 .arg(&csc);
-            // SAFETY: matches cce_sparse_scatter; starts sum to `pairs` ≤ cap, so every
-            // position is within the csc buffers (layout), which overlay only the logits.
+            // SAFETY: matches cce_sparse_scatter; starts sum to Σ row_cnt ≤ `pairs`, so every
+            // position is below `class_layout`'s end, checked above to stay under the row
+            // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
             let (zero, step) = (0u64, 1i64);
