@@ -555,7 +555,7 @@ impl Plan {
                         row_chunks.len(),
                         class_chunks.len(),
                         if filter.enabled {
-                            "; the filter skips nothing here (dense GEMMs gain nothing from skipped entries)"
+                            "; its dense passes skip nothing (dense GEMMs gain nothing from skipped entries)"
                         } else {
                             ""
                         },
