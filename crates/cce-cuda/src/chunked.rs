@@ -761,43 +761,31 @@ struct RowArgs {
 /// stderr by [`PhaseTimer::report`]. Off (no events) without the variable.
 struct PhaseTimer {
     stream: Arc<CudaStream>,
-    last: Option<cudarc::driver::CudaEvent>,
-    spans: Vec<(
-        &'static str,
-        cudarc::driver::CudaEvent,
-        cudarc::driver::CudaEvent,
-    )>,
+    /// The start event, then one event per mark with the mark's name.
+    marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
 }
 
 impl PhaseTimer {
+    fn event(stream: &CudaStream) -> Result<cudarc::driver::CudaEvent> {
+        stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv)
+    }
+
     fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>> {
         if std::env::var_os("CCE_CUDA_PROFILE").is_none() {
             return Ok(None);
         }
-        let last = stream
-            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(drv)?;
         Ok(Some(Self {
             stream: stream.clone(),
-            last: Some(last),
-            spans: Vec::new(),
+            marks: vec![("start", Self::event(stream)?)],
         }))
     }
 
     fn mark(t: &mut Option<Self>, name: &'static str) -> Result<()> {
         if let Some(t) = t.as_mut() {
-            let ev = t
-                .stream
-                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(drv)?;
-            let prev = t.last.replace(
-                t.stream
-                    .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(drv)?,
-            );
-            if let Some(prev) = prev {
-                t.spans.push((name, prev, ev));
-            }
+            let ev = Self::event(&t.stream)?;
+            t.marks.push((name, ev));
         }
         Ok(())
     }
@@ -806,9 +794,9 @@ impl PhaseTimer {
         let Some(t) = t else { return Ok(()) };
         t.stream.synchronize().map_err(drv)?;
         let mut sums: Vec<(&'static str, f64, usize)> = Vec::new();
-        for (name, a, b) in &t.spans {
-            let ms = a.elapsed_ms(b).map_err(drv)? as f64;
-            match sums.iter_mut().find(|x| x.0 == *name) {
+        for w in t.marks.windows(2) {
+            let (name, ms) = (w[1].0, w[0].1.elapsed_ms(&w[1].1).map_err(drv)? as f64);
+            match sums.iter_mut().find(|x| x.0 == name) {
                 Some(x) => {
                     x.1 += ms;
                     x.2 += 1;
@@ -1487,9 +1475,7 @@ impl DenseEngine {
                 } else {
                     0
                 },
-                delta_fixed: (cfg.filter.max_dropped_mass as f64
-                    * cce_core::filter::FIXED_POINT_ONE)
-                    .floor() as u64,
+                delta_fixed,
                 tile: (tile_rows, tile_classes, n_ctiles),
             };
             match self.sparse_backward(cfg, ws, &row_args, &sa)? {
@@ -1789,12 +1775,11 @@ impl DenseEngine {
                     })
                 }
                 .map_err(drv)?;
-                let mut host = [0u8; 64];
-                self.stream
-                    .memcpy_dtoh(&ws.stats, &mut host[..])
-                    .map_err(drv)?;
-                self.stream.synchronize().map_err(drv)?;
-                let s: &[f64] = bytemuck::cast_slice(&host[..]);
+                let host = self.read_back::<64>(&ws.stats)?;
+                let s: Vec<f64> = host
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect();
                 let kept = s[0] as u64;
                 let active = s[4] as u64;
                 let entries = active * v as u64;
@@ -1859,19 +1844,22 @@ impl DenseEngine {
         Ok(())
     }
 
-    /// Read the sparse backward's pair counter and overflow flag (one host sync).
-    fn sparse_ctl(&self, ws: &DenseWorkspace) -> Result<(u64, bool)> {
-        self.sparse_ctl3(ws).map(|(a, b, _)| (a, b))
-    }
-
-    /// Pair counter, overflow flag, and rows whose select pass 2 re-read the row (candidates
-    /// did not hold every kept entry).
-    fn sparse_ctl3(&self, ws: &DenseWorkspace) -> Result<(u64, bool, u32)> {
-        let mut host = [0u8; 16];
+    /// Copy the first `N` bytes of a small device buffer to the host and wait for them (one
+    /// host sync). Bytes, not typed values: a host byte array has no alignment to cast from.
+    fn read_back<const N: usize>(&self, s: &CudaSlice<u8>) -> Result<[u8; N]> {
+        let mut host = [0u8; N];
         self.stream
-            .memcpy_dtoh(&ws.sparse_ctl, &mut host[..])
+            .memcpy_dtoh(&s.slice(0..N), &mut host[..])
             .map_err(drv)?;
         self.stream.synchronize().map_err(drv)?;
+        Ok(host)
+    }
+
+    /// The sparse backward's control words (one host sync): pairs allocated, whether a row's
+    /// pairs overflowed, and rows whose select pass 2 re-read the row (candidates did not hold
+    /// every kept entry; for the profile).
+    fn sparse_ctl(&self, ws: &DenseWorkspace) -> Result<(u64, bool, u32)> {
+        let host = self.read_back::<16>(&ws.sparse_ctl)?;
         let counter = u64::from_le_bytes(host[0..8].try_into().expect("8 bytes"));
         let overflow = u32::from_le_bytes(host[8..12].try_into().expect("4 bytes"));
         let full = u32::from_le_bytes(host[12..16].try_into().expect("4 bytes"));
@@ -2020,7 +2008,7 @@ impl DenseEngine {
             .map_err(drv)?;
             PhaseTimer::mark(&mut timer, "select")?;
             if r0 == 0 {
-                let (pairs, over) = self.sparse_ctl(ws)?;
+                let (pairs, over, _) = self.sparse_ctl(ws)?;
                 let mean = pairs as f64 / rows as f64;
                 if over {
                     return Ok(Err(format!(
@@ -2072,7 +2060,7 @@ impl DenseEngine {
             }
             r0 += rows;
         }
-        let (pairs, over) = self.sparse_ctl(ws)?;
+        let (pairs, over, _) = self.sparse_ctl(ws)?;
         if over {
             return Ok(Err(format!(
                 "the pairs outgrew the sparse capacity of {cap} after the first chunk ({pairs} asked)"
@@ -2153,7 +2141,7 @@ impl DenseEngine {
             PhaseTimer::mark(&mut timer, "d_c gather")?;
         }
         if timer.is_some() {
-            let (_, _, full) = self.sparse_ctl3(ws)?;
+            let (_, _, full) = self.sparse_ctl(ws)?;
             PhaseTimer::report(
                 timer,
                 &format!("sparse backward ({sel_threads}-thread select, {full} of {n} rows re-read in pass 2)"),
@@ -2216,13 +2204,8 @@ impl DenseEngine {
             })
         }
         .map_err(drv)?;
-        let mut host = [0u8; 8];
-        self.stream
-            .memcpy_dtoh(&ws.scales, &mut host[..])
-            .map_err(drv)?;
-        self.stream.synchronize().map_err(drv)?;
-        let bits: &[u32] = bytemuck::cast_slice(&host[..]);
-        Ok(f32::from_bits(bits[0]))
+        let host = self.read_back::<4>(&ws.scales)?;
+        Ok(f32::from_le_bytes(host))
     }
 
     /// `dst` (f16) = `src` (bf16) · `scale`, `count` elements.
@@ -2354,13 +2337,10 @@ impl DenseEngine {
             }
             .map_err(drv)?;
         }
-        let mut host = [0u8; 8];
-        self.stream
-            .memcpy_dtoh(&ws.scales, &mut host[..])
-            .map_err(drv)?;
-        self.stream.synchronize().map_err(drv)?;
-        let bits: &[u32] = bytemuck::cast_slice(&host[..]);
-        let (max_e, max_g) = (f32::from_bits(bits[0]), f32::from_bits(bits[1]));
+        let host = self.read_back::<8>(&ws.scales)?;
+        let f32_at =
+            |i: usize| f32::from_le_bytes(host[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        let (max_e, max_g) = (f32_at(0), f32_at(1));
         // Powers of two: max |2^ke · e| ≤ 2^15 and max |2^kg · G| ≤ 2^14 (f16 max 65504).
         let (ke, kg) = if gdt == DType::F16 {
             (
@@ -2622,7 +2602,11 @@ impl DenseEngine {
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
     ) -> Result<BackendOutputs> {
         use cce_core::TensorMeta;
-        let cfg = DenseConfig::from_plan(call.plan, call.opts)?;
+        let mut cfg = DenseConfig::from_plan(call.plan, call.opts)?;
+        if up.is_none() {
+            // Forward only: no sparse backward, so none of its workspace.
+            cfg.sparse = None;
+        }
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let f32_vec = |t: &crate::CudaTensor, what: &'static str| -> Result<()> {
             if t.dtype() != DType::F32 || t.numel() != n {

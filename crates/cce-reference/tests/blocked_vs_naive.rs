@@ -137,6 +137,39 @@ fn assert_de_within_dropped_mass(
     }
 }
 
+/// The f64 oracle of a call (upstream 1) and the same call on the blocked CPU backend with
+/// tile ownership in 8 x 32 tiles.
+fn oracle_and_tile_filtered(
+    e: &HostTensor,
+    c: &HostTensor,
+    bias: Option<&HostTensor>,
+    t: &HostTensor,
+    opts: &Options,
+) -> (cce_reference::Oracle, cce_core::BackwardOutput<HostTensor>) {
+    let exact = naive(
+        e,
+        c,
+        bias,
+        t,
+        opts,
+        &OracleDLoss::Scalar(1.0),
+        None,
+        Precision::F64,
+    )
+    .unwrap();
+    let be = CpuBackend::with_limits(limits(StrategyKind::TileOwnership, 8, 32));
+    let inputs = Inputs {
+        e,
+        c,
+        bias,
+        targets: t,
+    };
+    let (_, g) = be
+        .forward_backward(&inputs, opts, &Upstream::default())
+        .unwrap();
+    (exact, g)
+}
+
 #[test]
 fn filtered_error_is_bounded_by_the_dropped_mass() {
     let mut rng = seeded();
@@ -150,27 +183,7 @@ fn filtered_error_is_bounded_by_the_dropped_mass() {
             reduction: Reduction::Sum,
             ..Default::default()
         };
-        let exact = naive(
-            &e,
-            &c,
-            b.as_ref(),
-            &t,
-            &opts,
-            &OracleDLoss::Scalar(1.0),
-            None,
-            Precision::F64,
-        )
-        .unwrap();
-        let be = CpuBackend::with_limits(limits(StrategyKind::TileOwnership, 8, 32));
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: None,
-            targets: &t,
-        };
-        let (_, g) = be
-            .forward_backward(&inputs, &opts, &Upstream::default())
-            .unwrap();
+        let (exact, g) = oracle_and_tile_filtered(&e, &c, b.as_ref(), &t, &opts);
         let s = &g.stats;
         assert!(
             s.dropped_mass_max <= 2e-2 + 1e-7,
@@ -297,27 +310,7 @@ fn label_smoothing_never_skips_a_confident_target() {
             reduction: Reduction::Sum,
             ..Default::default()
         };
-        let exact = naive(
-            &e,
-            &c,
-            None,
-            &t,
-            &opts,
-            &OracleDLoss::Scalar(1.0),
-            None,
-            Precision::F64,
-        )
-        .unwrap();
-        let be = CpuBackend::with_limits(limits(StrategyKind::TileOwnership, 8, 32));
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: None,
-            targets: &t,
-        };
-        let (_, g) = be
-            .forward_backward(&inputs, &opts, &Upstream::default())
-            .unwrap();
+        let (exact, g) = oracle_and_tile_filtered(&e, &c, None, &t, &opts);
         let s = &g.stats;
         // Peaked rows: tiles away from the target are skipped either way.
         assert!(s.tiles_skipped > 0, "alpha {alpha}: nothing skipped: {s}");
