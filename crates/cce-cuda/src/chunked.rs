@@ -813,6 +813,21 @@ impl PhaseTimer {
     }
 }
 
+/// The rows `cce_split_scales_*` takes max |G coefficient| over (device addresses of `[N]`
+/// arrays, 0 = absent).
+#[derive(Clone, Copy)]
+struct ScaleRows {
+    targets: u64,
+    dl_rows: u64,
+    dl_scalar: f32,
+    dlse: u64,
+    lse: u64,
+    alpha: f32,
+    lambda: f32,
+    n: i32,
+    v: i32,
+}
+
 /// What the sparse backward reads and writes besides the workspace (0 = absent).
 #[derive(Clone, Copy)]
 struct SparseArgs {
@@ -2174,38 +2189,64 @@ impl DenseEngine {
         dtype: DType,
         count: usize,
     ) -> Result<f32> {
+        let x_ptr = self.ptr(x);
+        Ok(self.split_scales(ws, (x_ptr, dtype, count), count, None)?.0)
+    }
+
+    /// `cce_split_scales_*`: (max |x| over `count` elements of `dtype` at `x`, max |G
+    /// coefficient| over the rows of `rows`, 0 without them). One launch sized for
+    /// `grid_elems` elements and an 8-byte read-back (one host sync).
+    fn split_scales(
+        &self,
+        ws: &mut DenseWorkspace,
+        (x, dtype, count): (u64, DType, usize),
+        grid_elems: usize,
+        rows: Option<ScaleRows>,
+    ) -> Result<(f32, f32)> {
         self.stream.memset_zeros(&mut ws.scales).map_err(drv)?;
         let scales_ptr = self.ptr(&ws.scales);
-        let x_ptr = self.ptr(x);
         let count_i = count as i64;
-        let (zero_u, zero_f, zero_i) = (0u64, 0.0f32, 0i32);
+        let r = rows.unwrap_or(ScaleRows {
+            targets: 0,
+            dl_rows: 0,
+            dl_scalar: 0.0,
+            dlse: 0,
+            lse: 0,
+            alpha: 0.0,
+            lambda: 0.0,
+            n: 0,
+            v: 0,
+        });
         let mut b = self
             .stream
             .launch_builder(self.func(&format!("cce_split_scales_{}", dtype_code(dtype)?))?);
-        b.arg(&x_ptr)
+        b.arg(&x)
             .arg(&count_i)
-            .arg(&zero_u)
-            .arg(&zero_u)
-            .arg(&zero_f)
-            .arg(&zero_u)
-            .arg(&zero_u)
-            .arg(&zero_f)
-            .arg(&zero_f)
-            .arg(&zero_i)
-            .arg(&zero_i)
+            .arg(&r.targets)
+            .arg(&r.dl_rows)
+            .arg(&r.dl_scalar)
+            .arg(&r.dlse)
+            .arg(&r.lse)
+            .arg(&r.alpha)
+            .arg(&r.lambda)
+            .arg(&r.n)
+            .arg(&r.v)
             .arg(&scales_ptr);
-        // SAFETY: matches SCALES_PARAMS; x holds `count` elements (the caller's buffer), N = 0
-        // so the row pointers are not read; out holds 2 u32 (zeroed).
+        // SAFETY: matches SCALES_PARAMS; x holds `count` elements (the caller's buffer); the
+        // row pointers hold N values or are 0 (and N = 0 without rows, so they are not read);
+        // out holds 2 u32 (zeroed).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (count.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
+                grid_dim: (grid_elems.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
         .map_err(drv)?;
-        let host = self.read_back::<4>(&ws.scales)?;
-        Ok(f32::from_le_bytes(host))
+        let host = self.read_back::<8>(&ws.scales)?;
+        let f32_at =
+            |i: usize| f32::from_le_bytes(host[4 * i..4 * i + 4].try_into().expect("4 bytes"));
+        Ok((f32_at(0), f32_at(1)))
     }
 
     /// `dst` (f16) = `src` (bf16) · `scale`, `count` elements.
@@ -2307,40 +2348,24 @@ impl DenseEngine {
         let v_i = to_i32(v, "V")?;
 
         // Scales: max |e| (bf16 inputs only: the f16 copy) and the bound of |G|.
-        self.stream.memset_zeros(&mut ws.scales).map_err(drv)?;
-        let e_count = if dt == DType::BF16 { (n * d) as i64 } else { 0 };
-        let scales_ptr = self.ptr(&ws.scales);
-        {
-            let mut b = self
-                .stream
-                .launch_builder(self.func(&format!("cce_split_scales_{code}"))?);
-            b.arg(&e_ptr)
-                .arg(&e_count)
-                .arg(&t_ptr)
-                .arg(&a.dl_rows)
-                .arg(&a.dl_scalar)
-                .arg(&a.dlse)
-                .arg(&a.lse)
-                .arg(&cfg.label_smoothing)
-                .arg(&cfg.z_loss)
-                .arg(&n_i)
-                .arg(&v_i)
-                .arg(&scales_ptr);
-            // SAFETY: matches SCALES_PARAMS; e holds n·d elements (checked by the caller),
-            // targets / lse / dl_rows / dlse hold N values (or are 0), out holds 2 u32 (zeroed).
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (((n * d).div_ceil(256 * 8)).clamp(1, 132 * 16) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(drv)?;
-        }
-        let host = self.read_back::<8>(&ws.scales)?;
-        let f32_at =
-            |i: usize| f32::from_le_bytes(host[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-        let (max_e, max_g) = (f32_at(0), f32_at(1));
+        // max |e| (bf16 inputs: for the scale of its f16 copy) and max |G coefficient|.
+        let e_count = if dt == DType::BF16 { n * d } else { 0 };
+        let (max_e, max_g) = self.split_scales(
+            ws,
+            (e_ptr, dt, e_count),
+            n * d,
+            Some(ScaleRows {
+                targets: t_ptr,
+                dl_rows: a.dl_rows,
+                dl_scalar: a.dl_scalar,
+                dlse: a.dlse,
+                lse: a.lse,
+                alpha: cfg.label_smoothing,
+                lambda: cfg.z_loss,
+                n: n_i,
+                v: v_i,
+            }),
+        )?;
         // Powers of two: max |2^ke · e| ≤ 2^15 and max |2^kg · G| ≤ 2^14 (f16 max 65504).
         let (ke, kg) = if gdt == DType::F16 {
             (
