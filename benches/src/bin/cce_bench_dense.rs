@@ -413,6 +413,9 @@ fn case_config(k: &CheckCase, rp: RowPass) -> DenseConfig {
         want_argmax: k.side,
         row_pass: rp,
         sparse: None,
+        // Row chunks: the check compares forward() + backward(lse) bitwise with
+        // forward_backward(), which computes the lse in the row chunks.
+        class_forward: None,
     }
 }
 
@@ -1128,18 +1131,47 @@ fn bench_one(
     let mut lse2 = alloc(stream, n * 4)?;
     let mut loss2 = alloc(stream, 4)?;
     let mut ent = alloc(stream, n * 4)?;
-    let fwd_ms = Some(
-        time_ms(stream, args.warmup, args.iters, || {
+    let fwd_ms = time_ms(stream, args.warmup, args.iters, || {
+        let mut fo = DenseForwardOut {
+            loss: &mut loss2,
+            lse: &mut lse2,
+            entropy: None,
+            argmax: None,
+        };
+        engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?;
+        Ok(())
+    })?
+    .0;
+    // The same forward in the row chunks (what a plan without class tiles does), same run.
+    if cfg_exact.class_forward.is_some() {
+        let mut cfg_rows = cfg_exact.clone();
+        cfg_rows.class_forward = None;
+        let rows_ms = time_ms(stream, args.warmup, args.iters, || {
             let mut fo = DenseForwardOut {
                 loss: &mut loss2,
                 lse: &mut lse2,
                 entropy: None,
                 argmax: None,
             };
-            Ok(engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?)
+            engine.forward(&cfg_rows, &mut ws, &inp, &mut fo)?;
+            Ok(())
         })?
-        .0,
-    );
+        .0;
+        let note = {
+            let mut fo = DenseForwardOut {
+                loss: &mut loss2,
+                lse: &mut lse2,
+                entropy: None,
+                argmax: None,
+            };
+            engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?.forward
+        };
+        println!(
+            "  forward: class tiles {:.2} ms, row chunks {rows_ms:.2} ms; {}",
+            fwd_ms,
+            note.unwrap_or_default()
+        );
+    }
     let mut cfg_ent = cfg_exact.clone();
     cfg_ent.want_entropy = true;
     {
@@ -1185,7 +1217,7 @@ fn bench_one(
         },
         chunks,
         entropy,
-        fwd_ms,
+        fwd_ms: Some(fwd_ms),
         exact_ms: Some(exact_ms),
         filt_ms,
         err_de,

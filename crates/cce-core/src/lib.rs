@@ -54,7 +54,9 @@ pub use dtype::DType;
 pub use error::{CceError, Result};
 pub use filter::FilterRule;
 pub use options::{FilterEps, GradDType, Options, Reduction, SideOutputs};
-pub use plan::{DeviceLimits, Plan, SparseBackward, Strategy, StrategyKind, TileShape};
+pub use plan::{
+    ClassForward, DeviceLimits, Plan, SparseBackward, Strategy, StrategyKind, TileShape,
+};
 pub use problem::{PreparedTargets, Problem};
 pub use stats::CallStats;
 pub use tensor::{HostData, HostTensor, TensorMeta};

@@ -217,6 +217,113 @@ impl SparseBackward {
     }
 }
 
+/// Forward-only calls of the dense strategies: the logits in tiles of `rows x classes`
+/// (all rows when the scratch allows, so each GEMM streams `c` once), written alternately into
+/// two buffers so that the row reductions of one tile (online max / Σexp / target logit,
+/// Milakov & Gimelshein 2018; the paper's blockwise lse, section 4.1) run while the GEMM of
+/// the next writes the other (`cce-cuda`: a second stream).
+///
+/// Memory (inside the strategy's scratch, nothing added): two f32 buffers of
+/// [`ClassForward::buffer_bytes`], then the per-row state, [`CLASS_FORWARD_STATE_BYTES`] per
+/// row (running max, Σexp, Σexp·z, Σz, argmax, target logit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassForward {
+    /// Rows per tile (`N`, or a multiple of the tile rows).
+    pub rows: usize,
+    /// Classes per tile (`V`, or a multiple of the tile classes).
+    pub classes: usize,
+}
+
+/// Bytes of [`ClassForward`]'s state per row: six 4-byte values.
+pub const CLASS_FORWARD_STATE_BYTES: usize = 24;
+
+/// Fewest classes per [`ClassForward`] tile before it gives up rows instead (a GEMM with a
+/// narrower output keeps the tensor cores busy, PERFORMANCE.md "floors").
+pub const CLASS_FORWARD_MIN_CLASSES: usize = 1024;
+
+impl ClassForward {
+    /// f32 row stride of a buffer: `classes` rounded up to 8 (32-byte rows).
+    pub fn ld(&self) -> usize {
+        self.classes.div_ceil(8) * 8
+    }
+
+    /// Bytes of one of the two logits buffers (a multiple of 256).
+    pub fn buffer_bytes(&self) -> usize {
+        align256(self.rows * self.ld() * 4)
+    }
+
+    /// Byte offset of the per-row state (after both buffers).
+    pub fn state_offset(&self) -> usize {
+        2 * self.buffer_bytes()
+    }
+
+    /// Bytes it uses in the scratch for `n` rows: both buffers and the state.
+    pub fn bytes(&self, n: usize) -> usize {
+        self.state_offset() + align256(n * CLASS_FORWARD_STATE_BYTES)
+    }
+
+    /// The tiles for `N x V` in `scratch` bytes: all rows and the most classes (multiples of
+    /// `unit_classes`, or `V`) whose two buffers fit; when that is under
+    /// [`CLASS_FORWARD_MIN_CLASSES`], that many classes and the most rows (multiples of
+    /// `unit_rows`). `None` when not even one unit of rows fits.
+    pub fn fit(
+        scratch: usize,
+        n: usize,
+        v: usize,
+        unit_rows: usize,
+        unit_classes: usize,
+    ) -> Option<Self> {
+        if n == 0 || v == 0 {
+            return None;
+        }
+        let (unit_rows, unit_classes) = (unit_rows.max(1), unit_classes.max(8));
+        let state = align256(n * CLASS_FORWARD_STATE_BYTES);
+        let half = scratch.checked_sub(state)? / 2;
+        let fits = |cf: &Self| cf.bytes(n) <= scratch;
+        let all = Self {
+            rows: n,
+            classes: v,
+        };
+        if fits(&all) {
+            return Some(all);
+        }
+        // Both candidates start from `half` and step down one unit while the 256-byte
+        // rounding of the buffers leaves them over the scratch.
+        let mut k = (half / (n * 4) / unit_classes * unit_classes).min(v);
+        while k >= CLASS_FORWARD_MIN_CLASSES.min(v) {
+            let cf = Self {
+                rows: n,
+                classes: k,
+            };
+            if fits(&cf) {
+                return Some(cf);
+            }
+            k -= unit_classes.min(k);
+        }
+        let classes = (CLASS_FORWARD_MIN_CLASSES.div_ceil(unit_classes) * unit_classes).min(v);
+        let ld = Self { rows: 1, classes }.ld();
+        let mut rows = (half / (ld * 4) / unit_rows * unit_rows).min(n);
+        while rows > 0 {
+            let cf = Self { rows, classes };
+            if fits(&cf) {
+                return Some(cf);
+            }
+            rows -= unit_rows.min(rows);
+        }
+        None
+    }
+}
+
+impl fmt::Display for ClassForward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "forward-only calls: logits in {}-row x {}-class tiles through two buffers (each tile's row reductions overlap the next tile's GEMM)",
+            self.rows, self.classes
+        )
+    }
+}
+
 impl fmt::Display for SparseBackward {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -341,6 +448,9 @@ pub struct Plan {
     /// A sparse backward to try before the strategy's dense one (split dense with the filter
     /// on for both gradients, no label smoothing, not deterministic), or `None`.
     pub sparse: Option<SparseBackward>,
+    /// How forward-only calls of the dense strategies tile the logits, or `None` (they use
+    /// the row chunks).
+    pub forward: Option<ClassForward>,
     /// Why this strategy and these chunks were chosen (for reports).
     pub reason: String,
 }
@@ -436,7 +546,7 @@ impl Plan {
                         + (chunk_rows.min(n) as u64) * per_row
                         + row_state_bytes(class_chunks.len())
                         - row_state_bytes(1);
-                    return Ok(Self::finish(
+                    let plan = Self::finish(
                         problem,
                         Strategy::ChunkedDense { chunk_rows },
                         tile,
@@ -448,7 +558,9 @@ impl Plan {
                             "chunked-dense: {chunk_rows}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
                             chunk_rows.min(n) as u64 * per_row
                         ),
-                    ));
+                    );
+                    let scratch = chunk_rows.min(n) * SparseBackward::ld(v) * 4;
+                    return Ok(plan.with_class_forward(scratch));
                 }
                 StrategyKind::SplitDense => {
                     // The sparse backward's own state: row offsets and counts [N] u32 each,
@@ -542,6 +654,7 @@ impl Plan {
                     }
                     let row_chunks = split(n, chunk_rows);
                     let class_chunks = split(v, chunk_classes);
+                    let forward_scratch = usize::try_from(scratch).unwrap_or(usize::MAX);
                     let de_how = match (dt, de_f16) {
                         (DType::F32, _) => "f32 G",
                         (DType::BF16, true) => "f16 G and an f16 copy of c",
@@ -601,7 +714,7 @@ impl Plan {
                             "; no sparse backward (it needs the filter on both gradients, no label smoothing, and non-deterministic mode)",
                         );
                     }
-                    return Ok(plan);
+                    return Ok(plan.with_class_forward(forward_scratch));
                 }
                 StrategyKind::TileOwnership => {
                     // Accumulators: f32 [rows, D] for the d_e pass, f32 [classes, D] for the
@@ -670,6 +783,19 @@ impl Plan {
         })
     }
 
+    /// Set [`Plan::forward`] from the dense strategy's `scratch` bytes and say so in the reason.
+    fn with_class_forward(mut self, scratch: usize) -> Self {
+        let p = &self.problem;
+        self.forward = ClassForward::fit(scratch, p.n, p.v, self.tile.rows, self.tile.classes);
+        match self.forward {
+            Some(cf) => self.reason.push_str(&format!("; {cf}")),
+            None => self
+                .reason
+                .push_str("; forward-only calls use the row chunks (no room for two buffers)"),
+        }
+        self
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn finish(
         problem: &Problem,
@@ -697,6 +823,7 @@ impl Plan {
             workspace_bytes,
             filter,
             sparse: None,
+            forward: None,
             reason,
         }
     }
@@ -1034,5 +1161,57 @@ mod tests {
             Err(CceError::ResourceLimit { .. })
         ));
         let _ = HostTensor::scalar_f32(0.0);
+    }
+
+    #[test]
+    fn class_forward_takes_all_rows_at_the_seed_shape_and_fits_its_scratch() {
+        // Default budget at the seed shape: split dense's scratch holds two 32768-row buffers
+        // of at least 1024 classes.
+        let p = problem(32768, 4096, 256000, DType::BF16);
+        let mut limits = gpu_limits(140 << 30, (128, 128));
+        limits.strategies = vec![StrategyKind::SplitDense, StrategyKind::TileOwnership];
+        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        let cf = plan.forward.expect("class forward");
+        assert_eq!(cf.rows, 32768);
+        assert!(
+            cf.classes >= CLASS_FORWARD_MIN_CLASSES && cf.classes.is_multiple_of(128),
+            "{cf:?}"
+        );
+        assert!(
+            plan.reason.contains("forward-only calls"),
+            "{}",
+            plan.reason
+        );
+        assert!((cf.bytes(p.n) as u64) < plan.workspace_bytes);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn class_forward_fits_and_covers(
+            scratch in 0usize..(64 << 20),
+            n in 1usize..20000,
+            v in 1usize..300000,
+            unit in prop::sample::select(vec![16usize, 64, 128]),
+        ) {
+            match ClassForward::fit(scratch, n, v, unit, unit) {
+                Some(cf) => {
+                    prop_assert!(cf.bytes(n) <= scratch, "{cf:?} over {scratch}");
+                    prop_assert!(cf.rows >= 1 && cf.rows <= n && cf.classes >= 1 && cf.classes <= v);
+                    prop_assert!(cf.rows == n || cf.rows.is_multiple_of(unit));
+                    prop_assert!(cf.classes == v || cf.classes.is_multiple_of(unit));
+                    prop_assert!(cf.ld().is_multiple_of(8) && cf.ld() >= cf.classes);
+                    prop_assert!(cf.buffer_bytes().is_multiple_of(256));
+                    // Fewer classes than the minimum only with every row or every class.
+                    prop_assert!(cf.classes >= CLASS_FORWARD_MIN_CLASSES.min(v) || cf.rows == n);
+                }
+                None => {
+                    // Not even one unit of rows of the smallest tile fits.
+                    let classes = (CLASS_FORWARD_MIN_CLASSES.div_ceil(unit) * unit).min(v);
+                    let least = ClassForward { rows: unit.min(n), classes };
+                    prop_assert!(least.bytes(n) > scratch);
+                }
+            }
+        }
     }
 }

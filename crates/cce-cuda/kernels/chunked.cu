@@ -420,6 +420,127 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_bf16(FWD
 }
 
 // ------------------------------------------------------------------------------------------
+// (2') Forward over class tiles (cce-core ClassForward: forward-only calls)
+// ------------------------------------------------------------------------------------------
+// Parameters:
+//   L        f32 [rows, ldk] logits of one tile: rows r0.., classes c0..c0+K, row-major
+//            (ldk a multiple of 8, 32-byte aligned rows);
+//   bias     DT [V] (full; read at c0 + j) or 0;  targets i32 [rows] (class or −1), tile-relative;
+//   state    f32 [rows, 6] running (m, s, t, zs, argmax bits, target logit) per row,
+//            tile-relative; written by the first tile of a row group (`first`), merged into
+//            by the others in class order;
+//   lse, loss, entropy, argmax: as cce_dense_fwd (tile-relative), written by the last tile
+//            (`last`) only; entropy and argmax may be 0.
+// Tiling: the logits of a forward-only call come in tiles of ClassForward's rows x classes;
+//   this kernel reduces one tile's rows over its K classes and folds them into `state`, so
+//   the lse of a row is the online log-sum-exp over its class tiles (the paper's section 4.1
+//   blockwise lse). The host alternates two tile buffers: this kernel reads one (on a second
+//   stream) while cuBLAS writes the next.
+// Thread mapping: one warp per row (CLS_ROWS rows per block); lane l owns the float4 columns
+//   4·l + 128·k of its row, CLS_UNROLL loads in flight; warp shuffles merge the lanes in a
+//   fixed order and lane 0 merges the row state (bitwise deterministic).
+#define CLS_THREADS 256
+#define CLS_ROWS (CLS_THREADS / 32)
+#define CLS_UNROLL 4
+
+template <int DT>
+__device__ __forceinline__ void cls_fwd(const float* __restrict__ L, long long ldk, int K, int c0,
+                                        int V, int rows, const void* __restrict__ bias,
+                                        float softcap, const int* __restrict__ targets,
+                                        float alpha, float lambda, float* __restrict__ state,
+                                        int first, int last, float* lse_out, float* loss_out,
+                                        float* ent_out, int* am_out) {
+    const int lane = threadIdx.x & 31;
+    const long long r = (long long)blockIdx.x * CLS_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps leave: no block-level barrier below
+    const float* Lr = L + r * ldk;
+    const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const int K4 = K & ~3;
+    RowAcc a;
+    acc_init(a);
+    for (int base = lane * 4; base < K4; base += 128 * CLS_UNROLL) {
+        float4 xv[CLS_UNROLL];
+#pragma unroll
+        for (int u = 0; u < CLS_UNROLL; ++u) {
+            int j = base + u * 128;
+            xv[u] = j < K4 ? __ldg((const float4*)(Lr + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < CLS_UNROLL; ++u) {
+            int j = base + u * 128;
+            if (j < K4) {
+                if (bias) {
+                    float4 b = Elem<DT>::load4(bias, c0 + j);
+                    xv[u].x += b.x; xv[u].y += b.y; xv[u].z += b.z; xv[u].w += b.w;
+                }
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    acc_push(a, cap_z(f4get(xv[u], k), softcap, inv_cap), c0 + j + k);
+            }
+        }
+    }
+    for (int j = K4 + lane; j < K; j += 32) {
+        float x = Lr[j];
+        if (bias) x += Elem<DT>::load(bias, c0 + j);
+        acc_push(a, cap_z(x, softcap, inv_cap), c0 + j);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        RowAcc b = acc_shfl(a, o);
+        acc_merge(a, b);
+    }
+    if (lane != 0) return;
+    float* st = state + r * 6;
+    const int y = targets[r];
+    float zy = first ? 0.0f : st[5];
+    if (y >= c0 && y < c0 + K) {
+        float x = Lr[y - c0];
+        if (bias) x += Elem<DT>::load(bias, y);
+        zy = cap_z(x, softcap, inv_cap);
+    }
+    if (!first) {
+        // Earlier classes first: acc_merge keeps the lower argmax on ties.
+        RowAcc p;
+        p.m = st[0]; p.s = st[1]; p.t = st[2]; p.zs = st[3]; p.am = __float_as_int(st[4]);
+        acc_merge(p, a);
+        a = p;
+    }
+    if (!last) {
+        st[0] = a.m; st[1] = a.s; st[2] = a.t; st[3] = a.zs; st[4] = __int_as_float(a.am);
+        st[5] = zy;
+        return;
+    }
+    float lse = a.m + logf(a.s);
+    float loss = 0.0f;
+    if (y >= 0) {
+        loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
+        if (alpha != 0.0f) loss -= alpha / (float)V * a.zs;
+    }
+    lse_out[r] = lse;
+    loss_out[r] = loss;
+    if (ent_out) ent_out[r] = lse - a.t / a.s;
+    if (am_out) am_out[r] = a.am == 0x7fffffff ? 0 : a.am;
+}
+
+#define CLS_PARAMS                                                                            \
+    const float *__restrict__ L, long long ldk, int K, int c0, int V, int rows,               \
+        const void *__restrict__ bias, float softcap, const int *__restrict__ targets,       \
+        float alpha, float lambda, float *__restrict__ state, int first, int last,           \
+        float *lse_out, float *loss_out, float *ent_out, int *am_out
+#define CLS_ARGS L, ldk, K, c0, V, rows, bias, softcap, targets, alpha, lambda, state, first, \
+    last, lse_out, loss_out, ent_out, am_out
+
+extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_f32(CLS_PARAMS) {
+    cls_fwd<0>(CLS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_f16(CLS_PARAMS) {
+    cls_fwd<1>(CLS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_bf16(CLS_PARAMS) {
+    cls_fwd<2>(CLS_ARGS);
+}
+
+// ------------------------------------------------------------------------------------------
 // Histogram helper (filter pass)
 // ------------------------------------------------------------------------------------------
 

@@ -1418,6 +1418,11 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
         }
         Strategy::TileOwnership => return,
     }
+    if let Some(cf) = plan.forward.as_mut() {
+        // rows and classes are whole tiles, so the tiles keep the plan's alignment.
+        cf.rows = cf.rows.min(rows);
+        cf.classes = cf.classes.min(classes);
+    }
     plan.reason.push_str(&format!(
         " (chunks capped at {rows} rows, {classes} classes)"
     ));

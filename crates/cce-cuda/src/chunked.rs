@@ -74,6 +74,9 @@ const BWD_THREADS: u32 = 512;
 const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
 const SEL_THREADS: u32 = 512;
+const CLS_THREADS: u32 = 256;
+/// Rows per block of `cce_cls_fwd_*` (one warp each).
+const CLS_ROWS_PER_BLOCK: usize = CLS_THREADS as usize / 32;
 const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
 /// Cluster sizes the fused kernel is instantiated for.
@@ -312,6 +315,9 @@ pub struct DenseConfig {
     pub row_pass: RowPass,
     /// The plan's sparse backward, tried first in filtered backward calls (split dense only).
     pub sparse: Option<cce_core::SparseBackward>,
+    /// The plan's class tiles of forward-only calls ([`cce_core::ClassForward`]); `None`: the
+    /// row chunks.
+    pub class_forward: Option<cce_core::ClassForward>,
 }
 
 impl DenseConfig {
@@ -360,6 +366,7 @@ impl DenseConfig {
             } else {
                 None
             },
+            class_forward: plan.forward,
         })
     }
 
@@ -542,7 +549,8 @@ impl DenseWorkspace {
                 .max(cfg.sparse.map_or(0, |sp| sp.scratch_bytes))
         } else {
             chunk_rows * ld * 4
-        };
+        }
+        .max(cfg.class_forward.map_or(0, |cf| cf.bytes(cfg.n)));
         let logits = alloc(scratch)?;
         let tau = alloc(if cfg.chunk_classes.is_some() {
             cfg.n * 4
@@ -695,6 +703,8 @@ pub struct DenseStats {
     pub dropped_mass_mean: f64,
     /// What the sparse backward did, when the plan had one: used, or why it gave way.
     pub sparse: Option<String>,
+    /// How a forward-only call tiled the logits, when it used the plan's class tiles.
+    pub forward: Option<String>,
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -711,6 +721,9 @@ pub struct DenseEngine {
     arch: String,
     max_smem_optin: usize,
     fused_static_smem: usize,
+    /// The second stream of class-tiled forwards (made on first use, highest priority so that
+    /// its row reductions get multiprocessors as the GEMM's blocks retire).
+    row_stream: std::sync::OnceLock<Arc<CudaStream>>,
 }
 
 impl std::fmt::Debug for DenseEngine {
@@ -882,6 +895,7 @@ impl DenseEngine {
         let mut names: Vec<String> = Vec::new();
         for dt in ["f32", "f16", "bf16"] {
             names.push(format!("cce_dense_fwd_{dt}"));
+            names.push(format!("cce_cls_fwd_{dt}"));
             names.push(format!("cce_dense_bwd_{dt}"));
             names.push(format!("cce_dense_colsum_{dt}"));
             names.push(format!("cce_dense_randn_{dt}"));
@@ -972,6 +986,7 @@ impl DenseEngine {
             arch,
             max_smem_optin,
             fused_static_smem,
+            row_stream: std::sync::OnceLock::new(),
         })
     }
 
@@ -1126,17 +1141,17 @@ impl DenseEngine {
         )
     }
 
-    /// Forward only: loss, lse, side outputs (steps 1-2 per chunk).
+    /// Forward only: loss, lse, side outputs (steps 1-2 per chunk, or per class tile of the
+    /// plan's [`cce_core::ClassForward`]; [`DenseStats::forward`] says which).
     pub fn forward(
         &self,
         cfg: &DenseConfig,
         ws: &mut DenseWorkspace,
         inp: &DenseInputs<'_>,
         out: &mut DenseForwardOut<'_>,
-    ) -> Result<()> {
+    ) -> Result<DenseStats> {
         let mut grads = DenseGradOut::default();
         self.run(cfg, ws, inp, None, Some(out), &mut grads, Mode::Forward)
-            .map(|_| ())
     }
 
     /// Forward and backward with 3 GEMMs per chunk.
@@ -1520,7 +1535,29 @@ impl DenseEngine {
         let tmp_ptr = ws_base + layout.tmp as u64;
         let rs_ptr = ws_base + layout.rs as u64;
         let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
-        let dense_chunks = if sparse_used { 0 } else { n };
+        // Forward only with the plan's class tiles: the GEMMs and the row reductions overlap.
+        let mut class_forward_used = false;
+        if let (Mode::Forward, Some(cf)) = (&mode, cfg.class_forward) {
+            if ws.logits.len() < cf.bytes(n) {
+                return Err(CceError::InvalidOption {
+                    name: "workspace",
+                    reason: "allocated for another configuration".into(),
+                });
+            }
+            self.forward_by_classes(cfg, cf, ws_base, &row_args, (e_ptr, c_ptr))?;
+            stats.forward = Some(format!(
+                "forward: {} GEMM tile(s) of {} rows x {} classes through two buffers, row reductions on a second stream",
+                n.div_ceil(cf.rows) * v.div_ceil(cf.classes),
+                cf.rows.min(n),
+                cf.classes.min(v)
+            ));
+            class_forward_used = true;
+        }
+        let dense_chunks = if sparse_used || class_forward_used {
+            0
+        } else {
+            n
+        };
         for (ci, r0) in (0..dense_chunks).step_by(chunk).enumerate() {
             let rows = chunk.min(n - r0);
             let rows_u = rows as u32;
@@ -1861,6 +1898,133 @@ impl DenseEngine {
 
     /// Copy the first `N` bytes of a small device buffer to the host and wait for them (one
     /// host sync). Bytes, not typed values: a host byte array has no alignment to cast from.
+    /// The forward of a forward-only call over the class tiles of `cf` (`chunked.cu` "(2')"):
+    /// tile `i`'s logits GEMM writes buffer `i mod 2` on the engine's stream, its row
+    /// reductions (`cce_cls_fwd_*`) read it on the row stream; events order each buffer's
+    /// reuse, and the engine's stream waits for the row stream at the end. `base` is the
+    /// scratch (both buffers, then the row state).
+    fn forward_by_classes(
+        &self,
+        cfg: &DenseConfig,
+        cf: cce_core::ClassForward,
+        base: u64,
+        a: &RowArgs,
+        (e, c): (u64, u64),
+    ) -> Result<()> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let esz = cfg.dtype.size_bytes();
+        let f = self.func(&format!("cce_cls_fwd_{}", dtype_code(cfg.dtype)?))?;
+        let rs = self.row_stream()?;
+        let bufs = [base, base + cf.buffer_bytes() as u64];
+        let state = base + cf.state_offset() as u64;
+        let ldk = cf.ld();
+        let ldk_i = ldk as i64;
+        let v_i = to_i32(v, "V")?;
+        let event = || self.ctx.new_event(None).map_err(drv);
+        let gemm_done = [event()?, event()?];
+        let rows_done = [event()?, event()?];
+        let tiles_per_group = v.div_ceil(cf.classes);
+        let mut i = 0usize;
+        for r0 in (0..n).step_by(cf.rows) {
+            let rows = cf.rows.min(n - r0);
+            let off4 = (r0 * 4) as u64;
+            let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+            let (t_r, lse_r, loss_r, ent_r, am_r) = (
+                at(a.targets),
+                at(a.lse),
+                at(a.loss_rows),
+                at(a.entropy),
+                at(a.argmax),
+            );
+            let state_r = state + (r0 * cce_core::plan::CLASS_FORWARD_STATE_BYTES) as u64;
+            let rows_i = to_i32(rows, "rows")?;
+            for (k, c0) in (0..v).step_by(cf.classes).enumerate() {
+                let kk = cf.classes.min(v - c0);
+                if a.bias != 0 && !c0.is_multiple_of(4) {
+                    return Err(CceError::InvalidOption {
+                        name: "ClassForward",
+                        reason: format!("class tile start {c0} is not a multiple of 4"),
+                    });
+                }
+                let b = i % 2;
+                if i >= 2 {
+                    // Buffer b is free once the row reductions of tile i - 2 have read it.
+                    self.stream.wait(&rows_done[b]).map_err(drv)?;
+                }
+                self.gemm_logits(
+                    (kk, d, rows),
+                    cfg.dtype,
+                    (
+                        c + (c0 * d * esz) as u64,
+                        e + (r0 * d * esz) as u64,
+                        bufs[b],
+                    ),
+                    ldk,
+                )?;
+                gemm_done[b].record(&self.stream).map_err(drv)?;
+                rs.wait(&gemm_done[b]).map_err(drv)?;
+                let (k_i, c0_i) = (to_i32(kk, "classes")?, to_i32(c0, "class")?);
+                let first = (k == 0) as i32;
+                let last = (k + 1 == tiles_per_group) as i32;
+                let mut lb = rs.launch_builder(f);
+                lb.arg(&bufs[b])
+                    .arg(&ldk_i)
+                    .arg(&k_i)
+                    .arg(&c0_i)
+                    .arg(&v_i)
+                    .arg(&rows_i)
+                    .arg(&a.bias)
+                    .arg(&a.softcap)
+                    .arg(&t_r)
+                    .arg(&a.alpha)
+                    .arg(&a.lambda)
+                    .arg(&state_r)
+                    .arg(&first)
+                    .arg(&last)
+                    .arg(&lse_r)
+                    .arg(&loss_r)
+                    .arg(&ent_r)
+                    .arg(&am_r);
+                let grid = u32::try_from(rows.div_ceil(CLS_ROWS_PER_BLOCK)).map_err(|_| {
+                    CceError::ResourceLimit {
+                        resource: "CUDA grid blocks".into(),
+                        requested: rows.div_ceil(CLS_ROWS_PER_BLOCK) as u64,
+                        max: u32::MAX as u64,
+                    }
+                })?;
+                // SAFETY: argument types and order match CLS_PARAMS in chunked.cu; buffer b
+                // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
+                // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
+                // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row
+                // at r0 (inside the scratch, checked by the caller); the bias is [V] with c0 a
+                // multiple of 4 (checked above) for its 8-byte loads.
+                unsafe {
+                    lb.launch(LaunchConfig {
+                        grid_dim: (grid, 1, 1),
+                        block_dim: (CLS_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+                rows_done[b].record(rs).map_err(drv)?;
+                i += 1;
+            }
+        }
+        // Everything after (the loss reduction, the caller's reads) follows the row stream.
+        self.stream.join(rs).map_err(drv)
+    }
+
+    /// The second stream ([`DenseEngine`]'s `row_stream`), made on first use.
+    fn row_stream(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.row_stream.get() {
+            return Ok(s);
+        }
+        self.ctx.bind_to_thread().map_err(drv)?;
+        let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(drv)?;
+        let s = self.ctx.new_stream_with_priority(greatest).map_err(drv)?;
+        Ok(self.row_stream.get_or_init(|| s))
+    }
+
     fn read_back<const N: usize>(&self, s: &CudaSlice<u8>) -> Result<[u8; N]> {
         let mut host = [0u8; N];
         self.stream
@@ -2735,8 +2899,7 @@ impl DenseEngine {
             None
         };
         let ws_bytes = ws.bytes() + self.own_bytes();
-        let mut dstats = DenseStats::default();
-        {
+        let dstats = {
             let mut fo = fwd_t.as_mut().map(|(loss, lse, ent, am)| DenseForwardOut {
                 loss: loss.slice_mut(),
                 lse: lse.slice_mut(),
@@ -2754,10 +2917,10 @@ impl DenseEngine {
             match (&mut fo, lse_in, dense_up.as_ref()) {
                 (Some(fo), None, None) => self.forward(&cfg, &mut ws, &inputs, fo)?,
                 (Some(fo), None, Some(u)) => {
-                    dstats = self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
+                    self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
                 }
                 (None, Some(lse), Some(u)) => {
-                    dstats = self.backward(&cfg, &mut ws, &inputs, lse.slice(), u, &mut go)?
+                    self.backward(&cfg, &mut ws, &inputs, lse.slice(), u, &mut go)?
                 }
                 _ => {
                     return Err(CceError::InvalidOption {
@@ -2766,14 +2929,20 @@ impl DenseEngine {
                     })
                 }
             }
-        }
+        };
         drop(ws);
-        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| cce_core::ForwardOutput {
-            loss,
-            lse,
-            entropy,
-            argmax,
-            stats: self.base_stats(call, ws_bytes),
+        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| {
+            let mut stats = self.base_stats(call, ws_bytes);
+            if let Some(note) = &dstats.forward {
+                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
+            }
+            cce_core::ForwardOutput {
+                loss,
+                lse,
+                entropy,
+                argmax,
+                stats,
+            }
         });
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
