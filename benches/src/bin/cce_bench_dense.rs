@@ -44,8 +44,9 @@ struct Args {
     iters: usize,
     warmup: usize,
     budget_gib: f64,
-    /// Strategy and its budget in GiB (None: the shape's or `--budget-gib`).
-    strategies: Vec<(StrategyKind, Option<f64>)>,
+    /// Strategy, its budget in GiB (None: the shape's or `--budget-gib`), and its
+    /// `DeviceLimits::row_slots` (None: 2 per SM, as the CUDA backend; `split~0`: 0).
+    strategies: Vec<(StrategyKind, Option<f64>, Option<usize>)>,
     data: Vec<String>,
 }
 
@@ -82,8 +83,8 @@ fn parse_args() -> Res<Args> {
         warmup: 2,
         budget_gib: 8.0,
         strategies: vec![
-            (StrategyKind::ChunkedDense, None),
-            (StrategyKind::SplitDense, Some(0.5)),
+            (StrategyKind::ChunkedDense, None, None),
+            (StrategyKind::SplitDense, Some(0.5), None),
         ],
         data: vec!["randn".into(), "c/8".into()],
     };
@@ -120,15 +121,19 @@ fn parse_args() -> Res<Args> {
             "--strategy" => {
                 a.strategies = val
                     .split(',')
-                    .map(|x| -> Res<(StrategyKind, Option<f64>)> {
+                    .map(|x| -> Res<(StrategyKind, Option<f64>, Option<usize>)> {
+                        let (x, slots) = match x.split_once('~') {
+                            Some((a, b)) => (a, Some(b.parse::<usize>()?)),
+                            None => (x, None),
+                        };
                         let (name, gib) = match x.split_once('@') {
                             Some((a, b)) => (a, Some(b.parse::<f64>()?)),
                             None => (x, None),
                         };
                         match name {
-                            "chunked" => Ok((StrategyKind::ChunkedDense, gib)),
+                            "chunked" => Ok((StrategyKind::ChunkedDense, gib, slots)),
                             // Split dense runs within the default budget unless told.
-                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)))),
+                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)), slots)),
                             o => Err(format!("unknown strategy {o}").into()),
                         }
                     })
@@ -251,7 +256,7 @@ fn time_ms(
     Ok((v[v.len() / 2], v[0]))
 }
 
-fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind) -> DeviceLimits {
+fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind, row_slots: usize) -> DeviceLimits {
     DeviceLimits {
         name: "cuda".into(),
         max_buffer_bytes: 1 << 40,
@@ -265,6 +270,7 @@ fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind) -> DeviceLimits {
             depth: 64,
         },
         strategies: vec![kind],
+        row_slots,
     }
 }
 
@@ -944,7 +950,7 @@ fn bench(
             };
             engine.fill_randn(&mut data.e, dt, n * d, 7, 0.0, e_std)?;
             engine.fill_randn(&mut data.c, dt, v * d, 8, 0.0, c_std)?;
-            for &(kind, kind_gib) in &args.strategies {
+            for &(kind, kind_gib, slots) in &args.strategies {
                 let res = bench_one(
                     engine,
                     ctx,
@@ -953,7 +959,7 @@ fn bench(
                     &problem,
                     softcap,
                     kind_gib.map_or(budget_bytes, |g| (g * (1u64 << 30) as f64) as u64),
-                    (kind, rp),
+                    (kind, rp, slots),
                     args,
                     (&mut loss, &mut lse, &mut de, &mut dc),
                     data_name == &args.data[0],
@@ -1049,7 +1055,7 @@ fn bench_one(
     problem: &Problem,
     softcap: Option<f32>,
     budget_bytes: u64,
-    (kind, rp): (StrategyKind, RowPass),
+    (kind, rp, slots): (StrategyKind, RowPass, Option<usize>),
     args: &Args,
     (loss, lse, de, dc): GradBufs<'_>,
     print_plan: bool,
@@ -1060,7 +1066,11 @@ fn bench_one(
         workspace_budget_bytes: budget_bytes,
         ..Options::default()
     };
-    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
+    let sms = ctx.attribute(
+        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as usize;
+    let row_slots = slots.unwrap_or(2 * sms);
+    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind, row_slots))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
     let mut cfg_exact = cfg.clone();

@@ -242,7 +242,9 @@ __device__ __forceinline__ void block_sum2u(float& a, float& b, u32& c, float* s
 // the same guard loops as FilterRule::bin, so bins match the CPU reference exactly.
 __device__ __forceinline__ int filter_bin(float g0, const float* edges) {
     if (g0 <= 0.0f) return N_BINS - 1;
-    float k = floorf(-4.0f * log2f(g0 / edges[0]));
+    // A first guess from the fast intrinsics (MUFU: no IEEE division or log2), made exact by
+    // the comparisons with the edges below (it is off by at most one bin at a boundary).
+    float k = floorf(-4.0f * __log2f(__fdividef(g0, edges[0])));
     int b = (int)fminf(fmaxf(k, 0.0f), (float)(N_BINS - 1));
     while (b > 0 && g0 >= edges[b]) --b;
     while (b < N_BINS - 1 && g0 < edges[b + 1]) ++b;
@@ -1464,7 +1466,9 @@ __device__ __forceinline__ void hist_add_count(u32* wmass, u32* wcnt, float g0, 
                                                u64& under, u32& big) {
     if (!valid) return;
     if (g0 < e_lo) {  // e_lo = edges[N_BINS − 1]
-        under += (u64)ceilf(g0 * FIXED_ONE);
+        // g0·2^30 < edge(64)·2^30 = eps·2^14: a u32 conversion (the u64 one is several
+        // instructions, and this is the path of nearly every entry of a peaked row).
+        under += (u32)ceilf(g0 * FIXED_ONE);
     } else if (g0 < e_hi) {  // e_hi = edges[0] = eps
         int b = filter_bin(g0, edges);
         u32 mass = (u32)ceilf(g0 * FIXED_ONE);
