@@ -44,9 +44,8 @@ struct Args {
     iters: usize,
     warmup: usize,
     budget_gib: f64,
-    /// Strategy, its budget in GiB (None: the shape's or `--budget-gib`), and its
-    /// `DeviceLimits::row_slots` (None: 2 per SM, as the CUDA backend; `split~0`: 0).
-    strategies: Vec<(StrategyKind, Option<f64>, Option<usize>)>,
+    /// Strategy and its budget in GiB (None: the shape's or `--budget-gib`).
+    strategies: Vec<(StrategyKind, Option<f64>)>,
     data: Vec<String>,
 }
 
@@ -83,8 +82,8 @@ fn parse_args() -> Res<Args> {
         warmup: 2,
         budget_gib: 8.0,
         strategies: vec![
-            (StrategyKind::ChunkedDense, None, None),
-            (StrategyKind::SplitDense, Some(0.5), None),
+            (StrategyKind::ChunkedDense, None),
+            (StrategyKind::SplitDense, Some(0.5)),
         ],
         data: vec!["randn".into(), "c/8".into()],
     };
@@ -121,19 +120,15 @@ fn parse_args() -> Res<Args> {
             "--strategy" => {
                 a.strategies = val
                     .split(',')
-                    .map(|x| -> Res<(StrategyKind, Option<f64>, Option<usize>)> {
-                        let (x, slots) = match x.split_once('~') {
-                            Some((a, b)) => (a, Some(b.parse::<usize>()?)),
-                            None => (x, None),
-                        };
+                    .map(|x| -> Res<(StrategyKind, Option<f64>)> {
                         let (name, gib) = match x.split_once('@') {
                             Some((a, b)) => (a, Some(b.parse::<f64>()?)),
                             None => (x, None),
                         };
                         match name {
-                            "chunked" => Ok((StrategyKind::ChunkedDense, gib, slots)),
+                            "chunked" => Ok((StrategyKind::ChunkedDense, gib)),
                             // Split dense runs within the default budget unless told.
-                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)), slots)),
+                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)))),
                             o => Err(format!("unknown strategy {o}").into()),
                         }
                     })
@@ -256,7 +251,7 @@ fn time_ms(
     Ok((v[v.len() / 2], v[0]))
 }
 
-fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind, row_slots: usize) -> DeviceLimits {
+fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind) -> DeviceLimits {
     DeviceLimits {
         name: "cuda".into(),
         max_buffer_bytes: 1 << 40,
@@ -270,7 +265,6 @@ fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind, row_slots: usize) ->
             depth: 64,
         },
         strategies: vec![kind],
-        row_slots,
     }
 }
 
@@ -950,7 +944,7 @@ fn bench(
             };
             engine.fill_randn(&mut data.e, dt, n * d, 7, 0.0, e_std)?;
             engine.fill_randn(&mut data.c, dt, v * d, 8, 0.0, c_std)?;
-            for &(kind, kind_gib, slots) in &args.strategies {
+            for &(kind, kind_gib) in &args.strategies {
                 let res = bench_one(
                     engine,
                     ctx,
@@ -959,7 +953,7 @@ fn bench(
                     &problem,
                     softcap,
                     kind_gib.map_or(budget_bytes, |g| (g * (1u64 << 30) as f64) as u64),
-                    (kind, rp, slots),
+                    (kind, rp),
                     args,
                     (&mut loss, &mut lse, &mut de, &mut dc),
                     data_name == &args.data[0],
@@ -1055,7 +1049,7 @@ fn bench_one(
     problem: &Problem,
     softcap: Option<f32>,
     budget_bytes: u64,
-    (kind, rp, slots): (StrategyKind, RowPass, Option<usize>),
+    (kind, rp): (StrategyKind, RowPass),
     args: &Args,
     (loss, lse, de, dc): GradBufs<'_>,
     print_plan: bool,
@@ -1066,11 +1060,7 @@ fn bench_one(
         workspace_budget_bytes: budget_bytes,
         ..Options::default()
     };
-    let sms = ctx.attribute(
-        cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-    )? as usize;
-    let row_slots = slots.unwrap_or(2 * sms);
-    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind, row_slots))?;
+    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
     let mut cfg_exact = cfg.clone();

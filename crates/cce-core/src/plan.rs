@@ -109,9 +109,6 @@ pub struct SparseBackward {
     /// cheaper than split dense's three tensor-core GEMMs (PERFORMANCE.md "Design space" 4;
     /// `V / SPARSE_PAY_DIVISOR`, at least 1).
     pub max_mean_kept: usize,
-    /// [`DeviceLimits::row_slots`]: chunks after the probe are sized in whole waves of it, in
-    /// multiples of `probe_rows`.
-    pub row_slots: usize,
 }
 
 /// [`SparseBackward::max_mean_kept`] is `V / SPARSE_PAY_DIVISOR`. With 16-bit inputs a row's
@@ -163,8 +160,7 @@ impl SparseBackward {
         let expect = (pairs as f64 + 1.25 * mean * (n - probe) as f64).max(floor) + 1024.0;
         let room = (self.scratch_bytes as f64 - 8.0 * expect).max(0.0);
         let rows = (room / (Self::ld(v) * 4) as f64).floor() as usize;
-        let rows = rows.min(self.max_rows).min(n).max(probe);
-        wave_rows(rows, probe, n, self.row_slots).max(probe)
+        rows.min(self.max_rows).min(n).max(probe)
     }
 
     /// Byte offsets of the regrouping by class for `pairs` pairs: records (row, G) at 0,
@@ -216,7 +212,6 @@ impl SparseBackward {
             // A multiple of 256: the records grow down from its end in 8-byte units.
             scratch_bytes,
             max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
-            row_slots: 0,
         };
         (sp.capacity(sp.probe_rows, v) >= n).then_some(sp)
     }
@@ -387,31 +382,6 @@ pub struct DeviceLimits {
     pub tile: TileShape,
     /// Strategies the backend implements, in order of preference.
     pub strategies: Vec<StrategyKind>,
-    /// Rows the dense strategies' one-block-per-row kernels run at once (resident blocks on
-    /// the whole device), or 0 when unknown: row chunks are then sized in whole waves of it
-    /// ([`wave_rows`]).
-    pub row_slots: usize,
-}
-
-/// Rows per chunk, at most `max_rows` (a multiple of `unit`, or `n`), for kernels that run
-/// `slots` rows at once: the multiple of `unit` with the fewest waves over all `n` rows,
-/// `ceil(n / r) · ceil(r / slots)`, the largest on ties. A chunk of 1.45 waves leaves its last
-/// wave half idle (measured on the H200: 384-row chunks on 264 resident blocks, the select
-/// kernel's tail). `slots = 0` or `max_rows ≥ n`: `max_rows` unchanged.
-pub fn wave_rows(max_rows: usize, unit: usize, n: usize, slots: usize) -> usize {
-    let unit = unit.max(1);
-    if slots == 0 || max_rows >= n || max_rows < unit {
-        return max_rows;
-    }
-    let mut best = (usize::MAX, max_rows);
-    for k in 1..=max_rows / unit {
-        let r = k * unit;
-        let waves = n.div_ceil(r) * r.div_ceil(slots);
-        if waves <= best.0 {
-            best = (waves, r);
-        }
-    }
-    best.1
 }
 
 impl DeviceLimits {
@@ -430,7 +400,6 @@ impl DeviceLimits {
                 depth: 64,
             },
             strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
-            row_slots: 0,
         }
     }
 }
@@ -669,12 +638,7 @@ impl Plan {
                         ));
                         continue;
                     }
-                    let chunk_rows = wave_rows(
-                        fit(row_cap, tile.rows, n).min(n),
-                        tile.rows,
-                        n,
-                        limits.row_slots,
-                    );
+                    let chunk_rows = fit(row_cap, tile.rows, n).min(n);
                     let chunk_classes = fit(class_cap, tile.classes, v).min(v);
                     let scratch = (row_once + chunk_rows as u64 * row_unit).max(
                         n as u64 * ld_of(chunk_classes)
@@ -727,13 +691,9 @@ impl Plan {
                     if sparse_ok {
                         let room_s = budget.saturating_sub(workspace_bytes) + scratch;
                         plan.sparse = match (usize::try_from(scratch), usize::try_from(room_s)) {
-                            (Ok(s), Ok(r)) => SparseBackward::fit(
-                                s, r, n, v, tile.rows, chunk_rows,
-                            )
-                            .map(|mut sp| {
-                                sp.row_slots = limits.row_slots;
-                                sp
-                            }),
+                            (Ok(s), Ok(r)) => {
+                                SparseBackward::fit(s, r, n, v, tile.rows, chunk_rows)
+                            }
                             _ => None,
                         };
                         match plan.sparse {
@@ -957,7 +917,6 @@ mod tests {
                 depth: 16,
             },
             strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
-            row_slots: 0,
         }
     }
 
@@ -1264,28 +1223,6 @@ mod tests {
                     prop_assert!(least.bytes(n) > scratch);
                 }
             }
-        }
-    }
-
-    #[test]
-    fn wave_rows_fills_the_last_wave() {
-        // H200: 132 SMs x 2 blocks. 384 rows are 1.45 waves; 256 are one.
-        assert_eq!(wave_rows(384, 128, 32768, 264), 256);
-        assert_eq!(wave_rows(383, 128, 32768, 264), 256);
-        // 512-row chunks: 64 x 2 waves; 768 rows: 43 x 3 (one more). Ties go to the larger.
-        assert_eq!(wave_rows(800, 128, 32768, 264), 512);
-        assert_eq!(wave_rows(4224, 128, 32768, 264), 4224);
-        // Unknown slots, everything in one chunk, or under one unit: unchanged.
-        assert_eq!(wave_rows(384, 128, 32768, 0), 384);
-        assert_eq!(wave_rows(500, 128, 300, 264), 500);
-        assert_eq!(wave_rows(100, 128, 3000, 264), 100);
-        for (max, n, slots) in [
-            (1000usize, 9999usize, 7usize),
-            (129, 130, 1),
-            (4096, 5000, 264),
-        ] {
-            let r = wave_rows(max, 128, n, slots);
-            assert!(r <= max && r.is_multiple_of(128), "{max} {n} {slots}: {r}");
         }
     }
 }

@@ -315,9 +315,6 @@ impl CudaBackend {
             },
             // The dense strategies need libcublas and compute capability 8.0+ (module docs).
             strategies: vec![StrategyKind::TileOwnership],
-            // The dense strategies' row kernels of 512 threads (backward rows, select) run 2
-            // blocks per SM (register-bound, ptxas: 63 registers; ncu on the H200).
-            row_slots: 2 * sm_count,
         };
         let available = if dense_available(major) {
             vec![

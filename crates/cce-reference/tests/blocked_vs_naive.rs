@@ -23,7 +23,6 @@ fn limits(strategy: StrategyKind, rows: usize, classes: usize) -> DeviceLimits {
             depth: 16,
         },
         strategies: vec![strategy],
-        row_slots: 0,
         ..DeviceLimits::cpu()
     }
 }

@@ -1323,7 +1323,6 @@ impl Backend for WgpuBackend {
                 depth: self.cfg.tk as usize,
             },
             strategies: vec![StrategyKind::TileOwnership],
-            row_slots: 0,
         }
     }
 
