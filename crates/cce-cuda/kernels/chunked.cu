@@ -1556,10 +1556,13 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   recs_end: one past the last of `cap` u64 records (record k at recs_end[−1 − k]);
 //   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
 //   (global row row0 + r, as cce_dense_bwd).
-// Tiling: one block per row. Pass 1: histograms of mass and counts (one per warp) → τ_i and the
-//   row's pair count k_i (thread 0), one atomic on the counter for the row's offset. Pass 2:
-//   the pairs, compacted in a fixed order by a block scan per step (deterministic within the
-//   row).
+// Tiling: one block per row. Pass 1: the candidates (g0 ≥ edge(SEL_CAND_BIN)) into shared
+//   memory and the fixed-point mass below them; when that mass is ≤ δ (peaked rows), the
+//   histogram of the candidates alone gives τ_i (≥ that edge), else a second read of the row
+//   builds the full histogram (one per warp). Then τ_i and the row's pair count k_i (thread
+//   0), one atomic on the counter for the row's offset. Pass 2: the pairs, from the
+//   candidates or from a full re-read, compacted in a fixed order by a block scan per step
+//   (deterministic within the row).
 // Thread mapping: as cce_dense_bwd (columns 4t + u·SEL_THREADS·4 of each step); trip counts
 //   uniform over the block.
 template <int DT, int T>
@@ -1573,6 +1576,7 @@ __device__ __forceinline__ void sparse_select(
     __shared__ u32 hc[T / 32][N_BINS];
     __shared__ u64 tot[N_BINS];
     __shared__ u64 under_sh[T / 32];
+    __shared__ u64 under_tot;
     __shared__ float edges[N_BINS];
     __shared__ float shf[64];
     __shared__ u32 shu[33];
@@ -1607,10 +1611,13 @@ __device__ __forceinline__ void sparse_select(
     if (threadIdx.x < N_BINS) edges[threadIdx.x] = edges_g[threadIdx.x];
     __syncthreads();
     u32 big = 0;
-    u64 under = 0;
+    u64 under = 0;         // fixed-point mass (ceil per entry) below edge(SEL_CAND_BIN)
     float d_under = 0.0f;  // Σ g0 below edge(SEL_CAND_BIN): dropped whenever τ ≥ that edge
     u32 ncand = 0;         // candidates (g0 ≥ edge(SEL_CAND_BIN)) so far (block-uniform)
     const float e_lo = edges[N_BINS - 1], e_hi = edges[0], e_c = edges[SEL_CAND_BIN];
+    // Pass 1 (light): the candidates into shared memory, the mass below them in registers.
+    // No histogram yet: when that mass is within δ (τ ≥ edge(SEL_CAND_BIN)), the bins above
+    // come from the candidates alone; otherwise a full histogram pass follows.
     for (int b0 = 0; b0 < V; b0 += STEP1) {
         u32 cb = 0;
         float4 zz[SEL_UNROLL1];
@@ -1624,10 +1631,15 @@ __device__ __forceinline__ void sparse_select(
             for (int k = 0; k < 4; ++k) {
                 float p = __expf(f4get(zz[u], k) - lse);
                 float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
-                bool valid = j + k < V;
-                hist_add_count(hm[warp], hc[warp], g0, valid, edges, e_lo, e_hi, under, big);
-                if (valid && !(g0 < e_c)) cb |= 1u << (u * 4 + k);
-                if (valid && g0 < e_c) d_under += g0;
+                if (j + k < V) {
+                    if (g0 < e_c) {
+                        // g0·2^30 < eps·2^22 ≤ 2^22: a u32 conversion.
+                        under += (u32)ceilf(g0 * FIXED_ONE);
+                        d_under += g0;
+                    } else {
+                        cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
+                    }
+                }
             }
         }
         // Candidates for pass 2, in column-step order (deterministic), while they fit.
@@ -1650,6 +1662,54 @@ __device__ __forceinline__ void sparse_select(
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) under += __shfl_down_sync(FULL_MASK, under, o);
     if ((threadIdx.x & 31) == 0) under_sh[warp] = under;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 s0 = 0;
+        for (int w = 0; w < T / 32; ++w) s0 += under_sh[w];
+        under_tot = s0;
+    }
+    __syncthreads();
+    const bool light = ncand <= SEL_CAND && under_tot <= delta_fixed;  // block-uniform
+    if (light) {
+        // Histogram of the candidates (bins < SEL_CAND_BIN, or g0 ≥ eps); everything below
+        // is one mass, `under_tot`, at bin SEL_CAND_BIN: the threshold scan below reaches that
+        // bin with the same cumulative mass as over the full histogram, so τ is the same.
+        for (u32 q = threadIdx.x; q < ncand; q += T) {
+            float p = __expf(cand_z[q] - lse);
+            float g0 = cand_col[q] == y ? target_g0(p, c.oh) : p;
+            if (g0 < e_hi) {
+                int b = filter_bin(g0, edges);
+                atomicAdd(&hm[0][b], (u32)ceilf(g0 * FIXED_ONE));
+                atomicAdd(&hc[0][b], 1u);
+            } else {
+                ++big;
+            }
+        }
+    } else {
+        // Full histogram: the row again (flat rows, or more candidates than fit).
+        u64 under2 = 0;
+        for (int b0 = 0; b0 < V; b0 += STEP1) {
+            float4 zz[SEL_UNROLL1];
+#pragma unroll
+            for (int u = 0; u < SEL_UNROLL1; ++u)
+                zz[u] = sel_load<DT>(Lr, bias, b0 + u * T * 4 + threadIdx.x * 4, V, softcap,
+                                     inv_cap);
+#pragma unroll
+            for (int u = 0; u < SEL_UNROLL1; ++u) {
+                int j = b0 + u * T * 4 + threadIdx.x * 4;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float p = __expf(f4get(zz[u], k) - lse);
+                    float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
+                    hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, e_lo, e_hi, under2,
+                                   big);
+                }
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) under2 += __shfl_down_sync(FULL_MASK, under2, o);
+        if ((threadIdx.x & 31) == 0) under_sh[warp] = under2;
+    }
     {
         float unused_a = 0.0f, unused_b = 0.0f;
         block_sum2u(unused_a, unused_b, big, shf, shu);
@@ -1657,7 +1717,8 @@ __device__ __forceinline__ void sparse_select(
     if (threadIdx.x < N_BINS) {
         u64 s = 0;
         for (int w = 0; w < T / 32; ++w) s += hm[w][threadIdx.x];
-        if (threadIdx.x == N_BINS - 1)
+        if (light && threadIdx.x == SEL_CAND_BIN) s += under_tot;
+        if (!light && threadIdx.x == N_BINS - 1)
             for (int w = 0; w < T / 32; ++w) s += under_sh[w];
         tot[threadIdx.x] = s;
     }
@@ -1704,7 +1765,7 @@ __device__ __forceinline__ void sparse_select(
     float dropped = 0.0f;
     // Pass 2 from the candidates when they all fit and τ ≥ edge(SEL_CAND_BIN) (every kept
     // entry has g0 ≥ τ, so it is a candidate): no second read of the row.
-    const bool from_cand = ncand <= SEL_CAND && tau >= e_c && tau > 0.0f;
+    const bool from_cand = light;
     if (from_cand) {
         dropped = d_under;
         for (u32 c0 = 0; c0 < ncand; c0 += T) {
