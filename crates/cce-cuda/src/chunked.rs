@@ -1485,6 +1485,9 @@ impl DenseEngine {
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
         // Sparse backward first (filtered split-dense calls); `None`: the dense passes below.
         let mut sparse_kept = None;
+        // Rows of a first chunk whose logits (and forward rows) a sparse backward that gave
+        // way left valid at `l_ptr`: the dense passes start with them instead of recomputing.
+        let mut reuse_rows = 0usize;
         if try_sparse {
             let sa = SparseArgs {
                 forward,
@@ -1516,7 +1519,21 @@ impl DenseEngine {
                     ));
                     sparse_kept = Some(kept);
                 }
-                Err(why) => stats.sparse = Some(format!("dense passes: {why}")),
+                Err((why, rows)) => {
+                    // The sparse backward's logits sit at the start of the scratch; the row
+                    // pass's too unless an f16 copy of c comes first (layout.logits > 0).
+                    if layout.logits == 0 && rows <= chunk {
+                        reuse_rows = rows;
+                    }
+                    stats.sparse = Some(format!(
+                        "dense passes{}: {why}",
+                        if reuse_rows > 0 {
+                            " (the first chunk's logits reused)"
+                        } else {
+                            ""
+                        }
+                    ))
+                }
             }
         }
         let sparse_used = sparse_kept.is_some();
@@ -1558,12 +1575,28 @@ impl DenseEngine {
         } else {
             n
         };
-        for (ci, r0) in (0..dense_chunks).step_by(chunk).enumerate() {
-            let rows = chunk.min(n - r0);
+        // (first row, rows, logits and forward rows already there) per chunk.
+        let chunks: Vec<(usize, usize, bool)> = if reuse_rows > 0 {
+            std::iter::once((0, reuse_rows, true))
+                .chain(
+                    (reuse_rows..dense_chunks)
+                        .step_by(chunk)
+                        .map(|r0| (r0, chunk.min(n - r0), false)),
+                )
+                .collect()
+        } else {
+            (0..dense_chunks)
+                .step_by(chunk)
+                .map(|r0| (r0, chunk.min(n - r0), false))
+                .collect()
+        };
+        for (ci, &(r0, rows, reused)) in chunks.iter().enumerate() {
             let rows_u = rows as u32;
             let e_r = e_ptr + (r0 * d * esz) as u64;
             // (1) logits.
-            self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+            if !reused {
+                self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+            }
             let off4 = (r0 * 4) as u64;
             let t_r = t_ptr + off4;
             let row0 = r0 as i64;
@@ -1622,7 +1655,7 @@ impl DenseEngine {
                 // at construction.
                 unsafe { b.launch(cfg_l) }.map_err(drv)?;
             } else {
-                if forward {
+                if forward && !reused {
                     // (2) forward rows.
                     self.fwd_rows(f_fwd, &row_args, r0, rows, l_ptr)?;
                 }
@@ -2048,17 +2081,19 @@ impl DenseEngine {
     /// The plan's [`cce_core::SparseBackward`] (`chunked.cu` "Sparse backward"): per row chunk
     /// the logits GEMM, the forward rows (forward calls), the kept pairs, `d_e` rows by
     /// gathering `c`; then the pairs regrouped by class and `d_c` (and `d_bias`) by gathering
-    /// `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err(why))` when it gives way to the dense passes
-    /// (nothing it wrote is then used): the first chunk keeps more than
-    /// `max_mean_kept` entries per row, or the pairs outgrow the capacity. Two host syncs
-    /// (three with `CCE_CUDA_PROFILE`).
+    /// `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err((why, rows)))` when it gives way to the dense
+    /// passes: the first chunk keeps more than `max_mean_kept` entries per row, or the pairs
+    /// outgrow the capacity. `rows` > 0: it gave way after the first chunk, whose logits (rows
+    /// `0..rows`, row stride `ld`, at the start of the scratch) and forward rows stay valid for
+    /// the dense passes to reuse; nothing else it wrote is used. Two host syncs (three with
+    /// `CCE_CUDA_PROFILE`).
     fn sparse_backward(
         &self,
         cfg: &DenseConfig,
         ws: &mut DenseWorkspace,
         ra: &RowArgs,
         a: &SparseArgs,
-    ) -> Result<std::result::Result<u64, String>> {
+    ) -> Result<std::result::Result<u64, (String, usize)>> {
         let sp = cfg.sparse.ok_or_else(|| CceError::InvalidOption {
             name: "plan.sparse",
             reason: "no sparse backward in the plan".into(),
@@ -2190,23 +2225,32 @@ impl DenseEngine {
                 let (pairs, over, _) = self.sparse_ctl(ws)?;
                 let mean = pairs as f64 / rows as f64;
                 if over {
-                    return Ok(Err(format!(
-                        "the first {rows} rows' pairs overflowed the sparse capacity of {cap}"
+                    return Ok(Err((
+                        format!(
+                            "the first {rows} rows' pairs overflowed the sparse capacity of {cap}"
+                        ),
+                        rows,
                     )));
                 }
                 if mean > sp.max_mean_kept as f64 {
-                    return Ok(Err(format!(
-                        "the first {rows} rows keep {mean:.0} entries per row (filter threshold at dropped mass {:.0e}), above the {} where the sparse products stop paying",
-                        cfg.filter.max_dropped_mass, sp.max_mean_kept
+                    return Ok(Err((
+                        format!(
+                            "the first {rows} rows keep {mean:.0} entries per row (filter threshold at dropped mass {:.0e}), above the {} where the sparse products stop paying",
+                            cfg.filter.max_dropped_mass, sp.max_mean_kept
+                        ),
+                        rows,
                     )));
                 }
                 // Grow the chunks to what the density leaves room for.
                 chunk = sp.rows_after_probe(pairs, n, v);
                 cap = sp.capacity(chunk, v) as u64;
                 if mean * n as f64 > cap as f64 {
-                    return Ok(Err(format!(
-                        "the first {rows} rows keep {mean:.0} entries per row; all {n} rows would need about {:.0} pairs, over the sparse capacity of {cap}",
-                        mean * n as f64
+                    return Ok(Err((
+                        format!(
+                            "the first {rows} rows keep {mean:.0} entries per row; all {n} rows would need about {:.0} pairs, over the sparse capacity of {cap}",
+                            mean * n as f64
+                        ),
+                        rows,
                     )));
                 }
             }
@@ -2241,8 +2285,11 @@ impl DenseEngine {
         }
         let (pairs, over, _) = self.sparse_ctl(ws)?;
         if over {
-            return Ok(Err(format!(
+            return Ok(Err((
+                format!(
                 "the pairs outgrew the sparse capacity of {cap} after the first chunk ({pairs} asked)"
+                ),
+                0,
             )));
         }
         if a.d_c != 0 {

@@ -619,7 +619,18 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
             1e-3,
             2f32.powi(-12),
         );
-        assert!(s.plan_reason.starts_with("dense passes: the first"), "{s}");
+        // The probe chunk's logits and forward rows are reused where they sit where the row
+        // pass wants them (no f16 copy of c in front: f32 inputs here).
+        let reused = "dense passes (the first chunk's logits reused): the first";
+        if dtype == DType::F32 {
+            assert!(s.plan_reason.starts_with(reused), "{s}");
+        } else {
+            assert!(
+                s.plan_reason.starts_with(reused)
+                    || s.plan_reason.starts_with("dense passes: the first"),
+                "{s}"
+            );
+        }
     }
     // Always on moderately peaked rows (hostile shapes, one row, V below one tile): sparse at
     // any density, judged the same way.
@@ -653,7 +664,7 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
         1e-3,
         2f32.powi(-12),
     );
-    assert!(s.plan_reason.starts_with("dense passes:"), "{s}");
+    assert!(s.plan_reason.starts_with("dense passes"), "{s}");
     // Off: the dense passes.
     let s = filtered_check(
         &auto().with_sparse(SparseMode::Off),
