@@ -4,10 +4,16 @@
 //! `|p_ij − [j = y_i]| < filter_eps`. On real LM data that drops 3-5% of `d_e` (MATH.md,
 //! "Gradient filtering"), so this crate bounds, per row, the total skipped magnitude too:
 //!
-//! - `g0_ij = p_ij` for `j ≠ y_i`, and `max(|1 − p|, |w − p|)` at the target, `w = 1 − α` its
-//!   one-hot weight (`α` the label smoothing; `w = 0` for a row with only an lse gradient):
-//!   the first term is CCE's `|p − onehot|`, the second the entry's real size (`G = g·(p − w)`
-//!   besides the uniform `−α g / V`), so a target with `p → 1` is never skipped when `α > 0`;
+//! - `g0_ij = p_ij` for `j ≠ y_i`, and `max(|1 − p|, |w − p|)` at the target, `w` the `p` at
+//!   which the target's `G` vanishes: `G_ij = cp_i·p_ij − cy_i·[j = y_i]` (besides the uniform
+//!   `−α g / V`) with `cp = g·(1 + 2λ·lse) + h`, `cy = g·(1 − α)` (`g` the loss gradient, `h`
+//!   the lse gradient, `λ` the z-loss weight), so `w = cy / cp`: `1 − α` without z-loss and
+//!   lse gradient, `0` for a row with only an lse gradient. The first term is CCE's
+//!   `|p − onehot|`, the second the entry's real size in the units of every other entry
+//!   (`|G| / |cp|`), so a target with `p → 1` is never skipped under label smoothing or z-loss
+//!   (whose target `G → g·(α + 2λ·lse)`). Every backend's skip decision uses this `w`; the
+//!   CUDA tile-ownership threshold histogram still bins the target with `1 − α` (the same
+//!   without z-loss and lse gradient; otherwise it only skips less than the budget allows);
 //! - row `i` gets a threshold `τ_i ≤ filter_eps`: the largest grid value
 //!   `τ_k = filter_eps · 2^(−k/4)`, `k = 0..=64`, such that `Σ_{j: g0_ij < τ_k} g0_ij ≤ δ`
 //!   (`δ = max_dropped_mass`), or `τ_i = 0` (skip nothing) if even the lowest edge holds more;

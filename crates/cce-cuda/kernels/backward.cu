@@ -67,10 +67,12 @@ __device__ __forceinline__ float grad_entry(float x, float softcap, const RowInf
     float z = apply_softcap(x, softcap);
     float p = expf(z - R.lse);
     float onehot = col == R.y ? 1.f : 0.f;
-    // Filter magnitude (cce-core filter.rs): p off the target, max(|1 − p|, |w − p|) at it, w the
-    // one-hot weight 1 − α = b / g (b + c·V = g; w = 0 for a row with only an lse gradient).
-    const float g_row = R.b + R.c * (float)V;
-    const float w = g_row != 0.f ? R.b / g_row : 0.f;
+    // Filter magnitude (cce-core filter.rs): p off the target, max(|1 − p|, |w − p|) at it, w =
+    // b / a the p at which the target's G = a·p − b vanishes (1 − α without z-loss and lse
+    // gradient; 0 for a row with only an lse gradient). The threshold's histogram
+    // (threshold.cu) takes w = 1 − α: under z-loss it may count a target as skippable that
+    // this keeps, which only drops less than the budget.
+    const float w = R.a != 0.f ? R.b / R.a : 0.f;
     g0 = onehot != 0.f ? fmaxf(fabsf(1.f - p), fabsf(w - p)) : p;
     float G = R.a * p - R.b * onehot - (dense_ls ? R.c : 0.f);
     if (softcap > 0.f) {

@@ -268,7 +268,7 @@ __device__ __forceinline__ float filter_threshold(const u32* hist, u64 delta_fix
 // factor. g = upstream loss gradient of the row (0 when ignored), h = upstream lse gradient.
 struct GCoef {
     float cp, cy, cc;
-    float oh;  // 1 − α: the target's one-hot weight (filter magnitude |oh − p| at the target)
+    float oh;  // cy / cp: the p at which the target's G vanishes (filter magnitude |oh − p|)
     bool active;
 };
 
@@ -281,15 +281,20 @@ __device__ __forceinline__ GCoef g_coef(int y, long long row, const float* dl_ro
     c.cp = g * (1.0f + 2.0f * lambda * lse) + h;
     c.cy = g * (1.0f - alpha);
     c.cc = g * alpha / (float)V;
-    c.oh = g != 0.0f ? 1.0f - alpha : 0.0f;  // no one-hot term without a loss gradient
+    // 1 − α without z-loss or an lse gradient; 0 without a loss gradient. With z-loss the
+    // target's G = cp·p − cy stays ≈ g·(α + 2λ·lse) as p → 1, so |1 − p| alone would let a
+    // large entry be skipped: in units of |cp| (those of every other entry, |G| = |cp|·p) the
+    // target's size is |cy/cp − p|.
+    c.oh = c.cp != 0.0f ? c.cy / c.cp : 0.0f;
     c.active = (g != 0.0f) || (h != 0.0f);
     return c;
 }
 
-// Filter magnitude of the target entry: max(|1 − p|, |w − p|), w = 1 − α its one-hot weight
-// (0 for a row with only an lse gradient). The first term keeps the contract's rule (skippable
-// only if |p − 1| < eps); the second the entry's real size g·|p − w|, so a target with p → 1 is
-// never skipped under label smoothing, nor in a row whose G at the target is h·p.
+// Filter magnitude of the target entry: max(|1 − p|, |w − p|), w = cy / cp (GCoef::oh: 1 − α
+// without z-loss and lse gradient, 0 for a row with only an lse gradient). The first term keeps
+// the contract's rule (skippable only if |p − 1| < eps); the second the entry's real size
+// |G| / |cp|, so a target with p → 1 is never skipped under label smoothing or z-loss, nor in a
+// row whose G at the target is h·p.
 __device__ __forceinline__ float target_g0(float p, float w) {
     return fmaxf(fabsf(1.0f - p), fabsf(w - p));
 }

@@ -720,18 +720,17 @@ impl GCtx<'_> {
     }
 
     /// `g0` of an active row (0 for inactive rows) from the probability `p`: `p` off the
-    /// target, `max(|1 − p|, |w − p|)` at it with `w = 1 − α` its one-hot weight (0 for a row
-    /// with only an lse gradient), see cce-core filter.rs.
+    /// target, `max(|1 − p|, |w − p|)` at it with `w = cy / cp` the `p` at which the target's
+    /// `G = cp·p − cy` vanishes (`1 − α` without z-loss and lse gradient, 0 for a row with only
+    /// an lse gradient), see cce-core filter.rs.
     fn g0(&self, i: usize, j: usize, p: f32) -> f32 {
         if self.g[i] == 0.0 && self.h[i] == 0.0 {
             return 0.0;
         }
         if self.y[i] == j as i32 {
-            let w = if self.g[i] != 0.0 {
-                1.0 - self.alpha
-            } else {
-                0.0
-            };
+            let cp = self.g[i] * (1.0 + 2.0 * self.lambda * self.lse[i]) + self.h[i];
+            let cy = self.g[i] * (1.0 - self.alpha);
+            let w = if cp != 0.0 { cy / cp } else { 0.0 };
             (1.0 - p).abs().max((w - p).abs())
         } else {
             p

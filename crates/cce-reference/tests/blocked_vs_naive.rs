@@ -318,3 +318,51 @@ fn label_smoothing_never_skips_a_confident_target() {
         assert_de_within_dropped_mass(&case, &d_e, &exact.d_e, s, &format!("alpha {alpha}"));
     }
 }
+
+#[test]
+fn z_loss_never_skips_a_confident_target() {
+    // The same rows with z-loss: the target's G = g·((1 + 2λ·lse)·p − 1) stays ≈ g·2λ·lse as
+    // p → 1 (|1 − p| = 0 in f32). Its filter magnitude is |w − p| with w = 1 / (1 + 2λ·lse)
+    // (cce-core filter.rs, w = cy / cp); with w = 1 it was 0 and the target was dropped.
+    let mut rng = seeded();
+    let (n, d, v) = (64, 32, 512);
+    let mut case = random_case(&mut rng, n, d, v, false, 0.0, 1.0);
+    for i in 0..n {
+        let y = case.targets[i] as usize;
+        for k in 0..d {
+            case.e[i * d + k] = 4.0 * case.c[y * d + k] + 0.1 * case.e[i * d + k];
+        }
+    }
+    let (e, c, _, t) = case.tensors(DType::F32);
+    let lambda = 0.01f32;
+    let opts = Options {
+        filter_eps: FilterEps::Value(1e-3),
+        max_dropped_mass: 2e-2,
+        z_loss: lambda,
+        reduction: Reduction::Sum,
+        ..Default::default()
+    };
+    let (exact, g) = oracle_and_tile_filtered(&e, &c, None, &t, &opts);
+    let s = &g.stats;
+    assert!(s.tiles_skipped > 0, "nothing skipped: {s}");
+    let d_e = g.d_e.unwrap().to_f64_vec();
+    let cmax = case
+        .c
+        .chunks(d)
+        .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
+        .fold(0.0, f64::max);
+    for i in 0..n {
+        // Off the target |G| = (1 + 2λ·lse)·p: the dropped mass bound scales by that factor.
+        let scale = 1.0 + 2.0 * lambda as f64 * exact.lse[i].abs();
+        let err: f64 = (0..d)
+            .map(|k| (d_e[i * d + k] - exact.d_e[i * d + k]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let bound = s.dropped_mass_max * scale * cmax + 1e-4;
+        assert!(
+            err <= bound,
+            "row {i}: err {err} bound {bound} (lse {})\n{s}",
+            exact.lse[i]
+        );
+    }
+}

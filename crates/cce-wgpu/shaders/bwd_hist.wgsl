@@ -54,17 +54,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     var y: array<i32, 8>;
     var lse: array<f32, 8>;
+    var w: array<f32, 8>;
     var act: array<bool, 8>;
     for (var i = 0u; i < 8u; i++) {
         let r = r_base + ty * 8u + i;
         act[i] = false;
         y[i] = -1;
         lse[i] = 0.0;
+        w[i] = 0.0;
         if r < P.n_rows {
             let st = rs[r];
             act[i] = st.live != 0u;
             y[i] = st.y;
             lse[i] = st.lse;
+            // The p at which the target's G = a·p − b vanishes (cce-core filter.rs).
+            w[i] = select(0.0, st.b / st.a, st.a != 0.0);
         }
     }
     workgroupBarrier();
@@ -87,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 let p = exp(z - lse[i]);
                 var g0 = p;
                 if gj == y[i] {
-                    g0 = max(abs(p - 1.0), abs(p - (1.0 - P.ls_alpha)));
+                    g0 = max(abs(p - 1.0), abs(p - w[i]));
                 }
                 if g0 < P.eps {
                     let k = bin_of(g0);

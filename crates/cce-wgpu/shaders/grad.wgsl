@@ -74,9 +74,10 @@ fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, t
                 var g0 = p;
                 g = s.a * p - s.c;
                 if gj == s.y {
-                    // max(|1 − p|, |w − p|), w = 1 − α the one-hot weight (0 when g = 0):
+                    // max(|1 − p|, |w − p|), w = b / a the p at which the target's G
+                    // vanishes (1 − α without z-loss and lse gradient, 0 when g = 0):
                     // cce-core filter.rs.
-                    g0 = max(abs(p - 1.0), abs(p - select(0.0, 1.0 - P.ls_alpha, s.b != 0.0)));
+                    g0 = max(abs(p - 1.0), abs(p - select(0.0, s.b / s.a, s.a != 0.0)));
                     g -= s.b;
                 }
                 if has_flag(FLAG_SOFTCAP) {

@@ -88,6 +88,8 @@ struct Case {
     hot_classes: Option<usize>,
     /// Run with this `KernelConfig::target_workgroups` (few workgroups, long loops).
     workgroups: Option<u32>,
+    /// Rows aimed at their target: `e_i = aim · c_{y_i} + 0.1 · e_i` (p_target rounds to 1).
+    aim: Option<f32>,
 }
 
 impl Case {
@@ -114,6 +116,7 @@ impl Case {
             expect_skips: false,
             hot_classes: None,
             workgroups: None,
+            aim: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -198,8 +201,9 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
         Some(t) => vec![n / t, t, d],
         None => vec![n, d],
     };
-    let e = HostTensor::from_f32(e_shape, &rng.normals(n * d, case.e_scale), dt).unwrap();
-    let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, case.c_scale), dt).unwrap();
+    let mut e_raw = rng.normals(n * d, case.e_scale);
+    let c_raw = rng.normals(v * d, case.c_scale);
+    let c = HostTensor::from_f32(vec![v, d], &c_raw, dt).unwrap();
     let hot = case.hot_classes.unwrap_or(v);
     let bias = case.bias.then(|| {
         let mut b = rng.normals(v, 0.5);
@@ -216,6 +220,16 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
             }
         })
         .collect();
+    if let Some(aim) = case.aim {
+        for (i, &yi) in y.iter().enumerate() {
+            if yi >= 0 {
+                for k in 0..d {
+                    e_raw[i * d + k] = aim * c_raw[yi as usize * d + k] + 0.1 * e_raw[i * d + k];
+                }
+            }
+        }
+    }
+    let e = HostTensor::from_f32(e_shape, &e_raw, dt).unwrap();
     let y = HostTensor::from_i64(y);
     let opts = &case.opts;
     let per_row = opts.reduction == Reduction::None;
@@ -528,6 +542,21 @@ fn filtered_mode_error_is_bounded_by_dropped_mass() {
                 ..Options::default()
             };
             hot(c);
+        }),
+        // z-loss keeps the target's G at g·2λ·lse as p → 1: no filter may drop it
+        // (cce-core filter.rs, w = cy / cp).
+        Case::new("filtered aimed rows + z-loss", 64, 32, 512, F32).with(|c| {
+            c.opts = Options {
+                filter_eps: FilterEps::Value(1e-3),
+                max_dropped_mass: 2e-2,
+                z_loss: 1e-2,
+                reduction: Reduction::Sum,
+                ..Options::default()
+            };
+            c.c_scale = 1.0;
+            c.aim = Some(4.0);
+            // Every tile holds a target, which must be kept: nothing to skip (with w = 1 every
+            // tile was skipped and d_e was 0).
         }),
         Case::new("filtered, chunked, none + d_lse", 130, 40, 500, F16).with(|c| {
             c.opts = Options {
