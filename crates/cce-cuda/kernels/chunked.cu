@@ -23,6 +23,8 @@
 //                          thread-block cluster (one HBM read of L instead of two);
 //   (4) cuBLAS: d_e_r = G · C, (5) cuBLAS: d_c += Gᵀ · E_r (f32 accumulator), d_bias by
 //       cce_dense_colsum_*.
+// Forward-only calls over class tiles (cce-core ClassForward) instead: cuBLAS L of all rows x a
+// chunk of classes, then cce_cls_fwd_* folds it into a running per-row lse state, section (2').
 //
 // In-place G: row r of L occupies bytes [4·r·ld, 4·(r+1)·ld). G of row r is written at the
 // start of the same byte range, element j at byte 4·r·ld + j·sizeof(G); as a matrix G has the

@@ -253,7 +253,10 @@ impl CudaBackend {
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
         // SAFETY: every allocation and launch of this backend goes to the one stream below, so
-        // stream order alone orders all accesses; no slice is shared with another stream.
+        // stream order alone orders all accesses, except the class-tiled forward's row kernels
+        // (chunked.rs `forward_by_classes`), which run on a second stream through raw device
+        // addresses only and are ordered by explicit events both ways, the main stream waiting
+        // for that stream before the call returns; no `CudaSlice` is used on another stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let (major, minor) = ctx.compute_capability().map_err(drv)?;

@@ -19,7 +19,8 @@
 //! the backward's `plan_reason` says why. Not deterministic (the regrouping by class uses
 //! atomics), so deterministic calls never take it.
 //!
-//! Per chunk of `R` rows (`r0..r0+R`), all on one stream:
+//! Per chunk of `R` rows (`r0..r0+R`), all on one stream (the class-tiled forward is the only
+//! user of the second stream):
 //!
 //! | step | what | engine | bytes moved per logit |
 //! |---|---|---|---|
@@ -31,8 +32,11 @@
 //! | 5 | `d_c += Gᵀ · E_r` into an f32 `[V, D]` accumulator | `cublasGemmEx`, beta = 1 | read 2 |
 //! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
 //!
-//! Forward only is steps 1-2; a backward from a saved lse is 1, 3, 4, 5 (it recomputes the
-//! logits: 4 GEMMs with the forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
+//! Forward only is steps 1-2, over the plan's [`cce_core::ClassForward`] tiles when it has them
+//! (all rows x a chunk of classes per GEMM, two buffers, the row reductions `cce_cls_fwd_*` on
+//! a second stream folding each tile into a running lse state; `chunked.cu` "(2')"); a
+//! backward from a saved lse is 1, 3, 4, 5 (it recomputes the logits: 4 GEMMs with the
+//! forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
 //!
 //! `G` overwrites the logits chunk in place (16-bit `G` has the row stride `2·ld`), so the
 //! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator.
@@ -767,6 +771,22 @@ struct RowArgs {
     loss_rows: u64,
     entropy: u64,
     argmax: u64,
+}
+
+impl RowArgs {
+    /// The per-row arrays (targets, lse, loss, entropy, argmax) offset to row `r0` (absent
+    /// ones stay 0).
+    fn rows_at(&self, r0: usize) -> (u64, u64, u64, u64, u64) {
+        let off4 = (r0 * 4) as u64;
+        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+        (
+            at(self.targets),
+            at(self.lse),
+            at(self.loss_rows),
+            at(self.entropy),
+            at(self.argmax),
+        )
+    }
 }
 
 /// Device time per phase, for "why is this call slow" (`CCE_CUDA_PROFILE=1`): an event at
@@ -1895,15 +1915,7 @@ impl DenseEngine {
         rows: usize,
         l_ptr: u64,
     ) -> Result<()> {
-        let off4 = (r0 * 4) as u64;
-        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
-        let (t_r, lse_r, loss_r, ent_r, am_r) = (
-            at(a.targets),
-            at(a.lse),
-            at(a.loss_rows),
-            at(a.entropy),
-            at(a.argmax),
-        );
+        let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
         let cfg_l = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (FWD_THREADS, 1, 1),
@@ -1960,15 +1972,7 @@ impl DenseEngine {
         let mut i = 0usize;
         for r0 in (0..n).step_by(cf.rows) {
             let rows = cf.rows.min(n - r0);
-            let off4 = (r0 * 4) as u64;
-            let at = |p: u64| if p != 0 { p + off4 } else { 0 };
-            let (t_r, lse_r, loss_r, ent_r, am_r) = (
-                at(a.targets),
-                at(a.lse),
-                at(a.loss_rows),
-                at(a.entropy),
-                at(a.argmax),
-            );
+            let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
             let state_r = state + (r0 * cce_core::plan::CLASS_FORWARD_STATE_BYTES) as u64;
             let rows_i = to_i32(rows, "rows")?;
             for (k, c0) in (0..v).step_by(cf.classes).enumerate() {

@@ -286,14 +286,10 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
     let _ = e16.shape();
 }
 
-#[test]
-fn label_smoothing_never_skips_a_confident_target() {
-    // Rows aimed at their target class (p_target rounds to 1 in f32, so |1 − p| = 0): with label
-    // smoothing the target's entry of G is g·(p − (1 − α)) ≈ g·α, which no filter may drop. The
-    // filter magnitude at the target is |(1 − α) − p| (cce-core filter.rs); with |1 − p| whole
-    // tiles holding the target were skipped and d_e lost α·c_target per row.
+/// Random rows aimed at their target class, `e_i = 4·c_{y_i} + 0.1·e_i`: `p_target` rounds to
+/// 1 in f32.
+fn aimed_case(n: usize, d: usize, v: usize) -> common::Case {
     let mut rng = seeded();
-    let (n, d, v) = (64, 32, 512);
     let mut case = random_case(&mut rng, n, d, v, false, 0.0, 1.0);
     for i in 0..n {
         let y = case.targets[i] as usize;
@@ -301,6 +297,17 @@ fn label_smoothing_never_skips_a_confident_target() {
             case.e[i * d + k] = 4.0 * case.c[y * d + k] + 0.1 * case.e[i * d + k];
         }
     }
+    case
+}
+
+#[test]
+fn label_smoothing_never_skips_a_confident_target() {
+    // Rows aimed at their target class (p_target rounds to 1 in f32, so |1 − p| = 0): with label
+    // smoothing the target's entry of G is g·(p − (1 − α)) ≈ g·α, which no filter may drop. The
+    // filter magnitude at the target is |(1 − α) − p| (cce-core filter.rs); with |1 − p| whole
+    // tiles holding the target were skipped and d_e lost α·c_target per row.
+    let (n, d, v) = (64, 32, 512);
+    let case = aimed_case(n, d, v);
     let (e, c, _, t) = case.tensors(DType::F32);
     for alpha in [0.0f32, 0.1] {
         let opts = Options {
@@ -324,15 +331,8 @@ fn z_loss_never_skips_a_confident_target() {
     // The same rows with z-loss: the target's G = g·((1 + 2λ·lse)·p − 1) stays ≈ g·2λ·lse as
     // p → 1 (|1 − p| = 0 in f32). Its filter magnitude is |w − p| with w = 1 / (1 + 2λ·lse)
     // (cce-core filter.rs, w = cy / cp); with w = 1 it was 0 and the target was dropped.
-    let mut rng = seeded();
     let (n, d, v) = (64, 32, 512);
-    let mut case = random_case(&mut rng, n, d, v, false, 0.0, 1.0);
-    for i in 0..n {
-        let y = case.targets[i] as usize;
-        for k in 0..d {
-            case.e[i * d + k] = 4.0 * case.c[y * d + k] + 0.1 * case.e[i * d + k];
-        }
-    }
+    let case = aimed_case(n, d, v);
     let (e, c, _, t) = case.tensors(DType::F32);
     let lambda = 0.01f32;
     let opts = Options {
