@@ -11,9 +11,8 @@
 //!   lse gradient, `0` for a row with only an lse gradient. The first term is CCE's
 //!   `|p − onehot|`, the second the entry's real size in the units of every other entry
 //!   (`|G| / |cp|`), so a target with `p → 1` is never skipped under label smoothing or z-loss
-//!   (whose target `G → g·(α + 2λ·lse)`). Every backend's skip decision uses this `w`; the
-//!   CUDA tile-ownership threshold histogram still bins the target with `1 − α` (the same
-//!   without z-loss and lse gradient; otherwise it only skips less than the budget allows);
+//!   (whose target `G → g·(α + 2λ·lse)`). Every backend's threshold histogram and skip
+//!   decision use this `w`;
 //! - row `i` gets a threshold `τ_i ≤ filter_eps`: the largest grid value
 //!   `τ_k = filter_eps · 2^(−k/4)`, `k = 0..=64`, such that `Σ_{j: g0_ij < τ_k} g0_ij ≤ δ`
 //!   (`δ = max_dropped_mass`), or `τ_i = 0` (skip nothing) if even the lowest edge holds more;

@@ -276,7 +276,9 @@ impl ClassForward {
         if n == 0 || v == 0 {
             return None;
         }
-        let (unit_rows, unit_classes) = (unit_rows.max(1), unit_classes.max(8));
+        // Class tiles in whole units of 8 classes at least (the kernels' float4 loads of the
+        // bias need tile starts at multiples of 4).
+        let (unit_rows, unit_classes) = (unit_rows.max(1), unit_classes.max(8).div_ceil(8) * 8);
         let state = align256(n * CLASS_FORWARD_STATE_BYTES);
         let half = scratch.checked_sub(state)? / 2;
         let fits = |cf: &Self| cf.bytes(n) <= scratch;
@@ -289,8 +291,15 @@ impl ClassForward {
         }
         // Both candidates start from `half` and step down one unit while the 256-byte
         // rounding of the buffers leaves them over the scratch.
-        let mut k = (half / (n * 4) / unit_classes * unit_classes).min(v);
-        while k >= CLASS_FORWARD_MIN_CLASSES.min(v) {
+        // `V` itself, or a multiple of the unit: after `V`, the next candidate is the largest
+        // multiple below it.
+        let k0 = (half / (n * 4)).min(v);
+        let mut k = if k0 == v {
+            v
+        } else {
+            k0 / unit_classes * unit_classes
+        };
+        while k > 0 && k >= CLASS_FORWARD_MIN_CLASSES.min(v) {
             let cf = Self {
                 rows: n,
                 classes: k,
@@ -298,7 +307,11 @@ impl ClassForward {
             if fits(&cf) {
                 return Some(cf);
             }
-            k -= unit_classes.min(k);
+            k = if k == v {
+                (v - 1) / unit_classes * unit_classes
+            } else {
+                k - unit_classes.min(k)
+            };
         }
         let classes = (CLASS_FORWARD_MIN_CLASSES.div_ceil(unit_classes) * unit_classes).min(v);
         let ld = Self { rows: 1, classes }.ld();
@@ -1194,6 +1207,19 @@ mod tests {
             plan.reason
         );
         assert!((cf.bytes(p.n) as u64) < plan.workspace_bytes);
+    }
+
+    #[test]
+    fn class_forward_tiles_are_whole_units_or_all_classes() {
+        // V = 1615 misses only by the buffers' 256-byte rounding; the next candidate must be a
+        // multiple of the unit (1600), not V − unit (1599, whose tiles would start off the
+        // bias's 4-element alignment).
+        let cf = ClassForward::fit(13256, 1, 1615, 16, 16).expect("fits");
+        assert!(
+            cf.classes == 1615 || cf.classes.is_multiple_of(16),
+            "{cf:?}"
+        );
+        assert!(cf.bytes(1) <= 13256);
     }
 
     proptest! {

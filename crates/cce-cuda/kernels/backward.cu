@@ -69,9 +69,8 @@ __device__ __forceinline__ float grad_entry(float x, float softcap, const RowInf
     float onehot = col == R.y ? 1.f : 0.f;
     // Filter magnitude (cce-core filter.rs): p off the target, max(|1 − p|, |w − p|) at it, w =
     // b / a the p at which the target's G = a·p − b vanishes (1 − α without z-loss and lse
-    // gradient; 0 for a row with only an lse gradient). The threshold's histogram
-    // (threshold.cu) takes w = 1 − α: under z-loss it may count a target as skippable that
-    // this keeps, which only drops less than the budget.
+    // gradient; 0 for a row with only an lse gradient), the same w as the threshold's histogram
+    // (threshold.cu).
     const float w = R.a != 0.f ? R.b / R.a : 0.f;
     g0 = onehot != 0.f ? fmaxf(fabsf(1.f - p), fabsf(w - p)) : p;
     float G = R.a * p - R.b * onehot - (dense_ls ? R.c : 0.f);

@@ -3,7 +3,9 @@
 //
 // Parameters
 //   e, c, bias, classes, softcap, vec_ok: as in forward.cu. lse [N] f32 from the forward.
-//   eps: the resolved filter_eps; oh = 1 − label smoothing (the target's one-hot weight);
+//   eps: the resolved filter_eps; rowc [5][N] f32: the row coefficients of backward.cu (a_i at
+//   [i], b_i at [N + i]), whose ratio w_i = b_i / a_i (0 when a_i = 0) is the p at which the
+//   target's G = a·p − b vanishes (cce-core filter.rs; 1 − α without z-loss and lse gradient);
 //   edges [N_BINS] f32: the host's FilterRule::edge(k) table.
 //   hist [N][N_BINS] u32 (in/out, zeroed by the caller): Σ ceil(g0·2^30) of the row's entries
 //   with g0 < eps in each bin (integer atomics: exact and order independent).
@@ -21,7 +23,8 @@ template <class Dt>
 __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, const typename Dt::T* __restrict__ c,
                                           const typename Dt::T* __restrict__ bias, const int* __restrict__ classes,
                                           const float* __restrict__ lse, int N, int V, int D, int vec_ok,
-                                          float softcap, float eps, float oh, const float* __restrict__ edges,
+                                          float softcap, float eps, const float* __restrict__ rowc,
+                                          const float* __restrict__ edges,
                                           int tiles_per_split, u32* __restrict__ hist) {
     extern __shared__ __align__(16) u8 smem[];
     u32* hs = (u32*)(smem + LOGITS_SMEM_BYTES);
@@ -36,11 +39,14 @@ __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, 
     for (int k = threadIdx.x; k < N_BINS; k += NTHREADS) es[k] = edges[k];
     int y[8];
     float l[8];
+    float w[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         int r = L.row_of(i);
         y[i] = r < rows_valid ? classes[row0 + r] : -1;
         l[i] = r < rows_valid ? lse[row0 + r] : 0.f;
+        const float a = r < rows_valid ? rowc[row0 + r] : 0.f;
+        w[i] = a != 0.f ? rowc[N + row0 + r] / a : 0.f;
     }
     __syncthreads();
     for (int tile = t_begin; tile < t_end; ++tile) {
@@ -63,8 +69,8 @@ __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, 
                 if (cl >= cols_valid) continue;
                 float z = apply_softcap(acc[i][j] + bj[j], softcap);
                 float p = expf(z - l[i]);
-                // p off the target, max(|1 − p|, |oh − p|) at it (cce-core filter.rs; oh = 1 − α).
-                float g0 = col0 + cl == y[i] ? fmaxf(fabsf(1.f - p), fabsf(oh - p)) : p;
+                // p off the target, max(|1 − p|, |w − p|) at it, as backward.cu's grad_entry.
+                float g0 = col0 + cl == y[i] ? fmaxf(fabsf(1.f - p), fabsf(w[i] - p)) : p;
                 if (g0 < eps) {
                     u32 w = mass_to_fixed(g0);
                     if (w) atomicAdd(&hs[L.row_of(i) * N_BINS + filter_bin(g0, eps, es)], w);
@@ -84,9 +90,9 @@ __device__ __forceinline__ void hist_impl(const typename Dt::T* __restrict__ e, 
     extern "C" __global__ void __launch_bounds__(NTHREADS) NAME(                                       \
         const DT::T* __restrict__ e, const DT::T* __restrict__ c, const DT::T* __restrict__ bias,      \
         const int* __restrict__ classes, const float* __restrict__ lse, int N, int V, int D, int vec_ok, \
-        float softcap, float eps, float oh, const float* __restrict__ edges, int tiles_per_split,      \
-        u32* __restrict__ hist) {                                                                      \
-        hist_impl<DT>(e, c, bias, classes, lse, N, V, D, vec_ok, softcap, eps, oh, edges, tiles_per_split, hist); \
+        float softcap, float eps, const float* __restrict__ rowc, const float* __restrict__ edges,     \
+        int tiles_per_split, u32* __restrict__ hist) {                                                 \
+        hist_impl<DT>(e, c, bias, classes, lse, N, V, D, vec_ok, softcap, eps, rowc, edges, tiles_per_split, hist); \
     }
 
 CCE_HIST(cce_hist_f32, DtF32)

@@ -985,9 +985,9 @@ impl CudaBackend {
             let name = format!("cce_hist_{dtype}");
             let tps32 = tps as i32;
             let eps = filter.eps;
-            let one_minus_alpha = 1.0f32 - alpha;
-            // SAFETY: inputs as in the forward; lse holds N f32; edges N_BINS f32; hist N·N_BINS
-            // u32 zeroed; the kernel adds only to rows < N. HIST_SMEM was set as the function's
+            // SAFETY: inputs as in the forward; lse holds N f32; rowc 5N f32 written by
+            // cce_row_coefs above (stream order); edges N_BINS f32; hist N·N_BINS u32 zeroed;
+            // the kernel adds only to rows < N. HIST_SMEM was set as the function's
             // dynamic shared memory limit at construction.
             unsafe {
                 launch!(
@@ -1005,7 +1005,7 @@ impl CudaBackend {
                     p.vec_ok,
                     p.softcap,
                     eps,
-                    one_minus_alpha,
+                    rowc_p,
                     edges_p,
                     tps32,
                     hist_p

@@ -1610,6 +1610,9 @@ impl DenseEngine {
                 .map(|r0| (r0, chunk.min(n - r0), false))
                 .collect()
         };
+        if reuse_rows > 0 {
+            stats.chunks = chunks.len();
+        }
         for (ci, &(r0, rows, reused)) in chunks.iter().enumerate() {
             let rows_u = rows as u32;
             let e_r = e_ptr + (r0 * d * esz) as u64;
@@ -1941,8 +1944,6 @@ impl DenseEngine {
         Ok(())
     }
 
-    /// Copy the first `N` bytes of a small device buffer to the host and wait for them (one
-    /// host sync). Bytes, not typed values: a host byte array has no alignment to cast from.
     /// The forward of a forward-only call over the class tiles of `cf` (`chunked.cu` "(2')"):
     /// tile `i`'s logits GEMM writes buffer `i mod 2` on the engine's stream, its row
     /// reductions (`cce_cls_fwd_*`) read it on the row stream; events order each buffer's
@@ -1969,86 +1970,96 @@ impl DenseEngine {
         let gemm_done = [event()?, event()?];
         let rows_done = [event()?, event()?];
         let tiles_per_group = v.div_ceil(cf.classes);
-        let mut i = 0usize;
-        for r0 in (0..n).step_by(cf.rows) {
-            let rows = cf.rows.min(n - r0);
-            let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
-            let state_r = state + (r0 * cce_core::plan::CLASS_FORWARD_STATE_BYTES) as u64;
-            let rows_i = to_i32(rows, "rows")?;
-            for (k, c0) in (0..v).step_by(cf.classes).enumerate() {
-                let kk = cf.classes.min(v - c0);
-                if a.bias != 0 && !c0.is_multiple_of(4) {
-                    return Err(CceError::InvalidOption {
-                        name: "ClassForward",
-                        reason: format!("class tile start {c0} is not a multiple of 4"),
-                    });
-                }
-                let b = i % 2;
-                if i >= 2 {
-                    // Buffer b is free once the row reductions of tile i - 2 have read it.
-                    self.stream.wait(&rows_done[b]).map_err(drv)?;
-                }
-                self.gemm_logits(
-                    (kk, d, rows),
-                    cfg.dtype,
-                    (
-                        c + (c0 * d * esz) as u64,
-                        e + (r0 * d * esz) as u64,
-                        bufs[b],
-                    ),
-                    ldk,
-                )?;
-                gemm_done[b].record(&self.stream).map_err(drv)?;
-                rs.wait(&gemm_done[b]).map_err(drv)?;
-                let (k_i, c0_i) = (to_i32(kk, "classes")?, to_i32(c0, "class")?);
-                let first = (k == 0) as i32;
-                let last = (k + 1 == tiles_per_group) as i32;
-                let mut lb = rs.launch_builder(f);
-                lb.arg(&bufs[b])
-                    .arg(&ldk_i)
-                    .arg(&k_i)
-                    .arg(&c0_i)
-                    .arg(&v_i)
-                    .arg(&rows_i)
-                    .arg(&a.bias)
-                    .arg(&a.softcap)
-                    .arg(&t_r)
-                    .arg(&a.alpha)
-                    .arg(&a.lambda)
-                    .arg(&state_r)
-                    .arg(&first)
-                    .arg(&last)
-                    .arg(&lse_r)
-                    .arg(&loss_r)
-                    .arg(&ent_r)
-                    .arg(&am_r);
-                let grid = u32::try_from(rows.div_ceil(CLS_ROWS_PER_BLOCK)).map_err(|_| {
-                    CceError::ResourceLimit {
-                        resource: "CUDA grid blocks".into(),
-                        requested: rows.div_ceil(CLS_ROWS_PER_BLOCK) as u64,
-                        max: u32::MAX as u64,
-                    }
-                })?;
-                // SAFETY: argument types and order match CLS_PARAMS in chunked.cu; buffer b
-                // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
-                // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
-                // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row
-                // at r0 (inside the scratch, checked by the caller); the bias is [V] with c0 a
-                // multiple of 4 (checked above) for its 8-byte loads.
-                unsafe {
-                    lb.launch(LaunchConfig {
-                        grid_dim: (grid, 1, 1),
-                        block_dim: (CLS_THREADS, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .map_err(drv)?;
-                rows_done[b].record(rs).map_err(drv)?;
-                i += 1;
-            }
+        // Every class tile starts at a multiple of 4 (the bias's 8-byte loads): checked before
+        // anything is queued on the row stream.
+        if a.bias != 0 && cf.classes < v && !cf.classes.is_multiple_of(4) {
+            return Err(CceError::InvalidOption {
+                name: "ClassForward",
+                reason: format!("{} classes per tile is not a multiple of 4", cf.classes),
+            });
         }
-        // Everything after (the loss reduction, the caller's reads) follows the row stream.
-        self.stream.join(rs).map_err(drv)
+        // From here on the row stream may hold queued work on the scratch: whatever happens,
+        // the engine's stream waits for it before returning (the caller frees the scratch in
+        // the engine's stream order).
+        let queued = (|| -> Result<()> {
+            let mut i = 0usize;
+            for r0 in (0..n).step_by(cf.rows) {
+                let rows = cf.rows.min(n - r0);
+                let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
+                let state_r = state + (r0 * cce_core::plan::CLASS_FORWARD_STATE_BYTES) as u64;
+                let rows_i = to_i32(rows, "rows")?;
+                for (k, c0) in (0..v).step_by(cf.classes).enumerate() {
+                    let kk = cf.classes.min(v - c0);
+                    let b = i % 2;
+                    if i >= 2 {
+                        // Buffer b is free once the row reductions of tile i - 2 have read it.
+                        self.stream.wait(&rows_done[b]).map_err(drv)?;
+                    }
+                    self.gemm_logits(
+                        (kk, d, rows),
+                        cfg.dtype,
+                        (
+                            c + (c0 * d * esz) as u64,
+                            e + (r0 * d * esz) as u64,
+                            bufs[b],
+                        ),
+                        ldk,
+                    )?;
+                    gemm_done[b].record(&self.stream).map_err(drv)?;
+                    rs.wait(&gemm_done[b]).map_err(drv)?;
+                    let (k_i, c0_i) = (to_i32(kk, "classes")?, to_i32(c0, "class")?);
+                    let first = (k == 0) as i32;
+                    let last = (k + 1 == tiles_per_group) as i32;
+                    let mut lb = rs.launch_builder(f);
+                    lb.arg(&bufs[b])
+                        .arg(&ldk_i)
+                        .arg(&k_i)
+                        .arg(&c0_i)
+                        .arg(&v_i)
+                        .arg(&rows_i)
+                        .arg(&a.bias)
+                        .arg(&a.softcap)
+                        .arg(&t_r)
+                        .arg(&a.alpha)
+                        .arg(&a.lambda)
+                        .arg(&state_r)
+                        .arg(&first)
+                        .arg(&last)
+                        .arg(&lse_r)
+                        .arg(&loss_r)
+                        .arg(&ent_r)
+                        .arg(&am_r);
+                    let grid = u32::try_from(rows.div_ceil(CLS_ROWS_PER_BLOCK)).map_err(|_| {
+                        CceError::ResourceLimit {
+                            resource: "CUDA grid blocks".into(),
+                            requested: rows.div_ceil(CLS_ROWS_PER_BLOCK) as u64,
+                            max: u32::MAX as u64,
+                        }
+                    })?;
+                    // SAFETY: argument types and order match CLS_PARAMS in chunked.cu; buffer b
+                    // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
+                    // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
+                    // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row
+                    // at r0 (inside the scratch, checked by the caller); the bias is [V] with c0 a
+                    // multiple of 4 (checked before the loop) for its 8-byte loads.
+                    unsafe {
+                        lb.launch(LaunchConfig {
+                            grid_dim: (grid, 1, 1),
+                            block_dim: (CLS_THREADS, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(drv)?;
+                    rows_done[b].record(rs).map_err(drv)?;
+                    i += 1;
+                }
+            }
+            Ok(())
+        })();
+        // Everything after (the loss reduction, the caller's reads, freeing) follows the row
+        // stream.
+        let joined = self.stream.join(rs).map_err(drv);
+        queued.and(joined)
     }
 
     /// The second stream ([`DenseEngine`]'s `row_stream`), made on first use.
@@ -2062,6 +2073,8 @@ impl DenseEngine {
         Ok(self.row_stream.get_or_init(|| s))
     }
 
+    /// Copy the first `N` bytes of a small device buffer to the host and wait for them (one
+    /// host sync). Bytes, not typed values: a host byte array has no alignment to cast from.
     fn read_back<const N: usize>(&self, s: &CudaSlice<u8>) -> Result<[u8; N]> {
         let mut host = [0u8; N];
         self.stream
@@ -2846,6 +2859,9 @@ impl DenseEngine {
         if up.is_none() {
             // Forward only: no sparse backward, so none of its workspace.
             cfg.sparse = None;
+        } else {
+            // Calls with a backward never take the class tiles: none of their buffers.
+            cfg.class_forward = None;
         }
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let f32_vec = |t: &crate::CudaTensor, what: &'static str| -> Result<()> {

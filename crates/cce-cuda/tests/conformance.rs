@@ -875,12 +875,18 @@ fn sanitizer_smoke() {
             "{}",
             f.stats.plan_reason
         );
-        let (a, b) = (to_f64(&be, &f.lse), to_f64(&be, &f_rows.lse));
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
-                "row {i}: lse {x} vs {y}"
-            );
+        // lse and loss (the target logit carried across tiles in the row state) agree.
+        for (what, a, b) in [
+            ("lse", to_f64(&be, &f.lse), to_f64(&be, &f_rows.lse)),
+            ("loss", to_f64(&be, &f.loss), to_f64(&be, &f_rows.loss)),
+        ] {
+            assert_eq!(a.len(), b.len());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                    "row {i}: {what} {x} vs {y}"
+                );
+            }
         }
     }
 }
