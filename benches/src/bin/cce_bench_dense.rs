@@ -265,6 +265,7 @@ fn cuda_limits(budget_rows_tile: usize, kind: StrategyKind) -> DeviceLimits {
             depth: 64,
         },
         strategies: vec![kind],
+        class_forward: true,
     }
 }
 

@@ -395,6 +395,9 @@ pub struct DeviceLimits {
     pub tile: TileShape,
     /// Strategies the backend implements, in order of preference.
     pub strategies: Vec<StrategyKind>,
+    /// Whether the backend runs forward-only calls of the dense strategies over
+    /// [`ClassForward`] tiles (then the plan sets [`Plan::forward`]).
+    pub class_forward: bool,
 }
 
 impl DeviceLimits {
@@ -413,6 +416,7 @@ impl DeviceLimits {
                 depth: 64,
             },
             strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
+            class_forward: false,
         }
     }
 }
@@ -573,7 +577,7 @@ impl Plan {
                         ),
                     );
                     let scratch = chunk_rows.min(n) * SparseBackward::ld(v) * 4;
-                    return Ok(plan.with_class_forward(scratch, budget));
+                    return Ok(plan.with_class_forward(scratch, budget, limits));
                 }
                 StrategyKind::SplitDense => {
                     // The sparse backward's own state: row offsets and counts [N] u32 each,
@@ -730,7 +734,7 @@ impl Plan {
                     let scratch = plan
                         .sparse
                         .map_or(forward_scratch, |sp| sp.scratch_bytes.max(forward_scratch));
-                    return Ok(plan.with_class_forward(scratch, budget));
+                    return Ok(plan.with_class_forward(scratch, budget, limits));
                 }
                 StrategyKind::TileOwnership => {
                     // Accumulators: f32 [rows, D] for the d_e pass, f32 [classes, D] for the
@@ -802,7 +806,10 @@ impl Plan {
     /// Set [`Plan::forward`] in the dense strategy's scratch of `scratch` bytes (the largest
     /// call's, sparse backward included), which it may grow within the budget, and say so in
     /// the reason.
-    fn with_class_forward(mut self, scratch: usize, budget: u64) -> Self {
+    fn with_class_forward(mut self, scratch: usize, budget: u64, limits: &DeviceLimits) -> Self {
+        if !limits.class_forward {
+            return self;
+        }
         let p = &self.problem;
         let room = usize::try_from(budget.saturating_sub(self.workspace_bytes))
             .unwrap_or(usize::MAX)
@@ -930,6 +937,7 @@ mod tests {
                 depth: 16,
             },
             strategies: vec![StrategyKind::ChunkedDense, StrategyKind::TileOwnership],
+            class_forward: false,
         }
     }
 
@@ -1194,7 +1202,13 @@ mod tests {
         let p = problem(32768, 4096, 256000, DType::BF16);
         let mut limits = gpu_limits(140 << 30, (128, 128));
         limits.strategies = vec![StrategyKind::SplitDense, StrategyKind::TileOwnership];
+        // A backend without class tiles (here the default test limits) gets none in its plan,
+        // and no workspace for them.
+        let without = Plan::new(&p, &Options::default(), &limits).unwrap();
+        assert!(without.forward.is_none() && !without.reason.contains("forward-only"));
+        limits.class_forward = true;
         let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        assert!(plan.workspace_bytes >= without.workspace_bytes);
         let cf = plan.forward.expect("class forward");
         assert_eq!(cf.rows, 32768);
         assert!(

@@ -318,6 +318,8 @@ impl CudaBackend {
             },
             // The dense strategies need libcublas and compute capability 8.0+ (module docs).
             strategies: vec![StrategyKind::TileOwnership],
+            // Forward-only calls of the dense strategies run over class tiles (chunked.rs).
+            class_forward: true,
         };
         let available = if dense_available(major) {
             vec![

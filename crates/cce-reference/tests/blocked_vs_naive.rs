@@ -23,6 +23,7 @@ fn limits(strategy: StrategyKind, rows: usize, classes: usize) -> DeviceLimits {
             depth: 16,
         },
         strategies: vec![strategy],
+        class_forward: false,
         ..DeviceLimits::cpu()
     }
 }

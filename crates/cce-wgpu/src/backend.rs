@@ -1323,6 +1323,7 @@ impl Backend for WgpuBackend {
                 depth: self.cfg.tk as usize,
             },
             strategies: vec![StrategyKind::TileOwnership],
+            class_forward: false,
         }
     }
 
