@@ -207,6 +207,24 @@ __device__ __forceinline__ RowAcc block_acc(RowAcc a, RowAcc* sh) {
     return a;
 }
 
+// The forward outputs of row r from its reduced state (MATH.md "Forward"): lse, the loss
+// ℓ = lse − (1−α)·z_y − (α/V)·Σz + λ·lse² (0 at ignored rows, y < 0), the entropy lse − t/s
+// (ent_out may be 0) and the argmax (am_out may be 0; 0 for a row of NaNs).
+__device__ __forceinline__ void write_row_outputs(long long r, int y, float lse, float zy,
+                                                  float zs, float t_over_s, int am, float alpha,
+                                                  float lambda, int V, float* lse_out,
+                                                  float* loss_out, float* ent_out, int* am_out) {
+    float loss = 0.0f;
+    if (y >= 0) {
+        loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
+        if (alpha != 0.0f) loss -= alpha / (float)V * zs;
+    }
+    lse_out[r] = lse;
+    loss_out[r] = loss;
+    if (ent_out) ent_out[r] = lse - t_over_s;
+    if (am_out) am_out[r] = am == 0x7fffffff ? 0 : am;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
@@ -395,20 +413,15 @@ __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long
     }
     a = block_acc(a, sh);
     if (threadIdx.x == 0) {
-        float lse = a.m + logf(a.s);
         int y = targets[r];
-        float loss = 0.0f;
+        float zy = 0.0f;
         if (y >= 0) {
             float x = Lr[y];
             if (bias) x += Elem<DT>::load(bias, y);
-            float zy = cap_z(x, softcap, inv_cap);
-            loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
-            if (alpha != 0.0f) loss -= alpha / (float)V * a.zs;
+            zy = cap_z(x, softcap, inv_cap);
         }
-        lse_out[r] = lse;
-        loss_out[r] = loss;
-        if (ent_out) ent_out[r] = lse - a.t / a.s;
-        if (am_out) am_out[r] = a.am == 0x7fffffff ? 0 : a.am;
+        write_row_outputs(r, y, a.m + logf(a.s), zy, a.zs, a.t / a.s, a.am, alpha, lambda, V,
+                          lse_out, loss_out, ent_out, am_out);
     }
 }
 
@@ -519,16 +532,8 @@ __device__ __forceinline__ void cls_fwd(const float* __restrict__ L, long long l
         st[5] = zy;
         return;
     }
-    float lse = a.m + logf(a.s);
-    float loss = 0.0f;
-    if (y >= 0) {
-        loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
-        if (alpha != 0.0f) loss -= alpha / (float)V * a.zs;
-    }
-    lse_out[r] = lse;
-    loss_out[r] = loss;
-    if (ent_out) ent_out[r] = lse - a.t / a.s;
-    if (am_out) am_out[r] = a.am == 0x7fffffff ? 0 : a.am;
+    write_row_outputs(r, y, a.m + logf(a.s), zy, a.zs, a.t / a.s, a.am, alpha, lambda, V,
+                      lse_out, loss_out, ent_out, am_out);
 }
 
 #define CLS_PARAMS                                                                            \
@@ -990,19 +995,15 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
     __syncthreads();
     const float lse = M + logf(sh.S);
     if (rank == 0 && threadIdx.x == 0) {
-        float loss = 0.0f;
+        float zy = 0.0f;
         if (y >= 0) {
             // z_y from the shared memory of the block owning column y.
             u32 owner = (u32)(y / slice);
             int off = y - (int)owner * slice;
-            float zy = CS > 1 ? dsmem_ld_f32(smem_addr(zbuf + off), owner) : zbuf[off];
-            loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
-            if (alpha != 0.0f) loss -= alpha / (float)V * sh.ZS;
+            zy = CS > 1 ? dsmem_ld_f32(smem_addr(zbuf + off), owner) : zbuf[off];
         }
-        lse_out[r] = lse;
-        loss_out[r] = loss;
-        if (ent_out) ent_out[r] = lse - sh.T / sh.S;
-        if (am_out) am_out[r] = sh.AM == 0x7fffffff ? 0 : sh.AM;
+        write_row_outputs(r, y, lse, zy, sh.ZS, sh.T / sh.S, sh.AM, alpha, lambda, V, lse_out,
+                          loss_out, ent_out, am_out);
     }
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     // filt is uniform over the cluster (one row): every block takes the barrier below or none.

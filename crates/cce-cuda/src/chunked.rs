@@ -2062,6 +2062,46 @@ impl DenseEngine {
         queued.and(joined)
     }
 
+    /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
+    /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
+    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(out rows, column
+    /// blocks)`, [`GATHER_WARPS`] warps per block.
+    ///
+    /// # Safety
+    /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
+    /// (and `cnt`) hold a row per output row (`off` one more when `cnt` is 0), every record
+    /// they name lies in the records buffer and holds an index < the rows of `src` (`[*, d]`
+    /// in the input dtype), `out` holds `out rows x d` and `sum_out` (or 0) `out rows` in the
+    /// kernel's output dtype; the records and counts were written earlier on this stream.
+    unsafe fn gather(
+        &self,
+        f: &CudaFunction,
+        (off, cnt, recs, step): (u64, u64, u64, i64),
+        (src, d, out, sum_out): (u64, i64, u64, u64),
+        (rows, col_blocks): (u32, u32),
+    ) -> Result<()> {
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&off)
+            .arg(&cnt)
+            .arg(&recs)
+            .arg(&step)
+            .arg(&src)
+            .arg(&d)
+            .arg(&out)
+            .arg(&sum_out);
+        // SAFETY: argument types and order match GATHER_PARAMS in chunked.cu; the buffers are
+        // as the caller guarantees (# Safety).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows, col_blocks, 1),
+                block_dim: (GATHER_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
     /// The second stream ([`DenseEngine`]'s `row_stream`), made on first use.
     fn row_stream(&self) -> Result<&Arc<CudaStream>> {
         if let Some(s) = self.row_stream.get() {
@@ -2159,7 +2199,6 @@ impl DenseEngine {
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
         // Gather blocks: GATHER_WARPS warps per (output row, 32·vec columns).
-        let gthreads = GATHER_WARPS * 32;
         let gy = d.div_ceil(32 * vec) as u32;
         let d_i = d as i64;
         let osz = out_ty.size_bytes();
@@ -2273,29 +2312,18 @@ impl DenseEngine {
             }
             if a.d_e != 0 {
                 let de_r = a.d_e + (r0 * d * osz) as u64;
-                let zero = 0u64;
-                let mut b = self.stream.launch_builder(f_gather);
-                let step = -1i64;
-                b.arg(&off_r)
-                    .arg(&cnt_r)
-                    .arg(&recs_last)
-                    .arg(&step)
-                    .arg(&a.c)
-                    .arg(&d_i)
-                    .arg(&de_r)
-                    .arg(&zero);
-                // SAFETY: matches GATHER_PARAMS; row offsets/counts were written by the select
-                // kernel above (stream order) and index pairs within `cap`; classes are < V,
-                // so every gathered row lies in c [V, D]; d_e holds N x D of the gradient
-                // dtype and is offset to the chunk.
+                // SAFETY: row offsets/counts were written by the select kernel above (stream
+                // order) and index pairs within `cap`, growing down from `recs_last`; classes
+                // are < V, so every gathered row lies in c [V, D]; d_e holds N x D of the
+                // gradient dtype and is offset to the chunk; no d_bias sum.
                 unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (rows as u32, gy, 1),
-                        block_dim: (gthreads, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
-                }
-                .map_err(drv)?;
+                    self.gather(
+                        f_gather,
+                        (off_r, cnt_r, recs_last, -1),
+                        (a.c, d_i, de_r, 0),
+                        (rows as u32, gy),
+                    )
+                }?;
                 PhaseTimer::mark(&mut timer, "d_e gather")?;
             }
             r0 += rows;
@@ -2360,27 +2388,17 @@ impl DenseEngine {
             // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            let (zero, step) = (0u64, 1i64);
-            let mut b = self.stream.launch_builder(f_gather);
-            b.arg(&starts)
-                .arg(&zero)
-                .arg(&csc)
-                .arg(&step)
-                .arg(&a.e)
-                .arg(&d_i)
-                .arg(&a.d_c)
-                .arg(&a.d_bias);
-            // SAFETY: matches GATHER_PARAMS with cnt = 0 (counts from starts[V + 1]); rows are
-            // < N, so gathered rows lie in e [N, D]; d_c holds V x D and d_bias V (or 0) of
-            // the gradient dtype.
+            // SAFETY: cnt = 0: counts from starts[V + 1] (scan above, stream order); the class
+            // records grow up from `csc`; rows are < N, so gathered rows lie in e [N, D]; d_c
+            // holds V x D and d_bias V (or 0) of the gradient dtype.
             unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (v as u32, gy, 1),
-                    block_dim: (gthreads, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(drv)?;
+                self.gather(
+                    f_gather,
+                    (starts, 0, csc, 1),
+                    (a.e, d_i, a.d_c, a.d_bias),
+                    (v as u32, gy),
+                )
+            }?;
             PhaseTimer::mark(&mut timer, "d_c gather")?;
         }
         if timer.is_some() {
