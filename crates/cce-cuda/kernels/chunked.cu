@@ -185,6 +185,52 @@ __device__ __forceinline__ void acc_push(RowAcc& a, float z, int j) {
     a.zs += z;
 }
 
+// Add the U float4 groups xv[u] at columns j0 + u·ustride + k (k = 0..3), the groups with
+// j0 + u·ustride < lim only (whole float4s; columns increase with u, then k). Same result as
+// acc_push over them in column order but for rounding: one max over the batch, at most one
+// rescale, then per value one exp and three adds (acc_push branches and may rescale per
+// value; the row kernels were instruction-bound on it, docs/perf-log.md "Session 5").
+template <int U>
+__device__ __forceinline__ void acc_push_batch(RowAcc& a, const float4 (&xv)[U], int j0,
+                                               int ustride, int lim) {
+    float bm = NEG_INF;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (j0 + u * ustride < lim)
+            bm = fmaxf(fmaxf(bm, fmaxf(xv[u].x, xv[u].y)), fmaxf(xv[u].z, xv[u].w));
+    if (bm > a.m) {
+        // The first column holding the new maximum (NaN never compares equal).
+        int am = a.am;
+#pragma unroll
+        for (int u = U - 1; u >= 0; --u)
+            if (j0 + u * ustride < lim)
+#pragma unroll
+                for (int k = 3; k >= 0; --k)
+                    if (f4get(xv[u], k) == bm) am = j0 + u * ustride + k;
+        float e = __expf(a.m - bm);  // 0 for the first values
+        a.s *= e;
+        a.t *= e;
+        a.m = bm;
+        a.am = am;
+    }
+    // m = −inf only while every value so far is −inf or NaN: exp(z − 0) is then 0 or NaN
+    // (a NaN z makes s NaN, as in acc_push).
+    const float m = a.m == NEG_INF ? 0.0f : a.m;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (j0 + u * ustride < lim) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float z = f4get(xv[u], k);
+                float e = __expf(z - m);
+                a.s += e;
+                a.t = fmaf(e, z, a.t);
+                a.zs += z;
+            }
+        }
+    }
+}
+
 // Block-wide merge; the result is valid in thread 0. `sh` holds 32 RowAcc.
 __device__ __forceinline__ RowAcc block_acc(RowAcc a, RowAcc* sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -397,14 +443,13 @@ __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long
                 }
             }
         }
+        if (softcap > 0.0f) {
 #pragma unroll
-        for (int u = 0; u < FWD_UNROLL; ++u) {
-            int j = base + u * FWD_THREADS * 4;
-            if (j < V4) {
+            for (int u = 0; u < FWD_UNROLL; ++u)
 #pragma unroll
-                for (int k = 0; k < 4; ++k) acc_push(a, cap_z(f4get(xv[u], k), softcap, inv_cap), j + k);
-            }
+                for (int k = 0; k < 4; ++k) f4set(xv[u], k, cap_z(f4get(xv[u], k), softcap, inv_cap));
         }
+        acc_push_batch<FWD_UNROLL>(a, xv, base, FWD_THREADS * 4, V4);
     }
     for (int j = V4 + threadIdx.x; j < V; j += FWD_THREADS) {
         float x = Lr[j];
@@ -465,41 +510,44 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_bf16(FWD
 #define CLS_ROWS (CLS_THREADS / 32)
 #define CLS_UNROLL 4
 
-template <int DT>
-__device__ __forceinline__ void cls_fwd(const float* __restrict__ L, long long ldk, int K, int c0,
-                                        int V, int rows, const void* __restrict__ bias,
-                                        float softcap, const int* __restrict__ targets,
-                                        float alpha, float lambda, float* __restrict__ state,
-                                        int first, int last, float* lse_out, float* loss_out,
-                                        float* ent_out, int* am_out) {
+template <int DT, int UNROLL>
+__device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long long ldk, int K,
+                                            int c0, int V, long long r,
+                                            const void* __restrict__ bias, float softcap,
+                                            const int* __restrict__ targets, float alpha,
+                                            float lambda, float* __restrict__ state, int first,
+                                            int last, float* lse_out, float* loss_out,
+                                            float* ent_out, int* am_out) {
     const int lane = threadIdx.x & 31;
-    const long long r = (long long)blockIdx.x * CLS_ROWS + (threadIdx.x >> 5);
-    if (r >= rows) return;  // whole warps leave: no block-level barrier below
     const float* Lr = L + r * ldk;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const int K4 = K & ~3;
     RowAcc a;
     acc_init(a);
-    for (int base = lane * 4; base < K4; base += 128 * CLS_UNROLL) {
-        float4 xv[CLS_UNROLL];
+    for (int base = lane * 4; base < K4; base += 128 * UNROLL) {
+        float4 xv[UNROLL];
 #pragma unroll
-        for (int u = 0; u < CLS_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             int j = base + u * 128;
             xv[u] = j < K4 ? __ldg((const float4*)(Lr + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+        if (bias) {
 #pragma unroll
-        for (int u = 0; u < CLS_UNROLL; ++u) {
-            int j = base + u * 128;
-            if (j < K4) {
-                if (bias) {
+            for (int u = 0; u < UNROLL; ++u) {
+                int j = base + u * 128;
+                if (j < K4) {
                     float4 b = Elem<DT>::load4(bias, c0 + j);
                     xv[u].x += b.x; xv[u].y += b.y; xv[u].z += b.z; xv[u].w += b.w;
                 }
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    acc_push(a, cap_z(f4get(xv[u], k), softcap, inv_cap), c0 + j + k);
             }
         }
+        if (softcap > 0.0f) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) f4set(xv[u], k, cap_z(f4get(xv[u], k), softcap, inv_cap));
+        }
+        acc_push_batch<UNROLL>(a, xv, c0 + base, 128, c0 + K4);
     }
     for (int j = K4 + lane; j < K; j += 32) {
         float x = Lr[j];
@@ -544,15 +592,16 @@ __device__ __forceinline__ void cls_fwd(const float* __restrict__ L, long long l
 #define CLS_ARGS L, ldk, K, c0, V, rows, bias, softcap, targets, alpha, lambda, state, first, \
     last, lse_out, loss_out, ent_out, am_out
 
-extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_f32(CLS_PARAMS) {
-    cls_fwd<0>(CLS_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_f16(CLS_PARAMS) {
-    cls_fwd<1>(CLS_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_bf16(CLS_PARAMS) {
-    cls_fwd<2>(CLS_ARGS);
-}
+#define CLS_ROW_ARGS L, ldk, K, c0, V, r, bias, softcap, targets, alpha, lambda, state, first, \
+    last, lse_out, loss_out, ent_out, am_out
+#define CLS_KERNELS(DTN, DT)                                                                  \
+    extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_##DTN(CLS_PARAMS) { \
+        const long long r = (long long)blockIdx.x * CLS_ROWS + (threadIdx.x >> 5);            \
+        if (r < rows) cls_fwd_row<DT, CLS_UNROLL>(CLS_ROW_ARGS);                              \
+    }
+CLS_KERNELS(f32, 0)
+CLS_KERNELS(f16, 1)
+CLS_KERNELS(bf16, 2)
 
 // ------------------------------------------------------------------------------------------
 // Histogram helper (filter pass)
@@ -1263,60 +1312,87 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_P
 
 // (b) G of one class chunk, in place.
 // Parameters:
-//   L      f32 [N, ld] logits of classes [k0, k0+K) (K ≤ GC_THREADS·GC_UNROLL), row-major;
-//          G is written over it in GT (0 = f32, 1 = f16) with row stride ld·4/sizeof(GT);
+//   L      f32 [N, ld] logits of classes [k0, k0+K) (ld a multiple of 8, 16-byte aligned
+//          rows), row-major; G is written over it in GT (0 = f32, 1 = f16) with row stride
+//          ld·4/sizeof(GT);
 //   bias   DT [V] or 0 (indexed k0 + j); targets i32 [N] (global class or −1); lse, tau f32 [N]
 //          from the row pass; dl_rows / dl_scalar / dlse as in the backward row kernel;
 //   g_scale the power of two G is multiplied by before it is stored.
-// Tiling: one block per row; the whole chunk row is held in registers.
-// Thread mapping: thread t owns columns t + u·GC_THREADS (coalesced 4-byte loads); all loads,
-//   then a barrier, then all stores (a 16-bit store to column j clobbers f32 column j/2).
+// Tiling: GC_ROWS rows per block, one warp per row, the row streamed in steps of 128 columns.
+// Thread mapping: lane l owns the float4 columns 4·l + 128·u of step u (one step loaded
+//   ahead). An f16 store of step u's columns lands on f32 columns [64u, 64u + 64), which the
+//   warp loaded at step ⌊u/2⌋ ≤ u: a __syncwarp between each step's loads and its stores keeps
+//   every load ahead of the store that overwrites it; later steps read only columns past it.
+//   Per value: one exp and the G formula of g_entry without its statistics (the class pass
+//   reports none); the target column is fixed up by its one lane.
 #define GC_THREADS 256
-#define GC_UNROLL 16
+#define GC_ROWS (GC_THREADS / 32)
 template <int DT, int GT>
 __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k0, int V,
                                             const void* bias, float softcap, const int* targets,
                                             const float* lse_in, const float* tau_in,
                                             const float* dl_rows, float dl_scalar,
                                             const float* dlse, float alpha, float lambda,
-                                            float g_scale) {
-    const long long r = blockIdx.x;
+                                            float g_scale, int rows) {
+    const long long r = (long long)blockIdx.x * GC_ROWS + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps leave: no block barrier below
+    const int lane = threadIdx.x & 31;
     float* Lr = L + r * ld;
     const int y = targets[r];
     const float lse = lse_in[r];
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     const float tau = c.active ? tau_in[r] : 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
-    float x[GC_UNROLL];
-#pragma unroll
-    for (int u = 0; u < GC_UNROLL; ++u) {
-        int j = threadIdx.x + u * GC_THREADS;
-        x[u] = j < K ? Lr[j] : 0.0f;
-    }
-    __syncthreads();
-    u32 kept = 0;
-    float dropped = 0.0f;
-    bool any = false;
-#pragma unroll
-    for (int u = 0; u < GC_UNROLL; ++u) {
-        int j = threadIdx.x + u * GC_THREADS;
-        if (j < K) {
-            float xb = x[u] + (bias ? Elem<DT>::load(bias, (long long)k0 + j) : 0.0f);
-            float z = cap_z(xb, softcap, inv_cap);
-            float gv = c.active ? g_entry(z, k0 + j, y, lse, c, tau, softcap, inv_cap, kept,
-                                          dropped, any)
-                                : 0.0f;
-            Elem<GT>::store(Lr, j, gv * g_scale);
+    // Inactive rows: G = 0 (every coefficient is 0 there too; written explicitly).
+    const float cp = c.active ? c.cp : 0.0f, cc = c.active ? c.cc : 0.0f;
+    const int yc = (c.active && y >= k0 && y < k0 + K) ? y - k0 : -1;  // target column
+    const int K4 = K & ~3;
+    auto gval = [&](float x, int j) -> float {
+        float xb = x + (bias ? Elem<DT>::load(bias, (long long)k0 + j) : 0.0f);
+        float z = cap_z(xb, softcap, inv_cap);
+        float p = __expf(z - lse);
+        float gv;
+        if (j == yc) {
+            gv = target_g0(p, c.oh) < tau ? -cc : cp * p - c.cy - cc;
+        } else {
+            gv = p < tau ? -cc : cp * p - cc;
         }
+        if (softcap > 0.0f) {
+            float q = z * inv_cap;
+            gv *= 1.0f - q * q;
+        }
+        return gv * g_scale;
+    };
+    float4 nx = 4 * lane < K4 ? *(const float4*)(Lr + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int b = 0; b < K4; b += 128) {
+        const int j = b + 4 * lane;
+        const float4 x = nx;
+        const int jn = j + 128;
+        if (jn < K4) nx = *(const float4*)(Lr + jn);
+        float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (j < K4) {
+            g.x = gval(x.x, j);
+            g.y = gval(x.y, j + 1);
+            g.z = gval(x.z, j + 2);
+            g.w = gval(x.w, j + 3);
+        }
+        __syncwarp();
+        if (j < K4) Elem<GT>::store4(Lr, j, g);
     }
+    // The tail (K mod 4 columns): loads of the whole tail, then its stores.
+    float xt = 0.0f;
+    const int jt = K4 + lane;
+    if (jt < K) xt = Lr[jt];
+    __syncwarp();
+    if (jt < K) Elem<GT>::store(Lr, jt, gval(xt, jt));
 }
 #define GCOLS_PARAMS                                                                          \
     float *L, long long ld, int K, int k0, int V, const void *bias, float softcap,           \
         const int *targets, const float *lse_in, const float *tau_in, const float *dl_rows,  \
-        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale
+        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale, int rows
 #define GCOLS_ARGS                                                                            \
     L, ld, K, k0, V, bias, softcap, targets, lse_in, tau_in, dl_rows, dl_scalar, dlse, alpha, \
-        lambda, g_scale
+        lambda, g_scale, rows
 extern "C" __global__ void __launch_bounds__(GC_THREADS) cce_split_gcols_f32(GCOLS_PARAMS) {
     split_gcols<0, 0>(GCOLS_ARGS);
 }
@@ -1550,6 +1626,12 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) f4set(x, k, cap_z(f4get(x, k), softcap, inv_cap));
+    // Past the row: −inf (p = 0: no mass, never a candidate).
+    if (j + 3 >= V) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (j + k >= V) f4set(x, k, NEG_INF);
+    }
     return x;
 }
 
@@ -1564,13 +1646,15 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   recs_end: one past the last of `cap` u64 records (record k at recs_end[−1 − k]);
 //   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
 //   (global row row0 + r, as cce_dense_bwd).
-// Tiling: one block per row. Pass 1: the candidates (g0 ≥ edge(SEL_CAND_BIN)) into shared
-//   memory and the fixed-point mass below them; when that mass is ≤ δ (peaked rows), the
+// Tiling: one block per row. Pass 1 (no block barrier: each warp appends its candidates,
+//   g0 ≥ edge(SEL_CAND_BIN), to its own SEL_CAND / warps slots of shared memory, in its
+//   column-step order) and the fixed-point mass below them; when that mass is ≤ δ (peaked
+//   rows) and every warp's candidates fit, the
 //   histogram of the candidates alone gives τ_i (≥ that edge), else a second read of the row
 //   builds the full histogram (one per warp). Then τ_i and the row's pair count k_i (thread
 //   0), one atomic on the counter for the row's offset. Pass 2: the pairs, from the
-//   candidates or from a full re-read, compacted in a fixed order by a block scan per step
-//   (deterministic within the row).
+//   candidates (warp by warp, in slot order) or from a full re-read (compacted by a block
+//   scan per step); either order is fixed (deterministic within the row).
 // Thread mapping: as cce_dense_bwd (columns 4t + u·SEL_THREADS·4 of each step); trip counts
 //   uniform over the block.
 template <int DT, int T>
@@ -1592,6 +1676,8 @@ __device__ __forceinline__ void sparse_select(
     __shared__ u64 base_sh;
     __shared__ int cand_col[SEL_CAND];
     __shared__ float cand_z[SEL_CAND];
+    __shared__ u32 wcnt_sh[T / 32];   // candidates per warp (pass 1)
+    __shared__ u32 wkept_sh[T / 32];  // kept candidates per warp (pass 2)
     __shared__ float tau_sh;
     const int STEP = T * 4 * SEL_UNROLL;    // pass 2 (full re-read)
     const int STEP1 = T * 4 * SEL_UNROLL1;  // pass 1
@@ -1621,70 +1707,112 @@ __device__ __forceinline__ void sparse_select(
     u32 big = 0;
     u64 under = 0;         // fixed-point mass (ceil per entry) below edge(SEL_CAND_BIN)
     float d_under = 0.0f;  // Σ g0 below edge(SEL_CAND_BIN): dropped whenever τ ≥ that edge
-    u32 ncand = 0;         // candidates (g0 ≥ edge(SEL_CAND_BIN)) so far (block-uniform)
+    const int lane = threadIdx.x & 31;
+    constexpr int WC = SEL_CAND / (T / 32);  // candidate slots per warp
+    int* const wcol = cand_col + warp * WC;  // this warp's slots
+    float* const wz = cand_z + warp * WC;
+    u32 wn = 0;  // this warp's candidates so far (warp-uniform; may exceed WC: overflow)
     const float e_lo = edges[N_BINS - 1], e_hi = edges[0], e_c = edges[SEL_CAND_BIN];
+    // The target's step and slot (q = u·4 + k) in its owner thread; −1 elsewhere.
+    int y_b0 = -1, y_q = -1;
+    if (y >= 0 && y < V) {
+        int yr = y % STEP1;
+        if (((yr % (T * 4)) >> 2) == threadIdx.x) {
+            y_b0 = y - yr;
+            y_q = (yr / (T * 4)) * 4 + (yr & 3);
+        }
+    }
     // Pass 1 (light): the candidates into shared memory, the mass below them in registers.
     // No histogram yet: when that mass is within δ (τ ≥ edge(SEL_CAND_BIN)), the bins above
-    // come from the candidates alone; otherwise a full histogram pass follows.
+    // come from the candidates alone; otherwise a full histogram pass follows. Per value: one
+    // exp, one compare, the fixed-point add; the target column is handled apart (its g0 is
+    // not p), and columns past the row load as −inf (sel_load).
     for (int b0 = 0; b0 < V; b0 += STEP1) {
         u32 cb = 0;
         float4 zz[SEL_UNROLL1];
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL1; ++u)
             zz[u] = sel_load<DT>(Lr, bias, b0 + u * T * 4 + threadIdx.x * 4, V, softcap, inv_cap);
+        const int yq = b0 == y_b0 ? y_q : -1;
+        float zt = 0.0f;
+        if (yq >= 0) {
+#pragma unroll
+            for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                if (q == yq) {
+                    zt = f4get(zz[q / 4], q % 4);
+                    f4set(zz[q / 4], q % 4, NEG_INF);
+                }
+        }
+        u32 ub = 0;
 #pragma unroll
         for (int u = 0; u < SEL_UNROLL1; ++u) {
-            int j = b0 + u * T * 4 + threadIdx.x * 4;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                float p = __expf(f4get(zz[u], k) - lse);
-                float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
-                if (j + k < V) {
-                    if (g0 < e_c) {
-                        // g0·2^30 < eps·2^22 ≤ 2^22: a u32 conversion.
-                        under += (u32)ceilf(g0 * FIXED_ONE);
-                        d_under += g0;
-                    } else {
-                        cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
-                    }
+                float g0 = __expf(f4get(zz[u], k) - lse);
+                if (g0 < e_c) {
+                    // g0·2^30 < eps·2^22 ≤ 2^22: u32, 16 of them per step too.
+                    ub += __float2uint_ru(g0 * FIXED_ONE);
+                    d_under += g0;
+                } else {
+                    cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
                 }
             }
         }
-        // Candidates for pass 2, in column-step order (deterministic), while they fit.
-        if (ncand <= SEL_CAND && __syncthreads_or(cb != 0u)) {
-            u32 step_tot;
-            u32 pos = ncand + block_excl_scan<T>((u32)__popc(cb), shu, step_tot);
+        if (yq >= 0) {
+            float g0 = target_g0(__expf(zt - lse), c.oh);
+            if (g0 < e_c) {
+                ub += __float2uint_ru(g0 * FIXED_ONE);
+                d_under += g0;
+            } else {
+                cb |= 1u << yq;
+            }
 #pragma unroll
-            for (int q = 0; q < SEL_UNROLL1 * 4; ++q) {
-                if (cb & (1u << q)) {
-                    if (pos < SEL_CAND) {
-                        cand_col[pos] = b0 + (q / 4) * T * 4 + threadIdx.x * 4 + (q % 4);
-                        cand_z[pos] = f4get(zz[q / 4], q % 4);
+            for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                if (q == yq) f4set(zz[q / 4], q % 4, zt);
+        }
+        under += ub;
+        // Candidates, in this warp's slots in (step, lane, slot) order, while they fit.
+        if (__any_sync(FULL_MASK, cb != 0u)) {
+            u32 nb = (u32)__popc(cb);
+            u32 incl = warp_incl_scan(nb);
+            if (wn < WC) {
+                u32 pos = wn + incl - nb;
+#pragma unroll
+                for (int q = 0; q < SEL_UNROLL1 * 4; ++q) {
+                    if (cb & (1u << q)) {
+                        if (pos < WC) {
+                            wcol[pos] = b0 + (q / 4) * T * 4 + threadIdx.x * 4 + (q % 4);
+                            wz[pos] = f4get(zz[q / 4], q % 4);
+                        }
+                        ++pos;
                     }
-                    ++pos;
                 }
             }
-            ncand += step_tot;
+            wn += __shfl_sync(FULL_MASK, incl, 31);
         }
     }
+    if (lane == 0) wcnt_sh[warp] = wn;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) under += __shfl_down_sync(FULL_MASK, under, o);
     if ((threadIdx.x & 31) == 0) under_sh[warp] = under;
     __syncthreads();
+    bool fits = true;
+#pragma unroll
+    for (int w = 0; w < T / 32; ++w) fits = fits && wcnt_sh[w] <= WC;
     if (threadIdx.x == 0) {
         u64 s0 = 0;
         for (int w = 0; w < T / 32; ++w) s0 += under_sh[w];
         under_tot = s0;
     }
     __syncthreads();
-    const bool light = ncand <= SEL_CAND && under_tot <= delta_fixed;  // block-uniform
+    const bool light = fits && under_tot <= delta_fixed;  // block-uniform
     if (light) {
         // Histogram of the candidates (bins < SEL_CAND_BIN, or g0 ≥ eps); everything below
         // is one mass, `under_tot`, at bin SEL_CAND_BIN: the threshold scan below reaches that
         // bin with the same cumulative mass as over the full histogram, so τ is the same.
-        for (u32 q = threadIdx.x; q < ncand; q += T) {
-            float p = __expf(cand_z[q] - lse);
-            float g0 = cand_col[q] == y ? target_g0(p, c.oh) : p;
+        for (u32 q = lane; q < wn; q += 32) {
+            float p = __expf(wz[q] - lse);
+            float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
             if (g0 < e_hi) {
                 int b = filter_bin(g0, edges);
                 atomicAdd(&hm[0][b], (u32)ceilf(g0 * FIXED_ONE));
@@ -1775,21 +1903,38 @@ __device__ __forceinline__ void sparse_select(
     // entry has g0 ≥ τ, so it is a candidate): no second read of the row.
     const bool from_cand = light;
     if (from_cand) {
+        // Warp by warp: count the kept candidates, then write them after the earlier warps'.
         dropped = d_under;
-        for (u32 c0 = 0; c0 < ncand; c0 += T) {
-            u32 q = c0 + threadIdx.x;
+        u32 wk = 0;
+        for (u32 q0 = 0; q0 < wn; q0 += 32) {
+            u32 q = q0 + lane;
+            bool keep = false;
+            if (q < wn) {
+                float p = __expf(wz[q] - lse);
+                float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
+                if (g0 < tau) dropped += g0; else keep = true;
+            }
+            wk += (u32)__popc(__ballot_sync(FULL_MASK, keep));
+        }
+        if (lane == 0) wkept_sh[warp] = wk;
+        __syncthreads();
+        u32 pos0 = 0;
+        for (int w = 0; w < T / 32; ++w) {
+            if (w < warp) pos0 += wkept_sh[w];
+            run += wkept_sh[w];
+        }
+        for (u32 q0 = 0; q0 < wn; q0 += 32) {
+            u32 q = q0 + lane;
             bool keep = false;
             int j = 0;
             float g = 0.0f;
-            if (q < ncand) {
-                j = cand_col[q];
-                float zk = cand_z[q];
+            if (q < wn) {
+                j = wcol[q];
+                float zk = wz[q];
                 float p = __expf(zk - lse);
                 bool tgt = (j == y);
                 float g0 = tgt ? target_g0(p, c.oh) : p;
-                if (g0 < tau) {
-                    dropped += g0;
-                } else {
+                if (!(g0 < tau)) {
                     keep = true;
                     g = c.cp * p - (tgt ? c.cy : 0.0f);
                     if (softcap > 0.0f) {
@@ -1799,12 +1944,12 @@ __device__ __forceinline__ void sparse_select(
                 }
             }
             if (__any_sync(FULL_MASK, keep)) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, keep);
-            u32 step_tot;
-            u32 pos = run + block_excl_scan<T>(keep ? 1u : 0u, shu, step_tot);
+            u32 bal = __ballot_sync(FULL_MASK, keep);
+            u32 pos = pos0 + (u32)__popc(bal & ((1u << lane) - 1u));
             if (keep && pos < k_row)
                 recs_end[-1 - (long long)(base + pos)] =
                     (u64)(u32)j | ((u64)__float_as_uint(g) << 32);
-            run += step_tot;
+            pos0 += (u32)__popc(bal);
         }
     }
     if (!from_cand && threadIdx.x == 0) atomicAdd(overflow + 1, 1u);  // profile: full pass 2
@@ -1899,11 +2044,15 @@ SEL_KERNELS(bf16, 2)
 // Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
 //   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
 //   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
-// Tiling: block (r, y) owns row r of out, columns [y·32·VEC, (y+1)·32·VEC); its GATHER_WARPS
-//   warps split the row's records (warp w: records w + k·GATHER_WARPS), each lane holding
-//   partial sums of its VEC columns, then warp 0 adds the warps' partials in a fixed order
-//   (deterministic for a given record order). Splitting keeps a row with many records (flat
-//   rows, frequent classes) from serializing a launch on one long chain of loads.
+// Tiling: block (x, y) owns rows r = x, x + gridDim.x, .. < R of out (the host launches
+//   min(R, GATHER_MAX_ROW_BLOCKS) row blocks: d_c has V rows, mostly empty on peaked data, and
+//   a block per row cost more in block launches than the gathers), columns
+//   [y·32·VEC, (y+1)·32·VEC); its GATHER_WARPS warps split a row's records (warp w: records
+//   w + k·GATHER_WARPS), each lane holding partial sums of its VEC columns, then warp 0 adds
+//   the warps' partials in a fixed order (deterministic for a given record order); a row
+//   without records is written as zeros by warp 0 alone. Splitting keeps a row with many
+//   records (flat rows, frequent classes) from serializing a launch on one long chain of
+//   loads.
 // Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
@@ -1943,88 +2092,101 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
                                               const u32* __restrict__ cnt,
                                               const u64* __restrict__ recs, long long step,
                                               const void* __restrict__ src, long long D,
-                                              void* __restrict__ out, void* __restrict__ sum_out) {
+                                              void* __restrict__ out, void* __restrict__ sum_out,
+                                              long long R) {
     __shared__ float part[GATHER_WARPS][32 * VEC];
     __shared__ float gpart[GATHER_WARPS];
-    const long long r = blockIdx.x;
-    const u32 s = off[r];
-    u32 n;
-    if (cnt) {
-        n = cnt[r];
-        if (n == SPARSE_OVERFLOW) n = 0;
-    } else {
-        n = off[r + 1] - s;
-    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
     const bool ok = d0 < D;
-    float acc[VEC];
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
-    float gsum = 0.0f;
-    // Warp w takes records w, w + GATHER_WARPS, ...: a long row's chain of dependent loads is
-    // split GATHER_WARPS ways; 4 records (4 gathered rows) in flight per lane.
-    u32 k = warp;
-    for (; k + 3 * GATHER_WARPS < n; k += 4 * GATHER_WARPS) {
-        u32 i[4];
-        float g[4];
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            u64 rec = recs[step * (long long)(s + k + a * GATHER_WARPS)];
-            i[a] = (u32)rec;
-            g[a] = __uint_as_float((u32)(rec >> 32));
+    for (long long r = blockIdx.x; r < R; r += gridDim.x) {
+        const u32 s = off[r];
+        u32 n;
+        if (cnt) {
+            n = cnt[r];
+            if (n == SPARSE_OVERFLOW) n = 0;
+        } else {
+            n = off[r + 1] - s;
         }
-        if (ok) {
-            float x[4][VEC];
+        if (n == 0) {  // block-uniform: no barrier is skipped by part of the block
+            if (warp == 0) {
+                float z[VEC];
 #pragma unroll
-            for (int a = 0; a < 4; ++a) load_vec<DT, VEC>(src, (long long)i[a] * D + d0, x[a]);
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g[a], x[a][q], acc[q]);
+                for (int q = 0; q < VEC; ++q) z[q] = 0.0f;
+                if (ok) store_vec<OT, VEC>(out, r * D + d0, z);
+                if (sum_out && blockIdx.y == 0 && lane == 0) Elem<OT>::store(sum_out, r, 0.0f);
+            }
+            continue;
         }
-        gsum += (g[0] + g[1]) + (g[2] + g[3]);
-    }
-    for (; k < n; k += GATHER_WARPS) {
-        const u64 rec = recs[step * (long long)(s + k)];
-        const u32 i = (u32)rec;
-        const float g = __uint_as_float((u32)(rec >> 32));
-        if (ok) {
-            float x[VEC];
-            load_vec<DT, VEC>(src, (long long)i * D + d0, x);
+        float acc[VEC];
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g, x[q], acc[q]);
-        }
-        gsum += g;
-    }
-    // Fixed-order sum of the warps' partial rows (deterministic).
+        for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
+        float gsum = 0.0f;
+        // Warp w takes records w, w + GATHER_WARPS, ...: a long row's chain of dependent loads is
+        // split GATHER_WARPS ways; 4 records (4 gathered rows) in flight per lane.
+        u32 k = warp;
+        for (; k + 3 * GATHER_WARPS < n; k += 4 * GATHER_WARPS) {
+            u32 i[4];
+            float g[4];
 #pragma unroll
-    for (int q = 0; q < VEC; ++q) part[warp][lane * VEC + q] = acc[q];
-    if (lane == 0) gpart[warp] = gsum;
-    __syncthreads();
-    if (warp == 0) {
-        float tot[VEC];
+            for (int a = 0; a < 4; ++a) {
+                u64 rec = recs[step * (long long)(s + k + a * GATHER_WARPS)];
+                i[a] = (u32)rec;
+                g[a] = __uint_as_float((u32)(rec >> 32));
+            }
+            if (ok) {
+                float x[4][VEC];
 #pragma unroll
-        for (int q = 0; q < VEC; ++q) {
-            float t = 0.0f;
-            for (int w = 0; w < GATHER_WARPS; ++w) t += part[w][lane * VEC + q];
-            tot[q] = t;
+                for (int a = 0; a < 4; ++a) load_vec<DT, VEC>(src, (long long)i[a] * D + d0, x[a]);
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g[a], x[a][q], acc[q]);
+            }
+            gsum += (g[0] + g[1]) + (g[2] + g[3]);
         }
-        if (ok) store_vec<OT, VEC>(out, r * D + d0, tot);
-        if (sum_out && blockIdx.y == 0 && lane == 0) {
-            float t = 0.0f;
-            for (int w = 0; w < GATHER_WARPS; ++w) t += gpart[w];
-            Elem<OT>::store(sum_out, r, t);
+        for (; k < n; k += GATHER_WARPS) {
+            const u64 rec = recs[step * (long long)(s + k)];
+            const u32 i = (u32)rec;
+            const float g = __uint_as_float((u32)(rec >> 32));
+            if (ok) {
+                float x[VEC];
+                load_vec<DT, VEC>(src, (long long)i * D + d0, x);
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g, x[q], acc[q]);
+            }
+            gsum += g;
         }
+        // Fixed-order sum of the warps' partial rows (deterministic).
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) part[warp][lane * VEC + q] = acc[q];
+        if (lane == 0) gpart[warp] = gsum;
+        __syncthreads();
+        if (warp == 0) {
+            float tot[VEC];
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) {
+                float t = 0.0f;
+                for (int w = 0; w < GATHER_WARPS; ++w) t += part[w][lane * VEC + q];
+                tot[q] = t;
+            }
+            if (ok) store_vec<OT, VEC>(out, r * D + d0, tot);
+            if (sum_out && blockIdx.y == 0 && lane == 0) {
+                float t = 0.0f;
+                for (int w = 0; w < GATHER_WARPS; ++w) t += gpart[w];
+                Elem<OT>::store(sum_out, r, t);
+            }
+        }
+        __syncthreads();  // warp 0 has read `part` before the next row writes it
     }
 }
 
 #define GATHER_PARAMS                                                                         \
     const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
-        long long D, void *out, void *sum_out
+        long long D, void *out, void *sum_out, long long R
 #define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
     extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
-        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
+        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out, R);            \
     }
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)

@@ -81,8 +81,15 @@ const SEL_THREADS: u32 = 512;
 const CLS_THREADS: u32 = 256;
 /// Rows per block of `cce_cls_fwd_*` (one warp each).
 const CLS_ROWS_PER_BLOCK: usize = CLS_THREADS as usize / 32;
+/// Threads and rows (one warp each) per block of `cce_split_gcols_*`.
+const GC_THREADS: u32 = 256;
+const GC_ROWS: usize = GC_THREADS as usize / 32;
 const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
+/// Row blocks of a gather launch at most (they stride over the output rows): 2048 x 16 column
+/// blocks at D = 4096 keep every SM busy, where a block per row of d_c (V of them, most without
+/// records on peaked data) cost ~7 ms of block launches at the seed shape.
+const GATHER_MAX_ROW_BLOCKS: u32 = 2048;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -1613,12 +1620,18 @@ impl DenseEngine {
         if reuse_rows > 0 {
             stats.chunks = chunks.len();
         }
+        let mut prof = if chunks.is_empty() {
+            None
+        } else {
+            PhaseTimer::new(&self.stream)?
+        };
         for (ci, &(r0, rows, reused)) in chunks.iter().enumerate() {
             let rows_u = rows as u32;
             let e_r = e_ptr + (r0 * d * esz) as u64;
             // (1) logits.
             if !reused {
                 self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+                PhaseTimer::mark(&mut prof, "logits GEMM")?;
             }
             let off4 = (r0 * 4) as u64;
             let t_r = t_ptr + off4;
@@ -1677,10 +1690,12 @@ impl DenseEngine {
                 // compile-time cluster size; dynamic shared memory slice·4 ≤ the attribute set
                 // at construction.
                 unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                PhaseTimer::mark(&mut prof, "fused rows")?;
             } else {
                 if forward && !reused {
                     // (2) forward rows.
                     self.fwd_rows(f_fwd, &row_args, r0, rows, l_ptr)?;
+                    PhaseTimer::mark(&mut prof, "forward rows")?;
                 }
                 if backward {
                     // (3) G in place.
@@ -1729,6 +1744,7 @@ impl DenseEngine {
                     // logits (stream order); lse rows were written by the forward kernel above
                     // or given by the caller ([N] checked); flags hold row_tiles x class_tiles.
                     unsafe { b.launch(cfg_l) }.map_err(drv)?;
+                    PhaseTimer::mark(&mut prof, "backward rows (G)")?;
                 }
             }
             if backward {
@@ -1757,6 +1773,7 @@ impl DenseEngine {
                             self.de_finish(out_ty, tmp_ptr, rs_ptr, c_de_scale, de_r, (rows, d))?;
                         }
                     }
+                    PhaseTimer::mark(&mut prof, "d_e GEMM")?;
                 }
                 // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
                 if cfg.compute_d_c && !split {
@@ -1788,9 +1805,11 @@ impl DenseEngine {
                         // row kernel (stream order); the accumulator holds V f32 (zeroed).
                         unsafe { b.launch(cfg_l) }.map_err(drv)?;
                     }
+                    PhaseTimer::mark(&mut prof, "d_c GEMM (+ d_bias)")?;
                 }
             }
         }
+        PhaseTimer::report(prof, &format!("dense row pass ({} chunk(s))", chunks.len()))?;
 
         if split && backward && cfg.compute_d_c && !sparse_used {
             self.class_pass(
@@ -2036,20 +2055,18 @@ impl DenseEngine {
                             max: u32::MAX as u64,
                         }
                     })?;
+                    let launch = LaunchConfig {
+                        grid_dim: (grid, 1, 1),
+                        block_dim: (CLS_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
                     // SAFETY: argument types and order match CLS_PARAMS in chunked.cu; buffer b
                     // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
                     // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
                     // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row
                     // at r0 (inside the scratch, checked by the caller); the bias is [V] with c0 a
                     // multiple of 4 (checked before the loop) for its 8-byte loads.
-                    unsafe {
-                        lb.launch(LaunchConfig {
-                            grid_dim: (grid, 1, 1),
-                            block_dim: (CLS_THREADS, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(drv)?;
+                    unsafe { lb.launch(launch) }.map_err(drv)?;
                     rows_done[b].record(rs).map_err(drv)?;
                     i += 1;
                 }
@@ -2064,8 +2081,9 @@ impl DenseEngine {
 
     /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
     /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
-    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(out rows, column
-    /// blocks)`, [`GATHER_WARPS`] warps per block.
+    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(min(out rows,
+    /// GATHER_MAX_ROW_BLOCKS), column blocks)`, the row blocks striding over the rows,
+    /// [`GATHER_WARPS`] warps per block.
     ///
     /// # Safety
     /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
@@ -2080,6 +2098,7 @@ impl DenseEngine {
         (src, d, out, sum_out): (u64, i64, u64, u64),
         (rows, col_blocks): (u32, u32),
     ) -> Result<()> {
+        let rows_i = rows as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&off)
             .arg(&cnt)
@@ -2088,12 +2107,13 @@ impl DenseEngine {
             .arg(&src)
             .arg(&d)
             .arg(&out)
-            .arg(&sum_out);
+            .arg(&sum_out)
+            .arg(&rows_i);
         // SAFETY: argument types and order match GATHER_PARAMS in chunked.cu; the buffers are
         // as the caller guarantees (# Safety).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (rows, col_blocks, 1),
+                grid_dim: (rows.min(GATHER_MAX_ROW_BLOCKS), col_blocks, 1),
                 block_dim: (GATHER_WARPS * 32, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -2644,6 +2664,7 @@ impl DenseEngine {
         let f_colsum = self.func(&format!("cce_dense_colsum_{}", dtype_code(gdt)?))?;
         let softcap = cfg.softcap.unwrap_or(0.0);
         let ld_i = ldk as i64;
+        let mut prof = PhaseTimer::new(&self.stream)?;
         for k0 in (0..v).step_by(kmax) {
             let kc = kmax.min(v - k0);
             let kc_i = kc as i32;
@@ -2651,6 +2672,7 @@ impl DenseEngine {
             // (a) logits of the chunk's classes for every row.
             let c_k = c_ptr + (k0 * d * esz) as u64;
             self.gemm_logits((kc, d, n), dt, (c_k, e_ptr, l_ptr), ldk)?;
+            PhaseTimer::mark(&mut prof, "logits GEMM")?;
             // (b) G in place.
             let mut b = self.stream.launch_builder(f_g);
             b.arg(&l_ptr)
@@ -2668,18 +2690,20 @@ impl DenseEngine {
                 .arg(&a.dlse)
                 .arg(&cfg.label_smoothing)
                 .arg(&cfg.z_loss)
-                .arg(&g_scale);
-            // SAFETY: matches GCOLS_PARAMS; L holds n rows of ldk f32 written by the GEMM
-            // above (stream order), kc ≤ SPLIT_DENSE_MAX_CLASSES = GC_THREADS·GC_UNROLL
-            // (checked); lse / tau / targets / upstream rows hold N values; bias holds V.
+                .arg(&g_scale)
+                .arg(&n_i);
+            // SAFETY: matches GCOLS_PARAMS; L holds n rows of ldk f32 (ldk a multiple of 8,
+            // the workspace 256-byte aligned: 16-byte row starts) written by the GEMM above
+            // (stream order); lse / tau / targets / upstream rows hold N values; bias holds V.
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (n as u32, 1, 1),
-                    block_dim: (256, 1, 1),
+                    grid_dim: (n.div_ceil(GC_ROWS) as u32, 1, 1),
+                    block_dim: (GC_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 })
             }
             .map_err(drv)?;
+            PhaseTimer::mark(&mut prof, "G columns")?;
             // (c) d_c of the chunk, complete (through an f32 chunk for a bf16 output).
             let dc_k = a.d_c + (k0 * d * out_ty.size_bytes()) as u64;
             if cfg.dc_tmp_bytes() > 0 {
@@ -2737,7 +2761,12 @@ impl DenseEngine {
                 }
                 .map_err(drv)?;
             }
+            PhaseTimer::mark(&mut prof, "d_c GEMM (+ convert, d_bias)")?;
         }
+        PhaseTimer::report(
+            prof,
+            &format!("split dense class pass ({} chunk(s))", v.div_ceil(kmax)),
+        )?;
         Ok(())
     }
 
