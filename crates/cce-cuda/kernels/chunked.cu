@@ -764,12 +764,22 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
     u32 kept = 0;
     float dropped = 0.0f;
     const long long flag_row = (row0 + r) / tile_rows;
+    // One step loaded ahead: step b0's 16-bit stores land on f32 columns [b0/2, (b0 + STEP)/2),
+    // read at or before step b0 (the barrier orders them), while the loads in flight are of
+    // step b0 + STEP, past every column written so far; the barrier no longer drains them.
+    float4 nx[BWD_UNROLL];
+#pragma unroll
+    for (int u = 0; u < BWD_UNROLL; ++u) {
+        int j = u * BWD_THREADS * 4 + threadIdx.x * 4;
+        nx[u] = j < V4 ? *(const float4*)(Lr + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     for (int b0 = 0; b0 < V4; b0 += STEP) {
         float4 xv[BWD_UNROLL];
 #pragma unroll
         for (int u = 0; u < BWD_UNROLL; ++u) {
-            int j = b0 + u * BWD_THREADS * 4 + threadIdx.x * 4;
-            xv[u] = j < V4 ? *(const float4*)(Lr + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = nx[u];
+            int j = b0 + STEP + u * BWD_THREADS * 4 + threadIdx.x * 4;
+            if (j < V4) nx[u] = *(const float4*)(Lr + j);
         }
         __syncthreads();  // every read of this step before any write of it (in-place G)
 #pragma unroll
@@ -2044,15 +2054,15 @@ SEL_KERNELS(bf16, 2)
 // Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
 //   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
 //   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
-// Tiling: block (x, y) owns rows r = x, x + gridDim.x, .. < R of out (the host launches
-//   min(R, GATHER_MAX_ROW_BLOCKS) row blocks: d_c has V rows, mostly empty on peaked data, and
-//   a block per row cost more in block launches than the gathers), columns
-//   [y·32·VEC, (y+1)·32·VEC); its GATHER_WARPS warps split a row's records (warp w: records
-//   w + k·GATHER_WARPS), each lane holding partial sums of its VEC columns, then warp 0 adds
-//   the warps' partials in a fixed order (deterministic for a given record order); a row
-//   without records is written as zeros by warp 0 alone. Splitting keeps a row with many
-//   records (flat rows, frequent classes) from serializing a launch on one long chain of
-//   loads.
+// Tiling: block (r, y) owns row r of out, columns [y·32·VEC, (y+1)·32·VEC)
+//   (cce_sparse_gather_*); the _s form (a d_c whose classes average < GATHER_WARPS records:
+//   most have none on peaked data, and a block per class cost more in block launches than the
+//   gathers) launches fewer row blocks, each striding over the rows, and writes a row without
+//   records as zeros from warp 0 alone. Either way the block's GATHER_WARPS warps split a
+//   row's records (warp w: records w + k·GATHER_WARPS), each lane holding partial sums of its
+//   VEC columns, then warp 0 adds the warps' partials in a fixed order (deterministic for a
+//   given record order). Splitting keeps a row with many records (flat rows, frequent
+//   classes) from serializing a launch on one long chain of loads.
 // Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
@@ -2088,95 +2098,125 @@ __device__ __forceinline__ void store_vec(void* dst, long long i, const float* x
 }
 
 template <int DT, int OT, int VEC>
+__device__ __forceinline__ void gather_row(long long r, u32 s, u32 n,
+                                           const u64* __restrict__ recs, long long step,
+                                           const void* __restrict__ src, long long D,
+                                           void* __restrict__ out, void* __restrict__ sum_out,
+                                           float (*part)[32 * VEC], float* gpart) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
+    const bool ok = d0 < D;
+    float acc[VEC];
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
+    float gsum = 0.0f;
+    // Warp w takes records w, w + GATHER_WARPS, ...: a long row's chain of dependent loads is
+    // split GATHER_WARPS ways; 4 records (4 gathered rows) in flight per lane.
+    u32 k = warp;
+    for (; k + 3 * GATHER_WARPS < n; k += 4 * GATHER_WARPS) {
+        u32 i[4];
+        float g[4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            u64 rec = recs[step * (long long)(s + k + a * GATHER_WARPS)];
+            i[a] = (u32)rec;
+            g[a] = __uint_as_float((u32)(rec >> 32));
+        }
+        if (ok) {
+            float x[4][VEC];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) load_vec<DT, VEC>(src, (long long)i[a] * D + d0, x[a]);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g[a], x[a][q], acc[q]);
+        }
+        gsum += (g[0] + g[1]) + (g[2] + g[3]);
+    }
+    for (; k < n; k += GATHER_WARPS) {
+        const u64 rec = recs[step * (long long)(s + k)];
+        const u32 i = (u32)rec;
+        const float g = __uint_as_float((u32)(rec >> 32));
+        if (ok) {
+            float x[VEC];
+            load_vec<DT, VEC>(src, (long long)i * D + d0, x);
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g, x[q], acc[q]);
+        }
+        gsum += g;
+    }
+    // Fixed-order sum of the warps' partial rows (deterministic).
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) part[warp][lane * VEC + q] = acc[q];
+    if (lane == 0) gpart[warp] = gsum;
+    __syncthreads();
+    if (warp == 0) {
+        float tot[VEC];
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+            float t = 0.0f;
+            for (int w = 0; w < GATHER_WARPS; ++w) t += part[w][lane * VEC + q];
+            tot[q] = t;
+        }
+        if (ok) store_vec<OT, VEC>(out, r * D + d0, tot);
+        if (sum_out && blockIdx.y == 0 && lane == 0) {
+            float t = 0.0f;
+            for (int w = 0; w < GATHER_WARPS; ++w) t += gpart[w];
+            Elem<OT>::store(sum_out, r, t);
+        }
+    }
+}
+
+// Record range of output row r.
+__device__ __forceinline__ u32 gather_count(const u32* __restrict__ off,
+                                            const u32* __restrict__ cnt, long long r, u32 s) {
+    if (cnt) {
+        u32 n = cnt[r];
+        return n == SPARSE_OVERFLOW ? 0u : n;
+    }
+    return off[r + 1] - s;
+}
+
+// A block per output row (grid.x = R).
+template <int DT, int OT, int VEC>
 __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
                                               const u32* __restrict__ cnt,
                                               const u64* __restrict__ recs, long long step,
                                               const void* __restrict__ src, long long D,
-                                              void* __restrict__ out, void* __restrict__ sum_out,
-                                              long long R) {
+                                              void* __restrict__ out, void* __restrict__ sum_out) {
+    __shared__ float part[GATHER_WARPS][32 * VEC];
+    __shared__ float gpart[GATHER_WARPS];
+    const long long r = blockIdx.x;
+    const u32 s = off[r];
+    gather_row<DT, OT, VEC>(r, s, gather_count(off, cnt, r, s), recs, step, src, D, out,
+                            sum_out, part, gpart);
+}
+
+// Row blocks striding over the R output rows (d_c of peaked data: most classes have no
+// record); a row without records is written as zeros by warp 0 alone.
+template <int DT, int OT, int VEC>
+__device__ __forceinline__ void sparse_gather_strided(
+    const u32* __restrict__ off, const u32* __restrict__ cnt, const u64* __restrict__ recs,
+    long long step, const void* __restrict__ src, long long D, void* __restrict__ out,
+    void* __restrict__ sum_out, long long R) {
     __shared__ float part[GATHER_WARPS][32 * VEC];
     __shared__ float gpart[GATHER_WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
-    const bool ok = d0 < D;
     for (long long r = blockIdx.x; r < R; r += gridDim.x) {
         const u32 s = off[r];
-        u32 n;
-        if (cnt) {
-            n = cnt[r];
-            if (n == SPARSE_OVERFLOW) n = 0;
-        } else {
-            n = off[r + 1] - s;
-        }
+        const u32 n = gather_count(off, cnt, r, s);
         if (n == 0) {  // block-uniform: no barrier is skipped by part of the block
             if (warp == 0) {
                 float z[VEC];
 #pragma unroll
                 for (int q = 0; q < VEC; ++q) z[q] = 0.0f;
-                if (ok) store_vec<OT, VEC>(out, r * D + d0, z);
+                if (d0 < D) store_vec<OT, VEC>(out, r * D + d0, z);
                 if (sum_out && blockIdx.y == 0 && lane == 0) Elem<OT>::store(sum_out, r, 0.0f);
             }
             continue;
         }
-        float acc[VEC];
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
-        float gsum = 0.0f;
-        // Warp w takes records w, w + GATHER_WARPS, ...: a long row's chain of dependent loads is
-        // split GATHER_WARPS ways; 4 records (4 gathered rows) in flight per lane.
-        u32 k = warp;
-        for (; k + 3 * GATHER_WARPS < n; k += 4 * GATHER_WARPS) {
-            u32 i[4];
-            float g[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                u64 rec = recs[step * (long long)(s + k + a * GATHER_WARPS)];
-                i[a] = (u32)rec;
-                g[a] = __uint_as_float((u32)(rec >> 32));
-            }
-            if (ok) {
-                float x[4][VEC];
-#pragma unroll
-                for (int a = 0; a < 4; ++a) load_vec<DT, VEC>(src, (long long)i[a] * D + d0, x[a]);
-#pragma unroll
-                for (int a = 0; a < 4; ++a)
-#pragma unroll
-                    for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g[a], x[a][q], acc[q]);
-            }
-            gsum += (g[0] + g[1]) + (g[2] + g[3]);
-        }
-        for (; k < n; k += GATHER_WARPS) {
-            const u64 rec = recs[step * (long long)(s + k)];
-            const u32 i = (u32)rec;
-            const float g = __uint_as_float((u32)(rec >> 32));
-            if (ok) {
-                float x[VEC];
-                load_vec<DT, VEC>(src, (long long)i * D + d0, x);
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) acc[q] = fmaf(g, x[q], acc[q]);
-            }
-            gsum += g;
-        }
-        // Fixed-order sum of the warps' partial rows (deterministic).
-#pragma unroll
-        for (int q = 0; q < VEC; ++q) part[warp][lane * VEC + q] = acc[q];
-        if (lane == 0) gpart[warp] = gsum;
-        __syncthreads();
-        if (warp == 0) {
-            float tot[VEC];
-#pragma unroll
-            for (int q = 0; q < VEC; ++q) {
-                float t = 0.0f;
-                for (int w = 0; w < GATHER_WARPS; ++w) t += part[w][lane * VEC + q];
-                tot[q] = t;
-            }
-            if (ok) store_vec<OT, VEC>(out, r * D + d0, tot);
-            if (sum_out && blockIdx.y == 0 && lane == 0) {
-                float t = 0.0f;
-                for (int w = 0; w < GATHER_WARPS; ++w) t += gpart[w];
-                Elem<OT>::store(sum_out, r, t);
-            }
-        }
+        gather_row<DT, OT, VEC>(r, s, n, recs, step, src, D, out, sum_out, part, gpart);
         __syncthreads();  // warp 0 has read `part` before the next row writes it
     }
 }
@@ -2186,7 +2226,10 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
         long long D, void *out, void *sum_out, long long R
 #define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
     extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
-        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out, R);            \
+        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME##_s(GATHER_PARAMS) {  \
+        sparse_gather_strided<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out, R);    \
     }
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)

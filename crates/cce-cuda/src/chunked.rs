@@ -86,10 +86,11 @@ const GC_THREADS: u32 = 256;
 const GC_ROWS: usize = GC_THREADS as usize / 32;
 const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
-/// Row blocks of a gather launch at most (they stride over the output rows): 2048 x 16 column
-/// blocks at D = 4096 keep every SM busy, where a block per row of d_c (V of them, most without
-/// records on peaked data) cost ~7 ms of block launches at the seed shape.
-const GATHER_MAX_ROW_BLOCKS: u32 = 2048;
+/// Row blocks of a d_c gather whose classes average fewer than [`GATHER_WARPS`] records (they
+/// stride over the classes): on peaked data most classes have none, and a block per class cost
+/// more in block launches than the gathers (seed shape, randn: 6.9 → 4.4 ms; with 41 records
+/// per class, c/8, striding was slower: 14.9 → 17.1 ms, so denser d_c keeps a block per class).
+const GATHER_SPARSE_ROW_BLOCKS: u32 = 2048;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -935,6 +936,7 @@ impl DenseEngine {
             for out in [dt, "f32"] {
                 for v in [1, vec] {
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_s"));
                 }
             }
             if major >= 9 {
@@ -2081,9 +2083,9 @@ impl DenseEngine {
 
     /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
     /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
-    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(min(out rows,
-    /// GATHER_MAX_ROW_BLOCKS), column blocks)`, the row blocks striding over the rows,
-    /// [`GATHER_WARPS`] warps per block.
+    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(row blocks, column
+    /// blocks)`, [`GATHER_WARPS`] warps per block; row blocks = out rows for the plain kernels,
+    /// fewer (striding over the rows) for the `_s` ones.
     ///
     /// # Safety
     /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
@@ -2096,7 +2098,7 @@ impl DenseEngine {
         f: &CudaFunction,
         (off, cnt, recs, step): (u64, u64, u64, i64),
         (src, d, out, sum_out): (u64, i64, u64, u64),
-        (rows, col_blocks): (u32, u32),
+        (rows, row_blocks, col_blocks): (u32, u32, u32),
     ) -> Result<()> {
         let rows_i = rows as i64;
         let mut b = self.stream.launch_builder(f);
@@ -2113,7 +2115,7 @@ impl DenseEngine {
         // as the caller guarantees (# Safety).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (rows.min(GATHER_MAX_ROW_BLOCKS), col_blocks, 1),
+                grid_dim: (row_blocks.clamp(1, rows.max(1)), col_blocks, 1),
                 block_dim: (GATHER_WARPS * 32, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -2218,6 +2220,7 @@ impl DenseEngine {
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
+        let f_gather_s = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_s"))?;
         // Gather blocks: GATHER_WARPS warps per (output row, 32·vec columns).
         let gy = d.div_ceil(32 * vec) as u32;
         let d_i = d as i64;
@@ -2341,7 +2344,7 @@ impl DenseEngine {
                         f_gather,
                         (off_r, cnt_r, recs_last, -1),
                         (a.c, d_i, de_r, 0),
-                        (rows as u32, gy),
+                        (rows as u32, rows as u32, gy),
                     )
                 }?;
                 PhaseTimer::mark(&mut timer, "d_e gather")?;
@@ -2358,6 +2361,11 @@ impl DenseEngine {
             )));
         }
         if a.d_c != 0 {
+            let (f_dc, dc_row_blocks) = if pairs < v as u64 * GATHER_WARPS as u64 {
+                (f_gather_s, GATHER_SPARSE_ROW_BLOCKS)
+            } else {
+                (f_gather, v as u32)
+            };
             let (counts_off, starts_off, end) =
                 cce_core::SparseBackward::class_layout(pairs as usize, v);
             if end + 8 * pairs as usize > scratch {
@@ -2413,10 +2421,10 @@ impl DenseEngine {
             // holds V x D and d_bias V (or 0) of the gradient dtype.
             unsafe {
                 self.gather(
-                    f_gather,
+                    f_dc,
                     (starts, 0, csc, 1),
                     (a.e, d_i, a.d_c, a.d_bias),
-                    (v as u32, gy),
+                    (v as u32, dc_row_blocks, gy),
                 )
             }?;
             PhaseTimer::mark(&mut timer, "d_c gather")?;
