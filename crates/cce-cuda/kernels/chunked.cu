@@ -1353,11 +1353,11 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     const float tau = c.active ? tau_in[r] : 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
-    // Inactive rows: G = 0 (every coefficient is 0 there too; written explicitly).
-    const float cp = c.active ? c.cp : 0.0f, cc = c.active ? c.cc : 0.0f;
+    const float cp = c.cp, cc = c.cc;
     const int yc = (c.active && y >= k0 && y < k0 + K) ? y - k0 : -1;  // target column
     const int K4 = K & ~3;
     auto gval = [&](float x, int j) -> float {
+        if (!c.active) return 0.0f;  // exact zeros, whatever the row's logits or lse
         float xb = x + (bias ? Elem<DT>::load(bias, (long long)k0 + j) : 0.0f);
         float z = cap_z(xb, softcap, inv_cap);
         float p = __expf(z - lse);
@@ -1659,9 +1659,10 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 // Tiling: one block per row. Pass 1 (no block barrier: each warp appends its candidates,
 //   g0 ≥ edge(SEL_CAND_BIN), to its own SEL_CAND / warps slots of shared memory, in its
 //   column-step order) and the fixed-point mass below them; when that mass is ≤ δ (peaked
-//   rows) and every warp's candidates fit, the
-//   histogram of the candidates alone gives τ_i (≥ that edge), else a second read of the row
-//   builds the full histogram (one per warp). Then τ_i and the row's pair count k_i (thread
+//   rows) and every warp's candidates fit, the histogram of the candidates alone gives τ_i
+//   (≥ that edge), else a second read of the row builds the full histogram (one per warp).
+//   A warp owns columns 128w .. 128w + 127 of every 4·T, so its share of a row's candidates is
+//   even unless they crowd into a few ids (then the full read, slower but exact). Then τ_i and the row's pair count k_i (thread
 //   0), one atomic on the counter for the row's offset. Pass 2: the pairs, from the
 //   candidates (warp by warp, in slot order) or from a full re-read (compacted by a block
 //   scan per step); either order is fixed (deterministic within the row).

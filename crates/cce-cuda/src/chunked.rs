@@ -88,7 +88,7 @@ const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
 /// Row blocks of a d_c gather whose classes average fewer than [`GATHER_WARPS`] records (they
 /// stride over the classes): on peaked data most classes have none, and a block per class cost
-/// more in block launches than the gathers (seed shape, randn: 6.9 → 4.4 ms; with 41 records
+/// more in block launches than the gathers (seed shape, randn: 6.9 → 4.3-4.4 ms; with 41 records
 /// per class, c/8, striding was slower: 14.9 → 17.1 ms, so denser d_c keeps a block per class).
 const GATHER_SPARSE_ROW_BLOCKS: u32 = 2048;
 /// Cluster sizes the fused kernel is instantiated for.
@@ -2100,6 +2100,9 @@ impl DenseEngine {
         (src, d, out, sum_out): (u64, i64, u64, u64),
         (rows, row_blocks, col_blocks): (u32, u32, u32),
     ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
         let rows_i = rows as i64;
         let mut b = self.stream.launch_builder(f);
         b.arg(&off)
@@ -2115,7 +2118,7 @@ impl DenseEngine {
         // as the caller guarantees (# Safety).
         unsafe {
             b.launch(LaunchConfig {
-                grid_dim: (row_blocks.clamp(1, rows.max(1)), col_blocks, 1),
+                grid_dim: (row_blocks.clamp(1, rows), col_blocks, 1),
                 block_dim: (GATHER_WARPS * 32, 1, 1),
                 shared_mem_bytes: 0,
             })
