@@ -10,7 +10,7 @@
 //!   forward+backward exact and filtered (randn and c/8 data), CUDA events, median of
 //!   `--iters` after `--warmup`; workspace from `cce_core::Plan` with `--budget-gib`.
 //!
-//! Options: `--row-pass two-pass|fused|fused-cN` (comma list in bench mode), `--shapes
+//! Options (clap; `--help` lists them with their defaults): `--row-pass two-pass|fused|fused-cN` (comma list in bench mode), `--shapes
 //! "N,D,V[,softcap[,budget_gib]];..."`, `--iters 5`, `--warmup 2`, `--budget-gib 8`,
 //! `--strategy chunked,split,split@4` (bench mode; `@G` sets that strategy's budget in GiB,
 //! split dense defaults to 0.5 GiB), `--data randn,c/8,e/8,e/11` (bench mode: e, c ~
@@ -68,78 +68,91 @@ fn row_pass_name(r: RowPass) -> String {
     }
 }
 
+/// Command line (see the module docs for the formats).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "cce-bench-dense",
+    about = "The dense CUDA strategies: compile, check, bench"
+)]
+struct Cli {
+    /// compile | check | bench.
+    #[arg(long, default_value = "check")]
+    mode: String,
+    /// Row passes, comma list: two-pass, fused, fused-cN.
+    #[arg(long, default_value = "two-pass,fused")]
+    row_pass: String,
+    /// Shapes "N,D,V[,softcap[,budget_gib]]", ';'-separated.
+    #[arg(
+        long,
+        default_value = "4096,4096,128256;8192,4096,128256;8192,2304,256000,30;32768,4096,256000"
+    )]
+    shapes: String,
+    /// Timed runs per measurement (median reported).
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// Untimed runs before them.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Workspace budget in GiB where neither the strategy nor the shape gives one.
+    #[arg(long, default_value_t = 8.0)]
+    budget_gib: f64,
+    /// Strategies, comma list: chunked, split, name@GiB.
+    #[arg(long, default_value = "chunked,split")]
+    strategy: String,
+    /// Data sets, comma list: randn, c/8, e/8, e/11.
+    #[arg(long, default_value = "randn,c/8")]
+    data: String,
+}
+
 fn parse_args() -> Res<Args> {
-    let mut a = Args {
-        mode: "check".into(),
-        row_pass: vec![RowPass::TwoPass, RowPass::Fused { cluster: None }],
-        shapes: vec![
-            (4096, 4096, 128256, None, None),
-            (8192, 4096, 128256, None, None),
-            (8192, 2304, 256000, Some(30.0), None),
-            (32768, 4096, 256000, None, None),
-        ],
-        iters: 5,
-        warmup: 2,
-        budget_gib: 8.0,
-        strategies: vec![
-            (StrategyKind::ChunkedDense, None),
-            (StrategyKind::SplitDense, Some(0.5)),
-        ],
-        data: vec!["randn".into(), "c/8".into()],
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < argv.len() {
-        let val = argv.get(i + 1).cloned().unwrap_or_default();
-        match argv[i].as_str() {
-            "--mode" => a.mode = val,
-            "--row-pass" => {
-                a.row_pass = val
-                    .split(',')
-                    .map(parse_row_pass)
-                    .collect::<Res<Vec<_>>>()?
+    let cli = <Cli as clap::Parser>::parse();
+    let shapes = cli
+        .shapes
+        .split(';')
+        .filter(|s| !s.is_empty())
+        .map(|s| -> Res<Shape> {
+            let f: Vec<&str> = s.split(',').collect();
+            if f.len() < 3 {
+                return Err(format!("shape {s:?}: want N,D,V[,softcap[,budget_gib]]").into());
             }
-            "--shapes" => {
-                a.shapes = val
-                    .split(';')
-                    .filter(|s| !s.is_empty())
-                    .map(|s| -> Res<_> {
-                        let f: Vec<&str> = s.split(',').collect();
-                        let cap = f
-                            .get(3)
-                            .and_then(|x| x.parse::<f32>().ok())
-                            .filter(|&x| x > 0.0);
-                        let bud = f.get(4).and_then(|x| x.parse::<f64>().ok());
-                        Ok((f[0].parse()?, f[1].parse()?, f[2].parse()?, cap, bud))
-                    })
-                    .collect::<Res<Vec<_>>>()?
+            let cap = f
+                .get(3)
+                .and_then(|x| x.parse::<f32>().ok())
+                .filter(|&x| x > 0.0);
+            let bud = f.get(4).and_then(|x| x.parse::<f64>().ok());
+            Ok((f[0].parse()?, f[1].parse()?, f[2].parse()?, cap, bud))
+        })
+        .collect::<Res<Vec<_>>>()?;
+    let strategies = cli
+        .strategy
+        .split(',')
+        .map(|x| -> Res<(StrategyKind, Option<f64>)> {
+            let (name, gib) = match x.split_once('@') {
+                Some((a, b)) => (a, Some(b.parse::<f64>()?)),
+                None => (x, None),
+            };
+            match name {
+                "chunked" => Ok((StrategyKind::ChunkedDense, gib)),
+                // Split dense runs within the default budget unless told.
+                "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)))),
+                o => Err(format!("unknown strategy {o}").into()),
             }
-            "--iters" => a.iters = val.parse()?,
-            "--warmup" => a.warmup = val.parse()?,
-            "--budget-gib" => a.budget_gib = val.parse()?,
-            "--strategy" => {
-                a.strategies = val
-                    .split(',')
-                    .map(|x| -> Res<(StrategyKind, Option<f64>)> {
-                        let (name, gib) = match x.split_once('@') {
-                            Some((a, b)) => (a, Some(b.parse::<f64>()?)),
-                            None => (x, None),
-                        };
-                        match name {
-                            "chunked" => Ok((StrategyKind::ChunkedDense, gib)),
-                            // Split dense runs within the default budget unless told.
-                            "split" => Ok((StrategyKind::SplitDense, gib.or(Some(0.5)))),
-                            o => Err(format!("unknown strategy {o}").into()),
-                        }
-                    })
-                    .collect::<Res<Vec<_>>>()?
-            }
-            "--data" => a.data = val.split(',').map(String::from).collect(),
-            x => return Err(format!("unknown argument {x}").into()),
-        }
-        i += 2;
-    }
-    Ok(a)
+        })
+        .collect::<Res<Vec<_>>>()?;
+    Ok(Args {
+        mode: cli.mode,
+        row_pass: cli
+            .row_pass
+            .split(',')
+            .map(parse_row_pass)
+            .collect::<Res<Vec<_>>>()?,
+        shapes,
+        iters: cli.iters,
+        warmup: cli.warmup,
+        budget_gib: cli.budget_gib,
+        strategies,
+        data: cli.data.split(',').map(String::from).collect(),
+    })
 }
 
 fn main() -> Res<()> {
