@@ -76,8 +76,10 @@ pub enum Strategy {
     },
 }
 
-/// Largest class chunk of [`Strategy::SplitDense`]: its class-pass kernel holds a whole row of
-/// the chunk in registers (256 threads x 16 values).
+/// Largest class chunk of [`Strategy::SplitDense`]: the range measured on the H200 (BENCHMARKS.md
+/// "CUDA split dense"). The CUDA class-pass kernel held a whole chunk row in registers (256
+/// threads x 16 values) until session 5; it now streams rows of any length, so the cap is a
+/// tuning bound, not a kernel limit.
 pub const SPLIT_DENSE_MAX_CLASSES: usize = 4096;
 
 /// Device memory a GEMM library keeps for its own use while a dense strategy runs (cuBLAS's

@@ -2599,7 +2599,7 @@ impl DenseEngine {
             return Err(CceError::InvalidOption {
                 name: "chunk_classes",
                 reason: format!(
-                    "{kmax} > {} (the class-pass kernel's row capacity)",
+                    "{kmax} > {} (the plan's largest class chunk, cce_core::plan::SPLIT_DENSE_MAX_CLASSES)",
                     cce_core::plan::SPLIT_DENSE_MAX_CLASSES
                 ),
             });
