@@ -220,43 +220,38 @@ struct Row {
     loss: f32,
 }
 
+/// Command line.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "cce-bench-cuda",
+    about = "The CUDA backend's strategies on the issue's cases"
+)]
+struct Cli {
+    /// Run only the "case mode" labels containing this (repeatable; e.g. "seed-c/8 filtered").
+    #[arg(long)]
+    filter: Vec<String>,
+    /// Timed runs per measurement (median reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Untimed runs before them.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Also write the table to this file.
+    #[arg(long)]
+    out: Option<String>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let mut filters = vec![];
-    let (mut reps, mut warmup, mut out_path) = (5usize, 1usize, None);
-    let mut i = 1;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--filter" => {
-                filters.push(args[i + 1].clone());
-                i += 1;
-            }
-            "--reps" => {
-                reps = args[i + 1].parse().expect("--reps N");
-                i += 1;
-            }
-            "--warmup" => {
-                warmup = args[i + 1].parse().expect("--warmup N");
-                i += 1;
-            }
-            "--out" => {
-                out_path = Some(args[i + 1].clone());
-                i += 1;
-            }
-            "-h" | "--help" => {
-                println!(
-                    "cce-bench-cuda [--filter SUBSTR]... [--reps 5] [--warmup 1] [--out FILE]"
-                );
-                println!(
-                    "cases: {}",
-                    CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")
-                );
-                return;
-            }
-            other => panic!("unknown argument {other}"),
+    let cases = CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", ");
+    let cli = {
+        use clap::{CommandFactory, FromArgMatches};
+        let cmd = Cli::command().after_help(format!("cases: {cases}"));
+        match Cli::from_arg_matches(&cmd.get_matches()) {
+            Ok(c) => c,
+            Err(e) => e.exit(),
         }
-        i += 1;
-    }
+    };
+    let (filters, reps, warmup, out_path) = (cli.filter, cli.reps, cli.warmup, cli.out);
     let be = match CudaBackend::new(0) {
         Ok(b) => b,
         Err(e) => {

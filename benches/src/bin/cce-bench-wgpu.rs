@@ -7,6 +7,7 @@
 //!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl]
 //!                [--configs 8:16,8:32]
 //! ```
+//! (clap: `--help` lists the options with their defaults.)
 //! Data: `randn` (e, c ~ N(0, 1)) and `c/8` (c scaled by 1/8) generated here with uniform
 //! targets; any other name (`lm`, `iid`, ...) is a `cce_data::Distribution`, generated on the
 //! CPU with targets sampled from the softmax.
@@ -35,56 +36,98 @@ struct Args {
     configs: Vec<(u32, u32)>,
 }
 
-fn parse() -> Args {
-    let mut a = Args {
-        shapes: vec!["gemma2".into()],
-        data: vec!["c/8".into(), "randn".into(), "lm".into()],
-        reps: 3,
-        deadline_s: 240.0,
-        dtype: DType::BF16,
-        peak: 67.0,
-        exact: false,
-        out: None,
-        configs: vec![],
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let mut val = || it.next().expect("missing value");
-        match k.as_str() {
-            "--shapes" => a.shapes = val().split(',').map(String::from).collect(),
-            "--data" => a.data = val().split(',').map(String::from).collect(),
-            "--reps" => a.reps = val().parse().unwrap(),
-            "--deadline-s" => a.deadline_s = val().parse().unwrap(),
-            "--dtype" => a.dtype = val().parse().unwrap(),
-            "--peak-tflops" => a.peak = val().parse().unwrap(),
-            "--exact" => a.exact = true,
-            "--out" => a.out = Some(val()),
-            "--configs" => {
-                a.configs = val()
-                    .split(',')
-                    .map(|c| {
-                        let (w, t) = c.split_once(':').expect("wg:tk");
-                        (w.parse().unwrap(), t.parse().unwrap())
-                    })
-                    .collect()
-            }
-            other => panic!("unknown argument {other}"),
-        }
-    }
-    a
+/// Command line (formats in the module docs).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "cce-bench-wgpu",
+    about = "The wgpu backend at named shapes and data"
+)]
+struct Cli {
+    /// Shapes, comma list: gemma2, seed, llama3, small or NxDxV.
+    #[arg(long, default_value = "gemma2")]
+    shapes: String,
+    /// Data, comma list: randn, c/8 or a cce_data distribution (lm, iid, ...).
+    #[arg(long, default_value = "c/8,randn,lm")]
+    data: String,
+    /// Timed runs per measurement.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Stop starting new cases after this many seconds.
+    #[arg(long, default_value_t = 240.0)]
+    deadline_s: f64,
+    /// Input dtype: bf16, f16, f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// fp32 FMA peak of the device in TFLOP/s (67 for the H200).
+    #[arg(long, default_value_t = 67.0)]
+    peak_tflops: f64,
+    /// Exact mode (filter off) instead of the default filter.
+    #[arg(long)]
+    exact: bool,
+    /// Append JSON lines to this file.
+    #[arg(long)]
+    out: Option<String>,
+    /// Kernel configs `wg:tk`, comma list, compared on the first forward.
+    #[arg(long)]
+    configs: Option<String>,
 }
 
-fn shape(name: &str) -> (usize, usize, usize) {
-    match name {
+fn parse() -> Result<Args, String> {
+    let cli = <Cli as clap::Parser>::parse();
+    let list = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
+    let configs = match &cli.configs {
+        None => vec![],
+        Some(c) => c
+            .split(',')
+            .map(|c| {
+                let (w, t) = c
+                    .split_once(':')
+                    .ok_or_else(|| format!("--configs {c:?}: want wg:tk"))?;
+                Ok((
+                    w.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
+                    t.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?,
+    };
+    let shapes = list(&cli.shapes);
+    for s in &shapes {
+        shape(s)?;
+    }
+    Ok(Args {
+        shapes,
+        data: list(&cli.data),
+        reps: cli.reps,
+        deadline_s: cli.deadline_s,
+        dtype: cli
+            .dtype
+            .parse()
+            .map_err(|e| format!("--dtype {:?}: {e}", cli.dtype))?,
+        peak: cli.peak_tflops,
+        exact: cli.exact,
+        out: cli.out,
+        configs,
+    })
+}
+
+fn shape(name: &str) -> Result<(usize, usize, usize), String> {
+    Ok(match name {
         "gemma2" => (8192, 2304, 256000),
         "seed" => (32768, 4096, 256000),
         "llama3" => (8192, 4096, 128256),
         "small" => (2048, 1024, 32000),
         other => {
-            let v: Vec<usize> = other.split('x').map(|x| x.parse().unwrap()).collect();
-            (v[0], v[1], v[2])
+            let v = other
+                .split('x')
+                .map(|x| x.parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("shape {other:?}: {e}"))?;
+            match v[..] {
+                [n, d, v] => (n, d, v),
+                _ => return Err(format!("shape {other:?}: want a name or NxDxV")),
+            }
         }
-    }
+    })
 }
 
 /// `n` normals times `scale` as bf16/f16/f32, generated on all cores (xorshift + Box-Muller).
@@ -132,7 +175,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let args = parse();
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("cce-bench-wgpu: {e}");
+            std::process::exit(2);
+        }
+    };
     let start = Instant::now();
     let mut b = WgpuBackend::new().expect("wgpu backend");
     let mut tuned = args.configs.is_empty();
@@ -151,7 +200,7 @@ fn main() {
         .map(|p| std::fs::File::create(p).expect("out file"));
     let mut table = Vec::new();
     for sname in &args.shapes {
-        let (n, d, v) = shape(sname);
+        let (n, d, v) = shape(sname).expect("shapes are checked by parse()");
         let gemm = 2.0 * n as f64 * v as f64 * d as f64;
         for data in &args.data {
             let left = args.deadline_s - start.elapsed().as_secs_f64();
