@@ -81,7 +81,7 @@ struct Cli {
     /// Row passes, comma list: two-pass, fused, fused-cN.
     #[arg(long, default_value = "two-pass,fused")]
     row_pass: String,
-    /// Shapes "N,D,V[,softcap[,budget_gib]]", ';'-separated.
+    /// Shapes `N,D,V[,softcap[,budget_gib]]`, separated by semicolons.
     #[arg(
         long,
         default_value = "4096,4096,128256;8192,4096,128256;8192,2304,256000,30;32768,4096,256000"
