@@ -142,11 +142,13 @@ impl SparseBackward {
     }
 
     /// Pairs the scratch holds while chunks of `rows` rows run: the records stay clear of the
-    /// logits, and the regrouping by class needs them twice plus `8·(V + 1)` bytes.
+    /// logits, and the regrouping by class needs them twice plus about `12·V` bytes
+    /// ([`SparseBackward::class_layout`]).
     pub fn capacity(&self, rows: usize, v: usize) -> usize {
         let s = self.scratch_bytes;
         let by_rows = s.saturating_sub(Self::logits_bytes(rows, v)) / 8;
-        let by_class = s.saturating_sub(8 * (v + 1) + 1024) / 16;
+        // The regrouping by class (class_layout): 12·V bytes, the scan's counters, alignment.
+        let by_class = s.saturating_sub(12 * (v + 1) + 4 * (v.div_ceil(4096) + 2) + 1024) / 16;
         by_rows.min(by_class).min(u32::MAX as usize - 1)
     }
 
@@ -166,12 +168,15 @@ impl SparseBackward {
     }
 
     /// Byte offsets of the regrouping by class for `pairs` pairs: records (row, G) at 0,
-    /// counts u32 `[V]`, starts u32 `[V + 1]`; and the end, which stays below the row
-    /// records (`scratch_bytes − 8·pairs`) when `pairs ≤ capacity`.
-    pub fn class_layout(pairs: usize, v: usize) -> (usize, usize, usize) {
+    /// counts u32 `[V]` followed by the scan's counters u32 `[2 + ⌈V / 4096⌉]`, starts u32
+    /// `[V + 1]`, the class lists u32 `[V]`; and the end, which stays below the row records
+    /// (`scratch_bytes − 8·pairs`) when `pairs ≤ capacity`. Returns
+    /// `(counts, starts, lists, end)`.
+    pub fn class_layout(pairs: usize, v: usize) -> (usize, usize, usize, usize) {
         let counts = align256(pairs * 8);
-        let starts = counts + align256(v * 4);
-        (counts, starts, starts + (v + 1) * 4)
+        let starts = counts + align256((v + 2 + v.div_ceil(4096)) * 4);
+        let lists = starts + align256((v + 1) * 4);
+        (counts, starts, lists, lists + v * 4)
     }
 
     /// The sparse backward for `N x V` in split dense's `scratch` bytes, growing it up to
@@ -1024,7 +1029,7 @@ mod tests {
                     SparseBackward::logits_bytes(rows, p.v) + 8 * cap <= sp.scratch_bytes
                         || cap == 0
                 );
-                let (_, _, end) = SparseBackward::class_layout(cap, p.v);
+                let (_, _, _, end) = SparseBackward::class_layout(cap, p.v);
                 assert!(
                     end + 8 * cap <= sp.scratch_bytes || cap == 0,
                     "{sp:?} rows {rows} cap {cap}"

@@ -1536,9 +1536,11 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 //       offset taken from a call-wide counter; record k lives at recs_end[−1 − k] (the records
 //       grow down from the end of the scratch, the logits chunk sits at its start);
 //   (4) cce_sparse_gather_* (rows): d_e_i = Σ_k G_ik · c[class_k].
-// After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_scan (first pair
-// of each class), cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
-// increasing order from the start of the scratch), then cce_sparse_gather_* (classes):
+// After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_tile_sums +
+// cce_sparse_scan_tiles (first pair of each class, the light and heavy class lists),
+// cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
+// increasing order from the start of the scratch), then (d_c, d_bias zeroed by the host)
+// cce_sparse_gather_*_l over the light classes and cce_sparse_gather_*_h over the heavy ones:
 // d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
@@ -1550,6 +1552,10 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 #define SPARSE_OVERFLOW 0xfffffffeu /* row_cnt of a row whose pairs did not fit */
 #define GATHER_THREADS 128 /* count and scatter */
 #define GATHER_WARPS 8     /* gather blocks: warps splitting a row's records */
+#define LIGHT_WARPS 8      /* light d_c gather blocks: warps over a class's column slices */
+#define LIGHT_MAX 128      /* records of a light class (held 4 per lane) */
+#define SCAN_TILE 4096     /* classes per scan block */
+#define SCAN_THREADS 256   /* scan blocks: 16 classes per thread */
 
 // Histogram of g0 (fixed point) and of entry counts for the graded bins (g0 in
 // [edge(64), eps)); entries below edge(64) add to the thread's underflow mass `under` (no
@@ -2056,14 +2062,12 @@ SEL_KERNELS(bf16, 2)
 //   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
 //   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
 // Tiling: block (r, y) owns row r of out, columns [y·32·VEC, (y+1)·32·VEC)
-//   (cce_sparse_gather_*); the _s form (a d_c whose classes average < GATHER_WARPS records:
-//   most have none on peaked data, and a block per class cost more in block launches than the
-//   gathers) launches fewer row blocks, each striding over the rows, and writes a row without
-//   records as zeros from warp 0 alone. Either way the block's GATHER_WARPS warps split a
-//   row's records (warp w: records w + k·GATHER_WARPS), each lane holding partial sums of its
-//   VEC columns, then warp 0 adds the warps' partials in a fixed order (deterministic for a
-//   given record order). Splitting keeps a row with many records (flat rows, frequent
-//   classes) from serializing a launch on one long chain of loads.
+//   (cce_sparse_gather_*; d_c's heavy classes: the _h form, row blocks striding over a list).
+//   The block's GATHER_WARPS warps split a row's records (warp w: records w + k·GATHER_WARPS),
+//   each lane holding partial sums of its VEC columns, then warp 0 adds the warps' partials
+//   in a fixed order (deterministic for a given record order). Splitting keeps a row with
+//   many records (flat rows, frequent classes) from serializing a launch on one long chain of
+//   loads. d_c's light classes take the _l form below (no split, no shared memory).
 // Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
@@ -2193,44 +2197,12 @@ __device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
                             sum_out, part, gpart);
 }
 
-// Row blocks striding over the R output rows (d_c of peaked data: most classes have no
-// record); a row without records is written as zeros by warp 0 alone.
-template <int DT, int OT, int VEC>
-__device__ __forceinline__ void sparse_gather_strided(
-    const u32* __restrict__ off, const u32* __restrict__ cnt, const u64* __restrict__ recs,
-    long long step, const void* __restrict__ src, long long D, void* __restrict__ out,
-    void* __restrict__ sum_out, long long R) {
-    __shared__ float part[GATHER_WARPS][32 * VEC];
-    __shared__ float gpart[GATHER_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
-    for (long long r = blockIdx.x; r < R; r += gridDim.x) {
-        const u32 s = off[r];
-        const u32 n = gather_count(off, cnt, r, s);
-        if (n == 0) {  // block-uniform: no barrier is skipped by part of the block
-            if (warp == 0) {
-                float z[VEC];
-#pragma unroll
-                for (int q = 0; q < VEC; ++q) z[q] = 0.0f;
-                if (d0 < D) store_vec<OT, VEC>(out, r * D + d0, z);
-                if (sum_out && blockIdx.y == 0 && lane == 0) Elem<OT>::store(sum_out, r, 0.0f);
-            }
-            continue;
-        }
-        gather_row<DT, OT, VEC>(r, s, n, recs, step, src, D, out, sum_out, part, gpart);
-        __syncthreads();  // warp 0 has read `part` before the next row writes it
-    }
-}
-
 #define GATHER_PARAMS                                                                         \
     const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
         long long D, void *out, void *sum_out, long long R
 #define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
     extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
         sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
-    }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME##_s(GATHER_PARAMS) {  \
-        sparse_gather_strided<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out, R);    \
     }
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
 GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
@@ -2245,10 +2217,12 @@ GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
 
 // Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), recs_end
 // (the row records, record k at recs_end[−1 − k]); counts u32 [V] (zeroed before
-// cce_sparse_count); starts u32 [V + 1]; csc u64 [pairs] the class records (row | G << 32),
-// grouped by class (order within a class: arrival, not deterministic).
-// Tiling: count and scatter: one block per row, threads stride over its pairs; scan: one block
-//   of 1024 threads, thread t owns a contiguous range of classes.
+// cce_sparse_count); ctr u32 [2 + ceil(V / SCAN_TILE)] (light and heavy class counts, zeroed
+// with counts; then the tile sums); starts u32 [V + 1]; list u32 [V] (the class lists);
+// csc u64 [pairs] the class records (row | G << 32), grouped by class (order within a class:
+// arrival, not deterministic).
+// Tiling: count and scatter: one block per row, threads stride over its pairs; the scan: see
+//   cce_sparse_tile_sums.
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
     const u32* row_off, const u32* row_cnt, const u64* recs_end, u32* counts) {
     const long long r = blockIdx.x;
@@ -2259,33 +2233,190 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
         atomicAdd(&counts[(u32)recs_end[-1 - (long long)(s + k)]], 1u);
 }
 
-extern "C" __global__ void __launch_bounds__(1024) cce_sparse_scan(u32* counts, u32* starts,
-                                                                   int V) {
+// The scan over classes, in two launches of SCAN_TILE-class tiles (one block of SCAN_THREADS
+// per tile, thread t owning the tile's 16 consecutive classes 16t .. 16t + 15):
+// cce_sparse_tile_sums writes tile b's record count to ctr[2 + b]; cce_sparse_scan_tiles adds
+// the earlier tiles' sums to its block scan, writes starts, zeroes counts (the fill counter
+// of cce_sparse_scatter) and lists the classes with records for the d_c gathers: those with
+// at most LIGHT_MAX records from the front of `list` (ctr[0] of them), the rest from its back
+// (ctr[1]), one atomic per block and list (order between blocks: arrival; each class's
+// gradient is computed alone, so the order changes no value). ctr[0], ctr[1] are zeroed with
+// counts before cce_sparse_count.
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_tile_sums(
+    const u32* __restrict__ counts, u32* __restrict__ ctr, int V) {
     __shared__ u32 wsh[33];
-    const int per = (V + 1023) / 1024;
-    const int j0 = min(V, threadIdx.x * per), j1 = min(V, j0 + per);
-    u32 local = 0;
-    for (int j = j0; j < j1; ++j) local += counts[j];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 incl = warp_incl_scan(local);
-    if (lane == 31) wsh[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        u32 w = wsh[lane];
-        u32 wi = warp_incl_scan(w);
-        wsh[lane] = wi - w;
-        if (lane == 31) wsh[32] = wi;
-    }
-    __syncthreads();
-    u32 run = wsh[warp] + incl - local;
-    for (int j = j0; j < j1; ++j) {
-        u32 x = counts[j];
-        starts[j] = run;
-        run += x;
-        counts[j] = 0;  // reused as the fill counter of cce_sparse_scatter
-    }
-    if (threadIdx.x == 0) starts[V] = wsh[32];
+    const long long j0 = (long long)blockIdx.x * SCAN_TILE;
+    u32 s = 0;
+    for (int k = threadIdx.x; k < SCAN_TILE; k += SCAN_THREADS)
+        if (j0 + k < V) s += counts[j0 + k];
+    u32 total;
+    block_excl_scan<SCAN_THREADS>(s, wsh, total);
+    if (threadIdx.x == 0) ctr[2 + blockIdx.x] = total;
 }
+
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles(
+    u32* __restrict__ counts, u32* __restrict__ ctr, u32* __restrict__ starts,
+    u32* __restrict__ list, int V) {
+    __shared__ u32 wsh[33];
+    __shared__ u32 base_sh[2];
+    u32 pre = 0, total;
+    for (u32 k = threadIdx.x; k < blockIdx.x; k += SCAN_THREADS) pre += ctr[2 + k];
+    block_excl_scan<SCAN_THREADS>(pre, wsh, total);
+    pre = total;  // Σ of the earlier tiles
+    const long long j0 = (long long)blockIdx.x * SCAN_TILE + threadIdx.x * 16;
+    u32 x[16];
+    u32 local = 0, nl = 0, nh = 0;
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+        x[q] = j0 + q < V ? counts[j0 + q] : 0u;
+        local += x[q];
+        nl += (x[q] != 0u && x[q] <= LIGHT_MAX) ? 1u : 0u;
+        nh += x[q] > LIGHT_MAX ? 1u : 0u;
+    }
+    u32 run = pre + block_excl_scan<SCAN_THREADS>(local, wsh, total);
+    // Light and heavy list offsets in one scan: at most SCAN_TILE of each per block, < 2^16.
+    u32 lh_tot;
+    const u32 lh = block_excl_scan<SCAN_THREADS>(nl | (nh << 16), wsh, lh_tot);
+    if (threadIdx.x == 0) {
+        base_sh[0] = atomicAdd(&ctr[0], lh_tot & 0xffffu);
+        base_sh[1] = atomicAdd(&ctr[1], lh_tot >> 16);
+    }
+    __syncthreads();
+    u32 pl = base_sh[0] + (lh & 0xffffu), ph = base_sh[1] + (lh >> 16);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+        const long long j = j0 + q;
+        if (j < V) {
+            starts[j] = run;
+            run += x[q];
+            counts[j] = 0u;
+            if (x[q] != 0u && x[q] <= LIGHT_MAX) list[pl++] = (u32)j;
+            if (x[q] > LIGHT_MAX) list[V - 1 - ph++] = (u32)j;
+            if (j == V - 1) starts[V] = run;
+        }
+    }
+}
+
+// d_c of the light classes (1 .. LIGHT_MAX records). Parameters: starts, csc (recs), list,
+// ctr as above; src DT [N, D] (e); out OT [V, D] (d_c); sum_out OT [V] (d_bias) or 0; R = V.
+// Tiling: row blocks of LIGHT_WARPS warps striding over list[0 ..
+// ctr[0]); per class, lane l of every warp holds records l, l + 32, .. (idx, G) in registers;
+// warp w takes the column slices w, w + LIGHT_WARPS, .. (32·VEC columns each) and runs the
+// class's records in order, LIGHT_LOOK gathered rows in flight per lane (no shared memory, no
+// barrier; the sum order is the record order, as in gather_row's single-warp case); warp 0
+// writes d_bias from a fixed shuffle tree. Classes without records are not visited: the host
+// zeroes d_c and d_bias before. Heavy classes (> LIGHT_MAX records) take the _h kernel.
+template <int DT, int OT, int VEC>
+__device__ __forceinline__ void sparse_gather_light(const u32* __restrict__ starts,
+                                                    const u64* __restrict__ recs,
+                                                    const void* __restrict__ src, long long D,
+                                                    void* __restrict__ out,
+                                                    void* __restrict__ sum_out,
+                                                    const u32* __restrict__ list,
+                                                    const u32* __restrict__ ctr) {
+    constexpr int LOOK = VEC >= 8 ? 4 : 8;
+    constexpr int REGS = LIGHT_MAX / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 L = ctr[0];
+    const long long slices = (D + 32 * VEC - 1) / (32 * VEC);
+    for (u32 t = blockIdx.x; t < L; t += gridDim.x) {
+        const u32 r = list[t];
+        const u32 s = starts[r], n = starts[r + 1] - s;
+        u32 idx[REGS];
+        float g[REGS];
+#pragma unroll
+        for (int a = 0; a < REGS; ++a) {
+            const u32 k = lane + 32u * a;
+            u64 rec = k < n ? recs[s + k] : 0ull;
+            idx[a] = (u32)rec;
+            g[a] = __uint_as_float((u32)(rec >> 32));  // 0 past n
+        }
+        if (warp == 0 && sum_out) {
+            float gs = 0.0f;
+#pragma unroll
+            for (int a = 0; a < REGS; ++a) gs += g[a];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) gs += __shfl_xor_sync(FULL_MASK, gs, o);
+            if (lane == 0) Elem<OT>::store(sum_out, r, gs);
+        }
+        for (long long c = warp; c < slices; c += LIGHT_WARPS) {
+            const long long d0 = (c * 32 + lane) * VEC;
+            const bool ok = d0 < D;
+            float acc[VEC];
+#pragma unroll
+            for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
+#pragma unroll
+            for (int a = 0; a < REGS; ++a) {
+                if (32u * a >= n) break;  // warp-uniform
+                const u32 m = min(32u, n - 32u * a);
+                for (u32 k0 = 0; k0 < m; k0 += LOOK) {
+                    float x[LOOK][VEC];
+                    float gg[LOOK];
+#pragma unroll
+                    for (int b = 0; b < LOOK; ++b) {
+                        const u32 i = __shfl_sync(FULL_MASK, idx[a], (k0 + b) & 31);
+                        gg[b] = __shfl_sync(FULL_MASK, g[a], (k0 + b) & 31);
+                        if (ok && k0 + b < m) {
+                            load_vec<DT, VEC>(src, (long long)i * D + d0, x[b]);
+                        } else {
+#pragma unroll
+                            for (int q = 0; q < VEC; ++q) x[b][q] = 0.0f;
+                        }
+                    }
+#pragma unroll
+                    for (int b = 0; b < LOOK; ++b)
+#pragma unroll
+                        for (int q = 0; q < VEC; ++q) acc[q] = fmaf(gg[b], x[b][q], acc[q]);
+                }
+            }
+            if (ok) store_vec<OT, VEC>(out, (long long)r * D + d0, acc);
+        }
+    }
+}
+
+// d_c of the heavy classes (list[V − 1 − t], t < ctr[1]): gather_row's warp split, row blocks
+// striding over the list.
+template <int DT, int OT, int VEC>
+__device__ __forceinline__ void sparse_gather_heavy(const u32* __restrict__ starts,
+                                                    const u64* __restrict__ recs,
+                                                    const void* __restrict__ src, long long D,
+                                                    void* __restrict__ out,
+                                                    void* __restrict__ sum_out,
+                                                    const u32* __restrict__ list,
+                                                    const u32* __restrict__ ctr, long long R) {
+    __shared__ float part[GATHER_WARPS][32 * VEC];
+    __shared__ float gpart[GATHER_WARPS];
+    const u32 H = ctr[1];
+    for (u32 t = blockIdx.x; t < H; t += gridDim.x) {
+        const long long r = list[R - 1 - t];
+        const u32 s = starts[r];
+        gather_row<DT, OT, VEC>(r, s, starts[r + 1] - s, recs, 1, src, D, out, sum_out, part,
+                                gpart);
+        __syncthreads();  // warp 0 has read `part` before the next class writes it
+    }
+}
+
+#define CLASS_GATHER_PARAMS                                                                   \
+    const u32 *starts, const u64 *recs, const void *src, long long D, void *out,             \
+        void *sum_out, const u32 *list, const u32 *ctr, long long R
+#define CLASS_GATHER_KERNEL(NAME, DT, OT, VEC)                                                \
+    extern "C" __global__ void __launch_bounds__(LIGHT_WARPS * 32, 3)                         \
+        NAME##_l(CLASS_GATHER_PARAMS) {                                                       \
+        sparse_gather_light<DT, OT, VEC>(starts, recs, src, D, out, sum_out, list, ctr);      \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME##_h(CLASS_GATHER_PARAMS) { \
+        sparse_gather_heavy<DT, OT, VEC>(starts, recs, src, D, out, sum_out, list, ctr, R);  \
+    }
+CLASS_GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
+CLASS_GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
+CLASS_GATHER_KERNEL(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
+CLASS_GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1)
+CLASS_GATHER_KERNEL(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
+CLASS_GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1)
+CLASS_GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
+CLASS_GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1)
+CLASS_GATHER_KERNEL(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
+CLASS_GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
 
 extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_scatter(
     const u32* row_off, const u32* row_cnt, const u64* recs_end, const u32* starts, u32* fill,

@@ -86,11 +86,16 @@ const GC_THREADS: u32 = 256;
 const GC_ROWS: usize = GC_THREADS as usize / 32;
 const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
-/// Row blocks of a d_c gather whose classes average fewer than [`GATHER_WARPS`] records (they
-/// stride over the classes): on peaked data most classes have none, and a block per class cost
-/// more in block launches than the gathers (seed shape, randn: 6.9 → 4.3-4.4 ms; with 41 records
-/// per class, c/8, striding was slower: 14.9 → 17.1 ms, so denser d_c keeps a block per class).
-const GATHER_SPARSE_ROW_BLOCKS: u32 = 2048;
+/// Row blocks of the d_c gathers over the class lists (light: `cce_sparse_gather_*_l`, heavy:
+/// `_h`, times the column blocks); they stride over the classes with records (the rest of d_c
+/// is zeroed by one memset). Heavy classes hold more than 128 records each, so there are few.
+const GATHER_LIGHT_ROW_BLOCKS: u32 = 1024;
+const GATHER_HEAVY_ROW_BLOCKS: u32 = 256;
+/// Threads of a light d_c gather block (`LIGHT_WARPS` in chunked.cu).
+const GATHER_LIGHT_THREADS: u32 = 256;
+/// Classes per scan block (`SCAN_TILE`) and its threads (`SCAN_THREADS`).
+const SCAN_TILE: usize = 4096;
+const SCAN_THREADS: u32 = 256;
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
@@ -936,7 +941,8 @@ impl DenseEngine {
             for out in [dt, "f32"] {
                 for v in [1, vec] {
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_s"));
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_l"));
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_h"));
                 }
             }
             if major >= 9 {
@@ -955,7 +961,8 @@ impl DenseEngine {
             "cce_dense_bwd_f16s_f16",
             "cce_dense_bwd_f16s_bf16",
             "cce_sparse_count",
-            "cce_sparse_scan",
+            "cce_sparse_tile_sums",
+            "cce_sparse_scan_tiles",
             "cce_sparse_scatter",
         ] {
             names.push(n.into());
@@ -2084,8 +2091,8 @@ impl DenseEngine {
     /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
     /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
     /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(row blocks, column
-    /// blocks)`, [`GATHER_WARPS`] warps per block; row blocks = out rows for the plain kernels,
-    /// fewer (striding over the rows) for the `_s` ones.
+    /// blocks)`, [`GATHER_WARPS`] warps per block, row blocks ≤ out rows (a block per row when
+    /// equal).
     ///
     /// # Safety
     /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
@@ -2223,7 +2230,8 @@ impl DenseEngine {
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
-        let f_gather_s = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_s"))?;
+        let f_gather_l = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_l"))?;
+        let f_gather_h = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_h"))?;
         // Gather blocks: GATHER_WARPS warps per (output row, 32·vec columns).
         let gy = d.div_ceil(32 * vec) as u32;
         let d_i = d as i64;
@@ -2355,6 +2363,7 @@ impl DenseEngine {
             r0 += rows;
         }
         let (pairs, over, _) = self.sparse_ctl(ws)?;
+        let mut dc_lists = String::new();
         if over {
             return Ok(Err((
                 format!(
@@ -2364,12 +2373,7 @@ impl DenseEngine {
             )));
         }
         if a.d_c != 0 {
-            let (f_dc, dc_row_blocks) = if pairs < v as u64 * GATHER_WARPS as u64 {
-                (f_gather_s, GATHER_SPARSE_ROW_BLOCKS)
-            } else {
-                (f_gather, v as u32)
-            };
-            let (counts_off, starts_off, end) =
+            let (counts_off, starts_off, lists_off, end) =
                 cce_core::SparseBackward::class_layout(pairs as usize, v);
             if end + 8 * pairs as usize > scratch {
                 return Err(CceError::InvalidOption {
@@ -2377,10 +2381,13 @@ impl DenseEngine {
                     reason: format!("{pairs} pairs leave no room to regroup them by class"),
                 });
             }
-            let (counts, starts) = (base + counts_off as u64, base + starts_off as u64);
+            let counts = base + counts_off as u64;
+            let ctr = counts + (v * 4) as u64;
+            let (starts, lists) = (base + starts_off as u64, base + lists_off as u64);
             let csc = base;
             {
-                let mut view = ws.logits.slice_mut(counts_off..counts_off + v * 4);
+                // counts and the two list counters after them.
+                let mut view = ws.logits.slice_mut(counts_off..counts_off + (v + 2) * 4);
                 self.stream.memset_zeros(&mut view).map_err(drv)?;
             }
             let rows_cfg = LaunchConfig {
@@ -2395,17 +2402,25 @@ impl DenseEngine {
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "count by class")?;
             let v_i = v as i32;
-            let mut b = self.stream.launch_builder(self.func("cce_sparse_scan")?);
-            b.arg(&counts).arg(&starts).arg(&v_i);
-            // SAFETY: matches cce_sparse_scan; counts V u32, starts V + 1 u32 (layout).
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (1, 1, 1),
-                    block_dim: (1024, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(drv)?;
+            let scan_cfg = LaunchConfig {
+                grid_dim: (v.div_ceil(SCAN_TILE) as u32, 1, 1),
+                block_dim: (SCAN_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self
+                .stream
+                .launch_builder(self.func("cce_sparse_tile_sums")?);
+            b.arg(&counts).arg(&ctr).arg(&v_i);
+            // SAFETY: matches cce_sparse_tile_sums; counts V u32, ctr 2 + ⌈V / SCAN_TILE⌉ u32
+            // (class_layout), one block per tile.
+            unsafe { b.launch(scan_cfg) }.map_err(drv)?;
+            let mut b = self
+                .stream
+                .launch_builder(self.func("cce_sparse_scan_tiles")?);
+            b.arg(&counts).arg(&ctr).arg(&starts).arg(&lists).arg(&v_i);
+            // SAFETY: matches cce_sparse_scan_tiles; the tile sums were written by the launch
+            // above (stream order); starts V + 1 u32 and lists V u32 (class_layout).
+            unsafe { b.launch(scan_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scan")?;
             let mut b = self.stream.launch_builder(self.func("cce_sparse_scatter")?);
             b.arg(&row_off)
@@ -2419,24 +2434,77 @@ impl DenseEngine {
             // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            // SAFETY: cnt = 0: counts from starts[V + 1] (scan above, stream order); the class
-            // records grow up from `csc`; rows are < N, so gathered rows lie in e [N, D]; d_c
-            // holds V x D and d_bias V (or 0) of the gradient dtype.
+            // Classes without records: zeros (the gathers below visit only listed classes).
+            // SAFETY: d_c holds V x D and d_bias (or 0) V elements of the gradient dtype.
             unsafe {
-                self.gather(
-                    f_dc,
-                    (starts, 0, csc, 1),
-                    (a.e, d_i, a.d_c, a.d_bias),
-                    (v as u32, dc_row_blocks, gy),
+                cudarc::driver::result::memset_d8_async(
+                    a.d_c,
+                    0,
+                    v * d * osz,
+                    self.stream.cu_stream(),
                 )
-            }?;
+                .map_err(drv)?;
+                if a.d_bias != 0 {
+                    cudarc::driver::result::memset_d8_async(
+                        a.d_bias,
+                        0,
+                        v * osz,
+                        self.stream.cu_stream(),
+                    )
+                    .map_err(drv)?;
+                }
+            }
+            PhaseTimer::mark(&mut timer, "d_c zero")?;
+            let v_ll = v as i64;
+            for (f, threads, (gx, gy_k)) in [
+                (
+                    f_gather_l,
+                    GATHER_LIGHT_THREADS,
+                    (GATHER_LIGHT_ROW_BLOCKS, 1),
+                ),
+                (f_gather_h, GATHER_WARPS * 32, (GATHER_HEAVY_ROW_BLOCKS, gy)),
+            ] {
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&starts)
+                    .arg(&csc)
+                    .arg(&a.e)
+                    .arg(&d_i)
+                    .arg(&a.d_c)
+                    .arg(&a.d_bias)
+                    .arg(&lists)
+                    .arg(&ctr)
+                    .arg(&v_ll);
+                // SAFETY: matches CLASS_GATHER_PARAMS in chunked.cu; the lists name classes
+                // < V whose records (starts, scan above) lie in csc and hold rows < N, so
+                // gathered rows lie in e [N, D]; d_c V x D, d_bias V (or 0), gradient dtype.
+                unsafe {
+                    b.launch(LaunchConfig {
+                        grid_dim: (gx.min(v as u32), gy_k, 1),
+                        block_dim: (threads, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
+                }
+                .map_err(drv)?;
+            }
             PhaseTimer::mark(&mut timer, "d_c gather")?;
+            if timer.is_some() {
+                // Profile only: the light and heavy class counts (one more host sync).
+                let mut host = [0u8; 8];
+                let off = counts_off + v * 4;
+                self.stream
+                    .memcpy_dtoh(&ws.logits.slice(off..off + 8), &mut host[..])
+                    .map_err(drv)?;
+                self.stream.synchronize().map_err(drv)?;
+                let word =
+                    |i: usize| u32::from_le_bytes([host[i], host[i + 1], host[i + 2], host[i + 3]]);
+                dc_lists = format!(", d_c over {} light + {} heavy classes", word(0), word(4));
+            }
         }
         if timer.is_some() {
             let (_, _, full) = self.sparse_ctl(ws)?;
             PhaseTimer::report(
                 timer,
-                &format!("sparse backward ({sel_threads}-thread select, {full} of {n} rows re-read in pass 2)"),
+                &format!("sparse backward ({sel_threads}-thread select, {full} of {n} rows re-read in pass 2{dc_lists})"),
             )?;
         }
         Ok(Ok(pairs))

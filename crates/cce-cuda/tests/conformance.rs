@@ -413,7 +413,43 @@ fn filtered_check(
     delta: f32,
     filter_eps: f32,
 ) -> cce_core::CallStats {
-    let case = random_case(rng, n, d, v, dtype, bias, 0.1, logit_std);
+    filtered_check_hot(
+        be,
+        rng,
+        dtype,
+        logit_std,
+        (n, d, v),
+        bias,
+        softcap,
+        delta,
+        filter_eps,
+        0,
+    )
+}
+
+/// [`filtered_check`] with the first `hot_rows` rows' targets on one class (chosen at
+/// random), so that class gathers `hot_rows` records in the sparse backward's `d_c` (above
+/// 128: the heavy-class kernel).
+#[allow(clippy::too_many_arguments)]
+fn filtered_check_hot(
+    be: &CudaBackend,
+    rng: &mut impl Rng,
+    dtype: DType,
+    logit_std: f64,
+    (n, d, v): (usize, usize, usize),
+    bias: bool,
+    softcap: Option<f32>,
+    delta: f32,
+    filter_eps: f32,
+    hot_rows: usize,
+) -> cce_core::CallStats {
+    let mut case = random_case(rng, n, d, v, dtype, bias, 0.1, logit_std);
+    if hot_rows > 0 {
+        let hot = rng.random_range(0..v as i64);
+        let mut t = case.targets.to_i64_vec().unwrap();
+        t.iter_mut().take(hot_rows).for_each(|x| *x = hot);
+        case.targets = HostTensor::from_i64(t);
+    }
     let opts = Options {
         filter_eps: FilterEps::Value(filter_eps),
         max_dropped_mass: delta,
@@ -604,6 +640,25 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
                 s.entries_kept < 2 * active * (v as u64 / 64),
                 "peaked rows keep few entries\n{s}"
             );
+        }
+    }
+    // d_c's class lists: one class with the targets of 600 rows (> 128 records: the heavy
+    // kernel) beside light ones; 16-byte loads (D = 40) and scalar ones (D = 37).
+    for dtype in [DType::F32, DType::BF16] {
+        for d in [40, 37] {
+            let s = filtered_check_hot(
+                &auto(),
+                &mut rng,
+                dtype,
+                30.0,
+                (900, d, 6001),
+                true,
+                None,
+                1e-3,
+                2f32.powi(-12),
+                600,
+            );
+            assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
         }
     }
     // Auto on flat rows: most entries are kept, the dense passes run (and say why).
