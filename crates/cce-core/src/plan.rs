@@ -111,7 +111,14 @@ pub struct SparseBackward {
     /// cheaper than split dense's three tensor-core GEMMs (PERFORMANCE.md "Design space" 4;
     /// `V / SPARSE_PAY_DIVISOR`, at least 1).
     pub max_mean_kept: usize,
+    /// Bytes of the column band of `c` the `d_e` gather reads at a time
+    /// ([`SparseBackward::gather_lanes`]; default [`SPARSE_GATHER_BAND_BYTES`]).
+    pub band_bytes: usize,
 }
+
+/// Default [`SparseBackward::band_bytes`]: about half of an H100/H200 L2 (50 MB), so that the
+/// band a gather reads stays cached beside the records streaming through.
+pub const SPARSE_GATHER_BAND_BYTES: usize = 24 << 20;
 
 /// [`SparseBackward::max_mean_kept`] is `V / SPARSE_PAY_DIVISOR`. With 16-bit inputs a row's
 /// sparse backward reads `2·k·D·2` bytes of gathered rows (at an effective ~2-3 TB/s on an
@@ -147,8 +154,7 @@ impl SparseBackward {
     pub fn capacity(&self, rows: usize, v: usize) -> usize {
         let s = self.scratch_bytes;
         let by_rows = s.saturating_sub(Self::logits_bytes(rows, v)) / 8;
-        // The regrouping by class (class_layout): 12·V bytes, the scan's counters, alignment.
-        let by_class = s.saturating_sub(12 * (v + 1) + 4 * (v.div_ceil(4096) + 2) + 1024) / 16;
+        let by_class = s.saturating_sub(Self::class_bytes(v)) / 16;
         by_rows.min(by_class).min(u32::MAX as usize - 1)
     }
 
@@ -167,12 +173,34 @@ impl SparseBackward {
         rows.min(self.max_rows).min(n).max(probe)
     }
 
+    /// Bytes the regrouping by class needs besides its `16·pairs` (the class records and the
+    /// row records): counts, the scan's counters, starts and the class lists
+    /// ([`SparseBackward::class_layout`]), with their alignment.
+    pub fn class_bytes(v: usize) -> usize {
+        12 * (v + 1) + 4 * (v.div_ceil(4096) + 2) + 1024
+    }
+
+    /// Lanes per row slice of the `d_e` gather (32, 16, 8 or 4; a slice is `lanes · vec`
+    /// columns): the most whose column band of `c`, `V · lanes · vec` elements of
+    /// `elem_bytes`, fits in [`SparseBackward::band_bytes`] (4 when none does); 32 when
+    /// `vec == 1` (unaligned rows, scalar loads).
+    pub fn gather_lanes(&self, v: usize, vec: usize, elem_bytes: usize) -> usize {
+        if vec == 1 {
+            return 32;
+        }
+        [32, 16, 8, 4]
+            .into_iter()
+            .find(|&l| v * l * vec * elem_bytes <= self.band_bytes)
+            .unwrap_or(4)
+    }
+
     /// Byte offsets of the regrouping by class for `pairs` pairs: records (row, G) at 0,
     /// counts u32 `[V]` followed by the scan's counters u32 `[2 + ⌈V / 4096⌉]`, starts u32
     /// `[V + 1]`, the class lists u32 `[V]`; and the end, which stays below the row records
     /// (`scratch_bytes − 8·pairs`) when `pairs ≤ capacity`. Returns
     /// `(counts, starts, lists, end)`.
     pub fn class_layout(pairs: usize, v: usize) -> (usize, usize, usize, usize) {
+        // class_bytes(v) bounds everything past the records (alignment included).
         let counts = align256(pairs * 8);
         let starts = counts + align256((v + 2 + v.div_ceil(4096)) * 4);
         let lists = starts + align256((v + 1) * 4);
@@ -200,7 +228,7 @@ impl SparseBackward {
         .min(n)
         .min(max_rows.max(1));
         let need = |pairs: usize| -> usize {
-            (Self::logits_bytes(probe, v) + 8 * pairs).max(16 * pairs + 8 * (v + 1) + 1024)
+            (Self::logits_bytes(probe, v) + 8 * pairs).max(16 * pairs + Self::class_bytes(v))
         };
         // Room for 1024 pairs per row (or every entry), when the budget has it.
         let target = align256(need((1024 * n).min(n * v)));
@@ -219,6 +247,7 @@ impl SparseBackward {
             // A multiple of 256: the records grow down from its end in 8-byte units.
             scratch_bytes,
             max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
+            band_bytes: SPARSE_GATHER_BAND_BYTES,
         };
         (sp.capacity(sp.probe_rows, v) >= n).then_some(sp)
     }
@@ -915,6 +944,31 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::Strategy;
+
+    #[test]
+    fn gather_lanes_fit_the_band() {
+        let sp = SparseBackward::fit(1 << 29, 1 << 29, 32768, 256000, 128, 384).unwrap();
+        assert_eq!(sp.band_bytes, SPARSE_GATHER_BAND_BYTES);
+        // Seed shape, bf16 (vec 8): 256000 · 4 · 8 · 2 = 16 MB fits, 8 lanes (33 MB) does not.
+        assert_eq!(sp.gather_lanes(256000, 8, 2), 4);
+        assert_eq!(sp.gather_lanes(128256, 8, 2), 8);
+        assert_eq!(sp.gather_lanes(8192, 8, 2), 32);
+        assert_eq!(sp.gather_lanes(3_000_000, 8, 2), 4);
+        assert_eq!(sp.gather_lanes(256000, 1, 2), 32);
+        let tight = SparseBackward {
+            band_bytes: 1,
+            ..sp
+        };
+        assert_eq!(tight.gather_lanes(100, 4, 4), 4);
+        for v in [1usize, 7, 4095, 4096, 4097, 256000] {
+            for pairs in [0usize, 1, 1000] {
+                let (counts, starts, lists, end) = SparseBackward::class_layout(pairs, v);
+                assert!(counts >= 8 * pairs && starts >= counts + 4 * (v + 2 + v.div_ceil(4096)));
+                assert!(lists >= starts + 4 * (v + 1) && end == lists + 4 * v);
+                assert!(end <= 16 * pairs + SparseBackward::class_bytes(v) - 8 * pairs);
+            }
+        }
+    }
     use super::*;
     use crate::tensor::HostTensor;
     use proptest::prelude::{any, prop, prop_assert, proptest, ProptestConfig};

@@ -1535,12 +1535,12 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 //       entries (g0 ≥ τ_i) as 8-byte records (class | G bits << 32), packed per row at an
 //       offset taken from a call-wide counter; record k lives at recs_end[−1 − k] (the records
 //       grow down from the end of the scratch, the logits chunk sits at its start);
-//   (4) cce_sparse_gather_* (rows): d_e_i = Σ_k G_ik · c[class_k].
+//   (4) after the last chunk, cce_sparse_gather_*_b* (rows): d_e_i = Σ_k G_ik · c[class_k].
 // After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_tile_sums +
 // cce_sparse_scan_tiles (first pair of each class, the light and heavy class lists),
 // cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
-// increasing order from the start of the scratch), then (d_c, d_bias zeroed by the host)
-// cce_sparse_gather_*_l over the light classes and cce_sparse_gather_*_h over the heavy ones:
+// increasing order from the start of the scratch), then cce_sparse_gather_*_l over the light
+// classes (≤ LIGHT_MAX records, none included) and cce_sparse_gather_*_h over the heavy ones:
 // d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
@@ -2055,19 +2055,15 @@ SEL_KERNELS(f32, 0)
 SEL_KERNELS(f16, 1)
 SEL_KERNELS(bf16, 2)
 
-// (4) and d_c: out_r = Σ_k G_k · src[idx_k, :] over the records k = s_r .. s_r + n_r − 1,
-// record k = recs[step·k] (idx | G bits << 32), in the gradient dtype OT; sum_out[r] = Σ_k G_k
-// (d_bias) when sum_out ≠ 0.
-// Parameters: off u32 [R (+1)]: s_r; cnt u32 [R]: n_r (SPARSE_OVERFLOW counts as 0), or 0:
-//   n_r = off[r + 1] − off[r]; recs, step: the records (step −1 for the row records, which
-//   grow down, +1 for the class records); src DT [*, D]; out OT [R, D]; sum_out OT [R] or 0.
-// Tiling: block (r, y) owns row r of out, columns [y·32·VEC, (y+1)·32·VEC)
-//   (cce_sparse_gather_*; d_c's heavy classes: the _h form, row blocks striding over a list).
-//   The block's GATHER_WARPS warps split a row's records (warp w: records w + k·GATHER_WARPS),
-//   each lane holding partial sums of its VEC columns, then warp 0 adds the warps' partials
-//   in a fixed order (deterministic for a given record order). Splitting keeps a row with
-//   many records (flat rows, frequent classes) from serializing a launch on one long chain of
-//   loads. d_c's light classes take the _l form below (no split, no shared memory).
+// gather_row (d_c's heavy classes, the _h kernels): out_r = Σ_k G_k · src[idx_k, :] over the
+// records k = s .. s + n − 1, record k = recs[step·k] (idx | G bits << 32), in the gradient
+// dtype OT; sum_out[r] = Σ_k G_k (d_bias) when sum_out ≠ 0. src DT [*, D]; out OT [R, D].
+// Tiling: block (x, y) owns columns [y·32·VEC, (y+1)·32·VEC) of its row. The block's
+//   GATHER_WARPS warps split the row's records (warp w: records w + k·GATHER_WARPS), each
+//   lane holding partial sums of its VEC columns, then warp 0 adds the warps' partials in a
+//   fixed order (deterministic for a given record order). Splitting keeps a row with many
+//   records (frequent classes) from serializing on one long chain of loads. d_c's light
+//   classes (the _l kernels) and d_e (the _b kernels) take warp-per-row forms below.
 // Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
@@ -2172,48 +2168,99 @@ __device__ __forceinline__ void gather_row(long long r, u32 s, u32 n,
     }
 }
 
-// Record range of output row r.
-__device__ __forceinline__ u32 gather_count(const u32* __restrict__ off,
-                                            const u32* __restrict__ cnt, long long r, u32 s) {
-    if (cnt) {
+// d_e after the row pass, over all rows: d_e_r = Σ_k G_k · c[idx_k] over the row's records
+// k < cnt_r (SPARSE_OVERFLOW counts as 0), record k at recs_end[−1 − (off_r + k)].
+// Parameters: off, cnt u32 [R] (the select kernels'); recs_end; src DT [V, D] (c); out OT
+//   [R, D] (d_e); R = N.
+// Tiling: block (x, y) owns the column band y of SUB·VEC columns; its LIGHT_WARPS warps stride
+//   over the rows, a row per warp. Band-major launch order (x fastest) keeps the resident
+//   blocks on one band of c (V · SUB·VEC elements; the host picks SUB so that it fits in L2
+//   with room to spare), so a class's band is read from memory once, not once per record.
+// Thread mapping: lane l = q·SUB + sl owns columns d0 = (y·SUB + sl)·VEC; the 32/SUB lane
+//   groups q split each batch of 32 records (lane l loads record l of the batch; group q
+//   takes records q, q + 32/SUB, ..), up to 4 (VEC = 8) or 8 gathered rows in flight per
+//   lane; the groups' partial sums are added by a fixed xor-shuffle tree, group 0 stores.
+template <int DT, int OT, int VEC, int SUB>
+__device__ __forceinline__ void sparse_gather_rows_banded(const u32* __restrict__ off,
+                                                          const u32* __restrict__ cnt,
+                                                          const u64* __restrict__ recs_end,
+                                                          const void* __restrict__ src,
+                                                          long long D, void* __restrict__ out,
+                                                          long long R) {
+    constexpr int GRP = 32 / SUB;
+    constexpr int LOOK0 = VEC >= 8 ? 4 : 8;
+    constexpr int LOOK = LOOK0 < SUB ? LOOK0 : SUB;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = lane / SUB, sl = lane % SUB;
+    const long long d0 = ((long long)blockIdx.y * SUB + sl) * VEC;
+    const bool ok = d0 < D;
+    for (long long r = (long long)blockIdx.x * LIGHT_WARPS + warp; r < R;
+         r += (long long)gridDim.x * LIGHT_WARPS) {
         u32 n = cnt[r];
-        return n == SPARSE_OVERFLOW ? 0u : n;
+        if (n == SPARSE_OVERFLOW) n = 0;
+        const u32 s = off[r];
+        float acc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[e] = 0.0f;
+        for (u32 k0 = 0; k0 < n; k0 += 32) {
+            const u32 m = min(32u, n - k0);
+            const u64 rec = (u32)lane < m ? recs_end[-1 - (long long)(s + k0 + lane)] : 0ull;
+            const u32 idx = (u32)rec;
+            const float g = __uint_as_float((u32)(rec >> 32));  // 0 past m
+#pragma unroll
+            for (int u0 = 0; u0 < SUB; u0 += LOOK) {
+                if ((u32)(u0 * GRP) >= m) break;  // warp-uniform
+                float x[LOOK][VEC];
+                float gg[LOOK];
+#pragma unroll
+                for (int b = 0; b < LOOK; ++b) {
+                    const int kk = (u0 + b) * GRP + q;  // < 32
+                    const u32 i = __shfl_sync(FULL_MASK, idx, kk);
+                    gg[b] = __shfl_sync(FULL_MASK, g, kk);
+                    if (ok && (u32)kk < m) {
+                        load_vec<DT, VEC>(src, (long long)i * D + d0, x[b]);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e) x[b][e] = 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < LOOK; ++b)
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[e] = fmaf(gg[b], x[b][e], acc[e]);
+            }
+        }
+#pragma unroll
+        for (int o = SUB; o < 32; o <<= 1)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] += __shfl_xor_sync(FULL_MASK, acc[e], o);
+        if (q == 0 && ok) store_vec<OT, VEC>(out, r * D + d0, acc);
     }
-    return off[r + 1] - s;
 }
 
-// A block per output row (grid.x = R).
-template <int DT, int OT, int VEC>
-__device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
-                                              const u32* __restrict__ cnt,
-                                              const u64* __restrict__ recs, long long step,
-                                              const void* __restrict__ src, long long D,
-                                              void* __restrict__ out, void* __restrict__ sum_out) {
-    __shared__ float part[GATHER_WARPS][32 * VEC];
-    __shared__ float gpart[GATHER_WARPS];
-    const long long r = blockIdx.x;
-    const u32 s = off[r];
-    gather_row<DT, OT, VEC>(r, s, gather_count(off, cnt, r, s), recs, step, src, D, out,
-                            sum_out, part, gpart);
-}
-
-#define GATHER_PARAMS                                                                         \
-    const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
-        long long D, void *out, void *sum_out, long long R
-#define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
-    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
-        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
+#define ROWS_GATHER_PARAMS                                                                    \
+    const u32 *off, const u32 *cnt, const u64 *recs_end, const void *src, long long D,       \
+        void *out, long long R
+#define ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, SUB)                                            \
+    extern "C" __global__ void __launch_bounds__(LIGHT_WARPS * 32, 3)                         \
+        NAME##_b##SUB(ROWS_GATHER_PARAMS) {                                                   \
+        sparse_gather_rows_banded<DT, OT, VEC, SUB>(off, cnt, recs_end, src, D, out, R);     \
     }
-GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
-GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
-GATHER_KERNEL(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
-GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1)
-GATHER_KERNEL(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
-GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1)
-GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
-GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1)
-GATHER_KERNEL(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
-GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
+#define ROWS_GATHER_KERNELS(NAME, DT, OT, VEC)                                                \
+    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 32)                                                 \
+    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 16)                                                 \
+    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 8)                                                  \
+    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 4)
+ROWS_GATHER_KERNELS(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
+ROWS_GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1, 32)
+ROWS_GATHER_KERNELS(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1, 32)
+ROWS_GATHER_KERNELS(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1, 32)
+ROWS_GATHER_KERNELS(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1, 32)
+ROWS_GATHER_KERNELS(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1, 32)
 
 // Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), recs_end
 // (the row records, record k at recs_end[−1 − k]); counts u32 [V] (zeroed before
@@ -2237,9 +2284,9 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
 // per tile, thread t owning the tile's 16 consecutive classes 16t .. 16t + 15):
 // cce_sparse_tile_sums writes tile b's record count to ctr[2 + b]; cce_sparse_scan_tiles adds
 // the earlier tiles' sums to its block scan, writes starts, zeroes counts (the fill counter
-// of cce_sparse_scatter) and lists the classes with records for the d_c gathers: those with
-// at most LIGHT_MAX records from the front of `list` (ctr[0] of them), the rest from its back
-// (ctr[1]), one atomic per block and list (order between blocks: arrival; each class's
+// of cce_sparse_scatter) and lists every class for the d_c gathers: those with at most
+// LIGHT_MAX records (none included) from the front of `list` (ctr[0] of them), the rest from
+// its back (ctr[1]), one atomic per block and list (order between blocks: arrival; each class's
 // gradient is computed alone, so the order changes no value). ctr[0], ctr[1] are zeroed with
 // counts before cce_sparse_count.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_tile_sums(
@@ -2270,7 +2317,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles
     for (int q = 0; q < 16; ++q) {
         x[q] = j0 + q < V ? counts[j0 + q] : 0u;
         local += x[q];
-        nl += (x[q] != 0u && x[q] <= LIGHT_MAX) ? 1u : 0u;
+        nl += x[q] <= LIGHT_MAX ? 1u : 0u;
         nh += x[q] > LIGHT_MAX ? 1u : 0u;
     }
     u32 run = pre + block_excl_scan<SCAN_THREADS>(local, wsh, total);
@@ -2290,22 +2337,24 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles
             starts[j] = run;
             run += x[q];
             counts[j] = 0u;
-            if (x[q] != 0u && x[q] <= LIGHT_MAX) list[pl++] = (u32)j;
+            if (x[q] <= LIGHT_MAX) list[pl++] = (u32)j;
             if (x[q] > LIGHT_MAX) list[V - 1 - ph++] = (u32)j;
             if (j == V - 1) starts[V] = run;
         }
     }
 }
 
-// d_c of the light classes (1 .. LIGHT_MAX records). Parameters: starts, csc (recs), list,
+// d_c of the light classes (0 .. LIGHT_MAX records). Parameters: starts, csc (recs), list,
 // ctr as above; src DT [N, D] (e); out OT [V, D] (d_c); sum_out OT [V] (d_bias) or 0; R = V.
-// Tiling: row blocks of LIGHT_WARPS warps striding over list[0 ..
-// ctr[0]); per class, lane l of every warp holds records l, l + 32, .. (idx, G) in registers;
-// warp w takes the column slices w, w + LIGHT_WARPS, .. (32·VEC columns each) and runs the
-// class's records in order, LIGHT_LOOK gathered rows in flight per lane (no shared memory, no
-// barrier; the sum order is the record order, as in gather_row's single-warp case); warp 0
-// writes d_bias from a fixed shuffle tree. Classes without records are not visited: the host
-// zeroes d_c and d_bias before. Heavy classes (> LIGHT_MAX records) take the _h kernel.
+// Tiling: block (x, y) owns the column slice y (32·VEC columns); its LIGHT_WARPS warps stride
+//   over list[0 .. ctr[0]), a class per warp. Slice-major launch order (x fastest) keeps the
+//   resident blocks on one column band of e (N · 32·VEC elements: 16 MB at N = 32768, D-slice
+//   256 bf16), which stays in L2 while every class gathers from it.
+// Thread mapping: per class, lane l holds records l, l + 32, .. (idx, G) in registers and the
+//   VEC columns d0 = (y·32 + l)·VEC; the warp runs the class's records in order, LOOK (4 for
+//   VEC = 8, else 8) gathered rows in flight per lane (no shared memory, no barrier; the sum order is the
+//   record order); a class without records is written as zeros. Slice 0 writes d_bias from a
+//   fixed shuffle tree. Heavy classes (> LIGHT_MAX records) take the _h kernel.
 template <int DT, int OT, int VEC>
 __device__ __forceinline__ void sparse_gather_light(const u32* __restrict__ starts,
                                                     const u64* __restrict__ recs,
@@ -2318,8 +2367,9 @@ __device__ __forceinline__ void sparse_gather_light(const u32* __restrict__ star
     constexpr int REGS = LIGHT_MAX / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 L = ctr[0];
-    const long long slices = (D + 32 * VEC - 1) / (32 * VEC);
-    for (u32 t = blockIdx.x; t < L; t += gridDim.x) {
+    const long long d0 = ((long long)blockIdx.y * 32 + lane) * VEC;
+    const bool ok = d0 < D;
+    for (u32 t = blockIdx.x * LIGHT_WARPS + warp; t < L; t += gridDim.x * LIGHT_WARPS) {
         const u32 r = list[t];
         const u32 s = starts[r], n = starts[r + 1] - s;
         u32 idx[REGS];
@@ -2331,7 +2381,7 @@ __device__ __forceinline__ void sparse_gather_light(const u32* __restrict__ star
             idx[a] = (u32)rec;
             g[a] = __uint_as_float((u32)(rec >> 32));  // 0 past n
         }
-        if (warp == 0 && sum_out) {
+        if (blockIdx.y == 0 && sum_out) {
             float gs = 0.0f;
 #pragma unroll
             for (int a = 0; a < REGS; ++a) gs += g[a];
@@ -2339,38 +2389,34 @@ __device__ __forceinline__ void sparse_gather_light(const u32* __restrict__ star
             for (int o = 16; o > 0; o >>= 1) gs += __shfl_xor_sync(FULL_MASK, gs, o);
             if (lane == 0) Elem<OT>::store(sum_out, r, gs);
         }
-        for (long long c = warp; c < slices; c += LIGHT_WARPS) {
-            const long long d0 = (c * 32 + lane) * VEC;
-            const bool ok = d0 < D;
-            float acc[VEC];
+        float acc[VEC];
 #pragma unroll
-            for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
+        for (int q = 0; q < VEC; ++q) acc[q] = 0.0f;
 #pragma unroll
-            for (int a = 0; a < REGS; ++a) {
-                if (32u * a >= n) break;  // warp-uniform
-                const u32 m = min(32u, n - 32u * a);
-                for (u32 k0 = 0; k0 < m; k0 += LOOK) {
-                    float x[LOOK][VEC];
-                    float gg[LOOK];
+        for (int a = 0; a < REGS; ++a) {
+            if (32u * a >= n) break;  // warp-uniform
+            const u32 m = min(32u, n - 32u * a);
+            for (u32 k0 = 0; k0 < m; k0 += LOOK) {
+                float x[LOOK][VEC];
+                float gg[LOOK];
 #pragma unroll
-                    for (int b = 0; b < LOOK; ++b) {
-                        const u32 i = __shfl_sync(FULL_MASK, idx[a], (k0 + b) & 31);
-                        gg[b] = __shfl_sync(FULL_MASK, g[a], (k0 + b) & 31);
-                        if (ok && k0 + b < m) {
-                            load_vec<DT, VEC>(src, (long long)i * D + d0, x[b]);
-                        } else {
+                for (int b = 0; b < LOOK; ++b) {
+                    const u32 i = __shfl_sync(FULL_MASK, idx[a], (k0 + b) & 31);
+                    gg[b] = __shfl_sync(FULL_MASK, g[a], (k0 + b) & 31);
+                    if (ok && k0 + b < m) {
+                        load_vec<DT, VEC>(src, (long long)i * D + d0, x[b]);
+                    } else {
 #pragma unroll
-                            for (int q = 0; q < VEC; ++q) x[b][q] = 0.0f;
-                        }
+                        for (int q = 0; q < VEC; ++q) x[b][q] = 0.0f;
                     }
-#pragma unroll
-                    for (int b = 0; b < LOOK; ++b)
-#pragma unroll
-                        for (int q = 0; q < VEC; ++q) acc[q] = fmaf(gg[b], x[b][q], acc[q]);
                 }
+#pragma unroll
+                for (int b = 0; b < LOOK; ++b)
+#pragma unroll
+                    for (int q = 0; q < VEC; ++q) acc[q] = fmaf(gg[b], x[b][q], acc[q]);
             }
-            if (ok) store_vec<OT, VEC>(out, (long long)r * D + d0, acc);
         }
+        if (ok) store_vec<OT, VEC>(out, (long long)r * D + d0, acc);
     }
 }
 

@@ -11,9 +11,10 @@
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
-//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
-//! by gathering rows of `c`; then the records regrouped by class and `d_c`, `d_bias` by
-//! gathering rows of `e`. One logits GEMM, two host syncs (after the first chunk, whose density
+//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records; then
+//! `d_e` by gathering rows of `c` (all rows in one launch, one L2-sized column band of `c` at
+//! a time), the records regrouped by class and `d_c`, `d_bias` by gathering rows of `e` (one
+//! column band of `e` at a time). One logits GEMM, two host syncs (after the first chunk, whose density
 //! decides, and after the row pass). When the first chunk keeps more than `max_mean_kept`
 //! entries per row or the records would outgrow the scratch, the dense passes run instead and
 //! the backward's `plan_reason` says why. Not deterministic (the regrouping by class uses
@@ -87,12 +88,15 @@ const GC_ROWS: usize = GC_THREADS as usize / 32;
 const GATHER_THREADS: u32 = 128;
 const GATHER_WARPS: u32 = 8;
 /// Row blocks of the d_c gathers over the class lists (light: `cce_sparse_gather_*_l`, heavy:
-/// `_h`, times the column blocks); they stride over the classes with records (the rest of d_c
-/// is zeroed by one memset). Heavy classes hold more than 128 records each, so there are few.
+/// `_h`, times the column blocks); they stride over the lists, which hold every class (one
+/// without records is written as zeros). Heavy classes hold more than 128 records each, so
+/// there are few.
 const GATHER_LIGHT_ROW_BLOCKS: u32 = 1024;
 const GATHER_HEAVY_ROW_BLOCKS: u32 = 256;
-/// Threads of a light d_c gather block (`LIGHT_WARPS` in chunked.cu).
+/// Threads of a light d_c gather block and of a d_e gather block (`LIGHT_WARPS` in
+/// chunked.cu).
 const GATHER_LIGHT_THREADS: u32 = 256;
+
 /// Classes per scan block (`SCAN_TILE`) and its threads (`SCAN_THREADS`).
 const SCAN_TILE: usize = 4096;
 const SCAN_THREADS: u32 = 256;
@@ -940,7 +944,10 @@ impl DenseEngine {
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
+                    let subs: &[usize] = if v == 1 { &[32] } else { &[32, 16, 8, 4] };
+                    for sub in subs {
+                        names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_b{sub}"));
+                    }
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_l"));
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_h"));
                 }
@@ -2088,52 +2095,6 @@ impl DenseEngine {
         queued.and(joined)
     }
 
-    /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
-    /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
-    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(row blocks, column
-    /// blocks)`, [`GATHER_WARPS`] warps per block, row blocks ≤ out rows (a block per row when
-    /// equal).
-    ///
-    /// # Safety
-    /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
-    /// (and `cnt`) hold a row per output row (`off` one more when `cnt` is 0), every record
-    /// they name lies in the records buffer and holds an index < the rows of `src` (`[*, d]`
-    /// in the input dtype), `out` holds `out rows x d` and `sum_out` (or 0) `out rows` in the
-    /// kernel's output dtype; the records and counts were written earlier on this stream.
-    unsafe fn gather(
-        &self,
-        f: &CudaFunction,
-        (off, cnt, recs, step): (u64, u64, u64, i64),
-        (src, d, out, sum_out): (u64, i64, u64, u64),
-        (rows, row_blocks, col_blocks): (u32, u32, u32),
-    ) -> Result<()> {
-        if rows == 0 {
-            return Ok(());
-        }
-        let rows_i = rows as i64;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&off)
-            .arg(&cnt)
-            .arg(&recs)
-            .arg(&step)
-            .arg(&src)
-            .arg(&d)
-            .arg(&out)
-            .arg(&sum_out)
-            .arg(&rows_i);
-        // SAFETY: argument types and order match GATHER_PARAMS in chunked.cu; the buffers are
-        // as the caller guarantees (# Safety).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (row_blocks.clamp(1, rows), col_blocks, 1),
-                block_dim: (GATHER_WARPS * 32, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(drv)
-        .map(|_| ())
-    }
-
     /// The second stream ([`DenseEngine`]'s `row_stream`), made on first use.
     fn row_stream(&self) -> Result<&Arc<CudaStream>> {
         if let Some(s) = self.row_stream.get() {
@@ -2208,7 +2169,6 @@ impl DenseEngine {
         // Logits chunk at the start; row records grow down from the end (kernels/chunked.cu).
         let l_ptr = base;
         let recs_end = base + scratch as u64;
-        let recs_last = recs_end - 8;
         let row_off = self.ptr(&ws.sparse_rows);
         let row_cnt = row_off + (n * 4) as u64;
         let ctl = self.ptr(&ws.sparse_ctl);
@@ -2229,13 +2189,11 @@ impl DenseEngine {
         })?;
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
-        let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
         let f_gather_l = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_l"))?;
         let f_gather_h = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_h"))?;
-        // Gather blocks: GATHER_WARPS warps per (output row, 32·vec columns).
+        // d_c gather column slices of 32·vec columns.
         let gy = d.div_ceil(32 * vec) as u32;
         let d_i = d as i64;
-        let osz = out_ty.size_bytes();
         let (kept_ptr, dropped_ptr, tau_ptr, flags_ptr, edges_ptr) = (
             self.ptr(&ws.kept),
             self.ptr(&ws.dropped),
@@ -2344,22 +2302,6 @@ impl DenseEngine {
                     )));
                 }
             }
-            if a.d_e != 0 {
-                let de_r = a.d_e + (r0 * d * osz) as u64;
-                // SAFETY: row offsets/counts were written by the select kernel above (stream
-                // order) and index pairs within `cap`, growing down from `recs_last`; classes
-                // are < V, so every gathered row lies in c [V, D]; d_e holds N x D of the
-                // gradient dtype and is offset to the chunk; no d_bias sum.
-                unsafe {
-                    self.gather(
-                        f_gather,
-                        (off_r, cnt_r, recs_last, -1),
-                        (a.c, d_i, de_r, 0),
-                        (rows as u32, rows as u32, gy),
-                    )
-                }?;
-                PhaseTimer::mark(&mut timer, "d_e gather")?;
-            }
             r0 += rows;
         }
         let (pairs, over, _) = self.sparse_ctl(ws)?;
@@ -2371,6 +2313,36 @@ impl DenseEngine {
                 ),
                 0,
             )));
+        }
+        if a.d_e != 0 {
+            // One gather over all rows, band-major: the band of c the resident blocks read
+            // (V · sub·vec elements) stays within the plan's band bytes of L2.
+            let sub = sp.gather_lanes(v, vec, esz);
+            let f = self.func(&format!(
+                "cce_sparse_gather_{code}_{out_code}_v{vec}_b{sub}"
+            ))?;
+            let n_ll = n as i64;
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&row_off)
+                .arg(&row_cnt)
+                .arg(&recs_end)
+                .arg(&a.c)
+                .arg(&d_i)
+                .arg(&a.d_e)
+                .arg(&n_ll);
+            // SAFETY: matches ROWS_GATHER_PARAMS in chunked.cu; row offsets and counts hold N
+            // entries written by the select kernels (stream order), naming pairs within `cap`
+            // that grow down from `recs_end` (no overflow: checked above); classes are < V, so
+            // every gathered row lies in c [V, D]; d_e holds N x D of the gradient dtype.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (GATHER_LIGHT_ROW_BLOCKS, d.div_ceil(sub * vec) as u32, 1),
+                    block_dim: (GATHER_LIGHT_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+            PhaseTimer::mark(&mut timer, "d_e gather")?;
         }
         if a.d_c != 0 {
             let (counts_off, starts_off, lists_off, end) =
@@ -2434,27 +2406,6 @@ impl DenseEngine {
             // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            // Classes without records: zeros (the gathers below visit only listed classes).
-            // SAFETY: d_c holds V x D and d_bias (or 0) V elements of the gradient dtype.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    a.d_c,
-                    0,
-                    v * d * osz,
-                    self.stream.cu_stream(),
-                )
-                .map_err(drv)?;
-                if a.d_bias != 0 {
-                    cudarc::driver::result::memset_d8_async(
-                        a.d_bias,
-                        0,
-                        v * osz,
-                        self.stream.cu_stream(),
-                    )
-                    .map_err(drv)?;
-                }
-            }
-            PhaseTimer::mark(&mut timer, "d_c zero")?;
             let v_ll = v as i64;
             for (f, threads, (gx, gy_k)) in [
                 (

@@ -661,6 +661,29 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
             assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
         }
     }
+    // d_e's narrow column slices (4, 8, 16 lanes), which only large vocabularies take by
+    // default: a small gather band on a small problem.
+    for (dtype, band) in [
+        (DType::BF16, 1),
+        (DType::BF16, 1 << 20),
+        (DType::BF16, 2 << 20),
+        (DType::F32, 1),
+        (DType::F16, 1 << 20),
+    ] {
+        let s = filtered_check_hot(
+            &auto().with_gather_band_bytes(band),
+            &mut rng,
+            dtype,
+            30.0,
+            (700, 40, 6001),
+            true,
+            None,
+            1e-3,
+            2f32.powi(-12),
+            300,
+        );
+        assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
+    }
     // Auto on flat rows: most entries are kept, the dense passes run (and say why).
     for dtype in [DType::F32, DType::BF16] {
         let s = filtered_check(
@@ -705,6 +728,21 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
             );
             assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
         }
+    }
+    // Rows of ~100 records (several 32-record batches) through 4-lane d_e slices.
+    for dtype in [DType::F32, DType::BF16] {
+        let s = filtered_check(
+            &always().with_gather_band_bytes(1),
+            &mut rng,
+            dtype,
+            4.0,
+            (129, 40, 1000),
+            true,
+            None,
+            2e-2,
+            1e-2,
+        );
+        assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
     }
     // Always on flat rows of a long batch: every entry is kept, the pairs outgrow the
     // capacity, and the dense passes run instead.
