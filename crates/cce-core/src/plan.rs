@@ -181,11 +181,12 @@ impl SparseBackward {
     }
 
     /// Lanes per row slice of the `d_e` gather (32, 16, 8 or 4; a slice is `lanes · vec`
-    /// columns): the most whose column band of `c`, `V · lanes · vec` elements of
-    /// `elem_bytes`, fits in [`SparseBackward::band_bytes`] (4 when none does); 32 when
-    /// `vec == 1` (unaligned rows, scalar loads).
-    pub fn gather_lanes(&self, v: usize, vec: usize, elem_bytes: usize) -> usize {
-        if vec == 1 {
+    /// columns) for `pairs` kept pairs: the most whose column band of `c`, `V · lanes · vec`
+    /// elements of `elem_bytes`, fits in [`SparseBackward::band_bytes`] (4 when none does).
+    /// 32 (the fewest slices per row) when the pairs gather a class less than twice on
+    /// average (no reuse for the band to serve) or `vec == 1` (unaligned rows, scalar loads).
+    pub fn gather_lanes(&self, v: usize, vec: usize, elem_bytes: usize, pairs: u64) -> usize {
+        if vec == 1 || pairs < 2 * v as u64 {
             return 32;
         }
         [32, 16, 8, 4]
@@ -950,16 +951,20 @@ mod tests {
         let sp = SparseBackward::fit(1 << 29, 1 << 29, 32768, 256000, 128, 384).unwrap();
         assert_eq!(sp.band_bytes, SPARSE_GATHER_BAND_BYTES);
         // Seed shape, bf16 (vec 8): 256000 · 4 · 8 · 2 = 16 MB fits, 8 lanes (33 MB) does not.
-        assert_eq!(sp.gather_lanes(256000, 8, 2), 4);
-        assert_eq!(sp.gather_lanes(128256, 8, 2), 8);
-        assert_eq!(sp.gather_lanes(8192, 8, 2), 32);
-        assert_eq!(sp.gather_lanes(3_000_000, 8, 2), 4);
-        assert_eq!(sp.gather_lanes(256000, 1, 2), 32);
+        let many = 1u64 << 30;
+        assert_eq!(sp.gather_lanes(256000, 8, 2, many), 4);
+        assert_eq!(sp.gather_lanes(128256, 8, 2, many), 8);
+        assert_eq!(sp.gather_lanes(8192, 8, 2, many), 32);
+        assert_eq!(sp.gather_lanes(3_000_000, 8, 2, many), 4);
+        assert_eq!(sp.gather_lanes(256000, 1, 2, many), 32);
         let tight = SparseBackward {
             band_bytes: 1,
             ..sp
         };
-        assert_eq!(tight.gather_lanes(100, 4, 4), 4);
+        // Peaked data (3 pairs per row at the seed): no class is gathered twice on average.
+        assert_eq!(sp.gather_lanes(256000, 8, 2, 3 * 32768), 32);
+        assert_eq!(sp.gather_lanes(256000, 8, 2, 2 * 256000), 4);
+        assert_eq!(tight.gather_lanes(100, 4, 4, 200), 4);
         for v in [1usize, 7, 4095, 4096, 4097, 256000] {
             for pairs in [0usize, 1, 1000] {
                 let (counts, starts, lists, end) = SparseBackward::class_layout(pairs, v);

@@ -2317,7 +2317,7 @@ impl DenseEngine {
         if a.d_e != 0 {
             // One gather over all rows, band-major: the band of c the resident blocks read
             // (V · sub·vec elements) stays within the plan's band bytes of L2.
-            let sub = sp.gather_lanes(v, vec, esz);
+            let sub = sp.gather_lanes(v, vec, esz, pairs);
             let f = self.func(&format!(
                 "cce_sparse_gather_{code}_{out_code}_v{vec}_b{sub}"
             ))?;
