@@ -2315,9 +2315,10 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles
     u32 local = 0, nl = 0, nh = 0;
 #pragma unroll
     for (int q = 0; q < 16; ++q) {
-        x[q] = j0 + q < V ? counts[j0 + q] : 0u;
+        const bool in = j0 + q < V;
+        x[q] = in ? counts[j0 + q] : 0u;
         local += x[q];
-        nl += x[q] <= LIGHT_MAX ? 1u : 0u;
+        nl += (in && x[q] <= LIGHT_MAX) ? 1u : 0u;  // past V: no class, not listed
         nh += x[q] > LIGHT_MAX ? 1u : 0u;
     }
     u32 run = pre + block_excl_scan<SCAN_THREADS>(local, wsh, total);
