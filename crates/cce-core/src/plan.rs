@@ -111,14 +111,7 @@ pub struct SparseBackward {
     /// cheaper than split dense's three tensor-core GEMMs (PERFORMANCE.md "Design space" 4;
     /// `V / SPARSE_PAY_DIVISOR`, at least 1).
     pub max_mean_kept: usize,
-    /// Bytes of the column band of `c` the `d_e` gather reads at a time
-    /// ([`SparseBackward::gather_lanes`]; default [`SPARSE_GATHER_BAND_BYTES`]).
-    pub band_bytes: usize,
 }
-
-/// Default [`SparseBackward::band_bytes`]: about half of an H100/H200 L2 (50 MB), so that the
-/// band a gather reads stays cached beside the records streaming through.
-pub const SPARSE_GATHER_BAND_BYTES: usize = 24 << 20;
 
 /// [`SparseBackward::max_mean_kept`] is `V / SPARSE_PAY_DIVISOR`. With 16-bit inputs a row's
 /// sparse backward reads `2·k·D·2` bytes of gathered rows (at an effective ~2-3 TB/s on an
@@ -180,19 +173,14 @@ impl SparseBackward {
         12 * (v + 1) + 4 * (v.div_ceil(4096) + 2) + 1024
     }
 
-    /// Lanes per row slice of the `d_e` gather (32, 16, 8 or 4; a slice is `lanes · vec`
-    /// columns) for `pairs` kept pairs: the most whose column band of `c`, `V · lanes · vec`
-    /// elements of `elem_bytes`, fits in [`SparseBackward::band_bytes`] (4 when none does).
-    /// 32 (the fewest slices per row) when the pairs gather a class less than twice on
-    /// average (no reuse for the band to serve) or `vec == 1` (unaligned rows, scalar loads).
-    pub fn gather_lanes(&self, v: usize, vec: usize, elem_bytes: usize, pairs: u64) -> usize {
-        if vec == 1 || pairs < 2 * v as u64 {
-            return 32;
-        }
-        [32, 16, 8, 4]
-            .into_iter()
-            .find(|&l| v * l * vec * elem_bytes <= self.band_bytes)
-            .unwrap_or(4)
+    /// Whether `d_e` is gathered once after the row pass (a warp per row over all rows)
+    /// rather than per row chunk (a block per row and column slice): when the first chunk
+    /// predicts `pairs` < 2·V, i.e. a class is gathered less than twice on average (peaked
+    /// data: a few records per row, where the per-chunk blocks are mostly idle; seed shape,
+    /// randn: 1.8 → 0.4 ms). Denser rows keep the per-chunk blocks, whose warps split a row's
+    /// records (session 6, run 4).
+    pub fn defer_d_e(&self, pairs: f64, v: usize) -> bool {
+        pairs < 2.0 * v as f64
     }
 
     /// Byte offsets of the regrouping by class for `pairs` pairs: records (row, G) at 0,
@@ -248,7 +236,6 @@ impl SparseBackward {
             // A multiple of 256: the records grow down from its end in 8-byte units.
             scratch_bytes,
             max_mean_kept: (v / SPARSE_PAY_DIVISOR).max(1),
-            band_bytes: SPARSE_GATHER_BAND_BYTES,
         };
         (sp.capacity(sp.probe_rows, v) >= n).then_some(sp)
     }
@@ -947,24 +934,11 @@ mod tests {
     use super::Strategy;
 
     #[test]
-    fn gather_lanes_fit_the_band() {
+    fn class_layout_and_d_e_deferral() {
         let sp = SparseBackward::fit(1 << 29, 1 << 29, 32768, 256000, 128, 384).unwrap();
-        assert_eq!(sp.band_bytes, SPARSE_GATHER_BAND_BYTES);
-        // Seed shape, bf16 (vec 8): 256000 · 4 · 8 · 2 = 16 MB fits, 8 lanes (33 MB) does not.
-        let many = 1u64 << 30;
-        assert_eq!(sp.gather_lanes(256000, 8, 2, many), 4);
-        assert_eq!(sp.gather_lanes(128256, 8, 2, many), 8);
-        assert_eq!(sp.gather_lanes(8192, 8, 2, many), 32);
-        assert_eq!(sp.gather_lanes(3_000_000, 8, 2, many), 4);
-        assert_eq!(sp.gather_lanes(256000, 1, 2, many), 32);
-        let tight = SparseBackward {
-            band_bytes: 1,
-            ..sp
-        };
-        // Peaked data (3 pairs per row at the seed): no class is gathered twice on average.
-        assert_eq!(sp.gather_lanes(256000, 8, 2, 3 * 32768), 32);
-        assert_eq!(sp.gather_lanes(256000, 8, 2, 2 * 256000), 4);
-        assert_eq!(tight.gather_lanes(100, 4, 4, 200), 4);
+        // randn at the seed keeps ~3 pairs per row, c/8 ~324.
+        assert!(sp.defer_d_e(3.0 * 32768.0, 256000));
+        assert!(!sp.defer_d_e(324.0 * 32768.0, 256000));
         for v in [1usize, 7, 4095, 4096, 4097, 256000] {
             for pairs in [0usize, 1, 1000] {
                 let (counts, starts, lists, end) = SparseBackward::class_layout(pairs, v);

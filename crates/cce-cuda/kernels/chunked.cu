@@ -1535,7 +1535,9 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 //       entries (g0 ≥ τ_i) as 8-byte records (class | G bits << 32), packed per row at an
 //       offset taken from a call-wide counter; record k lives at recs_end[−1 − k] (the records
 //       grow down from the end of the scratch, the logits chunk sits at its start);
-//   (4) after the last chunk, cce_sparse_gather_*_b* (rows): d_e_i = Σ_k G_ik · c[class_k].
+//   (4) cce_sparse_gather_* (rows): d_e_i = Σ_k G_ik · c[class_k]; on peaked data (the first
+//       chunk predicts fewer than 2 pairs per class) one cce_sparse_gather_*_b32 over all rows
+//       after the last chunk instead.
 // After the row pass, for d_c: cce_sparse_count (pairs per class), cce_sparse_tile_sums +
 // cce_sparse_scan_tiles (first pair of each class, the light and heavy class lists),
 // cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
@@ -2055,7 +2057,8 @@ SEL_KERNELS(f32, 0)
 SEL_KERNELS(f16, 1)
 SEL_KERNELS(bf16, 2)
 
-// gather_row (d_c's heavy classes, the _h kernels): out_r = Σ_k G_k · src[idx_k, :] over the
+// gather_row (d_e per chunk: cce_sparse_gather_*, a block per (row, slice); d_c's heavy
+// classes: the _h kernels; d_c of every class with CCE_CUDA_DC_GATHER=block): out_r = Σ_k G_k · src[idx_k, :] over the
 // records k = s .. s + n − 1, record k = recs[step·k] (idx | G bits << 32), in the gradient
 // dtype OT; sum_out[r] = Σ_k G_k (d_bias) when sum_out ≠ 0. src DT [*, D]; out OT [R, D].
 // Tiling: block (x, y) owns columns [y·32·VEC, (y+1)·32·VEC) of its row. The block's
@@ -2063,7 +2066,7 @@ SEL_KERNELS(bf16, 2)
 //   lane holding partial sums of its VEC columns, then warp 0 adds the warps' partials in a
 //   fixed order (deterministic for a given record order). Splitting keeps a row with many
 //   records (frequent classes) from serializing on one long chain of loads. d_c's light
-//   classes (the _l kernels) and d_e (the _b kernels) take warp-per-row forms below.
+//   classes (the _l kernels) and deferred d_e (the _b32 kernels) take warp-per-row forms.
 // Thread mapping: lane l owns VEC consecutive columns (16-byte loads: VEC = 8 for 16-bit
 //   inputs, 4 for f32, when D is a multiple; else VEC = 1), coalesced across the warp.
 // VEC consecutive elements of src at element i (VEC = 4: i a multiple of 4, aligned base).
@@ -2168,14 +2171,56 @@ __device__ __forceinline__ void gather_row(long long r, u32 s, u32 n,
     }
 }
 
-// d_e after the row pass, over all rows: d_e_r = Σ_k G_k · c[idx_k] over the row's records
+// Record range of output row r.
+__device__ __forceinline__ u32 gather_count(const u32* __restrict__ off,
+                                            const u32* __restrict__ cnt, long long r, u32 s) {
+    if (cnt) {
+        u32 n = cnt[r];
+        return n == SPARSE_OVERFLOW ? 0u : n;
+    }
+    return off[r + 1] - s;
+}
+
+// A block per output row (grid.x = R).
+template <int DT, int OT, int VEC>
+__device__ __forceinline__ void sparse_gather(const u32* __restrict__ off,
+                                              const u32* __restrict__ cnt,
+                                              const u64* __restrict__ recs, long long step,
+                                              const void* __restrict__ src, long long D,
+                                              void* __restrict__ out, void* __restrict__ sum_out) {
+    __shared__ float part[GATHER_WARPS][32 * VEC];
+    __shared__ float gpart[GATHER_WARPS];
+    const long long r = blockIdx.x;
+    const u32 s = off[r];
+    gather_row<DT, OT, VEC>(r, s, gather_count(off, cnt, r, s), recs, step, src, D, out,
+                            sum_out, part, gpart);
+}
+
+#define GATHER_PARAMS                                                                         \
+    const u32 *off, const u32 *cnt, const u64 *recs, long long step, const void *src,        \
+        long long D, void *out, void *sum_out, long long R
+#define GATHER_KERNEL(NAME, DT, OT, VEC)                                                      \
+    extern "C" __global__ void __launch_bounds__(GATHER_WARPS * 32) NAME(GATHER_PARAMS) {      \
+        sparse_gather<DT, OT, VEC>(off, cnt, recs, step, src, D, out, sum_out);               \
+    }
+GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
+GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1)
+GATHER_KERNEL(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
+GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1)
+GATHER_KERNEL(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
+GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1)
+GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
+GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1)
+GATHER_KERNEL(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
+GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1)
+
+// d_e after the row pass, over all rows, on peaked data (the per-chunk gather_row form
+// otherwise): d_e_r = Σ_k G_k · c[idx_k] over the row's records
 // k < cnt_r (SPARSE_OVERFLOW counts as 0), record k at recs_end[−1 − (off_r + k)].
 // Parameters: off, cnt u32 [R] (the select kernels'); recs_end; src DT [V, D] (c); out OT
 //   [R, D] (d_e); R = N.
 // Tiling: block (x, y) owns the column band y of SUB·VEC columns; its LIGHT_WARPS warps stride
-//   over the rows, a row per warp. Band-major launch order (x fastest) keeps the resident
-//   blocks on one band of c (V · SUB·VEC elements; the host picks SUB so that it fits in L2
-//   with room to spare), so a class's band is read from memory once, not once per record.
+//   over the rows, a row per warp (one launch instead of one per chunk, few tasks per row).
 // Thread mapping: lane l = q·SUB + sl owns columns d0 = (y·SUB + sl)·VEC; the 32/SUB lane
 //   groups q split each batch of 32 records (lane l loads record l of the batch; group q
 //   takes records q, q + 32/SUB, ..), up to 4 (VEC = 8) or 8 gathered rows in flight per
@@ -2246,20 +2291,19 @@ __device__ __forceinline__ void sparse_gather_rows_banded(const u32* __restrict_
         NAME##_b##SUB(ROWS_GATHER_PARAMS) {                                                   \
         sparse_gather_rows_banded<DT, OT, VEC, SUB>(off, cnt, recs_end, src, D, out, R);     \
     }
-#define ROWS_GATHER_KERNELS(NAME, DT, OT, VEC)                                                \
-    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 32)                                                 \
-    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 16)                                                 \
-    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 8)                                                  \
-    ROWS_GATHER_KERNEL(NAME, DT, OT, VEC, 4)
-ROWS_GATHER_KERNELS(cce_sparse_gather_f32_f32_v4, 0, 0, 4)
+// Instantiated with SUB = 32 (a warp per row and 32·VEC columns): the deferred gather runs on
+// peaked data only (fewer than 2 pairs per class), where a narrow band has nothing to serve.
+// Narrower bands on c/8 at the seed (SUB = 4, so that V x 32 columns fit in L2) took 34.7 ms
+// against the per-chunk kernel's 23.2 (session 6, run 4): latency-bound on the record loads.
+ROWS_GATHER_KERNEL(cce_sparse_gather_f32_f32_v4, 0, 0, 4, 32)
 ROWS_GATHER_KERNEL(cce_sparse_gather_f32_f32_v1, 0, 0, 1, 32)
-ROWS_GATHER_KERNELS(cce_sparse_gather_f16_f16_v8, 1, 1, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f16_v8, 1, 1, 8, 32)
 ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f16_v1, 1, 1, 1, 32)
-ROWS_GATHER_KERNELS(cce_sparse_gather_f16_f32_v8, 1, 0, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f32_v8, 1, 0, 8, 32)
 ROWS_GATHER_KERNEL(cce_sparse_gather_f16_f32_v1, 1, 0, 1, 32)
-ROWS_GATHER_KERNELS(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v8, 2, 2, 8, 32)
 ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_bf16_v1, 2, 2, 1, 32)
-ROWS_GATHER_KERNELS(cce_sparse_gather_bf16_f32_v8, 2, 0, 8)
+ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_f32_v8, 2, 0, 8, 32)
 ROWS_GATHER_KERNEL(cce_sparse_gather_bf16_f32_v1, 2, 0, 1, 32)
 
 // Regrouping by class. Parameters: row_off, row_cnt u32 [N] (cce_sparse_select's), recs_end

@@ -132,8 +132,6 @@ pub struct CudaBackend {
     split_de_f16: bool,
     /// Test and bench knob: how the plan's sparse backward is used.
     sparse: SparseMode,
-    /// Test knob: the sparse backward's `d_e` gather band (`SparseBackward::band_bytes`).
-    gather_band: Option<usize>,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -347,7 +345,6 @@ impl CudaBackend {
             chunk_cap: None,
             split_de_f16: true,
             sparse: SparseMode::Auto,
-            gather_band: None,
         })
     }
 
@@ -381,14 +378,6 @@ impl CudaBackend {
             classes.max(TILE_CLASSES) / TILE_CLASSES * TILE_CLASSES,
         ));
         Ok(self)
-    }
-
-    /// Set the sparse backward's `d_e` gather band to `bytes` (`cce_core::SparseBackward::
-    /// band_bytes`): a small band makes small problems take the narrow-slice gathers that
-    /// only large vocabularies take by default (tests).
-    pub fn with_gather_band_bytes(mut self, bytes: usize) -> Self {
-        self.gather_band = Some(bytes);
-        self
     }
 
     /// Set the strategies the plan may choose to `kinds` (in preference order), keeping only
@@ -588,9 +577,6 @@ impl CudaBackend {
         }
         if let Some((cap_rows, cap_classes)) = self.chunk_cap {
             cap_plan_chunks(&mut plan, cap_rows, cap_classes);
-        }
-        if let (Some(bytes), Some(sp)) = (self.gather_band, plan.sparse.as_mut()) {
-            sp.band_bytes = bytes;
         }
         match (self.sparse, plan.sparse.as_mut()) {
             (SparseMode::Off, Some(_)) => {

@@ -11,10 +11,10 @@
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
-//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records; then
-//! `d_e` by gathering rows of `c` (all rows in one launch, one L2-sized column band of `c` at
-//! a time), the records regrouped by class and `d_c`, `d_bias` by gathering rows of `e` (one
-//! column band of `e` at a time). One logits GEMM, two host syncs (after the first chunk, whose density
+//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
+//! by gathering rows of `c` (on peaked data in one launch after the last chunk); then the
+//! records regrouped by class and `d_c`, `d_bias` by gathering rows of `e` (one column slice
+//! of `e` at a time across the classes, so that the slice stays in L2). One logits GEMM, two host syncs (after the first chunk, whose density
 //! decides, and after the row pass). When the first chunk keeps more than `max_mean_kept`
 //! entries per row or the records would outgrow the scratch, the dense passes run instead and
 //! the backward's `plan_reason` says why. Not deterministic (the regrouping by class uses
@@ -944,10 +944,8 @@ impl DenseEngine {
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
-                    let subs: &[usize] = if v == 1 { &[32] } else { &[32, 16, 8, 4] };
-                    for sub in subs {
-                        names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_b{sub}"));
-                    }
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_b32"));
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_l"));
                     names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_h"));
                 }
@@ -2095,6 +2093,51 @@ impl DenseEngine {
         queued.and(joined)
     }
 
+    /// `cce_sparse_gather_*` (`f`): output row r of `out` = Σ_k G_k · `src`[idx_k] over the
+    /// records `off[r] .. off[r] + cnt[r]` (`cnt` = 0: `off[r + 1] − off[r]`), record k at
+    /// `recs + step·k`; `sum_out[r]` = Σ_k G_k when non-zero. Grid: `(row blocks, column
+    /// blocks)`, [`GATHER_WARPS`] warps per block, a block per (output row, column block).
+    ///
+    /// # Safety
+    /// `f` is a gather kernel of this engine; every address is a live device buffer: `off`
+    /// (and `cnt`) hold a row per output row (`off` one more when `cnt` is 0), every record
+    /// they name lies in the records buffer and holds an index < the rows of `src` (`[*, d]`
+    /// in the input dtype), `out` holds `out rows x d` and `sum_out` (or 0) `out rows` in the
+    /// kernel's output dtype; the records and counts were written earlier on this stream.
+    unsafe fn gather(
+        &self,
+        f: &CudaFunction,
+        (off, cnt, recs, step): (u64, u64, u64, i64),
+        (src, d, out, sum_out): (u64, i64, u64, u64),
+        (rows, col_blocks): (u32, u32),
+    ) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let rows_i = rows as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&off)
+            .arg(&cnt)
+            .arg(&recs)
+            .arg(&step)
+            .arg(&src)
+            .arg(&d)
+            .arg(&out)
+            .arg(&sum_out)
+            .arg(&rows_i);
+        // SAFETY: argument types and order match GATHER_PARAMS in chunked.cu; the buffers are
+        // as the caller guarantees (# Safety).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows, col_blocks, 1),
+                block_dim: (GATHER_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
     /// The second stream ([`DenseEngine`]'s `row_stream`), made on first use.
     fn row_stream(&self) -> Result<&Arc<CudaStream>> {
         if let Some(s) = self.row_stream.get() {
@@ -2130,8 +2173,9 @@ impl DenseEngine {
 
     /// The plan's [`cce_core::SparseBackward`] (`chunked.cu` "Sparse backward"): per row chunk
     /// the logits GEMM, the forward rows (forward calls), the kept pairs, `d_e` rows by
-    /// gathering `c`; then the pairs regrouped by class and `d_c` (and `d_bias`) by gathering
-    /// `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err((why, rows)))` when it gives way to the dense
+    /// gathering `c` (per chunk, or in one launch after the last chunk on peaked data:
+    /// [`cce_core::SparseBackward::defer_d_e`]); then the pairs regrouped by class and `d_c`
+    /// (and `d_bias`) by gathering `e`. Returns `Ok(Ok(pairs))`, or `Ok(Err((why, rows)))` when it gives way to the dense
     /// passes: the first chunk keeps more than `max_mean_kept` entries per row, or the pairs
     /// outgrow the capacity. `rows` > 0: it gave way after the first chunk, whose logits (rows
     /// `0..rows`, row stride `ld`, at the start of the scratch) and forward rows stay valid for
@@ -2189,10 +2233,12 @@ impl DenseEngine {
         })?;
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
+        let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
         let f_gather_l = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_l"))?;
         let f_gather_h = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_h"))?;
-        // d_c gather column slices of 32·vec columns.
+        // Gather column slices of 32·vec columns.
         let gy = d.div_ceil(32 * vec) as u32;
+        let osz = out_ty.size_bytes();
         let d_i = d as i64;
         let (kept_ptr, dropped_ptr, tau_ptr, flags_ptr, edges_ptr) = (
             self.ptr(&ws.kept),
@@ -2205,6 +2251,8 @@ impl DenseEngine {
         let esz = dt.size_bytes();
         let mut timer = PhaseTimer::new(&self.stream)?;
         let mut r0 = 0usize;
+        // d_e in one launch after the row pass (peaked data), or per chunk (set by the probe).
+        let mut defer_de = false;
         while r0 < n {
             let rows = chunk.min(n - r0);
             let e_r = a.e + (r0 * d * esz) as u64;
@@ -2301,6 +2349,23 @@ impl DenseEngine {
                         rows,
                     )));
                 }
+                defer_de = sp.defer_d_e(mean * n as f64, v);
+            }
+            if a.d_e != 0 && !defer_de {
+                let de_r = a.d_e + (r0 * d * osz) as u64;
+                // SAFETY: row offsets/counts were written by the select kernel above (stream
+                // order) and index pairs within `cap`, growing down from `recs_end − 8`;
+                // classes are < V, so every gathered row lies in c [V, D]; d_e holds N x D of
+                // the gradient dtype and is offset to the chunk; no d_bias sum.
+                unsafe {
+                    self.gather(
+                        f_gather,
+                        (off_r, cnt_r, recs_end - 8, -1),
+                        (a.c, d_i, de_r, 0),
+                        (rows as u32, gy),
+                    )
+                }?;
+                PhaseTimer::mark(&mut timer, "d_e gather")?;
             }
             r0 += rows;
         }
@@ -2314,10 +2379,9 @@ impl DenseEngine {
                 0,
             )));
         }
-        if a.d_e != 0 {
-            // One gather over all rows, band-major: the band of c the resident blocks read
-            // (V · sub·vec elements) stays within the plan's band bytes of L2.
-            let sub = sp.gather_lanes(v, vec, esz, pairs);
+        if a.d_e != 0 && defer_de {
+            // One warp per row over all rows (a block per row and chunk would be mostly idle).
+            let sub = 32;
             let f = self.func(&format!(
                 "cce_sparse_gather_{code}_{out_code}_v{vec}_b{sub}"
             ))?;
@@ -2406,36 +2470,52 @@ impl DenseEngine {
             // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            let v_ll = v as i64;
-            for (f, threads, (gx, gy_k)) in [
-                (
-                    f_gather_l,
-                    GATHER_LIGHT_THREADS,
-                    (GATHER_LIGHT_ROW_BLOCKS, 1),
-                ),
-                (f_gather_h, GATHER_WARPS * 32, (GATHER_HEAVY_ROW_BLOCKS, gy)),
-            ] {
-                let mut b = self.stream.launch_builder(f);
-                b.arg(&starts)
-                    .arg(&csc)
-                    .arg(&a.e)
-                    .arg(&d_i)
-                    .arg(&a.d_c)
-                    .arg(&a.d_bias)
-                    .arg(&lists)
-                    .arg(&ctr)
-                    .arg(&v_ll);
-                // SAFETY: matches CLASS_GATHER_PARAMS in chunked.cu; the lists name classes
-                // < V whose records (starts, scan above) lie in csc and hold rows < N, so
-                // gathered rows lie in e [N, D]; d_c V x D, d_bias V (or 0), gradient dtype.
+            // Bench knob: CCE_CUDA_DC_GATHER=block takes session 5's block per (class, column
+            // slice) for every class instead of the class lists.
+            if std::env::var("CCE_CUDA_DC_GATHER").as_deref() == Ok("block") {
+                // SAFETY: cnt = 0: counts from starts[V + 1] (scan above, stream order); the
+                // class records grow up from `csc`; rows are < N, so gathered rows lie in e
+                // [N, D]; d_c holds V x D and d_bias V (or 0) of the gradient dtype.
                 unsafe {
-                    b.launch(LaunchConfig {
-                        grid_dim: (gx.min(v as u32), gy_k, 1),
-                        block_dim: (threads, 1, 1),
-                        shared_mem_bytes: 0,
-                    })
+                    self.gather(
+                        f_gather,
+                        (starts, 0, csc, 1),
+                        (a.e, d_i, a.d_c, a.d_bias),
+                        (v as u32, gy),
+                    )
+                }?;
+            } else {
+                let v_ll = v as i64;
+                for (f, threads, (gx, gy_k)) in [
+                    (
+                        f_gather_l,
+                        GATHER_LIGHT_THREADS,
+                        (GATHER_LIGHT_ROW_BLOCKS, gy),
+                    ),
+                    (f_gather_h, GATHER_WARPS * 32, (GATHER_HEAVY_ROW_BLOCKS, gy)),
+                ] {
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(&starts)
+                        .arg(&csc)
+                        .arg(&a.e)
+                        .arg(&d_i)
+                        .arg(&a.d_c)
+                        .arg(&a.d_bias)
+                        .arg(&lists)
+                        .arg(&ctr)
+                        .arg(&v_ll);
+                    // SAFETY: matches CLASS_GATHER_PARAMS in chunked.cu; the lists name classes
+                    // < V whose records (starts, scan above) lie in csc and hold rows < N, so
+                    // gathered rows lie in e [N, D]; d_c V x D, d_bias V (or 0), gradient dtype.
+                    unsafe {
+                        b.launch(LaunchConfig {
+                            grid_dim: (gx.min(v as u32), gy_k, 1),
+                            block_dim: (threads, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(drv)?;
                 }
-                .map_err(drv)?;
             }
             PhaseTimer::mark(&mut timer, "d_c gather")?;
             if timer.is_some() {
