@@ -1542,7 +1542,8 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 // cce_sparse_scan_tiles (first pair of each class, the light and heavy class lists),
 // cce_sparse_scatter (records regrouped by class as (row | G bits << 32), in
 // increasing order from the start of the scratch), then cce_sparse_gather_*_l over the light
-// classes (≤ LIGHT_MAX records, none included) and cce_sparse_gather_*_h over the heavy ones:
+// classes (≤ LIGHT_MAX records; those without records too where most classes have some, else
+// d_c is zeroed by a memset first) and cce_sparse_gather_*_h over the heavy ones:
 // d_c_j = Σ_k G_kj · e[row_k], d_bias_j = Σ_k G_kj.
 // Label smoothing's uniform term is absent (the plan takes no sparse backward with α > 0).
 
@@ -2328,9 +2329,10 @@ extern "C" __global__ void __launch_bounds__(GATHER_THREADS) cce_sparse_count(
 // per tile, thread t owning the tile's 16 consecutive classes 16t .. 16t + 15):
 // cce_sparse_tile_sums writes tile b's record count to ctr[2 + b]; cce_sparse_scan_tiles adds
 // the earlier tiles' sums to its block scan, writes starts, zeroes counts (the fill counter
-// of cce_sparse_scatter) and lists every class for the d_c gathers: those with at most
-// LIGHT_MAX records (none included) from the front of `list` (ctr[0] of them), the rest from
-// its back (ctr[1]), one atomic per block and list (order between blocks: arrival; each class's
+// of cce_sparse_scatter) and lists the classes for the d_c gathers: those with at most
+// LIGHT_MAX records from the front of `list` (ctr[0] of them; classes without records too
+// when list_empty ≠ 0, else the host zeroes d_c and d_bias), the rest from its back
+// (ctr[1]), one atomic per block and list (order between blocks: arrival; each class's
 // gradient is computed alone, so the order changes no value). ctr[0], ctr[1] are zeroed with
 // counts before cce_sparse_count.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_tile_sums(
@@ -2347,7 +2349,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_tile_sums(
 
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles(
     u32* __restrict__ counts, u32* __restrict__ ctr, u32* __restrict__ starts,
-    u32* __restrict__ list, int V) {
+    u32* __restrict__ list, int V, int list_empty) {
     __shared__ u32 wsh[33];
     __shared__ u32 base_sh[2];
     u32 pre = 0, total;
@@ -2362,7 +2364,8 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles
         const bool in = j0 + q < V;
         x[q] = in ? counts[j0 + q] : 0u;
         local += x[q];
-        nl += (in && x[q] <= LIGHT_MAX) ? 1u : 0u;  // past V: no class, not listed
+        // Past V: no class, not listed; a class without records only when list_empty.
+        nl += (in && x[q] <= LIGHT_MAX && (x[q] != 0u || list_empty)) ? 1u : 0u;
         nh += x[q] > LIGHT_MAX ? 1u : 0u;
     }
     u32 run = pre + block_excl_scan<SCAN_THREADS>(local, wsh, total);
@@ -2382,7 +2385,7 @@ extern "C" __global__ void __launch_bounds__(SCAN_THREADS) cce_sparse_scan_tiles
             starts[j] = run;
             run += x[q];
             counts[j] = 0u;
-            if (x[q] <= LIGHT_MAX) list[pl++] = (u32)j;
+            if (x[q] <= LIGHT_MAX && (x[q] != 0u || list_empty)) list[pl++] = (u32)j;
             if (x[q] > LIGHT_MAX) list[V - 1 - ph++] = (u32)j;
             if (j == V - 1) starts[V] = run;
         }
