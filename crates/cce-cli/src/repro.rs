@@ -81,6 +81,10 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
         ..Options::default()
     };
     opts.validate()?;
+    // An unwritable --plot path fails before the cases run, not after them.
+    if let Some(path) = &args.plot {
+        crate::run::check_output_path("--plot", path)?;
+    }
     if args.n == 0 || args.d == 0 || args.v == 0 {
         return Err(CliError::msg(format!(
             "--n, --d and --v must be >= 1 (got {} x {} x {})",

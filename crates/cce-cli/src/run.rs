@@ -27,13 +27,7 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     let backward = !args.opts.no_backward;
     // An unwritable --save-grads path fails before any work, not after it.
     if let Some(path) = &args.save_grads {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-        if path.is_dir() || parent.is_some_and(|p| !p.is_dir()) {
-            return Err(CliError::msg(format!(
-                "--save-grads {}: not a writable file path (a directory, or its folder does not exist)",
-                path.display()
-            )));
-        }
+        check_output_path("--save-grads", path)?;
     }
     // The backend first: a missing device should not wait for a large load.
     let backend = backend_by_name(&args.backend)?;
@@ -508,5 +502,19 @@ fn save_grads(
         names.join(", "),
         path.display()
     );
+    Ok(())
+}
+
+/// An output file path (`flag` names it in the error) that cannot be written because it is a
+/// directory or its folder does not exist: checked before any work, so that a typo does not
+/// cost a whole run.
+pub fn check_output_path(flag: &str, path: &std::path::Path) -> CliResult<()> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if path.is_dir() || parent.is_some_and(|p| !p.is_dir()) {
+        return Err(CliError::msg(format!(
+            "{flag} {}: not a writable file path (a directory, or its folder does not exist)",
+            path.display()
+        )));
+    }
     Ok(())
 }

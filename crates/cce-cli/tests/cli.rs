@@ -509,6 +509,9 @@ fn out_of_range_target_and_non_finite_input() {
     ds.e[5] = f32::NAN;
     save_dataset(&p, &ds).unwrap();
     fails(&["run", "--input", s(&p)], &["non-finite value"]);
+    // --no-check-finite lets the NaN through (forward and backward): a NaN loss, no error.
+    let out = ok(&["run", "--input", s(&p), "--no-check-finite"]);
+    assert!(out.to_lowercase().contains("nan"), "{out}");
 }
 
 #[test]

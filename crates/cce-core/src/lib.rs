@@ -59,4 +59,4 @@ pub use plan::{
 };
 pub use problem::{PreparedTargets, Problem};
 pub use stats::CallStats;
-pub use tensor::{HostData, HostTensor, TensorMeta};
+pub use tensor::{try_filled, HostData, HostTensor, TensorMeta};

@@ -31,6 +31,32 @@ pub enum HostData {
     I64(Vec<i64>),
 }
 
+/// A vector of `len` copies of `fill`, or `OutOfMemory { backend: "host", .. }` when the
+/// allocation fails (e.g. under an address-space limit), instead of aborting the process.
+pub fn try_filled<T: Clone>(len: usize, fill: T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len)
+        .map_err(|_| CceError::OutOfMemory {
+            backend: "host",
+            requested_bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
+    v.resize(len, fill);
+    Ok(v)
+}
+
+/// `values` mapped by `f` into a new vector, with the allocation failure as `OutOfMemory`
+/// ([`try_filled`]).
+fn try_map<A: Copy, B>(values: &[A], f: impl Fn(A) -> B) -> Result<Vec<B>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(values.len())
+        .map_err(|_| CceError::OutOfMemory {
+            backend: "host",
+            requested_bytes: (values.len() as u64).saturating_mul(std::mem::size_of::<B>() as u64),
+        })?;
+    v.extend(values.iter().map(|&x| f(x)));
+    Ok(v)
+}
+
 /// A contiguous row-major tensor in host memory. The CPU reference backend uses it as its
 /// buffer type; GPU backends upload from and download to it.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,12 +81,12 @@ impl HostTensor {
     }
 
     /// Round f32 values to `dtype` (round-to-nearest-even). `dtype` must be a float type,
-    /// else `DTypeMismatch`.
+    /// else `DTypeMismatch`; `OutOfMemory` when the host cannot allocate the copy.
     pub fn from_f32(shape: Vec<usize>, values: &[f32], dtype: DType) -> Result<Self> {
         let data = match dtype {
-            DType::F32 => HostData::F32(values.to_vec()),
-            DType::F16 => HostData::F16(values.iter().map(|&x| f16::from_f32(x)).collect()),
-            DType::BF16 => HostData::BF16(values.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::F32 => HostData::F32(try_map(values, |x| x)?),
+            DType::F16 => HostData::F16(try_map(values, f16::from_f32)?),
+            DType::BF16 => HostData::BF16(try_map(values, bf16::from_f32)?),
             other => {
                 return Err(CceError::DTypeMismatch {
                     what: "HostTensor::from_f32",
@@ -70,6 +96,21 @@ impl HostTensor {
             }
         };
         Self::new(shape, data)
+    }
+
+    /// A copy, with an allocation failure as `OutOfMemory` (what `clone` would abort on).
+    pub fn try_clone(&self) -> Result<Self> {
+        let data = match &self.data {
+            HostData::F32(x) => HostData::F32(try_map(x, |a| a)?),
+            HostData::F16(x) => HostData::F16(try_map(x, |a| a)?),
+            HostData::BF16(x) => HostData::BF16(try_map(x, |a| a)?),
+            HostData::I32(x) => HostData::I32(try_map(x, |a| a)?),
+            HostData::I64(x) => HostData::I64(try_map(x, |a| a)?),
+        };
+        Ok(Self {
+            shape: self.shape.clone(),
+            data,
+        })
     }
 
     /// Targets from i64 values, shape `[len]`.
@@ -238,5 +279,23 @@ mod tests {
     #[test]
     fn new_checks_element_count() {
         assert!(HostTensor::new(vec![2, 3], HostData::F32(vec![1.0; 5])).is_err());
+    }
+
+    #[test]
+    fn allocation_failures_are_errors() {
+        let too_big = try_filled(usize::MAX / 4, 0u64);
+        assert!(
+            matches!(
+                too_big,
+                Err(CceError::OutOfMemory {
+                    backend: "host",
+                    ..
+                })
+            ),
+            "{too_big:?}"
+        );
+        let t = HostTensor::from_f32(vec![2, 2], &[1.0, -2.0, 3.5, 0.25], DType::BF16).unwrap();
+        assert_eq!(t.try_clone().unwrap(), t);
+        assert_eq!(try_filled(3, 7u8).unwrap(), vec![7, 7, 7]);
     }
 }

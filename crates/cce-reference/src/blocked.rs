@@ -208,11 +208,11 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, host: &HostTensor) -> Result<HostTensor> {
-        Ok(host.clone())
+        host.try_clone()
     }
 
     fn download(&self, buf: &HostTensor) -> Result<HostTensor> {
-        Ok(buf.clone())
+        buf.try_clone()
     }
 
     fn forward(
@@ -342,7 +342,13 @@ impl Backend for CpuBackend {
             });
         }
         let lse = lse.to_f32_vec();
-        if let Some((index, value)) = cce_core::problem::first_non_finite(lse.iter().copied()) {
+        // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
+        // reject them either), so a non-finite lse is passed through.
+        let bad = opts
+            .check_finite
+            .then(|| cce_core::problem::first_non_finite(lse.iter().copied()))
+            .flatten();
+        if let Some((index, value)) = bad {
             return Err(CceError::NonFinite {
                 what: "lse",
                 index,
@@ -463,9 +469,9 @@ impl Backend for CpuBackend {
             .iter()
             .flat_map(|cc| p.plan.class_tiles(cc.clone()))
             .collect();
-        let mut d_e = vec![0.0f32; if opts.compute_d_e { n * d } else { 0 }];
-        let mut d_c = vec![0.0f32; if opts.compute_d_c { v * d } else { 0 }];
-        let mut d_bias = vec![0.0f32; if opts.compute_d_c { v } else { 0 }];
+        let mut d_e = cce_core::try_filled(if opts.compute_d_e { n * d } else { 0 }, 0.0f32)?;
+        let mut d_c = cce_core::try_filled(if opts.compute_d_c { v * d } else { 0 }, 0.0f32)?;
+        let mut d_bias = cce_core::try_filled(if opts.compute_d_c { v } else { 0 }, 0.0f32)?;
         let mut dropped = vec![0.0f64; n];
         let (mut kept_tiles, mut skipped_tiles, mut kept_entries, mut skipped_entries) =
             (0u64, 0u64, 0u64, 0u64);
