@@ -134,8 +134,8 @@ pub struct InputArgs {
     /// NumPy file of an optional bias `[V]`.
     #[arg(long, value_name = "FILE", requires = "npy_e", help_heading = "Input")]
     pub npy_bias: Option<PathBuf>,
-    /// A named case instead of a file: randn, c/8, e/8, c*8, e*8, iid, iid:H, lm, or real (the
-    /// shipped fixture).
+    /// A named case instead of a file: randn, c/8, e/8, c*8, e*8, iid, iid:H, lm, lm:small,
+    /// lm:large, or real (the shipped fixture).
     #[arg(long, value_name = "CASE", help_heading = "Input")]
     pub case: Option<String>,
     /// Rows: for a generated case its N (default 1024); for a file or `real`, use only the

@@ -255,9 +255,15 @@ impl FromStr for Distribution {
             _ => {}
         }
         if let Some(h) = t.strip_prefix("iid:").or_else(|| t.strip_prefix("iid=")) {
-            let h: f64 = h.trim().parse().map_err(|_| bad())?;
+            let h: f64 = h.trim().parse().map_err(|_| {
+                DataError::InvalidParameter(format!(
+                    "`{s}`: iid:H takes an entropy H in nats, a positive number"
+                ))
+            })?;
             if !(h.is_finite() && h > 0.0) {
-                return Err(bad());
+                return Err(DataError::InvalidParameter(format!(
+                    "`{s}`: the iid entropy must be positive and finite (nats), got {h}"
+                )));
             }
             return Ok(Distribution::Iid { entropy_nats: h });
         }

@@ -80,6 +80,10 @@ fn parse_and_display() {
             "{bad}"
         );
     }
+    for bad in ["iid:-1", "iid:abc", "iid:inf"] {
+        let msg = bad.parse::<Distribution>().unwrap_err().to_string();
+        assert!(msg.contains("entropy"), "{bad}: {msg}");
+    }
     assert_eq!(LmParams::for_vocab(49152), LmParams::SMALL_VOCAB);
     assert_eq!(LmParams::for_vocab(256000), LmParams::LARGE_VOCAB);
 }
