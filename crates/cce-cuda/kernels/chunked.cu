@@ -2059,7 +2059,7 @@ SEL_KERNELS(f16, 1)
 SEL_KERNELS(bf16, 2)
 
 // gather_row (d_e per chunk: cce_sparse_gather_*, a block per (row, slice); d_c's heavy
-// classes: the _h kernels; d_c of every class with CCE_CUDA_DC_GATHER=block): out_r = Σ_k G_k · src[idx_k, :] over the
+// classes: the _h kernels): out_r = Σ_k G_k · src[idx_k, :] over the
 // records k = s .. s + n − 1, record k = recs[step·k] (idx | G bits << 32), in the gradient
 // dtype OT; sum_out[r] = Σ_k G_k (d_bias) when sum_out ≠ 0. src DT [*, D]; out OT [R, D].
 // Tiling: block (x, y) owns columns [y·32·VEC, (y+1)·32·VEC) of its row. The block's

@@ -2381,10 +2381,7 @@ impl DenseEngine {
         }
         if a.d_e != 0 && defer_de {
             // One warp per row over all rows (a block per row and chunk would be mostly idle).
-            let sub = 32;
-            let f = self.func(&format!(
-                "cce_sparse_gather_{code}_{out_code}_v{vec}_b{sub}"
-            ))?;
+            let f = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}_b32"))?;
             let n_ll = n as i64;
             let mut b = self.stream.launch_builder(f);
             b.arg(&row_off)
@@ -2400,7 +2397,7 @@ impl DenseEngine {
             // every gathered row lies in c [V, D]; d_e holds N x D of the gradient dtype.
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (GATHER_LIGHT_ROW_BLOCKS, d.div_ceil(sub * vec) as u32, 1),
+                    grid_dim: (GATHER_LIGHT_ROW_BLOCKS, gy, 1),
                     block_dim: (GATHER_LIGHT_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 })
@@ -2500,52 +2497,32 @@ impl DenseEngine {
             // records; the class records overlay only the (no longer read) logits.
             unsafe { b.launch(rows_cfg) }.map_err(drv)?;
             PhaseTimer::mark(&mut timer, "scatter")?;
-            // Bench knob: CCE_CUDA_DC_GATHER=block takes session 5's block per (class, column
-            // slice) for every class instead of the class lists.
-            if std::env::var("CCE_CUDA_DC_GATHER").as_deref() == Ok("block") {
-                // SAFETY: cnt = 0: counts from starts[V + 1] (scan above, stream order); the
-                // class records grow up from `csc`; rows are < N, so gathered rows lie in e
-                // [N, D]; d_c holds V x D and d_bias V (or 0) of the gradient dtype.
+            let v_ll = v as i64;
+            for (f, threads, gx) in [
+                (f_gather_l, GATHER_LIGHT_THREADS, GATHER_LIGHT_ROW_BLOCKS),
+                (f_gather_h, GATHER_WARPS * 32, GATHER_HEAVY_ROW_BLOCKS),
+            ] {
+                let mut b = self.stream.launch_builder(f);
+                b.arg(&starts)
+                    .arg(&csc)
+                    .arg(&a.e)
+                    .arg(&d_i)
+                    .arg(&a.d_c)
+                    .arg(&a.d_bias)
+                    .arg(&lists)
+                    .arg(&ctr)
+                    .arg(&v_ll);
+                // SAFETY: matches CLASS_GATHER_PARAMS in chunked.cu; the lists name classes
+                // < V whose records (starts, scan above) lie in csc and hold rows < N, so
+                // gathered rows lie in e [N, D]; d_c V x D, d_bias V (or 0), gradient dtype.
                 unsafe {
-                    self.gather(
-                        f_gather,
-                        (starts, 0, csc, 1),
-                        (a.e, d_i, a.d_c, a.d_bias),
-                        (v as u32, gy),
-                    )
-                }?;
-            } else {
-                let v_ll = v as i64;
-                for (f, threads, (gx, gy_k)) in [
-                    (
-                        f_gather_l,
-                        GATHER_LIGHT_THREADS,
-                        (GATHER_LIGHT_ROW_BLOCKS, gy),
-                    ),
-                    (f_gather_h, GATHER_WARPS * 32, (GATHER_HEAVY_ROW_BLOCKS, gy)),
-                ] {
-                    let mut b = self.stream.launch_builder(f);
-                    b.arg(&starts)
-                        .arg(&csc)
-                        .arg(&a.e)
-                        .arg(&d_i)
-                        .arg(&a.d_c)
-                        .arg(&a.d_bias)
-                        .arg(&lists)
-                        .arg(&ctr)
-                        .arg(&v_ll);
-                    // SAFETY: matches CLASS_GATHER_PARAMS in chunked.cu; the lists name classes
-                    // < V whose records (starts, scan above) lie in csc and hold rows < N, so
-                    // gathered rows lie in e [N, D]; d_c V x D, d_bias V (or 0), gradient dtype.
-                    unsafe {
-                        b.launch(LaunchConfig {
-                            grid_dim: (gx.min(v as u32), gy_k, 1),
-                            block_dim: (threads, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(drv)?;
+                    b.launch(LaunchConfig {
+                        grid_dim: (gx.min(v as u32), gy, 1),
+                        block_dim: (threads, 1, 1),
+                        shared_mem_bytes: 0,
+                    })
                 }
+                .map_err(drv)?;
             }
             PhaseTimer::mark(&mut timer, "d_c gather")?;
             if timer.is_some() {
