@@ -1677,13 +1677,14 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   scan per step); either order is fixed (deterministic within the row).
 // Thread mapping: as cce_dense_bwd (columns 4t + u·SEL_THREADS·4 of each step); trip counts
 //   uniform over the block.
-template <int DT, int T>
+template <int DT, int T, bool FWD>
 __device__ __forceinline__ void sparse_select(
     const float* L, long long ld, int V, const void* bias, float softcap, const int* targets,
-    const float* lse_in, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
+    float* lse_io, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
     const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
     u32* row_cnt, u64* recs_end, u32* kept_out, float* dropped_out,
-    float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles) {
+    float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles,
+    float* loss_out) {
     __shared__ u32 hm[T / 32][N_BINS];
     __shared__ u32 hc[T / 32][N_BINS];
     __shared__ u64 tot[N_BINS];
@@ -1699,24 +1700,31 @@ __device__ __forceinline__ void sparse_select(
     __shared__ u32 wcnt_sh[T / 32];   // candidates per warp (pass 1)
     __shared__ u32 wkept_sh[T / 32];  // kept candidates per warp (pass 2)
     __shared__ float tau_sh;
+    __shared__ float wm_sh[T / 32], ws_sh[T / 32];  // FWD: each warp's (running max, Σ exp)
+    __shared__ float zy_sh;                         // FWD: the target logit
     const int STEP = T * 4 * SEL_UNROLL;    // pass 2 (full re-read)
     const int STEP1 = T * 4 * SEL_UNROLL1;  // pass 1
     const long long r = blockIdx.x;
     const float* Lr = L + r * ld;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const int y = targets[r];
-    const float lse = lse_in[r];
-    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
     const int warp = threadIdx.x >> 5;
-    if (!c.active) {
-        if (threadIdx.x == 0) {
-            row_off[r] = 0;
-            row_cnt[r] = 0;
-            kept_out[r] = INACTIVE_ROW;
-            dropped_out[r] = 0.0f;
-            tau_out[r] = 0.0f;
+    // FWD: lse and the coefficients come after pass 1 (which computes lse).
+    float lse = 0.0f;
+    GCoef c;
+    if constexpr (!FWD) {
+        lse = lse_io[r];
+        c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
+        if (!c.active) {
+            if (threadIdx.x == 0) {
+                row_off[r] = 0;
+                row_cnt[r] = 0;
+                kept_out[r] = INACTIVE_ROW;
+                dropped_out[r] = 0.0f;
+                tau_out[r] = 0.0f;
+            }
+            return;
         }
-        return;
     }
     for (int k = threadIdx.x; k < (T / 32) * N_BINS; k += T) {
         (&hm[0][0])[k] = 0;
@@ -1742,6 +1750,14 @@ __device__ __forceinline__ void sparse_select(
             y_q = (yr / (T * 4)) * 4 + (yr & 3);
         }
     }
+    // FWD: the online log-sum-exp of the row (each thread's sums relative to its warp's
+    // running max f_m), and the sum and count of the values that cannot be candidates
+    // (z < f_m − f_cut ⇒ p = exp(z − lse) < e_c, as lse ≥ f_m): after pass 1 their fixed-point
+    // mass is bounded from f_su (see below); candidates against the running max are a superset,
+    // those with g0 < e_c once lse is known are "demoted" (counted below the cut, then skipped).
+    float f_m = NEG_INF, f_s = 0.0f, f_su = 0.0f;
+    u32 f_nu = 0;
+    const float f_cut = FWD ? -logf(e_c) + 0.0625f : 0.0f;
     // Pass 1 (light): the candidates into shared memory, the mass below them in registers.
     // No histogram yet: when that mass is within δ (τ ≥ edge(SEL_CAND_BIN)), the bins above
     // come from the candidates alone; otherwise a full histogram pass follows. Per value: one
@@ -1754,43 +1770,93 @@ __device__ __forceinline__ void sparse_select(
         for (int u = 0; u < SEL_UNROLL1; ++u)
             zz[u] = sel_load<DT>(Lr, bias, b0 + u * T * 4 + threadIdx.x * 4, V, softcap, inv_cap);
         const int yq = b0 == y_b0 ? y_q : -1;
-        float zt = 0.0f;
-        if (yq >= 0) {
+        if constexpr (FWD) {
+            // The warp's running max over the row so far, this step included (warp-uniform).
+            float bm = NEG_INF;
 #pragma unroll
-            for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
-                if (q == yq) {
-                    zt = f4get(zz[q / 4], q % 4);
-                    f4set(zz[q / 4], q % 4, NEG_INF);
+            for (int u = 0; u < SEL_UNROLL1; ++u)
+                bm = fmaxf(fmaxf(bm, fmaxf(zz[u].x, zz[u].y)), fmaxf(zz[u].z, zz[u].w));
+            bm = warp_max(bm);
+            if (bm > f_m) {
+                const float sc = __expf(f_m - bm);  // 0 for the first finite values
+                f_s *= sc;
+                f_su *= sc;
+                f_m = bm;
+            }
+            const float mref = f_m == NEG_INF ? 0.0f : f_m;
+            const float thr = f_m - f_cut;  // below: p < e_c however large lse gets
+            float zt = 0.0f;
+            if (yq >= 0) {
+#pragma unroll
+                for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                    if (q == yq) {
+                        zt = f4get(zz[q / 4], q % 4);
+                        f4set(zz[q / 4], q % 4, NEG_INF);
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < SEL_UNROLL1; ++u) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float z = f4get(zz[u], k);
+                    const float e = __expf(z - mref);
+                    f_s += e;
+                    if (z < thr) {
+                        f_su += e;
+                        ++f_nu;
+                    } else if (z > NEG_INF || z != z) {
+                        cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
+                    }
                 }
-        }
-        u32 ub = 0;
+            }
+            if (yq >= 0) {
+                // The target is always a candidate (its g0 is near 1 where p is small).
+                f_s += __expf(zt - mref);
+                cb |= 1u << yq;
+                zy_sh = zt;
 #pragma unroll
-        for (int u = 0; u < SEL_UNROLL1; ++u) {
+                for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                    if (q == yq) f4set(zz[q / 4], q % 4, zt);
+            }
+        } else {
+            float zt = 0.0f;
+            if (yq >= 0) {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                float g0 = __expf(f4get(zz[u], k) - lse);
+                for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                    if (q == yq) {
+                        zt = f4get(zz[q / 4], q % 4);
+                        f4set(zz[q / 4], q % 4, NEG_INF);
+                    }
+            }
+            u32 ub = 0;
+#pragma unroll
+            for (int u = 0; u < SEL_UNROLL1; ++u) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float g0 = __expf(f4get(zz[u], k) - lse);
+                    if (g0 < e_c) {
+                        // g0·2^30 < eps·2^22 ≤ 2^22: u32, 16 of them per step too.
+                        ub += __float2uint_ru(g0 * FIXED_ONE);
+                        d_under += g0;
+                    } else {
+                        cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
+                    }
+                }
+            }
+            if (yq >= 0) {
+                float g0 = target_g0(__expf(zt - lse), c.oh);
                 if (g0 < e_c) {
-                    // g0·2^30 < eps·2^22 ≤ 2^22: u32, 16 of them per step too.
                     ub += __float2uint_ru(g0 * FIXED_ONE);
                     d_under += g0;
                 } else {
-                    cb |= 1u << (u * 4 + k);  // NaN too (never skipped)
+                    cb |= 1u << yq;
                 }
-            }
-        }
-        if (yq >= 0) {
-            float g0 = target_g0(__expf(zt - lse), c.oh);
-            if (g0 < e_c) {
-                ub += __float2uint_ru(g0 * FIXED_ONE);
-                d_under += g0;
-            } else {
-                cb |= 1u << yq;
-            }
 #pragma unroll
-            for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
-                if (q == yq) f4set(zz[q / 4], q % 4, zt);
+                for (int q = 0; q < SEL_UNROLL1 * 4; ++q)
+                    if (q == yq) f4set(zz[q / 4], q % 4, zt);
+            }
+            under += ub;
         }
-        under += ub;
         // Candidates, in this warp's slots in (step, lane, slot) order, while they fit.
         if (__any_sync(FULL_MASK, cb != 0u)) {
             u32 nb = (u32)__popc(cb);
@@ -1812,6 +1878,61 @@ __device__ __forceinline__ void sparse_select(
         }
     }
     if (lane == 0) wcnt_sh[warp] = wn;
+    if constexpr (FWD) {
+        // The row's lse from the warps' (max, Σ exp), merged in a fixed order (the same value
+        // in every thread), and the forward outputs (MATH.md "Forward"; as cce_dense_fwd).
+        const float ws = warp_sum(f_s);
+        if (lane == 0) {
+            wm_sh[warp] = f_m;
+            ws_sh[warp] = ws;
+        }
+        __syncthreads();
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < T / 32; ++w) M = fmaxf(M, wm_sh[w]);
+        float S = 0.0f;
+#pragma unroll
+        for (int w = 0; w < T / 32; ++w)
+            S += M == NEG_INF ? ws_sh[w] : ws_sh[w] * __expf(wm_sh[w] - M);
+        lse = M + logf(S);
+        if (threadIdx.x == 0)
+            write_row_outputs(r, y, lse, y >= 0 ? zy_sh : 0.0f, 0.0f, 0.0f, 0x7fffffff, 0.0f,
+                              lambda, V, lse_io, loss_out, nullptr, nullptr);
+        c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
+        if (!c.active) {  // block-uniform
+            if (threadIdx.x == 0) {
+                row_off[r] = 0;
+                row_cnt[r] = 0;
+                kept_out[r] = INACTIVE_ROW;
+                dropped_out[r] = 0.0f;
+                tau_out[r] = 0.0f;
+            }
+            return;
+        }
+        // Mass below the cut, in fixed point. The values below it hold
+        // f_su·exp(f_m − lse) (per thread; the f32 sums' relative error is far below 2^−12),
+        // and Σ ceil(g0·2^30) adds at most one unit per value: the bound below is ≥ what the
+        // per-value sum of the second kernel form gives. Demoted candidates add their own
+        // ceil(g0·2^30) and g0.
+        const float scale = f_m == NEG_INF ? 0.0f : __expf(f_m - lse);
+        d_under = f_su * scale;
+        const float su_w = warp_sum(f_su);
+        const u32 nu_w = warp_sum_u32(f_nu);
+        u64 dem = 0;
+        if (wn <= (u32)WC) {
+            for (u32 q = lane; q < wn; q += 32) {
+                float p = __expf(wz[q] - lse);
+                float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
+                if (g0 < e_c) {
+                    dem += (u64)ceilf(g0 * FIXED_ONE);
+                    d_under += g0;
+                }
+            }
+        }
+        under = dem;
+        if (lane == 0)
+            under += (u64)ceilf(su_w * scale * (FIXED_ONE * (1.0f + 1.0f / 4096.0f))) + nu_w;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) under += __shfl_down_sync(FULL_MASK, under, o);
     if ((threadIdx.x & 31) == 0) under_sh[warp] = under;
@@ -1825,7 +1946,9 @@ __device__ __forceinline__ void sparse_select(
         under_tot = s0;
     }
     __syncthreads();
-    const bool light = fits && under_tot <= delta_fixed;  // block-uniform
+    // Block-uniform. FWD: a row whose lse is not finite takes the full pass (as it would
+    // with the lse given: every g0 is NaN there, so nothing is skipped).
+    const bool light = fits && under_tot <= delta_fixed && (!FWD || isfinite(lse));
     if (light) {
         // Histogram of the candidates (bins < SEL_CAND_BIN, or g0 ≥ eps); everything below
         // is one mass, `under_tot`, at bin SEL_CAND_BIN: the threshold scan below reaches that
@@ -1833,7 +1956,9 @@ __device__ __forceinline__ void sparse_select(
         for (u32 q = lane; q < wn; q += 32) {
             float p = __expf(wz[q] - lse);
             float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
-            if (g0 < e_hi) {
+            if (g0 < e_c) {
+                // A demoted candidate (FWD): already in under_tot.
+            } else if (g0 < e_hi) {
                 int b = filter_bin(g0, edges);
                 atomicAdd(&hm[0][b], (u32)ceilf(g0 * FIXED_ONE));
                 atomicAdd(&hc[0][b], 1u);
@@ -1932,7 +2057,13 @@ __device__ __forceinline__ void sparse_select(
             if (q < wn) {
                 float p = __expf(wz[q] - lse);
                 float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
-                if (g0 < tau) dropped += g0; else keep = true;
+                // g0 < e_c ≤ τ: a demoted candidate (FWD), already in d_under.
+                if (g0 < e_c) {
+                } else if (g0 < tau) {
+                    dropped += g0;
+                } else {
+                    keep = true;
+                }
             }
             wk += (u32)__popc(__ballot_sync(FULL_MASK, keep));
         }
@@ -1954,7 +2085,7 @@ __device__ __forceinline__ void sparse_select(
                 float p = __expf(zk - lse);
                 bool tgt = (j == y);
                 float g0 = tgt ? target_g0(p, c.oh) : p;
-                if (!(g0 < tau)) {
+                if (!(g0 < tau) && !(g0 < e_c)) {
                     keep = true;
                     g = c.cp * p - (tgt ? c.cy : 0.0f);
                     if (softcap > 0.0f) {
@@ -2037,22 +2168,28 @@ __device__ __forceinline__ void sparse_select(
 
 #define SEL_PARAMS                                                                            \
     const float *L, long long ld, int V, const void *bias, float softcap, const int *targets,\
-        const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
+        float *lse_io, const float *dl_rows, float dl_scalar, const float *dlse,             \
         float lambda, const float *edges_g, u64 delta_fixed, u64 cap, u64 *counter,          \
         u32 *overflow, u32 *row_off, u32 *row_cnt, u64 *recs_end, u32 *kept_out,             \
         float *dropped_out, float *tau_out, u32 *flags, long long row0, int tile_rows,       \
-        int tile_classes, int n_ctiles
+        int tile_classes, int n_ctiles, float *loss_out
 #define SEL_ARGS                                                                              \
-    L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
+    L, ld, V, bias, softcap, targets, lse_io, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
         delta_fixed, cap, counter, overflow, row_off, row_cnt, recs_end, kept_out,           \
-        dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles
+        dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles, loss_out
+// cce_sparse_select_*: lse_io is the saved lse (read), loss_out unused; _fwd: lse_io and
+// loss_out are the forward outputs (written: no forward row kernel before it).
 #define SEL_KERNELS(DTN, DT)                                                                  \
     extern "C" __global__ void __launch_bounds__(512, 2) cce_sparse_select_##DTN(SEL_PARAMS) {  \
-        sparse_select<DT, 512>(SEL_ARGS);                                                     \
+        sparse_select<DT, 512, false>(SEL_ARGS);                                              \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(256, 4)                                      \
         cce_sparse_select_##DTN##_t256(SEL_PARAMS) {                                          \
-        sparse_select<DT, 256>(SEL_ARGS);                                                     \
+        sparse_select<DT, 256, false>(SEL_ARGS);                                              \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(512, 2)                                      \
+        cce_sparse_select_fwd_##DTN(SEL_PARAMS) {                                             \
+        sparse_select<DT, 512, true>(SEL_ARGS);                                               \
     }
 SEL_KERNELS(f32, 0)
 SEL_KERNELS(f16, 1)

@@ -941,6 +941,7 @@ impl DenseEngine {
             names.push(format!("cce_split_de_finish_{dt}"));
             names.push(format!("cce_sparse_select_{dt}"));
             names.push(format!("cce_sparse_select_{dt}_t256"));
+            names.push(format!("cce_sparse_select_fwd_{dt}"));
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
@@ -2226,7 +2227,17 @@ impl DenseEngine {
             Ok("256") => 256,
             _ => SEL_THREADS,
         };
-        let f_sel = self.func(&if sel_threads == 256 {
+        // The forward rows fold into select (its pass 1 carries the online lse) when the call
+        // wants only lse and loss of them (no entropy, argmax or label smoothing).
+        let fold_fwd = a.forward
+            && sel_threads == SEL_THREADS
+            && ra.entropy == 0
+            && ra.argmax == 0
+            && ra.alpha == 0.0
+            && std::env::var_os("CCE_CUDA_SEPARATE_FWD").is_none();
+        let f_sel = self.func(&if fold_fwd {
+            format!("cce_sparse_select_fwd_{code}")
+        } else if sel_threads == 256 {
             format!("cce_sparse_select_{code}_t256")
         } else {
             format!("cce_sparse_select_{code}")
@@ -2258,14 +2269,20 @@ impl DenseEngine {
             let e_r = a.e + (r0 * d * esz) as u64;
             self.gemm_logits((v, d, rows), dt, (a.c, e_r, l_ptr), ld)?;
             PhaseTimer::mark(&mut timer, "logits GEMM")?;
-            if a.forward {
+            if a.forward && !fold_fwd {
                 self.fwd_rows(f_fwd, ra, r0, rows, l_ptr)?;
                 PhaseTimer::mark(&mut timer, "forward rows")?;
             }
             let off4 = (r0 * 4) as u64;
             let at = |p: u64| if p != 0 { p + off4 } else { 0 };
-            let (t_r, lse_r, dl_r, dlse_r) =
-                (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse));
+            // Folded: select writes the forward's lse and loss rows (a.saved_lse is ra.lse
+            // in a forward call).
+            let (t_r, lse_r, dl_r, dlse_r) = if fold_fwd {
+                (at(ra.targets), at(ra.lse), at(a.dl_rows), at(a.dlse))
+            } else {
+                (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse))
+            };
+            let loss_r = if fold_fwd { at(ra.loss_rows) } else { 0 };
             let (off_r, cnt_r, kept_r, dropped_r, tau_r) = (
                 row_off + off4,
                 row_cnt + off4,
@@ -2301,9 +2318,12 @@ impl DenseEngine {
                 .arg(&row0)
                 .arg(&tile_rows)
                 .arg(&tile_classes)
-                .arg(&n_ctiles);
+                .arg(&n_ctiles)
+                .arg(&loss_r);
             // SAFETY: argument types and order match SEL_PARAMS; L holds the chunk's logits
-            // (stream order); per-row arrays hold N entries and are offset to the chunk; the
+            // (stream order); per-row arrays hold N entries and are offset to the chunk (the
+            // folded form writes lse and loss rows there, which no other launch in flight
+            // touches); the
             // kernel writes a row's records only when its allocation ends within `cap` =
             // `SparseBackward::capacity(chunk)`, which keeps the records between the end of
             // this chunk's logits and the end of the scratch (`scratch_bytes` ≤ the buffer,
@@ -2397,7 +2417,14 @@ impl DenseEngine {
             // every gathered row lies in c [V, D]; d_e holds N x D of the gradient dtype.
             unsafe {
                 b.launch(LaunchConfig {
-                    grid_dim: (GATHER_LIGHT_ROW_BLOCKS, gy, 1),
+                    // A warp per row, rows strided over the grid: no more blocks than rows
+                    // need.
+                    grid_dim: (
+                        GATHER_LIGHT_ROW_BLOCKS
+                            .min(n.div_ceil(GATHER_LIGHT_THREADS as usize / 32) as u32),
+                        gy,
+                        1,
+                    ),
                     block_dim: (GATHER_LIGHT_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 })

@@ -474,10 +474,10 @@ fn filtered_check_hot(
         bias: bias_t.as_ref(),
         targets: &t,
     };
-    let (_, g) = be
+    let (fo, g) = be
         .forward_backward(&inputs, &opts, &Upstream::default())
         .unwrap();
-    let (_, gx) = be
+    let (fox, gx) = be
         .forward_backward(&inputs, &exact_opts, &Upstream::default())
         .unwrap();
     let s = g.stats.clone();
@@ -493,6 +493,27 @@ fn filtered_check_hot(
         Precision::F64,
     )
     .unwrap();
+    // The forward outputs of the filtered call (on the sparse path, select computes them) are
+    // as close to f64 as the exact call's: lse per row, and the summed loss.
+    let (lse, lsex) = (to_f64(be, &fo.lse), to_f64(be, &fox.lse));
+    for i in 0..n {
+        let (err, base) = ((lse[i] - gt.lse[i]).abs(), (lsex[i] - gt.lse[i]).abs());
+        let bound = 2.0 * base + 1e-5 * (1.0 + gt.lse[i].abs());
+        assert!(
+            err <= bound,
+            "{dtype} std {logit_std} row {i}: lse {} vs f64 {} (exact call {})\n{s}",
+            lse[i],
+            gt.lse[i],
+            lsex[i]
+        );
+    }
+    let (loss, lossx) = (to_f64(be, &fo.loss)[0], to_f64(be, &fox.loss)[0]);
+    let loss_bound = 2.0 * (lossx - gt.loss[0]).abs() + 1e-5 * (1.0 + gt.loss[0].abs());
+    assert!(
+        (loss - gt.loss[0]).abs() <= loss_bound,
+        "{dtype} std {logit_std}: loss {loss} vs f64 {} (exact call {lossx})\n{s}",
+        gt.loss[0]
+    );
     let cv = case.c.to_f64_vec();
     let ev = case.e.to_f64_vec();
     let norm_max = |m: &[f64]| {
