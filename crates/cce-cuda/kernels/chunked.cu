@@ -1530,7 +1530,8 @@ extern "C" __global__ void cce_dense_random_targets(int* t, int n, int V, u64 se
 // Sparse backward (cce-core plan.rs SparseBackward; PERFORMANCE.md "Design space" 4)
 // ------------------------------------------------------------------------------------------
 // Per row chunk of R rows:
-//   (1) cuBLAS logits, (2) cce_dense_fwd_* (forward calls),
+//   (1) cuBLAS logits, (2) cce_dense_fwd_* (forward calls that want entropy or argmax;
+//       otherwise select's _fwd form computes lse and loss in its pass 1),
 //   (3) cce_sparse_select_*: τ_i from the row's histogram of g0 (filter.rs), then the kept
 //       entries (g0 ≥ τ_i) as 8-byte records (class | G bits << 32), packed per row at an
 //       offset taken from a call-wide counter; record k lives at recs_end[−1 − k] (the records
@@ -1665,6 +1666,11 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   recs_end: one past the last of `cap` u64 records (record k at recs_end[−1 − k]);
 //   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
 //   (global row row0 + r, as cce_dense_bwd).
+//   FWD (the _fwd kernels): lse_io and loss_out f32 [rows] are outputs, the forward's lse and
+//   per-row loss (no label smoothing, entropy or argmax); pass 1 also folds each value into
+//   an online log-sum-exp and takes as candidates the values within −ln(e_c) + 1/16 nats of its
+//   warp's running max (a superset: lse ≥ that max); once lse is known, candidates with
+//   g0 < e_c are "demoted" (their mass joins the one below the cut and they are skipped).
 // Tiling: one block per row. Pass 1 (no block barrier: each warp appends its candidates,
 //   g0 ≥ edge(SEL_CAND_BIN), to its own SEL_CAND / warps slots of shared memory, in its
 //   column-step order) and the fixed-point mass below them; when that mass is ≤ δ (peaked

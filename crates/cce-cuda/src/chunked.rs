@@ -11,7 +11,9 @@
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
-//! logits GEMM, the forward rows, the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
+//! logits GEMM, the forward rows (in a forward-and-backward call folded into the select
+//! kernel, `cce_sparse_select_fwd_*`, which then computes lse and loss in its first read of
+//! the row), the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
 //! by gathering rows of `c` (on peaked data in one launch after the last chunk); then the
 //! records regrouped by class and `d_c`, `d_bias` by gathering rows of `e` (one column slice
 //! of `e` at a time across the classes, so that the slice stays in L2). One logits GEMM, two host syncs (after the first chunk, whose density
