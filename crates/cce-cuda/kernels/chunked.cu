@@ -1690,7 +1690,7 @@ __device__ __forceinline__ void sparse_select(
     const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
     u32* row_cnt, u64* recs_end, u32* kept_out, float* dropped_out,
     float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles,
-    float* loss_out) {
+    float* loss_out, u32* gap_hist, int use_gap) {
     __shared__ u32 hm[T / 32][N_BINS];
     __shared__ u32 hc[T / 32][N_BINS];
     __shared__ u64 tot[N_BINS];
@@ -1708,6 +1708,7 @@ __device__ __forceinline__ void sparse_select(
     __shared__ float tau_sh;
     __shared__ float wm_sh[T / 32], ws_sh[T / 32];  // FWD: each warp's (running max, Σ exp)
     __shared__ float zy_sh;                         // FWD: the target logit
+    __shared__ float est_sh;                        // FWD: the lse − max estimate
     const int STEP = T * 4 * SEL_UNROLL;    // pass 2 (full re-read)
     const int STEP1 = T * 4 * SEL_UNROLL1;  // pass 1
     const long long r = blockIdx.x;
@@ -1737,6 +1738,19 @@ __device__ __forceinline__ void sparse_select(
         (&hc[0][0])[k] = 0;
     }
     if (threadIdx.x < N_BINS) edges[threadIdx.x] = edges_g[threadIdx.x];
+    if (FWD && warp == 0) {
+        // lse − max of the probe's rows (gap_hist: 32 bins of 1/4 nat): the estimate is the
+        // lower edge of the bin below which at most 1/16 of them lie (0 in the probe itself).
+        float est = 0.0f;
+        if (use_gap) {
+            const int lane0 = threadIdx.x & 31;
+            u32 incl = warp_incl_scan(gap_hist[lane0]);
+            u32 tot = __shfl_sync(FULL_MASK, incl, 31);
+            u32 over = __ballot_sync(FULL_MASK, incl > tot / 16);
+            if (tot > 0 && over != 0u) est = (float)(__ffs(over) - 1) * 0.25f;
+        }
+        if (threadIdx.x == 0) est_sh = est;
+    }
     __syncthreads();
     u32 big = 0;
     u64 under = 0;         // fixed-point mass (ceil per entry) below edge(SEL_CAND_BIN)
@@ -1758,12 +1772,14 @@ __device__ __forceinline__ void sparse_select(
     }
     // FWD: the online log-sum-exp of the row (each thread's sums relative to its warp's
     // running max f_m), and the sum and count of the values that cannot be candidates
-    // (z < f_m − f_cut ⇒ p = exp(z − lse) < e_c, as lse ≥ f_m): after pass 1 their fixed-point
+    // (z < f_m − f_off ⇒ p = exp(z − lse) < e_c when lse ≥ f_m + est): after pass 1 their fixed-point
     // mass is bounded from f_su (see below); candidates against the running max are a superset,
     // those with g0 < e_c once lse is known are "demoted" (counted below the cut, then skipped).
     float f_m = NEG_INF, f_s = 0.0f, f_su = 0.0f;
     u32 f_nu = 0;
-    const float f_cut = FWD ? -logf(e_c) + 0.0625f : 0.0f;
+    // The cut sits f_off below the running max: −ln(e_c) + 1/16 nats, less the estimate of
+    // lse − max (rows where lse − max turns out below it take the full pass: see gap_ok).
+    const float f_off = FWD ? -logf(e_c) + 0.0625f - est_sh : 0.0f;
     // Pass 1 (light): the candidates into shared memory, the mass below them in registers.
     // No histogram yet: when that mass is within δ (τ ≥ edge(SEL_CAND_BIN)), the bins above
     // come from the candidates alone; otherwise a full histogram pass follows. Per value: one
@@ -1776,6 +1792,7 @@ __device__ __forceinline__ void sparse_select(
         for (int u = 0; u < SEL_UNROLL1; ++u)
             zz[u] = sel_load<DT>(Lr, bias, b0 + u * T * 4 + threadIdx.x * 4, V, softcap, inv_cap);
         const int yq = b0 == y_b0 ? y_q : -1;
+        float thr = NEG_INF;  // FWD: the cut of this step
         if constexpr (FWD) {
             // The warp's running max over the row so far, this step included (warp-uniform).
             float bm = NEG_INF;
@@ -1790,7 +1807,7 @@ __device__ __forceinline__ void sparse_select(
                 f_m = bm;
             }
             const float mref = f_m == NEG_INF ? 0.0f : f_m;
-            const float thr = f_m - f_cut;  // below: p < e_c however large lse gets
+            thr = f_m - f_off;
             float zt = 0.0f;
             if (yq >= 0) {
 #pragma unroll
@@ -1867,6 +1884,41 @@ __device__ __forceinline__ void sparse_select(
         if (__any_sync(FULL_MASK, cb != 0u)) {
             u32 nb = (u32)__popc(cb);
             u32 incl = warp_incl_scan(nb);
+            if constexpr (FWD) {
+                const u32 n_step = __shfl_sync(FULL_MASK, incl, 31);
+                if (wn <= (u32)WC && wn + n_step > (u32)WC) {
+                    // Slots full: drop the earlier candidates that the risen running max puts
+                    // below this step's cut (their mass joins f_su), keep the target; in
+                    // place, in order (a lane writes at or below the slot it read).
+                    const float mref = f_m == NEG_INF ? 0.0f : f_m;
+                    u32 kept_n = 0;
+                    for (u32 q0 = 0; q0 < wn; q0 += 32) {
+                        const u32 q = q0 + lane;
+                        int jc = 0;
+                        float zc = 0.0f;
+                        bool keep = false;
+                        if (q < wn) {
+                            jc = wcol[q];
+                            zc = wz[q];
+                            keep = !(zc < thr) || jc == y;
+                            if (!keep) {
+                                f_su += __expf(zc - mref);
+                                ++f_nu;
+                            }
+                        }
+                        const u32 bal = __ballot_sync(FULL_MASK, keep);
+                        __syncwarp();
+                        if (keep) {
+                            const u32 pos = kept_n + (u32)__popc(bal & ((1u << lane) - 1u));
+                            wcol[pos] = jc;
+                            wz[pos] = zc;
+                        }
+                        kept_n += (u32)__popc(bal);
+                        __syncwarp();
+                    }
+                    wn = kept_n;
+                }
+            }
             if (wn < WC) {
                 u32 pos = wn + incl - nb;
 #pragma unroll
@@ -1884,6 +1936,7 @@ __device__ __forceinline__ void sparse_select(
         }
     }
     if (lane == 0) wcnt_sh[warp] = wn;
+    bool gap_ok = true;  // FWD: every cut of pass 1 was below lse − ln(1/e_c)
     if constexpr (FWD) {
         // The row's lse from the warps' (max, Σ exp), merged in a fixed order (the same value
         // in every thread), and the forward outputs (MATH.md "Forward"; as cce_dense_fwd).
@@ -1901,6 +1954,10 @@ __device__ __forceinline__ void sparse_select(
         for (int w = 0; w < T / 32; ++w)
             S += M == NEG_INF ? ws_sh[w] : ws_sh[w] * __expf(wm_sh[w] - M);
         lse = M + logf(S);
+        if (!use_gap && threadIdx.x == 0 && isfinite(lse))
+            atomicAdd(&gap_hist[min(31, max(0, (int)((lse - M) * 4.0f)))], 1u);
+        // The cuts were at most M + est − ln(1/e_c) − 1/16: below lse − ln(1/e_c) if est ≤ lse − M.
+        gap_ok = est_sh <= lse - M;
         if (threadIdx.x == 0)
             write_row_outputs(r, y, lse, y >= 0 ? zy_sh : 0.0f, 0.0f, 0.0f, 0x7fffffff, 0.0f,
                               lambda, V, lse_io, loss_out, nullptr, nullptr);
@@ -1954,7 +2011,7 @@ __device__ __forceinline__ void sparse_select(
     __syncthreads();
     // Block-uniform. FWD: a row whose lse is not finite takes the full pass (as it would
     // with the lse given: every g0 is NaN there, so nothing is skipped).
-    const bool light = fits && under_tot <= delta_fixed && (!FWD || isfinite(lse));
+    const bool light = fits && under_tot <= delta_fixed && (!FWD || (isfinite(lse) && gap_ok));
     if (light) {
         // Histogram of the candidates (bins < SEL_CAND_BIN, or g0 ≥ eps); everything below
         // is one mass, `under_tot`, at bin SEL_CAND_BIN: the threshold scan below reaches that
@@ -2178,13 +2235,16 @@ __device__ __forceinline__ void sparse_select(
         float lambda, const float *edges_g, u64 delta_fixed, u64 cap, u64 *counter,          \
         u32 *overflow, u32 *row_off, u32 *row_cnt, u64 *recs_end, u32 *kept_out,             \
         float *dropped_out, float *tau_out, u32 *flags, long long row0, int tile_rows,       \
-        int tile_classes, int n_ctiles, float *loss_out
+        int tile_classes, int n_ctiles, float *loss_out, u32 *gap_hist, int use_gap
 #define SEL_ARGS                                                                              \
     L, ld, V, bias, softcap, targets, lse_io, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
         delta_fixed, cap, counter, overflow, row_off, row_cnt, recs_end, kept_out,           \
-        dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles, loss_out
-// cce_sparse_select_*: lse_io is the saved lse (read), loss_out unused; _fwd: lse_io and
-// loss_out are the forward outputs (written: no forward row kernel before it).
+        dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles, loss_out,       \
+        gap_hist, use_gap
+// cce_sparse_select_*: lse_io is the saved lse (read), loss_out, gap_hist, use_gap unused;
+// _fwd: lse_io and loss_out are the forward outputs (written: no forward row kernel before
+// it); gap_hist u32 [32] the probe's histogram of lse − max, written when use_gap = 0 (the
+// probe) and read otherwise.
 #define SEL_KERNELS(DTN, DT)                                                                  \
     extern "C" __global__ void __launch_bounds__(512, 2) cce_sparse_select_##DTN(SEL_PARAMS) {  \
         sparse_select<DT, 512, false>(SEL_ARGS);                                              \

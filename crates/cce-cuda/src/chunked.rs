@@ -545,7 +545,8 @@ pub struct DenseWorkspace {
     stats: CudaSlice<u8>,
     /// Sparse backward: row offsets then row counts, u32 `[N]` each.
     sparse_rows: CudaSlice<u8>,
-    /// Sparse backward: pair counter (u64) and overflow flag (u32).
+    /// Sparse backward: pair counter (u64), overflow flag and re-read rows (u32), the folded
+    /// select's lse − max histogram of the probe rows (32 u32).
     sparse_ctl: CudaSlice<u8>,
     bytes: u64,
 }
@@ -603,7 +604,9 @@ impl DenseWorkspace {
             cfg.row_tiles() * cfg.class_tiles() * 4
         })?;
         let sparse_rows = alloc(if cfg.sparse.is_some() { cfg.n * 8 } else { 4 })?;
-        let sparse_ctl = alloc(16)?;
+        // Pairs (u64), overflow and re-read rows (u32 each), then the folded select's
+        // histogram of lse − max over the probe's rows (32 u32).
+        let sparse_ctl = alloc(16 + 32 * 4)?;
         let mut edges = alloc(N_BINS * 4)?;
         let stats = alloc(8 * 8)?;
         let host: Vec<f32> = (0..N_BINS).map(|k| cfg.filter.edge(k)).collect();
@@ -2285,6 +2288,8 @@ impl DenseEngine {
                 (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse))
             };
             let loss_r = if fold_fwd { at(ra.loss_rows) } else { 0 };
+            // The probe (first chunk) fills the lse − max histogram, later chunks read it.
+            let (gap_hist, use_gap) = (ctl + 16, i32::from(r0 > 0));
             let (off_r, cnt_r, kept_r, dropped_r, tau_r) = (
                 row_off + off4,
                 row_cnt + off4,
@@ -2321,7 +2326,9 @@ impl DenseEngine {
                 .arg(&tile_rows)
                 .arg(&tile_classes)
                 .arg(&n_ctiles)
-                .arg(&loss_r);
+                .arg(&loss_r)
+                .arg(&gap_hist)
+                .arg(&use_gap);
             // SAFETY: argument types and order match SEL_PARAMS; L holds the chunk's logits
             // (stream order); per-row arrays hold N entries and are offset to the chunk (the
             // folded form writes lse and loss rows there, which no other launch in flight

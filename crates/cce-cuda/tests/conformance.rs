@@ -423,7 +423,7 @@ fn filtered_check(
         softcap,
         delta,
         filter_eps,
-        0,
+        (0, 0),
     )
 }
 
@@ -441,9 +441,17 @@ fn filtered_check_hot(
     softcap: Option<f32>,
     delta: f32,
     filter_eps: f32,
-    hot_rows: usize,
+    (hot_rows, flat_rows): (usize, usize),
 ) -> cce_core::CallStats {
     let mut case = random_case(rng, n, d, v, dtype, bias, 0.1, logit_std);
+    if flat_rows > 0 {
+        // The first rows' logits at a quarter of the scale: flatter softmax, lse − max larger
+        // than in the rows after them.
+        let mut ev = case.e.to_f64_vec();
+        ev.iter_mut().take(flat_rows * d).for_each(|x| *x *= 0.25);
+        let ev: Vec<f32> = ev.iter().map(|&x| x as f32).collect();
+        case.e = HostTensor::from_f32(case.e.shape().to_vec(), &ev, dtype).unwrap();
+    }
     if hot_rows > 0 {
         let hot = rng.random_range(0..v as i64);
         let mut t = case.targets.to_i64_vec().unwrap();
@@ -677,10 +685,28 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
                 None,
                 1e-3,
                 2f32.powi(-12),
-                600,
+                (600, 0),
             );
             assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
         }
+    }
+    // The folded forward's cut uses the probe's lse − max: a flatter probe (the first 128
+    // rows) than the rows after it makes those rows' check fail, and they take the full
+    // pass (exact); judged the same way, lse and loss included.
+    for dtype in [DType::F32, DType::BF16] {
+        let s = filtered_check_hot(
+            &auto().with_sparse(SparseMode::Always),
+            &mut rng,
+            dtype,
+            30.0,
+            (300, 48, 3000),
+            false,
+            None,
+            1e-3,
+            2f32.powi(-12),
+            (0, 128),
+        );
+        assert!(s.plan_reason.starts_with("sparse backward:"), "{s}");
     }
     // Auto on flat rows: most entries are kept, the dense passes run (and say why).
     for dtype in [DType::F32, DType::BF16] {
@@ -949,6 +975,27 @@ fn sanitizer_smoke() {
             g.stats
         );
         eprintln!("{dtype} sparse smoke: {} kept", g.stats.entries_kept);
+        if dtype == DType::BF16 {
+            // Flat rows over 16384 classes: each select warp sees 1024 candidates, more than
+            // its slots (the folded select's compaction, then the full pass; the pairs may
+            // outgrow the capacity and the dense passes finish the call).
+            let flat = random_case(&mut rng, 64, 16, 16384, dtype, false, 0.0, 1.0);
+            let (e2, c2, t2) = (
+                upload(&be, &flat.e),
+                upload(&be, &flat.c),
+                upload(&be, &flat.targets),
+            );
+            let inputs2 = Inputs {
+                e: &e2,
+                c: &c2,
+                bias: None,
+                targets: &t2,
+            };
+            let (f2, _) = sparse_be
+                .forward_backward(&inputs2, &s.opts, &Upstream::default())
+                .unwrap();
+            eprintln!("flat sparse smoke: {}", f2.stats.plan_reason);
+        }
         // The class-tiled forward (two streams, 128-row x 128-class tiles: 2 row groups of 3
         // tiles) on the same inputs: its lse next to the row chunks' one.
         let (f_rows, _) = sparse_be
