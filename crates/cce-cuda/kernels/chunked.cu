@@ -1620,6 +1620,15 @@ __device__ __forceinline__ u32 block_excl_scan(u32 c, u32* wsh, u32& total) {
     return off;
 }
 
+// Floats as ints in the same order (for atomicMax), and back.
+__device__ __forceinline__ int ordered_key(float f) {
+    int i = __float_as_int(f);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float ordered_float(int k) {
+    return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff);
+}
+
 // The 4 logits at columns j .. j+3 (j a multiple of 4; in select, thread t of T at step b0
 // and unroll u takes j = b0 + u·T·4 + 4t), bias added, softcapped; a float4 load where all 4
 // are in range.
@@ -1709,6 +1718,7 @@ __device__ __forceinline__ void sparse_select(
     __shared__ float wm_sh[T / 32], ws_sh[T / 32];  // FWD: each warp's (running max, Σ exp)
     __shared__ float zy_sh;                         // FWD: the target logit
     __shared__ float est_sh;                        // FWD: the lse − max estimate
+    __shared__ int bmax_sh;                         // FWD: the block's running max (ordered)
     const int STEP = T * 4 * SEL_UNROLL;    // pass 2 (full re-read)
     const int STEP1 = T * 4 * SEL_UNROLL1;  // pass 1
     const long long r = blockIdx.x;
@@ -1749,7 +1759,10 @@ __device__ __forceinline__ void sparse_select(
             u32 over = __ballot_sync(FULL_MASK, incl > tot / 16);
             if (tot > 0 && over != 0u) est = (float)(__ffs(over) - 1) * 0.25f;
         }
-        if (threadIdx.x == 0) est_sh = est;
+        if (threadIdx.x == 0) {
+            est_sh = est;
+            bmax_sh = ordered_key(NEG_INF);
+        }
     }
     __syncthreads();
     u32 big = 0;
@@ -1772,9 +1785,10 @@ __device__ __forceinline__ void sparse_select(
     }
     // FWD: the online log-sum-exp of the row (each thread's sums relative to its warp's
     // running max f_m), and the sum and count of the values that cannot be candidates
-    // (z < f_m − f_off ⇒ p = exp(z − lse) < e_c when lse ≥ f_m + est): after pass 1 their fixed-point
-    // mass is bounded from f_su (see below); candidates against the running max are a superset,
-    // those with g0 < e_c once lse is known are "demoted" (counted below the cut, then skipped).
+    // (z < b − f_off, b the block's running max ≤ the row max M, ⇒ p = exp(z − lse) < e_c
+    // when est ≤ lse − M): after pass 1 their fixed-point mass is bounded from f_su (see
+    // below); candidates against the running max are a superset, those with g0 < e_c once lse
+    // is known are "demoted" (counted below the cut, then skipped).
     float f_m = NEG_INF, f_s = 0.0f, f_su = 0.0f;
     u32 f_nu = 0;
     // The cut sits f_off below the running max: −ln(e_c) + 1/16 nats, less the estimate of
@@ -1800,6 +1814,11 @@ __device__ __forceinline__ void sparse_select(
             for (int u = 0; u < SEL_UNROLL1; ++u)
                 bm = fmaxf(fmaxf(bm, fmaxf(zz[u].x, zz[u].y)), fmaxf(zz[u].z, zz[u].w));
             bm = warp_max(bm);
+            // The block's running max (a lower bound of the row max, whatever the other
+            // warps have reached): the cut follows it, the sums stay on this warp's own max.
+            int bk = 0;
+            if (lane == 0) bk = max(atomicMax(&bmax_sh, ordered_key(bm)), ordered_key(bm));
+            const float bmx = ordered_float(__shfl_sync(FULL_MASK, bk, 0));
             if (bm > f_m) {
                 const float sc = __expf(f_m - bm);  // 0 for the first finite values
                 f_s *= sc;
@@ -1807,7 +1826,7 @@ __device__ __forceinline__ void sparse_select(
                 f_m = bm;
             }
             const float mref = f_m == NEG_INF ? 0.0f : f_m;
-            thr = f_m - f_off;
+            thr = fmaxf(f_m, bmx) - f_off;
             float zt = 0.0f;
             if (yq >= 0) {
 #pragma unroll

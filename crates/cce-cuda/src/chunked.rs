@@ -2240,13 +2240,16 @@ impl DenseEngine {
             && ra.argmax == 0
             && ra.alpha == 0.0
             && std::env::var_os("CCE_CUDA_SEPARATE_FWD").is_none();
-        let f_sel = self.func(&if fold_fwd {
-            format!("cce_sparse_select_fwd_{code}")
-        } else if sel_threads == 256 {
+        let f_sel_fold = self.func(&format!("cce_sparse_select_fwd_{code}"))?;
+        let f_sel = self.func(&if sel_threads == 256 {
             format!("cce_sparse_select_{code}_t256")
         } else {
             format!("cce_sparse_select_{code}")
         })?;
+        // Folded chunks: the probe, and the chunks after it unless most of its rows had to be
+        // re-read (their candidates against the running max did not fit; then the forward
+        // rows and select run apart, which reads each row twice instead of three times).
+        let mut fold = fold_fwd;
         let vec16 = 16 / dt.size_bytes();
         let vec = if d % vec16 == 0 { vec16 } else { 1 };
         let f_gather = self.func(&format!("cce_sparse_gather_{code}_{out_code}_v{vec}"))?;
@@ -2274,7 +2277,7 @@ impl DenseEngine {
             let e_r = a.e + (r0 * d * esz) as u64;
             self.gemm_logits((v, d, rows), dt, (a.c, e_r, l_ptr), ld)?;
             PhaseTimer::mark(&mut timer, "logits GEMM")?;
-            if a.forward && !fold_fwd {
+            if a.forward && !fold {
                 self.fwd_rows(f_fwd, ra, r0, rows, l_ptr)?;
                 PhaseTimer::mark(&mut timer, "forward rows")?;
             }
@@ -2282,12 +2285,12 @@ impl DenseEngine {
             let at = |p: u64| if p != 0 { p + off4 } else { 0 };
             // Folded: select writes the forward's lse and loss rows (a.saved_lse is ra.lse
             // in a forward call).
-            let (t_r, lse_r, dl_r, dlse_r) = if fold_fwd {
+            let (t_r, lse_r, dl_r, dlse_r) = if fold {
                 (at(ra.targets), at(ra.lse), at(a.dl_rows), at(a.dlse))
             } else {
                 (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse))
             };
-            let loss_r = if fold_fwd { at(ra.loss_rows) } else { 0 };
+            let loss_r = if fold { at(ra.loss_rows) } else { 0 };
             // The probe (first chunk) fills the lse − max histogram, later chunks read it.
             let (gap_hist, use_gap) = (ctl + 16, i32::from(r0 > 0));
             let (off_r, cnt_r, kept_r, dropped_r, tau_r) = (
@@ -2298,7 +2301,9 @@ impl DenseEngine {
                 tau_ptr + off4,
             );
             let row0 = r0 as i64;
-            let mut b = self.stream.launch_builder(f_sel);
+            let mut b = self
+                .stream
+                .launch_builder(if fold { f_sel_fold } else { f_sel });
             b.arg(&l_ptr)
                 .arg(&ra.ld)
                 .arg(&ra.v)
@@ -2347,7 +2352,8 @@ impl DenseEngine {
             .map_err(drv)?;
             PhaseTimer::mark(&mut timer, "select")?;
             if r0 == 0 {
-                let (pairs, over, _) = self.sparse_ctl(ws)?;
+                let (pairs, over, reread) = self.sparse_ctl(ws)?;
+                fold = fold && (reread as usize) * 4 <= rows;
                 let mean = pairs as f64 / rows as f64;
                 if over {
                     return Ok(Err((
