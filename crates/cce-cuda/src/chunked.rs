@@ -99,6 +99,14 @@ const GATHER_HEAVY_ROW_BLOCKS: u32 = 256;
 /// chunked.cu).
 const GATHER_LIGHT_THREADS: u32 = 256;
 
+/// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
+/// rows and select apart rather than folded (`cce_sparse_select_fwd_*`). Rows keeping more
+/// have more candidates per select warp, and the folded form compacts its candidate slots
+/// more often: session 7 run 3 measured the folded form faster at 3 and 209 kept entries per
+/// row (V = 128256: c/8 10.49 against 11.17 ms at 4096 rows) and slower at 327 (the seed's
+/// c/8: select 39-40 ms against 9.4 + 21.2 apart). The bound sits between.
+const FOLD_MAX_KEPT: f64 = 256.0;
+
 /// Classes per scan block (`SCAN_TILE`) and its threads (`SCAN_THREADS`).
 const SCAN_TILE: usize = 4096;
 const SCAN_THREADS: u32 = 256;
@@ -2353,7 +2361,9 @@ impl DenseEngine {
             PhaseTimer::mark(&mut timer, "select")?;
             if r0 == 0 {
                 let (pairs, over, reread) = self.sparse_ctl(ws)?;
-                fold = fold && (reread as usize) * 4 <= rows;
+                fold = fold
+                    && (reread as usize) * 4 <= rows
+                    && (pairs as f64) <= FOLD_MAX_KEPT * rows as f64;
                 let mean = pairs as f64 / rows as f64;
                 if over {
                     return Ok(Err((
