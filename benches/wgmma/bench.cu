@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
   const int reps = argc > 5 ? atoi(argv[5]) : 10;
   const int group_m = argc > 6 ? atoi(argv[6]) : 16;
   const int cm = argc > 7 ? atoi(argv[7]) : 1;
-  const int ordered = argc > 8 ? atoi(argv[8]) : 0;
+  const int ordered = argc > 8 ? atoi(argv[8]) : 1;
   if (D % wg::BK != 0) {
     fprintf(stderr, "D must be a multiple of %d\n", wg::BK);
     return 1;
