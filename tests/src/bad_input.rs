@@ -307,6 +307,61 @@ pub fn rejects_target_out_of_range<B: Backend>(backend: &B, cfg: &SuiteConfig) -
     })
 }
 
+/// A mean over no valid row: every target `ignore_index` (the default -100, and -1; i64 and
+/// i32 targets; exact and filtered; with an lse upstream gradient), or every row dropped by a
+/// shift (`shift = seq_len`, `shift = N`, `shift = usize::MAX`). Each must give
+/// `CceError::AllTargetsIgnored` with the call's `n`, `ignore_index` and `shift`, from both
+/// `forward` and `backward` (a loss of 0 or NaN, or zero gradients, is a silent answer).
+pub fn rejects_all_targets_ignored<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
+    run_bad("rejects_all_targets_ignored", backend, cfg, |seed| {
+        let expect = |ignore_index: i64, shift: usize| -> Expect {
+            Box::new(move |e| match e {
+                CceError::AllTargetsIgnored {
+                    n: 12,
+                    ignore_index: ii,
+                    shift: s,
+                } if *ii == ignore_index && *s == shift => Ok(()),
+                other => Err(format!(
+                    "expected CceError::AllTargetsIgnored {{ n: 12, ignore_index: {ignore_index}, \
+                     shift: {shift} }}, got {other:?}"
+                )),
+            })
+        };
+        let all = |t: &HostTensor, value: i64, as_i32: bool| {
+            (0..12).fold(t.clone(), |acc, row| with_target(&acc, row, value, as_i32))
+        };
+        let mut out: Vec<(Bad, Expect)> = Vec::new();
+        for (k, dt) in DTYPES.into_iter().enumerate() {
+            let s = sub_seed(seed, k);
+            let mut b = base("every target -100 (i64)", dt, s);
+            b.targets = all(&b.targets, -100, false);
+            out.push((b, expect(-100, 0)));
+            let mut b = base("every target -1 (i32), ignore_index -1, exact", dt, s);
+            b.opts.ignore_index = -1;
+            b.opts.filter_eps = FilterEps::Off;
+            b.targets = all(&b.targets, -1, true);
+            out.push((b, expect(-1, 0)));
+            let mut b = base("shift 4 = seq_len 4", dt, s);
+            b.opts.shift = 4;
+            b.opts.seq_len = Some(4);
+            out.push((b, expect(-100, 4)));
+        }
+        let s = sub_seed(seed, 5);
+        let mut b = base("shift N = 12 (i32 targets)", DType::F32, s);
+        b.targets = all(&b.targets, 3, true);
+        b.opts.shift = 12;
+        out.push((b, expect(-100, 12)));
+        let mut b = base("shift usize::MAX", DType::BF16, s);
+        b.opts.shift = usize::MAX;
+        out.push((b, expect(-100, usize::MAX)));
+        let mut b = base("every target -100, with d_lse", DType::F16, s);
+        b.targets = all(&b.targets, -100, false);
+        b.d_lse = Some(f32s(vec![12], 0.5));
+        out.push((b, expect(-100, 0)));
+        out
+    })
+}
+
 /// NaN or ±Inf in `e`, `c` or `bias` with `check_finite` (the default). The forward must give
 /// `CceError::NonFinite` with a non-finite `value`. (Only the forward is held to it: the
 /// contract checks finiteness "through the lse of every row", and a backward is handed the lse

@@ -26,7 +26,9 @@
 //! naive reference's own error allowed: see [`judge`] for the rule, its tolerances and why
 //! they scale as they do. Filtered mode must be explained by the reported dropped mass and
 //! respect `max_dropped_mass`; on the real fixture the default must be at least as accurate as
-//! the original CCE's default. Bad inputs must give the exact [`cce_core::CceError`] variant.
+//! the original CCE's default. Bad inputs must give the exact [`cce_core::CceError`] variant;
+//! among them a mean over no valid row (every target ignored, or a shift past the sequence),
+//! `AllTargetsIgnored`, while sum and none accept such a batch with exact zeros.
 //!
 //! ## Cases
 //! [`matrix`] lists them: hostile shapes, one tile + 1 of the backend's own tile, every
@@ -130,6 +132,7 @@ macro_rules! __cce_with_checks {
             rejects_shape_mismatch,
             rejects_dtype_mismatch,
             rejects_target_out_of_range,
+            rejects_all_targets_ignored,
             rejects_non_finite,
             rejects_empty_input,
             rejects_invalid_options,

@@ -102,8 +102,11 @@ pub fn reductions() -> Vec<Case> {
 }
 
 /// Ignored rows: all rows ignored under every reduction (exact and filtered; with and without
-/// an lse upstream gradient), 20% ignored with a custom `ignore_index` of -1 and i32 targets,
-/// and an `ignore_index` that is itself a valid class (5).
+/// an lse upstream gradient): under mean the call must fail with
+/// `CceError::AllTargetsIgnored`, under sum and none the loss and gradients are exact zeros
+/// (but for the lse upstream's part); every row dropped by a shift equal to `seq_len` (mean:
+/// the same error, with i32 targets; none: zeros); 20% ignored with a custom `ignore_index`
+/// of -1 and i32 targets, and an `ignore_index` that is itself a valid class (5).
 pub fn ignored_rows() -> Vec<Case> {
     let mut cases = Vec::new();
     for (k, red) in [Reduction::None, Reduction::Mean, Reduction::Sum]
@@ -130,6 +133,17 @@ pub fn ignored_rows() -> Vec<Case> {
                 .d_lse(true)
                 .with(|o| o.reduction = red),
         );
+    }
+    for (k, red) in [Reduction::Mean, Reduction::None].into_iter().enumerate() {
+        let mut c = Case::new("all-ignored by shift=seq_len", 40, 32, 130, DTYPES[k])
+            .bias(true)
+            .with(|o| {
+                o.reduction = red;
+                o.shift = 8;
+                o.seq_len = Some(8);
+            });
+        c.targets_i32 = red == Reduction::Mean;
+        cases.push(c);
     }
     for dt in DTYPES {
         let mut c = Case::new("ignore_index=-1", 100, 48, 257, dt)

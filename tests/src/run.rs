@@ -156,7 +156,6 @@ pub fn run_with_data<B: Backend>(
     let called = call(backend, case, data);
     report.times_ms[1] = t0.elapsed().as_secs_f64() * 1e3;
     let outputs = match called {
-        Ok(o) => o,
         Err(CceError::Unsupported { backend: b, what }) if cfg.allow_unsupported => {
             report.skipped = true;
             report
@@ -164,6 +163,11 @@ pub fn run_with_data<B: Backend>(
                 .push(format!("skipped: {b} does not support {what}"));
             return report;
         }
+        called if mean_over_no_valid_row(case, data).is_some() => {
+            judge_all_ignored_error(case, data, called, &mut report);
+            return report;
+        }
+        Ok(o) => o,
         Err(err) => {
             report.problem(format!(
                 "backend returned an error for a valid case: {err} ({err:?})"
@@ -178,6 +182,65 @@ pub fn run_with_data<B: Backend>(
     report.times_ms[2] = (t2 - t1).as_secs_f64() * 1e3;
     report.times_ms[3] = t2.elapsed().as_secs_f64() * 1e3;
     report
+}
+
+/// `Some(N)` when the case asks for `Reduction::Mean` and no row has a target (every target
+/// `ignore_index`, or a shift at least `seq_len`): the call must then fail with
+/// `CceError::AllTargetsIgnored`.
+pub fn mean_over_no_valid_row(case: &Case, data: &CaseData) -> Option<usize> {
+    if case.opts.reduction != Reduction::Mean {
+        return None;
+    }
+    // Count the valid rows under sum (which accepts a batch with none).
+    let mut opts = case.opts.clone();
+    opts.reduction = Reduction::Sum;
+    let problem = Problem::new(
+        &data.e,
+        &data.c,
+        data.bias.as_ref().map(|b| b as &dyn TensorMeta),
+        &data.targets,
+        &opts,
+    )
+    .ok()?;
+    let raw = data.targets.to_i64_vec()?;
+    let prepared = PreparedTargets::new(&raw, &problem, &opts).ok()?;
+    (prepared.n_valid == 0).then_some(problem.n)
+}
+
+/// A mean over no valid row: the call must have failed with exactly
+/// `AllTargetsIgnored { n, ignore_index, shift }` (a loss of 0 or NaN is a silent answer).
+fn judge_all_ignored_error(
+    case: &Case,
+    data: &CaseData,
+    called: Result<Outputs, CceError>,
+    report: &mut CaseReport,
+) {
+    let n = mean_over_no_valid_row(case, data).unwrap_or(case.n);
+    let (ii, shift) = (case.opts.ignore_index, case.opts.shift);
+    let want =
+        format!("CceError::AllTargetsIgnored {{ n: {n}, ignore_index: {ii}, shift: {shift} }}");
+    match called {
+        Err(CceError::AllTargetsIgnored {
+            n: got_n,
+            ignore_index,
+            shift: got_shift,
+        }) if got_n == n && ignore_index == ii && got_shift == shift => {
+            report
+                .notes
+                .push("every row is ignored under mean: AllTargetsIgnored, as required".into());
+        }
+        Err(err) => report.problem(format!(
+            "every row is ignored under reduction mean: expected {want}, got {err:?}"
+        )),
+        Ok(out) => {
+            let loss = out.loss.to_f64_vec();
+            report.problem(format!(
+                "every row is ignored under reduction mean: the call must fail with {want}, \
+                 it returned loss {:?}",
+                &loss[..loss.len().min(5)]
+            ));
+        }
+    }
 }
 
 fn expect_shape(report: &mut CaseReport, name: &str, t: &HostTensor, shapes: &[&[usize]]) {
@@ -296,7 +359,8 @@ pub fn judge_outputs(
     }
     if n_valid == 0 && loss.iter().any(|&x| x != 0.0) {
         report.problem(format!(
-            "every row is ignored: the loss must be exactly 0, got {:?}",
+            "every row is ignored (reduction {:?}): the loss must be exactly 0, got {:?}",
+            opts.reduction,
             &loss[..loss.len().min(5)]
         ));
     }
@@ -532,7 +596,7 @@ pub fn judge_outputs(
                     }
                     .verdict(),
                 );
-                if case.ignored == Ignored::All
+                if (case.ignored == Ignored::All || n_valid == 0)
                     && data.d_lse.is_none()
                     && ours.iter().any(|&x| x != 0.0)
                 {

@@ -49,8 +49,15 @@ enum Fault {
     LseFirstRowOfSecondTile,
     /// Mean over all rows instead of the valid ones.
     MeanOverAllRows,
-    /// NaN loss when every row is ignored (what peers do).
+    /// NaN loss when every row is ignored under sum or none (what peers do under mean).
     NanWhenAllIgnored,
+    /// A mean over no valid row returns loss 0 and zero gradients (the old contract) instead
+    /// of `AllTargetsIgnored`.
+    ZeroMeanWhenAllIgnored,
+    /// Only the forward rejects a mean over no valid row; the backward returns zeros.
+    AllIgnoredOnlyInForward,
+    /// `AllTargetsIgnored` reports shift 0 whatever the shift.
+    WrongShiftInAllIgnored,
     /// Argmax of row 0 shifted by one class.
     ArgmaxOff,
     /// Entropy off by a relative 1e-3.
@@ -183,8 +190,36 @@ impl Faulty {
                 vocab_size,
                 ignore_index,
             },
+            (
+                Fault::WrongShiftInAllIgnored,
+                CceError::AllTargetsIgnored {
+                    n, ignore_index, ..
+                },
+            ) => CceError::AllTargetsIgnored {
+                n,
+                ignore_index,
+                shift: 0,
+            },
             (_, e) => e,
         }
+    }
+
+    /// Whether this fault answers a mean over no valid row as the sum (0) in `backward` (else
+    /// only in `forward`, or not at all).
+    fn silent_mean(&self, backward: bool) -> bool {
+        match self.fault {
+            Fault::ZeroMeanWhenAllIgnored => true,
+            Fault::AllIgnoredOnlyInForward => backward,
+            _ => false,
+        }
+    }
+}
+
+/// The options with `Reduction::Sum`: the answer of a backend that averages over no row as 0.
+fn as_sum(o: &Options) -> Options {
+    Options {
+        reduction: Reduction::Sum,
+        ..o.clone()
     }
 }
 
@@ -218,10 +253,13 @@ impl Backend for Faulty {
             targets: fixed.as_ref().unwrap_or(inputs.targets),
             ..*inputs
         };
-        let mut out = self
-            .inner
-            .forward(&inputs, &o)
-            .map_err(|e| self.map_err(e))?;
+        let mut out = match self.inner.forward(&inputs, &o) {
+            Err(CceError::AllTargetsIgnored { .. }) if self.silent_mean(false) => {
+                self.inner.forward(&inputs, &as_sum(&o))
+            }
+            r => r,
+        }
+        .map_err(|e| self.map_err(e))?;
         let n = out.lse.numel();
         let k = self.calls.fetch_add(1, Ordering::Relaxed);
         match self.fault {
@@ -303,10 +341,13 @@ impl Backend for Faulty {
                 upstream.d_lse
             },
         };
-        let mut out = self
-            .inner
-            .backward(&inputs, &o, lse, &up)
-            .map_err(|e| self.map_err(e))?;
+        let mut out = match self.inner.backward(&inputs, &o, lse, &up) {
+            Err(CceError::AllTargetsIgnored { .. }) if self.silent_mean(true) => {
+                self.inner.backward(&inputs, &as_sum(&o), lse, &up)
+            }
+            r => r,
+        }
+        .map_err(|e| self.map_err(e))?;
         let rule = FilterRule::resolve(opts, inputs.e.dtype());
         match self.fault {
             Fault::DcRelative => {
@@ -453,12 +494,51 @@ fn wrong_lse_on_one_row_fails() {
 fn wrong_reduction_and_ignored_rows_fail() {
     must_fail(Fault::MeanOverAllRows, "reductions", checks::reductions);
     must_fail(Fault::MeanOverAllRows, "ignored_rows", checks::ignored_rows);
+    // Under sum and none an all-ignored batch is valid and must give exact zeros.
     let text = must_fail(
         Fault::NanWhenAllIgnored,
         "ignored_rows",
         checks::ignored_rows,
     );
     assert!(text.contains("all-ignored"), "{text}");
+    assert!(text.contains("must be exactly 0"), "{text}");
+    // Under mean it is an error, from forward and backward, naming ignore_index and shift.
+    let text = must_fail(
+        Fault::ZeroMeanWhenAllIgnored,
+        "ignored_rows",
+        checks::ignored_rows,
+    );
+    assert!(
+        text.contains("the call must fail with CceError::AllTargetsIgnored"),
+        "{text}"
+    );
+    let text = must_fail(
+        Fault::ZeroMeanWhenAllIgnored,
+        "rejects_all_targets_ignored",
+        checks::rejects_all_targets_ignored,
+    );
+    assert!(text.contains("via Forward"), "{text}");
+    let text = must_fail(
+        Fault::AllIgnoredOnlyInForward,
+        "rejects_all_targets_ignored",
+        checks::rejects_all_targets_ignored,
+    );
+    assert!(
+        text.contains("via Backward") && !text.contains("via Forward"),
+        "{text}"
+    );
+    let text = must_fail(
+        Fault::WrongShiftInAllIgnored,
+        "rejects_all_targets_ignored",
+        checks::rejects_all_targets_ignored,
+    );
+    assert!(text.contains("shift 4 = seq_len 4"), "{text}");
+    let text = must_fail(
+        Fault::WrongShiftInAllIgnored,
+        "ignored_rows",
+        checks::ignored_rows,
+    );
+    assert!(text.contains("shift=seq_len"), "{text}");
 }
 
 #[test]
@@ -523,8 +603,12 @@ fn bad_input_defects_fail() {
         "rejects_target_out_of_range",
         checks::rejects_target_out_of_range,
     );
-    let wrong: [(&str, Check); 6] = [
+    let wrong: [(&str, Check); 7] = [
         ("rejects_shape_mismatch", checks::rejects_shape_mismatch),
+        (
+            "rejects_all_targets_ignored",
+            checks::rejects_all_targets_ignored,
+        ),
         ("rejects_dtype_mismatch", checks::rejects_dtype_mismatch),
         ("rejects_non_finite", checks::rejects_non_finite),
         ("rejects_empty_input", checks::rejects_empty_input),

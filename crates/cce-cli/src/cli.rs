@@ -159,7 +159,8 @@ pub struct OptionArgs {
     /// Softcap s: z = s·tanh(x/s) (finite, > 0).
     #[arg(long, allow_negative_numbers = true, help_heading = "Options")]
     pub softcap: Option<f32>,
-    /// Loss reduction: mean, sum or none.
+    /// Loss reduction: mean, sum or none. A mean over no valid row (every target ignored, or
+    /// --shift at least the sequence length) is an error; sum and none accept it (zeros).
     #[arg(long, default_value = "mean", help_heading = "Options")]
     pub reduction: Reduction,
     /// Row t of a sequence is paired with target t + shift (the last `shift` rows of each

@@ -515,6 +515,62 @@ fn out_of_range_target_and_non_finite_input() {
 }
 
 #[test]
+fn mean_over_no_valid_row_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = small_file(dir.path(), false);
+    // A shift as long as the sequence (all 48 rows, or 16-row sequences) drops every target.
+    for args in [
+        &["--shift", "48"][..],
+        &["--shift", "16", "--seq-len", "16"][..],
+        &["--shift", "1000", "--no-backward"][..],
+    ] {
+        let shift = args[1];
+        let mut full = vec!["run", "--input", s(&p)];
+        full.extend_from_slice(args);
+        let se = fails(
+            &full,
+            &[
+                "all targets ignored",
+                "none of the 48 rows has a target",
+                "ignore_index -100",
+                &format!("shift {shift}"),
+                "mean over valid rows is undefined",
+                "reduction = sum",
+            ],
+        );
+        assert_eq!(cce(&full).status.code(), Some(1), "{se}");
+    }
+    // Every target equal to ignore_index.
+    let mut ds = generate(&"randn".parse().unwrap(), 8, 4, 20, 1).unwrap();
+    ds.targets = vec![-100; 8];
+    let q = dir.path().join("ignored.safetensors");
+    save_dataset(&q, &ds).unwrap();
+    fails(
+        &["run", "--input", s(&q)],
+        &["all targets ignored", "none of the 8 rows", "shift 0"],
+    );
+    // Sum and none accept such a batch: loss 0 over 0 rows.
+    let out = ok(&[
+        "run",
+        "--input",
+        s(&p),
+        "--shift",
+        "48",
+        "--reduction",
+        "sum",
+    ]);
+    assert!(
+        out.contains("loss       0.000000  (sum over 0 valid rows)"),
+        "{out}"
+    );
+    let out = ok(&["run", "--input", s(&q), "--reduction", "none"]);
+    assert!(
+        out.contains("mean over 0 valid rows 0.000000, sum 0.000000"),
+        "{out}"
+    );
+}
+
+#[test]
 fn corrupt_and_truncated_files() {
     let dir = tempfile::tempdir().unwrap();
     let fx = std::fs::read(fixture()).unwrap();

@@ -124,8 +124,9 @@ pub trait Backend {
     fn download(&self, buf: &Self::Buffer) -> Result<HostTensor>;
 
     /// Forward: loss, lse, side outputs. Errors: every input error of
-    /// [`crate::problem::Problem::new`], `TargetOutOfRange`, `NonFinite`, `ResourceLimit`,
-    /// `OutOfMemory`, `Backend`.
+    /// [`crate::problem::Problem::new`], `TargetOutOfRange`, `AllTargetsIgnored` (mean
+    /// reduction with no valid row, from [`crate::problem::PreparedTargets::new`]), `NonFinite`,
+    /// `ResourceLimit`, `OutOfMemory`, `Backend`.
     fn forward(
         &self,
         inputs: &Inputs<'_, Self::Buffer>,

@@ -41,6 +41,19 @@ pub enum CceError {
         /// The configured ignore_index.
         ignore_index: i64,
     },
+    /// `Reduction::Mean` over a batch where no row has a target: every target equals
+    /// `ignore_index`, or `shift` is at least the sequence length. The mean over zero valid rows
+    /// is undefined, so it is an error rather than a silent 0 or NaN. `Reduction::Sum` (loss 0)
+    /// and `Reduction::None` (per-row zeros) accept such a batch.
+    #[error("all targets ignored: none of the {n} rows has a target (ignore_index {ignore_index}, shift {shift}), so the mean over valid rows is undefined; reduction = sum (value 0 over no rows) or none (per-row zeros) accepts such a batch")]
+    AllTargetsIgnored {
+        /// Rows `N`.
+        n: usize,
+        /// The configured ignore_index.
+        ignore_index: i64,
+        /// The configured shift.
+        shift: usize,
+    },
     /// A NaN or infinity in an input (when `Options::check_finite` is on).
     #[error("non-finite value in {what} at flat index {index} (row {row}): {value}")]
     NonFinite {
@@ -132,6 +145,16 @@ impl CceError {
         CceError::Backend {
             backend,
             source: source.into(),
+        }
+    }
+
+    /// [`CceError::AllTargetsIgnored`] for a problem of `n` rows under `opts` (its
+    /// `ignore_index` and `shift`).
+    pub fn all_targets_ignored(n: usize, opts: &crate::options::Options) -> Self {
+        CceError::AllTargetsIgnored {
+            n,
+            ignore_index: opts.ignore_index,
+            shift: opts.shift,
         }
     }
 }

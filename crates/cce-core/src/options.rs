@@ -5,12 +5,15 @@ use crate::error::{CceError, Result};
 /// How per-row losses are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Reduction {
-    /// Per-row losses `[N]` (0 at ignored rows).
+    /// Per-row losses `[N]` (0 at ignored rows; all zeros when no row is valid).
     None,
-    /// Sum over valid rows divided by the count of valid rows (0 if none is valid).
+    /// Sum over valid rows divided by the count of valid rows. A batch with no valid row
+    /// (every target `ignore_index`, or `shift` ≥ the sequence length) is an error,
+    /// [`CceError::AllTargetsIgnored`]: its mean is undefined.
     #[default]
     Mean,
-    /// Sum over valid rows.
+    /// Sum over valid rows (0, with zero gradients apart from an lse upstream gradient, when
+    /// no row is valid).
     Sum,
 }
 

@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 use crate::error::{CceError, Result};
-use crate::options::Options;
+use crate::options::{Options, Reduction};
 use crate::tensor::TensorMeta;
 
 /// Sizes and dtype of a validated call.
@@ -173,8 +173,15 @@ impl PreparedTargets {
     /// Apply `shift` (row `(b, t)` takes target `(b, t + shift)`, the last `shift` rows of each
     /// sequence are ignored) and check every used target is in `[0, V)` or `ignore_index`.
     ///
-    /// `raw`: `[N]` targets as given. Errors: `TargetOutOfRange` naming the first bad row (the
-    /// row in `raw`) and value; `ShapeMismatch` if `raw.len() != N`.
+    /// `raw`: `[N]` targets as given. Errors: `ShapeMismatch` if `raw.len() != N`;
+    /// `TargetOutOfRange` naming the first bad row (the row in `raw`) and value;
+    /// `AllTargetsIgnored` when no row is left with a target (every target is `ignore_index`,
+    /// or `shift` is at least the sequence length) under `Reduction::Mean`, whose mean over zero
+    /// rows is undefined. `Reduction::Sum` and `Reduction::None` accept such a batch
+    /// (`n_valid == 0`: loss 0 or per-row zeros).
+    ///
+    /// Every backend prepares its targets here in both `forward` and `backward` before any
+    /// device work, so this is the one place the all-ignored rule is enforced.
     pub fn new(raw: &[i64], problem: &Problem, opts: &Options) -> Result<Self> {
         if raw.len() != problem.n {
             return Err(CceError::ShapeMismatch {
@@ -213,10 +220,13 @@ impl PreparedTargets {
                 }
             })
             .collect();
+        if n_valid == 0 && opts.reduction == Reduction::Mean {
+            return Err(CceError::all_targets_ignored(problem.n, opts));
+        }
         Ok(Self { classes, n_valid })
     }
 
-    /// Same as [`PreparedTargets::new`] for i32 targets.
+    /// Same as [`PreparedTargets::new`] for i32 targets (same errors).
     pub fn from_i32(raw: &[i32], problem: &Problem, opts: &Options) -> Result<Self> {
         let wide: Vec<i64> = raw.iter().map(|&x| x as i64).collect();
         Self::new(&wide, problem, opts)
@@ -268,16 +278,157 @@ mod tests {
         let e = t(&[6, 2], DType::F32);
         let c = t(&[9, 2], DType::F32);
         let y = HostTensor::from_i64(vec![0; 6]);
-        for seq_len in [None, Some(3)] {
+        for reduction in [Reduction::Sum, Reduction::None] {
+            for seq_len in [None, Some(3)] {
+                let opts = Options {
+                    shift: usize::MAX,
+                    seq_len,
+                    reduction,
+                    ..Default::default()
+                };
+                let p = Problem::new(&e, &c, None, &y, &opts).unwrap();
+                let pt = PreparedTargets::new(&[1, 2, 3, 4, 5, 6], &p, &opts).unwrap();
+                assert_eq!(pt.classes, vec![-1; 6]);
+                assert_eq!(pt.n_valid, 0);
+            }
+        }
+    }
+
+    /// A 6-row problem (V = 9) under `opts`.
+    fn six_rows(opts: &Options) -> Problem {
+        let e = t(&[6, 2], DType::F32);
+        let c = t(&[9, 2], DType::F32);
+        let y = HostTensor::from_i64(vec![0; 6]);
+        Problem::new(&e, &c, None, &y, opts).unwrap()
+    }
+
+    #[test]
+    fn mean_with_every_target_ignored_is_an_error() {
+        for ignore_index in [-100, -1, 4] {
             let opts = Options {
-                shift: usize::MAX,
+                ignore_index,
+                ..Default::default()
+            };
+            assert_eq!(opts.reduction, Reduction::Mean);
+            let p = six_rows(&opts);
+            let raw = vec![ignore_index; 6];
+            let wide = PreparedTargets::new(&raw, &p, &opts);
+            let narrow = PreparedTargets::from_i32(&[ignore_index as i32; 6], &p, &opts);
+            for r in [wide, narrow] {
+                match r {
+                    Err(CceError::AllTargetsIgnored {
+                        n: 6,
+                        ignore_index: ii,
+                        shift: 0,
+                    }) if ii == ignore_index => {}
+                    other => panic!("ignore_index {ignore_index}: {other:?}"),
+                }
+            }
+        }
+        // One valid row is enough.
+        let opts = Options::default();
+        let pt = PreparedTargets::new(&[-100, -100, 3, -100, -100, -100], &six_rows(&opts), &opts)
+            .unwrap();
+        assert_eq!(pt.n_valid, 1);
+        assert_eq!(pt.classes, vec![-1, -1, 3, -1, -1, -1]);
+    }
+
+    #[test]
+    fn mean_with_a_shift_past_the_sequence_is_an_error() {
+        // shift = seq_len drops every row exactly; larger shifts (usize::MAX) too.
+        for (shift, seq_len) in [(3, Some(3)), (6, None), (7, Some(3)), (usize::MAX, None)] {
+            let opts = Options {
+                shift,
                 seq_len,
                 ..Default::default()
             };
-            let p = Problem::new(&e, &c, None, &y, &opts).unwrap();
-            let pt = PreparedTargets::new(&[1, 2, 3, 4, 5, 6], &p, &opts).unwrap();
-            assert_eq!(pt.classes, vec![-1; 6]);
-            assert_eq!(pt.n_valid, 0);
+            let p = six_rows(&opts);
+            for r in [
+                PreparedTargets::new(&[1, 2, 3, 4, 5, 6], &p, &opts),
+                PreparedTargets::from_i32(&[1, 2, 3, 4, 5, 6], &p, &opts),
+            ] {
+                match r {
+                    Err(CceError::AllTargetsIgnored {
+                        n: 6,
+                        ignore_index: -100,
+                        shift: s,
+                    }) if s == shift => {}
+                    other => panic!("shift {shift} seq_len {seq_len:?}: {other:?}"),
+                }
+            }
+        }
+        // shift = seq_len - 1 keeps one row per sequence.
+        let opts = Options {
+            shift: 2,
+            seq_len: Some(3),
+            ..Default::default()
+        };
+        let pt = PreparedTargets::new(&[1, 2, 3, 4, 5, 6], &six_rows(&opts), &opts).unwrap();
+        assert_eq!(pt.classes, vec![3, -1, -1, 6, -1, -1]);
+        assert_eq!(pt.n_valid, 2);
+    }
+
+    #[test]
+    fn sum_and_none_accept_a_batch_with_no_target() {
+        for reduction in [Reduction::Sum, Reduction::None] {
+            for (shift, raw) in [(0, [-100i64; 6]), (6, [1, 2, 3, 4, 5, 6])] {
+                let opts = Options {
+                    reduction,
+                    shift,
+                    ..Default::default()
+                };
+                let p = six_rows(&opts);
+                let pt = PreparedTargets::new(&raw, &p, &opts)
+                    .unwrap_or_else(|e| panic!("{reduction:?} shift {shift}: {e}"));
+                assert_eq!(pt.n_valid, 0);
+                assert_eq!(pt.classes, vec![-1; 6]);
+                let raw32: Vec<i32> = raw.iter().map(|&x| x as i32).collect();
+                let pt32 = PreparedTargets::from_i32(&raw32, &p, &opts).unwrap();
+                assert_eq!(pt32, pt);
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_target_is_named_before_all_ignored() {
+        // Every row dropped by the shift, but one dropped target is out of range: that error
+        // comes first (a bad value is a bug upstream).
+        let opts = Options {
+            shift: 6,
+            ..Default::default()
+        };
+        let r = PreparedTargets::new(&[1, 2, 3, 9, 5, 6], &six_rows(&opts), &opts);
+        assert!(
+            matches!(
+                r,
+                Err(CceError::TargetOutOfRange {
+                    row: 3,
+                    value: 9,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn all_targets_ignored_message_names_the_batch_and_the_way_out() {
+        let opts = Options {
+            ignore_index: -1,
+            shift: 2,
+            ..Default::default()
+        };
+        let msg = CceError::all_targets_ignored(6, &opts).to_string();
+        for needle in [
+            "all targets ignored",
+            "none of the 6 rows has a target",
+            "ignore_index -1",
+            "shift 2",
+            "mean over valid rows is undefined",
+            "reduction = sum",
+            "none",
+        ] {
+            assert!(msg.contains(needle), "{needle:?} not in {msg:?}");
         }
     }
 

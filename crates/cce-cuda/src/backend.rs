@@ -807,10 +807,11 @@ impl CudaBackend {
                 let out = self.alloc_tensor(vec![], DType::F32)?;
                 let scale = if r == Reduction::Mean {
                     if p.targets.n_valid == 0 {
-                        0.0
-                    } else {
-                        1.0 / p.targets.n_valid as f32
+                        // `prepare` has rejected a mean over no valid row
+                        // (`PreparedTargets::new`); an error, not a silent 0, regardless.
+                        return Err(CceError::all_targets_ignored(n, opts));
                     }
+                    1.0 / p.targets.n_valid as f32
                 } else {
                     1.0
                 };
@@ -852,6 +853,11 @@ impl CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let Problem { n, v, d, dtype, .. } = p.problem;
+        if p.targets.n_valid == 0 && opts.reduction == Reduction::Mean {
+            // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`); an
+            // error, not zero gradients, regardless.
+            return Err(CceError::all_targets_ignored(n, opts));
+        }
         let f32_vec = |t: &CudaTensor, what: &'static str| -> Result<()> {
             self.check_owned(what, t)?;
             if t.dtype() != DType::F32 || t.numel() != n {
@@ -915,7 +921,8 @@ impl CudaBackend {
         } else {
             None
         };
-        // All rows ignored and no lse gradient: every gradient is exactly zero.
+        // All rows ignored (sum or none: a mean was rejected above) and no lse gradient: every
+        // gradient is exactly zero.
         if p.targets.n_valid == 0 && upstream.d_lse.is_none() {
             for t in [&mut d_e, &mut d_c, &mut d_bias].into_iter().flatten() {
                 self.memset_zero(&mut t.data)?;

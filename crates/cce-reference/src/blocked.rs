@@ -295,11 +295,12 @@ impl Backend for CpuBackend {
                 DType::F32,
             )?,
             Reduction::Sum => HostTensor::scalar_f32(total as f32),
-            Reduction::Mean => HostTensor::scalar_f32(if n_valid == 0 {
-                0.0
-            } else {
-                (total / n_valid as f64) as f32
-            }),
+            // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`); kept as
+            // an error, not a division by zero, should that ever change.
+            Reduction::Mean if n_valid == 0 => {
+                return Err(CceError::all_targets_ignored(n, opts));
+            }
+            Reduction::Mean => HostTensor::scalar_f32((total / n_valid as f64) as f32),
         };
         let f32v = |f: &dyn Fn(usize) -> f64| -> Result<HostTensor> {
             HostTensor::from_f32(

@@ -72,8 +72,9 @@ fn round_to(dtype: DType, x: f64) -> f64 {
 /// any backend. `d_loss` must be `PerRow` with `N` values for `Reduction::None`, `Scalar`
 /// otherwise; `d_lse` is an optional `[N]` upstream gradient of the lse.
 ///
-/// Errors: every validation error of [`Problem::new`] and [`PreparedTargets::new`];
-/// `ShapeMismatch` for upstream gradients of the wrong form.
+/// Errors: every validation error of [`Problem::new`] and [`PreparedTargets::new`] (among them
+/// `AllTargetsIgnored` for a mean over no valid row); `ShapeMismatch` for upstream gradients of
+/// the wrong form.
 #[allow(clippy::too_many_arguments)]
 pub fn naive(
     e: &HostTensor,
@@ -128,7 +129,8 @@ pub fn naive(
 /// The oracle on f64 values (exact widenings of the inputs), for callers that perturb inputs
 /// (finite differences) or already hold f64 data. `problem` and `prepared` come from
 /// [`Problem::new`] and [`PreparedTargets::new`]; `d_loss` and `d_lse` must have been checked
-/// as in [`naive`] (this function does not validate).
+/// as in [`naive`] (this function does not validate). A hand-built `prepared` with no valid row
+/// under `Reduction::Mean` (which [`PreparedTargets::new`] rejects) gives a NaN loss.
 #[allow(clippy::too_many_arguments)]
 pub fn naive_values(
     problem: &Problem,
@@ -227,8 +229,10 @@ pub fn naive_values(
     let loss = match opts.reduction {
         Reduction::None => row_loss.clone(),
         Reduction::Sum => vec![total],
+        // `PreparedTargets::new` rejects a mean over no valid row (`AllTargetsIgnored`); a
+        // hand-built `prepared` that gets here has an undefined mean: NaN, never a silent 0.
         Reduction::Mean => vec![if n_valid == 0 {
-            0.0
+            f64::NAN
         } else {
             total / n_valid as f64
         }],

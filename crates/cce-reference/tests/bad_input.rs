@@ -225,31 +225,146 @@ fn empty_batch_is_an_error() {
     );
 }
 
+/// Whether `r` is `AllTargetsIgnored` with these fields.
+fn is_all_ignored<T>(r: &Result<T, CceError>, n: usize, opts: &Options) -> bool {
+    matches!(
+        r,
+        Err(CceError::AllTargetsIgnored { n: gn, ignore_index, shift })
+            if *gn == n && *ignore_index == opts.ignore_index && *shift == opts.shift
+    )
+}
+
 #[test]
-fn all_targets_ignored_is_zero_not_nan() {
+fn all_targets_ignored_under_mean_is_an_error_from_every_entry_point() {
     let (e, c) = (t(&[4, 8], DType::BF16, 1.0), t(&[10, 8], DType::BF16, 2.0));
-    let y = HostTensor::from_i64(vec![-100; 4]);
+    let lse = HostTensor::from_f32(vec![4], &[1.0; 4], DType::F32).unwrap();
     let be = CpuBackend::new();
-    let (f, g) = be
-        .forward_backward(
+    let by_index = Options::default();
+    let by_index_m1_exact = Options {
+        ignore_index: -1,
+        ..Options::exact()
+    };
+    let by_shift = Options {
+        shift: 2,
+        seq_len: Some(2),
+        ..Options::default()
+    };
+    for (opts, y) in [
+        (&by_index, HostTensor::from_i64(vec![-100; 4])),
+        (&by_index, HostTensor::from_i32(vec![-100; 4])),
+        (&by_index_m1_exact, HostTensor::from_i64(vec![-1; 4])),
+        (&by_shift, HostTensor::from_i64(vec![1, 2, 3, 4])),
+        (&by_shift, HostTensor::from_i32(vec![1, 2, 3, 4])),
+    ] {
+        assert_eq!(opts.reduction, Reduction::Mean);
+        let inputs = Inputs {
+            e: &e,
+            c: &c,
+            bias: None,
+            targets: &y,
+        };
+        let up = Upstream::default();
+        let f = be.forward(&inputs, opts);
+        assert!(
+            is_all_ignored(&f, 4, opts),
+            "forward {opts:?}: {:?}",
+            f.err()
+        );
+        let b = be.backward(&inputs, opts, &lse, &up);
+        assert!(
+            is_all_ignored(&b, 4, opts),
+            "backward {opts:?}: {:?}",
+            b.err()
+        );
+        let fb = be.forward_backward(&inputs, opts, &up);
+        assert!(
+            is_all_ignored(&fb, 4, opts),
+            "forward_backward {opts:?}: {:?}",
+            fb.err()
+        );
+        // An lse upstream gradient does not make the mean defined.
+        let h = HostTensor::from_f32(vec![4], &[0.5; 4], DType::F32).unwrap();
+        let with_h = Upstream {
+            d_loss: DLoss::Scalar(1.0),
+            d_lse: Some(&h),
+        };
+        let b = be.backward(&inputs, opts, &lse, &with_h);
+        assert!(is_all_ignored(&b, 4, opts), "backward + d_lse {opts:?}");
+    }
+    let msg = be
+        .forward(
             &Inputs {
                 e: &e,
                 c: &c,
                 bias: None,
-                targets: &y,
+                targets: &HostTensor::from_i64(vec![-100; 4]),
             },
-            &Options::default(),
-            &Upstream::default(),
+            &by_index,
         )
-        .unwrap();
-    assert_eq!(f.loss.to_f32_vec(), vec![0.0]);
-    assert!(g
-        .d_e
-        .unwrap()
-        .to_f32_vec()
-        .iter()
-        .chain(&g.d_c.unwrap().to_f32_vec())
-        .all(|&x| x == 0.0));
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("none of the 4 rows has a target") && msg.contains("reduction = sum"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn all_targets_ignored_under_sum_or_none_is_zero_not_nan() {
+    let (e, c) = (t(&[4, 8], DType::BF16, 1.0), t(&[10, 8], DType::BF16, 2.0));
+    let be = CpuBackend::new();
+    for (reduction, shift) in [
+        (Reduction::Sum, 0),
+        (Reduction::None, 0),
+        (Reduction::Sum, 4),
+        (Reduction::None, 7),
+    ] {
+        let y = if shift == 0 {
+            HostTensor::from_i64(vec![-100; 4])
+        } else {
+            HostTensor::from_i32(vec![1, 2, 3, 4])
+        };
+        let opts = Options {
+            reduction,
+            shift,
+            ..Options::default()
+        };
+        let per_row = HostTensor::from_f32(vec![4], &[1.0; 4], DType::F32).unwrap();
+        let up = Upstream {
+            d_loss: if reduction == Reduction::None {
+                DLoss::PerRow(&per_row)
+            } else {
+                DLoss::Scalar(1.0)
+            },
+            d_lse: None,
+        };
+        let (f, g) = be
+            .forward_backward(
+                &Inputs {
+                    e: &e,
+                    c: &c,
+                    bias: None,
+                    targets: &y,
+                },
+                &opts,
+                &up,
+            )
+            .unwrap_or_else(|err| panic!("{reduction:?} shift {shift}: {err}"));
+        let want = if reduction == Reduction::None {
+            vec![0.0; 4]
+        } else {
+            vec![0.0]
+        };
+        assert_eq!(f.loss.to_f32_vec(), want, "{reduction:?} shift {shift}");
+        assert_eq!(f.stats.n_valid, 0);
+        assert!(g
+            .d_e
+            .unwrap()
+            .to_f32_vec()
+            .iter()
+            .chain(&g.d_c.unwrap().to_f32_vec())
+            .all(|&x| x == 0.0));
+    }
 }
 
 #[test]

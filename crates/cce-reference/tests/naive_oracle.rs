@@ -3,7 +3,7 @@
 
 use cce_core::options::{Options, Reduction};
 use cce_core::problem::{PreparedTargets, Problem};
-use cce_core::{DType, HostTensor};
+use cce_core::{CceError, DType, HostTensor};
 use cce_reference::{naive, naive_values, OracleDLoss, Precision};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
@@ -255,7 +255,7 @@ fn gradients_match_finite_differences_for_every_option() {
 #[test]
 fn all_rows_ignored_gives_zero_loss_and_gradients() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+    for reduction in [Reduction::Sum, Reduction::None] {
         let mut case = random_case(&mut rng, 5, 4, 7, true, 0.0);
         case.targets = vec![-100; 5];
         let opts = Options {
@@ -263,6 +263,7 @@ fn all_rows_ignored_gives_zero_loss_and_gradients() {
             ..Options::exact()
         };
         let (problem, prepared) = prepare(&case, &opts);
+        assert_eq!(prepared.n_valid, 0);
         let dl = match reduction {
             Reduction::None => OracleDLoss::PerRow(vec![1.0; 5]),
             _ => OracleDLoss::Scalar(1.0),
@@ -286,6 +287,60 @@ fn all_rows_ignored_gives_zero_loss_and_gradients() {
             .chain(o.d_bias.as_ref().unwrap())
             .all(|&x| x == 0.0));
         assert!(o.lse.iter().all(|x| x.is_finite()));
+    }
+}
+
+fn f32s(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+#[test]
+fn all_rows_ignored_under_mean_is_an_error_of_the_oracle() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let case = random_case(&mut rng, 6, 4, 7, true, 0.0);
+    let e = HostTensor::from_f32(vec![case.n, case.d], &f32s(&case.e), DType::F32).unwrap();
+    let c = HostTensor::from_f32(vec![case.v, case.d], &f32s(&case.c), DType::F32).unwrap();
+    // Every target ignore_index (i64 and i32), or a shift as long as the sequence.
+    let ignored = Options {
+        ignore_index: -1,
+        ..Options::exact()
+    };
+    let shifted = Options {
+        shift: 3,
+        seq_len: Some(3),
+        ..Options::exact()
+    };
+    let valid: Vec<i64> = case.targets.iter().map(|&y| y.max(0)).collect();
+    for (opts, y) in [
+        (&ignored, HostTensor::from_i64(vec![-1; 6])),
+        (&ignored, HostTensor::from_i32(vec![-1; 6])),
+        (&shifted, HostTensor::from_i64(valid.clone())),
+        (
+            &shifted,
+            HostTensor::from_i32(valid.iter().map(|&x| x as i32).collect()),
+        ),
+    ] {
+        let r = naive(
+            &e,
+            &c,
+            None,
+            &y,
+            opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::F64,
+        );
+        match r {
+            Err(CceError::AllTargetsIgnored {
+                n: 6,
+                ignore_index,
+                shift,
+            }) if ignore_index == opts.ignore_index && shift == opts.shift => {}
+            other => panic!(
+                "{opts:?}: expected AllTargetsIgnored, got {:?}",
+                other.err()
+            ),
+        }
     }
 }
 

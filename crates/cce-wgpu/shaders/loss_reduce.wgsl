@@ -2,7 +2,8 @@
 //
 // Parameters
 //   binding 0 `P`: n_rows of the chunk; flags FLAG_LAST on the last chunk; aux = scale
-//                  (1/n_valid for mean, 1 for sum; 0 when no row is valid).
+//                  (1/n_valid for mean, 1 for sum; a mean over no valid row is rejected on the
+//                  host, CceError::AllTargetsIgnored).
 //   binding 1 `loss_rows` [n_rows] f32: per-row losses (0 at ignored rows).
 //   binding 2 `out`       [1] f32, read_write: running sum; on the last chunk, sum * scale.
 //                         The first chunk's dispatch starts from 0 (FLAG_FIRST).

@@ -465,7 +465,8 @@ impl WgpuBackend {
         let workspace = part.size() + tlogit.size() + 4 * n as u64 * 2;
         let scale = match opts.reduction {
             Reduction::Mean if prep.n_valid > 0 => 1.0 / prep.n_valid as f32,
-            Reduction::Mean => 0.0,
+            // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`).
+            Reduction::Mean => return Err(CceError::all_targets_ignored(n, opts)),
             _ => 1.0,
         };
 
@@ -641,7 +642,8 @@ impl WgpuBackend {
             DLoss::Scalar(g) => {
                 let g = match opts.reduction {
                     Reduction::Mean if prep.n_valid > 0 => g / prep.n_valid as f32,
-                    Reduction::Mean => 0.0,
+                    // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`).
+                    Reduction::Mean => return Err(CceError::all_targets_ignored(n, opts)),
                     _ => g,
                 };
                 (g, None)

@@ -429,12 +429,17 @@ fn ignored_rows_and_reductions() {
             c.opts.reduction = r;
         }
     };
+    // A mean over no valid row is an error: `all_ignored_mean_is_an_error`.
     run_all(&[
-        Case::new("all ignored mean", 40, 16, 90, F32).with(all(Reduction::Mean)),
+        Case::new("all ignored none", 40, 16, 90, F32).with(all(Reduction::None)),
         Case::new("all ignored sum", 40, 16, 90, BF16).with(all(Reduction::Sum)),
-        Case::new("all ignored filtered", 40, 16, 90, F32).with(|c| {
-            all(Reduction::Mean)(c);
+        Case::new("all ignored sum filtered", 40, 16, 90, F32).with(|c| {
+            all(Reduction::Sum)(c);
             c.opts.filter_eps = FilterEps::Auto;
+        }),
+        Case::new("all ignored none + d_lse", 40, 16, 90, F16).with(|c| {
+            all(Reduction::None)(c);
+            c.d_lse = true;
         }),
         Case::new("20% ignored sum", 100, 64, 300, F32).with(|c| {
             c.ignore_frac = 0.2;
@@ -451,6 +456,110 @@ fn ignored_rows_and_reductions() {
             c.opts.ignore_index = -1;
         }),
     ]);
+}
+
+/// A mean over no valid row (every target `ignore_index`, or a shift past the sequence) is
+/// `CceError::AllTargetsIgnored { n, ignore_index, shift }` from `forward`, `backward` and
+/// `forward_backward`, for i64 and i32 targets, exact and filtered; the same batch under
+/// `Reduction::Sum` gives loss 0 and zero gradients.
+#[test]
+fn all_ignored_mean_is_an_error() {
+    let Some(b) = backend() else { return };
+    let (n, d, v) = (40, 16, 90);
+    let mut rng = Rng::new(0xa11);
+    let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), F32).unwrap();
+    let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.5), F32).unwrap();
+    let valid: Vec<i64> = (0..n).map(|_| (rng.u64() % v as u64) as i64).collect();
+    let valid32: Vec<i32> = valid.iter().map(|&x| x as i32).collect();
+    let cases: Vec<(&str, HostTensor, Options)> = vec![
+        (
+            "every target -100, i64",
+            HostTensor::from_i64(vec![-100; n]),
+            Options::exact(),
+        ),
+        (
+            "every target -1, i32, filtered",
+            HostTensor::from_i32(vec![-1; n]),
+            Options {
+                ignore_index: -1,
+                ..Options::default()
+            },
+        ),
+        (
+            "shift = N, i64",
+            HostTensor::from_i64(valid.clone()),
+            Options {
+                shift: n,
+                ..Options::exact()
+            },
+        ),
+        (
+            "shift = seq_len 10, i32",
+            HostTensor::from_i32(valid32),
+            Options {
+                shift: 10,
+                seq_len: Some(10),
+                ..Options::exact()
+            },
+        ),
+    ];
+    let eb = b.upload(&e).unwrap();
+    let cb = b.upload(&c).unwrap();
+    let lse = b
+        .upload(&HostTensor::from_f32(vec![n], &vec![1.0; n], F32).unwrap())
+        .unwrap();
+    let up = Upstream {
+        d_loss: DLoss::Scalar(1.0),
+        d_lse: None,
+    };
+    let mut failures = Vec::new();
+    for (label, y, opts) in cases {
+        let yb = b.upload(&y).unwrap();
+        let inputs = Inputs {
+            e: &eb,
+            c: &cb,
+            bias: None,
+            targets: &yb,
+        };
+        let outcomes = [
+            ("forward", b.forward(&inputs, &opts).err()),
+            ("backward", b.backward(&inputs, &opts, &lse, &up).err()),
+            (
+                "forward_backward",
+                b.forward_backward(&inputs, &opts, &up).err(),
+            ),
+        ];
+        for (entry, got) in outcomes {
+            match got {
+                Some(CceError::AllTargetsIgnored {
+                    n: gn,
+                    ignore_index,
+                    shift,
+                }) if gn == n && ignore_index == opts.ignore_index && shift == opts.shift => {}
+                other => failures.push(format!(
+                    "{label} via {entry}: expected AllTargetsIgnored {{ n: {n}, ignore_index: {}, \
+                     shift: {} }}, got {other:?}",
+                    opts.ignore_index, opts.shift
+                )),
+            }
+        }
+        let sum = Options {
+            reduction: Reduction::Sum,
+            ..opts.clone()
+        };
+        let (f, g) = b.forward_backward(&inputs, &sum, &up).unwrap();
+        let loss = f64s(b, &f.loss);
+        if loss != [0.0] {
+            failures.push(format!("{label} under sum: loss {loss:?}, expected [0.0]"));
+        }
+        for (name, t) in [("d_e", &g.d_e), ("d_c", &g.d_c)] {
+            let t = t.as_ref().expect("gradients asked for");
+            if f64s(b, t).iter().any(|&x| x != 0.0) {
+                failures.push(format!("{label} under sum: {name} is not all zero"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
