@@ -596,7 +596,8 @@ impl Plan {
                         workspace_bytes,
                         filter,
                         format!(
-                            "chunked-dense: {chunk_rows}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
+                            "chunked-dense: {}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
+                            chunk_rows.min(n),
                             chunk_rows.min(n) as u64 * per_row
                         ),
                     );
