@@ -430,6 +430,7 @@ fn case_config(k: &CheckCase, rp: RowPass) -> DenseConfig {
         // Row chunks: the check compares forward() + backward(lse) bitwise with
         // forward_backward(), which computes the lse in the row chunks.
         class_forward: None,
+        wgmma_forward: false,
     }
 }
 
@@ -1161,9 +1162,30 @@ fn bench_one(
     })?
     .0;
     // The same forward in the row chunks (what a plan without class tiles does), same run.
+    // With the fused WGMMA forward on (`fwd_ms` is then its time), the class tiles with it off
+    // too.
+    if cfg_exact.wgmma_forward {
+        let mut cfg_cls = cfg_exact.clone();
+        cfg_cls.wgmma_forward = false;
+        let cls_ms = time_ms(stream, args.warmup, args.iters, || {
+            let mut fo = DenseForwardOut {
+                loss: &mut loss2,
+                lse: &mut lse2,
+                entropy: None,
+                argmax: None,
+            };
+            engine.forward(&cfg_cls, &mut ws, &inp, &mut fo)?;
+            Ok(())
+        })?
+        .0;
+        println!(
+            "  forward: {fwd_ms:.2} ms as configured, {cls_ms:.2} ms without the WGMMA forward"
+        );
+    }
     if cfg_exact.class_forward.is_some() {
         let mut cfg_rows = cfg_exact.clone();
         cfg_rows.class_forward = None;
+        cfg_rows.wgmma_forward = false;
         let rows_ms = time_ms(stream, args.warmup, args.iters, || {
             let mut fo = DenseForwardOut {
                 loss: &mut loss2,
@@ -1185,7 +1207,7 @@ fn bench_one(
             engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?.forward
         };
         println!(
-            "  forward: class tiles {:.2} ms, row chunks {rows_ms:.2} ms; {}",
+            "  forward: as configured {:.2} ms, row chunks {rows_ms:.2} ms; {}",
             fwd_ms,
             note.unwrap_or_default()
         );

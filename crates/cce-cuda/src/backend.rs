@@ -132,6 +132,8 @@ pub struct CudaBackend {
     split_de_f16: bool,
     /// Test and bench knob: how the plan's sparse backward is used.
     sparse: SparseMode,
+    /// Forward-only dense calls take the fused WGMMA forward where it applies.
+    wgmma_forward: bool,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -345,6 +347,7 @@ impl CudaBackend {
             chunk_cap: None,
             split_de_f16: true,
             sparse: SparseMode::Auto,
+            wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
         })
     }
 
@@ -352,6 +355,18 @@ impl CudaBackend {
     /// Default [`SparseMode::Auto`].
     pub fn with_sparse(mut self, mode: SparseMode) -> Self {
         self.sparse = mode;
+        self
+    }
+
+    /// With `true`, forward-only calls of the dense strategies run the fused WGMMA forward
+    /// (`kernels/wgmma.cu`: the logits GEMM with the log-sum-exp in its epilogue, no logits
+    /// in memory) where it applies: compute capability 9.0, bf16 or f16, no bias, softcap,
+    /// label smoothing, entropy or argmax, `D` a multiple of 64; elsewhere, and with `false`,
+    /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
+    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`]; the environment variable
+    /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.
+    pub fn with_wgmma_forward(mut self, on: bool) -> Self {
+        self.wgmma_forward = on;
         self
     }
 
@@ -1450,6 +1465,7 @@ fn dense_call<'a>(
     p: &'a Prepared,
     inputs: &'a Inputs<'a, CudaTensor>,
     opts: &'a Options,
+    wgmma_forward: bool,
 ) -> BackendCall<'a> {
     BackendCall {
         plan: &p.plan,
@@ -1457,6 +1473,7 @@ fn dense_call<'a>(
         classes: &p.classes,
         inputs,
         opts,
+        wgmma_forward,
     }
 }
 
@@ -1499,7 +1516,11 @@ impl Backend for CudaBackend {
     ) -> Result<ForwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
         if let Some(engine) = self.dense_engine(&p)? {
-            let (fwd, _) = engine.backend_run(&dense_call(&p, inputs, opts), None, None)?;
+            let (fwd, _) = engine.backend_run(
+                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                None,
+                None,
+            )?;
             let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
             self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
             return Ok(fwd);
@@ -1517,8 +1538,11 @@ impl Backend for CudaBackend {
         let p = self.prepare(inputs, opts)?;
         if let Some(engine) = self.dense_engine(&p)? {
             self.check_owned("lse", lse)?;
-            let (_, bwd) =
-                engine.backend_run(&dense_call(&p, inputs, opts), Some(lse), Some(upstream))?;
+            let (_, bwd) = engine.backend_run(
+                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                Some(lse),
+                Some(upstream),
+            )?;
             return bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"));
         }
         self.run_backward(inputs, opts, &p, lse, upstream)
@@ -1533,8 +1557,11 @@ impl Backend for CudaBackend {
         let p = self.prepare(inputs, opts)?;
         if let Some(engine) = self.dense_engine(&p)? {
             // One call: 3 GEMMs per row chunk (the logits are not recomputed).
-            let (fwd, bwd) =
-                engine.backend_run(&dense_call(&p, inputs, opts), None, Some(upstream))?;
+            let (fwd, bwd) = engine.backend_run(
+                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                None,
+                Some(upstream),
+            )?;
             let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
             let bwd = bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))?;
             self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;

@@ -34,8 +34,19 @@
 //! | 4 | `d_e_r = G · C` (input dtype or f32 out) | `cublasGemmEx` | read 2 |
 //! | 5 | `d_c += Gᵀ · E_r` into an f32 `[V, D]` accumulator | `cublasGemmEx`, beta = 1 | read 2 |
 //! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
+//! | 1+2 | forward only (below): lse partials in the GEMM's epilogue, no `L` | `cce_wgmma_lse_*` + `cce_wgmma_lse_combine_*` | none (8 bytes per row per 256 logits) |
 //!
-//! Forward only is steps 1-2, over the plan's [`cce_core::ClassForward`] tiles when it has them
+//! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no bias, softcap, label
+//! smoothing, entropy or argmax and `D` a multiple of 64 ([`DenseEngine::wgmma_forward_rows`];
+//! switch: [`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]), is one fused kernel instead
+//! of steps 1-2: `cce_wgmma_lse_*` (`kernels/wgmma.cu`), a persistent TMA + WGMMA GEMM whose
+//! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
+//! row and 256 classes in the scratch; the logits never reach memory), then
+//! `cce_wgmma_lse_combine_*` per row (lse, the target logit as a dot product of `e` and `c`
+//! rows, the loss), in row groups when the partials of all rows do not fit the scratch. It
+//! measured 0.97-1.0x one cuBLAS logits GEMM at N 32768, D 4096, V 256000 (bf16, H200;
+//! `benches/wgmma/NOTES.md`). Elsewhere forward only is steps 1-2,
+//! over the plan's [`cce_core::ClassForward`] tiles when it has them
 //! (all rows x a chunk of classes per GEMM, two buffers, the row reductions `cce_cls_fwd_*` on
 //! a second stream folding each tile into a running lse state; `chunked.cu` "(2')"); a
 //! backward from a saved lse is 1, 3, 4, 5 (it recomputes the logits: 4 GEMMs with the
@@ -72,8 +83,44 @@ use std::sync::Arc;
 
 const BACKEND: &str = "cuda";
 
-/// The kernel source (`kernels/chunked.cu`).
-pub const KERNEL_SOURCE: &str = include_str!("../kernels/chunked.cu");
+/// The kernel source (`kernels/chunked.cu`, then `kernels/wgmma.cu`: the fused WGMMA forward,
+/// compiled only for sm_90a).
+pub const KERNEL_SOURCE: &str = concat!(
+    include_str!("../kernels/chunked.cu"),
+    include_str!("../kernels/wgmma.cu")
+);
+
+/// Whether forward-only calls take the fused WGMMA forward where it applies
+/// ([`DenseConfig::wgmma_forward`], `CudaBackend::with_wgmma_forward`); the environment
+/// variable [`WGMMA_FORWARD_ENV`]`=0` turns it off regardless.
+pub const WGMMA_FORWARD_DEFAULT: bool = true;
+/// Environment variable that turns the fused WGMMA forward off when set to `0` (A/B benches).
+pub const WGMMA_FORWARD_ENV: &str = "CCE_CUDA_WGMMA_FORWARD";
+/// Threads of `cce_wgmma_lse_*` (producer warpgroup + 2 consumer warpgroups).
+const WGMMA_THREADS: u32 = 384;
+/// Tile of `cce_wgmma_lse_*`: rows of E, rows of C (classes), K-step (`wgmma.cu`).
+const WGMMA_BM: usize = 128;
+const WGMMA_BN: usize = 256;
+const WGMMA_BK: usize = 64;
+/// Dynamic shared memory of `cce_wgmma_lse_*`: 4 stages of (128 + 256) x 64 16-bit values,
+/// 1024 bytes of alignment slack, 8 mbarriers.
+const WGMMA_SMEM_BYTES: usize = 4 * (WGMMA_BM + WGMMA_BN) * WGMMA_BK * 2 + 1024 + 8 * 8;
+/// Row tiles per group of the grouped tile order (16 measured best, 8 and 32 the same).
+const WGMMA_GROUP_M: i32 = 16;
+/// Threads (one warp per row) of `cce_wgmma_lse_combine_*`.
+const WGMMA_COMBINE_THREADS: u32 = 256;
+
+/// A `CUtensorMap` as a kernel argument: the 128 opaque bytes `cuTensorMapEncodeTiled`
+/// wrote, passed by value (`const __grid_constant__ TmaDesc` in `wgmma.cu`, 64-byte aligned).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+struct TmaDesc([u64; 16]);
+
+// SAFETY: `TmaDesc` is plain old data (16 u64, `repr(C)`, no padding, no pointers the device
+// dereferences as Rust values) with the size (128) and alignment (64) of the kernel's
+// `struct __align__(64) TmaDesc { u64 w[16]; }` parameter; the driver copies its bytes into
+// the parameter space.
+unsafe impl cudarc::driver::DeviceRepr for TmaDesc {}
 
 /// Threads per block of the kernels (must match the `#define`s in `chunked.cu`).
 const FWD_THREADS: u32 = 256;
@@ -349,6 +396,10 @@ pub struct DenseConfig {
     /// The plan's class tiles of forward-only calls ([`cce_core::ClassForward`]); `None`: the
     /// row chunks.
     pub class_forward: Option<cce_core::ClassForward>,
+    /// Forward-only calls take the fused WGMMA forward (`kernels/wgmma.cu`) where it applies
+    /// ([`DenseEngine::wgmma_forward_rows`]); else the class tiles or row chunks. Default
+    /// [`WGMMA_FORWARD_DEFAULT`]; [`WGMMA_FORWARD_ENV`]`=0` turns it off regardless.
+    pub wgmma_forward: bool,
 }
 
 impl DenseConfig {
@@ -398,6 +449,7 @@ impl DenseConfig {
                 None
             },
             class_forward: plan.forward,
+            wgmma_forward: WGMMA_FORWARD_DEFAULT,
         })
     }
 
@@ -755,6 +807,10 @@ pub struct DenseEngine {
     arch: String,
     max_smem_optin: usize,
     fused_static_smem: usize,
+    /// Multiprocessors (the persistent grid of the WGMMA forward).
+    sm_count: usize,
+    /// The WGMMA forward's kernels are loaded (compute capability 9.0, enough shared memory).
+    wgmma: bool,
     /// The second stream of class-tiled forwards (made on first use, highest priority so that
     /// its row reductions get multiprocessors as the GEMM's blocks retire).
     row_stream: std::sync::OnceLock<Arc<CudaStream>>,
@@ -970,6 +1026,20 @@ impl DenseEngine {
                 }
             }
         }
+        let max_smem_optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(drv)? as usize;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(drv)? as usize;
+        // The WGMMA forward is compiled for sm_90a only (`wgmma.cu`: wgmma, setmaxnreg, TMA).
+        let wgmma = (major, minor) == (9, 0) && max_smem_optin >= WGMMA_SMEM_BYTES;
+        if wgmma {
+            for dt in ["f16", "bf16"] {
+                names.push(format!("cce_wgmma_lse_{dt}"));
+                names.push(format!("cce_wgmma_lse_combine_{dt}"));
+            }
+        }
         for n in [
             "cce_dense_convert_f16",
             "cce_dense_convert_bf16",
@@ -991,11 +1061,15 @@ impl DenseEngine {
             let f = module.load_function(&n).map_err(drv)?;
             funcs.insert(n, f);
         }
-        let max_smem_optin = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(drv)? as usize;
         let mut fused_static_smem = 0usize;
         for (name, f) in &funcs {
+            if name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_") {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    WGMMA_SMEM_BYTES as i32,
+                )
+                .map_err(drv)?;
+            }
             if name.starts_with("cce_dense_fused_") {
                 let st = f
                     .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
@@ -1041,6 +1115,8 @@ impl DenseEngine {
             arch,
             max_smem_optin,
             fused_static_smem,
+            sm_count,
+            wgmma,
             row_stream: std::sync::OnceLock::new(),
         })
     }
@@ -1607,9 +1683,19 @@ impl DenseEngine {
         let tmp_ptr = ws_base + layout.tmp as u64;
         let rs_ptr = ws_base + layout.rs as u64;
         let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
-        // Forward only with the plan's class tiles: the GEMMs and the row reductions overlap.
+        // Forward only through the fused WGMMA forward where it applies (no logits in memory).
         let mut class_forward_used = false;
-        if let (Mode::Forward, Some(cf)) = (&mode, cfg.class_forward) {
+        if matches!(mode, Mode::Forward) {
+            if let Ok(group) = self.wgmma_forward_rows(cfg, ws.logits.len(), (e_ptr, c_ptr)) {
+                stats.forward =
+                    Some(self.forward_wgmma(cfg, group, ws_base, &row_args, (e_ptr, c_ptr))?);
+                stats.chunk_rows = group;
+                stats.chunks = n.div_ceil(group);
+                class_forward_used = true;
+            }
+        }
+        // Forward only with the plan's class tiles: the GEMMs and the row reductions overlap.
+        if let (Mode::Forward, Some(cf), false) = (&mode, cfg.class_forward, class_forward_used) {
             if ws.logits.len() < cf.bytes(n) {
                 return Err(CceError::InvalidOption {
                     name: "workspace",
@@ -1989,6 +2075,217 @@ impl DenseEngine {
         // are offset to the chunk and hold its rows.
         unsafe { b.launch(cfg_l) }.map_err(drv)?;
         Ok(())
+    }
+
+    /// Rows per row group of the fused WGMMA forward (`kernels/wgmma.cu`) for `cfg`, with
+    /// `scratch_bytes` of scratch for the float2 partials (`rows x ceil(V / 256)`; all `N` rows
+    /// when they fit, else the most multiples of 128 that do), and `e`, `c` the device
+    /// addresses of the inputs. `Err(why)` when it does not apply: switched off
+    /// ([`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]`=0`), not compute capability 9.0,
+    /// not bf16 / f16, a bias, softcap, label smoothing, entropy or argmax, `D` not a multiple of
+    /// 64, inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128 rows need.
+    pub fn wgmma_forward_rows(
+        &self,
+        cfg: &DenseConfig,
+        scratch_bytes: usize,
+        (e, c): (u64, u64),
+    ) -> std::result::Result<usize, String> {
+        let env_off = std::env::var(WGMMA_FORWARD_ENV).as_deref() == Ok("0");
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let why = if !cfg.wgmma_forward || env_off {
+            "switched off"
+        } else if !self.wgmma {
+            "not compute capability 9.0"
+        } else if !matches!(cfg.dtype, DType::BF16 | DType::F16) {
+            "dtype not bf16 / f16"
+        } else if cfg.has_bias {
+            "bias"
+        } else if cfg.softcap.is_some_and(|s| s > 0.0) {
+            "softcap"
+        } else if cfg.label_smoothing != 0.0 {
+            "label smoothing"
+        } else if cfg.want_entropy || cfg.want_argmax {
+            "entropy / argmax requested"
+        } else if n == 0 || v == 0 || d == 0 || !d.is_multiple_of(WGMMA_BK) {
+            "D not a multiple of 64"
+        } else if !e.is_multiple_of(16) || !c.is_multiple_of(16) {
+            "inputs not 16-byte aligned"
+        } else if i32::try_from(n.div_ceil(WGMMA_BM) * v.div_ceil(WGMMA_BN)).is_err()
+            || i32::try_from(d).is_err()
+            || i32::try_from(v).is_err()
+        {
+            "sizes past 32 bits"
+        } else {
+            let fit = scratch_bytes / (v.div_ceil(WGMMA_BN) * 8);
+            let group = if fit >= n {
+                n
+            } else {
+                fit / WGMMA_BM * WGMMA_BM
+            };
+            if group > 0 && i32::try_from(group).is_ok() {
+                return Ok(group);
+            }
+            "scratch holds the partials of fewer than 128 rows"
+        };
+        Err(why.to_string())
+    }
+
+    /// The fused WGMMA forward of a forward-only call (`kernels/wgmma.cu`), `group` rows at a
+    /// time ([`DenseEngine::wgmma_forward_rows`]): per row group `cce_wgmma_lse_*` (the logits
+    /// GEMM with the per-tile (max, Σexp) in its epilogue, float2 partials at `base`), then
+    /// `cce_wgmma_lse_combine_*` (lse, the target logit, the loss rows of `a`), all on the
+    /// engine's stream. Returns the `plan_reason` note.
+    fn forward_wgmma(
+        &self,
+        cfg: &DenseConfig,
+        group: usize,
+        base: u64,
+        a: &RowArgs,
+        (e, c): (u64, u64),
+    ) -> Result<String> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let esz = cfg.dtype.size_bytes();
+        let code = dtype_code(cfg.dtype)?;
+        let f_lse = self.func(&format!("cce_wgmma_lse_{code}"))?;
+        let f_comb = self.func(&format!("cce_wgmma_lse_combine_{code}"))?;
+        let n_tiles = v.div_ceil(WGMMA_BN);
+        let (v_i, d_i) = (to_i32(v, "V")?, to_i32(d, "D")?);
+        let n_tiles_i = to_i32(n_tiles, "class tiles")?;
+        let tm_c = self.tensor_map(cfg.dtype, c, v, d, WGMMA_BN)?;
+        let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
+        let mut grid_max = 0u32;
+        for r0 in (0..n).step_by(group) {
+            let rows = group.min(n - r0);
+            let rows_i = to_i32(rows, "rows")?;
+            let e_r = e + (r0 * d * esz) as u64;
+            let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
+            let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
+            let grid = tiles.min(self.sm_count.max(1)) as u32;
+            grid_max = grid_max.max(grid);
+            let mut b = self.stream.launch_builder(f_lse);
+            b.arg(&tm_e)
+                .arg(&tm_c)
+                .arg(&rows_i)
+                .arg(&v_i)
+                .arg(&d_i)
+                .arg(&base)
+                .arg(&group_m)
+                .arg(&ordered);
+            // SAFETY: argument types and order match WG_LSE_PARAMS in wgmma.cu (two 128-byte
+            // tensor maps by value, then i32 N, V, D, the float2 partials, i32 group_m,
+            // ordered_epi); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
+            // (sizes checked by `run`, addresses 16-byte aligned and D a multiple of 64,
+            // checked by `wgmma_forward_rows`), so TMA reads nothing outside them; the partials
+            // (rows x n_tiles float2) fit the scratch at `base` (`wgmma_forward_rows`); 384
+            // threads and WGMMA_SMEM_BYTES of dynamic shared memory, the attribute set at
+            // construction; grid ≤ the tile count, so every CTA has a tile.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (WGMMA_THREADS, 1, 1),
+                    shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+                })
+            }
+            .map_err(drv)?;
+            let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
+            let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
+            let blocks = u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| {
+                CceError::ResourceLimit {
+                    resource: "CUDA grid blocks".into(),
+                    requested: rows.div_ceil(rows_per_block) as u64,
+                    max: u32::MAX as u64,
+                }
+            })?;
+            let mut b = self.stream.launch_builder(f_comb);
+            b.arg(&base)
+                .arg(&rows_i)
+                .arg(&n_tiles_i)
+                .arg(&e_r)
+                .arg(&c)
+                .arg(&d_i)
+                .arg(&t_r)
+                .arg(&a.lambda)
+                .arg(&v_i)
+                .arg(&lse_r)
+                .arg(&loss_r);
+            // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the partials
+            // of the group's rows were written by the launch above (stream order); e_r holds
+            // rows x D and c V x D 16-bit values (4-byte aligned: D is even); the targets
+            // (class < V or −1), lse and loss rows are the [N] arrays offset to row r0, holding
+            // `rows` more.
+            unsafe {
+                b.launch(LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(drv)?;
+        }
+        Ok(format!(
+            "forward: WGMMA GEMM with the lse in its epilogue ({} row group(s) of up to {} rows x \
+             {n_tiles} class tile(s) of {WGMMA_BN}, {grid_max} persistent blocks), a combine pass \
+             per row group",
+            n.div_ceil(group),
+            group.min(n),
+        ))
+    }
+
+    /// A 2-D TMA tensor map of the row-major `[rows, d]` 16-bit matrix at `ptr`: boxes of
+    /// `box_rows` rows x 64 columns (128 bytes), 128-byte swizzle, zero fill out of bounds
+    /// (`wgmma.cu` "Parameters").
+    fn tensor_map(
+        &self,
+        dtype: DType,
+        ptr: u64,
+        rows: usize,
+        d: usize,
+        box_rows: usize,
+    ) -> Result<TmaDesc> {
+        use cudarc::driver::sys;
+        let data_type = match dtype {
+            DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            other => {
+                return Err(CceError::Unsupported {
+                    backend: BACKEND,
+                    what: format!("dtype {other} in the WGMMA forward"),
+                })
+            }
+        };
+        let dims: [u64; 2] = [d as u64, rows as u64];
+        let strides: [u64; 1] = [(d * 2) as u64];
+        let boxes: [u32; 2] = [WGMMA_BK as u32, box_rows as u32];
+        let elem_strides: [u32; 2] = [1, 1];
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+        self.ctx.bind_to_thread().map_err(drv)?;
+        // SAFETY: `map` is a writable, 64-byte (here 128-byte) aligned CUtensorMap; the four
+        // arrays hold rank (2) entries (strides rank − 1) and live through the call; `ptr` is
+        // the 16-byte aligned device address of a live [rows, d] buffer of 2-byte elements with
+        // the row stride d·2 bytes (a multiple of 16 since d % 64 == 0); box 64 x box_rows
+        // (≤ 256) with 64·2 = 128 bytes inner extent, as SWIZZLE_128B requires. The call only
+        // encodes the descriptor (it dereferences no device memory).
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                data_type,
+                2,
+                ptr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                elem_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(drv)?;
+        // SAFETY: cuTensorMapEncodeTiled returned success, so it wrote the whole map.
+        let map = unsafe { map.assume_init() };
+        Ok(TmaDesc(map.opaque))
     }
 
     /// The forward of a forward-only call over the class tiles of `cf` (`chunked.cu` "(2')"):
@@ -3027,6 +3324,8 @@ pub(crate) struct BackendCall<'a> {
     pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
     /// The options.
     pub opts: &'a cce_core::Options,
+    /// Forward-only calls may take the fused WGMMA forward ([`DenseConfig::wgmma_forward`]).
+    pub wgmma_forward: bool,
 }
 
 type BackendOutputs = (
@@ -3072,6 +3371,7 @@ impl DenseEngine {
     ) -> Result<BackendOutputs> {
         use cce_core::TensorMeta;
         let mut cfg = DenseConfig::from_plan(call.plan, call.opts)?;
+        cfg.wgmma_forward = call.wgmma_forward;
         if up.is_none() {
             // Forward only: no sparse backward, so none of its workspace.
             cfg.sparse = None;

@@ -1100,3 +1100,377 @@ fn sanitizer_smoke() {
         }
     }
 }
+
+/// Whether forward-only dense calls should take the fused WGMMA forward on this device
+/// (compute capability 9.0, not switched off by `CCE_CUDA_WGMMA_FORWARD=0`).
+fn wgmma_expected(be: &CudaBackend) -> bool {
+    be.arch() == "sm_90a"
+        && std::env::var(cce_cuda::chunked::WGMMA_FORWARD_ENV).as_deref() != Ok("0")
+}
+
+/// |a − b| ≤ tol · (1 + |b|) per row.
+fn close_rows(what: &str, a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: length");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "{what}: row {i}: {x} vs {y}"
+        );
+    }
+}
+
+/// The fused WGMMA forward (`kernels/wgmma.cu`) through the backend on hostile shapes (one row;
+/// rows past a 128-row tile; classes under one 256-class tile, exactly one, several with a
+/// partial last one; D = 64, 128, 576), bf16 and f16, 10% ignored targets, mean and none
+/// reductions, both dense strategies: lse per row and the loss judged against the f64 oracle,
+/// and next to the class-tiled / row-chunk forward of the same inputs with the switch off.
+/// Where it should not apply (switch off, D = 40) the old path's `plan_reason`.
+#[test]
+fn wgmma_forward_lse_and_loss() {
+    use cce_core::StrategyKind::{ChunkedDense, SplitDense};
+    let Some(be) = backend("wgmma_forward_lse_and_loss") else {
+        return;
+    };
+    let expected = wgmma_expected(&be);
+    if !expected {
+        eprintln!(
+            "wgmma_forward_lse_and_loss: {} (or switched off): only the fallback is checked",
+            be.arch()
+        );
+    }
+    let make = |kind, on: bool| {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[kind])
+            .unwrap()
+            .with_wgmma_forward(on)
+    };
+    let split_on = make(SplitDense, true);
+    let split_off = make(SplitDense, false);
+    let chunked_on = make(ChunkedDense, true);
+    let chunked_off = make(ChunkedDense, false);
+    let mut rng = seeded();
+    let shapes = [
+        (1, 64, 7),
+        (129, 128, 5003),
+        (300, 576, 600),
+        (300, 64, 256),
+        (129, 576, 7),
+        (1, 128, 5003),
+        (300, 128, 1000),
+    ];
+    for (si, &(n, d, v)) in shapes.iter().enumerate() {
+        for dtype in [DType::BF16, DType::F16] {
+            let (on, off) = if si % 2 == 0 {
+                (&split_on, &split_off)
+            } else {
+                (&chunked_on, &chunked_off)
+            };
+            let mut case = random_case(&mut rng, n, d, v, dtype, false, 0.1, 3.0);
+            // At least one valid row (a mean over no rows is an error, judged elsewhere).
+            let mut ts = case.targets.to_i64_vec().unwrap();
+            if ts.iter().all(|&y| y < 0) {
+                ts[0] = rng.random_range(0..v as i64);
+                case.targets = HostTensor::from_i64(ts);
+            }
+            let (e, c, t) = (
+                upload(on, &case.e),
+                upload(on, &case.c),
+                upload(on, &case.targets),
+            );
+            let inputs = Inputs {
+                e: &e,
+                c: &c,
+                bias: None,
+                targets: &t,
+            };
+            for reduction in [Reduction::Mean, Reduction::None] {
+                let opts = Options {
+                    reduction,
+                    ..Options::exact()
+                };
+                let what = |o: &str| format!("{dtype} {n}x{d}x{v} {reduction:?}: {o}");
+                let f = on
+                    .forward(&inputs, &opts)
+                    .unwrap_or_else(|err| panic!("{}: {err}", what("forward")));
+                let reason = &f.stats.plan_reason;
+                assert_eq!(
+                    reason.starts_with("forward: WGMMA GEMM with the lse in its epilogue"),
+                    expected,
+                    "{}: {reason}",
+                    what("plan_reason")
+                );
+                let oracle = |p: Precision| {
+                    naive(
+                        &case.e,
+                        &case.c,
+                        None,
+                        &case.targets,
+                        &opts,
+                        &OracleDLoss::Scalar(1.0),
+                        None,
+                        p,
+                    )
+                    .unwrap()
+                };
+                let (gt, rf) = (oracle(Precision::F64), oracle(Precision::SameDtype));
+                let tol = dtype.tolerance();
+                let lse = to_f64(on, &f.lse);
+                let loss = to_f64(on, &f.loss);
+                let r_lse = judge(&what("lse"), &lse, &gt.lse, &rf.lse, tol, true);
+                let r_loss = judge(&what("loss"), &loss, &gt.loss, &rf.loss, tol, true);
+                assert!(lse.iter().all(|x| x.is_finite()), "{}", what("finite lse"));
+                // The same inputs through the old forward (class tiles or row chunks).
+                let g = off
+                    .forward(&inputs, &opts)
+                    .unwrap_or_else(|err| panic!("{}: {err}", what("forward, switch off")));
+                assert!(
+                    !g.stats.plan_reason.starts_with("forward: WGMMA"),
+                    "{}: {}",
+                    what("switch off"),
+                    g.stats.plan_reason
+                );
+                close_rows(&what("lse vs old path"), &lse, &to_f64(off, &g.lse), 1e-4);
+                close_rows(
+                    &what("loss vs old path"),
+                    &loss,
+                    &to_f64(off, &g.loss),
+                    1e-4,
+                );
+                eprintln!("{:<48} rel: lse {r_lse:.1e} loss {r_loss:.1e}", what("ok"));
+            }
+        }
+    }
+    // Switched off: the class-tiled forward of the plan (2 row groups x 3 class tiles).
+    let capped = |on: bool| make(SplitDense, on).with_chunk_cap(64, 128).unwrap();
+    let case = random_case(&mut rng, 130, 64, 300, DType::BF16, false, 0.1, 3.0);
+    let off = capped(false);
+    let (e, c, t) = (
+        upload(&off, &case.e),
+        upload(&off, &case.c),
+        upload(&off, &case.targets),
+    );
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &t,
+    };
+    let f = off.forward(&inputs, &Options::exact()).unwrap();
+    assert!(
+        f.stats.plan_reason.starts_with("forward: 6 GEMM tile(s)"),
+        "{}",
+        f.stats.plan_reason
+    );
+    // The same call with it on: the WGMMA forward (on sm_90).
+    let on = capped(true);
+    let (e2, c2, t2) = (
+        upload(&on, &case.e),
+        upload(&on, &case.c),
+        upload(&on, &case.targets),
+    );
+    let inputs2 = Inputs {
+        e: &e2,
+        c: &c2,
+        bias: None,
+        targets: &t2,
+    };
+    let g = on.forward(&inputs2, &Options::exact()).unwrap();
+    assert_eq!(
+        g.stats.plan_reason.starts_with("forward: WGMMA"),
+        expected,
+        "{}",
+        g.stats.plan_reason
+    );
+    close_rows(
+        "capped: lse vs class tiles",
+        &to_f64(&on, &g.lse),
+        &to_f64(&off, &f.lse),
+        1e-4,
+    );
+    // D = 40 (not a multiple of 64), a bias, entropy: the old path, still right.
+    let fallback = [
+        ("D = 40", 40, false, false),
+        ("bias", 64, true, false),
+        ("entropy", 64, false, true),
+    ];
+    for (label, d, bias, entropy) in fallback {
+        let case = random_case(&mut rng, 129, d, 300, DType::BF16, bias, 0.1, 3.0);
+        let (e, c, t) = (
+            upload(&on, &case.e),
+            upload(&on, &case.c),
+            upload(&on, &case.targets),
+        );
+        let b = case.bias.as_ref().map(|b| upload(&on, b));
+        let inputs = Inputs {
+            e: &e,
+            c: &c,
+            bias: b.as_ref(),
+            targets: &t,
+        };
+        let opts = Options {
+            side_outputs: SideOutputs {
+                entropy,
+                argmax: false,
+            },
+            ..Options::exact()
+        };
+        let f = on.forward(&inputs, &opts).unwrap();
+        assert!(
+            !f.stats.plan_reason.starts_with("forward: WGMMA"),
+            "{label}: {}",
+            f.stats.plan_reason
+        );
+        let gt = naive(
+            &case.e,
+            &case.c,
+            case.bias.as_ref(),
+            &case.targets,
+            &opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::F64,
+        )
+        .unwrap();
+        let rf = naive(
+            &case.e,
+            &case.c,
+            case.bias.as_ref(),
+            &case.targets,
+            &opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::SameDtype,
+        )
+        .unwrap();
+        let tol = DType::BF16.tolerance();
+        judge(label, &to_f64(&on, &f.lse), &gt.lse, &rf.lse, tol, true);
+        judge(label, &to_f64(&on, &f.loss), &gt.loss, &rf.loss, tol, true);
+    }
+}
+
+/// The WGMMA forward in row groups: through the engine with a one-row chunk the scratch holds
+/// the partials of 128 rows (V a multiple of 256), so 300 rows run as 3 groups (128, 128,
+/// 44); z-loss and sum reduction; lse, per-row loss and the sum judged against the oracle.
+#[test]
+fn wgmma_forward_row_groups() {
+    use cce_cuda::chunked::{
+        DenseConfig, DenseEngine, DenseForwardOut, DenseInputs, DenseWorkspace, RowPass,
+    };
+    let Some(be) = backend("wgmma_forward_row_groups") else {
+        return;
+    };
+    if !wgmma_expected(&be) {
+        eprintln!(
+            "skipping wgmma_forward_row_groups: {} (or switched off)",
+            be.arch()
+        );
+        return;
+    }
+    let engine = DenseEngine::new(be.stream().clone()).unwrap();
+    let mut rng = seeded();
+    for (dtype, n, d, v) in [(DType::BF16, 300, 128, 5120), (DType::F16, 257, 64, 2560)] {
+        let case = random_case(&mut rng, n, d, v, dtype, false, 0.1, 3.0);
+        let opts = Options {
+            reduction: Reduction::Sum,
+            z_loss: 1e-2,
+            ..Options::exact()
+        };
+        let cfg = DenseConfig {
+            n,
+            d,
+            v,
+            dtype,
+            has_bias: false,
+            chunk_rows: 1,
+            chunk_classes: None,
+            de_f16: false,
+            tile: (128, 128),
+            softcap: None,
+            label_smoothing: 0.0,
+            z_loss: opts.z_loss,
+            reduction: opts.reduction,
+            filter: cce_core::FilterRule::resolve(&opts, dtype),
+            grad_f32: false,
+            compute_d_e: false,
+            compute_d_c: false,
+            want_entropy: false,
+            want_argmax: false,
+            row_pass: RowPass::TwoPass,
+            sparse: None,
+            class_forward: None,
+            wgmma_forward: true,
+        };
+        let mut ws = DenseWorkspace::new(&engine, &cfg).unwrap();
+        let (e, c) = (upload(&be, &case.e), upload(&be, &case.c));
+        let raw = case.targets.to_i64_vec().unwrap();
+        let prepared: Vec<i32> = raw
+            .iter()
+            .map(|&y| if y < 0 { -1 } else { y as i32 })
+            .collect();
+        let n_valid = prepared.iter().filter(|&&y| y >= 0).count();
+        let bytes: Vec<u8> = prepared.iter().flat_map(|y| y.to_le_bytes()).collect();
+        let t = be.stream().clone_htod(&bytes).unwrap();
+        let mut loss = be.alloc_tensor(vec![], DType::F32).unwrap();
+        let mut lse = be.alloc_tensor(vec![n], DType::F32).unwrap();
+        let inp = DenseInputs {
+            e: e.slice(),
+            c: c.slice(),
+            bias: None,
+            targets: &t,
+            n_valid,
+        };
+        let stats = {
+            let mut out = DenseForwardOut {
+                loss: loss.slice_mut(),
+                lse: lse.slice_mut(),
+                entropy: None,
+                argmax: None,
+            };
+            engine.forward(&cfg, &mut ws, &inp, &mut out).unwrap()
+        };
+        let note = stats.forward.unwrap_or_default();
+        let groups = n.div_ceil(128);
+        assert!(
+            note.starts_with("forward: WGMMA GEMM")
+                && note.contains(&format!("({groups} row group(s) of up to 128 rows")),
+            "{note}"
+        );
+        let oracle = |p: Precision| {
+            naive(
+                &case.e,
+                &case.c,
+                None,
+                &case.targets,
+                &opts,
+                &OracleDLoss::Scalar(1.0),
+                None,
+                p,
+            )
+            .unwrap()
+        };
+        let (gt, rf) = (oracle(Precision::F64), oracle(Precision::SameDtype));
+        let what = |o: &str| format!("{dtype} {n}x{d}x{v} row groups: {o}");
+        let tol = dtype.tolerance();
+        let r_lse = judge(
+            &what("lse"),
+            &to_f64(&be, &lse),
+            &gt.lse,
+            &rf.lse,
+            tol,
+            true,
+        );
+        let r_loss = judge(
+            &what("loss"),
+            &to_f64(&be, &loss),
+            &gt.loss,
+            &rf.loss,
+            tol,
+            true,
+        );
+        eprintln!(
+            "{:<48} rel: lse {r_lse:.1e} loss {r_loss:.1e}; {note}",
+            what("ok")
+        );
+    }
+}
