@@ -24,7 +24,7 @@ fn random_case(rng: &mut impl Rng, n: usize, d: usize, v: usize, bias: bool, ign
     let e = draw(n * d);
     let c = draw(v * d);
     let bias = bias.then(|| draw(v));
-    let targets = (0..n)
+    let mut targets: Vec<i64> = (0..n)
         .map(|_| {
             if rng.random::<f64>() < ignored {
                 -100
@@ -33,6 +33,13 @@ fn random_case(rng: &mut impl Rng, n: usize, d: usize, v: usize, bias: bool, ign
             }
         })
         .collect();
+    // At least one row keeps a target when not every row is meant to be ignored: a mean over
+    // no valid row is an error (CceError::AllTargetsIgnored), tested on its own.
+    if ignored < 1.0 && targets.iter().all(|&t| t == -100) {
+        if let Some(t) = targets.first_mut() {
+            *t = rng.random_range(0..v as i64);
+        }
+    }
     Case {
         n,
         d,

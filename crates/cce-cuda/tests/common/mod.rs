@@ -67,7 +67,7 @@ pub fn random_case(
     let b: Vec<f32> = (0..v)
         .map(|_| Normal::new(0.0, 1.0).unwrap().sample(rng) as f32)
         .collect();
-    let targets = (0..n)
+    let mut targets: Vec<i64> = (0..n)
         .map(|_| {
             if rng.random::<f64>() < ignored {
                 -100
@@ -76,6 +76,13 @@ pub fn random_case(
             }
         })
         .collect();
+    // At least one row keeps a target when not every row is meant to be ignored: a mean over
+    // no valid row is an error (CceError::AllTargetsIgnored), tested on its own.
+    if ignored < 1.0 && targets.iter().all(|&t| t == -100) {
+        if let Some(t) = targets.first_mut() {
+            *t = rng.random_range(0..v as i64);
+        }
+    }
     Case {
         n,
         d,

@@ -40,7 +40,7 @@ pub fn random_case(
     let e = (0..n * d).map(|_| normal.sample(rng)).collect();
     let c = (0..v * d).map(|_| normal.sample(rng)).collect();
     let bias = bias.then(|| (0..v).map(|_| normal.sample(rng)).collect());
-    let targets = (0..n)
+    let mut targets: Vec<i64> = (0..n)
         .map(|_| {
             if rng.random::<f64>() < ignored {
                 -100
@@ -49,6 +49,13 @@ pub fn random_case(
             }
         })
         .collect();
+    // At least one row keeps a target when not every row is meant to be ignored: a mean over
+    // no valid row is an error (CceError::AllTargetsIgnored), tested on its own.
+    if ignored < 1.0 && targets.iter().all(|&t| t == -100) {
+        if let Some(t) = targets.first_mut() {
+            *t = rng.random_range(0..v as i64);
+        }
+    }
     Case {
         n,
         d,
