@@ -1200,6 +1200,11 @@ fn wgmma_forward_lse_and_loss() {
                     "{}: {reason}",
                     what("plan_reason")
                 );
+                // The oracle's upstream form follows the reduction (per row for none).
+                let d_loss = match reduction {
+                    Reduction::None => OracleDLoss::PerRow(vec![1.0; n]),
+                    _ => OracleDLoss::Scalar(1.0),
+                };
                 let oracle = |p: Precision| {
                     naive(
                         &case.e,
@@ -1207,7 +1212,7 @@ fn wgmma_forward_lse_and_loss() {
                         None,
                         &case.targets,
                         &opts,
-                        &OracleDLoss::Scalar(1.0),
+                        &d_loss,
                         None,
                         p,
                     )
