@@ -71,9 +71,10 @@ pub struct InputArgs {
     /// Name of the hidden states tensor `[..., D]` (bf16, f16, f32).
     #[arg(long, default_value = "E", value_name = "NAME", help_heading = "Input")]
     pub e_name: String,
-    /// Name of the classifier tensor `[V, D]` (bf16, f16, f32); if absent, the Q8_0 pair below.
-    #[arg(long, default_value = "C", value_name = "NAME", help_heading = "Input")]
-    pub c_name: String,
+    /// Name of the classifier tensor `[V, D]` (bf16, f16, f32), default `C`; if not given and
+    /// `C` is absent, the Q8_0 pair below. A name given here must exist.
+    #[arg(long, value_name = "NAME", help_heading = "Input")]
+    pub c_name: Option<String>,
     /// Name of the Q8_0 classifier codes (i8 `[V, D]`).
     #[arg(
         long,

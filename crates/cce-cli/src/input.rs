@@ -78,8 +78,13 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
     let t0 = Instant::now();
     let names = TensorNames {
         e: args.e_name.clone(),
-        c: args.c_name.clone(),
-        c_q8: args.c_q8_name.clone(),
+        c: args.c_name.clone().unwrap_or_else(|| "C".into()),
+        // A classifier name the user gave must exist: no silent Q8_0 fallback then.
+        c_q8: if args.c_name.is_some() {
+            String::new()
+        } else {
+            args.c_q8_name.clone()
+        },
         c_scale: args.c_scale_name.clone(),
         bias: args.bias_name.clone(),
         targets: args.targets_name.clone(),

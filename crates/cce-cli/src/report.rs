@@ -19,9 +19,31 @@ pub fn peak_rss_bytes() -> Option<u64> {
     proc_kb("/proc/self/status", "VmHWM")
 }
 
-/// Memory the system can still give (`MemAvailable` of `/proc/meminfo`), bytes.
+/// Memory this process can still get, bytes: the system's `MemAvailable` (`/proc/meminfo`),
+/// or less where an address-space limit (`ulimit -v`: "Max address space" of
+/// `/proc/self/limits`, soft) leaves less room above the process's `VmSize`.
 pub fn available_memory_bytes() -> Option<u64> {
-    proc_kb("/proc/meminfo", "MemAvailable")
+    let system = proc_kb("/proc/meminfo", "MemAvailable");
+    let room = address_space_limit().map(|limit| {
+        let used = proc_kb("/proc/self/status", "VmSize").unwrap_or(0);
+        limit.saturating_sub(used)
+    });
+    match (system, room) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The soft address-space limit of this process (`/proc/self/limits`), bytes; `None` when
+/// unlimited or unknown.
+fn address_space_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max address space"))?;
+    line["Max address space".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `1536` -> `"1.5 KiB"`.

@@ -84,6 +84,15 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     // An unwritable --plot path fails before the cases run, not after them.
     if let Some(path) = &args.plot {
         crate::run::check_output_path("--plot", path)?;
+        let png = path
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("png"));
+        if !png {
+            return Err(CliError::msg(format!(
+                "--plot {}: the plot is a PNG image; give a path ending in .png",
+                path.display()
+            )));
+        }
     }
     if args.n == 0 || args.d == 0 || args.v == 0 {
         return Err(CliError::msg(format!(

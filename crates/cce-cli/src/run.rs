@@ -28,6 +28,12 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     // An unwritable --save-grads path fails before any work, not after it.
     if let Some(path) = &args.save_grads {
         check_output_path("--save-grads", path)?;
+        // (clap already refuses --save-grads with --no-backward.)
+        if args.opts.no_d_e && args.opts.no_d_c {
+            return Err(CliError::msg(
+                "--save-grads: no gradient would be computed (drop --no-d-e or --no-d-c)",
+            ));
+        }
     }
     // The backend first: a missing device should not wait for a large load.
     let backend = backend_by_name(&args.backend)?;
@@ -197,7 +203,15 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
         }
         Reduction::None => {
             let sum: f64 = loss.iter().map(|&x| x as f64).sum();
-            let mean = sum / n_valid.max(1) as f64;
+            if n_valid == 0 {
+                // A mean over no row is undefined: say so rather than print 0.
+                outln!(
+                    "loss       [{}] per row: no valid row (mean undefined), sum {sum:.6}",
+                    loss.len()
+                );
+                return Ok(());
+            }
+            let mean = sum / n_valid as f64;
             outln!(
                 "loss       [{}] per row: mean over {n_valid} valid rows {mean:.6}, sum {sum:.6}",
                 loss.len()
@@ -297,10 +311,14 @@ fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options)
                 hit += usize::from(am.get(i) == Some(&(y as i64)));
             }
         }
-        outln!(
-            "argmax     top-1 accuracy {:.2}% ({hit} of {valid} valid rows)",
-            100.0 * hit as f64 / valid.max(1) as f64
-        );
+        if valid == 0 {
+            outln!("argmax     top-1 accuracy undefined (no valid row)");
+        } else {
+            outln!(
+                "argmax     top-1 accuracy {:.2}% ({hit} of {valid} valid rows)",
+                100.0 * hit as f64 / valid as f64
+            );
+        }
     }
     Ok(())
 }

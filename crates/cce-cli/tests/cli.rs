@@ -565,9 +565,43 @@ fn mean_over_no_valid_row_is_an_error() {
     );
     let out = ok(&["run", "--input", s(&q), "--reduction", "none"]);
     assert!(
-        out.contains("mean over 0 valid rows 0.000000, sum 0.000000"),
+        out.contains("no valid row (mean undefined), sum 0.000000"),
         "{out}"
     );
+    let out = ok(&["run", "--input", s(&q), "--reduction", "sum", "--argmax"]);
+    assert!(
+        out.contains("top-1 accuracy undefined (no valid row)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn options_that_cannot_work_fail_before_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = small_file(dir.path(), false);
+    let g = dir.path().join("g.safetensors");
+    fails(
+        &[
+            "run",
+            "--input",
+            s(&p),
+            "--save-grads",
+            s(&g),
+            "--no-d-e",
+            "--no-d-c",
+        ],
+        &["--save-grads: no gradient would be computed"],
+    );
+    // A directory is refused, not replaced (checked before the call).
+    fails(
+        &["run", "--input", s(&p), "--save-grads", s(dir.path())],
+        &["not a writable file path"],
+    );
+    let txt = dir.path().join("plot.txt");
+    fails(&["repro", "--plot", s(&txt)], &["--plot", "PNG", ".png"]);
+    assert!(!txt.exists());
+    // A classifier name given on the command line must exist (no silent Q8_0 fallback).
+    fails(&["run", "--input", s(&p), "--c-name", "nope"], &["nope"]);
 }
 
 #[test]
@@ -679,7 +713,7 @@ fn unwritable_save_grads() {
             "--save-grads",
             s(&g),
         ],
-        &["no gradient was computed"],
+        &["no gradient would be computed"],
     );
 }
 

@@ -123,8 +123,10 @@ __device__ __forceinline__ void f4set(float4& v, int k, float x) {
 
 // z = softcap(x + bias): the one definition every kernel uses, so that the forward, the
 // histogram and G see the same bits.
+// Only finite logits are capped: one that overflowed f32 stays infinite (or NaN), so the lse
+// is not finite and the host reports the overflow (capped it would be a silent ±softcap).
 __device__ __forceinline__ float cap_z(float x, float softcap, float inv_softcap) {
-    return softcap > 0.0f ? softcap * tanhf(x * inv_softcap) : x;
+    return softcap > 0.0f && isfinite(x) ? softcap * tanhf(x * inv_softcap) : x;
 }
 
 // ------------------------------------------------------------------------------------------

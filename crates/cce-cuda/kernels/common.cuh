@@ -196,7 +196,8 @@ struct Lane {
 };
 
 // Softcap z = s * tanh(x / s); s <= 0 means off.
-__device__ __forceinline__ float apply_softcap(float x, float s) { return s > 0.f ? s * tanhf(x / s) : x; }
+// Only finite logits are capped (an f32 overflow stays infinite and reaches the lse check).
+__device__ __forceinline__ float apply_softcap(float x, float s) { return s > 0.f && isfinite(x) ? s * tanhf(x / s) : x; }
 
 // Fixed-point mass of the filter histogram: ceil(g0 * 2^30) (cce_core::FilterRule::mass_to_fixed).
 __device__ __forceinline__ u32 mass_to_fixed(float g0) {

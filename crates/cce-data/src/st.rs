@@ -27,7 +27,8 @@ pub struct TensorNames {
     /// Classifier as floats: bf16, f16 or f32, shape `[V, D]`. Used when present; otherwise
     /// the head is read as Q8_0 from [`c_q8`](Self::c_q8) and [`c_scale`](Self::c_scale).
     pub c: String,
-    /// Q8_0 codes of the classifier: i8, shape `[V, D]`.
+    /// Q8_0 codes of the classifier: i8, shape `[V, D]`. Empty: no Q8_0 fallback (a missing
+    /// [`c`](Self::c) is then an error naming it).
     pub c_q8: String,
     /// Q8_0 scales: f16 (bf16 and f32 accepted), shape `[V, ceil(D / 32)]`;
     /// `C[v, d] = f32(scale[v, d / 32]) * f32(code[v, d])`, exact in f32.
@@ -169,9 +170,19 @@ fn read_c(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize
         let c = floats(&names.c, &t)?;
         return Ok((c, v, d, t.dtype().to_string()));
     }
-    let Some(q) = f.get(&names.c_q8)? else {
+    // An empty Q8_0 name: the float classifier only (a name the caller chose must exist).
+    let q = if names.c_q8.is_empty() {
+        None
+    } else {
+        f.get(&names.c_q8)?
+    };
+    let Some(q) = q else {
         return Err(DataError::MissingTensor {
-            name: format!("{} (or {} with {})", names.c, names.c_q8, names.c_scale),
+            name: if names.c_q8.is_empty() {
+                names.c.clone()
+            } else {
+                format!("{} (or {} with {})", names.c, names.c_q8, names.c_scale)
+            },
             path: f.path.to_path_buf(),
         });
     };
@@ -199,7 +210,10 @@ fn read_c(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize
     }
     let scales = floats(&names.c_scale, &s)?;
     let codes = q.data();
-    let mut c = vec![0f32; v * d];
+    let mut c: Vec<f32> = crate::error::try_zeroed(
+        crate::error::checked_len(v, d, "c (Q8_0 decoded)")?,
+        "c (Q8_0 decoded)",
+    )?;
     c.par_chunks_mut(d).enumerate().for_each(|(row, out)| {
         let code = &codes[row * d..(row + 1) * d];
         let sc = &scales[row * nb..(row + 1) * nb];
@@ -426,6 +440,27 @@ fn write(
         if name.is_empty() || !seen.insert(name.as_str()) {
             return Err(DataError::InvalidParameter(format!(
                 "tensor names must be unique and non-empty, got `{name}` twice or empty"
+            )));
+        }
+    }
+    // A symbolic link is followed (its target is replaced, the link kept); anything else that
+    // is not a regular file (a device, a directory, a pipe) is refused, not replaced.
+    let resolved;
+    let path: &Path = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            resolved = std::fs::canonicalize(path).map_err(|source| DataError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            &resolved
+        }
+        _ => path,
+    };
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() {
+            return Err(DataError::InvalidParameter(format!(
+                "{} exists and is not a regular file: refusing to replace it",
+                path.display()
             )));
         }
     }

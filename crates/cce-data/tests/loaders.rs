@@ -361,6 +361,8 @@ fn safetensors_corrupt_and_io() {
 
 #[test]
 fn save_roundtrip_and_errors() {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileTypeExt;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let de = [1.5f32, -2.0, 3.25, 0.0, 1e-30, -7.0];
@@ -427,6 +429,41 @@ fn save_roundtrip_and_errors() {
         save_safetensors(d.join("no/such/dir/g.safetensors"), &[], None),
         Err(DataError::Io { .. })
     ));
+    // A symbolic link keeps pointing at the file, which gets the new contents; a path that is
+    // not a regular file (a directory, a device) is refused, not replaced.
+    let one = [F32Tensor {
+        name: "d_bias",
+        shape: &[2],
+        data: &db,
+    }];
+    #[cfg(unix)]
+    {
+        let link = d.join("link.safetensors");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        save_safetensors(&link, &one, None).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let st_bytes = std::fs::read(&p).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
+        assert!(st.tensor("d_e").is_err() && st.tensor("d_bias").is_ok());
+        let null = std::path::Path::new("/dev/null");
+        if null.exists() {
+            assert!(matches!(
+                save_safetensors(null, &one, None),
+                Err(DataError::InvalidParameter(_))
+            ));
+            assert!(null.metadata().unwrap().file_type().is_char_device());
+        }
+    }
+    let sub = d.join("a_directory");
+    std::fs::create_dir(&sub).unwrap();
+    assert!(matches!(
+        save_safetensors(&sub, &one, None),
+        Err(DataError::InvalidParameter(_))
+    ));
+    assert!(sub.is_dir());
 
     // A whole dataset round-trips bit-exactly.
     let ds = Dataset {

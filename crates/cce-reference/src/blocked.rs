@@ -175,7 +175,9 @@ impl Prepared<'_> {
                     if let Some(b) = &self.bias {
                         *x += b[classes.start + jj];
                     }
-                    if let Some(s) = softcap {
+                    // Only finite logits are capped: one that overflowed f32 stays infinite,
+                    // so the lse check reports the overflow (capped, it would be a silent ±s).
+                    if let (Some(s), true) = (softcap, x.is_finite()) {
                         *x = s * (*x / s).tanh();
                     }
                 }

@@ -501,3 +501,36 @@ fn backward_names_a_non_finite_input_even_with_a_finite_lse() {
         "{r:?}"
     );
 }
+
+#[test]
+fn softcap_does_not_hide_an_overflow_of_the_logits() {
+    // Finite inputs whose products overflow f32: logits of ±inf. Softcap maps finite logits
+    // into (−s, s); an infinite one must stay infinite and fail the lse check, not become ±s.
+    let big = |shape: &[usize], seed: f32| {
+        let v: Vec<f32> = t(shape, DType::F32, seed)
+            .to_f32_vec()
+            .iter()
+            .map(|x| x.signum() * 1e20 + x * 1e19)
+            .collect();
+        HostTensor::from_f32(shape.to_vec(), &v, DType::F32).unwrap()
+    };
+    let (e, c) = (big(&[5, 4], 1.0), big(&[7, 4], 2.0));
+    let y = HostTensor::from_i64(vec![1, 6, 2, 0, 3]);
+    for softcap in [None, Some(30.0)] {
+        let o = Options {
+            softcap,
+            ..Default::default()
+        };
+        let r = fwd(&e, &c, None, &y, &o);
+        assert!(
+            matches!(
+                r,
+                Err(CceError::NonFinite {
+                    what: "lse or gradients (overflow)",
+                    ..
+                })
+            ),
+            "softcap {softcap:?}: {r:?}"
+        );
+    }
+}

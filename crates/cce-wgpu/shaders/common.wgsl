@@ -110,9 +110,10 @@ fn is_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
-// z = s tanh(x / s) under softcap, else x.
+// z = s tanh(x / s) under softcap, else x. Only finite logits are capped: one that
+// overflowed f32 stays infinite (or NaN), so the lse check reports the overflow.
 fn cap(x: f32) -> f32 {
-    if has_flag(FLAG_SOFTCAP) {
+    if has_flag(FLAG_SOFTCAP) && is_finite(x) {
         // Clamped: tanh(15) is 1 in f32, and some drivers overflow on large arguments.
         return P.softcap * tanh(clamp(x / P.softcap, -15.0, 15.0));
     }
