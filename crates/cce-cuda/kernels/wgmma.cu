@@ -3,7 +3,7 @@
 // one combine pass per row to lse, z_y and the loss. Z never leaves the registers. Appended to
 // chunked.cu (same NVRTC module: it uses that file's typedefs u16 / u32 / u64, NEG_INF,
 // FULL_MASK, bf16_to_f32 / f16_to_f32 and write_row_outputs). Device code of the standalone
-// benchmark benches/wgmma/wgmma_lse.cuh (kernel B, CM = 1, ordered epilogues; NOTES.md there
+// benchmark benches/wgmma/wgmma_lse.cuh (commit d8e9f6b; kernel B, CM = 1, ordered epilogues; NOTES.md there
 // has the measurements), unchanged in tiling, barriers and epilogue.
 //
 // Parameters

@@ -2106,7 +2106,9 @@ impl DenseEngine {
             "label smoothing"
         } else if cfg.want_entropy || cfg.want_argmax {
             "entropy / argmax requested"
-        } else if n == 0 || v == 0 || d == 0 || !d.is_multiple_of(WGMMA_BK) {
+        } else if n == 0 || v == 0 || d == 0 {
+            "an empty dimension"
+        } else if !d.is_multiple_of(WGMMA_BK) {
             "D not a multiple of 64"
         } else if !e.is_multiple_of(16) || !c.is_multiple_of(16) {
             "inputs not 16-byte aligned"
