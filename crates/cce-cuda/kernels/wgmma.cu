@@ -233,11 +233,15 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// ---- the fused GEMM + lse-partials kernel ------------------------------------------------------
-template <bool F16>
-__device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
-                                         int D, float2* __restrict__ partial, int group_m,
-                                         int ordered_epi) {
+// ---- the persistent WGMMA main loop, shared by every kernel of this file ---------------------
+// Z = E · Cᵀ over the tiles of [N] x [V] (V: the classes the C map holds), one tile's f32
+// accumulators at a time in the consumers' registers, then `epi(d, mt, nt, cw, warp, lane)`:
+// the tile's epilogue (row tile mt, column tile nt, consumer cw, its warp and lane; d the
+// accumulator fragment of "Thread mapping" above). The epilogue must not use block-wide
+// barriers (the consumers may be in different tiles); warp shuffles are fine (whole warps).
+template <bool F16, class Epi>
+__device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
+                                           int D, int group_m, int ordered_epi, const Epi& epi) {
     constexpr int A_BYTES = BM * BK * 2;
     constexpr int B_BYTES = BN * BK * 2;
     constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
@@ -349,51 +353,8 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
                 }
             }
 
-            // ------------------------------ epilogue ------------------------------
-            const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
-            const int cb = nt * BN + 2 * (lane & 3);
-            constexpr float L2E = 1.4426950408889634f;
-            if ((nt + 1) * BN > V) {  // partial column tile: mask columns >= V
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        if (cb + 8 * j + e >= V) {
-                            d[4 * j + e] = NEG_INF;
-                            d[4 * j + 2 + e] = NEG_INF;
-                        }
-                    }
-                }
-            }
-            float mx0 = NEG_INF, mx1 = NEG_INF;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                mx0 = fmaxf(mx0, fmaxf(d[4 * j], d[4 * j + 1]));
-                mx1 = fmaxf(mx1, fmaxf(d[4 * j + 2], d[4 * j + 3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-            const float o0 = -mx0 * L2E, o1 = -mx1 * L2E;
-            float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-                s0a += ex2_approx(fmaf(d[4 * j], L2E, o0));
-                s0b += ex2_approx(fmaf(d[4 * j + 1], L2E, o0));
-                s1a += ex2_approx(fmaf(d[4 * j + 2], L2E, o1));
-                s1b += ex2_approx(fmaf(d[4 * j + 3], L2E, o1));
-            }
-            float s0 = s0a + s0b, s1 = s1a + s1b;
-            s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
-            s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
-            s0 += __shfl_xor_sync(FULL_MASK, s0, 2);
-            s1 += __shfl_xor_sync(FULL_MASK, s1, 2);
-            if ((lane & 3) == 0) {
-                if (r0 < N) partial[static_cast<size_t>(r0) * n_tiles + nt] = make_float2(mx0, s0);
-                if (r0 + 8 < N)
-                    partial[static_cast<size_t>(r0 + 8) * n_tiles + nt] = make_float2(mx1, s1);
-            }
+            epi(d, mt, nt, cw, warp, lane);
+
             if (ordered_epi) {
                 if (cw == 0) {
                     named_bar_arrive(1, 256);
@@ -404,6 +365,157 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
         }
     }
 }
+
+// The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
+// (row, tile) in partial [N, n_tiles].
+struct LseEpi {
+    float2* partial;
+    int N, V, n_tiles;
+    __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
+                                               int lane) const {
+        const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
+        const int cb = nt * BN + 2 * (lane & 3);
+        constexpr float L2E = 1.4426950408889634f;
+        if ((nt + 1) * BN > V) {  // partial column tile: mask columns >= V
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (cb + 8 * j + e >= V) {
+                        d[4 * j + e] = NEG_INF;
+                        d[4 * j + 2 + e] = NEG_INF;
+                    }
+                }
+            }
+        }
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(d[4 * j], d[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(d[4 * j + 2], d[4 * j + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
+        const float o0 = -mx0 * L2E, o1 = -mx1 * L2E;
+        float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            s0a += ex2_approx(fmaf(d[4 * j], L2E, o0));
+            s0b += ex2_approx(fmaf(d[4 * j + 1], L2E, o0));
+            s1a += ex2_approx(fmaf(d[4 * j + 2], L2E, o1));
+            s1b += ex2_approx(fmaf(d[4 * j + 3], L2E, o1));
+        }
+        float s0 = s0a + s0b, s1 = s1a + s1b;
+        s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
+        s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
+        s0 += __shfl_xor_sync(FULL_MASK, s0, 2);
+        s1 += __shfl_xor_sync(FULL_MASK, s1, 2);
+        if ((lane & 3) == 0) {
+            if (r0 < N) partial[static_cast<size_t>(r0) * n_tiles + nt] = make_float2(mx0, s0);
+            if (r0 + 8 < N)
+                partial[static_cast<size_t>(r0 + 8) * n_tiles + nt] = make_float2(mx1, s1);
+        }
+    }
+};
+
+template <bool F16>
+__device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
+                                         int D, float2* __restrict__ partial, int group_m,
+                                         int ordered_epi) {
+    const LseEpi epi{partial, N, V, (V + BN - 1) / BN};
+    gemm_tiles<F16>(tmE, tmC, N, V, D, group_m, ordered_epi, epi);
+}
+
+// The class pass's epilogue (split dense, `chunked.cu` "(b)" without the f32 logits): G of the
+// tile's columns < K of a class chunk [k0, k0 + K), from the saved lse and τ of each row, as
+// split_gcols computes it (same formula, same intrinsics: g_coef, cap_z, __expf, target_g0),
+// times g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]).
+// Thread mapping: the thread's two rows r0, r0 + 8 and its 64 columns (pairs 2·(lane % 4) +
+// 8·j, j < 32); per pair one 4-byte store per row (ldg even: the pair is 4-byte aligned), a
+// 2-byte store for a lone last column when K is odd. Rows ≥ N store nothing.
+template <int DT, bool CAP>
+struct GColsEpi {
+    u16* G;
+    long long ldg;
+    int N, K, k0, V;
+    const void* bias;
+    float softcap, inv_cap;
+    const int* targets;
+    const float* lse;
+    const float* tau;
+    const float* dl_rows;
+    float dl_scalar;
+    const float* dlse;
+    float alpha, lambda, g_scale;
+    __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
+                                               int lane) const {
+        const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
+        const int cb = nt * BN + 2 * (lane & 3);  // chunk column of pair 0
+        // Per row: the G coefficients, τ, the target's chunk column (−1: none here), lse.
+        float cp[2], cy[2], cc[2], oh[2], tu[2], ls[2];
+        int yc[2];
+        bool act[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            act[h] = false;
+            cp[h] = cy[h] = cc[h] = oh[h] = tu[h] = ls[h] = 0.0f;
+            yc[h] = -1;
+            if (r < N) {
+                const int y = targets[r];
+                ls[h] = lse[r];
+                const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, ls[h], alpha, lambda, V);
+                act[h] = c.active;
+                cp[h] = c.cp;
+                cy[h] = c.cy;
+                cc[h] = c.cc;
+                oh[h] = c.oh;
+                tu[h] = (c.active && tau) ? tau[r] : 0.0f;
+                yc[h] = (c.active && y >= k0 && y < k0 + K) ? y - k0 : -1;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int col = cb + 8 * j;
+            float bv[2] = {0.0f, 0.0f};
+            if (bias != nullptr && col < K) {
+                bv[0] = Elem<DT>::load(bias, (long long)k0 + col);
+                if (col + 1 < K) bv[1] = Elem<DT>::load(bias, (long long)k0 + col + 1);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float g[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    // Branch-free form of split_gcols's gval (same operations and rounding).
+                    const float x = d[4 * j + 2 * h + e] + bv[e];
+                    const float z = CAP ? cap_z(x, softcap, inv_cap) : x;
+                    const float p = __expf(z - ls[h]);
+                    const bool tgt = (col + e == yc[h]);
+                    const float g0 = tgt ? target_g0(p, oh[h]) : p;
+                    float gv = g0 < tu[h] ? -cc[h] : (tgt ? cp[h] * p - cy[h] - cc[h] : cp[h] * p - cc[h]);
+                    if (CAP) {
+                        const float q = z * inv_cap;
+                        gv *= 1.0f - q * q;
+                    }
+                    g[e] = act[h] ? gv * g_scale : 0.0f;  // exact zeros in an inactive row
+                }
+                const int r = r0 + 8 * h;
+                if (r < N && col < K) {
+                    u16* dst = G + static_cast<size_t>(r) * ldg + col;
+                    if (col + 1 < K) {
+                        *reinterpret_cast<u32*>(dst) =
+                            (u32)f32_to_f16(g[0]) | ((u32)f32_to_f16(g[1]) << 16);
+                    } else {
+                        *dst = f32_to_f16(g[0]);
+                    }
+                }
+            }
+        }
+    }
+};
 
 // One warp per row: lse from the row's partials (as the benchmark's lse_combine_kernel), the
 // target logit z_y = Σ_k e[r, k]·c[y, k] (f32, fixed order), then the row's forward outputs
@@ -473,6 +585,39 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out);
+}
+
+#define WG_GCOLS_PARAMS                                                                          \
+    const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
+        int N, int K, int D, int k0, int V, u16 *G, long long ldg, const void *bias,              \
+        float softcap, const int *targets, const float *lse, const float *tau,                    \
+        const float *dl_rows, float dl_scalar, const float *dlse, float alpha, float lambda,       \
+        float g_scale, int group_m, int ordered_epi
+#define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
+    const cce_wg::GColsEpi<DT, CAP> epi{G,       ldg,                                                  \
+                                   N,       K,                                                    \
+                                   k0,      V,                                                    \
+                                   bias,    softcap,                                              \
+                                   softcap > 0.0f ? 1.0f / softcap : 0.0f,                        \
+                                   targets, lse,                                                  \
+                                   tau,     dl_rows,                                              \
+                                   dl_scalar, dlse,                                               \
+                                   alpha,   lambda,                                               \
+                                   g_scale};                                                      \
+    cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, ordered_epi, epi)
+// softcap ≤ 0 (off): cce_wgmma_gcols_*; softcap > 0: cce_wgmma_gcols_cap_* (tanh per value:
+// a separate kernel keeps the common one's epilogue code small).
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_bf16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(2, false, false);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_f16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(1, true, false);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_bf16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(2, false, true);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_f16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(1, true, true);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

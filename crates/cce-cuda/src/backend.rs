@@ -134,6 +134,8 @@ pub struct CudaBackend {
     sparse: SparseMode,
     /// Forward-only dense calls take the fused WGMMA forward where it applies.
     wgmma_forward: bool,
+    /// Split dense's class pass takes the WGMMA `G` epilogue where it applies.
+    wgmma_gcols: bool,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -348,6 +350,7 @@ impl CudaBackend {
             split_de_f16: true,
             sparse: SparseMode::Auto,
             wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
+            wgmma_gcols: crate::chunked::WGMMA_GCOLS_DEFAULT,
         })
     }
 
@@ -367,6 +370,19 @@ impl CudaBackend {
     /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.
     pub fn with_wgmma_forward(mut self, on: bool) -> Self {
         self.wgmma_forward = on;
+        self
+    }
+
+    /// With `true`, split dense's class pass (the `d_c` half of an exact or dense-fallback
+    /// backward) computes each class chunk's `G` in the epilogue of a WGMMA GEMM
+    /// (`kernels/wgmma.cu` `cce_wgmma_gcols_*`: f16 `G` written straight from the registers,
+    /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
+    /// multiple of 64; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
+    /// The call's `plan_reason` says which ran. Default
+    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`]; the environment variable
+    /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.
+    pub fn with_wgmma_gcols(mut self, on: bool) -> Self {
+        self.wgmma_gcols = on;
         self
     }
 
@@ -1465,7 +1481,7 @@ fn dense_call<'a>(
     p: &'a Prepared,
     inputs: &'a Inputs<'a, CudaTensor>,
     opts: &'a Options,
-    wgmma_forward: bool,
+    (wgmma_forward, wgmma_gcols): (bool, bool),
 ) -> BackendCall<'a> {
     BackendCall {
         plan: &p.plan,
@@ -1474,6 +1490,7 @@ fn dense_call<'a>(
         inputs,
         opts,
         wgmma_forward,
+        wgmma_gcols,
     }
 }
 
@@ -1517,7 +1534,7 @@ impl Backend for CudaBackend {
         let p = self.prepare(inputs, opts)?;
         if let Some(engine) = self.dense_engine(&p)? {
             let (fwd, _) = engine.backend_run(
-                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
                 None,
                 None,
             )?;
@@ -1539,7 +1556,7 @@ impl Backend for CudaBackend {
         if let Some(engine) = self.dense_engine(&p)? {
             self.check_owned("lse", lse)?;
             let (_, bwd) = engine.backend_run(
-                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
                 Some(lse),
                 Some(upstream),
             )?;
@@ -1558,7 +1575,7 @@ impl Backend for CudaBackend {
         if let Some(engine) = self.dense_engine(&p)? {
             // One call: 3 GEMMs per row chunk (the logits are not recomputed).
             let (fwd, bwd) = engine.backend_run(
-                &dense_call(&p, inputs, opts, self.wgmma_forward),
+                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
                 None,
                 Some(upstream),
             )?;

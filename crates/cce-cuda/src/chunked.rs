@@ -96,6 +96,11 @@ pub const KERNEL_SOURCE: &str = concat!(
 pub const WGMMA_FORWARD_DEFAULT: bool = true;
 /// Environment variable that turns the fused WGMMA forward off when set to `0` (A/B benches).
 pub const WGMMA_FORWARD_ENV: &str = "CCE_CUDA_WGMMA_FORWARD";
+/// Whether split dense's class pass takes the WGMMA GEMM with `G` in its epilogue where it
+/// applies ([`DenseConfig::wgmma_gcols`]); [`WGMMA_GCOLS_ENV`]`=0` turns it off regardless.
+pub const WGMMA_GCOLS_DEFAULT: bool = true;
+/// Environment variable that turns the class pass's WGMMA `G` epilogue off when set to `0`.
+pub const WGMMA_GCOLS_ENV: &str = "CCE_CUDA_WGMMA_GCOLS";
 /// Threads of `cce_wgmma_lse_*` (producer warpgroup + 2 consumer warpgroups).
 const WGMMA_THREADS: u32 = 384;
 /// Tile of `cce_wgmma_lse_*`: rows of E, rows of C (classes), K-step (`wgmma.cu`).
@@ -400,6 +405,11 @@ pub struct DenseConfig {
     /// ([`DenseEngine::wgmma_forward_rows`]); else the class tiles or row chunks. Default
     /// [`WGMMA_FORWARD_DEFAULT`]; [`WGMMA_FORWARD_ENV`]`=0` turns it off regardless.
     pub wgmma_forward: bool,
+    /// Split dense's class pass computes `G` in the epilogue of a WGMMA GEMM
+    /// (`cce_wgmma_gcols_*`, no f32 logits) where it applies
+    /// ([`DenseEngine::wgmma_gcols_classes`]); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
+    /// Default [`WGMMA_GCOLS_DEFAULT`]; [`WGMMA_GCOLS_ENV`]`=0` turns it off regardless.
+    pub wgmma_gcols: bool,
 }
 
 impl DenseConfig {
@@ -450,6 +460,7 @@ impl DenseConfig {
             },
             class_forward: plan.forward,
             wgmma_forward: WGMMA_FORWARD_DEFAULT,
+            wgmma_gcols: WGMMA_GCOLS_DEFAULT,
         })
     }
 
@@ -791,6 +802,8 @@ pub struct DenseStats {
     pub sparse: Option<String>,
     /// How a forward-only call tiled the logits, when it used the plan's class tiles.
     pub forward: Option<String>,
+    /// How split dense's class pass computed `G` (the WGMMA epilogue, or why not).
+    pub class_pass: Option<String>,
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1038,6 +1051,8 @@ impl DenseEngine {
             for dt in ["f16", "bf16"] {
                 names.push(format!("cce_wgmma_lse_{dt}"));
                 names.push(format!("cce_wgmma_lse_combine_{dt}"));
+                names.push(format!("cce_wgmma_gcols_{dt}"));
+                names.push(format!("cce_wgmma_gcols_cap_{dt}"));
             }
         }
         for n in [
@@ -1063,7 +1078,9 @@ impl DenseEngine {
         }
         let mut fused_static_smem = 0usize;
         for (name, f) in &funcs {
-            if name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_") {
+            if (name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_"))
+                || name.starts_with("cce_wgmma_gcols_")
+            {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     WGMMA_SMEM_BYTES as i32,
@@ -1926,7 +1943,7 @@ impl DenseEngine {
         PhaseTimer::report(prof, &format!("dense row pass ({} chunk(s))", chunks.len()))?;
 
         if split && backward && cfg.compute_d_c && !sparse_used {
-            self.class_pass(
+            stats.class_pass = Some(self.class_pass(
                 cfg,
                 ws,
                 inp,
@@ -1938,7 +1955,7 @@ impl DenseEngine {
                     d_c: self.opt_ptr(grads.d_c.as_deref()),
                     d_bias_acc: dbias_acc_ptr,
                 },
-            )?;
+            )?);
         }
 
         // Loss reduction.
@@ -3046,7 +3063,7 @@ impl DenseEngine {
         ws: &mut DenseWorkspace,
         inp: &DenseInputs<'_>,
         a: ClassPassArgs,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let dt = cfg.dtype;
         let esz = dt.size_bytes();
@@ -3132,84 +3149,124 @@ impl DenseEngine {
         let f_colsum = self.func(&format!("cce_dense_colsum_{}", dtype_code(gdt)?))?;
         let softcap = cfg.softcap.unwrap_or(0.0);
         let ld_i = ldk as i64;
+        // The WGMMA epilogue writes f16 G straight into the scratch's logits region
+        // (n·ldk·4 bytes), so a chunk holds up to 2·ldk classes: whole 256-class tiles.
+        let wg = self.wgmma_gcols_classes(cfg, ldk, (e_ptr, c_ptr));
+        let (step, ldg_step) = match wg {
+            Ok(kw) => (kw, kw.div_ceil(8) * 8),
+            Err(_) => (kmax, ldg),
+        };
+        // d_c sub-chunks of at most kmax classes (the f32 d_c chunk holds kmax rows), starting
+        // on 16-byte columns of G.
+        let dc_step = if kmax >= 8 { kmax / 8 * 8 } else { kmax };
+        let tms = match wg {
+            Ok(_) => Some((
+                self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
+                format!(
+                    "cce_wgmma_gcols{}_{code}",
+                    if softcap > 0.0 { "_cap" } else { "" }
+                ),
+            )),
+            Err(_) => None,
+        };
         let mut prof = PhaseTimer::new(&self.stream)?;
-        for k0 in (0..v).step_by(kmax) {
-            let kc = kmax.min(v - k0);
+        for k0 in (0..v).step_by(step) {
+            let kc = step.min(v - k0);
             let kc_i = kc as i32;
             let k0_i = k0 as i32;
-            // (a) logits of the chunk's classes for every row.
             let c_k = c_ptr + (k0 * d * esz) as u64;
-            self.gemm_logits((kc, d, n), dt, (c_k, e_ptr, l_ptr), ldk)?;
-            PhaseTimer::mark(&mut prof, "logits GEMM")?;
-            // (b) G in place.
-            let mut b = self.stream.launch_builder(f_g);
-            b.arg(&l_ptr)
-                .arg(&ld_i)
-                .arg(&kc_i)
-                .arg(&k0_i)
-                .arg(&v_i)
-                .arg(&bias_ptr)
-                .arg(&softcap)
-                .arg(&t_ptr)
-                .arg(&a.lse)
-                .arg(&tau_ptr)
-                .arg(&a.dl_rows)
-                .arg(&a.dl_scalar)
-                .arg(&a.dlse)
-                .arg(&cfg.label_smoothing)
-                .arg(&cfg.z_loss)
-                .arg(&g_scale)
-                .arg(&n_i);
-            // SAFETY: matches GCOLS_PARAMS; L holds n rows of ldk f32 (ldk a multiple of 8,
-            // the workspace 256-byte aligned: 16-byte row starts) written by the GEMM above
-            // (stream order); lse / tau / targets / upstream rows hold N values; bias holds V.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (n.div_ceil(GC_ROWS) as u32, 1, 1),
-                    block_dim: (GC_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(drv)?;
-            PhaseTimer::mark(&mut prof, "G columns")?;
-            // (c) d_c of the chunk, complete (through an f32 chunk for a bf16 output).
-            let dc_k = a.d_c + (k0 * d * out_ty.size_bytes()) as u64;
-            if cfg.dc_tmp_bytes() > 0 {
-                let tmp = l_ptr + tmp_off as u64;
-                self.gemm_dc(
-                    (kc, d, n),
-                    (gdt, gdt, DType::F32),
-                    (e_op, l_ptr, tmp),
-                    ldg,
-                    (alpha, 0.0),
+            if let Some((tm_e, name)) = &tms {
+                // (a)+(b) in one kernel: the chunk's logits stay in registers.
+                self.launch_wgmma_gcols(
+                    name,
+                    (tm_e, self.tensor_map(dt, c_k, kc, d, WGMMA_BN)?),
+                    (n, kc, d, k0, v),
+                    (l_ptr, ldg_step),
+                    (bias_ptr, softcap, t_ptr, a.lse, tau_ptr),
+                    (a.dl_rows, a.dl_scalar, a.dlse),
+                    (cfg.label_smoothing, cfg.z_loss, g_scale),
                 )?;
-                let f = self.func(&format!("cce_dense_convert_{code}"))?;
-                let count = kc * d;
-                let count_i = count as i64;
-                let mut b = self.stream.launch_builder(f);
-                b.arg(&tmp).arg(&dc_k).arg(&count_i);
-                // SAFETY: matches cce_dense_convert_*: tmp holds kc·d f32 (workspace tail,
-                // size checked above), d_c rows k0..k0+kc hold kc·d gradient elements.
+                PhaseTimer::mark(&mut prof, "WGMMA logits + G")?;
+            } else {
+                // (a) logits of the chunk's classes for every row.
+                self.gemm_logits((kc, d, n), dt, (c_k, e_ptr, l_ptr), ldk)?;
+                PhaseTimer::mark(&mut prof, "logits GEMM")?;
+                // (b) G in place.
+                let mut b = self.stream.launch_builder(f_g);
+                b.arg(&l_ptr)
+                    .arg(&ld_i)
+                    .arg(&kc_i)
+                    .arg(&k0_i)
+                    .arg(&v_i)
+                    .arg(&bias_ptr)
+                    .arg(&softcap)
+                    .arg(&t_ptr)
+                    .arg(&a.lse)
+                    .arg(&tau_ptr)
+                    .arg(&a.dl_rows)
+                    .arg(&a.dl_scalar)
+                    .arg(&a.dlse)
+                    .arg(&cfg.label_smoothing)
+                    .arg(&cfg.z_loss)
+                    .arg(&g_scale)
+                    .arg(&n_i);
+                // SAFETY: matches GCOLS_PARAMS; L holds n rows of ldk f32 (ldk a multiple of 8,
+                // the workspace 256-byte aligned: 16-byte row starts) written by the GEMM above
+                // (stream order); lse / tau / targets / upstream rows hold N values; bias holds V.
                 unsafe {
                     b.launch(LaunchConfig {
-                        grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
-                        block_dim: (256, 1, 1),
+                        grid_dim: (n.div_ceil(GC_ROWS) as u32, 1, 1),
+                        block_dim: (GC_THREADS, 1, 1),
                         shared_mem_bytes: 0,
                     })
                 }
                 .map_err(drv)?;
-            } else {
-                self.gemm_dc(
-                    (kc, d, n),
-                    (gdt, gdt, out_ty),
-                    (e_op, l_ptr, dc_k),
-                    ldg,
-                    (alpha, 0.0),
-                )?;
+                PhaseTimer::mark(&mut prof, "G columns")?;
+            }
+            // (c) d_c of the chunk, complete (through an f32 chunk for a bf16 output), in
+            // sub-chunks of at most kmax classes.
+            for s0 in (0..kc).step_by(dc_step) {
+                let ks = dc_step.min(kc - s0);
+                let g_s = l_ptr + (s0 * gdt.size_bytes()) as u64;
+                let dc_k = a.d_c + ((k0 + s0) * d * out_ty.size_bytes()) as u64;
+                if cfg.dc_tmp_bytes() > 0 {
+                    let tmp = l_ptr + tmp_off as u64;
+                    self.gemm_dc(
+                        (ks, d, n),
+                        (gdt, gdt, DType::F32),
+                        (e_op, g_s, tmp),
+                        ldg_step,
+                        (alpha, 0.0),
+                    )?;
+                    let f = self.func(&format!("cce_dense_convert_{code}"))?;
+                    let count = ks * d;
+                    let count_i = count as i64;
+                    let mut b = self.stream.launch_builder(f);
+                    b.arg(&tmp).arg(&dc_k).arg(&count_i);
+                    // SAFETY: matches cce_dense_convert_*: tmp holds ks·d ≤ kmax·d f32
+                    // (workspace tail, size checked above), d_c rows k0+s0.. hold ks·d
+                    // gradient elements.
+                    unsafe {
+                        b.launch(LaunchConfig {
+                            grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        })
+                    }
+                    .map_err(drv)?;
+                } else {
+                    self.gemm_dc(
+                        (ks, d, n),
+                        (gdt, gdt, out_ty),
+                        (e_op, g_s, dc_k),
+                        ldg_step,
+                        (alpha, 0.0),
+                    )?;
+                }
             }
             // (d) d_bias of the chunk.
             if cfg.has_bias {
-                let ldg_i = ldg as i64;
+                let ldg_i = ldg_step as i64;
                 let acc_k = a.d_bias_acc + (k0 * 4) as u64;
                 let mut b = self.stream.launch_builder(f_colsum);
                 b.arg(&l_ptr)
@@ -3218,7 +3275,7 @@ impl DenseEngine {
                     .arg(&kc_i)
                     .arg(&acc_k)
                     .arg(&inv_g);
-                // SAFETY: matches COLSUM_PARAMS; G is n x ldg of gdt (written above), the
+                // SAFETY: matches COLSUM_PARAMS; G is n x ldg_step of gdt (written above), the
                 // accumulator holds V f32 (zeroed), offset to the chunk's kc columns.
                 unsafe {
                     b.launch(LaunchConfig {
@@ -3231,10 +3288,130 @@ impl DenseEngine {
             }
             PhaseTimer::mark(&mut prof, "d_c GEMM (+ convert, d_bias)")?;
         }
-        PhaseTimer::report(
-            prof,
-            &format!("split dense class pass ({} chunk(s))", v.div_ceil(kmax)),
-        )?;
+        let chunks = v.div_ceil(step);
+        PhaseTimer::report(prof, &format!("split dense class pass ({chunks} chunk(s))"))?;
+        Ok(match wg {
+            Ok(kw) => format!(
+                "class pass: WGMMA GEMM with G in its epilogue ({chunks} chunk(s) of up to {} \
+                 classes, f16 G, no logits in memory)",
+                kw.min(v)
+            ),
+            Err(why) => format!(
+                "class pass: cuBLAS logits then G ({chunks} chunk(s) of up to {} classes; no \
+                 WGMMA epilogue: {why})",
+                kmax.min(v)
+            ),
+        })
+    }
+
+    /// Classes per chunk of split dense's class pass through the WGMMA `G` epilogue
+    /// (`cce_wgmma_gcols_*`), whose f16 `G` fills the scratch's `N x ldk` f32 logits region:
+    /// `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err` says why
+    /// the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
+    /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, an empty dimension,
+    /// `D` not a multiple of 64, unaligned inputs or sizes past 32 bits.
+    pub fn wgmma_gcols_classes(
+        &self,
+        cfg: &DenseConfig,
+        ldk: usize,
+        (e, c): (u64, u64),
+    ) -> std::result::Result<usize, String> {
+        let env_off = std::env::var(WGMMA_GCOLS_ENV).as_deref() == Ok("0");
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let cap = 2 * ldk;
+        let kw = if v <= cap {
+            v
+        } else if cap >= WGMMA_BN {
+            cap / WGMMA_BN * WGMMA_BN
+        } else {
+            cap
+        };
+        let why = if !cfg.wgmma_gcols || env_off {
+            "switched off"
+        } else if !self.wgmma {
+            "not compute capability 9.0"
+        } else if cfg.class_pass_dtype() != DType::F16 {
+            "dtype not bf16 / f16"
+        } else if n == 0 || v == 0 || d == 0 {
+            "an empty dimension"
+        } else if !d.is_multiple_of(WGMMA_BK) {
+            "D not a multiple of 64"
+        } else if !e.is_multiple_of(16) || !c.is_multiple_of(16) {
+            "inputs not 16-byte aligned"
+        } else if i32::try_from(n.div_ceil(WGMMA_BM) * kw.div_ceil(WGMMA_BN)).is_err()
+            || i32::try_from(n).is_err()
+            || i32::try_from(v).is_err()
+            || i32::try_from(d).is_err()
+        {
+            "sizes past 32 bits"
+        } else {
+            return Ok(kw);
+        };
+        Err(why.to_string())
+    }
+
+    /// One launch of `cce_wgmma_gcols[_cap]_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row
+    /// stride `ldg` elements, at `g`) of classes `k0..k0 + kc` from the logits `E · C_kᵀ`
+    /// computed in registers, the saved lse and τ, the targets and upstream gradients, scaled
+    /// by `g_scale`; persistent grid of at most one block per multiprocessor.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn launch_wgmma_gcols(
+        &self,
+        name: &str,
+        (tm_e, tm_c): (&TmaDesc, TmaDesc),
+        (n, kc, d, k0, v): (usize, usize, usize, usize, usize),
+        (g, ldg): (u64, usize),
+        (bias, softcap, targets, lse, tau): (u64, f32, u64, u64, u64),
+        (dl_rows, dl_scalar, dlse): (u64, f32, u64),
+        (alpha, lambda, g_scale): (f32, f32, f32),
+    ) -> Result<()> {
+        let f = self.func(name)?;
+        let tiles = n.div_ceil(WGMMA_BM) * kc.div_ceil(WGMMA_BN);
+        let grid = tiles.min(self.sm_count.max(1)) as u32;
+        let (n_i, kc_i, d_i) = (to_i32(n, "N")?, to_i32(kc, "classes")?, to_i32(d, "D")?);
+        let (k0_i, v_i) = (to_i32(k0, "k0")?, to_i32(v, "V")?);
+        let ldg_i = ldg as i64;
+        let (group_m, ordered) = (WGMMA_GROUP_M, 1i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(tm_e)
+            .arg(&tm_c)
+            .arg(&n_i)
+            .arg(&kc_i)
+            .arg(&d_i)
+            .arg(&k0_i)
+            .arg(&v_i)
+            .arg(&g)
+            .arg(&ldg_i)
+            .arg(&bias)
+            .arg(&softcap)
+            .arg(&targets)
+            .arg(&lse)
+            .arg(&tau)
+            .arg(&dl_rows)
+            .arg(&dl_scalar)
+            .arg(&dlse)
+            .arg(&alpha)
+            .arg(&lambda)
+            .arg(&g_scale)
+            .arg(&group_m)
+            .arg(&ordered);
+        // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
+        // tensor maps by value; i32 N, K, D, k0, V; the f16 G pointer and its i64 row stride;
+        // bias; f32 softcap; targets, lse, tau; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
+        // g_scale; i32 group_m, ordered_epi). The maps describe the live [n, D] and [kc, D]
+        // 16-bit row-major inputs (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so
+        // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg even, inside the
+        // scratch: `class_pass`); the per-row arrays hold n values and bias V (checked by
+        // `run`); 384 threads and WGMMA_SMEM_BYTES of dynamic shared memory (the attribute set
+        // at construction); grid ≤ the tile count.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (WGMMA_THREADS, 1, 1),
+                shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+            })
+        }
+        .map_err(drv)?;
         Ok(())
     }
 
@@ -3328,6 +3505,8 @@ pub(crate) struct BackendCall<'a> {
     pub opts: &'a cce_core::Options,
     /// Forward-only calls may take the fused WGMMA forward ([`DenseConfig::wgmma_forward`]).
     pub wgmma_forward: bool,
+    /// Split dense's class pass may take the WGMMA `G` epilogue ([`DenseConfig::wgmma_gcols`]).
+    pub wgmma_gcols: bool,
 }
 
 type BackendOutputs = (
@@ -3374,6 +3553,7 @@ impl DenseEngine {
         use cce_core::TensorMeta;
         let mut cfg = DenseConfig::from_plan(call.plan, call.opts)?;
         cfg.wgmma_forward = call.wgmma_forward;
+        cfg.wgmma_gcols = call.wgmma_gcols;
         if up.is_none() {
             // Forward only: no sparse backward, so none of its workspace.
             cfg.sparse = None;
@@ -3531,6 +3711,9 @@ impl DenseEngine {
         });
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
+            if let Some(note) = &dstats.class_pass {
+                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
+            }
             if let Some(note) = &dstats.sparse {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
             }

@@ -1098,6 +1098,24 @@ fn sanitizer_smoke() {
                 );
             }
         }
+        // The WGMMA kernels (sm_90a, 16-bit, D % 64 == 0): split dense's class pass with G in
+        // the epilogue (with bias + softcap, then plain: both kernels), and the fused forward.
+        if dtype != DType::F32 && be.arch() == "sm_90a" {
+            let split_be = CudaBackend::new(0)
+                .unwrap()
+                .with_strategies(&[cce_core::StrategyKind::SplitDense])
+                .unwrap()
+                .with_chunk_cap(64, 128)
+                .unwrap();
+            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+bias+softcap");
+            s.bias = true;
+            s.opts.softcap = Some(10.0);
+            s.ignored = 0.1;
+            eprintln!("{}", check(&split_be, &mut rng, &s));
+            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+forward");
+            s.opts.side_outputs = SideOutputs::default();
+            eprintln!("{}", check(&split_be, &mut rng, &s));
+        }
     }
 }
 
@@ -1405,6 +1423,7 @@ fn wgmma_forward_row_groups() {
             sparse: None,
             class_forward: None,
             wgmma_forward: true,
+            wgmma_gcols: true,
         };
         let mut ws = DenseWorkspace::new(&engine, &cfg).unwrap();
         let (e, c) = (upload(&be, &case.e), upload(&be, &case.c));
@@ -1477,5 +1496,127 @@ fn wgmma_forward_row_groups() {
             "{:<48} rel: lse {r_lse:.1e} loss {r_loss:.1e}; {note}",
             what("ok")
         );
+    }
+}
+
+/// Split dense's class pass through the WGMMA `G` epilogue (`kernels/wgmma.cu`
+/// `cce_wgmma_gcols_*`) on hostile shapes: one row; rows past a 128-row tile; classes under one
+/// 256-class tile, one more than a tile, several chunks with a partial last tile; D = 64, 128,
+/// 192, 576; chunks capped at 64 rows x 128 classes (so a WGMMA chunk of 256 classes and two
+/// `d_c` sub-chunks each, 20 chunks at V = 5003); bf16 and f16. Every option of `variants`
+/// (bias, softcap, label smoothing, z-loss, per-row and lse upstreams, ignored rows, shift,
+/// f32 gradients, peaked and flat rows) is judged against the f64 oracle by `check`, rotating
+/// through them per shape. The backward's `plan_reason` must name the epilogue on sm_90a (and
+/// the cuBLAS class pass with the switch off), and `d_c` must match the switched-off path's.
+#[test]
+fn wgmma_gcols_class_pass() {
+    use cce_core::StrategyKind::SplitDense;
+    let Some(be) = backend("wgmma_gcols_class_pass") else {
+        return;
+    };
+    let expected = be.arch() == "sm_90a"
+        && std::env::var(cce_cuda::chunked::WGMMA_GCOLS_ENV).as_deref() != Ok("0");
+    if !expected {
+        eprintln!(
+            "wgmma_gcols_class_pass: {} (or switched off): only the fallback is checked",
+            be.arch()
+        );
+    }
+    let make = |on: bool| {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[SplitDense])
+            .unwrap()
+            .with_chunk_cap(64, 128)
+            .unwrap()
+            .with_wgmma_gcols(on)
+    };
+    let (on, off) = (make(true), make(false));
+    let mut rng = seeded();
+    let shapes = [
+        (1, 64, 7),
+        (129, 128, 5003),
+        (300, 576, 600),
+        (130, 64, 257),
+        (257, 192, 1000),
+    ];
+    let mut k = 0usize;
+    for &(n, d, v) in &shapes {
+        for dtype in [DType::BF16, DType::F16] {
+            // plan_reason and d_c against the cuBLAS class pass on the same inputs.
+            let mut case = random_case(&mut rng, n, d, v, dtype, true, 0.1, 3.0);
+            let mut ts = case.targets.to_i64_vec().unwrap();
+            if ts.iter().all(|&y| y < 0) {
+                ts[0] = rng.random_range(0..v as i64);
+                case.targets = HostTensor::from_i64(ts);
+            }
+            let what = |o: &str| format!("{dtype} {n}x{d}x{v}: {o}");
+            let run = |be: &CudaBackend| {
+                let (e, c, t) = (
+                    upload(be, &case.e),
+                    upload(be, &case.c),
+                    upload(be, &case.targets),
+                );
+                let b = case.bias.as_ref().map(|b| upload(be, b));
+                let inputs = Inputs {
+                    e: &e,
+                    c: &c,
+                    bias: b.as_ref(),
+                    targets: &t,
+                };
+                let opts = Options {
+                    softcap: Some(8.0),
+                    ..Options::exact()
+                };
+                let up = Upstream {
+                    d_loss: DLoss::Scalar(1.0),
+                    d_lse: None,
+                };
+                let (_, g) = be
+                    .forward_backward(&inputs, &opts, &up)
+                    .unwrap_or_else(|err| panic!("{}: {err}", what("forward_backward")));
+                let dc = to_f64(be, g.d_c.as_ref().unwrap());
+                let db = to_f64(be, g.d_bias.as_ref().unwrap());
+                (g.stats.plan_reason.clone(), dc, db)
+            };
+            let (reason, dc, db) = run(&on);
+            assert_eq!(
+                reason.contains("class pass: WGMMA GEMM with G in its epilogue"),
+                expected,
+                "{}: {reason}",
+                what("plan_reason")
+            );
+            let (reason_off, dc_off, db_off) = run(&off);
+            assert!(
+                reason_off.contains("class pass: cuBLAS logits then G"),
+                "{}: {reason_off}",
+                what("switch off")
+            );
+            // Both round G to f16 once; only the logits' summation order differs.
+            let scale = dc_off.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+            for (i, (x, y)) in dc.iter().zip(&dc_off).enumerate() {
+                assert!(
+                    (x - y).abs() <= 2e-2 * scale,
+                    "{}: d_c[{i}] {x} vs {y} (max |d_c| {scale})",
+                    what("d_c vs cuBLAS class pass")
+                );
+            }
+            close_rows(&what("d_bias vs cuBLAS class pass"), &db, &db_off, 1e-2);
+            // The options, judged against the f64 oracle: all of them on the first shape,
+            // three per shape after it.
+            let vs = variants(n, d, v, dtype);
+            let count = vs.len();
+            let picks: Vec<usize> = if n == 1 {
+                (0..count).collect()
+            } else {
+                (0..3).map(|j| (k + j * 5) % count).collect()
+            };
+            k += 1;
+            for (j, sp) in vs.into_iter().enumerate() {
+                if picks.contains(&j) {
+                    eprintln!("{}", check(&on, &mut rng, &sp));
+                }
+            }
+        }
     }
 }
