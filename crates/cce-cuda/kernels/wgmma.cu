@@ -429,53 +429,61 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 }
 
 // The class pass's epilogue (split dense, `chunked.cu` "(b)" without the f32 logits): G of the
-// tile's columns < K of a class chunk [k0, k0 + K), from the saved lse and τ of each row, as
-// split_gcols computes it (same formula, same intrinsics: g_coef, cap_z, __expf, target_g0),
-// times g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]).
+// tile's columns < K of a class chunk [k0, k0 + K), from the saved lse of each row, times
+// g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]):
+//   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md).
+// No softcap (the host keeps the cuBLAS class pass there: tanhf per value costs more than the
+// f32 logits it saves) and no τ (split dense's row pass never filters, so τ = 0).
+// Per value: one add (bias), one FFMA and ex2 (p), one FFMA (cp·p − cc, g_scale folded into
+// the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
+// thread that holds it, in registers, before the f16 rounding (so G_y = f16(cp·p − cc − cy)).
 // Thread mapping: the thread's two rows r0, r0 + 8 and its 64 columns (pairs 2·(lane % 4) +
-// 8·j, j < 32); per pair one 4-byte store per row (ldg even: the pair is 4-byte aligned), a
-// 2-byte store for a lone last column when K is odd. Rows ≥ N store nothing.
-template <int DT, bool CAP>
+// 8·j, j < 32); per pair one cvt.rn.f16x2 and one 4-byte store per row (ldg even: the pair is
+// 4-byte aligned), a 2-byte store for a lone last column when K is odd. Rows ≥ N store nothing.
+template <int DT>
 struct GColsEpi {
     u16* G;
     long long ldg;
     int N, K, k0, V;
     const void* bias;
-    float softcap, inv_cap;
     const int* targets;
     const float* lse;
-    const float* tau;
     const float* dl_rows;
     float dl_scalar;
     const float* dlse;
     float alpha, lambda, g_scale;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
+        constexpr float L2E = 1.4426950408889634f;
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);  // chunk column of pair 0
-        // Per row: the G coefficients, τ, the target's chunk column (−1: none here), lse.
-        float cp[2], cy[2], cc[2], oh[2], tu[2], ls[2];
-        int yc[2];
-        bool act[2];
+        // Per row: cp·s, cc·s, cy·s (s = g_scale; 0 for inactive rows and rows ≥ N), −lse·log2 e,
+        // and the target's offset from cb (only meaningful when `tin`).
+        float cp[2], cc[2], cy[2], off[2];
+        int rel[2];
+        bool act[2], tin[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
-            act[h] = false;
-            cp[h] = cy[h] = cc[h] = oh[h] = tu[h] = ls[h] = 0.0f;
-            yc[h] = -1;
+            cp[h] = cc[h] = cy[h] = off[h] = 0.0f;
+            act[h] = tin[h] = false;
+            rel[h] = -1;
             if (r < N) {
                 const int y = targets[r];
-                ls[h] = lse[r];
-                const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, ls[h], alpha, lambda, V);
+                const float l = lse[r];
+                const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, l, alpha, lambda, V);
                 act[h] = c.active;
-                cp[h] = c.cp;
-                cy[h] = c.cy;
-                cc[h] = c.cc;
-                oh[h] = c.oh;
-                tu[h] = (c.active && tau) ? tau[r] : 0.0f;
-                yc[h] = (c.active && y >= k0 && y < k0 + K) ? y - k0 : -1;
+                cp[h] = c.cp * g_scale;
+                cc[h] = c.cc * g_scale;
+                cy[h] = c.cy * g_scale;
+                off[h] = -l * L2E;
+                if (c.active && y >= k0 && y < k0 + K) {
+                    rel[h] = y - k0 - cb;
+                    tin[h] = rel[h] >= 0 && rel[h] < BN && (rel[h] & 7) < 2;
+                }
             }
         }
+        // G in place of the accumulators.
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
             const int col = cb + 8 * j;
@@ -486,30 +494,44 @@ struct GColsEpi {
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float g[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    // Branch-free form of split_gcols's gval (same operations and rounding).
                     const float x = d[4 * j + 2 * h + e] + bv[e];
-                    const float z = CAP ? cap_z(x, softcap, inv_cap) : x;
-                    const float p = __expf(z - ls[h]);
-                    const bool tgt = (col + e == yc[h]);
-                    const float g0 = tgt ? target_g0(p, oh[h]) : p;
-                    float gv = g0 < tu[h] ? -cc[h] : (tgt ? cp[h] * p - cy[h] - cc[h] : cp[h] * p - cc[h]);
-                    if (CAP) {
-                        const float q = z * inv_cap;
-                        gv *= 1.0f - q * q;
-                    }
-                    g[e] = act[h] ? gv * g_scale : 0.0f;  // exact zeros in an inactive row
+                    const float p = ex2_approx(fmaf(x, L2E, off[h]));
+                    d[4 * j + 2 * h + e] = act[h] ? fmaf(cp[h], p, -cc[h]) : 0.0f;
                 }
+            }
+        }
+        // The target column: −cy by its one thread (a divergent branch, rarely taken).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (tin[h]) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (8 * j + e == rel[h]) d[4 * j + 2 * h + e] -= cy[h];
+                    }
+                }
+            }
+        }
+        // f16 pairs to G.
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int col = cb + 8 * j;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
                 const int r = r0 + 8 * h;
                 if (r < N && col < K) {
                     u16* dst = G + static_cast<size_t>(r) * ldg + col;
                     if (col + 1 < K) {
-                        *reinterpret_cast<u32*>(dst) =
-                            (u32)f32_to_f16(g[0]) | ((u32)f32_to_f16(g[1]) << 16);
+                        u32 pk;
+                        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
+                            : "=r"(pk)
+                            : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+                        *reinterpret_cast<u32*>(dst) = pk;
                     } else {
-                        *dst = f32_to_f16(g[0]);
+                        *dst = f32_to_f16(d[4 * j + 2 * h]);
                     }
                 }
             }
@@ -590,34 +612,18 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_C
 #define WG_GCOLS_PARAMS                                                                          \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
         int N, int K, int D, int k0, int V, u16 *G, long long ldg, const void *bias,              \
-        float softcap, const int *targets, const float *lse, const float *tau,                    \
-        const float *dl_rows, float dl_scalar, const float *dlse, float alpha, float lambda,       \
-        float g_scale, int group_m, int ordered_epi
-#define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
-    const cce_wg::GColsEpi<DT, CAP> epi{G,       ldg,                                                  \
-                                   N,       K,                                                    \
-                                   k0,      V,                                                    \
-                                   bias,    softcap,                                              \
-                                   softcap > 0.0f ? 1.0f / softcap : 0.0f,                        \
-                                   targets, lse,                                                  \
-                                   tau,     dl_rows,                                              \
-                                   dl_scalar, dlse,                                               \
-                                   alpha,   lambda,                                               \
+        const int *targets, const float *lse, const float *dl_rows, float dl_scalar,              \
+        const float *dlse, float alpha, float lambda, float g_scale, int group_m, int ordered_epi
+#define WG_GCOLS_BODY(DT, F16)                                                                   \
+    const cce_wg::GColsEpi<DT> epi{G,   ldg,     N,         K,    k0,    V,      bias,           \
+                                   targets, lse, dl_rows, dl_scalar, dlse, alpha, lambda,       \
                                    g_scale};                                                      \
     cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, ordered_epi, epi)
-// softcap ≤ 0 (off): cce_wgmma_gcols_*; softcap > 0: cce_wgmma_gcols_cap_* (tanh per value:
-// a separate kernel keeps the common one's epilogue code small).
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_bf16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(2, false, false);
+    WG_GCOLS_BODY(2, false);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_f16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(1, true, false);
-}
-extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_bf16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(2, false, true);
-}
-extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_f16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(1, true, true);
+    WG_GCOLS_BODY(1, true);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

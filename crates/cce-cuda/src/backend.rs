@@ -377,7 +377,7 @@ impl CudaBackend {
     /// backward) computes each class chunk's `G` in the epilogue of a WGMMA GEMM
     /// (`kernels/wgmma.cu` `cce_wgmma_gcols_*`: f16 `G` written straight from the registers,
     /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
-    /// multiple of 64; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
+    /// multiple of 64, no softcap; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
     /// The call's `plan_reason` says which ran. Default
     /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`]; the environment variable
     /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.

@@ -1052,7 +1052,6 @@ impl DenseEngine {
                 names.push(format!("cce_wgmma_lse_{dt}"));
                 names.push(format!("cce_wgmma_lse_combine_{dt}"));
                 names.push(format!("cce_wgmma_gcols_{dt}"));
-                names.push(format!("cce_wgmma_gcols_cap_{dt}"));
             }
         }
         for n in [
@@ -3162,10 +3161,7 @@ impl DenseEngine {
         let tms = match wg {
             Ok(_) => Some((
                 self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
-                format!(
-                    "cce_wgmma_gcols{}_{code}",
-                    if softcap > 0.0 { "_cap" } else { "" }
-                ),
+                format!("cce_wgmma_gcols_{code}"),
             )),
             Err(_) => None,
         };
@@ -3182,7 +3178,7 @@ impl DenseEngine {
                     (tm_e, self.tensor_map(dt, c_k, kc, d, WGMMA_BN)?),
                     (n, kc, d, k0, v),
                     (l_ptr, ldg_step),
-                    (bias_ptr, softcap, t_ptr, a.lse, tau_ptr),
+                    (bias_ptr, t_ptr, a.lse),
                     (a.dl_rows, a.dl_scalar, a.dlse),
                     (cfg.label_smoothing, cfg.z_loss, g_scale),
                 )?;
@@ -3309,7 +3305,9 @@ impl DenseEngine {
     /// `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err` says why
     /// the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
     /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, an empty dimension,
-    /// `D` not a multiple of 64, unaligned inputs or sizes past 32 bits.
+    /// `D` not a multiple of 64, a softcap (its `tanh` per value in the epilogue cost more than
+    /// the f32 logits it saves: 8192 x 2304 x 256000, session 8 run 2), unaligned inputs or
+    /// sizes past 32 bits. (No `τ` either: split dense's row pass never filters, so `τ = 0`.)
     pub fn wgmma_gcols_classes(
         &self,
         cfg: &DenseConfig,
@@ -3332,6 +3330,8 @@ impl DenseEngine {
             "not compute capability 9.0"
         } else if cfg.class_pass_dtype() != DType::F16 {
             "dtype not bf16 / f16"
+        } else if cfg.softcap.is_some_and(|s| s > 0.0) {
+            "softcap"
         } else if n == 0 || v == 0 || d == 0 {
             "an empty dimension"
         } else if !d.is_multiple_of(WGMMA_BK) {
@@ -3350,10 +3350,10 @@ impl DenseEngine {
         Err(why.to_string())
     }
 
-    /// One launch of `cce_wgmma_gcols[_cap]_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row
-    /// stride `ldg` elements, at `g`) of classes `k0..k0 + kc` from the logits `E · C_kᵀ`
-    /// computed in registers, the saved lse and τ, the targets and upstream gradients, scaled
-    /// by `g_scale`; persistent grid of at most one block per multiprocessor.
+    /// One launch of `cce_wgmma_gcols_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row stride
+    /// `ldg` elements, at `g`) of classes `k0..k0 + kc` from the logits `E · C_kᵀ` computed in
+    /// registers, the saved lse, the targets and upstream gradients, scaled by `g_scale`;
+    /// persistent grid of at most one block per multiprocessor.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn launch_wgmma_gcols(
         &self,
@@ -3361,7 +3361,7 @@ impl DenseEngine {
         (tm_e, tm_c): (&TmaDesc, TmaDesc),
         (n, kc, d, k0, v): (usize, usize, usize, usize, usize),
         (g, ldg): (u64, usize),
-        (bias, softcap, targets, lse, tau): (u64, f32, u64, u64, u64),
+        (bias, targets, lse): (u64, u64, u64),
         (dl_rows, dl_scalar, dlse): (u64, f32, u64),
         (alpha, lambda, g_scale): (f32, f32, f32),
     ) -> Result<()> {
@@ -3383,10 +3383,8 @@ impl DenseEngine {
             .arg(&g)
             .arg(&ldg_i)
             .arg(&bias)
-            .arg(&softcap)
             .arg(&targets)
             .arg(&lse)
-            .arg(&tau)
             .arg(&dl_rows)
             .arg(&dl_scalar)
             .arg(&dlse)
@@ -3397,7 +3395,7 @@ impl DenseEngine {
             .arg(&ordered);
         // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
         // tensor maps by value; i32 N, K, D, k0, V; the f16 G pointer and its i64 row stride;
-        // bias; f32 softcap; targets, lse, tau; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
+        // bias, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
         // g_scale; i32 group_m, ordered_epi). The maps describe the live [n, D] and [kc, D]
         // 16-bit row-major inputs (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so
         // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg even, inside the

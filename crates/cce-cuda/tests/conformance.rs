@@ -1107,9 +1107,10 @@ fn sanitizer_smoke() {
                 .unwrap()
                 .with_chunk_cap(64, 128)
                 .unwrap();
-            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+bias+softcap");
+            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+bias+ls+z_loss");
             s.bias = true;
-            s.opts.softcap = Some(10.0);
+            s.opts.label_smoothing = 0.1;
+            s.opts.z_loss = 1e-3;
             s.ignored = 0.1;
             eprintln!("{}", check(&split_be, &mut rng, &s));
             let mut s = spec(130, 64, 300, dtype, "wgmma class pass+forward");
@@ -1502,12 +1503,13 @@ fn wgmma_forward_row_groups() {
 /// Split dense's class pass through the WGMMA `G` epilogue (`kernels/wgmma.cu`
 /// `cce_wgmma_gcols_*`) on hostile shapes: one row; rows past a 128-row tile; classes under one
 /// 256-class tile, one more than a tile, several chunks with a partial last tile; D = 64, 128,
-/// 192, 576; chunks capped at 64 rows x 128 classes (so a WGMMA chunk of 256 classes and two
+/// 192, 576; bias and label smoothing; chunks capped at 64 rows x 128 classes (so a WGMMA chunk of 256 classes and two
 /// `d_c` sub-chunks each, 20 chunks at V = 5003); bf16 and f16. Every option of `variants`
 /// (bias, softcap, label smoothing, z-loss, per-row and lse upstreams, ignored rows, shift,
 /// f32 gradients, peaked and flat rows) is judged against the f64 oracle by `check`, rotating
-/// through them per shape. The backward's `plan_reason` must name the epilogue on sm_90a (and
-/// the cuBLAS class pass with the switch off), and `d_c` must match the switched-off path's.
+/// through them per shape (softcapped variants take the cuBLAS class pass). The backward's
+/// `plan_reason` must name the epilogue on sm_90a (and the cuBLAS class pass with the switch
+/// off), and `d_c` and `d_bias` must match the switched-off path's.
 #[test]
 fn wgmma_gcols_class_pass() {
     use cce_core::StrategyKind::SplitDense;
@@ -1565,7 +1567,7 @@ fn wgmma_gcols_class_pass() {
                     targets: &t,
                 };
                 let opts = Options {
-                    softcap: Some(8.0),
+                    label_smoothing: 0.1,
                     ..Options::exact()
                 };
                 let up = Upstream {
