@@ -214,6 +214,23 @@ __device__ __forceinline__ float ex2_approx(float x) {
     return y;
 }
 
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// softcap·tanh(x / softcap) = s − 2s / (e^{2x/s} + 1), two MUFU ops (ex2, rcp) instead of
+// tanhf's ~20 instructions; k2 = 2·log2(e) / s. Absolute error a few s·2⁻²² (ex2.approx and
+// rcp.approx: ~2 ulp each), against tanhf's s·2⁻²³: far below the f32 logits' own rounding
+// at D in the thousands. Saturates to ±s (e^{2x/s} = inf or 0). Finite x only, as cap_z: an
+// overflowed logit stays infinite so the lse check reports it.
+__device__ __forceinline__ float cap_fast(float x, float softcap, float k2) {
+    const float t = ex2_approx(x * k2);
+    const float z = fmaf(-2.0f * softcap, rcp_approx(t + 1.0f), softcap);
+    return isfinite(x) ? z : x;
+}
+
 // Grouped tile order: group_m row tiles per group; inside a group the row tile varies fastest.
 __device__ __forceinline__ void tile_coords(int t, int m_tiles, int n_tiles, int group_m, int& mt,
                                             int& nt) {
@@ -368,14 +385,36 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
 
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
 // (row, tile) in partial [N, n_tiles].
+// EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
+template <int DT, bool EXT>
 struct LseEpi {
     float2* partial;
     int N, V, n_tiles;
+    const void* bias;
+    float softcap;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);
         constexpr float L2E = 1.4426950408889634f;
+        if (EXT) {
+            const float k2 = softcap > 0.0f ? 2.0f * L2E / softcap : 0.0f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = cb + 8 * j + e;
+                    const float b =
+                        (bias != nullptr && col < V) ? Elem<DT>::load(bias, col) : 0.0f;
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float x = d[4 * j + 2 * h + e] + b;
+                        if (softcap > 0.0f) x = cap_fast(x, softcap, k2);
+                        d[4 * j + 2 * h + e] = x;
+                    }
+                }
+            }
+        }
         if ((nt + 1) * BN > V) {  // partial column tile: mask columns >= V
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
@@ -420,11 +459,11 @@ struct LseEpi {
     }
 };
 
-template <bool F16>
+template <bool F16, bool EXT>
 __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
                                          int D, float2* __restrict__ partial, int group_m,
-                                         int ordered_epi) {
-    const LseEpi epi{partial, N, V, (V + BN - 1) / BN};
+                                         int ordered_epi, const void* bias, float softcap) {
+    const LseEpi<F16 ? 1 : 2, EXT> epi{partial, N, V, (V + BN - 1) / BN, bias, softcap};
     gemm_tiles<F16>(tmE, tmC, N, V, D, group_m, ordered_epi, epi);
 }
 
@@ -432,20 +471,22 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 // tile's columns < K of a class chunk [k0, k0 + K), from the saved lse of each row, times
 // g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]):
 //   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md).
-// No softcap (the host keeps the cuBLAS class pass there: tanhf per value costs more than the
-// f32 logits it saves) and no τ (split dense's row pass never filters, so τ = 0).
+// CAP (softcap > 0): z = cap_fast(x + bias) and G times 1 − (z/s)², as g_entry; tanhf per
+// value instead made the class pass slower than cuBLAS + the G pass (session 8 run 2). No τ
+// (split dense's row pass never filters, so τ = 0).
 // Per value: one add (bias), one FFMA and ex2 (p), one FFMA (cp·p − cc, g_scale folded into
 // the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
 // thread that holds it, in registers, before the f16 rounding (so G_y = f16(cp·p − cc − cy)).
 // Thread mapping: the thread's two rows r0, r0 + 8 and its 64 columns (pairs 2·(lane % 4) +
 // 8·j, j < 32); per pair one cvt.rn.f16x2 and one 4-byte store per row (ldg even: the pair is
 // 4-byte aligned), a 2-byte store for a lone last column when K is odd. Rows ≥ N store nothing.
-template <int DT>
+template <int DT, bool CAP>
 struct GColsEpi {
     u16* G;
     long long ldg;
     int N, K, k0, V;
     const void* bias;
+    float softcap;
     const int* targets;
     const float* lse;
     const float* dl_rows;
@@ -455,6 +496,8 @@ struct GColsEpi {
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
         constexpr float L2E = 1.4426950408889634f;
+        const float k2 = CAP ? 2.0f * L2E / softcap : 0.0f;
+        const float inv_cap = CAP ? 1.0f / softcap : 0.0f;
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);  // chunk column of pair 0
         // Per row: cp·s, cc·s, cy·s (s = g_scale; 0 for inactive rows and rows ≥ N), −lse·log2 e,
@@ -497,15 +540,26 @@ struct GColsEpi {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = d[4 * j + 2 * h + e] + bv[e];
-                    const float p = ex2_approx(fmaf(x, L2E, off[h]));
-                    d[4 * j + 2 * h + e] = act[h] ? fmaf(cp[h], p, -cc[h]) : 0.0f;
+                    if (CAP) {
+                        // z = s·tanh(x/s); G = (cp·p − cc − cy·[j = y])·(1 − (z/s)²).
+                        const float z = cap_fast(x, softcap, k2);
+                        const float p = ex2_approx(fmaf(z, L2E, off[h]));
+                        float g = fmaf(cp[h], p, -cc[h]);
+                        if (8 * j + e == rel[h]) g -= cy[h];
+                        const float q = z * inv_cap;
+                        d[4 * j + 2 * h + e] = act[h] ? g * (1.0f - q * q) : 0.0f;
+                    } else {
+                        const float p = ex2_approx(fmaf(x, L2E, off[h]));
+                        d[4 * j + 2 * h + e] = act[h] ? fmaf(cp[h], p, -cc[h]) : 0.0f;
+                    }
                 }
             }
         }
-        // The target column: −cy by its one thread (a divergent branch, rarely taken).
+        // The target column: −cy by its one thread (a divergent branch, rarely taken; CAP
+        // did it above, before the softcap factor).
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            if (tin[h]) {
+            if (!CAP && tin[h]) {
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -547,7 +601,8 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
                                             const u16* __restrict__ e, const u16* __restrict__ c,
                                             int D, const int* __restrict__ targets, float lambda,
                                             int V, float* __restrict__ lse_out,
-                                            float* __restrict__ loss_out) {
+                                            float* __restrict__ loss_out, const void* bias,
+                                            float softcap) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -581,6 +636,9 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
             acc = fmaf(a1, b1, acc);
         }
         zy = warp_sum(acc);
+        // z_y = softcap(x_y + bias_y) by cap_z (the row kernels' definition).
+        if (bias != nullptr) zy += Elem<DT>::load(bias, y);
+        zy = cap_z(zy, softcap, softcap > 0.0f ? 1.0f / softcap : 0.0f);
     }
     if (lane == 0)
         write_row_outputs(row, y, lse, zy, 0.0f, 0.0f, 0x7fffffff, 0.0f, lambda, V, lse_out,
@@ -591,39 +649,58 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
 
 #define WG_LSE_PARAMS                                                                            \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
-        int N, int V, int D, float2 *partial, int group_m, int ordered_epi
+        int N, int V, int D, float2 *partial, int group_m, int ordered_epi, const void *bias,     \
+        float softcap
 #define WG_COMBINE_PARAMS                                                                        \
     const float2 *partial, int N, int n_tiles, const u16 *e, const u16 *c, int D,                 \
-        const int *targets, float lambda, int V, float *lse_out, float *loss_out
+        const int *targets, float lambda, int V, float *lse_out, float *loss_out,                \
+        const void *bias, float softcap
 
+// cce_wgmma_lse_*: no bias, no softcap (bias / softcap ignored); cce_wgmma_lse_x_*: either.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_bf16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi);
+    cce_wg::gemm_lse<false, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_f16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi);
+    cce_wg::gemm_lse<true, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_bf16(WG_LSE_PARAMS) {
+    cce_wg::gemm_lse<false, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_f16(WG_LSE_PARAMS) {
+    cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_COMBINE_PARAMS) {
-    cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out);
+    cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
+                           bias, softcap);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_COMBINE_PARAMS) {
-    cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out);
+    cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
+                           bias, softcap);
 }
 
 #define WG_GCOLS_PARAMS                                                                          \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
         int N, int K, int D, int k0, int V, u16 *G, long long ldg, const void *bias,              \
-        const int *targets, const float *lse, const float *dl_rows, float dl_scalar,              \
-        const float *dlse, float alpha, float lambda, float g_scale, int group_m, int ordered_epi
-#define WG_GCOLS_BODY(DT, F16)                                                                   \
-    const cce_wg::GColsEpi<DT> epi{G,   ldg,     N,         K,    k0,    V,      bias,           \
-                                   targets, lse, dl_rows, dl_scalar, dlse, alpha, lambda,       \
-                                   g_scale};                                                      \
+        float softcap, const int *targets, const float *lse, const float *dl_rows,               \
+        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale,             \
+        int group_m, int ordered_epi
+#define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
+    const cce_wg::GColsEpi<DT, CAP> epi{G,       ldg,  N,       K,         k0,   V,             \
+                                        bias,    softcap, targets, lse, dl_rows, dl_scalar,     \
+                                        dlse,    alpha, lambda,  g_scale};                      \
     cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, ordered_epi, epi)
+// cce_wgmma_gcols_*: softcap off (ignored); cce_wgmma_gcols_cap_*: softcap > 0.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_bf16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(2, false);
+    WG_GCOLS_BODY(2, false, false);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_f16(WG_GCOLS_PARAMS) {
-    WG_GCOLS_BODY(1, true);
+    WG_GCOLS_BODY(1, true, false);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_bf16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(2, false, true);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_cap_f16(WG_GCOLS_PARAMS) {
+    WG_GCOLS_BODY(1, true, true);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -363,8 +363,9 @@ impl CudaBackend {
 
     /// With `true`, forward-only calls of the dense strategies run the fused WGMMA forward
     /// (`kernels/wgmma.cu`: the logits GEMM with the log-sum-exp in its epilogue, no logits
-    /// in memory) where it applies: compute capability 9.0, bf16 or f16, no bias, softcap,
-    /// label smoothing, entropy or argmax, `D` a multiple of 64; elsewhere, and with `false`,
+    /// in memory) where it applies: compute capability 9.0, bf16 or f16, no label smoothing,
+    /// entropy or argmax, `D` a multiple of 64 (a bias and a softcap are applied in the
+    /// epilogue, the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
     /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
     /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`]; the environment variable
     /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.

@@ -35,9 +35,10 @@
 //! | 5 | `d_c += Gᵀ · E_r` into an f32 `[V, D]` accumulator | `cublasGemmEx`, beta = 1 | read 2 |
 //! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
 //! | 1+2 | forward only (below): lse partials in the GEMM's epilogue, no `L` | `cce_wgmma_lse_*` + `cce_wgmma_lse_combine_*` | none (8 bytes per row per 256 logits) |
+//! | 1+3' | split dense's class pass: `G` of a class chunk in the GEMM's epilogue, no `L` | `cce_wgmma_gcols[_cap]_*` | write 2 (f16 `G`) |
 //!
-//! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no bias, softcap, label
-//! smoothing, entropy or argmax and `D` a multiple of 64 ([`DenseEngine::wgmma_forward_rows`];
+//! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
+//! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) ([`DenseEngine::wgmma_forward_rows`];
 //! switch: [`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]), is one fused kernel instead
 //! of steps 1-2: `cce_wgmma_lse_*` (`kernels/wgmma.cu`), a persistent TMA + WGMMA GEMM whose
 //! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
@@ -1051,7 +1052,9 @@ impl DenseEngine {
             for dt in ["f16", "bf16"] {
                 names.push(format!("cce_wgmma_lse_{dt}"));
                 names.push(format!("cce_wgmma_lse_combine_{dt}"));
+                names.push(format!("cce_wgmma_lse_x_{dt}"));
                 names.push(format!("cce_wgmma_gcols_{dt}"));
+                names.push(format!("cce_wgmma_gcols_cap_{dt}"));
             }
         }
         for n in [
@@ -2098,7 +2101,7 @@ impl DenseEngine {
     /// when they fit, else the most multiples of 128 that do), and `e`, `c` the device
     /// addresses of the inputs. `Err(why)` when it does not apply: switched off
     /// ([`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]`=0`), not compute capability 9.0,
-    /// not bf16 / f16, a bias, softcap, label smoothing, entropy or argmax, `D` not a multiple of
+    /// not bf16 / f16, label smoothing, entropy or argmax, `D` not a multiple of
     /// 64, inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128 rows need.
     pub fn wgmma_forward_rows(
         &self,
@@ -2114,10 +2117,6 @@ impl DenseEngine {
             "not compute capability 9.0"
         } else if !matches!(cfg.dtype, DType::BF16 | DType::F16) {
             "dtype not bf16 / f16"
-        } else if cfg.has_bias {
-            "bias"
-        } else if cfg.softcap.is_some_and(|s| s > 0.0) {
-            "softcap"
         } else if cfg.label_smoothing != 0.0 {
             "label smoothing"
         } else if cfg.want_entropy || cfg.want_argmax {
@@ -2164,7 +2163,12 @@ impl DenseEngine {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let esz = cfg.dtype.size_bytes();
         let code = dtype_code(cfg.dtype)?;
-        let f_lse = self.func(&format!("cce_wgmma_lse_{code}"))?;
+        // Bias or softcap: the epilogue's extended form (`cce_wgmma_lse_x_*`).
+        let ext = a.bias != 0 || a.softcap > 0.0;
+        let f_lse = self.func(&format!(
+            "cce_wgmma_lse{}_{code}",
+            if ext { "_x" } else { "" }
+        ))?;
         let f_comb = self.func(&format!("cce_wgmma_lse_combine_{code}"))?;
         let n_tiles = v.div_ceil(WGMMA_BN);
         let (v_i, d_i) = (to_i32(v, "V")?, to_i32(d, "D")?);
@@ -2188,10 +2192,13 @@ impl DenseEngine {
                 .arg(&d_i)
                 .arg(&base)
                 .arg(&group_m)
-                .arg(&ordered);
+                .arg(&ordered)
+                .arg(&a.bias)
+                .arg(&a.softcap);
             // SAFETY: argument types and order match WG_LSE_PARAMS in wgmma.cu (two 128-byte
             // tensor maps by value, then i32 N, V, D, the float2 partials, i32 group_m,
-            // ordered_epi); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
+            // ordered_epi, the bias (V values of the input dtype, checked by `run`, or 0) and
+            // f32 softcap); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
             // (sizes checked by `run`, addresses 16-byte aligned and D a multiple of 64,
             // checked by `wgmma_forward_rows`), so TMA reads nothing outside them; the partials
             // (rows x n_tiles float2) fit the scratch at `base` (`wgmma_forward_rows`); 384
@@ -2225,12 +2232,14 @@ impl DenseEngine {
                 .arg(&a.lambda)
                 .arg(&v_i)
                 .arg(&lse_r)
-                .arg(&loss_r);
+                .arg(&loss_r)
+                .arg(&a.bias)
+                .arg(&a.softcap);
             // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the partials
             // of the group's rows were written by the launch above (stream order); e_r holds
             // rows x D and c V x D 16-bit values (4-byte aligned: D is even); the targets
             // (class < V or −1), lse and loss rows are the [N] arrays offset to row r0, holding
-            // `rows` more.
+            // `rows` more; bias holds V values or is 0.
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (blocks, 1, 1),
@@ -3161,7 +3170,10 @@ impl DenseEngine {
         let tms = match wg {
             Ok(_) => Some((
                 self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
-                format!("cce_wgmma_gcols_{code}"),
+                format!(
+                    "cce_wgmma_gcols{}_{code}",
+                    if softcap > 0.0 { "_cap" } else { "" }
+                ),
             )),
             Err(_) => None,
         };
@@ -3178,7 +3190,7 @@ impl DenseEngine {
                     (tm_e, self.tensor_map(dt, c_k, kc, d, WGMMA_BN)?),
                     (n, kc, d, k0, v),
                     (l_ptr, ldg_step),
-                    (bias_ptr, t_ptr, a.lse),
+                    (bias_ptr, softcap, t_ptr, a.lse),
                     (a.dl_rows, a.dl_scalar, a.dlse),
                     (cfg.label_smoothing, cfg.z_loss, g_scale),
                 )?;
@@ -3305,9 +3317,8 @@ impl DenseEngine {
     /// `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err` says why
     /// the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
     /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, an empty dimension,
-    /// `D` not a multiple of 64, a softcap (its `tanh` per value in the epilogue cost more than
-    /// the f32 logits it saves: 8192 x 2304 x 256000, session 8 run 2), unaligned inputs or
-    /// sizes past 32 bits. (No `τ` either: split dense's row pass never filters, so `τ = 0`.)
+    /// `D` not a multiple of 64, unaligned inputs or sizes past 32 bits. (No `τ`: split dense's
+    /// row pass never filters, so `τ = 0`.)
     pub fn wgmma_gcols_classes(
         &self,
         cfg: &DenseConfig,
@@ -3330,8 +3341,6 @@ impl DenseEngine {
             "not compute capability 9.0"
         } else if cfg.class_pass_dtype() != DType::F16 {
             "dtype not bf16 / f16"
-        } else if cfg.softcap.is_some_and(|s| s > 0.0) {
-            "softcap"
         } else if n == 0 || v == 0 || d == 0 {
             "an empty dimension"
         } else if !d.is_multiple_of(WGMMA_BK) {
@@ -3350,7 +3359,7 @@ impl DenseEngine {
         Err(why.to_string())
     }
 
-    /// One launch of `cce_wgmma_gcols_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row stride
+    /// One launch of `cce_wgmma_gcols[_cap]_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row stride
     /// `ldg` elements, at `g`) of classes `k0..k0 + kc` from the logits `E · C_kᵀ` computed in
     /// registers, the saved lse, the targets and upstream gradients, scaled by `g_scale`;
     /// persistent grid of at most one block per multiprocessor.
@@ -3361,7 +3370,7 @@ impl DenseEngine {
         (tm_e, tm_c): (&TmaDesc, TmaDesc),
         (n, kc, d, k0, v): (usize, usize, usize, usize, usize),
         (g, ldg): (u64, usize),
-        (bias, targets, lse): (u64, u64, u64),
+        (bias, softcap, targets, lse): (u64, f32, u64, u64),
         (dl_rows, dl_scalar, dlse): (u64, f32, u64),
         (alpha, lambda, g_scale): (f32, f32, f32),
     ) -> Result<()> {
@@ -3383,6 +3392,7 @@ impl DenseEngine {
             .arg(&g)
             .arg(&ldg_i)
             .arg(&bias)
+            .arg(&softcap)
             .arg(&targets)
             .arg(&lse)
             .arg(&dl_rows)
@@ -3395,7 +3405,7 @@ impl DenseEngine {
             .arg(&ordered);
         // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
         // tensor maps by value; i32 N, K, D, k0, V; the f16 G pointer and its i64 row stride;
-        // bias, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
+        // bias, f32 softcap, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
         // g_scale; i32 group_m, ordered_epi). The maps describe the live [n, D] and [kc, D]
         // 16-bit row-major inputs (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so
         // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg even, inside the

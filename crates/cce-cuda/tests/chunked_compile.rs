@@ -56,7 +56,7 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
                 assert_eq!(has_symbol(&cubin, &sym), arch == "sm_90a", "{arch}: {sym}");
             }
             // The WGMMA kernels (wgmma.cu): sm_90a only, 16-bit inputs only.
-            for k in ["lse", "lse_combine", "gcols"] {
+            for k in ["lse", "lse_x", "lse_combine", "gcols", "gcols_cap"] {
                 let sym = format!("cce_wgmma_{k}_{dt}");
                 let want = arch == "sm_90a" && dt != "f32";
                 assert_eq!(has_symbol(&cubin, &sym), want, "{arch}: {sym}");

@@ -1107,10 +1107,11 @@ fn sanitizer_smoke() {
                 .unwrap()
                 .with_chunk_cap(64, 128)
                 .unwrap();
-            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+bias+ls+z_loss");
+            let mut s = spec(130, 64, 300, dtype, "wgmma class pass+bias+ls+z_loss(+cap)");
             s.bias = true;
             s.opts.label_smoothing = 0.1;
             s.opts.z_loss = 1e-3;
+            s.opts.softcap = (dtype == DType::BF16).then_some(10.0);
             s.ignored = 0.1;
             eprintln!("{}", check(&split_be, &mut rng, &s));
             let mut s = spec(130, 64, 300, dtype, "wgmma class pass+forward");
@@ -1312,12 +1313,71 @@ fn wgmma_forward_lse_and_loss() {
         &to_f64(&off, &f.lse),
         1e-4,
     );
-    // D = 40 (not a multiple of 64), a bias, entropy: the old path, still right.
-    let fallback = [
-        ("D = 40", 40, false, false),
-        ("bias", 64, true, false),
-        ("entropy", 64, false, true),
-    ];
+    // A bias and a softcap in the epilogue (cce_wgmma_lse_x_*): lse and loss against the f64
+    // oracle and next to the class tiles, on a partial last class tile and rows past a tile.
+    for (k, &(n, d, v)) in [(129, 64, 300), (1, 128, 5003), (300, 576, 600)]
+        .iter()
+        .enumerate()
+    {
+        for dtype in [DType::BF16, DType::F16] {
+            let case = random_case(&mut rng, n, d, v, dtype, k != 1, 0.1, 12.0);
+            let (e, c, t) = (
+                upload(&split_on, &case.e),
+                upload(&split_on, &case.c),
+                upload(&split_on, &case.targets),
+            );
+            let b = case.bias.as_ref().map(|b| upload(&split_on, b));
+            let inputs = Inputs {
+                e: &e,
+                c: &c,
+                bias: b.as_ref(),
+                targets: &t,
+            };
+            let opts = Options {
+                softcap: if k == 0 { None } else { Some(5.0) },
+                reduction: Reduction::Sum,
+                ..Options::exact()
+            };
+            let what = |o: &str| format!("{dtype} {n}x{d}x{v} bias/softcap: {o}");
+            let f = split_on.forward(&inputs, &opts).unwrap();
+            assert_eq!(
+                f.stats.plan_reason.starts_with("forward: WGMMA"),
+                expected,
+                "{}: {}",
+                what("plan_reason"),
+                f.stats.plan_reason
+            );
+            let oracle = |p: Precision| {
+                naive(
+                    &case.e,
+                    &case.c,
+                    case.bias.as_ref(),
+                    &case.targets,
+                    &opts,
+                    &OracleDLoss::Scalar(1.0),
+                    None,
+                    p,
+                )
+                .unwrap()
+            };
+            let (gt, rf) = (oracle(Precision::F64), oracle(Precision::SameDtype));
+            let tol = dtype.tolerance();
+            let lse = to_f64(&split_on, &f.lse);
+            let r_lse = judge(&what("lse"), &lse, &gt.lse, &rf.lse, tol, true);
+            let loss = to_f64(&split_on, &f.loss);
+            let r_loss = judge(&what("loss"), &loss, &gt.loss, &rf.loss, tol, true);
+            let g = split_off.forward(&inputs, &opts).unwrap();
+            close_rows(
+                &what("lse vs old path"),
+                &lse,
+                &to_f64(&split_off, &g.lse),
+                1e-4,
+            );
+            eprintln!("{:<48} rel: lse {r_lse:.1e} loss {r_loss:.1e}", what("ok"));
+        }
+    }
+    // D = 40 (not a multiple of 64), entropy: the old path, still right.
+    let fallback = [("D = 40", 40, false, false), ("entropy", 64, true, true)];
     for (label, d, bias, entropy) in fallback {
         let case = random_case(&mut rng, 129, d, 300, DType::BF16, bias, 0.1, 3.0);
         let (e, c, t) = (
@@ -1507,7 +1567,7 @@ fn wgmma_forward_row_groups() {
 /// `d_c` sub-chunks each, 20 chunks at V = 5003); bf16 and f16. Every option of `variants`
 /// (bias, softcap, label smoothing, z-loss, per-row and lse upstreams, ignored rows, shift,
 /// f32 gradients, peaked and flat rows) is judged against the f64 oracle by `check`, rotating
-/// through them per shape (softcapped variants take the cuBLAS class pass). The backward's
+/// through them per shape (f16 with a softcap: `cce_wgmma_gcols_cap_*`). The backward's
 /// `plan_reason` must name the epilogue on sm_90a (and the cuBLAS class pass with the switch
 /// off), and `d_c` and `d_bias` must match the switched-off path's.
 #[test]
@@ -1568,6 +1628,7 @@ fn wgmma_gcols_class_pass() {
                 };
                 let opts = Options {
                     label_smoothing: 0.1,
+                    softcap: (dtype == DType::F16).then_some(8.0),
                     ..Options::exact()
                 };
                 let up = Upstream {
