@@ -3719,11 +3719,14 @@ impl DenseEngine {
         });
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
-            if let Some(note) = &dstats.class_pass {
-                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
-            }
-            if let Some(note) = &dstats.sparse {
-                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
+            // What ran, before the plan: the sparse backward (or why it gave way), then how
+            // the class pass computed G.
+            let notes: Vec<&str> = [dstats.sparse.as_deref(), dstats.class_pass.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            if !notes.is_empty() {
+                stats.plan_reason = format!("{}; plan: {}", notes.join("; "), stats.plan_reason);
             }
             if dstats.filtered {
                 stats.tiles_visited = dstats.tiles_visited;
