@@ -1255,7 +1255,7 @@ fn bench_one(
         println!("  filtered backward: {note}");
     }
     if let Some(note) = &last.class_pass {
-        println!("  filtered backward: {note}");
+        println!("  filtered backward, dense passes: {note}");
     }
     let entv = to_f64(stream, &ent, DType::F32, n)?;
     let entropy = entv.iter().sum::<f64>() / n as f64;

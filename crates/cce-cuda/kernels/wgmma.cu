@@ -1,24 +1,37 @@
-// wgmma.cu: the fused forward of forward-only chunked-dense calls on Hopper (sm_90a): a WGMMA
-// GEMM Z = E · Cᵀ whose epilogue reduces each 128 x 256 tile of Z to per-row (max, Σexp), then
-// one combine pass per row to lse, z_y and the loss. Z never leaves the registers. Appended to
-// chunked.cu (same NVRTC module: it uses that file's typedefs u16 / u32 / u64, NEG_INF,
-// FULL_MASK, bf16_to_f32 / f16_to_f32 and write_row_outputs). Device code of the standalone
-// benchmark benches/wgmma/wgmma_lse.cuh (commit d8e9f6b; kernel B, CM = 1, ordered epilogues; NOTES.md there
-// has the measurements), unchanged in tiling, barriers and epilogue.
+// wgmma.cu: WGMMA GEMMs Z = E · Cᵀ on Hopper (sm_90a) whose logits never leave the registers:
+// one persistent main loop (`gemm_tiles`, TMA + mbarrier pipeline, warp-specialized) and two
+// epilogues. (1) The fused forward of forward-only dense calls: each 128 x 256 tile of Z
+// reduced to per-row (max, Σexp) (`LseEpi`, `cce_wgmma_lse[_x]_*`), then one combine pass per
+// row to lse, z_y and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G of a
+// class chunk from the saved lse, written as f16 (`GColsEpi`, `cce_wgmma_gcols[_cap]_*`).
+// Appended to chunked.cu (same NVRTC module: it uses that file's typedefs u16 / u32 / u64,
+// NEG_INF, FULL_MASK, Elem, bf16_to_f32 / f16_to_f32 / f32_to_f16, cap_z, g_coef and
+// write_row_outputs). The main loop is the device code of the standalone benchmark
+// benches/wgmma/wgmma_lse.cuh (commit d8e9f6b; kernel B, CM = 1, ordered epilogues; NOTES.md
+// there has the measurements), unchanged in tiling and barriers.
 //
 // Parameters
 //   tmE, tmC  CUtensorMap (128 opaque bytes, 64-byte aligned, __grid_constant__) of E [N, D] and
 //             C [V, D] (16-bit, row-major, K-major operands), encoded by the host
 //             (chunked.rs `tensor_map`): dims {D, rows}, stride D·2 bytes, box {64, 128} for E
-//             and {64, 256} for C, 128-byte swizzle, zero out-of-bounds fill.
+//             and {64, 256} for C, 128-byte swizzle, zero out-of-bounds fill. For the class
+//             pass C's map starts at class k0 and holds the chunk's K classes.
 //   N, V, D   rows of this launch (a row group: E's map starts at its first row), classes, hidden
 //             size; D % 64 == 0 (no K tail; the host checks), N, V ≥ 1.
 //   partial   float2 [N, n_tiles], n_tiles = ceil(V / 256): partial[r·n_tiles + j] = (m, s),
 //             m = max_{c in tile j, c < V} z[r, c], s = Σ_{c in tile j, c < V} exp(z[r, c] − m).
 //   group_m   row tiles per group of the grouped tile order (16); ordered_epi: 1 (consumers take
 //             turns in the epilogue; the measured best), 0 (lockstep).
+//   bias, softcap  (lse_x, combine, gcols) bias DT [V] or null; softcap ≤ 0 off. The _x / _cap
+//             epilogues compute z = cap_fast(x + bias); the combine's target logit uses cap_z.
 //   combine   (cce_wgmma_lse_combine_*): partial, N, n_tiles, E, C, D, targets i32 [N]
-//             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], all of the row group.
+//             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], bias, softcap, all of the
+//             row group.
+//   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
+//             V (all classes: label smoothing's α/V), G u16 [N, ldg] (f16; ldg ≥ K even, G
+//             4-byte aligned), bias, softcap, targets i32 [N] (global class or −1), lse f32 [N],
+//             dl_rows f32 [N] or null (→ dl_scalar), dlse f32 [N] or null, α, λ, g_scale (the
+//             power of two G is stored times), group_m, ordered_epi.
 //
 // Tiling
 //   BM = 128 rows of E, BN = 256 rows of C per CTA tile, BK = 64 (one 128-byte swizzle atom:
@@ -30,7 +43,8 @@
 //   SM, at most the tile count); CTA b walks tiles b, b + grid, ... of a grouped order (groups
 //   of group_m row tiles, row tile fastest inside a group) so the resident tiles share E row
 //   panels and C column panels in L2. Rows ≥ N and columns ≥ V of a tile are read as zeros by
-//   TMA; the epilogue sets columns ≥ V to −inf and writes no row ≥ N.
+//   TMA; the lse epilogue sets columns ≥ V to −inf, the G epilogue stores no column ≥ K, and
+//   neither writes a row ≥ N.
 //
 // Thread mapping (384 threads = 3 warpgroups, __launch_bounds__(384, 1))
 //   warpgroup 0: producer. setmaxnreg.dec to 40; thread 0 alone issues the TMA loads for every
@@ -43,7 +57,8 @@
 //                w = t / 32, lane l = t % 32, register i < 128: row 16w + l/4 + 8·((i >> 1) & 1),
 //                column 8·(i >> 2) + 2·(l % 4) + (i & 1). A row's 256 columns live in the 4
 //                lanes of a quad: max and Σ ex2 in registers, then over the quad by two
-//                xor-shuffles; lane 0 of the quad writes the row's float2.
+//                xor-shuffles; lane 0 of the quad writes the row's float2. The G epilogue
+//                stores each register pair (i, i + 1) of a row as one f16x2 word.
 //   Ordered epilogues: the consumers take turns through named barriers 1 and 2, so one runs
 //                its epilogue while the other still issues wgmmas.
 //   combine: one warp per row (8 rows per 256-thread block): lse = M + log Σ_j s_j e^{m_j − M}
@@ -221,10 +236,12 @@ __device__ __forceinline__ float rcp_approx(float x) {
 }
 
 // softcap·tanh(x / softcap) = s − 2s / (e^{2x/s} + 1), two MUFU ops (ex2, rcp) instead of
-// tanhf's ~20 instructions; k2 = 2·log2(e) / s. Absolute error a few s·2⁻²² (ex2.approx and
-// rcp.approx: ~2 ulp each), against tanhf's s·2⁻²³: far below the f32 logits' own rounding
-// at D in the thousands. Saturates to ±s (e^{2x/s} = inf or 0). Finite x only, as cap_z: an
-// overflowed logit stays infinite so the lse check reports it.
+// tanhf's ~20 instructions; k2 = 2·log2(e) / s. Its absolute error is a few s·2⁻²² whatever x
+// (the subtraction from s cancels for |x| ≪ s), against tanhf's 2⁻²³·|z|: ~1e-5 at s = 30,
+// under the f32 logits' own rounding at D in the thousands, so the host takes these kernels
+// only for softcap ≤ 100 (chunked.rs `WGMMA_SOFTCAP_MAX`; ~1e-4 at s = 1000). Saturates to
+// ±s (e^{2x/s} = inf or 0). Finite x only, as cap_z: an overflowed logit stays infinite so the
+// lse check reports it.
 __device__ __forceinline__ float cap_fast(float x, float softcap, float k2) {
     const float t = ex2_approx(x * k2);
     const float z = fmaf(-2.0f * softcap, rcp_approx(t + 1.0f), softcap);

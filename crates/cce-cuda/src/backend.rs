@@ -364,8 +364,9 @@ impl CudaBackend {
     /// With `true`, forward-only calls of the dense strategies run the fused WGMMA forward
     /// (`kernels/wgmma.cu`: the logits GEMM with the log-sum-exp in its epilogue, no logits
     /// in memory) where it applies: compute capability 9.0, bf16 or f16, no label smoothing,
-    /// entropy or argmax, `D` a multiple of 64 (a bias and a softcap are applied in the
-    /// epilogue, the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
+    /// entropy or argmax, `D` a multiple of 64, softcap at most
+    /// [`crate::chunked::WGMMA_SOFTCAP_MAX`] (a bias and a softcap are applied in the epilogue,
+    /// the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
     /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
     /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`]; the environment variable
     /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.
@@ -378,7 +379,7 @@ impl CudaBackend {
     /// backward) computes each class chunk's `G` in the epilogue of a WGMMA GEMM
     /// (`kernels/wgmma.cu` `cce_wgmma_gcols_*`: f16 `G` written straight from the registers,
     /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
-    /// multiple of 64, no softcap; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
+    /// multiple of 64, softcap at most [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
     /// The call's `plan_reason` says which ran. Default
     /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`]; the environment variable
     /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.

@@ -5,9 +5,11 @@
 //! Split dense runs a row pass (steps 1-4 below per row chunk, with `G` for `d_e` in f16
 //! scaled per row against an f16 copy of `c` when [`DenseConfig::de_f16`], else in the input
 //! dtype) and then a class pass per chunk of classes over all rows (logits recomputed, `G` from
-//! the saved lse and thresholds in f16 with one power-of-two scale, `d_c` rows complete against
-//! an f16 copy of `e`); see `chunked.cu` "Split dense". Its dense passes skip nothing when the
-//! filter is on.
+//! the saved lse in f16 with one power-of-two scale, `d_c` rows complete against an f16 copy of
+//! `e`); see `chunked.cu` "Split dense". On Hopper the class pass's logits and `G` are one WGMMA
+//! kernel whose epilogue writes `G` from the registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`,
+//! [`DenseEngine::wgmma_gcols_classes`]); elsewhere a cuBLAS logits GEMM then
+//! `cce_split_gcols_*`. Its dense passes skip nothing when the filter is on.
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
@@ -102,6 +104,10 @@ pub const WGMMA_FORWARD_ENV: &str = "CCE_CUDA_WGMMA_FORWARD";
 pub const WGMMA_GCOLS_DEFAULT: bool = true;
 /// Environment variable that turns the class pass's WGMMA `G` epilogue off when set to `0`.
 pub const WGMMA_GCOLS_ENV: &str = "CCE_CUDA_WGMMA_GCOLS";
+/// Largest softcap the WGMMA epilogues take: their `cap_fast` (`wgmma.cu`) has an absolute
+/// error of a few `s·2⁻²²` (~1e-5 at 30, under the f32 logits' own rounding); above this the
+/// class tiles / cuBLAS class pass with `tanhf` run instead.
+pub const WGMMA_SOFTCAP_MAX: f32 = 100.0;
 /// Threads of `cce_wgmma_lse_*` (producer warpgroup + 2 consumer warpgroups).
 const WGMMA_THREADS: u32 = 384;
 /// Tile of `cce_wgmma_lse_*`: rows of E, rows of C (classes), K-step (`wgmma.cu`).
@@ -2117,6 +2123,8 @@ impl DenseEngine {
             "not compute capability 9.0"
         } else if !matches!(cfg.dtype, DType::BF16 | DType::F16) {
             "dtype not bf16 / f16"
+        } else if cfg.softcap.is_some_and(|s| s > WGMMA_SOFTCAP_MAX) {
+            "softcap above 100 (the epilogue's tanh is exact to ~s·2⁻²¹)"
         } else if cfg.label_smoothing != 0.0 {
             "label smoothing"
         } else if cfg.want_entropy || cfg.want_argmax {
@@ -3062,9 +3070,13 @@ impl DenseEngine {
     }
 
     /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
-    /// all rows recomputed, `G` from the saved lse and thresholds (f16 with a power-of-two
-    /// scale, or f32), and `d_c` of the chunk's classes by one GEMM, written in the gradient
+    /// all rows recomputed and `G` from the saved lse (f16 with a power-of-two scale, or f32):
+    /// one WGMMA kernel with `G` in its epilogue where [`DenseEngine::wgmma_gcols_classes`]
+    /// allows (chunks of up to `2·ldk` classes), else a cuBLAS logits GEMM and
+    /// `cce_split_gcols_*`; then `d_c` of the chunk's classes by GEMM (in sub-chunks of the
+    /// plan's classes when the f32 temp of bf16 outputs limits it), written in the gradient
     /// dtype; `d_bias` added to its f32 accumulator (or the f32 output, zeroed by the caller).
+    /// Returns the note of how `G` was computed ([`DenseStats::class_pass`]).
     fn class_pass(
         &self,
         cfg: &DenseConfig,
@@ -3164,9 +3176,14 @@ impl DenseEngine {
             Ok(kw) => (kw, kw.div_ceil(8) * 8),
             Err(_) => (kmax, ldg),
         };
-        // d_c sub-chunks of at most kmax classes (the f32 d_c chunk holds kmax rows), starting
-        // on 16-byte columns of G.
-        let dc_step = if kmax >= 8 { kmax / 8 * 8 } else { kmax };
+        // d_c: one GEMM per chunk, except through the WGMMA epilogue's wider chunks where the
+        // f32 d_c temp (bf16 outputs) holds only kmax rows: sub-chunks of kmax classes, rounded
+        // down to 8 so that each starts on a 16-byte column of G.
+        let dc_step = match wg {
+            Ok(_) if cfg.dc_tmp_bytes() > 0 && kmax >= 8 => kmax / 8 * 8,
+            Ok(_) if cfg.dc_tmp_bytes() > 0 => kmax,
+            _ => step,
+        };
         let tms = match wg {
             Ok(_) => Some((
                 self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
@@ -3313,12 +3330,13 @@ impl DenseEngine {
     }
 
     /// Classes per chunk of split dense's class pass through the WGMMA `G` epilogue
-    /// (`cce_wgmma_gcols_*`), whose f16 `G` fills the scratch's `N x ldk` f32 logits region:
-    /// `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err` says why
-    /// the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
-    /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, an empty dimension,
-    /// `D` not a multiple of 64, unaligned inputs or sizes past 32 bits. (No `τ`: split dense's
-    /// row pass never filters, so `τ = 0`.)
+    /// (`cce_wgmma_gcols[_cap]_*`), whose f16 `G` fills the scratch's `N x ldk` f32 logits
+    /// region: `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err`
+    /// says why the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
+    /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, a softcap above
+    /// [`WGMMA_SOFTCAP_MAX`], chunks under one 256-class tile, an empty dimension, `D` not a
+    /// multiple of 64, unaligned inputs or sizes past 32 bits. (No `τ`: split dense's row pass
+    /// never filters, so `τ = 0`.)
     pub fn wgmma_gcols_classes(
         &self,
         cfg: &DenseConfig,
@@ -3341,6 +3359,10 @@ impl DenseEngine {
             "not compute capability 9.0"
         } else if cfg.class_pass_dtype() != DType::F16 {
             "dtype not bf16 / f16"
+        } else if cfg.softcap.is_some_and(|s| s > WGMMA_SOFTCAP_MAX) {
+            "softcap above 100 (the epilogue's tanh is exact to ~s·2⁻²¹)"
+        } else if kw < v && kw < WGMMA_BN {
+            "class chunk under one 256-class tile"
         } else if n == 0 || v == 0 || d == 0 {
             "an empty dimension"
         } else if !d.is_multiple_of(WGMMA_BK) {

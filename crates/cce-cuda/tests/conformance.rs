@@ -1564,12 +1564,14 @@ fn wgmma_forward_row_groups() {
 /// `cce_wgmma_gcols_*`) on hostile shapes: one row; rows past a 128-row tile; classes under one
 /// 256-class tile, one more than a tile, several chunks with a partial last tile; D = 64, 128,
 /// 192, 576; bias and label smoothing; chunks capped at 64 rows x 128 classes (so a WGMMA chunk of 256 classes and two
-/// `d_c` sub-chunks each, 20 chunks at V = 5003); bf16 and f16. Every option of `variants`
+/// `d_c` sub-chunks each, 20 chunks at V = 5003), and at 64 x 384 (768-class chunks of three
+/// tiles, softcap 50); bf16 and f16. Every option of `variants`
 /// (bias, softcap, label smoothing, z-loss, per-row and lse upstreams, ignored rows, shift,
 /// f32 gradients, peaked and flat rows) is judged against the f64 oracle by `check`, rotating
 /// through them per shape (f16 with a softcap: `cce_wgmma_gcols_cap_*`). The backward's
 /// `plan_reason` must name the epilogue on sm_90a (and the cuBLAS class pass with the switch
-/// off), and `d_c` and `d_bias` must match the switched-off path's.
+/// off), and `d_c` and `d_bias` must match the switched-off path's. A softcap above
+/// `WGMMA_SOFTCAP_MAX` must keep the cuBLAS class pass and the class-tiled forward.
 #[test]
 fn wgmma_gcols_class_pass() {
     use cce_core::StrategyKind::SplitDense;
@@ -1584,26 +1586,35 @@ fn wgmma_gcols_class_pass() {
             be.arch()
         );
     }
-    let make = |on: bool| {
+    let make = |on: bool, classes: usize| {
         CudaBackend::new(0)
             .unwrap()
             .with_strategies(&[SplitDense])
             .unwrap()
-            .with_chunk_cap(64, 128)
+            .with_chunk_cap(64, classes)
             .unwrap()
             .with_wgmma_gcols(on)
     };
-    let (on, off) = (make(true), make(false));
+    let (on128, off128) = (make(true, 128), make(false, 128));
+    // 384-class chunks: WGMMA chunks of 768 classes (3 tiles: targets and bias in tiles 1-2 of
+    // a chunk that starts past class 0), a last chunk of 232, d_c in 384-class sub-chunks.
+    let (on384, off384) = (make(true, 384), make(false, 384));
     let mut rng = seeded();
     let shapes = [
-        (1, 64, 7),
-        (129, 128, 5003),
-        (300, 576, 600),
-        (130, 64, 257),
-        (257, 192, 1000),
+        (1, 64, 7, 128),
+        (129, 128, 5003, 128),
+        (300, 576, 600, 128),
+        (130, 64, 257, 128),
+        (257, 192, 1000, 128),
+        (200, 128, 1000, 384),
     ];
     let mut k = 0usize;
-    for &(n, d, v) in &shapes {
+    for &(n, d, v, classes) in &shapes {
+        let (on, off) = if classes == 384 {
+            (&on384, &off384)
+        } else {
+            (&on128, &off128)
+        };
         for dtype in [DType::BF16, DType::F16] {
             // plan_reason and d_c against the cuBLAS class pass on the same inputs.
             let mut case = random_case(&mut rng, n, d, v, dtype, true, 0.1, 3.0);
@@ -1628,7 +1639,11 @@ fn wgmma_gcols_class_pass() {
                 };
                 let opts = Options {
                     label_smoothing: 0.1,
-                    softcap: (dtype == DType::F16).then_some(8.0),
+                    softcap: if classes == 384 {
+                        Some(50.0)
+                    } else {
+                        (dtype == DType::F16).then_some(8.0)
+                    },
                     ..Options::exact()
                 };
                 let up = Upstream {
@@ -1642,14 +1657,14 @@ fn wgmma_gcols_class_pass() {
                 let db = to_f64(be, g.d_bias.as_ref().unwrap());
                 (g.stats.plan_reason.clone(), dc, db)
             };
-            let (reason, dc, db) = run(&on);
+            let (reason, dc, db) = run(on);
             assert_eq!(
                 reason.contains("class pass: WGMMA GEMM with G in its epilogue"),
                 expected,
                 "{}: {reason}",
                 what("plan_reason")
             );
-            let (reason_off, dc_off, db_off) = run(&off);
+            let (reason_off, dc_off, db_off) = run(off);
             assert!(
                 reason_off.contains("class pass: cuBLAS logits then G"),
                 "{}: {reason_off}",
@@ -1677,9 +1692,47 @@ fn wgmma_gcols_class_pass() {
             k += 1;
             for (j, sp) in vs.into_iter().enumerate() {
                 if picks.contains(&j) {
-                    eprintln!("{}", check(&on, &mut rng, &sp));
+                    eprintln!("{}", check(on, &mut rng, &sp));
                 }
             }
         }
     }
+    // A softcap above WGMMA_SOFTCAP_MAX keeps the cuBLAS class pass (tanhf), still right.
+    let mut sp = spec(130, 64, 300, DType::BF16, "softcap 150");
+    sp.opts.softcap = Some(150.0);
+    sp.logit_std = 40.0;
+    eprintln!("{}", check(&on128, &mut rng, &sp));
+    let case = random_case(&mut rng, 130, 64, 300, DType::BF16, false, 0.1, 40.0);
+    let (e, c, t) = (
+        upload(&on128, &case.e),
+        upload(&on128, &case.c),
+        upload(&on128, &case.targets),
+    );
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &t,
+    };
+    let (f, g) = on128
+        .forward_backward(&inputs, &sp.opts, &Upstream::default())
+        .unwrap();
+    let reason = &g.stats.plan_reason;
+    assert!(
+        reason.contains("class pass: cuBLAS logits then G")
+            && (!expected || reason.contains("softcap above 100")),
+        "softcap 150: {reason}"
+    );
+    let fo = on128.forward(&inputs, &sp.opts).unwrap();
+    assert!(
+        !fo.stats.plan_reason.starts_with("forward: WGMMA"),
+        "softcap 150 forward: {}",
+        fo.stats.plan_reason
+    );
+    close_rows(
+        "softcap 150: lse",
+        &to_f64(&on128, &fo.lse),
+        &to_f64(&on128, &f.lse),
+        1e-5,
+    );
 }
