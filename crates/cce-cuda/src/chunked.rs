@@ -1993,23 +1993,9 @@ impl DenseEngine {
             // Final conversions of the f32 accumulators (the sparse products write the
             // gradients directly).
             if cfg.compute_d_c && !cfg.grad_f32 && !sparse_used {
-                let f = self.func(&format!("cce_dense_convert_{code}"))?;
-                let convert = |src: u64, dst: u64, count: usize| -> Result<()> {
-                    let count_i = count as i64;
-                    let mut b = self.stream.launch_builder(f);
-                    b.arg(&src).arg(&dst).arg(&count_i);
-                    // SAFETY: matches cce_dense_convert_*: src holds count f32, dst count
-                    // elements of the gradient dtype (checked sizes).
-                    unsafe {
-                        b.launch(LaunchConfig {
-                            grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(drv)
-                    .map(|_| ())
-                };
+                // The accumulators hold count f32, the outputs count elements (checked sizes).
+                let convert =
+                    |src: u64, dst: u64, count: usize| self.convert_f32(code, src, dst, count);
                 if !split {
                     let dc_out = self.opt_ptr(grads.d_c.as_deref());
                     convert(dc_acc_ptr, dc_out, v * d)?;
@@ -3069,6 +3055,27 @@ impl DenseEngine {
         .map(|_| ())
     }
 
+    /// `cce_dense_convert_{code}`: `dst[i] = src[i]` for `count` values, f32 to the gradient
+    /// dtype `code`. The caller guarantees `src` holds `count` f32 and `dst` `count` elements.
+    fn convert_f32(&self, code: &str, src: u64, dst: u64, count: usize) -> Result<()> {
+        let f = self.func(&format!("cce_dense_convert_{code}"))?;
+        let count_i = count as i64;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&src).arg(&dst).arg(&count_i);
+        // SAFETY: matches cce_dense_convert_* (f32 source, gradient-dtype destination, i64
+        // count); both buffers hold `count` elements (the caller's contract, from checked
+        // sizes); the grid strides over the count.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        Ok(())
+    }
+
     /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
     /// all rows recomputed and `G` from the saved lse (f16 with a power-of-two scale, or f32):
     /// one WGMMA kernel with `G` in its epilogue where [`DenseEngine::wgmma_gcols_classes`]
@@ -3263,22 +3270,9 @@ impl DenseEngine {
                         ldg_step,
                         (alpha, 0.0),
                     )?;
-                    let f = self.func(&format!("cce_dense_convert_{code}"))?;
-                    let count = ks * d;
-                    let count_i = count as i64;
-                    let mut b = self.stream.launch_builder(f);
-                    b.arg(&tmp).arg(&dc_k).arg(&count_i);
-                    // SAFETY: matches cce_dense_convert_*: tmp holds ks·d ≤ kmax·d f32
-                    // (workspace tail, size checked above), d_c rows k0+s0.. hold ks·d
-                    // gradient elements.
-                    unsafe {
-                        b.launch(LaunchConfig {
-                            grid_dim: (count.div_ceil(256).min(65535 * 16) as u32, 1, 1),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: 0,
-                        })
-                    }
-                    .map_err(drv)?;
+                    // tmp holds ks·d ≤ kmax·d f32 (workspace tail, size checked above), d_c
+                    // rows k0+s0.. hold ks·d gradient elements.
+                    self.convert_f32(code, tmp, dc_k, ks * d)?;
                 } else {
                     self.gemm_dc(
                         (ks, d, n),
