@@ -149,9 +149,10 @@ pub struct InputArgs {
     /// Vocabulary size of a generated case (default 49152).
     #[arg(long, requires = "case", help_heading = "Input")]
     pub v: Option<usize>,
-    /// Seed of a generated case.
-    #[arg(long, default_value_t = 0, help_heading = "Input")]
-    pub seed: u64,
+    /// Seed of a generated case (default 0). Real data (a file, NumPy files, `--case real`)
+    /// has nothing to seed: --seed is refused there, like --d and --v.
+    #[arg(long, requires = "case", help_heading = "Input")]
+    pub seed: Option<u64>,
 }
 
 /// The options of the contract (`cce_core::Options`), as flags.

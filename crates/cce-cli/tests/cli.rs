@@ -423,6 +423,33 @@ fn repro_bad_values() {
 }
 
 #[test]
+fn seed_is_refused_on_real_data() {
+    // The fixture is fixed data: a seed would be silently ignored, so it is an error (like
+    // --d and --v there).
+    fails(
+        &["run", "--case", "real", "--seed", "3"],
+        &["--seed 3", "generated cases", "nothing to seed"],
+    );
+    // Files and the default input are real data too: --seed needs a generated --case.
+    fails(&["run", "--seed", "3"], &["--seed", "--case"]);
+    fails(
+        &["run", "--input", s(&fixture()), "--seed", "3"],
+        &["--seed 3", "a file is fixed data", "nothing to seed"],
+    );
+    // So are --d and --v (clap's `requires` misses them next to --input, which conflicts
+    // with --case).
+    fails(
+        &["run", "--input", s(&fixture()), "--d", "8"],
+        &["--d and --v apply to generated cases", "its own shape"],
+    );
+    // A generated case takes it.
+    let out = ok(&[
+        "run", "--case", "randn", "--n", "8", "--d", "8", "--v", "32", "--seed", "3",
+    ]);
+    assert!(out.contains("seed=3"), "{out}");
+}
+
+#[test]
 fn missing_file() {
     fails(
         &["run", "--input", "/definitely/not/here.safetensors"],
