@@ -291,8 +291,11 @@ pub struct RunArgs {
     /// Options of the call.
     #[command(flatten)]
     pub opts: OptionArgs,
-    /// Compare every output with the f64 naive oracle (materializes N x V f64 logits) and
-    /// print relative errors.
+    /// Compare every output with the f64 naive oracle (materializes N x V f64 logits), print
+    /// the errors and judge each output: its judged error must stay within the tolerance the
+    /// table prints (the dtype's 1e-5 / 1e-3 / 1e-2, grown for long sums and large logits,
+    /// plus what the gradient filter skipped). Any output outside it, or not finite: the run
+    /// ends with `error: --check: ...` and exit status 1 (after --save-grads is written).
     #[arg(long)]
     pub check: bool,
     /// Write d_e, d_c (and d_bias) as f32 safetensors to FILE.
