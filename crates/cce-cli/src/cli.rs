@@ -281,7 +281,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Backend: cpu, wgpu, cuda (when built with the feature and a device is present) or auto
-    /// (the best available).
+    /// (the first of cuda, wgpu, cpu that is built and present). The report's backend line
+    /// names the wgpu adapter and flags a CPU one (lavapipe: a software Vulkan driver, CPU
+    /// speed), which auto also picks on a machine without a GPU.
     #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(BACKEND_NAMES))]
     pub backend: String,
     /// dtype of e, c and bias for the call. Default: the file's when e and c share a float

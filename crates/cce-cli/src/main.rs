@@ -27,6 +27,7 @@ macro_rules! out {
     }};
 }
 
+mod backend;
 mod cli;
 mod error;
 mod input;

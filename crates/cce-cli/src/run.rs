@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use cce_data::F32Tensor;
 use cut_cross_entropy::{
-    backend_by_name, naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options,
-    OracleDLoss, Precision, PreparedTargets, Problem, Reduction, TensorMeta,
+    naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options, OracleDLoss, Precision,
+    PreparedTargets, Problem, Reduction, TensorMeta,
 };
 
 use crate::cli::{FloatDType, RunArgs};
@@ -38,7 +38,10 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
         }
     }
     // The backend first: a missing device should not wait for a large load.
-    let backend = backend_by_name(&args.backend)?;
+    let crate::backend::Opened {
+        backend,
+        description,
+    } = crate::backend::open(&args.backend)?;
     let loaded = input::load(&args.input)?;
     let ds = &loaded.ds;
     let dtype = args
@@ -76,7 +79,7 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     })?;
     let call_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    print_header(&loaded, dtype, args, backend.name(), &opts);
+    print_header(&loaded, dtype, args, &description, &opts);
     print_loss(&loaded, &res, &opts, dtype)?;
     print_side_outputs(&loaded, &t, &res, &opts)?;
     print_times_memory(&loaded, &t, &res, call_ms, backend.name());

@@ -531,6 +531,59 @@ fn seed_is_refused_on_real_data() {
     assert!(out.contains("seed=3"), "{out}");
 }
 
+/// With a wgpu adapter the backend line names it, and says so when it is a CPU (software)
+/// device such as lavapipe, which `--backend auto` picks on a machine without a GPU.
+#[cfg(feature = "wgpu")]
+#[test]
+fn backend_line_names_the_wgpu_adapter_and_a_software_one() {
+    let info = match cut_cross_entropy::cce_wgpu::WgpuBackend::new() {
+        Ok(b) => b.adapter_info().clone(),
+        Err(e) => {
+            if std::env::var("CCE_REQUIRE_WGPU").as_deref() == Ok("1") {
+                panic!("CCE_REQUIRE_WGPU=1 but no wgpu backend: {e}");
+            }
+            println!("skipping: {e}");
+            return;
+        }
+    };
+    let software = info.device_type == wgpu::DeviceType::Cpu;
+    // `auto` prefers CUDA when that is built (and may find a device).
+    let names: &[&str] = if cfg!(feature = "cuda") {
+        &["wgpu"]
+    } else {
+        &["wgpu", "auto"]
+    };
+    for name in names {
+        let out = ok(&[
+            "run",
+            "--backend",
+            name,
+            "--case",
+            "lm",
+            "--n",
+            "16",
+            "--d",
+            "16",
+            "--v",
+            "64",
+            "--no-backward",
+        ]);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("backend "))
+            .unwrap_or_else(|| panic!("no backend line:\n{out}"));
+        assert!(
+            line.contains(&format!("wgpu ({}", info.name)),
+            "{line} ({info:?})"
+        );
+        assert_eq!(
+            line.contains("a software vulkan driver: CPU speed"),
+            software,
+            "{line} ({info:?})"
+        );
+    }
+}
+
 #[test]
 fn missing_file() {
     fails(
