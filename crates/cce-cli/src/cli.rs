@@ -149,9 +149,10 @@ pub struct InputArgs {
     /// Vocabulary size of a generated case (default 49152).
     #[arg(long, requires = "case", help_heading = "Input")]
     pub v: Option<usize>,
-    /// Seed of a generated case.
-    #[arg(long, default_value_t = 0, help_heading = "Input")]
-    pub seed: u64,
+    /// Seed of a generated case (default 0). Real data (a file, NumPy files, `--case real`)
+    /// has nothing to seed: --seed is refused there, like --d and --v.
+    #[arg(long, requires = "case", help_heading = "Input")]
+    pub seed: Option<u64>,
 }
 
 /// The options of the contract (`cce_core::Options`), as flags.
@@ -280,7 +281,9 @@ pub struct RunArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Backend: cpu, wgpu, cuda (when built with the feature and a device is present) or auto
-    /// (the best available).
+    /// (the first of cuda, wgpu, cpu that is built and present). The report's backend line
+    /// names the wgpu adapter and flags a CPU one (lavapipe: a software Vulkan driver, CPU
+    /// speed), which auto also picks on a machine without a GPU.
     #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(BACKEND_NAMES))]
     pub backend: String,
     /// dtype of e, c and bias for the call. Default: the file's when e and c share a float
@@ -290,8 +293,11 @@ pub struct RunArgs {
     /// Options of the call.
     #[command(flatten)]
     pub opts: OptionArgs,
-    /// Compare every output with the f64 naive oracle (materializes N x V f64 logits) and
-    /// print relative errors.
+    /// Compare every output with the f64 naive oracle (materializes N x V f64 logits), print
+    /// the errors and judge each output: its judged error must stay within the tolerance the
+    /// table prints (the dtype's 1e-5 / 1e-3 / 1e-2, grown for long sums and large logits,
+    /// plus what the gradient filter skipped). Any output outside it, or not finite: the run
+    /// ends with `error: --check: ...` and exit status 1 (after --save-grads is written).
     #[arg(long)]
     pub check: bool,
     /// Write d_e, d_c (and d_bias) as f32 safetensors to FILE.

@@ -70,11 +70,44 @@ fn described_dtype(name: &str) -> Option<DType> {
     (e == c).then_some(e)
 }
 
+/// Refuses `--d`, `--v` and `--seed` on real data (a file, NumPy files, the fixture), where
+/// they would be silently ignored. clap's `requires = "case"` alone misses them next to
+/// `--input` or `--npy-e`, which conflict with `--case`.
+fn refuse_generator_flags(args: &InputArgs) -> CliResult<()> {
+    let generated = args
+        .case
+        .as_deref()
+        .is_some_and(|c| !c.eq_ignore_ascii_case("real"));
+    if generated {
+        return Ok(());
+    }
+    let fixture = args.input.is_none() && args.npy_e.is_none();
+    if args.d.is_some() || args.v.is_some() {
+        return Err(CliError::msg(if fixture {
+            "--d and --v apply to generated cases; the real fixture is 1024 x 576 x 49152"
+        } else {
+            "--d and --v apply to generated cases (--case NAME); a file has its own shape"
+        }));
+    }
+    if let Some(seed) = args.seed {
+        let what = if fixture {
+            "the real fixture"
+        } else {
+            "a file"
+        };
+        return Err(CliError::msg(format!(
+            "--seed {seed} applies to generated cases; {what} is fixed data with nothing to seed (drop --seed, or pick a generated --case)"
+        )));
+    }
+    Ok(())
+}
+
 /// Loads or generates the problem the input flags describe.
 ///
 /// Errors: every [`cce_data::DataError`] of the loaders and generators; bad `--case` names;
-/// `--n` larger than the file's rows.
+/// `--n` larger than the file's rows; `--d`, `--v` or `--seed` on real data.
 pub fn load(args: &InputArgs) -> CliResult<Loaded> {
+    refuse_generator_flags(args)?;
     let t0 = Instant::now();
     let names = TensorNames {
         e: args.e_name.clone(),
@@ -124,18 +157,14 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         if n == 0 {
             return Err(CliError::msg("--n must be >= 1"));
         }
+        let seed = args.seed.unwrap_or(0);
         let ds = with_spinner(
-            format!("generating {dist} N={n} D={d} V={v} seed={}", args.seed),
-            || cce_data::generate(&dist, n, d, v, args.seed),
+            format!("generating {dist} N={n} D={d} V={v} seed={seed}"),
+            || cce_data::generate(&dist, n, d, v, seed),
         )?;
         (ds, None, false)
     } else {
         // `--case real` or no input at all: the shipped fixture.
-        if args.d.is_some() || args.v.is_some() {
-            return Err(CliError::msg(
-                "--d and --v apply to generated cases; the real fixture is 1024 x 576 x 49152",
-            ));
-        }
         let path = fixture_path();
         let path = path.canonicalize().unwrap_or(path);
         if !path.is_file() {

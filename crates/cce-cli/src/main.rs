@@ -3,7 +3,8 @@
 //! - `cce run`: one forward (and backward) call on the shipped real fixture (default), a
 //!   safetensors or NumPy file, or a generated case; prints the loss (and the file's reference),
 //!   an lse summary, wall times, peak memory and the call statistics; `--check` compares every
-//!   output with the f64 oracle, `--save-grads` writes the gradients.
+//!   output with the f64 oracle and fails the run when one is outside its tolerance,
+//!   `--save-grads` writes the gradients.
 //! - `cce repro`: the seed's experiment (regular, c/8, e/8, c*8, e*8 and lm inputs) as a table,
 //!   optionally plotted.
 //!
@@ -26,9 +27,11 @@ macro_rules! out {
     }};
 }
 
+mod backend;
 mod cli;
 mod error;
 mod input;
+mod judge;
 mod plot;
 mod progress;
 mod report;

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use cce_data::Distribution;
-use cut_cross_entropy::{backend_by_name, HostBackend, Options, SideOutputs};
+use cut_cross_entropy::{HostBackend, Options, SideOutputs};
 
 use crate::cli::ReproArgs;
 use crate::error::{CliError, CliResult};
@@ -111,14 +111,17 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     if cases.is_empty() {
         return Err(CliError::msg("--cases: no case given"));
     }
-    let backend = backend_by_name(&args.backend)?;
+    let crate::backend::Opened {
+        backend,
+        description,
+    } = crate::backend::open(&args.backend)?;
     let dtype = args.dtype.dtype();
     outln!(
         "repro      N = {}, D = {}, V = {}, dtype {dtype}, backend {}, seed {}, median of {} runs after 1 warm-up",
         args.n,
         args.d,
         args.v,
-        backend.name(),
+        description,
         args.seed,
         args.repeats
     );

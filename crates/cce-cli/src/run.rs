@@ -5,13 +5,14 @@ use std::time::Instant;
 
 use cce_data::F32Tensor;
 use cut_cross_entropy::{
-    backend_by_name, naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options,
-    OracleDLoss, Precision, PreparedTargets, Problem, Reduction, TensorMeta,
+    naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options, OracleDLoss, Precision,
+    PreparedTargets, Problem, Reduction, TensorMeta,
 };
 
 use crate::cli::{FloatDType, RunArgs};
 use crate::error::{CliError, CliResult};
 use crate::input::{self, Loaded, Tensors};
+use crate::judge::{self, FilterBound, Verdict};
 use crate::progress::with_spinner;
 use crate::report::{
     available_memory_bytes, err_stats, fmt_bytes, peak_rss_bytes, summary, ErrStats, Table,
@@ -20,7 +21,8 @@ use crate::report::{
 /// Runs `cce run` and prints its report on stdout.
 ///
 /// Errors: bad options, unreadable or inconsistent input, an unavailable backend, a failed
-/// call, an oracle too large for the memory, an unwritable `--save-grads` file.
+/// call, an oracle too large for the memory, an unwritable `--save-grads` file, a `--check`
+/// that finds an output outside its tolerance ([`crate::judge`]).
 pub fn main(args: &RunArgs) -> CliResult<()> {
     let opts = args.opts.options();
     opts.validate()?;
@@ -36,7 +38,10 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
         }
     }
     // The backend first: a missing device should not wait for a large load.
-    let backend = backend_by_name(&args.backend)?;
+    let crate::backend::Opened {
+        backend,
+        description,
+    } = crate::backend::open(&args.backend)?;
     let loaded = input::load(&args.input)?;
     let ds = &loaded.ds;
     let dtype = args
@@ -74,7 +79,7 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     })?;
     let call_ms = t0.elapsed().as_secs_f64() * 1e3;
 
-    print_header(&loaded, dtype, args, backend.name(), &opts);
+    print_header(&loaded, dtype, args, &description, &opts);
     print_loss(&loaded, &res, &opts, dtype)?;
     print_side_outputs(&loaded, &t, &res, &opts)?;
     print_times_memory(&loaded, &t, &res, call_ms, backend.name());
@@ -82,11 +87,33 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     if let Some(s) = &res.backward_stats {
         print_stats("backward call", s);
     }
-    if args.check {
-        check(&t, &res, &opts, dtype, backward)?;
-    }
+    let verdicts = if args.check {
+        check(&loaded, &t, &res, &opts, dtype, backward)?
+    } else {
+        Vec::new()
+    };
+    // The gradients are written even when the check fails: they are what to look at then.
     if let Some(path) = &args.save_grads {
         save_grads(path, &res, &loaded, backend.name(), dtype)?;
+    }
+    let failed: Vec<String> = verdicts
+        .iter()
+        .filter(|v| !v.pass())
+        .map(|v| {
+            if v.error.is_finite() {
+                format!("{} ({:.2e} > {:.2e})", v.name, v.error, v.allowed)
+            } else {
+                format!("{} (non-finite values)", v.name)
+            }
+        })
+        .collect();
+    if !failed.is_empty() {
+        return Err(CliError::msg(format!(
+            "--check: {} of {} outputs outside their tolerance against the f64 oracle: {}",
+            failed.len(),
+            verdicts.len(),
+            failed.join(", ")
+        )));
     }
     Ok(())
 }
@@ -260,6 +287,18 @@ fn print_loss(l: &Loaded, res: &HostResult, opts: &Options, dtype: DType) -> Cli
     Ok(())
 }
 
+/// The targets after `ignore_index` and `shift`: the class of each row, or -1.
+fn prepared_targets(l: &Loaded, t: &Tensors, opts: &Options) -> CliResult<PreparedTargets> {
+    let problem = Problem::new(
+        &t.e,
+        &t.c,
+        t.bias.as_ref().map(|b| b as &dyn TensorMeta),
+        &t.targets,
+        opts,
+    )?;
+    Ok(PreparedTargets::new(&l.ds.targets, &problem, opts)?)
+}
+
 fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options) -> CliResult<()> {
     let lse = res.lse.to_f32_vec();
     if let Some(s) = summary(lse.iter().map(|&x| x as f64)) {
@@ -296,14 +335,7 @@ fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options)
     }
     if let Some(am) = &res.argmax {
         let am = am.to_i64_vec().unwrap_or_default();
-        let problem = Problem::new(
-            &t.e,
-            &t.c,
-            t.bias.as_ref().map(|b| b as &dyn TensorMeta),
-            &t.targets,
-            opts,
-        )?;
-        let prepared = PreparedTargets::new(&l.ds.targets, &problem, opts)?;
+        let prepared = prepared_targets(l, t, opts)?;
         let (mut hit, mut valid) = (0usize, 0usize);
         for (i, &y) in prepared.classes.iter().enumerate() {
             if y >= 0 {
@@ -363,13 +395,16 @@ fn oracle_bytes(t: &Tensors) -> u64 {
     8 * n * v + 16 * (n + v) * d + 64 * (n + v)
 }
 
+/// Compares every output with the f64 oracle, prints the table and returns each output's
+/// verdict under the rule of [`crate::judge`].
 fn check(
+    l: &Loaded,
     t: &Tensors,
     res: &HostResult,
     opts: &Options,
     dtype: DType,
     backward: bool,
-) -> CliResult<()> {
+) -> CliResult<Vec<Verdict>> {
     let need = oracle_bytes(t);
     if let Some(avail) = available_memory_bytes() {
         if need > avail {
@@ -380,7 +415,7 @@ fn check(
             )));
         }
     }
-    let n = t.e.shape()[0];
+    let (n, d, v) = (t.e.shape()[0], t.e.shape()[1], t.c.shape()[0]);
     let d_loss = match opts.reduction {
         Reduction::None => OracleDLoss::PerRow(vec![1.0; n]),
         _ => OracleDLoss::Scalar(1.0),
@@ -405,36 +440,115 @@ fn check(
     outln!(
         "check      against the f64 naive oracle on the same {dtype} inputs ({oracle_ms:.0} ms)"
     );
+    let zmag = judge::zmag(&oracle.lse);
+    let kappa = judge::kappa(zmag, d);
+    let n_valid = oracle.n_valid;
+    // What the filter's skipped entries may explain, per gradient (None: it did not apply).
+    let bound = res
+        .backward_stats
+        .as_ref()
+        .filter(|s| s.filter_eps > 0.0 && s.dropped_mass_max > 0.0)
+        .map(|s| -> CliResult<FilterBound> {
+            let prepared = prepared_targets(l, t, opts)?;
+            let valid: Vec<bool> = prepared.classes.iter().map(|&y| y >= 0).collect();
+            let g = match opts.reduction {
+                Reduction::Mean => 1.0 / n_valid.max(1) as f64,
+                _ => 1.0,
+            };
+            Ok(FilterBound::new(
+                &valid,
+                g,
+                opts.z_loss as f64,
+                &oracle.lse,
+                s.dropped_mass_max,
+                s.filter_eps as f64,
+            ))
+        })
+        .transpose()?;
     let mut table = Table::new(&[
         "output",
         "rel L2 error",
         "max|err| / max|ref|",
         "max|err|",
         "at index",
+        "judged error",
+        "tolerance",
+        "verdict",
     ]);
-    let mut add = |name: &str, e: ErrStats| {
+    let mut verdicts = Vec::new();
+    // `unit`: what "order 1" means for the output; `len`: its reduction length; `filter`: the
+    // absolute bound on what the filter skipped.
+    let mut add = |name: &str, got: &[f32], want: &[f64], unit: f64, tau: f64, filter: f64| {
+        let e: ErrStats = err_stats(got, want);
+        let error = judge::judged_error(got, want, unit);
+        let want_norm = judge::norm(want);
+        let allowed = tau
+            + if want_norm > 0.0 {
+                filter / want_norm
+            } else {
+                filter
+            };
+        let verdict = Verdict {
+            name: name.to_string(),
+            error,
+            allowed,
+        };
         table.row(vec![
             name.to_string(),
             format!("{:.3e}", e.rel_l2),
             format!("{:.3e}", e.rel_max),
             format!("{:.3e}", e.max_abs),
             e.worst.to_string(),
+            if error.is_finite() {
+                format!("{error:.3e}")
+            } else {
+                "non-finite".to_string()
+            },
+            format!("{allowed:.3e}"),
+            if verdict.pass() { "pass" } else { "FAIL" }.to_string(),
         ]);
+        verdicts.push(verdict);
     };
-    add("loss", err_stats(&res.loss.to_f32_vec(), &oracle.loss));
-    add("lse", err_stats(&res.lse.to_f32_vec(), &oracle.lse));
+    let tau_v = judge::tau(dtype, v, 1.0);
+    let loss_unit = match opts.reduction {
+        Reduction::Sum => zmag * (n_valid as f64).sqrt(),
+        _ => zmag,
+    };
+    add(
+        "loss",
+        &res.loss.to_f32_vec(),
+        &oracle.loss,
+        loss_unit,
+        tau_v,
+        0.0,
+    );
+    add("lse", &res.lse.to_f32_vec(), &oracle.lse, zmag, tau_v, 0.0);
     if let Some(h) = &res.entropy {
-        add("entropy", err_stats(&h.to_f32_vec(), &oracle.entropy));
+        add(
+            "entropy",
+            &h.to_f32_vec(),
+            &oracle.entropy,
+            zmag,
+            tau_v,
+            0.0,
+        );
     }
     if backward {
+        let e_filtered = bound.as_ref().filter(|_| opts.filter_e_grad);
+        let c_filtered = bound.as_ref().filter(|_| opts.filter_c_grad);
         if let Some(g) = &res.d_e {
-            add("d_e", err_stats(&g.to_f32_vec(), &oracle.d_e));
+            let filter = e_filtered.map_or(0.0, |b| b.d_e(&t.c.to_f32_vec(), d));
+            let tau = judge::tau(dtype, v, kappa);
+            add("d_e", &g.to_f32_vec(), &oracle.d_e, 0.0, tau, filter);
         }
+        let tau_n = judge::tau(dtype, n, kappa);
         if let Some(g) = &res.d_c {
-            add("d_c", err_stats(&g.to_f32_vec(), &oracle.d_c));
+            let filter = c_filtered.map_or(0.0, |b| b.d_c(&t.e.to_f32_vec(), d));
+            add("d_c", &g.to_f32_vec(), &oracle.d_c, 0.0, tau_n, filter);
         }
         if let (Some(g), Some(w)) = (&res.d_bias, &oracle.d_bias) {
-            add("d_bias", err_stats(&g.to_f32_vec(), w));
+            let filter = c_filtered.map_or(0.0, FilterBound::d_bias);
+            add("d_bias", &g.to_f32_vec(), w, 0.0, tau_n, filter);
         }
     }
     for line in table.render().lines() {
@@ -448,24 +562,32 @@ fn check(
             .filter(|(a, b)| **a != **b as i64)
             .count();
         outln!(
-            "  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can)",
+            "  argmax: {diff} of {} rows differ from the oracle (ties and near-ties can; not judged)",
             got.len()
         );
     }
-    let filtered = res
-        .backward_stats
-        .as_ref()
-        .is_some_and(|s| s.filter_eps > 0.0);
     outln!(
-        "  {dtype} tolerance on values of order 1: {:.0e}{}",
+        "  judged error = |ours - oracle| / (|oracle| + unit * sqrt(len)) in L2, unit = max(1, max|lse|) = {zmag:.3} for loss, lse, entropy, 0 for gradients"
+    );
+    outln!(
+        "  tolerance = {dtype}'s {:.0e} on values of order 1, grown for long f32 sums and, for gradients, large logits{}",
         dtype.tolerance(),
-        if filtered {
-            "; the filtered gradients also leave out up to max_dropped_mass of each row's probability (use --filter-eps off for the exact gradient)"
+        if bound.is_some() {
+            "; filtered gradients add what the skipped entries can explain (from the reported dropped mass; --filter-eps off for the exact gradient)"
         } else {
             ""
         }
     );
-    Ok(())
+    let bad = verdicts.iter().filter(|v| !v.pass()).count();
+    if bad == 0 {
+        outln!("  verdict: pass (every output within its tolerance)");
+    } else {
+        outln!(
+            "  verdict: FAIL ({bad} of {} outputs outside their tolerance)",
+            verdicts.len()
+        );
+    }
+    Ok(verdicts)
 }
 
 fn save_grads(

@@ -137,11 +137,15 @@ fn real_rows_with_check_side_outputs_and_saved_grads() {
     assert!(out.contains("entropy    min"), "{out}");
     assert!(out.contains("top-1 accuracy"), "{out}");
     assert!(out.contains("filter            off (exact)"), "{out}");
-    // Exact f32 against f64: every relative error is small.
+    // Exact f32 against f64: every relative error is small, and the check passes.
     for name in ["loss", "lse", "entropy", "d_e", "d_c"] {
         let rel = check_rel(&out, name);
         assert!(rel < 1e-4, "{name}: rel L2 {rel}\n{out}");
     }
+    assert!(
+        out.contains("verdict: pass (every output within its tolerance)"),
+        "{out}"
+    );
     let bytes = std::fs::read(&grads).unwrap();
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header = String::from_utf8_lossy(&bytes[8..8 + header_len]);
@@ -205,6 +209,84 @@ fn file_with_bias_every_option_and_check() {
     );
     assert!(check_rel(&out, "loss") < 1e-5, "{out}");
     assert!(check_rel(&out, "lse") < 1e-5, "{out}");
+}
+
+/// A problem whose f16 gradients overflow under `--reduction sum`: `e = 100` everywhere,
+/// `c = 0` (so `p = 1/2` for both classes), every target 0, hence
+/// `d_c[0] = Σ_i (1/2 − 1) · 100 = −50 · 2000 = −1e5`, beyond f16's largest finite 65504.
+fn overflowing_f16_file(dir: &Path) -> PathBuf {
+    let (n, d, v) = (2000usize, 4usize, 2usize);
+    let ds = Dataset {
+        name: "overflow".into(),
+        n,
+        d,
+        v,
+        e: vec![100.0; n * d],
+        c: vec![0.0; v * d],
+        bias: None,
+        targets: vec![0; n],
+        lse_ref: None,
+        nll_ref: None,
+    };
+    let p = dir.join("overflow.safetensors");
+    save_dataset(&p, &ds).unwrap();
+    p
+}
+
+#[test]
+fn check_fails_with_status_1_when_an_output_is_outside_its_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = overflowing_f16_file(dir.path());
+    let grads = dir.path().join("g.safetensors");
+    let args = [
+        "run",
+        "--input",
+        s(&f),
+        "--dtype",
+        "f16",
+        "--reduction",
+        "sum",
+        "--check",
+        "--save-grads",
+        s(&grads),
+    ];
+    let out = cce(&args);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "stdout:\n{so}\nstderr:\n{se}");
+    assert!(!se.contains("panicked"), "{se}");
+    assert!(
+        se.starts_with("error: --check: 1 of 4 outputs outside their tolerance"),
+        "{se}"
+    );
+    assert!(se.contains("d_c (non-finite values)"), "{se}");
+    let row = |name: &str| {
+        so.lines()
+            .find(|l| l.trim_start().starts_with(&format!("| {name} ")))
+            .unwrap_or_else(|| panic!("no check row for {name}:\n{so}"))
+            .to_string()
+    };
+    assert!(row("d_c").ends_with("FAIL |"), "{so}");
+    for name in ["loss", "lse", "d_e"] {
+        assert!(row(name).ends_with("pass |"), "{so}");
+    }
+    assert!(so.contains("verdict: FAIL (1 of 4 outputs"), "{so}");
+    // The gradients are saved all the same (they are what to look at).
+    assert!(grads.is_file());
+    // f32 gradients hold -1e5: every output passes, exit 0.
+    let out = ok(&[
+        "run",
+        "--input",
+        s(&f),
+        "--dtype",
+        "f16",
+        "--reduction",
+        "sum",
+        "--grad-dtype",
+        "f32",
+        "--check",
+    ]);
+    assert!(out.contains("verdict: pass"), "{out}");
+    assert!(!out.contains("FAIL"), "{out}");
 }
 
 #[test]
@@ -423,6 +505,86 @@ fn repro_bad_values() {
 }
 
 #[test]
+fn seed_is_refused_on_real_data() {
+    // The fixture is fixed data: a seed would be silently ignored, so it is an error (like
+    // --d and --v there).
+    fails(
+        &["run", "--case", "real", "--seed", "3"],
+        &["--seed 3", "generated cases", "nothing to seed"],
+    );
+    // Files and the default input are real data too: --seed needs a generated --case.
+    fails(&["run", "--seed", "3"], &["--seed", "--case"]);
+    fails(
+        &["run", "--input", s(&fixture()), "--seed", "3"],
+        &["--seed 3", "a file is fixed data", "nothing to seed"],
+    );
+    // So are --d and --v (clap's `requires` misses them next to --input, which conflicts
+    // with --case).
+    fails(
+        &["run", "--input", s(&fixture()), "--d", "8"],
+        &["--d and --v apply to generated cases", "its own shape"],
+    );
+    // A generated case takes it.
+    let out = ok(&[
+        "run", "--case", "randn", "--n", "8", "--d", "8", "--v", "32", "--seed", "3",
+    ]);
+    assert!(out.contains("seed=3"), "{out}");
+}
+
+/// With a wgpu adapter the backend line names it, and says so when it is a CPU (software)
+/// device such as lavapipe, which `--backend auto` picks on a machine without a GPU.
+#[cfg(feature = "wgpu")]
+#[test]
+fn backend_line_names_the_wgpu_adapter_and_a_software_one() {
+    let info = match cut_cross_entropy::cce_wgpu::WgpuBackend::new() {
+        Ok(b) => b.adapter_info().clone(),
+        Err(e) => {
+            if std::env::var("CCE_REQUIRE_WGPU").as_deref() == Ok("1") {
+                panic!("CCE_REQUIRE_WGPU=1 but no wgpu backend: {e}");
+            }
+            println!("skipping: {e}");
+            return;
+        }
+    };
+    let software = info.device_type == wgpu::DeviceType::Cpu;
+    // `auto` prefers CUDA when that is built (and may find a device).
+    let names: &[&str] = if cfg!(feature = "cuda") {
+        &["wgpu"]
+    } else {
+        &["wgpu", "auto"]
+    };
+    for name in names {
+        let out = ok(&[
+            "run",
+            "--backend",
+            name,
+            "--case",
+            "lm",
+            "--n",
+            "16",
+            "--d",
+            "16",
+            "--v",
+            "64",
+            "--no-backward",
+        ]);
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("backend "))
+            .unwrap_or_else(|| panic!("no backend line:\n{out}"));
+        assert!(
+            line.contains(&format!("wgpu ({}", info.name)),
+            "{line} ({info:?})"
+        );
+        assert_eq!(
+            line.contains("a software vulkan driver: CPU speed"),
+            software,
+            "{line} ({info:?})"
+        );
+    }
+}
+
+#[test]
 fn missing_file() {
     fails(
         &["run", "--input", "/definitely/not/here.safetensors"],
@@ -512,6 +674,11 @@ fn out_of_range_target_and_non_finite_input() {
     // --no-check-finite lets the NaN through (forward and backward): a NaN loss, no error.
     let out = ok(&["run", "--input", s(&p), "--no-check-finite"]);
     assert!(out.to_lowercase().contains("nan"), "{out}");
+    // ... but a NaN output never passes --check.
+    fails(
+        &["run", "--input", s(&p), "--no-check-finite", "--check"],
+        &["--check: 4 of 4 outputs", "loss (non-finite values)"],
+    );
 }
 
 #[test]
