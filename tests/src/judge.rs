@@ -63,32 +63,11 @@
 //! `‖ours − gt‖ / ‖gt‖` (and the reference's), shown in each case summary.
 
 use crate::report::{Mismatch, OutputVerdict};
-use cce_core::DType;
 
-/// Reduction length above which the f32 accumulation tolerance grows (`ρ`).
-pub const RHO_BASE_LEN: f64 = 1024.0;
-/// `zmag·sqrt(D)` above which the f32 tolerance of the gradients grows (`κ`).
-pub const KAPPA_BASE: f64 = 64.0;
+// ρ, κ and τ: the tolerance of MATH.md, shared with the conformance suite (cce_core::tolerance).
+pub use cce_core::tolerance::{kappa, rho, tau, KAPPA_BASE, RHO_BASE_LEN};
 /// Mismatches kept per output for the report.
 pub const MAX_REPORTED: usize = 5;
-
-/// `ρ(L) = sqrt(max(1, L / 1024))`.
-pub fn rho(len: usize) -> f64 {
-    (len as f64 / RHO_BASE_LEN).max(1.0).sqrt()
-}
-
-/// `κ = max(1, zmag·sqrt(D) / 64)` (gradients; 1 for the forward outputs).
-pub fn kappa(zmag: f64, d: usize) -> f64 {
-    (zmag * (d as f64).sqrt() / KAPPA_BASE).max(1.0)
-}
-
-/// The relative tolerance `τ = max(tol(dtype), tol(f32)·ρ(len)·κ)` of an output with
-/// reduction length `len` for inputs of `dtype`.
-pub fn tau(dtype: DType, len: usize, kappa: f64) -> f64 {
-    dtype
-        .tolerance()
-        .max(DType::F32.tolerance() * rho(len) * kappa)
-}
 
 /// Root mean square (0 for an empty slice).
 pub fn rms(x: &[f64]) -> f64 {
@@ -377,6 +356,7 @@ impl FilterBound {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cce_core::DType;
 
     #[test]
     fn tau_is_the_dtype_tolerance_for_short_reductions_and_small_logits() {

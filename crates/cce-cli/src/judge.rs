@@ -25,30 +25,8 @@
 //!   entries can explain, a rigorous bound from the backward's reported largest dropped mass per
 //!   row, relative to `‖gt‖₂`.
 
-use cut_cross_entropy::DType;
-
-/// Reduction length above which the f32 accumulation tolerance grows (`ρ`).
-pub const RHO_BASE_LEN: f64 = 1024.0;
-/// `zmag · sqrt(D)` above which the f32 tolerance of the gradients grows (`κ`).
-pub const KAPPA_BASE: f64 = 64.0;
-
-/// `ρ(L) = sqrt(max(1, L / 1024))`.
-pub fn rho(len: usize) -> f64 {
-    (len as f64 / RHO_BASE_LEN).max(1.0).sqrt()
-}
-
-/// `κ = max(1, zmag · sqrt(D) / 64)` (gradients; the forward outputs take 1).
-pub fn kappa(zmag: f64, d: usize) -> f64 {
-    (zmag * (d as f64).sqrt() / KAPPA_BASE).max(1.0)
-}
-
-/// `τ = max(tol(dtype), tol(f32) · ρ(len) · κ)` for an output of reduction length `len` from
-/// inputs of `dtype`.
-pub fn tau(dtype: DType, len: usize, kappa: f64) -> f64 {
-    dtype
-        .tolerance()
-        .max(DType::F32.tolerance() * rho(len) * kappa)
-}
+// ρ, κ and τ: the tolerance of MATH.md, shared with the conformance suite (cce_core::tolerance).
+pub use cut_cross_entropy::tolerance::{kappa, tau};
 
 /// `zmag = max(1, max_i |lse_i|)` over the finite values of the oracle's lse.
 pub fn zmag(lse: &[f64]) -> f64 {
@@ -194,15 +172,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tolerance_grows_with_length_and_logits() {
-        assert_eq!(rho(100), 1.0);
-        assert!((rho(4096) - 2.0).abs() < 1e-12);
-        assert_eq!(kappa(1.0, 64), 1.0);
-        assert!((kappa(32.0, 64) - 4.0).abs() < 1e-12);
-        assert_eq!(tau(DType::F32, 100, 1.0), 1e-5);
-        assert!((tau(DType::F32, 4096, 4.0) - 8e-5).abs() < 1e-15);
-        // A 16-bit dtype's tolerance dwarfs the f32 growth at these sizes.
-        assert_eq!(tau(DType::BF16, 4096, 4.0), 1e-2);
+    fn zmag_is_the_largest_finite_lse_at_least_one() {
+        // ρ, κ and τ are tested in cce_core::tolerance.
         assert_eq!(zmag(&[0.5, -0.2]), 1.0);
         assert_eq!(zmag(&[3.0, -7.0, f64::NAN]), 7.0);
     }

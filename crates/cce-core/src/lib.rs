@@ -46,6 +46,7 @@ pub mod plan;
 pub mod problem;
 pub mod stats;
 pub mod tensor;
+pub mod tolerance;
 
 pub use backend::{
     Backend, BackwardOutput, DLoss, ForwardBackward, ForwardOutput, Inputs, Upstream,
