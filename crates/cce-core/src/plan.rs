@@ -671,7 +671,10 @@ impl Plan {
                         .min(SPLIT_DENSE_MAX_CLASSES as u64)
                         .min(classes_cap)
                         .min(idx_cap / (n as u64 * 8))
-                        .min(limits.max_buffer_bytes / (n as u64 * 8));
+                        .min(limits.max_buffer_bytes / (n as u64 * 8))
+                        // The logits rows are ⌈k/8⌉·8 f32 wide: a chunk of under 8 classes
+                        // still takes 32 bytes per row (proptest: N = 161, V = 1, 4 KiB).
+                        .min(limits.max_buffer_bytes / (n as u64 * 32) * 8);
                     let min_rows = tile.rows.min(n) as u64;
                     let min_classes = tile.classes.min(v) as u64;
                     if row_cap < min_rows || class_cap < min_classes {
