@@ -2088,22 +2088,18 @@ impl DenseEngine {
         Ok(())
     }
 
-    /// Rows per row group of the fused WGMMA forward (`kernels/wgmma.cu`) for `cfg`, with
-    /// `scratch_bytes` of scratch for the float2 partials (`rows x ceil(V / 256)`; all `N` rows
-    /// when they fit, else the most multiples of 128 that do), and `e`, `c` the device
-    /// addresses of the inputs. `Err(why)` when it does not apply: switched off
-    /// ([`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]`=0`), not compute capability 9.0,
-    /// not bf16 / f16, label smoothing, entropy or argmax, `D` not a multiple of
-    /// 64, inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128 rows need.
-    pub fn wgmma_forward_rows(
+    /// Why the WGMMA kernels (`kernels/wgmma.cu`) cannot run `cfg` with inputs at `e`, `c`
+    /// over `cols` classes per launch, for the conditions every one of them shares; `None` when
+    /// they hold. `on`: the caller's switch (config and environment).
+    fn wgmma_unfit(
         &self,
         cfg: &DenseConfig,
-        scratch_bytes: usize,
+        on: bool,
         (e, c): (u64, u64),
-    ) -> std::result::Result<usize, String> {
-        let env_off = std::env::var(WGMMA_FORWARD_ENV).as_deref() == Ok("0");
+        cols: usize,
+    ) -> Option<&'static str> {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
-        let why = if !cfg.wgmma_forward || env_off {
+        Some(if !on {
             "switched off"
         } else if !self.wgmma {
             "not compute capability 9.0"
@@ -2111,21 +2107,45 @@ impl DenseEngine {
             "dtype not bf16 / f16"
         } else if cfg.softcap.is_some_and(|s| s > WGMMA_SOFTCAP_MAX) {
             "softcap above 100 (the epilogue's tanh is exact to ~s·2⁻²¹)"
-        } else if cfg.label_smoothing != 0.0 {
-            "label smoothing"
-        } else if cfg.want_entropy || cfg.want_argmax {
-            "entropy / argmax requested"
         } else if n == 0 || v == 0 || d == 0 {
             "an empty dimension"
         } else if !d.is_multiple_of(WGMMA_BK) {
             "D not a multiple of 64"
         } else if !e.is_multiple_of(16) || !c.is_multiple_of(16) {
             "inputs not 16-byte aligned"
-        } else if i32::try_from(n.div_ceil(WGMMA_BM) * v.div_ceil(WGMMA_BN)).is_err()
+        } else if i32::try_from(n.div_ceil(WGMMA_BM) * cols.div_ceil(WGMMA_BN)).is_err()
             || i32::try_from(d).is_err()
             || i32::try_from(v).is_err()
         {
             "sizes past 32 bits"
+        } else {
+            return None;
+        })
+    }
+
+    /// Rows per row group of the fused WGMMA forward (`kernels/wgmma.cu`) for `cfg`, with
+    /// `scratch_bytes` of scratch for the float2 partials (`rows x ceil(V / 256)`; all `N` rows
+    /// when they fit, else the most multiples of 128 that do), and `e`, `c` the device
+    /// addresses of the inputs. `Err(why)` when it does not apply: switched off
+    /// ([`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]`=0`), not compute capability 9.0,
+    /// not bf16 / f16, a softcap above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or
+    /// argmax, `D` not a multiple of 64, inputs not 16-byte aligned, sizes past 32 bits, or less
+    /// scratch than 128 rows need (`wgmma_unfit` holds the shared conditions).
+    pub fn wgmma_forward_rows(
+        &self,
+        cfg: &DenseConfig,
+        scratch_bytes: usize,
+        (e, c): (u64, u64),
+    ) -> std::result::Result<usize, String> {
+        let env_off = std::env::var(WGMMA_FORWARD_ENV).as_deref() == Ok("0");
+        let (n, v) = (cfg.n, cfg.v);
+        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_forward && !env_off, (e, c), v)
+        {
+            why
+        } else if cfg.label_smoothing != 0.0 {
+            "label smoothing"
+        } else if cfg.want_entropy || cfg.want_argmax {
+            "entropy / argmax requested"
         } else {
             let fit = scratch_bytes / (v.div_ceil(WGMMA_BN) * 8);
             let group = if fit >= n {
@@ -3338,7 +3358,7 @@ impl DenseEngine {
         (e, c): (u64, u64),
     ) -> std::result::Result<usize, String> {
         let env_off = std::env::var(WGMMA_GCOLS_ENV).as_deref() == Ok("0");
-        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let (n, v) = (cfg.n, cfg.v);
         let cap = 2 * ldk;
         let kw = if v <= cap {
             v
@@ -3347,27 +3367,12 @@ impl DenseEngine {
         } else {
             cap
         };
-        let why = if !cfg.wgmma_gcols || env_off {
-            "switched off"
-        } else if !self.wgmma {
-            "not compute capability 9.0"
-        } else if cfg.class_pass_dtype() != DType::F16 {
-            "dtype not bf16 / f16"
-        } else if cfg.softcap.is_some_and(|s| s > WGMMA_SOFTCAP_MAX) {
-            "softcap above 100 (the epilogue's tanh is exact to ~s·2⁻²¹)"
+        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_gcols && !env_off, (e, c), kw)
+        {
+            why
         } else if kw < v && kw < WGMMA_BN {
             "class chunk under one 256-class tile"
-        } else if n == 0 || v == 0 || d == 0 {
-            "an empty dimension"
-        } else if !d.is_multiple_of(WGMMA_BK) {
-            "D not a multiple of 64"
-        } else if !e.is_multiple_of(16) || !c.is_multiple_of(16) {
-            "inputs not 16-byte aligned"
-        } else if i32::try_from(n.div_ceil(WGMMA_BM) * kw.div_ceil(WGMMA_BN)).is_err()
-            || i32::try_from(n).is_err()
-            || i32::try_from(v).is_err()
-            || i32::try_from(d).is_err()
-        {
+        } else if i32::try_from(n).is_err() {
             "sizes past 32 bits"
         } else {
             return Ok(kw);

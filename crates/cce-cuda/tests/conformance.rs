@@ -178,6 +178,50 @@ fn upload(be: &CudaBackend, t: &HostTensor) -> CudaTensor {
     be.upload(t).unwrap()
 }
 
+/// The oracle of a case (its bias when it has one) for an upstream loss gradient of 1 and no
+/// lse gradient (`Upstream::default()`, and what forward-only checks compare with).
+fn unit_upstream_oracle(case: &Case, opts: &Options, p: Precision) -> cce_reference::Oracle {
+    naive(
+        &case.e,
+        &case.c,
+        case.bias.as_ref(),
+        &case.targets,
+        opts,
+        &OracleDLoss::Scalar(1.0),
+        None,
+        p,
+    )
+    .unwrap()
+}
+
+/// A case's inputs on the device (the bias when the case has one).
+struct DeviceCase {
+    e: CudaTensor,
+    c: CudaTensor,
+    t: CudaTensor,
+    b: Option<CudaTensor>,
+}
+
+impl DeviceCase {
+    fn new(be: &CudaBackend, case: &Case) -> Self {
+        Self {
+            e: upload(be, &case.e),
+            c: upload(be, &case.c),
+            t: upload(be, &case.targets),
+            b: case.bias.as_ref().map(|b| upload(be, b)),
+        }
+    }
+
+    fn inputs(&self) -> Inputs<'_, CudaTensor> {
+        Inputs {
+            e: &self.e,
+            c: &self.c,
+            bias: self.b.as_ref(),
+            targets: &self.t,
+        }
+    }
+}
+
 fn to_f64(be: &CudaBackend, t: &CudaTensor) -> Vec<f64> {
     be.download(t).unwrap().to_f64_vec()
 }
@@ -200,21 +244,14 @@ fn check(be: &CudaBackend, rng: &mut impl Rng, sp: &Spec) -> String {
     let per_row: Vec<f32> = (0..n).map(|_| normal.sample(rng) as f32).collect();
     let scalar = 0.5 + rng.random::<f32>();
     let d_lse: Vec<f32> = (0..n).map(|_| 0.3 * normal.sample(rng) as f32).collect();
-    let (e, c) = (upload(be, &case.e), upload(be, &case.c));
-    let bias = case.bias.as_ref().map(|b| upload(be, b));
-    let t = upload(be, &case.targets);
+    let dev = DeviceCase::new(be, &case);
     let per_row_d = be
         .upload(&HostTensor::from_f32(vec![n], &per_row, DType::F32).unwrap())
         .unwrap();
     let d_lse_d = be
         .upload(&HostTensor::from_f32(vec![n], &d_lse, DType::F32).unwrap())
         .unwrap();
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: bias.as_ref(),
-        targets: &t,
-    };
+    let inputs = dev.inputs();
     let none = sp.opts.reduction == Reduction::None;
     let upstream = Upstream {
         d_loss: if none {
@@ -552,18 +589,8 @@ fn filtered_check_hot(
         filter_eps: FilterEps::Off,
         ..opts.clone()
     };
-    let (e, c, t) = (
-        upload(be, &case.e),
-        upload(be, &case.c),
-        upload(be, &case.targets),
-    );
-    let bias_t = case.bias.as_ref().map(|b| upload(be, b));
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: bias_t.as_ref(),
-        targets: &t,
-    };
+    let dev = DeviceCase::new(be, &case);
+    let inputs = dev.inputs();
     let (fo, g) = be
         .forward_backward(&inputs, &opts, &Upstream::default())
         .unwrap();
@@ -572,17 +599,7 @@ fn filtered_check_hot(
         .unwrap();
     let s = g.stats.clone();
     assert!(s.dropped_mass_max <= delta as f64 + 1e-6, "{s}");
-    let gt = naive(
-        &case.e,
-        &case.c,
-        case.bias.as_ref(),
-        &case.targets,
-        &opts,
-        &OracleDLoss::Scalar(1.0),
-        None,
-        Precision::F64,
-    )
-    .unwrap();
+    let gt = unit_upstream_oracle(&case, &opts, Precision::F64);
     // The forward outputs of the filtered call (on the sparse path, select computes them) are
     // as close to f64 as the exact call's: lse per row, and the summed loss.
     let (lse, lsex) = (to_f64(be, &fo.lse), to_f64(be, &fox.lse));
@@ -987,18 +1004,8 @@ fn bitwise_repeatable() {
     };
     let mut rng = seeded();
     let case = random_case(&mut rng, 300, 96, 1000, DType::BF16, true, 0.1, 4.0);
-    let (e, c, t) = (
-        upload(&be, &case.e),
-        upload(&be, &case.c),
-        upload(&be, &case.targets),
-    );
-    let b = upload(&be, case.bias.as_ref().unwrap());
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: Some(&b),
-        targets: &t,
-    };
+    let dev = DeviceCase::new(&be, &case);
+    let inputs = dev.inputs();
     let run = || {
         let (f, g) = be
             .forward_backward(&inputs, &Options::default(), &Upstream::default())
@@ -1043,18 +1050,8 @@ fn sanitizer_smoke() {
         s.logit_std = 30.0;
         // Filtered: only check that it runs clean; accuracy is judged elsewhere.
         let case = random_case(&mut rng, s.n, s.d, s.v, dtype, true, 0.1, s.logit_std);
-        let (e, c, t) = (
-            upload(&be, &case.e),
-            upload(&be, &case.c),
-            upload(&be, &case.targets),
-        );
-        let b = upload(&be, case.bias.as_ref().unwrap());
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: Some(&b),
-            targets: &t,
-        };
+        let dev = DeviceCase::new(&be, &case);
+        let inputs = dev.inputs();
         let (_, g) = be
             .forward_backward(&inputs, &s.opts, &Upstream::default())
             .unwrap();
@@ -1193,17 +1190,8 @@ fn wgmma_forward_lse_and_loss() {
                 ts[0] = rng.random_range(0..v as i64);
                 case.targets = HostTensor::from_i64(ts);
             }
-            let (e, c, t) = (
-                upload(on, &case.e),
-                upload(on, &case.c),
-                upload(on, &case.targets),
-            );
-            let inputs = Inputs {
-                e: &e,
-                c: &c,
-                bias: None,
-                targets: &t,
-            };
+            let dev = DeviceCase::new(on, &case);
+            let inputs = dev.inputs();
             for reduction in [Reduction::Mean, Reduction::None] {
                 let opts = Options {
                     reduction,
@@ -1270,17 +1258,8 @@ fn wgmma_forward_lse_and_loss() {
     let capped = |on: bool| make(SplitDense, on).with_chunk_cap(64, 128).unwrap();
     let case = random_case(&mut rng, 130, 64, 300, DType::BF16, false, 0.1, 3.0);
     let off = capped(false);
-    let (e, c, t) = (
-        upload(&off, &case.e),
-        upload(&off, &case.c),
-        upload(&off, &case.targets),
-    );
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: None,
-        targets: &t,
-    };
+    let dev = DeviceCase::new(&off, &case);
+    let inputs = dev.inputs();
     let f = off.forward(&inputs, &Options::exact()).unwrap();
     assert!(
         f.stats.plan_reason.starts_with("forward: 6 GEMM tile(s)"),
@@ -1321,18 +1300,8 @@ fn wgmma_forward_lse_and_loss() {
     {
         for dtype in [DType::BF16, DType::F16] {
             let case = random_case(&mut rng, n, d, v, dtype, k != 1, 0.1, 12.0);
-            let (e, c, t) = (
-                upload(&split_on, &case.e),
-                upload(&split_on, &case.c),
-                upload(&split_on, &case.targets),
-            );
-            let b = case.bias.as_ref().map(|b| upload(&split_on, b));
-            let inputs = Inputs {
-                e: &e,
-                c: &c,
-                bias: b.as_ref(),
-                targets: &t,
-            };
+            let dev = DeviceCase::new(&split_on, &case);
+            let inputs = dev.inputs();
             let opts = Options {
                 softcap: if k == 0 { None } else { Some(5.0) },
                 reduction: Reduction::Sum,
@@ -1347,19 +1316,7 @@ fn wgmma_forward_lse_and_loss() {
                 what("plan_reason"),
                 f.stats.plan_reason
             );
-            let oracle = |p: Precision| {
-                naive(
-                    &case.e,
-                    &case.c,
-                    case.bias.as_ref(),
-                    &case.targets,
-                    &opts,
-                    &OracleDLoss::Scalar(1.0),
-                    None,
-                    p,
-                )
-                .unwrap()
-            };
+            let oracle = |p: Precision| unit_upstream_oracle(&case, &opts, p);
             let (gt, rf) = (oracle(Precision::F64), oracle(Precision::SameDtype));
             let tol = dtype.tolerance();
             let lse = to_f64(&split_on, &f.lse);
@@ -1380,18 +1337,8 @@ fn wgmma_forward_lse_and_loss() {
     let fallback = [("D = 40", 40, false, false), ("entropy", 64, true, true)];
     for (label, d, bias, entropy) in fallback {
         let case = random_case(&mut rng, 129, d, 300, DType::BF16, bias, 0.1, 3.0);
-        let (e, c, t) = (
-            upload(&on, &case.e),
-            upload(&on, &case.c),
-            upload(&on, &case.targets),
-        );
-        let b = case.bias.as_ref().map(|b| upload(&on, b));
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: b.as_ref(),
-            targets: &t,
-        };
+        let dev = DeviceCase::new(&on, &case);
+        let inputs = dev.inputs();
         let opts = Options {
             side_outputs: SideOutputs {
                 entropy,
@@ -1405,28 +1352,8 @@ fn wgmma_forward_lse_and_loss() {
             "{label}: {}",
             f.stats.plan_reason
         );
-        let gt = naive(
-            &case.e,
-            &case.c,
-            case.bias.as_ref(),
-            &case.targets,
-            &opts,
-            &OracleDLoss::Scalar(1.0),
-            None,
-            Precision::F64,
-        )
-        .unwrap();
-        let rf = naive(
-            &case.e,
-            &case.c,
-            case.bias.as_ref(),
-            &case.targets,
-            &opts,
-            &OracleDLoss::Scalar(1.0),
-            None,
-            Precision::SameDtype,
-        )
-        .unwrap();
+        let gt = unit_upstream_oracle(&case, &opts, Precision::F64);
+        let rf = unit_upstream_oracle(&case, &opts, Precision::SameDtype);
         let tol = DType::BF16.tolerance();
         judge(label, &to_f64(&on, &f.lse), &gt.lse, &rf.lse, tol, true);
         judge(label, &to_f64(&on, &f.loss), &gt.loss, &rf.loss, tol, true);
@@ -1521,19 +1448,7 @@ fn wgmma_forward_row_groups() {
                 && note.contains(&format!("({groups} row group(s) of up to 128 rows")),
             "{note}"
         );
-        let oracle = |p: Precision| {
-            naive(
-                &case.e,
-                &case.c,
-                None,
-                &case.targets,
-                &opts,
-                &OracleDLoss::Scalar(1.0),
-                None,
-                p,
-            )
-            .unwrap()
-        };
+        let oracle = |p: Precision| unit_upstream_oracle(&case, &opts, p);
         let (gt, rf) = (oracle(Precision::F64), oracle(Precision::SameDtype));
         let what = |o: &str| format!("{dtype} {n}x{d}x{v} row groups: {o}");
         let tol = dtype.tolerance();
@@ -1625,18 +1540,8 @@ fn wgmma_gcols_class_pass() {
             }
             let what = |o: &str| format!("{dtype} {n}x{d}x{v}: {o}");
             let run = |be: &CudaBackend| {
-                let (e, c, t) = (
-                    upload(be, &case.e),
-                    upload(be, &case.c),
-                    upload(be, &case.targets),
-                );
-                let b = case.bias.as_ref().map(|b| upload(be, b));
-                let inputs = Inputs {
-                    e: &e,
-                    c: &c,
-                    bias: b.as_ref(),
-                    targets: &t,
-                };
+                let dev = DeviceCase::new(be, &case);
+                let inputs = dev.inputs();
                 let opts = Options {
                     label_smoothing: 0.1,
                     softcap: if classes == 384 {
@@ -1707,17 +1612,8 @@ fn wgmma_gcols_class_pass() {
     sp.logit_std = 40.0;
     eprintln!("{}", check(&on128, &mut rng, &sp));
     let case = random_case(&mut rng, 130, 64, 300, DType::BF16, false, 0.1, 40.0);
-    let (e, c, t) = (
-        upload(&on128, &case.e),
-        upload(&on128, &case.c),
-        upload(&on128, &case.targets),
-    );
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: None,
-        targets: &t,
-    };
+    let dev = DeviceCase::new(&on128, &case);
+    let inputs = dev.inputs();
     let (f, g) = on128
         .forward_backward(&inputs, &sp.opts, &Upstream::default())
         .unwrap();
