@@ -1,9 +1,13 @@
-// wgmma.cu: WGMMA GEMMs Z = E · Cᵀ on Hopper (sm_90a) whose logits never leave the registers:
-// one persistent main loop (`gemm_tiles`, TMA + mbarrier pipeline, warp-specialized) and two
-// epilogues. (1) The fused forward of forward-only dense calls: each 128 x 256 tile of Z
-// reduced to per-row (max, Σexp) (`LseEpi`, `cce_wgmma_lse[_x]_*`), then one combine pass per
-// row to lse, z_y and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G of a
-// class chunk from the saved lse, written as f16 (`GColsEpi`, `cce_wgmma_gcols[_cap]_*`).
+// wgmma.cu: WGMMA GEMMs Z = E · Cᵀ on Hopper (sm_90a) whose f32 logits never leave the
+// registers: one persistent main loop (`gemm_tiles`, TMA + mbarrier pipeline, warp-specialized)
+// and three epilogues. (1) The fused forward of forward-only dense calls: each 128 x 256 tile
+// of Z reduced to per-row (max, Σexp) (`LseEpi`, `cce_wgmma_lse[_x]_*`), then one combine pass
+// per row to lse, z_y and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G
+// of a class chunk from the saved lse, written as f16 (`GColsEpi`, `cce_wgmma_gcols[_cap]_*`).
+// (3) Split dense's row pass of a forward-and-backward call (bf16): (1) that also stores each
+// q = e^{z − m_tile} as f16 (`cce_wgmma_lseq[_x]_bf16`), the combine, then G = cp·q·e^{m_tile −
+// lse} − cy·[c = y] in place as bf16 (`cce_wgmma_qrows_g[_cap]_bf16`, a memory-bound pass):
+// 2 + 2 + 2 bytes per logit instead of cuBLAS's f32 logits read twice (4 + 4 + 4 + 2).
 // Appended to chunked.cu (same NVRTC module: it uses that file's typedefs u16 / u32 / u64,
 // NEG_INF, FULL_MASK, Elem, bf16_to_f32 / f16_to_f32 / f32_to_f16, cap_z, g_coef and
 // write_row_outputs). The main loop is the device code of the standalone benchmark
@@ -25,8 +29,13 @@
 //   bias, softcap  (lse_x, combine, gcols) bias DT [V] or null; softcap ≤ 0 off. The _x / _cap
 //             epilogues compute z = cap_fast(x + bias); the combine's target logit uses cap_z.
 //   combine   (cce_wgmma_lse_combine_*): partial, N, n_tiles, E, C, D, targets i32 [N]
-//             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], bias, softcap, all of the
-//             row group.
+//             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], bias, softcap, zy_out f32
+//             [N] or null (the capped target logit, 0 for ignored rows), all of the row group.
+//   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then Q u16 [N, ldq] (f16
+//             q; ldq a multiple of 8, ≥ V; 16-byte aligned rows).
+//   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
+//             lse f32 [N], zy f32 [N], targets, dl_rows f32 [N] or null (→ dl_scalar), dlse f32
+//             [N] or null, λ, softcap (> 0 for _cap); no label smoothing (α = 0).
 //   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
 //             V (all classes: label smoothing's α/V), G u16 [N, ldg] (f16; ldg ≥ K even, G
 //             4-byte aligned), bias, softcap, targets i32 [N] (global class or −1), lse f32 [N],
@@ -61,6 +70,8 @@
 //                stores each register pair (i, i + 1) of a row as one f16x2 word.
 //   Ordered epilogues: the consumers take turns through named barriers 1 and 2, so one runs
 //                its epilogue while the other still issues wgmmas.
+//   qrows:   one warp per (row, 256-column tile), lane l the tile's columns 8l..8l+7 (16-byte
+//                load and store); grid (rows, ceil(n_tiles / 8)), 256 threads.
 //   combine: one warp per row (8 rows per 256-thread block): lse = M + log Σ_j s_j e^{m_j − M}
 //                over the row's partials; z_y = Σ_k e[r, k]·c[y, k] in f32 (each lane 2 values
 //                per step of 64, a fixed shuffle tree: deterministic); lane 0 writes lse, loss.
@@ -403,12 +414,19 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
 // (row, tile) in partial [N, n_tiles].
 // EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
-template <int DT, bool EXT>
+// QS (split dense's row pass, `cce_wgmma_lseq[_x]_*`): also each q = e^{z − m} (m the row's
+// max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as f16 into Q [N, ldq] (column
+// c at Q[r·ldq + c], ldq even), the very ex2 values Σexp adds; `cce_wgmma_qrows_g*` turns them
+// into G once the lse is known. Per pair (i, i + 1) of a row one cvt.rn.f16x2 and one 4-byte
+// store; a lone last column (V odd) one 2-byte store; no column ≥ V, no row ≥ N.
+template <int DT, bool EXT, bool QS = false>
 struct LseEpi {
     float2* partial;
     int N, V, n_tiles;
     const void* bias;
     float softcap;
+    u16* Q = nullptr;
+    long long ldq = 0;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
@@ -458,10 +476,33 @@ struct LseEpi {
         float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
-            s0a += ex2_approx(fmaf(d[4 * j], L2E, o0));
-            s0b += ex2_approx(fmaf(d[4 * j + 1], L2E, o0));
-            s1a += ex2_approx(fmaf(d[4 * j + 2], L2E, o1));
-            s1b += ex2_approx(fmaf(d[4 * j + 3], L2E, o1));
+            const float q00 = ex2_approx(fmaf(d[4 * j], L2E, o0));
+            const float q01 = ex2_approx(fmaf(d[4 * j + 1], L2E, o0));
+            const float q10 = ex2_approx(fmaf(d[4 * j + 2], L2E, o1));
+            const float q11 = ex2_approx(fmaf(d[4 * j + 3], L2E, o1));
+            s0a += q00;
+            s0b += q01;
+            s1a += q10;
+            s1b += q11;
+            if (QS) {
+                const int col = cb + 8 * j;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = r0 + 8 * h;
+                    const float lo = h == 0 ? q00 : q10;
+                    const float hi = h == 0 ? q01 : q11;
+                    if (r < N && col < V) {
+                        u16* dst = Q + static_cast<size_t>(r) * ldq + col;
+                        if (col + 1 < V) {
+                            u32 pk;
+                            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(pk) : "f"(hi), "f"(lo));
+                            *reinterpret_cast<u32*>(dst) = pk;
+                        } else {
+                            *dst = f32_to_f16(lo);
+                        }
+                    }
+                }
+            }
         }
         float s0 = s0a + s0b, s1 = s1a + s1b;
         s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
@@ -619,7 +660,7 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
                                             int D, const int* __restrict__ targets, float lambda,
                                             int V, float* __restrict__ lse_out,
                                             float* __restrict__ loss_out, const void* bias,
-                                            float softcap) {
+                                            float softcap, float* __restrict__ zy_out) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -657,9 +698,77 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
         if (bias != nullptr) zy += Elem<DT>::load(bias, y);
         zy = cap_z(zy, softcap, softcap > 0.0f ? 1.0f / softcap : 0.0f);
     }
-    if (lane == 0)
+    if (lane == 0) {
         write_row_outputs(row, y, lse, zy, 0.0f, 0.0f, 0x7fffffff, 0.0f, lambda, V, lse_out,
                           loss_out, nullptr, nullptr);
+        if (zy_out != nullptr) zy_out[row] = zy;
+    }
+}
+
+// Split dense's row pass after `cce_wgmma_lseq[_x]_*` and the combine: G of each row, from the
+// f16 q = e^{z − m_j} of column tile j (m_j = partial[r·n_tiles + j].x) and the row's lse:
+// p = q·e^{m_j − lse}, G = cp·p − cy·[c = y] (g_coef with α = 0: no label smoothing), written
+// in place over q as bf16 (same row stride ldq). CAP (softcap s > 0): times 1 − (z/s)², z =
+// m_j + ln q clamped to [−s, s] (q = 0 gives z = −s and G = 0: such an entry's p is under
+// 2⁻²⁴·e^{m_j − lse}). The target entry uses the combine's exact z_y instead: p_y =
+// e^{z_y − lse} and its own factor. Inactive rows (no loss or lse gradient) get exact zeros, as
+// every column ≥ V of the last 8-column group.
+// Thread mapping: one warp per (row, column tile): lane l owns the 8 columns 256·j + 8·l (one
+// 16-byte load of q, one 16-byte store of G; ldq a multiple of 8 and ≥ V rounded up to 8, so a
+// group never crosses the row's end); blockIdx.x = row, blockIdx.y·8 + warp = tile.
+template <bool CAP>
+__device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int V, int n_tiles,
+                                        const float2* __restrict__ partial,
+                                        const float* __restrict__ lse_in,
+                                        const float* __restrict__ zy_in,
+                                        const int* __restrict__ targets, const float* dl_rows,
+                                        float dl_scalar, const float* dlse, float lambda,
+                                        float softcap) {
+    constexpr float L2E = 1.4426950408889634f;
+    constexpr float LN2 = 0.6931471805599453f;
+    const long long r = blockIdx.x;
+    const int tile = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
+    if (tile >= n_tiles) return;
+    const int c0 = tile * BN + 8 * (threadIdx.x % 32);
+    if (c0 >= V) return;
+    const int y = targets[r];
+    const float l = lse_in[r];
+    const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, l, 0.0f, lambda, V);
+    const float m = partial[r * n_tiles + tile].x;
+    const float f = c.cp * ex2_approx((m - l) * L2E);  // cp·e^{m_j − lse}
+    const float inv_cap = CAP ? 1.0f / softcap : 0.0f;
+    u16* q = Q + r * ldq + c0;
+    const uint4 raw = *reinterpret_cast<const uint4*>(q);
+    const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+    u32 out[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float g[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = c0 + 2 * k + e;
+            const float qv = f16_to_f32(static_cast<u16>(e == 0 ? (w[k] & 0xffffu) : (w[k] >> 16)));
+            float gv = f * qv;
+            if (CAP) {
+                float z = fmaf(__log2f(qv), LN2, m);
+                z = fminf(fmaxf(z, -softcap), softcap);
+                const float t = z * inv_cap;
+                gv *= 1.0f - t * t;
+            }
+            if (col == y) {
+                const float zy = zy_in[r];
+                float gy = c.cp * ex2_approx((zy - l) * L2E) - c.cy;
+                if (CAP) {
+                    const float t = zy * inv_cap;
+                    gy *= 1.0f - t * t;
+                }
+                gv = gy;
+            }
+            g[e] = (c.active && col < V) ? gv : 0.0f;
+        }
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(g[1]), "f"(g[0]));
+    }
+    *reinterpret_cast<uint4*>(q) = make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 }  // namespace cce_wg
@@ -671,7 +780,7 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
 #define WG_COMBINE_PARAMS                                                                        \
     const float2 *partial, int N, int n_tiles, const u16 *e, const u16 *c, int D,                 \
         const int *targets, float lambda, int V, float *lse_out, float *loss_out,                \
-        const void *bias, float softcap
+        const void *bias, float softcap, float *zy_out
 
 // cce_wgmma_lse_*: no bias, no softcap (bias / softcap ignored); cce_wgmma_lse_x_*: either.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_bf16(WG_LSE_PARAMS) {
@@ -686,13 +795,38 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_f16(WG_LSE_PARAMS) {
     cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
 }
+// Split dense's row pass (bf16 only): the lse epilogue that also stores f16 q (`LseEpi`, QS),
+// then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
+#define WG_LSEQ_PARAMS WG_LSE_PARAMS, u16 *Q, long long ldq
+#define WG_LSEQ_BODY(EXT)                                                                        \
+    const cce_wg::LseEpi<2, EXT, true> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
+                                           bias,    softcap, Q, ldq};                            \
+    cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, ordered_epi, epi)
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_bf16(WG_LSEQ_PARAMS) {
+    WG_LSEQ_BODY(false);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_x_bf16(WG_LSEQ_PARAMS) {
+    WG_LSEQ_BODY(true);
+}
+#define WG_QROWS_PARAMS                                                                          \
+    u16 *Q, long long ldq, int V, int n_tiles, const float2 *partial, const float *lse_in,        \
+        const float *zy_in, const int *targets, const float *dl_rows, float dl_scalar,           \
+        const float *dlse, float lambda, float softcap
+#define WG_QROWS_ARGS                                                                            \
+    Q, ldq, V, n_tiles, partial, lse_in, zy_in, targets, dl_rows, dl_scalar, dlse, lambda, softcap
+extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_bf16(WG_QROWS_PARAMS) {
+    cce_wg::qrows_g<false>(WG_QROWS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_cap_bf16(WG_QROWS_PARAMS) {
+    cce_wg::qrows_g<true>(WG_QROWS_ARGS);
+}
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
-                           bias, softcap);
+                           bias, softcap, zy_out);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
-                           bias, softcap);
+                           bias, softcap, zy_out);
 }
 
 #define WG_GCOLS_PARAMS                                                                          \

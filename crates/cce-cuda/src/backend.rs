@@ -136,6 +136,7 @@ pub struct CudaBackend {
     wgmma_forward: bool,
     /// Split dense's class pass takes the WGMMA `G` epilogue where it applies.
     wgmma_gcols: bool,
+    wgmma_rows: bool,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -351,6 +352,7 @@ impl CudaBackend {
             sparse: SparseMode::Auto,
             wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: crate::chunked::WGMMA_GCOLS_DEFAULT,
+            wgmma_rows: crate::chunked::WGMMA_ROWS_DEFAULT,
         })
     }
 
@@ -385,6 +387,21 @@ impl CudaBackend {
     /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.
     pub fn with_wgmma_gcols(mut self, on: bool) -> Self {
         self.wgmma_gcols = on;
+        self
+    }
+
+    /// With `true`, split dense's row pass of a forward-and-backward call (the `d_e` half of an
+    /// exact or dense-fallback call) computes each row chunk's logits in a WGMMA GEMM whose
+    /// epilogue writes the per-tile (max, Σexp) and each `e^{z − m}` as f16
+    /// (`kernels/wgmma.cu` `cce_wgmma_lseq_*`), then the lse and `G` in place
+    /// (`cce_wgmma_qrows_g_*`), where it applies: compute capability 9.0, bf16 inputs and `G`,
+    /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at most
+    /// [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
+    /// GEMM and the forward and backward row kernels. The call's `plan_reason` says which ran.
+    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`]; the environment variable
+    /// `CCE_CUDA_WGMMA_ROWS=0` turns it off regardless.
+    pub fn with_wgmma_rows(mut self, on: bool) -> Self {
+        self.wgmma_rows = on;
         self
     }
 
@@ -1483,7 +1500,7 @@ fn dense_call<'a>(
     p: &'a Prepared,
     inputs: &'a Inputs<'a, CudaTensor>,
     opts: &'a Options,
-    (wgmma_forward, wgmma_gcols): (bool, bool),
+    (wgmma_forward, wgmma_gcols, wgmma_rows): (bool, bool, bool),
 ) -> BackendCall<'a> {
     BackendCall {
         plan: &p.plan,
@@ -1493,6 +1510,7 @@ fn dense_call<'a>(
         opts,
         wgmma_forward,
         wgmma_gcols,
+        wgmma_rows,
     }
 }
 
@@ -1536,7 +1554,12 @@ impl Backend for CudaBackend {
         let p = self.prepare(inputs, opts)?;
         if let Some(engine) = self.dense_engine(&p)? {
             let (fwd, _) = engine.backend_run(
-                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
+                &dense_call(
+                    &p,
+                    inputs,
+                    opts,
+                    (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
+                ),
                 None,
                 None,
             )?;
@@ -1558,7 +1581,12 @@ impl Backend for CudaBackend {
         if let Some(engine) = self.dense_engine(&p)? {
             self.check_owned("lse", lse)?;
             let (_, bwd) = engine.backend_run(
-                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
+                &dense_call(
+                    &p,
+                    inputs,
+                    opts,
+                    (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
+                ),
                 Some(lse),
                 Some(upstream),
             )?;
@@ -1577,7 +1605,12 @@ impl Backend for CudaBackend {
         if let Some(engine) = self.dense_engine(&p)? {
             // One call: 3 GEMMs per row chunk (the logits are not recomputed).
             let (fwd, bwd) = engine.backend_run(
-                &dense_call(&p, inputs, opts, (self.wgmma_forward, self.wgmma_gcols)),
+                &dense_call(
+                    &p,
+                    inputs,
+                    opts,
+                    (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
+                ),
                 None,
                 Some(upstream),
             )?;

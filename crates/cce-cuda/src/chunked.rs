@@ -104,6 +104,13 @@ pub const WGMMA_FORWARD_ENV: &str = "CCE_CUDA_WGMMA_FORWARD";
 pub const WGMMA_GCOLS_DEFAULT: bool = true;
 /// Environment variable that turns the class pass's WGMMA `G` epilogue off when set to `0`.
 pub const WGMMA_GCOLS_ENV: &str = "CCE_CUDA_WGMMA_GCOLS";
+/// Whether split dense's row pass in a forward-and-backward call takes the WGMMA GEMM with the
+/// lse partials and f16 `e^{z − m}` in its epilogue where it applies
+/// ([`DenseConfig::wgmma_rows`], [`DenseEngine::wgmma_rows_unfit`]); [`WGMMA_ROWS_ENV`]`=0`
+/// turns it off regardless.
+pub const WGMMA_ROWS_DEFAULT: bool = true;
+/// Environment variable that turns the row pass's WGMMA epilogue off when set to `0`.
+pub const WGMMA_ROWS_ENV: &str = "CCE_CUDA_WGMMA_ROWS";
 /// Largest softcap the WGMMA epilogues take: their `cap_fast` (`wgmma.cu`) has an absolute
 /// error of a few `s·2⁻²²` (~1e-5 at 30, under the f32 logits' own rounding); above this the
 /// class tiles / cuBLAS class pass with `tanhf` run instead.
@@ -121,6 +128,8 @@ const WGMMA_SMEM_BYTES: usize = 4 * (WGMMA_BM + WGMMA_BN) * WGMMA_BK * 2 + 1024 
 const WGMMA_GROUP_M: i32 = 16;
 /// Threads (one warp per row) of `cce_wgmma_lse_combine_*`.
 const WGMMA_COMBINE_THREADS: u32 = 256;
+/// Threads (one warp per 256-column tile of a row) of `cce_wgmma_qrows_g*`.
+const WGMMA_QROWS_THREADS: u32 = 256;
 
 /// A `CUtensorMap` as a kernel argument: the 128 opaque bytes `cuTensorMapEncodeTiled`
 /// wrote, passed by value (`const __grid_constant__ TmaDesc` in `wgmma.cu`, 64-byte aligned).
@@ -417,6 +426,13 @@ pub struct DenseConfig {
     /// ([`DenseEngine::wgmma_gcols_classes`]); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
     /// Default [`WGMMA_GCOLS_DEFAULT`]; [`WGMMA_GCOLS_ENV`]`=0` turns it off regardless.
     pub wgmma_gcols: bool,
+    /// Split dense's row pass of a forward-and-backward call computes the logits in a WGMMA
+    /// GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then `G` in place
+    /// (`cce_wgmma_lseq*`, `cce_wgmma_qrows_g*`), where it applies
+    /// ([`DenseEngine::wgmma_rows_unfit`]); else a cuBLAS f32 logits GEMM and the forward and
+    /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`]; [`WGMMA_ROWS_ENV`]`=0` turns it
+    /// off regardless.
+    pub wgmma_rows: bool,
 }
 
 impl DenseConfig {
@@ -468,6 +484,7 @@ impl DenseConfig {
             class_forward: plan.forward,
             wgmma_forward: WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: WGMMA_GCOLS_DEFAULT,
+            wgmma_rows: WGMMA_ROWS_DEFAULT,
         })
     }
 
@@ -811,6 +828,9 @@ pub struct DenseStats {
     pub forward: Option<String>,
     /// How split dense's class pass computed `G` (the WGMMA epilogue, or why not).
     pub class_pass: Option<String>,
+    /// How split dense's row pass of a forward-and-backward call computed the logits, the lse
+    /// and `G` (the WGMMA epilogue, or why not).
+    pub row_pass_note: Option<String>,
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1062,6 +1082,14 @@ impl DenseEngine {
                 names.push(format!("cce_wgmma_gcols_{dt}"));
                 names.push(format!("cce_wgmma_gcols_cap_{dt}"));
             }
+            for n in [
+                "cce_wgmma_lseq_bf16",
+                "cce_wgmma_lseq_x_bf16",
+                "cce_wgmma_qrows_g_bf16",
+                "cce_wgmma_qrows_g_cap_bf16",
+            ] {
+                names.push(n.into());
+            }
         }
         for n in [
             "cce_dense_convert_f16",
@@ -1088,6 +1116,7 @@ impl DenseEngine {
         for (name, f) in &funcs {
             if (name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_"))
                 || name.starts_with("cce_wgmma_gcols_")
+                || name.starts_with("cce_wgmma_lseq_")
             {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -1759,6 +1788,31 @@ impl DenseEngine {
         if reuse_rows > 0 {
             stats.chunks = chunks.len();
         }
+        // Split dense's row pass through the WGMMA epilogue (chunks whose logits a sparse
+        // backward left in place keep the row kernels).
+        let wg_rows = if split && forward && backward && chunks.iter().any(|c| !c.2) {
+            match self.wgmma_rows_unfit(cfg, g_mode, (e_ptr, c_ptr)) {
+                None => {
+                    let wg_chunks = chunks.iter().filter(|c| !c.2).count();
+                    stats.row_pass_note = Some(format!(
+                        "row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its \
+                         epilogue, then G in place ({wg_chunks} chunk(s) of up to {} rows, no f32 \
+                         logits in memory)",
+                        chunk.min(n)
+                    ));
+                    Some(self.tensor_map(dt, c_ptr, v, d, WGMMA_BN)?)
+                }
+                Some(why) => {
+                    stats.row_pass_note = Some(format!(
+                        "row pass: cuBLAS f32 logits, forward and backward row kernels (no WGMMA \
+                         epilogue: {why})"
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut prof = if chunks.is_empty() {
             None
         } else {
@@ -1767,15 +1821,30 @@ impl DenseEngine {
         for (ci, &(r0, rows, reused)) in chunks.iter().enumerate() {
             let rows_u = rows as u32;
             let e_r = e_ptr + (r0 * d * esz) as u64;
-            // (1) logits.
-            if !reused {
-                self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
-                PhaseTimer::mark(&mut prof, "logits GEMM")?;
-            }
             let off4 = (r0 * 4) as u64;
             let t_r = t_ptr + off4;
             let row0 = r0 as i64;
-            if let Some((cs, slice)) = fused {
+            // G's row stride in elements: ld for the WGMMA row pass (16-bit q then G, rows of
+            // ld·2 bytes), ld·4 / sizeof(G) written over the f32 logits otherwise.
+            let mut ldg_c = ldg;
+            if let (Some(tm_c), false) = (&wg_rows, reused) {
+                // (1)+(2)+(3): logits, lse and G without f32 logits.
+                self.row_pass_wgmma(
+                    cfg,
+                    tm_c,
+                    (r0, rows, chunk),
+                    (e_r, c_ptr, l_ptr, ld),
+                    &row_args,
+                    (saved_lse_ptr, upstream_rows, dl_scalar, dlse_ptr),
+                    &mut prof,
+                )?;
+                ldg_c = ld;
+            } else if let Some((cs, slice)) = fused {
+                if !reused {
+                    // (1) logits.
+                    self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+                    PhaseTimer::mark(&mut prof, "logits GEMM")?;
+                }
                 // (2)+(3) fused.
                 let f = self.func(&format!("cce_dense_fused_{code}_c{cs}"))?;
                 let slice_i = slice as i32;
@@ -1831,6 +1900,11 @@ impl DenseEngine {
                 unsafe { b.launch(cfg_l) }.map_err(drv)?;
                 PhaseTimer::mark(&mut prof, "fused rows")?;
             } else {
+                if !reused {
+                    // (1) logits.
+                    self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+                    PhaseTimer::mark(&mut prof, "logits GEMM")?;
+                }
                 if forward && !reused {
                     // (2) forward rows.
                     self.fwd_rows(f_fwd, &row_args, r0, rows, l_ptr)?;
@@ -1895,7 +1969,7 @@ impl DenseEngine {
                             (v, d, rows),
                             (dt, g_ty, out_ty),
                             (c_ptr, l_ptr, de_r),
-                            ldg,
+                            ldg_c,
                         )?,
                         _ => {
                             // f16 G' (scaled per row) times c in f16 into f32 rows, then
@@ -2189,6 +2263,7 @@ impl DenseEngine {
         let n_tiles_i = to_i32(n_tiles, "class tiles")?;
         let tm_c = self.tensor_map(cfg.dtype, c, v, d, WGMMA_BN)?;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
+        let no_zy = 0u64;
         let mut grid_max = 0u32;
         for r0 in (0..n).step_by(group) {
             let rows = group.min(n - r0);
@@ -2248,12 +2323,13 @@ impl DenseEngine {
                 .arg(&lse_r)
                 .arg(&loss_r)
                 .arg(&a.bias)
-                .arg(&a.softcap);
+                .arg(&a.softcap)
+                .arg(&no_zy);
             // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the partials
             // of the group's rows were written by the launch above (stream order); e_r holds
             // rows x D and c V x D 16-bit values (4-byte aligned: D is even); the targets
             // (class < V or −1), lse and loss rows are the [N] arrays offset to row r0, holding
-            // `rows` more; bias holds V values or is 0.
+            // `rows` more; bias holds V values or is 0; no z_y output (null).
             unsafe {
                 b.launch(LaunchConfig {
                     grid_dim: (blocks, 1, 1),
@@ -2270,6 +2346,192 @@ impl DenseEngine {
             n.div_ceil(group),
             group.min(n),
         ))
+    }
+
+    /// Why split dense's row pass cannot take the WGMMA epilogue (`cce_wgmma_lseq*` and
+    /// `cce_wgmma_qrows_g*`, [`DenseConfig::wgmma_rows`]) for `cfg` with inputs at `e`, `c`
+    /// and the row pass's `G` mode `g_mode`; `None` when it can. Besides `wgmma_unfit`'s
+    /// conditions: bf16 inputs only (f16 `G` would round twice), `G` in the input dtype
+    /// (`g_mode` 0: not the f16 `G` of a budget with an f16 copy of `c`), no label smoothing
+    /// (the combine has no `Σz`), no entropy or argmax, and at most 65535·8 class tiles (the
+    /// `G` pass's grid). The caller checks the mode (forward and backward in one call).
+    pub fn wgmma_rows_unfit(
+        &self,
+        cfg: &DenseConfig,
+        g_mode: u8,
+        (e, c): (u64, u64),
+    ) -> Option<&'static str> {
+        let env_off = std::env::var(WGMMA_ROWS_ENV).as_deref() == Ok("0");
+        if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_rows && !env_off, (e, c), cfg.v) {
+            return Some(why);
+        }
+        Some(if cfg.dtype != DType::BF16 {
+            "f16 inputs (f16 G from f16 e^(z - max) would round twice)"
+        } else if g_mode != 0 {
+            "f16 G for d_e (the budget's f16 copy of c)"
+        } else if cfg.label_smoothing != 0.0 {
+            "label smoothing"
+        } else if cfg.want_entropy || cfg.want_argmax {
+            "entropy / argmax requested"
+        } else if cfg.v.div_ceil(WGMMA_BN).div_ceil(8) > 65535 {
+            "V past the G pass's grid"
+        } else {
+            return None;
+        })
+    }
+
+    /// Split dense's row pass for rows `r0..r0 + rows` of a forward-and-backward call through
+    /// the WGMMA epilogue (`kernels/wgmma.cu` (3)); `chunk` the plan's chunk rows, whose
+    /// `chunk·ld·4`-byte logits region at `l_ptr` holds, in order, q then `G` (`rows x ld`
+    /// 16-bit, row stride `ld`), the float2 partials (`rows x ceil(V/256)`) and the target
+    /// logits (`rows` f32). Launches `cce_wgmma_lseq[_x]_bf16` (logits, per-tile (max, Σexp),
+    /// f16 `e^{z − max}`), `cce_wgmma_lse_combine_bf16` (lse, loss rows and `z_y` of `a`), then
+    /// `cce_wgmma_qrows_g[_cap]_bf16` (`G` in place, from the lse at `up.0` with the upstream
+    /// gradients `up.1..`), on the engine's stream. `d_e` then reads `G` with row stride `ld`.
+    /// The caller checked [`DenseEngine::wgmma_rows_unfit`].
+    #[allow(clippy::too_many_arguments)]
+    fn row_pass_wgmma(
+        &self,
+        cfg: &DenseConfig,
+        tm_c: &TmaDesc,
+        (r0, rows, chunk): (usize, usize, usize),
+        (e_r, c, l_ptr, ld): (u64, u64, u64, usize),
+        a: &RowArgs,
+        (lse, dl_rows, dl_scalar, dlse): (u64, u64, f32, u64),
+        prof: &mut Option<PhaseTimer>,
+    ) -> Result<()> {
+        let (d, v) = (cfg.d, cfg.v);
+        let n_tiles = v.div_ceil(WGMMA_BN);
+        // The three regions fit the chunk's f32 region: 2·ld ≥ 8·n_tiles + 4 for every V ≥ 1
+        // (ld ≥ max(V, 8) rounded up to 8).
+        let q_bytes = chunk * ld * 2;
+        let p_bytes = chunk * n_tiles * 8;
+        if rows > chunk || q_bytes + p_bytes + chunk * 4 > chunk * ld * 4 {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "the WGMMA row pass's regions do not fit the logits chunk".into(),
+            });
+        }
+        let (q, partial) = (l_ptr, l_ptr + q_bytes as u64);
+        let zy = partial + p_bytes as u64;
+        let ext = a.bias != 0 || a.softcap > 0.0;
+        let f_lse = self.func(if ext {
+            "cce_wgmma_lseq_x_bf16"
+        } else {
+            "cce_wgmma_lseq_bf16"
+        })?;
+        let f_comb = self.func("cce_wgmma_lse_combine_bf16")?;
+        let f_g = self.func(if a.softcap > 0.0 {
+            "cce_wgmma_qrows_g_cap_bf16"
+        } else {
+            "cce_wgmma_qrows_g_bf16"
+        })?;
+        let (rows_i, v_i, d_i) = (to_i32(rows, "rows")?, to_i32(v, "V")?, to_i32(d, "D")?);
+        let n_tiles_i = to_i32(n_tiles, "class tiles")?;
+        let ldq = ld as i64;
+        let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
+        let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.sm_count.max(1)) as u32;
+        let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
+        let mut b = self.stream.launch_builder(f_lse);
+        b.arg(&tm_e)
+            .arg(tm_c)
+            .arg(&rows_i)
+            .arg(&v_i)
+            .arg(&d_i)
+            .arg(&partial)
+            .arg(&group_m)
+            .arg(&ordered)
+            .arg(&a.bias)
+            .arg(&a.softcap)
+            .arg(&q)
+            .arg(&ldq);
+        // SAFETY: argument types and order match WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then
+        // the u16 q pointer and i64 ldq); the maps describe live [rows, D] / [V, D] bf16
+        // row-major buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
+        // `wgmma_rows_unfit`), so TMA reads nothing outside them; q (rows x ld u16, ld ≥ V) and
+        // the partials (rows x n_tiles float2) lie in the chunk's logits region (checked
+        // above); 384 threads and WGMMA_SMEM_BYTES of dynamic shared memory, the attribute set
+        // at construction; grid ≤ the tile count, so every CTA has a tile.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (grid.max(1), 1, 1),
+                block_dim: (WGMMA_THREADS, 1, 1),
+                shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+            })
+        }
+        .map_err(drv)?;
+        PhaseTimer::mark(prof, "WGMMA logits + lse partials + q")?;
+        let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
+        let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
+        let blocks =
+            u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| CceError::ResourceLimit {
+                resource: "CUDA grid blocks".into(),
+                requested: rows.div_ceil(rows_per_block) as u64,
+                max: u32::MAX as u64,
+            })?;
+        let mut b = self.stream.launch_builder(f_comb);
+        b.arg(&partial)
+            .arg(&rows_i)
+            .arg(&n_tiles_i)
+            .arg(&e_r)
+            .arg(&c)
+            .arg(&d_i)
+            .arg(&t_r)
+            .arg(&a.lambda)
+            .arg(&v_i)
+            .arg(&lse_r)
+            .arg(&loss_r)
+            .arg(&a.bias)
+            .arg(&a.softcap)
+            .arg(&zy);
+        // SAFETY: argument types and order match WG_COMBINE_PARAMS; the partials were written by
+        // the launch above (stream order); e_r holds rows x D and c V x D bf16 values (4-byte
+        // aligned: D is even); targets (class < V or −1), lse and loss rows are the [N] arrays
+        // offset to row r0, holding `rows` more; bias holds V values or is 0; zy holds `rows`
+        // f32 in the chunk's region (checked above).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        PhaseTimer::mark(prof, "combine (lse, loss)")?;
+        let off4 = (r0 * 4) as u64;
+        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+        let (lse_g, dl_r, dlse_r) = (lse + off4, at(dl_rows), at(dlse));
+        let warps = WGMMA_QROWS_THREADS as usize / 32;
+        let mut b = self.stream.launch_builder(f_g);
+        b.arg(&q)
+            .arg(&ldq)
+            .arg(&v_i)
+            .arg(&n_tiles_i)
+            .arg(&partial)
+            .arg(&lse_g)
+            .arg(&zy)
+            .arg(&t_r)
+            .arg(&dl_r)
+            .arg(&dl_scalar)
+            .arg(&dlse_r)
+            .arg(&a.lambda)
+            .arg(&a.softcap);
+        // SAFETY: argument types and order match WG_QROWS_PARAMS; q holds rows x ld f16 written
+        // by the WGMMA launch (columns < V; a thread's 8-column group ends at or before ld, ld
+        // a multiple of 8), rewritten in place as bf16; partials, zy and the lse (written by
+        // the combine, or the caller's) hold the chunk's rows; the upstream arrays are [N]
+        // offset to r0 or 0; grid (rows, ceil(n_tiles / 8)) with n_tiles / 8 ≤ 65535
+        // (`wgmma_rows_unfit`).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows as u32, n_tiles.div_ceil(warps) as u32, 1),
+                block_dim: (WGMMA_QROWS_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        PhaseTimer::mark(prof, "G from q")?;
+        Ok(())
     }
 
     /// A 2-D TMA tensor map of the row-major `[rows, d]` 16-bit matrix at `ptr`: boxes of
@@ -3536,6 +3798,9 @@ pub(crate) struct BackendCall<'a> {
     pub wgmma_forward: bool,
     /// Split dense's class pass may take the WGMMA `G` epilogue ([`DenseConfig::wgmma_gcols`]).
     pub wgmma_gcols: bool,
+    /// Split dense's row pass may take the WGMMA lse and `e^{z − m}` epilogue
+    /// ([`DenseConfig::wgmma_rows`]).
+    pub wgmma_rows: bool,
 }
 
 type BackendOutputs = (
@@ -3583,6 +3848,7 @@ impl DenseEngine {
         let mut cfg = DenseConfig::from_plan(call.plan, call.opts)?;
         cfg.wgmma_forward = call.wgmma_forward;
         cfg.wgmma_gcols = call.wgmma_gcols;
+        cfg.wgmma_rows = call.wgmma_rows;
         if up.is_none() {
             // Forward only: no sparse backward, so none of its workspace.
             cfg.sparse = None;
@@ -3742,10 +4008,14 @@ impl DenseEngine {
             let mut stats = self.base_stats(call, ws_bytes);
             // What ran, before the plan: the sparse backward (or why it gave way), then how
             // the class pass computed G.
-            let notes: Vec<&str> = [dstats.sparse.as_deref(), dstats.class_pass.as_deref()]
-                .into_iter()
-                .flatten()
-                .collect();
+            let notes: Vec<&str> = [
+                dstats.sparse.as_deref(),
+                dstats.row_pass_note.as_deref(),
+                dstats.class_pass.as_deref(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
             if !notes.is_empty() {
                 stats.plan_reason = format!("{}; plan: {}", notes.join("; "), stats.plan_reason);
             }

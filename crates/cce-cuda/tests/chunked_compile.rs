@@ -61,6 +61,12 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
                 let want = arch == "sm_90a" && dt != "f32";
                 assert_eq!(has_symbol(&cubin, &sym), want, "{arch}: {sym}");
             }
+            // Split dense's WGMMA row pass: bf16 only.
+            for k in ["lseq", "lseq_x", "qrows_g", "qrows_g_cap"] {
+                let sym = format!("cce_wgmma_{k}_{dt}");
+                let want = arch == "sm_90a" && dt == "bf16";
+                assert_eq!(has_symbol(&cubin, &sym), want, "{arch}: {sym}");
+            }
         }
     }
     for section in ["Parameters", "Tiling", "Thread mapping"] {

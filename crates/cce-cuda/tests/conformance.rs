@@ -1412,6 +1412,7 @@ fn wgmma_forward_row_groups() {
             class_forward: None,
             wgmma_forward: true,
             wgmma_gcols: true,
+            wgmma_rows: true,
         };
         let mut ws = DenseWorkspace::new(&engine, &cfg).unwrap();
         let (e, c) = (upload(&be, &case.e), upload(&be, &case.c));
@@ -1634,5 +1635,166 @@ fn wgmma_gcols_class_pass() {
         &to_f64(&on128, &fo.lse),
         &to_f64(&on128, &f.lse),
         1e-5,
+    );
+}
+
+/// Split dense's row pass through the WGMMA epilogue (`kernels/wgmma.cu` (3):
+/// `cce_wgmma_lseq*`, the combine, `cce_wgmma_qrows_g*`) on hostile shapes: one row and seven
+/// classes, rows past a 128-row tile and off the 64-row chunks, V under one 256-class tile,
+/// exactly one, 5003 (a partial last tile, odd), D = 64-576; bias, softcap 8 / 30 / 50 and
+/// z-loss in turn. Per shape: `plan_reason`, then lse, loss and `d_e` next to the cuBLAS row
+/// pass of the same inputs (switch off), then three of the option variants (side outputs off,
+/// so that the epilogue applies where it can) judged against the f64 oracle. Also: a filtered
+/// call on flat data whose sparse backward gives way to the dense passes, and where it must not apply (f16, label smoothing,
+/// entropy) the old path's reason.
+#[test]
+fn wgmma_row_pass() {
+    use cce_core::StrategyKind::SplitDense;
+    let Some(be) = backend("wgmma_row_pass") else {
+        return;
+    };
+    let expected = be.arch() == "sm_90a"
+        && std::env::var(cce_cuda::chunked::WGMMA_ROWS_ENV).as_deref() != Ok("0");
+    if !expected {
+        eprintln!(
+            "wgmma_row_pass: {} (or switched off): only the fallback is checked",
+            be.arch()
+        );
+    }
+    let make = |on: bool| {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[SplitDense])
+            .unwrap()
+            .with_chunk_cap(64, 128)
+            .unwrap()
+            .with_wgmma_rows(on)
+    };
+    let (on, off) = (make(true), make(false));
+    let mut rng = seeded();
+    let shapes = [
+        (1, 64, 7),
+        (129, 128, 5003),
+        (300, 576, 600),
+        (130, 64, 257),
+        (257, 192, 1000),
+        (64, 64, 256),
+    ];
+    let run = |be: &CudaBackend, case: &Case, opts: &Options| {
+        let dev = DeviceCase::new(be, case);
+        let inputs = dev.inputs();
+        let up = Upstream {
+            d_loss: DLoss::Scalar(1.0),
+            d_lse: None,
+        };
+        let (f, g) = be
+            .forward_backward(&inputs, opts, &up)
+            .unwrap_or_else(|err| panic!("forward_backward: {err}"));
+        (
+            g.stats.plan_reason.clone(),
+            to_f64(be, &f.lse),
+            to_f64(be, &f.loss),
+            to_f64(be, g.d_e.as_ref().unwrap()),
+        )
+    };
+    // |x − y| ≤ tol · max |y| elementwise.
+    let close_max = |what: &str, a: &[f64], b: &[f64], tol: f64| {
+        let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= tol * scale,
+                "{what}: [{i}] {x} vs {y} (max {scale})"
+            );
+        }
+    };
+    for (i, &(n, d, v)) in shapes.iter().enumerate() {
+        let bias = i % 2 == 1;
+        let mut case = random_case(&mut rng, n, d, v, DType::BF16, bias, 0.1, 3.0);
+        let mut ts = case.targets.to_i64_vec().unwrap();
+        if ts.iter().all(|&y| y < 0) {
+            ts[0] = rng.random_range(0..v as i64);
+            case.targets = HostTensor::from_i64(ts);
+        }
+        let opts = Options {
+            softcap: [None, Some(30.0), None, Some(8.0), None, Some(50.0)][i],
+            z_loss: if i == 2 { 1e-2 } else { 0.0 },
+            ..Options::exact()
+        };
+        let what = |o: &str| format!("bf16 {n}x{d}x{v} {opts:?}: {o}");
+        let (reason, lse, loss, de) = run(&on, &case, &opts);
+        assert_eq!(
+            reason.contains("row pass: WGMMA GEMM with the lse partials"),
+            expected,
+            "{}: {reason}",
+            what("plan_reason")
+        );
+        let (reason_off, lse_off, loss_off, de_off) = run(&off, &case, &opts);
+        assert!(
+            reason_off.contains("row pass: cuBLAS f32 logits")
+                && reason_off.contains("switched off"),
+            "{}: {reason_off}",
+            what("switch off")
+        );
+        close_rows(&what("lse vs cuBLAS row pass"), &lse, &lse_off, 1e-5);
+        close_rows(&what("loss vs cuBLAS row pass"), &loss, &loss_off, 1e-4);
+        // Both round G to bf16 once; q's f16 rounding (2⁻¹²) and the summation order differ.
+        close_max(&what("d_e vs cuBLAS row pass"), &de, &de_off, 2e-2);
+        // The options, judged against the f64 oracle: all of them on the first shape, three per
+        // shape after it.
+        let vs = variants(n, d, v, DType::BF16);
+        let count = vs.len();
+        let picks: Vec<usize> = if n == 1 {
+            (0..count).collect()
+        } else {
+            (0..3).map(|j| (i + j * 5) % count).collect()
+        };
+        for (j, mut sp) in vs.into_iter().enumerate() {
+            if picks.contains(&j) && !(n == 1 && sp.label == "grad_f32+peaked") {
+                sp.opts.side_outputs = SideOutputs::default();
+                eprintln!("{}", check(&on, &mut rng, &sp));
+            }
+        }
+    }
+    // A filtered call on flat data: the sparse backward's probe keeps every class, so it gives
+    // way to the dense passes (a probe that fits one row chunk leaves its f32 logits to the row
+    // kernels; the other chunks take the epilogue). Nothing is skipped: the exact result.
+    let case = random_case(&mut rng, 200, 128, 5003, DType::BF16, false, 0.0, 0.05);
+    let (reason, lse, _, de) = run(&on, &case, &Options::default());
+    let (_, lse_x, _, de_x) = run(&off, &case, &Options::exact());
+    assert!(
+        !expected || reason.contains("row pass: WGMMA GEMM with the lse partials"),
+        "filtered flat: {reason}"
+    );
+    eprintln!("filtered flat: {reason}");
+    close_rows("filtered flat: lse", &lse, &lse_x, 1e-5);
+    close_max("filtered flat: d_e vs exact", &de, &de_x, 2e-2);
+    // Where the epilogue must not run: f16 inputs, label smoothing, entropy.
+    let case16 = random_case(&mut rng, 70, 64, 300, DType::F16, false, 0.0, 3.0);
+    let (r16, ..) = run(&on, &case16, &Options::exact());
+    assert!(
+        r16.contains("row pass: cuBLAS f32 logits") && (!expected || r16.contains("f16 inputs")),
+        "f16: {r16}"
+    );
+    let case_b = random_case(&mut rng, 70, 64, 300, DType::BF16, false, 0.0, 3.0);
+    let smooth = Options {
+        label_smoothing: 0.1,
+        ..Options::exact()
+    };
+    let (rs, ..) = run(&on, &case_b, &smooth);
+    assert!(
+        rs.contains("row pass: cuBLAS f32 logits") && (!expected || rs.contains("label smoothing")),
+        "label smoothing: {rs}"
+    );
+    let ent = Options {
+        side_outputs: SideOutputs {
+            entropy: true,
+            argmax: false,
+        },
+        ..Options::exact()
+    };
+    let (re, ..) = run(&on, &case_b, &ent);
+    assert!(
+        re.contains("row pass: cuBLAS f32 logits") && (!expected || re.contains("entropy")),
+        "entropy: {re}"
     );
 }
