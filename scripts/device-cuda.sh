@@ -17,7 +17,8 @@
 #
 # run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench (default
 # tests,suite,sanitize,bench); "suite" is the workspace conformance suite (cce-conformance);
-# BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"). Logs go to
+# BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"), TEST_FILTER a
+# test-name filter to the tests phase (e.g. "wgmma_"). Logs go to
 # $OUT (at most 8 files come back); a summary table is printed last.
 set -uo pipefail
 
@@ -106,7 +107,9 @@ if [[ $PHASES == *tests* ]]; then
   ok=1
   for t in errors conformance; do
     echo "==== $t ===="
-    if ! timeout 300 "$D/$t" --test-threads=1 --nocapture >>"$OUT/tests.log" 2>&1; then ok=0; fi
+    # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
+    # shellcheck disable=SC2086
+    if ! timeout 300 "$D/$t" ${TEST_FILTER:-} --test-threads=1 --nocapture >>"$OUT/tests.log" 2>&1; then ok=0; fi
   done
   grep -E "^test |test result|panicked|skipping" "$OUT/tests.log" | tail -30
   status[tests]=$([ $ok = 1 ] && echo PASS || echo FAIL)

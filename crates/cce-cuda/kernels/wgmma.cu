@@ -411,6 +411,48 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
     }
 }
 
+// The accumulator fragment d (as f32 values) to f16 in a row-major [N, ld] u16 matrix M whose
+// column 0 is the tile's column 0 (cb = the thread's first column, 2·(lane % 4) + tile
+// offset): the pair (4j + 2h, 4j + 2h + 1) of row r0 + 8h at columns cb + 8j, cb + 8j + 1 as
+// one f16x2 word (ld even: 4-byte aligned). `full`: the consumer's 64 rows are < N and the
+// tile's 256 columns < K, so no checks (one cvt and one store per pair, immediate offsets);
+// else rows ≥ N and columns ≥ K are skipped, a lone last column (K odd) stored as 2 bytes.
+__device__ __forceinline__ void store_f16_pairs(const float* d, u16* M, long long ld, int r0,
+                                                int cb, int N, int K, bool full) {
+    u16* row0 = M + static_cast<size_t>(r0) * ld + cb;
+    if (full) {
+        u16* row1 = row0 + 8 * ld;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            u32 p0, p1;
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(p0) : "f"(d[4 * j + 1]), "f"(d[4 * j]));
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(p1) : "f"(d[4 * j + 3]), "f"(d[4 * j + 2]));
+            *reinterpret_cast<u32*>(row0 + 8 * j) = p0;
+            *reinterpret_cast<u32*>(row1 + 8 * j) = p1;
+        }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        const int col = cb + 8 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (r0 + 8 * h < N && col < K) {
+                u16* dst = row0 + 8 * h * ld + 8 * j;
+                if (col + 1 < K) {
+                    u32 pk;
+                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
+                        : "=r"(pk)
+                        : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+                    *reinterpret_cast<u32*>(dst) = pk;
+                } else {
+                    *dst = f32_to_f16(d[4 * j + 2 * h]);
+                }
+            }
+        }
+    }
+}
+
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
 // (row, tile) in partial [N, n_tiles].
 // EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
@@ -485,25 +527,13 @@ struct LseEpi {
             s1a += q10;
             s1b += q11;
             if (QS) {
-                const int col = cb + 8 * j;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = r0 + 8 * h;
-                    const float lo = h == 0 ? q00 : q10;
-                    const float hi = h == 0 ? q01 : q11;
-                    if (r < N && col < V) {
-                        u16* dst = Q + static_cast<size_t>(r) * ldq + col;
-                        if (col + 1 < V) {
-                            u32 pk;
-                            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(pk) : "f"(hi), "f"(lo));
-                            *reinterpret_cast<u32*>(dst) = pk;
-                        } else {
-                            *dst = f32_to_f16(lo);
-                        }
-                    }
-                }
+                d[4 * j] = q00;
+                d[4 * j + 1] = q01;
+                d[4 * j + 2] = q10;
+                d[4 * j + 3] = q11;
             }
         }
+        if (QS) store_f16_pairs(d, Q, ldq, r0, cb, N, V, mt * BM + 64 * cw + 64 <= N && (nt + 1) * BN <= V);
         float s0 = s0a + s0b, s1 = s1a + s1b;
         s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
         s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
@@ -536,8 +566,9 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 // the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
 // thread that holds it, in registers, before the f16 rounding (so G_y = f16(cp·p − cc − cy)).
 // Thread mapping: the thread's two rows r0, r0 + 8 and its 64 columns (pairs 2·(lane % 4) +
-// 8·j, j < 32); per pair one cvt.rn.f16x2 and one 4-byte store per row (ldg even: the pair is
-// 4-byte aligned), a 2-byte store for a lone last column when K is odd. Rows ≥ N store nothing.
+// 8·j, j < 32); per pair one cvt.rn.f16x2 and one 4-byte store per row (`store_f16_pairs`:
+// ldg even, so the pair is 4-byte aligned; no checks in a full tile), a 2-byte store for a lone
+// last column when K is odd. Rows ≥ N store nothing.
 template <int DT, bool CAP>
 struct GColsEpi {
     u16* G;
@@ -628,26 +659,7 @@ struct GColsEpi {
             }
         }
         // f16 pairs to G.
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int col = cb + 8 * j;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int r = r0 + 8 * h;
-                if (r < N && col < K) {
-                    u16* dst = G + static_cast<size_t>(r) * ldg + col;
-                    if (col + 1 < K) {
-                        u32 pk;
-                        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
-                            : "=r"(pk)
-                            : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
-                        *reinterpret_cast<u32*>(dst) = pk;
-                    } else {
-                        *dst = f32_to_f16(d[4 * j + 2 * h]);
-                    }
-                }
-            }
-        }
+        store_f16_pairs(d, G, ldg, r0, cb, N, K, mt * BM + 64 * cw + 64 <= N && (nt + 1) * BN <= K);
     }
 };
 

@@ -1661,6 +1661,8 @@ fn wgmma_row_pass() {
             be.arch()
         );
     }
+    // bf16 G for d_e (what the default budget takes at large shapes; small ones have room
+    // for the f16 copy of c, whose f16 G keeps the cuBLAS row pass).
     let make = |on: bool| {
         CudaBackend::new(0)
             .unwrap()
@@ -1668,6 +1670,7 @@ fn wgmma_row_pass() {
             .unwrap()
             .with_chunk_cap(64, 128)
             .unwrap()
+            .with_split_de_f16(false)
             .with_wgmma_rows(on)
     };
     let (on, off) = (make(true), make(false));
@@ -1768,14 +1771,26 @@ fn wgmma_row_pass() {
     eprintln!("filtered flat: {reason}");
     close_rows("filtered flat: lse", &lse, &lse_x, 1e-5);
     close_max("filtered flat: d_e vs exact", &de, &de_x, 2e-2);
-    // Where the epilogue must not run: f16 inputs, label smoothing, entropy.
+    // Where the epilogue must not run: f16 G for d_e, f16 inputs, label smoothing, entropy.
+    let de16 = CudaBackend::new(0)
+        .unwrap()
+        .with_strategies(&[SplitDense])
+        .unwrap()
+        .with_chunk_cap(64, 128)
+        .unwrap();
+    let case_b = random_case(&mut rng, 70, 64, 300, DType::BF16, false, 0.0, 3.0);
+    let (rd, ..) = run(&de16, &case_b, &Options::exact());
+    assert!(
+        rd.contains("row pass: cuBLAS f32 logits")
+            && (!expected || rd.contains("f16 G for d_e")),
+        "f16 G for d_e: {rd}"
+    );
     let case16 = random_case(&mut rng, 70, 64, 300, DType::F16, false, 0.0, 3.0);
     let (r16, ..) = run(&on, &case16, &Options::exact());
     assert!(
         r16.contains("row pass: cuBLAS f32 logits") && (!expected || r16.contains("f16 inputs")),
         "f16: {r16}"
     );
-    let case_b = random_case(&mut rng, 70, 64, 300, DType::BF16, false, 0.0, 3.0);
     let smooth = Options {
         label_smoothing: 0.1,
         ..Options::exact()
