@@ -585,6 +585,127 @@ impl DenseConfig {
         }
     }
 
+    /// Bytes of the workspace's scratch buffer: the row chunk's logits (chunked dense); split
+    /// dense's row pass ([`DenseConfig::row_layout`]), its class pass (the logits `N x
+    /// ld_classes` f32 and the f32 `d_c` temp each rounded up to 256 bytes, plus the f16 copy
+    /// of `e`, so that the WGMMA class pass's layout, [`DenseConfig::gcols_layout`], always
+    /// holds the chunks of the cuBLAS one) and the sparse backward's pairs (the plan sized
+    /// them to fit; chunks capped by a test knob may leave it smaller, then it grows); the
+    /// class-tiled forward's buffers.
+    pub fn scratch_bytes(&self) -> usize {
+        let al = |x: usize| x.div_ceil(256) * 256;
+        if self.chunk_classes.is_some() {
+            self.row_layout()
+                .end
+                .max(
+                    al(self.n * self.ld_classes() * 4) + self.e16_bytes() + al(self.dc_tmp_bytes()),
+                )
+                .max(self.sparse.map_or(0, |sp| sp.scratch_bytes))
+        } else {
+            self.effective_chunk_rows() * self.ld() * 4
+        }
+        .max(self.class_forward.map_or(0, |cf| cf.bytes(self.n)))
+    }
+
+    /// Split dense's class pass through the WGMMA `G` epilogue in a scratch buffer of
+    /// `scratch` bytes: the f16 copy of `e` ([`DenseConfig::e16_bytes`]) and the f32 `d_c`
+    /// temp (bf16 outputs, [`DenseConfig::dc_tmp_bytes`] `> 0`: `dc_classes x D` f32) at its
+    /// end, 256-byte aligned, and the f16 `G` of a chunk (`N x ldg`, 2 bytes per row and
+    /// class) from byte 0 up to them.
+    ///
+    /// The rule, with `K` the plan's class chunk, `ldk` [`DenseConfig::ld_classes`] and `K'`
+    /// `K` rounded down to 8: `classes` is `V` when it fits with one `d_c` GEMM per chunk (a
+    /// temp of `classes`: each class costs `2N + 4D` bytes, `2N` without a temp), else the
+    /// most whole 256-class tiles that do, at most `max(2·ldk, 8·K)`; `dc_classes` is
+    /// `classes`, or where that exceeds the cap `max(K', 4·K rounded down to 8)`, the fewest
+    /// even sub-chunks under it (multiples of 8, at least `K'`). The caps seldom bind in a
+    /// planned call: the plan sizes `K` from the same budget (f32 logits, 4 bytes per row and
+    /// class), so the scratch holds 1-2 `K` classes of f16 `G`, more only when the row pass's
+    /// chunk or the plan's largest `K` (4096) leaves it larger; they keep a test's small chunk
+    /// cap (`CudaBackend::with_chunk_cap`) giving several chunks and sub-chunks.
+    ///
+    /// Never smaller than the cuBLAS class pass's layout gives (`classes ≥ 2·ldk` rounded down
+    /// to tiles, or `V`; `dc_classes ≥ K'`): when no chunk above that floor fits with a temp
+    /// of all its classes, the floor's chunk with the most `d_c` classes per GEMM that fit,
+    /// split evenly. The scratch of [`DenseConfig::scratch_bytes`] always holds that floor.
+    /// `None` when not even it fits (a smaller scratch) or a dimension is empty. Sizes only:
+    /// whether the epilogue applies is [`DenseEngine::wgmma_gcols_classes`]'s.
+    pub fn gcols_layout(&self, scratch: usize) -> Option<GColsLayout> {
+        let (n, d, v) = (self.n, self.d, self.v);
+        if n == 0 || d == 0 || v == 0 {
+            return None;
+        }
+        let al = |x: usize| x.div_ceil(256) * 256;
+        let kmax = self.chunk_classes.unwrap_or(v).clamp(1, v);
+        let two = 2 * self.ld_classes();
+        let e16 = self.e16_bytes();
+        let temp = self.dc_tmp_bytes() > 0;
+        // Whole tiles of at most `cap` classes, or V when it fits.
+        let tiles = |cap: usize| {
+            if v <= cap {
+                v
+            } else if cap >= WGMMA_BN {
+                cap / WGMMA_BN * WGMMA_BN
+            } else {
+                cap
+            }
+        };
+        let down8 = |k: usize| if k >= 8 { k / 8 * 8 } else { k };
+        // The cuBLAS class pass's sizes (the floor) and the caps.
+        let kw0 = tiles(two);
+        let ks0 = down8(kmax);
+        let kw_top = tiles(two.max(8 * kmax));
+        let ks_cap = ks0.max(down8(4 * kmax));
+        let fit = |kw: usize, ks: usize| -> Option<GColsLayout> {
+            let ldg = kw.div_ceil(8) * 8;
+            let tmp_bytes = if temp { al(ks * d * 4) } else { 0 };
+            let tail = scratch.checked_sub(e16 + tmp_bytes)? / 256 * 256;
+            (n * ldg * 2 <= tail).then_some(GColsLayout {
+                classes: kw,
+                dc_classes: ks,
+                ldg,
+                e16_off: tail,
+                tmp_off: tail + e16,
+            })
+        };
+        // Sub-chunks of a chunk of kw classes with at most lim (a multiple of 8) per GEMM: as
+        // many as lim gives, of even size (a multiple of 8, at least K' where lim allows).
+        let split = |kw: usize, lim: usize| {
+            if lim >= kw {
+                kw
+            } else {
+                let m = kw.div_ceil(lim);
+                (kw.div_ceil(m).div_ceil(8) * 8).max(ks0).min(lim)
+            }
+        };
+        // The largest chunk from the top down to the floor that fits with a temp of all its
+        // classes (one d_c GEMM per chunk); its d_c then split under the cap (a smaller temp).
+        let mut kw = kw_top;
+        while kw >= kw0 {
+            if fit(kw, kw).is_some() {
+                return fit(kw, if temp { split(kw, ks_cap) } else { kw });
+            }
+            if !kw.is_multiple_of(WGMMA_BN) {
+                kw = kw / WGMMA_BN * WGMMA_BN;
+            } else if kw > WGMMA_BN {
+                kw -= WGMMA_BN;
+            } else {
+                break;
+            }
+        }
+        // The floor's chunk with the most d_c classes per GEMM that fit, split evenly.
+        if temp {
+            let mut lim = down8(kw0.min(ks_cap));
+            while lim >= 8 {
+                if fit(kw0, lim).is_some() {
+                    return fit(kw0, split(kw0, lim));
+                }
+                lim -= 8;
+            }
+        }
+        None
+    }
+
     /// dtype of the returned gradients.
     pub fn grad_dtype(&self) -> DType {
         if self.grad_f32 {
@@ -620,6 +741,27 @@ pub struct RowLayout {
     pub rs: usize,
     /// End of the row pass's regions.
     pub end: usize,
+}
+
+/// Split dense's class pass through the WGMMA `G` epilogue: chunk sizes and where its regions
+/// sit in the workspace's scratch buffer ([`DenseConfig::gcols_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GColsLayout {
+    /// Classes per chunk (one `cce_wgmma_gcols*` launch): `V`, or whole 256-class tiles.
+    pub classes: usize,
+    /// Classes per `d_c` GEMM (sub-chunk of a chunk): `classes` (one GEMM per chunk; always
+    /// without the f32 temp), or a multiple of 8 under it, so that each sub-chunk starts on a
+    /// 16-byte column of `G`.
+    pub dc_classes: usize,
+    /// Row stride of the f16 `G` `[N, ldg]` at byte 0, in elements: `classes` rounded up to 8.
+    pub ldg: usize,
+    /// Byte offset of the f16 copy of `e` ([`DenseConfig::e16_bytes`]), 256-byte aligned,
+    /// at least `N·ldg·2` (after `G`).
+    pub e16_off: usize,
+    /// Byte offset of the f32 `d_c` temp (`dc_classes x D` f32, bf16 outputs;
+    /// [`DenseConfig::dc_tmp_bytes`] `> 0`), `e16_off + e16_bytes`, 256-byte aligned; the temp
+    /// ends within the scratch.
+    pub tmp_off: usize,
 }
 
 /// Device workspace of a call, reusable across calls of the same configuration.
@@ -659,18 +801,7 @@ impl DenseWorkspace {
             // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
             unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
         };
-        // Split dense's scratch holds the sparse backward's layout (the plan sized the pairs
-        // to fit it; chunks capped by a test knob may leave it smaller, then it grows).
-        let scratch = if cfg.chunk_classes.is_some() {
-            cfg.row_layout()
-                .end
-                .max(cfg.n * cfg.ld_classes() * 4 + cfg.e16_bytes() + cfg.dc_tmp_bytes())
-                .max(cfg.sparse.map_or(0, |sp| sp.scratch_bytes))
-        } else {
-            chunk_rows * ld * 4
-        }
-        .max(cfg.class_forward.map_or(0, |cf| cf.bytes(cfg.n)));
-        let logits = alloc(scratch)?;
+        let logits = alloc(cfg.scratch_bytes())?;
         let tau = alloc(if cfg.chunk_classes.is_some() {
             cfg.n * 4
         } else {
@@ -3361,11 +3492,14 @@ impl DenseEngine {
     /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
     /// all rows recomputed and `G` from the saved lse (f16 with a power-of-two scale, or f32):
     /// one WGMMA kernel with `G` in its epilogue where [`DenseEngine::wgmma_gcols_classes`]
-    /// allows (chunks of up to `2·ldk` classes), else a cuBLAS logits GEMM and
-    /// `cce_split_gcols_*`; then `d_c` of the chunk's classes by GEMM (in sub-chunks of the
-    /// plan's classes when the f32 temp of bf16 outputs limits it), written in the gradient
-    /// dtype; `d_bias` added to its f32 accumulator (or the f32 output, zeroed by the caller).
-    /// Returns the note of how `G` was computed ([`DenseStats::class_pass`]).
+    /// allows (f16 `G` at the start of the scratch, the f16 copy of `e` and the f32 `d_c`
+    /// temp at its end: chunks as large as the scratch holds, [`DenseConfig::gcols_layout`]),
+    /// else, per chunk of the plan's classes, a cuBLAS logits GEMM and `cce_split_gcols_*`;
+    /// then `d_c` of the chunk's classes by GEMM (through the WGMMA epilogue in sub-chunks of
+    /// the layout's `dc_classes` when the f32 temp of bf16 outputs holds fewer classes than a
+    /// chunk), written in the gradient dtype; `d_bias` added to its f32 accumulator (or the
+    /// f32 output, zeroed by the caller). Returns the note of how `G` was computed
+    /// ([`DenseStats::class_pass`]).
     fn class_pass(
         &self,
         cfg: &DenseConfig,
@@ -3391,16 +3525,32 @@ impl DenseEngine {
         let gdt = cfg.class_pass_dtype();
         let out_ty = cfg.grad_dtype();
         let l_ptr = self.ptr(&ws.logits);
-        let e16_off = n * ldk * 4;
+        let e_ptr = self.ptr(inp.e);
+        let c_ptr = self.ptr(inp.c);
+        // The scratch (byte offsets): through the WGMMA epilogue its layout (f16 G [N, ldg]
+        // at 0; the f16 copy of e and the f32 d_c temp of dc_classes classes at the end); else
+        // the f32 logits [N, ldk] at 0 (G written over them), e's copy after them, the temp of
+        // kmax classes after it.
+        let wg = self.wgmma_gcols_classes(cfg, ws.logits.len(), (e_ptr, c_ptr));
+        let (g_end, e16_off, tmp_bytes) = match &wg {
+            Ok(l) => (
+                n * l.ldg * 2,
+                l.e16_off,
+                if cfg.dc_tmp_bytes() > 0 {
+                    l.dc_classes * d * 4
+                } else {
+                    0
+                },
+            ),
+            Err(_) => (n * ldk * 4, n * ldk * 4, cfg.dc_tmp_bytes()),
+        };
         let tmp_off = e16_off + cfg.e16_bytes();
-        if ws.logits.len() < tmp_off + cfg.dc_tmp_bytes() {
+        if g_end > e16_off || ws.logits.len() < tmp_off + tmp_bytes {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "allocated for another configuration".into(),
             });
         }
-        let e_ptr = self.ptr(inp.e);
-        let c_ptr = self.ptr(inp.c);
         let t_ptr = self.ptr(inp.targets);
         let bias_ptr = self.opt_ptr(inp.bias);
         let tau_ptr = self.ptr(&ws.tau);
@@ -3458,22 +3608,15 @@ impl DenseEngine {
         let f_colsum = self.func(&format!("cce_dense_colsum_{}", dtype_code(gdt)?))?;
         let softcap = cfg.softcap.unwrap_or(0.0);
         let ld_i = ldk as i64;
-        // The WGMMA epilogue writes f16 G straight into the scratch's logits region
-        // (n·ldk·4 bytes), so a chunk holds up to 2·ldk classes: whole 256-class tiles.
-        let wg = self.wgmma_gcols_classes(cfg, ldk, (e_ptr, c_ptr));
-        let (step, ldg_step) = match wg {
-            Ok(kw) => (kw, kw.div_ceil(8) * 8),
-            Err(_) => (kmax, ldg),
+        // Classes per chunk, G's row stride (elements of gdt), classes per d_c GEMM: through
+        // the WGMMA epilogue its layout's (sub-chunks when the f32 d_c temp of bf16 outputs
+        // holds fewer classes than a chunk, each starting on a 16-byte column of G); else the
+        // plan's chunk, one d_c GEMM per chunk.
+        let (step, ldg_step, dc_step) = match &wg {
+            Ok(l) => (l.classes, l.ldg, l.dc_classes),
+            Err(_) => (kmax, ldg, kmax),
         };
-        // d_c: one GEMM per chunk, except through the WGMMA epilogue's wider chunks where the
-        // f32 d_c temp (bf16 outputs) holds only kmax rows: sub-chunks of kmax classes, rounded
-        // down to 8 so that each starts on a 16-byte column of G.
-        let dc_step = match wg {
-            Ok(_) if cfg.dc_tmp_bytes() > 0 && kmax >= 8 => kmax / 8 * 8,
-            Ok(_) if cfg.dc_tmp_bytes() > 0 => kmax,
-            _ => step,
-        };
-        let tms = match wg {
+        let tms = match &wg {
             Ok(_) => Some((
                 self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
                 format!(
@@ -3537,8 +3680,8 @@ impl DenseEngine {
                 .map_err(drv)?;
                 PhaseTimer::mark(&mut prof, "G columns")?;
             }
-            // (c) d_c of the chunk, complete (through an f32 chunk for a bf16 output), in
-            // sub-chunks of at most kmax classes.
+            // (c) d_c of the chunk, complete (through the f32 temp for a bf16 output), in
+            // sub-chunks of at most dc_step classes.
             for s0 in (0..kc).step_by(dc_step) {
                 let ks = dc_step.min(kc - s0);
                 let g_s = l_ptr + (s0 * gdt.size_bytes()) as u64;
@@ -3552,7 +3695,7 @@ impl DenseEngine {
                         ldg_step,
                         (alpha, 0.0),
                     )?;
-                    // tmp holds ks·d ≤ kmax·d f32 (workspace tail, size checked above), d_c
+                    // tmp holds ks·d ≤ dc_step·d f32 (at tmp_off, size checked above), d_c
                     // rows k0+s0.. hold ks·d gradient elements.
                     self.convert_f32(code, tmp, dc_k, ks * d)?;
                 } else {
@@ -3592,10 +3735,10 @@ impl DenseEngine {
         let chunks = v.div_ceil(step);
         PhaseTimer::report(prof, &format!("split dense class pass ({chunks} chunk(s))"))?;
         Ok(match wg {
-            Ok(kw) => format!(
+            Ok(l) => format!(
                 "class pass: WGMMA GEMM with G in its epilogue ({chunks} chunk(s) of up to {} \
-                 classes, f16 G, no logits in memory)",
-                kw.min(v)
+                 classes, d_c in sub-chunks of up to {} classes, f16 G, no logits in memory)",
+                l.classes, l.dc_classes
             ),
             Err(why) => format!(
                 "class pass: cuBLAS logits then G ({chunks} chunk(s) of up to {} classes; no \
@@ -3605,39 +3748,40 @@ impl DenseEngine {
         })
     }
 
-    /// Classes per chunk of split dense's class pass through the WGMMA `G` epilogue
-    /// (`cce_wgmma_gcols[_cap]_*`), whose f16 `G` fills the scratch's `N x ldk` f32 logits
-    /// region: `V` when `V ≤ 2·ldk`, else `2·ldk` rounded down to whole 256-class tiles. `Err`
+    /// Chunks of split dense's class pass through the WGMMA `G` epilogue
+    /// (`cce_wgmma_gcols[_cap]_*`) in a scratch buffer of `scratch` bytes (the workspace's,
+    /// [`DenseConfig::scratch_bytes`]): its layout, [`DenseConfig::gcols_layout`] (the f16
+    /// `G` of up to `classes` classes at byte 0, the f16 copy of `e` and the f32 `d_c` temp of
+    /// `dc_classes` classes at the end). `e`, `c`: the device addresses of the inputs. `Err`
     /// says why the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
     /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, a softcap above
-    /// [`WGMMA_SOFTCAP_MAX`], chunks under one 256-class tile, an empty dimension, `D` not a
-    /// multiple of 64, unaligned inputs or sizes past 32 bits. (No `τ`: split dense's row pass
-    /// never filters, so `τ = 0`.)
+    /// [`WGMMA_SOFTCAP_MAX`], an empty dimension, `D` not a multiple of 64, unaligned inputs or
+    /// sizes past 32 bits (the tile count of a chunk included), a scratch too small for the
+    /// layout, chunks under one 256-class tile. (No `τ`: split dense's row pass never filters,
+    /// so `τ = 0`.)
     pub fn wgmma_gcols_classes(
         &self,
         cfg: &DenseConfig,
-        ldk: usize,
+        scratch: usize,
         (e, c): (u64, u64),
-    ) -> std::result::Result<usize, String> {
+    ) -> std::result::Result<GColsLayout, String> {
         let env_off = std::env::var(WGMMA_GCOLS_ENV).as_deref() == Ok("0");
         let (n, v) = (cfg.n, cfg.v);
-        let cap = 2 * ldk;
-        let kw = if v <= cap {
-            v
-        } else if cap >= WGMMA_BN {
-            cap / WGMMA_BN * WGMMA_BN
-        } else {
-            cap
-        };
+        let layout = cfg.gcols_layout(scratch);
+        let kw = layout.map_or(0, |l| l.classes);
         let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_gcols && !env_off, (e, c), kw)
         {
             why
-        } else if kw < v && kw < WGMMA_BN {
-            "class chunk under one 256-class tile"
         } else if i32::try_from(n).is_err() {
             "sizes past 32 bits"
+        } else if let Some(l) = layout {
+            if kw < v && kw < WGMMA_BN {
+                "class chunk under one 256-class tile"
+            } else {
+                return Ok(l);
+            }
         } else {
-            return Ok(kw);
+            "scratch too small for the G chunk, the f16 copy of e and the d_c temp"
         };
         Err(why.to_string())
     }
@@ -3691,10 +3835,11 @@ impl DenseEngine {
         // bias, f32 softcap, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
         // g_scale; i32 group_m, ordered_epi). The maps describe the live [n, D] and [kc, D]
         // 16-bit row-major inputs (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so
-        // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg even, inside the
-        // scratch: `class_pass`); the per-row arrays hold n values and bias V (checked by
-        // `run`); 384 threads and WGMMA_SMEM_BYTES of dynamic shared memory (the attribute set
-        // at construction); grid ≤ the tile count.
+        // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg a multiple of 8:
+        // bytes [0, n·ldg·2) of the scratch, below the f16 copy of e and the d_c temp, checked
+        // by `class_pass` against the layout of `DenseConfig::gcols_layout`); the per-row
+        // arrays hold n values and bias V (checked by `run`); 384 threads and WGMMA_SMEM_BYTES
+        // of dynamic shared memory (the attribute set at construction); grid ≤ the tile count.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (grid, 1, 1),
@@ -4041,5 +4186,222 @@ impl DenseEngine {
             }
         });
         Ok((fwd, bwd))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cce_core::{DeviceLimits, Options, Plan, Problem, StrategyKind, TileShape};
+
+    /// Split dense's configuration as `cce_bench_dense` plans it (limits of `cuda_limits`), or
+    /// with its chunks capped like `CudaBackend::with_chunk_cap` (the conformance tests).
+    fn split_cfg(
+        (n, d, v): (usize, usize, usize),
+        dtype: DType,
+        opts: &Options,
+        cap: Option<(usize, usize)>,
+    ) -> DenseConfig {
+        let problem = Problem {
+            n,
+            d,
+            v,
+            dtype,
+            has_bias: false,
+            seq_len: n,
+        };
+        let limits = DeviceLimits {
+            name: "cuda".into(),
+            max_buffer_bytes: 1 << 40,
+            max_block_memory_bytes: 227 << 10,
+            max_threads_per_block: 1024,
+            max_grid: [i32::MAX as u32, 65535, 65535],
+            index_bits: 32,
+            tile: TileShape {
+                rows: 128,
+                classes: 128,
+                depth: 64,
+            },
+            strategies: vec![StrategyKind::SplitDense],
+            class_forward: true,
+        };
+        let mut plan = Plan::new(&problem, opts, &limits).unwrap();
+        if let (
+            Some((rows, classes)),
+            cce_core::Strategy::SplitDense {
+                chunk_rows,
+                chunk_classes,
+                ..
+            },
+        ) = (cap, &mut plan.strategy)
+        {
+            *chunk_rows = (*chunk_rows).min(rows);
+            *chunk_classes = (*chunk_classes).min(classes);
+            if let Some(cf) = plan.forward.as_mut() {
+                cf.rows = cf.rows.min(rows);
+                cf.classes = cf.classes.min(classes);
+            }
+        }
+        DenseConfig::from_plan(&plan, opts).unwrap()
+    }
+
+    /// The invariants of [`DenseConfig::gcols_layout`] in `scratch` bytes: the regions fit and
+    /// are aligned, the chunks are whole tiles (or V) within the caps, and never smaller than
+    /// the cuBLAS class pass's (2·ldk in tiles, the plan's chunk rounded down to 8).
+    fn check_layout(cfg: &DenseConfig, scratch: usize) -> GColsLayout {
+        let what = format!("{}x{}x{} {:?}", cfg.n, cfg.d, cfg.v, cfg.dtype);
+        let l = cfg
+            .gcols_layout(scratch)
+            .unwrap_or_else(|| panic!("{what}: no layout in {scratch} B"));
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let kmax = cfg.chunk_classes.unwrap().clamp(1, v);
+        let two = 2 * cfg.ld_classes();
+        let temp = cfg.dc_tmp_bytes() > 0;
+        assert!(
+            l.classes == v || l.classes.is_multiple_of(WGMMA_BN),
+            "{what}: {l:?}"
+        );
+        assert!(
+            l.classes <= v && l.classes <= two.max(8 * kmax),
+            "{what}: {l:?}"
+        );
+        let kw0 = if v <= two {
+            v
+        } else {
+            two / WGMMA_BN * WGMMA_BN
+        };
+        assert!(l.classes >= kw0, "{what}: {l:?} under {kw0}");
+        assert_eq!(l.ldg, l.classes.div_ceil(8) * 8, "{what}");
+        assert!(n * l.ldg * 2 <= l.e16_off, "{what}: {l:?}");
+        assert_eq!(l.e16_off % 256, 0, "{what}: {l:?}");
+        assert_eq!(l.tmp_off, l.e16_off + cfg.e16_bytes(), "{what}: {l:?}");
+        if temp {
+            assert!(l.dc_classes <= l.classes, "{what}: {l:?}");
+            assert!(
+                l.dc_classes.is_multiple_of(8) || l.dc_classes == l.classes,
+                "{what}: {l:?}"
+            );
+            let ks0 = if kmax >= 8 { kmax / 8 * 8 } else { kmax };
+            assert!(l.dc_classes >= ks0, "{what}: {l:?} under {ks0}");
+            assert!(l.tmp_off + l.dc_classes * d * 4 <= scratch, "{what}: {l:?}");
+        } else {
+            assert_eq!(l.dc_classes, l.classes, "{what}");
+            assert!(l.tmp_off <= scratch, "{what}: {l:?}");
+        }
+        l
+    }
+
+    #[test]
+    fn gcols_layout_bench_shapes() {
+        let opts = |softcap| Options {
+            softcap,
+            workspace_budget_bytes: 1 << 29,
+            ..Options::default()
+        };
+        // (N, D, V, softcap): the sizes the 0.5 GiB split-dense benches get.
+        for (shape, softcap) in [
+            ((8192, 2304, 256000), Some(30.0)),
+            ((32768, 4096, 256000), None),
+            ((8192, 4096, 128256), None),
+            ((4096, 4096, 128256), None),
+        ] {
+            for exact in [false, true] {
+                let mut o = opts(softcap);
+                if exact {
+                    o.filter_eps = Options::exact().filter_eps;
+                }
+                let cfg = split_cfg(shape, DType::BF16, &o, None);
+                let scratch = cfg.scratch_bytes();
+                let l = check_layout(&cfg, scratch);
+                eprintln!(
+                    "{shape:?} exact {exact}: plan chunk {:?} classes, scratch {scratch} B \
+                     (row pass {} B, class tiles {:?} B, sparse {:?} B): {l:?} ({} chunk(s))",
+                    cfg.chunk_classes,
+                    cfg.row_layout().end,
+                    cfg.class_forward.map(|cf| cf.bytes(cfg.n)),
+                    cfg.sparse.map(|sp| sp.scratch_bytes),
+                    shape.2.div_ceil(l.classes)
+                );
+            }
+        }
+        // The scratch the WGMMA class pass got at the first two (docs/perf-log.md).
+        let cfg = split_cfg((8192, 2304, 256000), DType::BF16, &opts(Some(30.0)), None);
+        let l = check_layout(&cfg, 393_216_000);
+        // (393216000 − 37748736) / (2·8192 + 4·2304) = 13885 classes: 54 tiles.
+        assert_eq!((l.classes, l.dc_classes), (13824, 13824), "{l:?}");
+        let cfg = split_cfg((32768, 4096, 256000), DType::BF16, &opts(None), None);
+        let l = check_layout(&cfg, 490_282_752);
+        // 2·ldk = 2816 classes (11 tiles) leave no room for a temp of 2816: two d_c GEMMs of
+        // 1408 per chunk, as the cuBLAS class pass's layout gave.
+        assert_eq!((l.classes, l.dc_classes), (2816, 1408), "{l:?}");
+    }
+
+    #[test]
+    fn gcols_layout_small_and_capped() {
+        // Every dtype / output / d_c combination, shapes from one row up, planned within a
+        // small budget and capped like the conformance tests.
+        let mut seen = 0;
+        for &(n, d, v) in &[
+            (1, 64, 7),
+            (129, 128, 5003),
+            (300, 576, 600),
+            (130, 64, 257),
+            (257, 192, 1000),
+            (200, 128, 1000),
+            (200, 128, 3500),
+            (4096, 256, 50000),
+            (161, 64, 1),
+        ] {
+            for dtype in [DType::BF16, DType::F16] {
+                for (grad_dtype, compute_d_c) in [
+                    (cce_core::GradDType::Input, true),
+                    (cce_core::GradDType::F32, true),
+                    (cce_core::GradDType::Input, false),
+                ] {
+                    for cap in [None, Some((64, 128)), Some((64, 384))] {
+                        let opts = Options {
+                            label_smoothing: 0.1,
+                            grad_dtype,
+                            compute_d_c,
+                            workspace_budget_bytes: 64 << 20,
+                            ..Options::exact()
+                        };
+                        let cfg = split_cfg((n, d, v), dtype, &opts, cap);
+                        check_layout(&cfg, cfg.scratch_bytes());
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen > 100);
+        // The chunks of the conformance test `wgmma_gcols_class_pass` (its backend plans these
+        // shapes alike: 64-row chunks, so a scratch of a few 64-row logits chunks): several
+        // WGMMA launches, a partial last chunk, d_c sub-chunks with bf16 outputs.
+        let opts = Options {
+            label_smoothing: 0.1,
+            softcap: Some(50.0),
+            ..Options::exact()
+        };
+        for (shape, cap, bf16, f16) in [
+            ((129, 128, 5003), 128, (1024, 512), (1024, 1024)),
+            ((300, 576, 600), 128, (256, 128), (256, 256)),
+            ((130, 64, 257), 128, (256, 128), (257, 257)),
+            ((257, 192, 1000), 128, (256, 256), (512, 512)),
+            ((200, 128, 1000), 384, (768, 384), (768, 768)),
+        ] {
+            for (dtype, want) in [(DType::BF16, bf16), (DType::F16, f16)] {
+                let cfg = split_cfg(shape, dtype, &opts, Some((64, cap)));
+                let l = check_layout(&cfg, cfg.scratch_bytes());
+                assert_eq!(
+                    (l.classes, l.dc_classes),
+                    want,
+                    "{shape:?} {dtype:?}: {l:?}"
+                );
+            }
+        }
+        // A scratch too small for even the cuBLAS pass's chunk has no layout.
+        let opts = Options::exact();
+        let cfg = split_cfg((129, 128, 5003), DType::BF16, &opts, Some((64, 128)));
+        assert_eq!(cfg.gcols_layout(1024), None);
     }
 }

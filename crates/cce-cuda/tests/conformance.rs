@@ -1479,9 +1479,14 @@ fn wgmma_forward_row_groups() {
 /// Split dense's class pass through the WGMMA `G` epilogue (`kernels/wgmma.cu`
 /// `cce_wgmma_gcols_*`) on hostile shapes: one row; rows past a 128-row tile; classes under one
 /// 256-class tile, one more than a tile, several chunks with a partial last tile; D = 64, 128,
-/// 192, 576; bias and label smoothing; chunks capped at 64 rows x 128 classes (so a WGMMA chunk of 256 classes and two
-/// `d_c` sub-chunks each, 20 chunks at V = 5003), and at 64 x 384 (768-class chunks of three
-/// tiles, softcap 50); bf16 and f16. Every option of `variants`
+/// 192, 576; bias and label smoothing; chunks capped at 64 rows x 128 classes, and at 64 x 384
+/// (softcap 50); bf16 and f16. The WGMMA chunks take what the scratch of 64-row chunks holds,
+/// up to 8x the class cap (`DenseConfig::gcols_layout`, whose unit test pins these sizes);
+/// classes per chunk, bf16 / f16: V = 5003: 1024 / 1024 (5 chunks, bf16's `d_c` in 512-class
+/// sub-chunks; f16 has no f32 `d_c` temp, so one `d_c` GEMM per chunk); V = 600: 256 / 256
+/// (bf16's `d_c` in 128-class sub-chunks); V = 257: 256 + 1 (`d_c` in 128-class sub-chunks) /
+/// one chunk of 257; V = 1000: 256 / 512; at the 384 cap 768 / 768 (three tiles) and a last
+/// chunk of 232, bf16's `d_c` in 384-class sub-chunks. Every option of `variants`
 /// (bias, softcap, label smoothing, z-loss, per-row and lse upstreams, ignored rows, shift,
 /// f32 gradients, peaked and flat rows) is judged against the f64 oracle by `check`, rotating
 /// through them per shape (f16 with a softcap: `cce_wgmma_gcols_cap_*`). The backward's
@@ -1513,7 +1518,8 @@ fn wgmma_gcols_class_pass() {
     };
     let (on128, off128) = (make(true, 128), make(false, 128));
     // 384-class chunks: WGMMA chunks of 768 classes (3 tiles: targets and bias in tiles 1-2 of
-    // a chunk that starts past class 0), a last chunk of 232, d_c in 384-class sub-chunks.
+    // a chunk that starts past class 0), a last chunk of 232, d_c in 384-class sub-chunks
+    // (bf16; f16 one d_c GEMM per chunk).
     let (on384, off384) = (make(true, 384), make(false, 384));
     let mut rng = seeded();
     let shapes = [
