@@ -31,14 +31,16 @@
 //   combine   (cce_wgmma_lse_combine_*): partial, N, n_tiles, E, C, D, targets i32 [N]
 //             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], bias, softcap, zy_out f32
 //             [N] or null (the capped target logit, 0 for ignored rows), all of the row group.
-//   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then Q u16 [N, ldq] (f16
-//             q; ldq a multiple of 8, ≥ V; 16-byte aligned rows).
+//   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then tmQ: the tensor map
+//             of Q u16 [N, ldq] (f16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
+//             box {64, 64}, 128-byte swizzle), written by TMA stores.
 //   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
 //             lse f32 [N], zy f32 [N], targets, dl_rows f32 [N] or null (→ dl_scalar), dlse f32
 //             [N] or null, λ, softcap (> 0 for _cap); no label smoothing (α = 0).
 //   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
-//             V (all classes: label smoothing's α/V), G u16 [N, ldg] (f16; ldg ≥ K even, G
-//             4-byte aligned), bias, softcap, targets i32 [N] (global class or −1), lse f32 [N],
+//             V (all classes: label smoothing's α/V), tmG: the tensor map of G u16 [N, ldg] (f16;
+//             dims {K, N}, row stride ldg·2 bytes a multiple of 16, box {64, 64}, 128-byte
+//             swizzle), bias, softcap, targets i32 [N] (global class or −1), lse f32 [N],
 //             dl_rows f32 [N] or null (→ dl_scalar), dlse f32 [N] or null, α, λ, g_scale (the
 //             power of two G is stored times), group_m, ordered_epi.
 //
@@ -46,14 +48,16 @@
 //   BM = 128 rows of E, BN = 256 rows of C per CTA tile, BK = 64 (one 128-byte swizzle atom:
 //   64 16-bit values per row). Per stage A 128 x 64 (16 KB) + B 256 x 64 (32 KB), written by TMA
 //   with 128-byte swizzle into 1024-byte aligned shared memory, 4 stages (192 KB + 1 KB
-//   alignment slack + 64 B of mbarriers = 197696 B of dynamic shared memory). Per stage a
+//   alignment slack + 64 B of mbarriers = 197696 B of dynamic shared memory; the kernels that
+//   store f16 (lseq, gcols) add a 32 KB output staging buffer 1 KB past the mbarriers: 231424 B,
+//   under sm_90's 227 KB). Per stage a
 //   "full" mbarrier (1 arrival + expect-tx 48 KB) and an "empty" one (8 arrivals: lane 0 of each
 //   consumer warp once the wgmmas that read the stage retired). Persistent grid (one CTA per
 //   SM, at most the tile count); CTA b walks tiles b, b + grid, ... of a grouped order (groups
 //   of group_m row tiles, row tile fastest inside a group) so the resident tiles share E row
 //   panels and C column panels in L2. Rows ≥ N and columns ≥ V of a tile are read as zeros by
-//   TMA; the lse epilogue sets columns ≥ V to −inf, the G epilogue stores no column ≥ K, and
-//   neither writes a row ≥ N.
+//   TMA; the lse epilogue sets columns ≥ V to −inf, the f16 outputs (q, G) leave through TMA
+//   stores of 64 x 64 boxes that write no column ≥ V (K) and no row ≥ N.
 //
 // Thread mapping (384 threads = 3 warpgroups, __launch_bounds__(384, 1))
 //   warpgroup 0: producer. setmaxnreg.dec to 40; thread 0 alone issues the TMA loads for every
@@ -66,8 +70,10 @@
 //                w = t / 32, lane l = t % 32, register i < 128: row 16w + l/4 + 8·((i >> 1) & 1),
 //                column 8·(i >> 2) + 2·(l % 4) + (i & 1). A row's 256 columns live in the 4
 //                lanes of a quad: max and Σ ex2 in registers, then over the quad by two
-//                xor-shuffles; lane 0 of the quad writes the row's float2. The G epilogue
-//                stores each register pair (i, i + 1) of a row as one f16x2 word.
+//                xor-shuffles; lane 0 of the quad writes the row's float2. The f16 epilogues
+//                write each register pair (i, i + 1) of a row as one f16x2 word into the
+//                swizzled staging buffer, then one thread per consumer issues the TMA stores
+//                (`store_f16_tile`).
 //   Ordered epilogues: the consumers take turns through named barriers 1 and 2, so one runs
 //                its epilogue while the other still issues wgmmas.
 //   qrows:   one warp per (row, 256-column tile), lane l the tile's columns 8l..8l+7 (16-byte
@@ -87,6 +93,12 @@ constexpr int STAGES = 4;
 constexpr int NUM_THREADS = 384;
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
+constexpr int STAGE_BYTES_ALL = STAGES * (BM + BN) * BK * 2;
+// The f16 output staging of the TMA-store epilogues (one consumer's 64 x 256 half tile, four
+// 64 x 64 boxes of 8 KB in 128-byte swizzle), 1 KB past the mbarriers; the two consumers use
+// it in turn (ordered epilogues).
+constexpr int OUT_OFFSET = STAGE_BYTES_ALL + 1024;
+constexpr int OUT_BYTES = 64 * BN * 2;
 
 // A CUtensorMap is 128 opaque bytes, 64-byte aligned; the host copies its encoded map in here.
 struct __align__(64) TmaDesc {
@@ -142,6 +154,26 @@ __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, u32 bar
 }
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
+// Shared → global tile store (bulk async-group of the issuing thread); out-of-bounds elements
+// of the box are not written.
+__device__ __forceinline__ void tma_store_2d(const TmaDesc* map, u32 src, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+            reinterpret_cast<u64>(map)),
+        "r"(src), "r"(c0), "r"(c1)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until every committed bulk store of this thread has read its shared memory.
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Until every committed bulk store of this thread is complete (visible in global memory).
+__device__ __forceinline__ void bulk_wait_all() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // ---- wgmma ------------------------------------------------------------------------------------
@@ -411,45 +443,47 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
     }
 }
 
-// The accumulator fragment d (as f32 values) to f16 in a row-major [N, ld] u16 matrix M whose
-// column 0 is the tile's column 0 (cb = the thread's first column, 2·(lane % 4) + tile
-// offset): the pair (4j + 2h, 4j + 2h + 1) of row r0 + 8h at columns cb + 8j, cb + 8j + 1 as
-// one f16x2 word (ld even: 4-byte aligned). `full`: the consumer's 64 rows are < N and the
-// tile's 256 columns < K, so no checks (one cvt and one store per pair, immediate offsets);
-// else rows ≥ N and columns ≥ K are skipped, a lone last column (K odd) stored as 2 bytes.
-__device__ __forceinline__ void store_f16_pairs(const float* d, u16* M, long long ld, int r0,
-                                                int cb, int N, int K, bool full) {
-    u16* row0 = M + static_cast<size_t>(r0) * ld + cb;
-    if (full) {
-        u16* row1 = row0 + 8 * ld;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            u32 p0, p1;
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(p0) : "f"(d[4 * j + 1]), "f"(d[4 * j]));
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(p1) : "f"(d[4 * j + 3]), "f"(d[4 * j + 2]));
-            *reinterpret_cast<u32*>(row0 + 8 * j) = p0;
-            *reinterpret_cast<u32*>(row1 + 8 * j) = p1;
-        }
-        return;
-    }
+// The accumulator fragment d (f32 values) of consumer cw as f16 into the row-major u16 matrix
+// described by the tensor map tmO (dims {columns, rows}, 64 x 64 boxes, 128-byte swizzle): rows
+// [row0, row0 + 64), columns [col0, col0 + 256). The consumer's 128 threads write the half
+// tile into the staging buffer (box b = columns 64b.., row-major 128-byte rows, 16-byte chunk
+// k of row r at chunk k ^ (r % 8): the TMA's 128-byte swizzle; a warp's 4-byte stores of one
+// pair j land in 8 different chunks, so no bank conflicts), fence it to the async proxy, sync
+// on named barrier 3 + cw; its thread 0 issues four TMA stores (rows ≥ the map's rows and
+// columns ≥ its columns are not written) and waits until they have read the buffer before it
+// arrives at the turn barrier of the ordered epilogues, so the other consumer never
+// overwrites a buffer in flight. Needs ordered epilogues and OUT_OFFSET + OUT_BYTES of
+// dynamic shared memory past the 1024-byte aligned base; the kernel's thread 0 of each
+// consumer waits for completion before it exits (`bulk_wait_all`).
+__device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tmO, int row0,
+                                               int col0, int cw, int warp, int lane) {
+    extern __shared__ __align__(1024) unsigned char cce_wg_smem[];
+    const u32 base = (smem_u32(cce_wg_smem) + 1023u) & ~1023u;
+    const u32 out = base + OUT_OFFSET;
+    const int q = lane & 3;
+    const int rl = 16 * warp + (lane >> 2);  // local row of pair h = 0 (h = 1: + 8)
+    const u32 sw = static_cast<u32>(lane >> 2);  // rl % 8 (16·warp and 8·h are ≡ 0 mod 8)
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-        const int col = cb + 8 * j;
+        const u32 box = out + (j >> 3) * (64 * 128);
+        const u32 chunk = (static_cast<u32>(j & 7) ^ sw) * 16 + 4 * q;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            if (r0 + 8 * h < N && col < K) {
-                u16* dst = row0 + 8 * h * ld + 8 * j;
-                if (col + 1 < K) {
-                    u32 pk;
-                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
-                        : "=r"(pk)
-                        : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
-                    *reinterpret_cast<u32*>(dst) = pk;
-                } else {
-                    *dst = f32_to_f16(d[4 * j + 2 * h]);
-                }
-            }
+            u32 pk;
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
+                : "=r"(pk)
+                : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+            const u32 addr = box + (rl + 8 * h) * 128 + chunk;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk) : "memory");
         }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(3 + cw, 128);
+    if (warp == 0 && lane == 0) {
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b) tma_store_2d(tmO, out + b * (64 * 128), col0 + 64 * b, row0);
+        bulk_commit();
+        bulk_wait_read();
     }
 }
 
@@ -457,18 +491,16 @@ __device__ __forceinline__ void store_f16_pairs(const float* d, u16* M, long lon
 // (row, tile) in partial [N, n_tiles].
 // EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
 // QS (split dense's row pass, `cce_wgmma_lseq[_x]_*`): also each q = e^{z − m} (m the row's
-// max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as f16 into Q [N, ldq] (column
-// c at Q[r·ldq + c], ldq even), the very ex2 values Σexp adds; `cce_wgmma_qrows_g*` turns them
-// into G once the lse is known. Per pair (i, i + 1) of a row one cvt.rn.f16x2 and one 4-byte
-// store; a lone last column (V odd) one 2-byte store; no column ≥ V, no row ≥ N.
+// max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as f16 into Q [N, ldq] (the
+// tensor map tmQ), the very ex2 values Σexp adds, through `store_f16_tile` (TMA stores: no
+// column ≥ V, no row ≥ N); `cce_wgmma_qrows_g*` turns them into G once the lse is known.
 template <int DT, bool EXT, bool QS = false>
 struct LseEpi {
     float2* partial;
     int N, V, n_tiles;
     const void* bias;
     float softcap;
-    u16* Q = nullptr;
-    long long ldq = 0;
+    const TmaDesc* tmQ = nullptr;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
@@ -533,7 +565,7 @@ struct LseEpi {
                 d[4 * j + 3] = q11;
             }
         }
-        if (QS) store_f16_pairs(d, Q, ldq, r0, cb, N, V, mt * BM + 64 * cw + 64 <= N && (nt + 1) * BN <= V);
+        if (QS) store_f16_tile(d, tmQ, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
         float s0 = s0a + s0b, s1 = s1a + s1b;
         s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
         s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
@@ -571,8 +603,7 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 // last column when K is odd. Rows ≥ N store nothing.
 template <int DT, bool CAP>
 struct GColsEpi {
-    u16* G;
-    long long ldg;
+    const TmaDesc* tmG;
     int N, K, k0, V;
     const void* bias;
     float softcap;
@@ -659,7 +690,7 @@ struct GColsEpi {
             }
         }
         // f16 pairs to G.
-        store_f16_pairs(d, G, ldg, r0, cb, N, K, mt * BM + 64 * cw + 64 <= N && (nt + 1) * BN <= K);
+        store_f16_tile(d, tmG, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
     }
 };
 
@@ -809,11 +840,13 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
 }
 // Split dense's row pass (bf16 only): the lse epilogue that also stores f16 q (`LseEpi`, QS),
 // then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
-#define WG_LSEQ_PARAMS WG_LSE_PARAMS, u16 *Q, long long ldq
+#define WG_LSEQ_PARAMS WG_LSE_PARAMS, const __grid_constant__ cce_wg::TmaDesc tmQ
 #define WG_LSEQ_BODY(EXT)                                                                        \
     const cce_wg::LseEpi<2, EXT, true> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
-                                           bias,    softcap, Q, ldq};                            \
-    cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, ordered_epi, epi)
+                                           bias,    softcap, &tmQ};                              \
+    (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
+    cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, 1, epi);                              \
+    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_bf16(WG_LSEQ_PARAMS) {
     WG_LSEQ_BODY(false);
 }
@@ -843,15 +876,18 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_C
 
 #define WG_GCOLS_PARAMS                                                                          \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
-        int N, int K, int D, int k0, int V, u16 *G, long long ldg, const void *bias,              \
+        int N, int K, int D, int k0, int V, const __grid_constant__ cce_wg::TmaDesc tmG,         \
+        const void *bias,                                                                         \
         float softcap, const int *targets, const float *lse, const float *dl_rows,               \
         float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale,             \
         int group_m, int ordered_epi
 #define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
-    const cce_wg::GColsEpi<DT, CAP> epi{G,       ldg,  N,       K,         k0,   V,             \
-                                        bias,    softcap, targets, lse, dl_rows, dl_scalar,     \
-                                        dlse,    alpha, lambda,  g_scale};                      \
-    cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, ordered_epi, epi)
+    const cce_wg::GColsEpi<DT, CAP> epi{&tmG,    N,       K,       k0,  V,       bias,          \
+                                        softcap, targets, lse,     dl_rows, dl_scalar, dlse,  \
+                                        alpha,   lambda,  g_scale};                             \
+    (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
+    cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, 1, epi);                                \
+    if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()
 // cce_wgmma_gcols_*: softcap off (ignored); cce_wgmma_gcols_cap_*: softcap > 0.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_gcols_bf16(WG_GCOLS_PARAMS) {
     WG_GCOLS_BODY(2, false, false);

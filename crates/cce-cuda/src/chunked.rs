@@ -124,6 +124,12 @@ const WGMMA_BK: usize = 64;
 /// Dynamic shared memory of `cce_wgmma_lse_*`: 4 stages of (128 + 256) x 64 16-bit values,
 /// 1024 bytes of alignment slack, 8 mbarriers.
 const WGMMA_SMEM_BYTES: usize = 4 * (WGMMA_BM + WGMMA_BN) * WGMMA_BK * 2 + 1024 + 8 * 8;
+/// Dynamic shared memory of the WGMMA kernels with f16 outputs (`cce_wgmma_lseq*`,
+/// `cce_wgmma_gcols*`): the stages, 1024 bytes of alignment slack, the mbarriers padded to
+/// 1024 bytes, then a 64 x 256 f16 output staging buffer for their TMA stores (`wgmma.cu`
+/// `store_f16_tile`).
+const WGMMA_SMEM_OUT_BYTES: usize =
+    4 * (WGMMA_BM + WGMMA_BN) * WGMMA_BK * 2 + 1024 + 1024 + 64 * WGMMA_BN * 2;
 /// Row tiles per group of the grouped tile order (16 measured best, 8 and 32 the same).
 const WGMMA_GROUP_M: i32 = 16;
 /// Threads (one warp per row) of `cce_wgmma_lse_combine_*`.
@@ -1204,7 +1210,7 @@ impl DenseEngine {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv)? as usize;
         // The WGMMA forward is compiled for sm_90a only (`wgmma.cu`: wgmma, setmaxnreg, TMA).
-        let wgmma = (major, minor) == (9, 0) && max_smem_optin >= WGMMA_SMEM_BYTES;
+        let wgmma = (major, minor) == (9, 0) && max_smem_optin >= WGMMA_SMEM_OUT_BYTES;
         if wgmma {
             for dt in ["f16", "bf16"] {
                 names.push(format!("cce_wgmma_lse_{dt}"));
@@ -1245,13 +1251,17 @@ impl DenseEngine {
         }
         let mut fused_static_smem = 0usize;
         for (name, f) in &funcs {
-            if (name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_"))
-                || name.starts_with("cce_wgmma_gcols_")
-                || name.starts_with("cce_wgmma_lseq_")
-            {
+            if name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_") {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     WGMMA_SMEM_BYTES as i32,
+                )
+                .map_err(drv)?;
+            }
+            if name.starts_with("cce_wgmma_gcols_") || name.starts_with("cce_wgmma_lseq_") {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    WGMMA_SMEM_OUT_BYTES as i32,
                 )
                 .map_err(drv)?;
             }
@@ -2561,6 +2571,7 @@ impl DenseEngine {
         let n_tiles_i = to_i32(n_tiles, "class tiles")?;
         let ldq = ld as i64;
         let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
+        let tm_q = self.tensor_map_out(q, rows, v, ld)?;
         let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.sm_count.max(1)) as u32;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
         let mut b = self.stream.launch_builder(f_lse);
@@ -2574,20 +2585,20 @@ impl DenseEngine {
             .arg(&ordered)
             .arg(&a.bias)
             .arg(&a.softcap)
-            .arg(&q)
-            .arg(&ldq);
+            .arg(&tm_q);
         // SAFETY: argument types and order match WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then
-        // the u16 q pointer and i64 ldq); the maps describe live [rows, D] / [V, D] bf16
+        // q's 128-byte tensor map by value); the maps describe live [rows, D] / [V, D] bf16
         // row-major buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
-        // `wgmma_rows_unfit`), so TMA reads nothing outside them; q (rows x ld u16, ld ≥ V) and
-        // the partials (rows x n_tiles float2) lie in the chunk's logits region (checked
-        // above); 384 threads and WGMMA_SMEM_BYTES of dynamic shared memory, the attribute set
-        // at construction; grid ≤ the tile count, so every CTA has a tile.
+        // `wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V] f16, row
+        // stride ld·2 bytes, ld ≥ V) and the partials (rows x n_tiles float2) lie in the chunk's
+        // logits region (checked above), and TMA stores write nothing outside the map; 384
+        // threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute set at
+        // construction; grid ≤ the tile count, so every CTA has a tile.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (grid.max(1), 1, 1),
                 block_dim: (WGMMA_THREADS, 1, 1),
-                shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+                shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
             })
         }
         .map_err(drv)?;
@@ -2676,7 +2687,35 @@ impl DenseEngine {
         d: usize,
         box_rows: usize,
     ) -> Result<TmaDesc> {
+        self.encode_map(dtype, ptr, (rows, d, d), box_rows)
+    }
+
+    /// The TMA tensor map of an f16 output of the WGMMA epilogues (`wgmma.cu`
+    /// `store_f16_tile`): the row-major `[rows, cols]` u16 matrix at `ptr` (16-byte aligned)
+    /// with row stride `ld` elements (a multiple of 8, ≥ cols), 64 x 64 boxes, 128-byte swizzle.
+    fn tensor_map_out(&self, ptr: u64, rows: usize, cols: usize, ld: usize) -> Result<TmaDesc> {
+        self.encode_map(DType::F16, ptr, (rows, cols, ld), 64)
+    }
+
+    /// `cuTensorMapEncodeTiled` of the 2-D 16-bit `[rows, cols]` matrix at `ptr` with row stride
+    /// `ld` elements: boxes of `box_rows` rows x 64 columns (128 bytes), 128-byte swizzle, zero
+    /// fill out of bounds.
+    fn encode_map(
+        &self,
+        dtype: DType,
+        ptr: u64,
+        (rows, d, ld): (usize, usize, usize),
+        box_rows: usize,
+    ) -> Result<TmaDesc> {
         use cudarc::driver::sys;
+        if !ptr.is_multiple_of(16) || !(ld * 2).is_multiple_of(16) || ld < d {
+            return Err(CceError::InvalidOption {
+                name: "tensor map",
+                reason: format!(
+                    "address {ptr:#x} or row stride {ld} not 16-byte aligned, or under {d}"
+                ),
+            });
+        }
         let data_type = match dtype {
             DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -2688,17 +2727,17 @@ impl DenseEngine {
             }
         };
         let dims: [u64; 2] = [d as u64, rows as u64];
-        let strides: [u64; 1] = [(d * 2) as u64];
+        let strides: [u64; 1] = [(ld * 2) as u64];
         let boxes: [u32; 2] = [WGMMA_BK as u32, box_rows as u32];
         let elem_strides: [u32; 2] = [1, 1];
         let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
         self.ctx.bind_to_thread().map_err(drv)?;
         // SAFETY: `map` is a writable, 64-byte (here 128-byte) aligned CUtensorMap; the four
         // arrays hold rank (2) entries (strides rank − 1) and live through the call; `ptr` is
-        // the 16-byte aligned device address of a live [rows, d] buffer of 2-byte elements with
-        // the row stride d·2 bytes (a multiple of 16 since d % 64 == 0); box 64 x box_rows
-        // (≤ 256) with 64·2 = 128 bytes inner extent, as SWIZZLE_128B requires. The call only
-        // encodes the descriptor (it dereferences no device memory).
+        // the 16-byte aligned device address (checked above) of a live [rows, d] buffer of
+        // 2-byte elements with the row stride ld·2 bytes (a multiple of 16, checked); box 64 x
+        // box_rows (≤ 256) with 64·2 = 128 bytes inner extent, as SWIZZLE_128B requires. The
+        // call only encodes the descriptor (it dereferences no device memory).
         unsafe {
             sys::cuTensorMapEncodeTiled(
                 map.as_mut_ptr(),
@@ -3806,7 +3845,7 @@ impl DenseEngine {
         let grid = tiles.min(self.sm_count.max(1)) as u32;
         let (n_i, kc_i, d_i) = (to_i32(n, "N")?, to_i32(kc, "classes")?, to_i32(d, "D")?);
         let (k0_i, v_i) = (to_i32(k0, "k0")?, to_i32(v, "V")?);
-        let ldg_i = ldg as i64;
+        let tm_g = self.tensor_map_out(g, n, kc, ldg)?;
         let (group_m, ordered) = (WGMMA_GROUP_M, 1i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(tm_e)
@@ -3816,8 +3855,7 @@ impl DenseEngine {
             .arg(&d_i)
             .arg(&k0_i)
             .arg(&v_i)
-            .arg(&g)
-            .arg(&ldg_i)
+            .arg(&tm_g)
             .arg(&bias)
             .arg(&softcap)
             .arg(&targets)
@@ -3831,20 +3869,21 @@ impl DenseEngine {
             .arg(&group_m)
             .arg(&ordered);
         // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
-        // tensor maps by value; i32 N, K, D, k0, V; the f16 G pointer and its i64 row stride;
-        // bias, f32 softcap, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ,
-        // g_scale; i32 group_m, ordered_epi). The maps describe the live [n, D] and [kc, D]
-        // 16-bit row-major inputs (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so
-        // TMA reads nothing outside them; G holds n rows of ldg ≥ kc f16 (ldg a multiple of 8:
+        // tensor maps by value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32
+        // softcap, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m,
+        // ordered_epi). The maps describe the live [n, D] and [kc, D] 16-bit row-major inputs
+        // (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so TMA reads nothing outside
+        // them; G's map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8:
         // bytes [0, n·ldg·2) of the scratch, below the f16 copy of e and the d_c temp, checked
-        // by `class_pass` against the layout of `DenseConfig::gcols_layout`); the per-row
-        // arrays hold n values and bias V (checked by `run`); 384 threads and WGMMA_SMEM_BYTES
-        // of dynamic shared memory (the attribute set at construction); grid ≤ the tile count.
+        // by `class_pass` against the layout of `DenseConfig::gcols_layout`), and TMA stores
+        // write nothing outside it; the per-row arrays hold n values and bias V (checked by
+        // `run`); 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory (the attribute
+        // set at construction); grid ≤ the tile count.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (grid, 1, 1),
                 block_dim: (WGMMA_THREADS, 1, 1),
-                shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+                shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
             })
         }
         .map_err(drv)?;

@@ -1787,8 +1787,7 @@ fn wgmma_row_pass() {
     let case_b = random_case(&mut rng, 70, 64, 300, DType::BF16, false, 0.0, 3.0);
     let (rd, ..) = run(&de16, &case_b, &Options::exact());
     assert!(
-        rd.contains("row pass: cuBLAS f32 logits")
-            && (!expected || rd.contains("f16 G for d_e")),
+        rd.contains("row pass: cuBLAS f32 logits") && (!expected || rd.contains("f16 G for d_e")),
         "f16 G for d_e: {rd}"
     );
     let case16 = random_case(&mut rng, 70, 64, 300, DType::F16, false, 0.0, 3.0);
