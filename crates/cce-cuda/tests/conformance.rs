@@ -1114,6 +1114,27 @@ fn sanitizer_smoke() {
             let mut s = spec(130, 64, 300, dtype, "wgmma class pass+forward");
             s.opts.side_outputs = SideOutputs::default();
             eprintln!("{}", check(&split_be, &mut rng, &s));
+            // The row pass's epilogue (bf16 G for d_e): q through TMA stores, the combine and
+            // G from q, with bias + softcap (the _x and _cap kernels), then plain.
+            if dtype == DType::BF16 {
+                let rows_be = CudaBackend::new(0)
+                    .unwrap()
+                    .with_strategies(&[cce_core::StrategyKind::SplitDense])
+                    .unwrap()
+                    .with_chunk_cap(64, 128)
+                    .unwrap()
+                    .with_split_de_f16(false);
+                let mut s = spec(130, 64, 300, dtype, "wgmma row pass+bias+softcap+z_loss");
+                s.opts.side_outputs = SideOutputs::default();
+                s.bias = true;
+                s.opts.z_loss = 1e-3;
+                s.opts.softcap = Some(10.0);
+                s.ignored = 0.1;
+                eprintln!("{}", check(&rows_be, &mut rng, &s));
+                let mut s = spec(130, 64, 301, dtype, "wgmma row pass");
+                s.opts.side_outputs = SideOutputs::default();
+                eprintln!("{}", check(&rows_be, &mut rng, &s));
+            }
         }
     }
 }
