@@ -9,7 +9,9 @@
 //! `e`); see `chunked.cu` "Split dense". On Hopper the class pass's logits and `G` are one WGMMA
 //! kernel whose epilogue writes `G` from the registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`,
 //! [`DenseEngine::wgmma_gcols_classes`]); elsewhere a cuBLAS logits GEMM then
-//! `cce_split_gcols_*`. Its dense passes skip nothing when the filter is on.
+//! `cce_split_gcols_*`. On Hopper, a forward-and-backward call with bf16 inputs and bf16 `G`
+//! for `d_e` also runs its row pass without f32 logits (steps 1+2+3' below: `wgmma.cu` (3),
+//! [`DenseEngine::wgmma_rows_unfit`]). Its dense passes skip nothing when the filter is on.
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
@@ -38,6 +40,7 @@
 //! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
 //! | 1+2 | forward only (below): lse partials in the GEMM's epilogue, no `L` | `cce_wgmma_lse_*` + `cce_wgmma_lse_combine_*` | none (8 bytes per row per 256 logits) |
 //! | 1+3' | split dense's class pass: `G` of a class chunk in the GEMM's epilogue, no `L` | `cce_wgmma_gcols[_cap]_*` | write 2 (f16 `G`) |
+//! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse} − cy·[c = y]` over `q` as bf16 | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
 //! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) ([`DenseEngine::wgmma_forward_rows`];
