@@ -1137,57 +1137,47 @@ fn bench_one(
     stream.synchronize()?;
     let de_exact = to_f64(stream, &*de, problem.dtype, n * d)?;
     let dc_exact = to_f64(stream, &*dc, problem.dtype, v * d)?;
-    // Split dense's class pass with the WGMMA G epilogue: the cuBLAS class pass in the same
-    // run, and how far its d_c is from the epilogue's.
-    if let Some(note) = exact_stats.class_pass.as_deref() {
-        if note.contains("WGMMA") {
-            let mut cfg_old = cfg_exact.clone();
+    // Split dense's WGMMA epilogues against the cuBLAS path of the same pass in the same run
+    // (the class pass: G in the epilogue; the row pass: lse partials and f16 e^(z - max)), and
+    // how far the gradient that pass computes (d_c, d_e) is from the epilogue's.
+    for class in [true, false] {
+        let note = if class {
+            exact_stats.class_pass.as_deref()
+        } else {
+            exact_stats.row_pass_note.as_deref()
+        };
+        let Some(note) = note else { continue };
+        if !note.contains("WGMMA") {
+            println!("  exact: {note}");
+            continue;
+        }
+        let mut cfg_old = cfg_exact.clone();
+        if class {
             cfg_old.wgmma_gcols = false;
-            let old_ms = time_ms(stream, args.warmup, args.iters, || {
-                run_fb(
-                    &cfg_old,
-                    &mut ws,
-                    (&mut *loss, &mut *lse, &mut *de, &mut *dc),
-                )
-                .map(|_| ())
-            })?
-            .0;
-            stream.synchronize()?;
-            let dc_old = to_f64(stream, &*dc, problem.dtype, v * d)?;
-            println!(
-                "  exact: {exact_ms:.2} ms as configured, {old_ms:.2} ms with the cuBLAS class \
-                 pass; d_c rel. difference {:.2e}; {note}",
-                rel_err(&dc_exact, &dc_old)
-            );
         } else {
-            println!("  exact: {note}");
-        }
-    }
-    // Split dense's row pass through the WGMMA epilogue: the cuBLAS row pass in the same run,
-    // and how far its d_e is from the epilogue's.
-    if let Some(note) = exact_stats.row_pass_note.as_deref() {
-        if note.contains("WGMMA") {
-            let mut cfg_old = cfg_exact.clone();
             cfg_old.wgmma_rows = false;
-            let old_ms = time_ms(stream, args.warmup, args.iters, || {
-                run_fb(
-                    &cfg_old,
-                    &mut ws,
-                    (&mut *loss, &mut *lse, &mut *de, &mut *dc),
-                )
-                .map(|_| ())
-            })?
-            .0;
-            stream.synchronize()?;
-            let de_old = to_f64(stream, &*de, problem.dtype, n * d)?;
-            println!(
-                "  exact: {exact_ms:.2} ms as configured, {old_ms:.2} ms with the cuBLAS row \
-                 pass; d_e rel. difference {:.2e}; {note}",
-                rel_err(&de_exact, &de_old)
-            );
-        } else {
-            println!("  exact: {note}");
         }
+        let old_ms = time_ms(stream, args.warmup, args.iters, || {
+            run_fb(
+                &cfg_old,
+                &mut ws,
+                (&mut *loss, &mut *lse, &mut *de, &mut *dc),
+            )
+            .map(|_| ())
+        })?
+        .0;
+        stream.synchronize()?;
+        let (pass, name, grad, count, exact) = if class {
+            ("class", "d_c", &*dc, v * d, &dc_exact)
+        } else {
+            ("row", "d_e", &*de, n * d, &de_exact)
+        };
+        let old = to_f64(stream, grad, problem.dtype, count)?;
+        println!(
+            "  exact: {exact_ms:.2} ms as configured, {old_ms:.2} ms with the cuBLAS {pass} \
+             pass; {name} rel. difference {:.2e}; {note}",
+            rel_err(exact, &old)
+        );
     }
     // Poison the gradients (all-ones bits: NaN in every float dtype), so that entries the
     // filtered call leaves unwritten show as NaN in its error against exact mode.

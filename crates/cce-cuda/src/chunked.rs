@@ -2404,10 +2404,9 @@ impl DenseEngine {
         let f_comb = self.func(&format!("cce_wgmma_lse_combine_{code}"))?;
         let n_tiles = v.div_ceil(WGMMA_BN);
         let (v_i, d_i) = (to_i32(v, "V")?, to_i32(d, "D")?);
-        let n_tiles_i = to_i32(n_tiles, "class tiles")?;
+        to_i32(n_tiles, "class tiles")?;
         let tm_c = self.tensor_map(cfg.dtype, c, v, d, WGMMA_BN)?;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
-        let no_zy = 0u64;
         let mut grid_max = 0u32;
         for r0 in (0..n).step_by(group) {
             let rows = group.min(n - r0);
@@ -2445,43 +2444,12 @@ impl DenseEngine {
                 })
             }
             .map_err(drv)?;
-            let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
-            let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
-            let blocks = u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| {
-                CceError::ResourceLimit {
-                    resource: "CUDA grid blocks".into(),
-                    requested: rows.div_ceil(rows_per_block) as u64,
-                    max: u32::MAX as u64,
-                }
-            })?;
-            let mut b = self.stream.launch_builder(f_comb);
-            b.arg(&base)
-                .arg(&rows_i)
-                .arg(&n_tiles_i)
-                .arg(&e_r)
-                .arg(&c)
-                .arg(&d_i)
-                .arg(&t_r)
-                .arg(&a.lambda)
-                .arg(&v_i)
-                .arg(&lse_r)
-                .arg(&loss_r)
-                .arg(&a.bias)
-                .arg(&a.softcap)
-                .arg(&no_zy);
-            // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the partials
-            // of the group's rows were written by the launch above (stream order); e_r holds
-            // rows x D and c V x D 16-bit values (4-byte aligned: D is even); the targets
-            // (class < V or −1), lse and loss rows are the [N] arrays offset to row r0, holding
-            // `rows` more; bias holds V values or is 0; no z_y output (null).
+            // SAFETY: the partials at `base` hold the group's rows x n_tiles, written by the
+            // launch above (stream order); e_r and c are the live bf16 / f16 inputs (checked by
+            // `run`), the row arrays of `a` hold N values; no z_y output.
             unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                })
+                self.launch_combine(f_comb, base, (r0, rows, n_tiles), (e_r, c, d), a, 0)?;
             }
-            .map_err(drv)?;
         }
         Ok(format!(
             "forward: WGMMA GEMM with the lse in its epilogue ({} row group(s) of up to {} rows x \
@@ -2606,42 +2574,13 @@ impl DenseEngine {
         }
         .map_err(drv)?;
         PhaseTimer::mark(prof, "WGMMA logits + lse partials + q")?;
-        let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
-        let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
-        let blocks =
-            u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| CceError::ResourceLimit {
-                resource: "CUDA grid blocks".into(),
-                requested: rows.div_ceil(rows_per_block) as u64,
-                max: u32::MAX as u64,
-            })?;
-        let mut b = self.stream.launch_builder(f_comb);
-        b.arg(&partial)
-            .arg(&rows_i)
-            .arg(&n_tiles_i)
-            .arg(&e_r)
-            .arg(&c)
-            .arg(&d_i)
-            .arg(&t_r)
-            .arg(&a.lambda)
-            .arg(&v_i)
-            .arg(&lse_r)
-            .arg(&loss_r)
-            .arg(&a.bias)
-            .arg(&a.softcap)
-            .arg(&zy);
-        // SAFETY: argument types and order match WG_COMBINE_PARAMS; the partials were written by
-        // the launch above (stream order); e_r holds rows x D and c V x D bf16 values (4-byte
-        // aligned: D is even); targets (class < V or −1), lse and loss rows are the [N] arrays
-        // offset to row r0, holding `rows` more; bias holds V values or is 0; zy holds `rows`
-        // f32 in the chunk's region (checked above).
+        let t_r = a.rows_at(r0).0;
+        // SAFETY: the partials hold rows x n_tiles float2, written by the launch above (stream
+        // order); e_r and c are the live bf16 inputs (checked by `run`), the row arrays of `a`
+        // hold N values; zy holds `rows` f32 in the chunk's region (checked above).
         unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
+            self.launch_combine(f_comb, partial, (r0, rows, n_tiles), (e_r, c, d), a, zy)?;
         }
-        .map_err(drv)?;
         PhaseTimer::mark(prof, "combine (lse, loss)")?;
         let off4 = (r0 * 4) as u64;
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
@@ -2676,6 +2615,71 @@ impl DenseEngine {
         }
         .map_err(drv)?;
         PhaseTimer::mark(prof, "G from q")?;
+        Ok(())
+    }
+
+    /// One launch of `cce_wgmma_lse_combine_*` (`f`) over rows `r0..r0 + rows` (one warp per
+    /// row): lse from the float2 partials at `partial` (`rows x n_tiles`), the target logit as
+    /// the dot product of the rows of `e_r` (the group's first row) and `c` (`d` columns), the
+    /// lse and loss rows of `a` at row `r0`, and the target logits into `zy` (`rows` f32) or
+    /// nowhere (0).
+    ///
+    /// # Safety
+    /// `partial` must hold the rows' partials, written before on the engine's stream; `e_r`
+    /// (`rows x d`) and `c` (`V x d`) live 16-bit inputs of `f`'s dtype with `d` even; the
+    /// per-row arrays of `a` hold at least `r0 + rows` values, its bias `V` or 0; `zy` 0 or
+    /// `rows` writable f32.
+    unsafe fn launch_combine(
+        &self,
+        f: &CudaFunction,
+        partial: u64,
+        (r0, rows, n_tiles): (usize, usize, usize),
+        (e_r, c, d): (u64, u64, usize),
+        a: &RowArgs,
+        zy: u64,
+    ) -> Result<()> {
+        let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
+        let (rows_i, n_tiles_i, d_i) = (
+            to_i32(rows, "rows")?,
+            to_i32(n_tiles, "class tiles")?,
+            to_i32(d, "D")?,
+        );
+        let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
+        let blocks = u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| {
+            CceError::ResourceLimit {
+                resource: "CUDA grid blocks".into(),
+                requested: rows.div_ceil(rows_per_block) as u64,
+                max: u32::MAX as u64,
+            }
+        })?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&partial)
+            .arg(&rows_i)
+            .arg(&n_tiles_i)
+            .arg(&e_r)
+            .arg(&c)
+            .arg(&d_i)
+            .arg(&t_r)
+            .arg(&a.lambda)
+            .arg(&a.v)
+            .arg(&lse_r)
+            .arg(&loss_r)
+            .arg(&a.bias)
+            .arg(&a.softcap)
+            .arg(&zy);
+        // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the buffers are
+        // as the caller guarantees (this function's contract): partials of `rows` rows, e_r
+        // rows x d and c V x d 16-bit values (4-byte aligned: d even), targets (class < V or
+        // −1), lse and loss rows offset to r0 with `rows` more, bias V values or 0, zy 0 or
+        // `rows` f32.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
         Ok(())
     }
 
