@@ -485,6 +485,7 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
         bulk_commit();
         bulk_wait_read();
     }
+    __syncwarp();  // warp 0 whole again before the caller's next aligned barrier or shuffle
 }
 
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
@@ -494,6 +495,11 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
 // max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as f16 into Q [N, ldq] (the
 // tensor map tmQ), the very ex2 values Σexp adds, through `store_f16_tile` (TMA stores: no
 // column ≥ V, no row ≥ N); `cce_wgmma_qrows_g*` turns them into G once the lse is known.
+// Precision: q ≥ 2⁻¹⁴ keeps 11 bits (under bf16 G's 8); smaller q (an entry e^{-9.7} below its
+// tile's largest) keeps an absolute 2⁻²⁵ of that largest entry's p (f16 subnormals), and
+// under 2⁻²⁵ it is 0: per row at most 256·2⁻²⁵ Σ_j p_max,j ≤ 2⁻¹⁷ of |cp| in L1, against bf16
+// G's own rounding of ~2⁻⁸·|cp|. So d_e is as close as with bf16 G from f32 logits, while the
+// tiniest entries of G are individually coarser.
 template <int DT, bool EXT, bool QS = false>
 struct LseEpi {
     float2* partial;
@@ -598,9 +604,8 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 // the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
 // thread that holds it, in registers, before the f16 rounding (so G_y = f16(cp·p − cc − cy)).
 // Thread mapping: the thread's two rows r0, r0 + 8 and its 64 columns (pairs 2·(lane % 4) +
-// 8·j, j < 32); per pair one cvt.rn.f16x2 and one 4-byte store per row (`store_f16_pairs`:
-// ldg even, so the pair is 4-byte aligned; no checks in a full tile), a 2-byte store for a lone
-// last column when K is odd. Rows ≥ N store nothing.
+// 8·j, j < 32); per pair one cvt.rn.f16x2 into the staging buffer, then the consumer's TMA
+// stores (`store_f16_tile`: no row ≥ N, no column ≥ K reaches G).
 template <int DT, bool CAP>
 struct GColsEpi {
     const TmaDesc* tmG;

@@ -1944,6 +1944,10 @@ impl DenseEngine {
                          logits in memory)",
                         chunk.min(n)
                     ));
+                    // The row kernels write every row's τ (0: split dense's row pass never
+                    // filters), which the cuBLAS class pass reads; these chunks write none,
+                    // so zero them all (a sparse probe may have left thresholds there).
+                    self.stream.memset_zeros(&mut ws.tau).map_err(drv)?;
                     Some(self.tensor_map(dt, c_ptr, v, d, WGMMA_BN)?)
                 }
                 Some(why) => {
@@ -2404,7 +2408,6 @@ impl DenseEngine {
         let f_comb = self.func(&format!("cce_wgmma_lse_combine_{code}"))?;
         let n_tiles = v.div_ceil(WGMMA_BN);
         let (v_i, d_i) = (to_i32(v, "V")?, to_i32(d, "D")?);
-        to_i32(n_tiles, "class tiles")?;
         let tm_c = self.tensor_map(cfg.dtype, c, v, d, WGMMA_BN)?;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
         let mut grid_max = 0u32;
@@ -2499,7 +2502,8 @@ impl DenseEngine {
     /// logits (`rows` f32). Launches `cce_wgmma_lseq[_x]_bf16` (logits, per-tile (max, Σexp),
     /// f16 `e^{z − max}`), `cce_wgmma_lse_combine_bf16` (lse, loss rows and `z_y` of `a`), then
     /// `cce_wgmma_qrows_g[_cap]_bf16` (`G` in place, from the lse at `up.0` with the upstream
-    /// gradients `up.1..`), on the engine's stream. `d_e` then reads `G` with row stride `ld`.
+    /// gradients `up.1..`; skipped without `d_e`), on the engine's stream. `d_e` then reads `G`
+    /// with row stride `ld`.
     /// The caller checked [`DenseEngine::wgmma_rows_unfit`].
     #[allow(clippy::too_many_arguments)]
     fn row_pass_wgmma(
@@ -2582,6 +2586,10 @@ impl DenseEngine {
             self.launch_combine(f_comb, partial, (r0, rows, n_tiles), (e_r, c, d), a, zy)?;
         }
         PhaseTimer::mark(prof, "combine (lse, loss)")?;
+        if !cfg.compute_d_e {
+            // G of the row pass only feeds d_e (the class pass recomputes its own).
+            return Ok(());
+        }
         let off4 = (r0 * 4) as u64;
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
         let (lse_g, dl_r, dlse_r) = (lse + off4, at(dl_rows), at(dlse));
@@ -2645,13 +2653,12 @@ impl DenseEngine {
             to_i32(d, "D")?,
         );
         let rows_per_block = WGMMA_COMBINE_THREADS as usize / 32;
-        let blocks = u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| {
-            CceError::ResourceLimit {
+        let blocks =
+            u32::try_from(rows.div_ceil(rows_per_block)).map_err(|_| CceError::ResourceLimit {
                 resource: "CUDA grid blocks".into(),
                 requested: rows.div_ceil(rows_per_block) as u64,
                 max: u32::MAX as u64,
-            }
-        })?;
+            })?;
         let mut b = self.stream.launch_builder(f);
         b.arg(&partial)
             .arg(&rows_i)

@@ -1798,6 +1798,34 @@ fn wgmma_row_pass() {
     eprintln!("filtered flat: {reason}");
     close_rows("filtered flat: lse", &lse, &lse_x, 1e-5);
     close_max("filtered flat: d_e vs exact", &de, &de_x, 2e-2);
+    // The epilogue's row pass with the cuBLAS class pass, which reads every row's τ (the row
+    // kernels write 0 there, the epilogue's chunks nothing: the engine zeroes it). A filtered
+    // call first: its sparse probe writes thresholds into a workspace that the stream-ordered
+    // pool may hand to the next call. Then exact calls judged against f64.
+    let mixed = CudaBackend::new(0)
+        .unwrap()
+        .with_strategies(&[SplitDense])
+        .unwrap()
+        .with_chunk_cap(64, 128)
+        .unwrap()
+        .with_split_de_f16(false)
+        .with_wgmma_gcols(false)
+        .with_sparse(cce_cuda::SparseMode::Always);
+    for _ in 0..2 {
+        let peaked = random_case(&mut rng, 257, 192, 1000, DType::BF16, false, 0.0, 25.0);
+        let (rf, ..) = run(&mixed, &peaked, &Options::default());
+        eprintln!("mixed, filtered first: {rf}");
+        let mut sp = spec(257, 192, 1000, DType::BF16, "mean, cuBLAS class pass");
+        sp.opts.side_outputs = SideOutputs::default();
+        eprintln!("{}", check(&mixed, &mut rng, &sp));
+    }
+    let plain = random_case(&mut rng, 257, 192, 1000, DType::BF16, false, 0.0, 3.0);
+    let (rm, ..) = run(&mixed, &plain, &Options::exact());
+    assert!(
+        rm.contains("class pass: cuBLAS logits then G")
+            && (!expected || rm.contains("row pass: WGMMA GEMM with the lse partials")),
+        "mixed: {rm}"
+    );
     // Where the epilogue must not run: f16 G for d_e, f16 inputs, label smoothing, entropy.
     let de16 = CudaBackend::new(0)
         .unwrap()
