@@ -504,6 +504,26 @@ fn repro_bad_values() {
     );
 }
 
+/// A problem shorter than a tile (N = 5, the CPU plan's tiles have 64 rows): the strategy
+/// label names the 5 rows of its one chunk, not the 64 of a tile.
+#[test]
+fn strategy_label_names_the_rows_of_a_short_problem() {
+    let args = ["run", "--case", "lm", "--n", "5", "--d", "16", "--v", "64"];
+    let out = ok(&args);
+    let strategies: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("strategy "))
+        .collect();
+    assert_eq!(strategies.len(), 2, "{out}");
+    for line in strategies {
+        assert!(
+            line.contains("strategy          chunked-dense(5 rows) (chunked-dense: 5-row"),
+            "{line}"
+        );
+        assert!(!line.contains("64 rows"), "{line}");
+    }
+}
+
 #[test]
 fn seed_is_refused_on_real_data() {
     // The fixture is fixed data: a seed would be silently ignored, so it is an error (like
