@@ -604,6 +604,77 @@ fn backend_line_names_the_wgpu_adapter_and_a_software_one() {
     }
 }
 
+/// With `XDG_RUNTIME_DIR` unset, empty or relative, Mesa's Vulkan device-selection layer had
+/// libwayland print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` twice
+/// on stderr before the report; `cce` now points the variable at a private directory of its own
+/// (under `TMPDIR`) and removes that on exit.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_without_xdg_runtime_dir_prints_no_loader_complaint() {
+    // Whether there is an adapter, asked of the binary with a usable XDG_RUNTIME_DIR (asked in
+    // this process, the loader would print its complaint into the test's output).
+    let tmp = tempfile::tempdir().unwrap();
+    let probe = Command::new(env!("CARGO_BIN_EXE_cce"))
+        .args([
+            "run",
+            "--backend",
+            "wgpu",
+            "--case",
+            "lm",
+            "--n",
+            "5",
+            "--d",
+            "16",
+        ])
+        .args(["--v", "64", "--no-backward"])
+        .env("XDG_RUNTIME_DIR", tmp.path())
+        .output()
+        .expect("the cce binary runs");
+    if !probe.status.success() {
+        let se = text(&probe.stderr);
+        if std::env::var("CCE_REQUIRE_WGPU").as_deref() == Ok("1") {
+            panic!("CCE_REQUIRE_WGPU=1 but no wgpu backend: {se}");
+        }
+        assert!(se.contains("no wgpu adapter"), "{se}");
+        println!("skipping: {se}");
+        return;
+    }
+    for value in [None, Some(""), Some("relative/dir")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cce"));
+        cmd.args([
+            "run",
+            "--backend",
+            "wgpu",
+            "--case",
+            "lm",
+            "--n",
+            "5",
+            "--d",
+            "16",
+            "--v",
+            "64",
+            "--no-backward",
+        ])
+        .env("TMPDIR", tmp.path());
+        match value {
+            None => cmd.env_remove("XDG_RUNTIME_DIR"),
+            Some(v) => cmd.env("XDG_RUNTIME_DIR", v),
+        };
+        let out = cmd.output().expect("the cce binary runs");
+        let (so, se) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{value:?}: {se}");
+        assert!(so.contains("backend    wgpu ("), "{value:?}:\n{so}");
+        assert!(
+            !se.contains("XDG_RUNTIME_DIR"),
+            "XDG_RUNTIME_DIR={value:?}: stderr:\n{se}"
+        );
+        // The private directory is gone.
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "{value:?}: left in TMPDIR: {left:?}");
+    }
+}
+
 #[test]
 fn missing_file() {
     fails(
