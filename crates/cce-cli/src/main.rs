@@ -37,6 +37,8 @@ mod progress;
 mod report;
 mod repro;
 mod run;
+#[cfg(all(unix, feature = "wgpu"))]
+mod runtime_dir;
 
 use std::process::ExitCode;
 
@@ -44,6 +46,19 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    // A private XDG_RUNTIME_DIR when none is usable, so that the Vulkan loader's device
+    // selection does not print libwayland's complaint about it (`runtime_dir`). Here, before
+    // any thread exists: it sets an environment variable. Removed when `main` returns.
+    #[cfg(all(unix, feature = "wgpu"))]
+    let _runtime_dir = {
+        let backend = match &cli.command {
+            cli::Command::Run(a) => &a.backend,
+            cli::Command::Repro(a) => &a.backend,
+        };
+        matches!(backend.as_str(), "wgpu" | "auto")
+            .then(runtime_dir::ensure)
+            .flatten()
+    };
     let result = match &cli.command {
         cli::Command::Run(args) => run::main(args),
         cli::Command::Repro(args) => repro::main(args),

@@ -19,6 +19,79 @@ pub fn peak_rss_bytes() -> Option<u64> {
     proc_kb("/proc/self/status", "VmHWM")
 }
 
+/// Resident memory of this process now (`VmRSS`), bytes.
+pub fn rss_bytes() -> Option<u64> {
+    proc_kb("/proc/self/status", "VmRSS")
+}
+
+/// What a stretch of work (one call) did to this process's resident memory: the RSS before
+/// it, and its peak during it, read from `VmHWM` after the peak was reset to the current RSS
+/// (`/proc/self/clear_refs`, Linux 4.0+).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RssProbe {
+    /// `VmRSS` before the work.
+    pub before: u64,
+    /// `VmHWM` before the work (the process's peak so far).
+    pub peak_before: u64,
+    /// Whether the peak was reset, so that the `VmHWM` read after is the work's own peak.
+    pub reset: bool,
+}
+
+/// The resident memory of a stretch of work, as [`RssProbe::finish`] measured it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RssDuring {
+    /// `VmRSS` before the work.
+    pub before: u64,
+    /// The peak `VmRSS` during the work; when `exact` is false only a bound: the work did not
+    /// pass the process's earlier peak, which is this value.
+    pub peak: u64,
+    /// Whether `peak` is the work's own peak (false: an upper bound).
+    pub exact: bool,
+    /// The process's peak over its whole life (`VmHWM` before and after).
+    pub process_peak: u64,
+}
+
+impl RssDuring {
+    /// `peak − before`: what the work added at its peak (or at most that when not `exact`).
+    pub fn growth(&self) -> u64 {
+        self.peak.saturating_sub(self.before)
+    }
+}
+
+impl RssProbe {
+    /// Reads the RSS and the peak so far, then resets the peak; `None` where `/proc` is
+    /// unavailable.
+    pub fn start() -> Option<Self> {
+        let before = rss_bytes()?;
+        let peak_before = peak_rss_bytes()?;
+        // "5" resets the peak RSS (VmHWM) to the current RSS (proc(5), clear_refs).
+        let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+        Some(Self {
+            before,
+            peak_before,
+            reset,
+        })
+    }
+
+    /// The RSS before and at the peak of the work since [`RssProbe::start`].
+    pub fn finish(&self) -> Option<RssDuring> {
+        Some(self.during(peak_rss_bytes()?))
+    }
+
+    /// [`RssProbe::finish`] given the `VmHWM` read after the work.
+    fn during(&self, peak_after: u64) -> RssDuring {
+        // Without a reset, a VmHWM above the earlier peak is the work's; otherwise the work
+        // stayed at or below that earlier peak, which is then only a bound.
+        let exact = self.reset || peak_after > self.peak_before;
+        RssDuring {
+            before: self.before,
+            peak: peak_after.max(self.before),
+            exact,
+            process_peak: peak_after.max(self.peak_before),
+        }
+    }
+}
+
 /// Memory this process can still get, bytes: the system's `MemAvailable` (`/proc/meminfo`),
 /// or less where an address-space limit (`ulimit -v`: "Max address space" of
 /// `/proc/self/limits`, soft) leaves less room above the process's `VmSize`.
@@ -222,6 +295,48 @@ mod tests {
     fn peak_rss_is_read() {
         if std::path::Path::new("/proc/self/status").exists() {
             assert!(peak_rss_bytes().unwrap() > 0);
+            assert!(rss_bytes().unwrap() > 0);
         }
+    }
+
+    #[test]
+    fn a_call_rss_is_exact_after_a_reset_or_a_new_peak() {
+        let mib = 1u64 << 20;
+        let probe = |reset| RssProbe {
+            before: 100 * mib,
+            peak_before: 300 * mib,
+            reset,
+        };
+        // Reset: the peak read after is the call's own, even under the earlier peak.
+        let d = probe(true).during(250 * mib);
+        assert!(d.exact);
+        assert_eq!((d.growth(), d.process_peak), (150 * mib, 300 * mib));
+        // No reset, a new peak: the call's.
+        let d = probe(false).during(400 * mib);
+        assert!(d.exact);
+        assert_eq!((d.growth(), d.process_peak), (300 * mib, 400 * mib));
+        // No reset, no new peak: only a bound.
+        let d = probe(false).during(300 * mib);
+        assert!(!d.exact);
+        assert_eq!(d.growth(), 200 * mib);
+    }
+
+    #[test]
+    fn the_peak_of_an_allocation_is_measured() {
+        let Some(probe) = RssProbe::start() else {
+            return; // no /proc
+        };
+        // 64 MiB touched page by page, then freed.
+        let mut v = vec![0u8; 64 << 20];
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        std::hint::black_box(&v);
+        drop(v);
+        let d = probe.finish().unwrap();
+        if d.exact {
+            assert!(d.growth() >= 60 << 20, "{d:?}");
+        }
+        assert!(d.process_peak >= d.peak);
     }
 }

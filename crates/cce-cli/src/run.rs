@@ -15,7 +15,8 @@ use crate::input::{self, Loaded, Tensors};
 use crate::judge::{self, FilterBound, Verdict};
 use crate::progress::with_spinner;
 use crate::report::{
-    available_memory_bytes, err_stats, fmt_bytes, peak_rss_bytes, summary, ErrStats, Table,
+    available_memory_bytes, err_stats, fmt_bytes, peak_rss_bytes, summary, ErrStats, RssDuring,
+    RssProbe, Table,
 };
 
 /// Runs `cce run` and prints its report on stdout.
@@ -64,6 +65,7 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     } else {
         "forward"
     };
+    let rss = RssProbe::start();
     let t0 = Instant::now();
     let res = with_spinner(format!("{what} on {}", backend.name()), || {
         backend.run(
@@ -78,11 +80,12 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
         )
     })?;
     let call_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let rss = rss.and_then(|p| p.finish());
 
     print_header(&loaded, dtype, args, &description, &opts);
     print_loss(&loaded, &res, &opts, dtype)?;
     print_side_outputs(&loaded, &t, &res, &opts)?;
-    print_times_memory(&loaded, &t, &res, call_ms, backend.name());
+    print_times_memory(&loaded, &t, &res, call_ms, rss.as_ref(), backend.name());
     print_stats("forward call", &res.forward_stats);
     if let Some(s) = &res.backward_stats {
         print_stats("backward call", s);
@@ -355,7 +358,14 @@ fn print_side_outputs(l: &Loaded, t: &Tensors, res: &HostResult, opts: &Options)
     Ok(())
 }
 
-fn print_times_memory(l: &Loaded, t: &Tensors, res: &HostResult, call_ms: f64, backend: &str) {
+fn print_times_memory(
+    l: &Loaded,
+    t: &Tensors,
+    res: &HostResult,
+    call_ms: f64,
+    rss: Option<&RssDuring>,
+    backend: &str,
+) {
     let mut line = format!(
         "time       load {:.1} ms, forward {:.1} ms",
         l.load_ms, res.forward_ms
@@ -367,24 +377,87 @@ fn print_times_memory(l: &Loaded, t: &Tensors, res: &HostResult, call_ms: f64, b
         ", whole call {call_ms:.1} ms (with uploads and downloads)"
     ));
     outln!("{line}");
-    let ws_f = res.forward_stats.workspace_bytes;
-    let ws_b = res.backward_stats.as_ref().map_or(0, |s| s.workspace_bytes);
-    let rss = peak_rss_bytes().map_or("unknown".into(), fmt_bytes);
-    outln!("memory     peak RSS {rss} (process VmHWM); inputs {} in {}; workspace forward {}, backward {}",
+    for line in memory_lines(t, res, rss, backend) {
+        outln!("{line}");
+    }
+}
+
+/// The `memory` lines: the process's peak RSS, the call's RSS growth (measured), and the
+/// workspace of the call statistics, said for what it is. On the GPU backends that is the
+/// device scratch they allocated beyond inputs and outputs; the CPU backend reports the plan's
+/// figure, which it does not allocate as such (its forward goes tile by tile, its backward
+/// holds the logits chunk besides f32 accumulators, the outputs and its own copy of the
+/// inputs), so there the RSS growth is the figure to compare with the RSS.
+fn memory_lines(
+    t: &Tensors,
+    res: &HostResult,
+    rss: Option<&RssDuring>,
+    backend: &str,
+) -> Vec<String> {
+    let cpu = backend == "cpu";
+    let mut lines = vec![format!(
+        "memory     peak RSS {} (process VmHWM{}); inputs {} in {}",
+        rss.map(|r| r.process_peak)
+            .or_else(peak_rss_bytes)
+            .map_or("unknown".into(), fmt_bytes),
+        if cpu { "" } else { ", host memory" },
         fmt_bytes(t.bytes()),
         t.e.dtype(),
-        fmt_bytes(ws_f),
-        fmt_bytes(ws_b),
-    );
-    if backend != "cpu" {
-        outln!("           device memory = inputs + outputs + workspace (from the backend's stats); the RSS is host memory");
+    )];
+    if let Some(r) = rss {
+        let what = if cpu && res.backward_stats.is_some() {
+            "the cpu backend's host buffers (a copy of the inputs, f32 gradient accumulators, outputs, the backward's logits chunk)"
+        } else if cpu {
+            "the cpu backend's host buffers (a copy of the inputs, outputs, tiles of logits)"
+        } else {
+            "host memory (the driver, staging, downloaded outputs; a software driver's device memory, as lavapipe's, is host memory too)"
+        };
+        lines.push(if r.exact {
+            format!(
+                "           call RSS {} before, {} at its peak (+{}): {what}",
+                fmt_bytes(r.before),
+                fmt_bytes(r.peak),
+                fmt_bytes(r.growth()),
+            )
+        } else {
+            format!(
+                "           call RSS {} before, its peak under the process's earlier {} (at most +{}): {what}",
+                fmt_bytes(r.before),
+                fmt_bytes(r.peak),
+                fmt_bytes(r.growth()),
+            )
+        });
     }
+    let ws_f = fmt_bytes(res.forward_stats.workspace_bytes);
+    let ws = match &res.backward_stats {
+        Some(s) => format!("forward {ws_f}, backward {}", fmt_bytes(s.workspace_bytes)),
+        None => format!("forward {ws_f}"),
+    };
+    lines.push(if cpu {
+        format!(
+            "           plan workspace {ws}: scratch the plan budgets beyond inputs and outputs (a GPU's device memory); on cpu not allocated as such, the call RSS above is the measured figure"
+        )
+    } else {
+        format!(
+            "           workspace {ws}: device scratch the backend allocated beyond inputs and outputs (device memory = inputs + outputs + workspace)"
+        )
+    });
+    lines
 }
 
 fn print_stats(title: &str, s: &CallStats) {
     outln!("{title}");
     for line in s.to_string().lines() {
-        outln!("  {line}");
+        // The CPU backend reports the plan's workspace, not an allocation (`memory_lines`).
+        match line.strip_prefix("workspace ") {
+            Some(rest) if s.backend == "cpu" => {
+                outln!(
+                    "  plan workspace    {} (the plan's figure, not an allocation on cpu: see memory)",
+                    rest.trim_start()
+                )
+            }
+            _ => outln!("  {line}"),
+        }
     }
 }
 

@@ -59,7 +59,8 @@ pub enum Strategy {
     TileOwnership,
     /// Row-chunked materialized logits (module docs).
     ChunkedDense {
-        /// Rows per chunk.
+        /// Rows per chunk (a multiple of the tile rows, but at most `N`: a problem of fewer
+        /// rows than a tile is one chunk of all its rows, and its label says so).
         chunk_rows: usize,
     },
     /// A row pass for `d_e` and a class pass for `d_c`, each complete per chunk (module docs).
@@ -580,13 +581,14 @@ impl Plan {
                         continue;
                     }
                     // Chunks of at least 1024 rows keep the d_c update compute-bound (PERFORMANCE.md).
-                    let chunk_rows = fit(cap, tile.rows, n);
+                    // At most N: `fit` rounds up to whole tiles, which a short problem does not
+                    // fill (N = 5 is one chunk of 5 rows, not of 64).
+                    let chunk_rows = fit(cap, tile.rows, n).min(n);
                     let row_chunks = split(n, chunk_rows);
                     let class_chunks = split(v, fit(classes_cap, tile.classes, v));
-                    let workspace_bytes = fixed
-                        + (chunk_rows.min(n) as u64) * per_row
-                        + row_state_bytes(class_chunks.len())
-                        - row_state_bytes(1);
+                    let workspace_bytes =
+                        fixed + (chunk_rows as u64) * per_row + row_state_bytes(class_chunks.len())
+                            - row_state_bytes(1);
                     let plan = Self::finish(
                         problem,
                         Strategy::ChunkedDense { chunk_rows },
@@ -596,12 +598,11 @@ impl Plan {
                         workspace_bytes,
                         filter,
                         format!(
-                            "chunked-dense: {}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
-                            chunk_rows.min(n),
-                            chunk_rows.min(n) as u64 * per_row
+                            "chunked-dense: {chunk_rows}-row logits chunk ({} B) and d_c accumulator ({dc_acc} B) fit the budget of {budget} B",
+                            chunk_rows as u64 * per_row
                         ),
                     );
-                    let scratch = chunk_rows.min(n) * SparseBackward::ld(v) * 4;
+                    let scratch = chunk_rows * SparseBackward::ld(v) * 4;
                     return Ok(plan.with_class_forward(scratch, budget, limits));
                 }
                 StrategyKind::SplitDense => {
@@ -799,10 +800,14 @@ impl Plan {
                     }
                     let row_chunks = split(n, row_chunk);
                     let class_chunks = split(v, class_chunk);
+                    // The rows and classes a chunk holds: `fit` rounds up to whole tiles, which
+                    // a short problem does not fill (N = 5 is one chunk of 5 rows, not of 64).
                     let reason = format!(
-                        "tile-ownership: {} row chunk(s) of {row_chunk}, {} class chunk(s) of {class_chunk}, workspace {ws} B within {budget} B{}",
+                        "tile-ownership: {} row chunk(s) of {}, {} class chunk(s) of {}, workspace {ws} B within {budget} B{}",
                         row_chunks.len(),
+                        row_chunk.min(n),
                         class_chunks.len(),
+                        class_chunk.min(v),
                         if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
                     );
                     return Ok(Self::finish(
@@ -1033,6 +1038,9 @@ mod tests {
         if let Strategy::ChunkedDense { chunk_rows } = plan.strategy {
             assert!(chunk_rows as u64 * p.v as u64 * 4 <= limits.max_buffer_bytes);
             assert!(chunk_rows as u64 * p.v as u64 <= idx_cap);
+            // The chunks are the plan's chunks: the label names the rows a chunk holds.
+            assert_eq!(plan.row_chunks[0].len(), chunk_rows);
+            assert!(chunk_rows <= p.n);
         }
         if let Strategy::SplitDense {
             chunk_rows,
@@ -1237,6 +1245,72 @@ mod tests {
             Err(CceError::ResourceLimit { .. })
         ));
         let _ = HostTensor::scalar_f32(0.0);
+    }
+
+    #[test]
+    fn labels_name_the_rows_and_classes_a_chunk_holds() {
+        // A problem shorter than a tile is one chunk of its own rows: `cce run --n 5` printed
+        // "chunked-dense(64 rows)" for 5 rows.
+        let cpu = DeviceLimits::cpu();
+        for (n, v) in [(5, 64), (100, 700), (1024, 49152)] {
+            let plan =
+                Plan::new(&problem(n, 16, v, DType::F32), &Options::default(), &cpu).unwrap();
+            assert_eq!(plan.strategy, Strategy::ChunkedDense { chunk_rows: n });
+            assert_eq!(
+                plan.strategy.to_string(),
+                format!("chunked-dense({n} rows)")
+            );
+            assert!(
+                plan.reason
+                    .starts_with(&format!("chunked-dense: {n}-row logits chunk")),
+                "{}",
+                plan.reason
+            );
+        }
+        // Several chunks: whole tiles, and the label is the first chunk's length.
+        let small = Options {
+            workspace_budget_bytes: 2 << 20,
+            ..Default::default()
+        };
+        let plan = Plan::new(&problem(1000, 16, 4096, DType::F32), &small, &cpu).unwrap();
+        let Strategy::ChunkedDense { chunk_rows } = plan.strategy else {
+            panic!("{}", plan.reason)
+        };
+        assert!(plan.row_chunks.len() > 1 && chunk_rows.is_multiple_of(64));
+        assert_eq!(plan.row_chunks[0].len(), chunk_rows);
+        assert_eq!(
+            plan.strategy.to_string(),
+            format!("chunked-dense({chunk_rows} rows)")
+        );
+
+        // Split dense clamps its chunks to N and V; its label says so.
+        let mut limits = gpu_limits(1 << 30, (64, 64));
+        limits.strategies = vec![StrategyKind::SplitDense];
+        let plan = Plan::new(
+            &problem(5, 16, 100, DType::F32),
+            &Options::default(),
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.strategy.to_string(),
+            "split-dense(5-row chunks for d_e, 100-class chunks for d_c)"
+        );
+        // Tile ownership has no parameters in its label; its reason names the chunks.
+        limits.strategies = vec![StrategyKind::TileOwnership];
+        let plan = Plan::new(
+            &problem(5, 16, 100, DType::F32),
+            &Options::default(),
+            &limits,
+        )
+        .unwrap();
+        assert_eq!(plan.strategy.to_string(), "tile-ownership");
+        assert!(
+            plan.reason
+                .starts_with("tile-ownership: 1 row chunk(s) of 5, 1 class chunk(s) of 100,"),
+            "{}",
+            plan.reason
+        );
     }
 
     #[test]
