@@ -1139,6 +1139,19 @@ fn sanitizer_smoke() {
     }
 }
 
+/// Whether a WGMMA epilogue switched by the environment variable `env` should run on this
+/// device (sm_90a, not switched off); says so on stderr for `test` when not.
+fn epilogue_expected(be: &CudaBackend, env: &str, test: &str) -> bool {
+    let expected = be.arch() == "sm_90a" && std::env::var(env).as_deref() != Ok("0");
+    if !expected {
+        eprintln!(
+            "{test}: {} (or switched off): only the fallback is checked",
+            be.arch()
+        );
+    }
+    expected
+}
+
 /// Whether forward-only dense calls should take the fused WGMMA forward on this device
 /// (compute capability 9.0, not switched off by `CCE_CUDA_WGMMA_FORWARD=0`).
 fn wgmma_expected(be: &CudaBackend) -> bool {
@@ -1520,14 +1533,11 @@ fn wgmma_gcols_class_pass() {
     let Some(be) = backend("wgmma_gcols_class_pass") else {
         return;
     };
-    let expected = be.arch() == "sm_90a"
-        && std::env::var(cce_cuda::chunked::WGMMA_GCOLS_ENV).as_deref() != Ok("0");
-    if !expected {
-        eprintln!(
-            "wgmma_gcols_class_pass: {} (or switched off): only the fallback is checked",
-            be.arch()
-        );
-    }
+    let expected = epilogue_expected(
+        &be,
+        cce_cuda::chunked::WGMMA_GCOLS_ENV,
+        "wgmma_gcols_class_pass",
+    );
     let make = |on: bool, classes: usize| {
         CudaBackend::new(0)
             .unwrap()
@@ -1672,22 +1682,16 @@ fn wgmma_gcols_class_pass() {
 /// z-loss in turn. Per shape: `plan_reason`, then lse, loss and `d_e` next to the cuBLAS row
 /// pass of the same inputs (switch off), then three of the option variants (side outputs off,
 /// so that the epilogue applies where it can) judged against the f64 oracle. Also: a filtered
-/// call on flat data whose sparse backward gives way to the dense passes, and where it must not apply (f16, label smoothing,
-/// entropy) the old path's reason.
+/// call on flat data whose sparse backward gives way to the dense passes; the epilogue's row
+/// pass with the cuBLAS class pass after filtered calls (τ); and where it must not apply (f16
+/// G, f16 inputs, label smoothing, entropy) the old path's reason.
 #[test]
 fn wgmma_row_pass() {
     use cce_core::StrategyKind::SplitDense;
     let Some(be) = backend("wgmma_row_pass") else {
         return;
     };
-    let expected = be.arch() == "sm_90a"
-        && std::env::var(cce_cuda::chunked::WGMMA_ROWS_ENV).as_deref() != Ok("0");
-    if !expected {
-        eprintln!(
-            "wgmma_row_pass: {} (or switched off): only the fallback is checked",
-            be.arch()
-        );
-    }
+    let expected = epilogue_expected(&be, cce_cuda::chunked::WGMMA_ROWS_ENV, "wgmma_row_pass");
     // bf16 G for d_e (what the default budget takes at large shapes; small ones have room
     // for the f16 copy of c, whose f16 G keeps the cuBLAS row pass).
     let make = |on: bool| {
