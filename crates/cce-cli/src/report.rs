@@ -263,9 +263,29 @@ impl Table {
     }
 }
 
+/// A duration in milliseconds for a human: one decimal from 10 ms, two from 0.1 ms, else
+/// microseconds (a tiny problem's forward is not "0.0 ms").
+pub fn fmt_ms(ms: f64) -> String {
+    if ms >= 10.0 {
+        format!("{ms:.1} ms")
+    } else if ms >= 0.1 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{:.1} µs", ms * 1e3)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_keep_their_digits() {
+        assert_eq!(fmt_ms(1234.56), "1234.6 ms");
+        assert_eq!(fmt_ms(4.567), "4.57 ms");
+        assert_eq!(fmt_ms(0.0421), "42.1 µs");
+        assert_eq!(fmt_ms(0.0), "0.0 µs");
+    }
 
     #[test]
     fn errors_and_summaries() {

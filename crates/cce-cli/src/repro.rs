@@ -117,13 +117,14 @@ pub fn main(args: &ReproArgs) -> CliResult<()> {
     } = crate::backend::open(&args.backend)?;
     let dtype = args.dtype.dtype();
     outln!(
-        "repro      N = {}, D = {}, V = {}, dtype {dtype}, backend {}, seed {}, median of {} runs after 1 warm-up",
+        "repro      N = {}, D = {}, V = {}, dtype {dtype}, backend {}, seed {}, median of {} run{} after 1 warm-up",
         args.n,
         args.d,
         args.v,
         description,
         args.seed,
-        args.repeats
+        args.repeats,
+        if args.repeats == 1 { "" } else { "s" }
     );
 
     let steps = cases.len() as u64 * (u64::from(args.repeats) + 2);

@@ -15,8 +15,8 @@ use crate::input::{self, Loaded, Tensors};
 use crate::judge::{self, FilterBound, Verdict};
 use crate::progress::with_spinner;
 use crate::report::{
-    available_memory_bytes, err_stats, fmt_bytes, peak_rss_bytes, summary, ErrStats, RssDuring,
-    RssProbe, Table,
+    available_memory_bytes, err_stats, fmt_bytes, fmt_ms, peak_rss_bytes, summary, ErrStats,
+    RssDuring, RssProbe, Table,
 };
 
 /// Runs `cce run` and prints its report on stdout.
@@ -367,14 +367,16 @@ fn print_times_memory(
     backend: &str,
 ) {
     let mut line = format!(
-        "time       load {:.1} ms, forward {:.1} ms",
-        l.load_ms, res.forward_ms
+        "time       load {}, forward {}",
+        fmt_ms(l.load_ms),
+        fmt_ms(res.forward_ms)
     );
     if let Some(b) = res.backward_ms {
-        line.push_str(&format!(", backward {b:.1} ms"));
+        line.push_str(&format!(", backward {}", fmt_ms(b)));
     }
     line.push_str(&format!(
-        ", whole call {call_ms:.1} ms (with uploads and downloads)"
+        ", whole call {} (with uploads and downloads)",
+        fmt_ms(call_ms)
     ));
     outln!("{line}");
     for line in memory_lines(t, res, rss, backend) {
