@@ -1975,7 +1975,14 @@ impl DenseEngine {
             // G's row stride in elements: ld for the WGMMA row pass (16-bit q then G, rows of
             // ld·2 bytes), ld·4 / sizeof(G) written over the f32 logits otherwise.
             let mut ldg_c = ldg;
-            if let (Some(tm_c), false) = (&wg_rows, reused) {
+            // The WGMMA row pass's map, for the chunks it takes (not one whose logits are there).
+            let wg_tm = if reused { None } else { wg_rows.as_ref() };
+            if wg_tm.is_none() && !reused {
+                // (1) logits.
+                self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
+                PhaseTimer::mark(&mut prof, "logits GEMM")?;
+            }
+            if let Some(tm_c) = wg_tm {
                 // (1)+(2)+(3): logits, lse and G without f32 logits.
                 self.row_pass_wgmma(
                     cfg,
@@ -1988,11 +1995,6 @@ impl DenseEngine {
                 )?;
                 ldg_c = ld;
             } else if let Some((cs, slice)) = fused {
-                if !reused {
-                    // (1) logits.
-                    self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
-                    PhaseTimer::mark(&mut prof, "logits GEMM")?;
-                }
                 // (2)+(3) fused.
                 let f = self.func(&format!("cce_dense_fused_{code}_c{cs}"))?;
                 let slice_i = slice as i32;
@@ -2048,11 +2050,6 @@ impl DenseEngine {
                 unsafe { b.launch(cfg_l) }.map_err(drv)?;
                 PhaseTimer::mark(&mut prof, "fused rows")?;
             } else {
-                if !reused {
-                    // (1) logits.
-                    self.gemm_logits((v, d, rows), dt, (c_ptr, e_r, l_ptr), ld)?;
-                    PhaseTimer::mark(&mut prof, "logits GEMM")?;
-                }
                 if forward && !reused {
                     // (2) forward rows.
                     self.fwd_rows(f_fwd, &row_args, r0, rows, l_ptr)?;
