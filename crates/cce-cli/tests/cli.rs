@@ -31,6 +31,13 @@ fn ok(args: &[&str]) -> String {
     so
 }
 
+/// The lines of `out` that start with `prefix` after their indentation.
+fn lines_starting<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines()
+        .filter(|l| l.trim_start().starts_with(prefix))
+        .collect()
+}
+
 /// Asserts a clean failure whose stderr contains every one of `needles`; returns stderr.
 fn fails(args: &[&str], needles: &[&str]) -> String {
     let out = cce(args);
@@ -510,10 +517,7 @@ fn repro_bad_values() {
 fn strategy_label_names_the_rows_of_a_short_problem() {
     let args = ["run", "--case", "lm", "--n", "5", "--d", "16", "--v", "64"];
     let out = ok(&args);
-    let strategies: Vec<&str> = out
-        .lines()
-        .filter(|l| l.trim_start().starts_with("strategy "))
-        .collect();
+    let strategies = lines_starting(&out, "strategy ");
     assert_eq!(strategies.len(), 2, "{out}");
     for line in strategies {
         assert!(
@@ -554,8 +558,9 @@ fn cpu_memory_lines_separate_the_plan_workspace_from_the_measured_rss() {
         "run", "--case", "lm", "--n", "512", "--d", "64", "--v", "8192",
     ]);
     let line = |prefix: &str| -> &str {
-        out.lines()
-            .find(|l| l.trim_start().starts_with(prefix))
+        lines_starting(&out, prefix)
+            .first()
+            .copied()
             .unwrap_or_else(|| panic!("no line {prefix:?}:\n{out}"))
     };
     let peak = line("memory ");
@@ -587,10 +592,7 @@ fn cpu_memory_lines_separate_the_plan_workspace_from_the_measured_rss() {
         "{plan}"
     );
     // The statistics' workspace lines say the same, and no bare "workspace" line is left.
-    let stats: Vec<&str> = out
-        .lines()
-        .filter(|l| l.trim_start().starts_with("plan workspace    "))
-        .collect();
+    let stats = lines_starting(&out, "plan workspace    ");
     assert_eq!(stats.len(), 2, "{out}");
     for l in stats {
         assert!(
