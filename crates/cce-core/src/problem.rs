@@ -63,7 +63,7 @@ impl Problem {
             }
         }
         let d = es[es.len() - 1];
-        let n: usize = es[..es.len() - 1].iter().product();
+        let n = crate::tensor::checked_numel(&es[..es.len() - 1])?;
         let v = cs[0];
         if cs[1] != d {
             return Err(CceError::ShapeMismatch {
