@@ -203,6 +203,18 @@ impl HostTensor {
         }
     }
 
+    /// Values as f32 like [`HostTensor::to_f32_vec`], with an allocation failure as
+    /// `OutOfMemory { backend: "host", .. }` instead of aborting the process.
+    pub fn try_to_f32_vec(&self) -> Result<Vec<f32>> {
+        match &self.data {
+            HostData::F32(v) => try_map(v, |x| x),
+            HostData::F16(v) => try_map(v, |x| x.to_f32()),
+            HostData::BF16(v) => try_map(v, |x| x.to_f32()),
+            HostData::I32(v) => try_map(v, |x| x as f32),
+            HostData::I64(v) => try_map(v, |x| x as f32),
+        }
+    }
+
     /// Integer values as i64 (`None` for float tensors).
     pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
         match &self.data {
