@@ -474,7 +474,7 @@ fn write(
     // Wider dtypes first (a stable sort: the given order within a dtype size), so that every
     // tensor starts at a multiple of its element size, as safetensors' own writer does.
     let mut tensors = tensors;
-    tensors.sort_by_key(|(_, t)| std::cmp::Reverse(t.dtype.size()));
+    tensors.sort_by_key(|(_, t)| std::cmp::Reverse(t.dtype.bitsize()));
     let header = stable_header(&tensors, meta.as_ref());
     let file = std::fs::File::create(&tmp).map_err(io)?;
     let mut w = std::io::BufWriter::new(file);
