@@ -233,6 +233,29 @@ impl PreparedTargets {
     }
 }
 
+/// Checks an upstream gradient of the backward for NaN and infinities: `what` is `"d_loss"`
+/// (the scalar of a mean/sum reduction, as one value, or the `[N]` per-row values of
+/// `Reduction::None`) or `"d_lse"` (`[N]`).
+///
+/// Errors: `NonFinite { what, index, row, value }` naming the first non-finite value (`index`
+/// and `row` are its row; 0 for a scalar). Every backend calls this before any work: a
+/// non-finite scalar always, per-row values when `Options::check_finite` is on (a GPU backend
+/// reads them back, `4N` bytes).
+pub fn check_upstream_finite(
+    what: &'static str,
+    values: impl IntoIterator<Item = f32>,
+) -> Result<()> {
+    match first_non_finite(values) {
+        Some((index, value)) => Err(CceError::NonFinite {
+            what,
+            index,
+            row: index,
+            value,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// First non-finite value of a slice, as `(index, value)`.
 pub fn first_non_finite(values: impl IntoIterator<Item = f32>) -> Option<(usize, f32)> {
     values.into_iter().enumerate().find(|(_, x)| !x.is_finite())

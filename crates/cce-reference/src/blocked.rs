@@ -361,15 +361,15 @@ impl Backend for CpuBackend {
                 value,
             });
         }
-        if let DLoss::Scalar(s) = upstream.d_loss {
-            if !s.is_finite() {
-                return Err(CceError::NonFinite {
-                    what: "d_loss",
-                    index: 0,
-                    row: 0,
-                    value: s,
-                });
+        match upstream.d_loss {
+            DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
+            DLoss::PerRow(t) if opts.check_finite => {
+                cce_core::problem::check_upstream_finite("d_loss", t.to_f32_vec())?
             }
+            DLoss::PerRow(_) => {}
+        }
+        if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
+            cce_core::problem::check_upstream_finite("d_lse", t.to_f32_vec())?;
         }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;
