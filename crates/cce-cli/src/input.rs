@@ -157,6 +157,7 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         if n == 0 {
             return Err(CliError::msg("--n must be >= 1"));
         }
+        check_generated_size(n, d, v)?;
         let seed = args.seed.unwrap_or(0);
         let ds = with_spinner(
             format!("generating {dist} N={n} D={d} V={v} seed={seed}"),
@@ -198,6 +199,44 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         is_fixture,
         load_ms: t0.elapsed().as_secs_f64() * 1e3,
     })
+}
+
+/// Checks a generated case's sizes before anything is generated: `N` and `V` within the
+/// library's index limit (`cce_core::problem::check_index_limits`), and the host memory of
+/// the dataset (f32 `e`, `c`, i64 targets) plus the call's copy of the inputs (at most as
+/// large again) against what is available.
+///
+/// Errors: the library's `ResourceLimit`; sizes whose bytes overflow; too little memory.
+pub fn check_generated_size(n: usize, d: usize, v: usize) -> CliResult<()> {
+    cut_cross_entropy::problem::check_index_limits(n, v)?;
+    let too_large = || {
+        CliError::msg(format!(
+            "--n {n} --d {d} --v {v}: the generated case's size overflows"
+        ))
+    };
+    let floats = (n as u64)
+        .checked_mul(d as u64)
+        .and_then(|e| {
+            (v as u64)
+                .checked_mul(d as u64)
+                .and_then(|c| e.checked_add(c))
+        })
+        .ok_or_else(too_large)?;
+    // The f32 dataset plus the call's inputs (at most f32 again) and the targets (i64, twice).
+    let need = floats
+        .checked_mul(8)
+        .and_then(|b| b.checked_add(16 * n as u64))
+        .ok_or_else(too_large)?;
+    if let Some(avail) = crate::report::available_memory_bytes() {
+        if need > avail {
+            return Err(CliError::msg(format!(
+                "--n {n} --d {d} --v {v}: the generated case and its inputs need about {} of host memory, only {} is available; use a smaller --n, --d or --v",
+                crate::report::fmt_bytes(need),
+                crate::report::fmt_bytes(avail)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The host tensors of one call.

@@ -1109,3 +1109,65 @@ fn deterministic_runs_write_identical_gradient_files() {
         "two --deterministic runs wrote different gradient files"
     );
 }
+
+/// A generated case past the library's row limit, or larger than the memory, fails at once
+/// with the library's typed error or a memory message: nothing is generated first (generating
+/// 2³¹ rows took 16 GB and minutes).
+#[test]
+fn generated_sizes_are_validated_before_generating() {
+    let t0 = std::time::Instant::now();
+    fails(
+        &[
+            "run",
+            "--case",
+            "randn",
+            "--n",
+            "2147483648",
+            "--d",
+            "1",
+            "--v",
+            "2",
+        ],
+        &[
+            "resource limit exceeded",
+            "rows N",
+            "2147483648",
+            "2147483647",
+        ],
+    );
+    fails(
+        &[
+            "run",
+            "--case",
+            "randn",
+            "--n",
+            "1024",
+            "--d",
+            "1",
+            "--v",
+            "2147483648",
+        ],
+        &["vocabulary V"],
+    );
+    fails(
+        &[
+            "run",
+            "--case",
+            "randn",
+            "--n",
+            "1000000000",
+            "--d",
+            "100000",
+            "--v",
+            "2",
+        ],
+        &["host memory", "use a smaller"],
+    );
+    let elapsed = t0.elapsed();
+    // Each run is a process start and a few checks; 5 s for three of them leaves room for a
+    // loaded machine while generating even the first case takes far longer.
+    assert!(
+        elapsed.as_secs_f64() < 5.0,
+        "three size errors took {elapsed:?}"
+    );
+}

@@ -123,16 +123,7 @@ impl Problem {
                 got: targets.dtype(),
             });
         }
-        let limit = i32::MAX as u64;
-        for (what, size) in [("rows N", n), ("vocabulary V", v)] {
-            if size as u64 > limit {
-                return Err(CceError::ResourceLimit {
-                    resource: format!("{what} (32-bit row/class indices)"),
-                    requested: size as u64,
-                    max: limit,
-                });
-            }
-        }
+        check_index_limits(n, v)?;
         let seq_len = match (opts.seq_len, es.len()) {
             (Some(t), _) => t,
             (None, k) if k >= 3 => es[k - 2],
@@ -158,6 +149,25 @@ impl Problem {
     pub fn gemm_flop(&self) -> f64 {
         2.0 * self.n as f64 * self.v as f64 * self.d as f64
     }
+}
+
+/// The largest `N` and `V` a call accepts: row and class indices are 32-bit signed on devices.
+pub const MAX_ROWS_OR_CLASSES: usize = i32::MAX as usize;
+
+/// `ResourceLimit` when `n` rows or `v` classes exceed [`MAX_ROWS_OR_CLASSES`]: the check of
+/// [`Problem::new`], for callers (a CLI generating data) that want it before building any
+/// tensor.
+pub fn check_index_limits(n: usize, v: usize) -> Result<()> {
+    for (what, size) in [("rows N", n), ("vocabulary V", v)] {
+        if size > MAX_ROWS_OR_CLASSES {
+            return Err(CceError::ResourceLimit {
+                resource: format!("{what} (32-bit row/class indices)"),
+                requested: size as u64,
+                max: MAX_ROWS_OR_CLASSES as u64,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Targets after shift and validation: one class index per row of `e`, `-1` for ignored rows.
