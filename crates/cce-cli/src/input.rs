@@ -241,7 +241,8 @@ pub fn check_generated_size(n: usize, d: usize, v: usize) -> CliResult<()> {
 
 /// The host tensors of one call.
 pub struct Tensors {
-    /// `[N, D]`.
+    /// `[N, D]`, or `[N / T, T, D]` for a file whose `e` has sequences of `T` rows
+    /// ([`e_shape`]).
     pub e: HostTensor,
     /// `[V, D]`.
     pub c: HostTensor,
@@ -256,6 +257,16 @@ impl Tensors {
     pub fn bytes(&self) -> u64 {
         let b = |t: &HostTensor| t.as_bytes().len() as u64;
         b(&self.e) + b(&self.c) + self.bias.as_ref().map_or(0, b) + b(&self.targets)
+    }
+}
+
+/// The shape `e` is passed to the library in: `[N / T, T, D]` when the file stores `e` as
+/// `[..., T, D]` and `T` divides `N` (so the library takes the sequence length from the shape,
+/// the one rule for `--shift`), else `[N, D]`.
+pub fn e_shape(ds: &Dataset) -> Vec<usize> {
+    match ds.seq_len {
+        Some(t) if t > 0 && ds.n.is_multiple_of(t) => vec![ds.n / t, t, ds.d],
+        _ => vec![ds.n, ds.d],
     }
 }
 
@@ -277,7 +288,7 @@ pub fn tensors(ds: &Dataset, dtype: DType) -> CliResult<Tensors> {
         }
     }
     Ok(Tensors {
-        e: HostTensor::from_f32(vec![ds.n, ds.d], &ds.e, dtype)?,
+        e: HostTensor::from_f32(e_shape(ds), &ds.e, dtype)?,
         c: HostTensor::from_f32(vec![ds.v, ds.d], &ds.c, dtype)?,
         bias: ds
             .bias

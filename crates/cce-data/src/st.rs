@@ -140,8 +140,12 @@ fn wrong_shape(name: &str, found: &[usize], expected: &str) -> DataError {
     }
 }
 
-/// Reads `E`: returns (values, n, d, dtype).
-fn read_e(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize, String)> {
+/// Reads `E`: returns (values, n, d, dtype, T of a `[..., T, D]` tensor of rank >= 3).
+#[allow(clippy::type_complexity)]
+fn read_e(
+    f: &StFile<'_>,
+    names: &TensorNames,
+) -> Result<(Vec<f32>, usize, usize, String, Option<usize>)> {
     let t = f.require(&names.e)?;
     let shape = t.shape();
     if shape.len() < 2 || shape[shape.len() - 1] == 0 {
@@ -153,8 +157,9 @@ fn read_e(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize
     }
     let d = shape[shape.len() - 1];
     let n = shape[..shape.len() - 1].iter().product();
+    let seq_len = (shape.len() >= 3).then(|| shape[shape.len() - 2]);
     let e = floats(&names.e, &t)?;
-    Ok((e, n, d, t.dtype().to_string()))
+    Ok((e, n, d, t.dtype().to_string(), seq_len))
 }
 
 /// Reads the head: returns (values, v, d, description of its encoding).
@@ -293,7 +298,7 @@ fn file_label(path: &Path) -> String {
 }
 
 fn assemble(data: &StFile<'_>, head: &StFile<'_>, names: &TensorNames) -> Result<Dataset> {
-    let (e, n, d, e_dt) = read_e(data, names)?;
+    let (e, n, d, e_dt, seq_len) = read_e(data, names)?;
     let (c, v, dc, c_desc) = read_c(head, names)?;
     if d != dc {
         return Err(DataError::SizeMismatch {
@@ -330,6 +335,7 @@ fn assemble(data: &StFile<'_>, head: &StFile<'_>, names: &TensorNames) -> Result
         targets,
         lse_ref,
         nll_ref,
+        seq_len,
     };
     ds.validate()?;
     Ok(ds)
@@ -575,7 +581,8 @@ pub fn save_safetensors(
 }
 
 /// Writes a whole [`Dataset`] as a safetensors file that [`load_safetensors`] reads back
-/// bit-exactly with the default [`TensorNames`]: `E` f32 `[N, D]`, `C` f32 `[V, D]`,
+/// bit-exactly with the default [`TensorNames`]: `E` f32 `[N, D]` (`[N / T, T, D]` when
+/// [`Dataset::seq_len`] is `T` and divides `N`), `C` f32 `[V, D]`,
 /// `targets` i64 `[N]`, and `bias`, `lse_ref`, `nll_ref` (f32) when present; metadata
 /// `name` holds [`Dataset::name`].
 ///
@@ -594,8 +601,12 @@ pub fn save_dataset(path: impl AsRef<Path>, ds: &Dataset) -> Result<()> {
             },
         )
     }
+    let e_shape = match ds.seq_len {
+        Some(t) if t > 0 && ds.n.is_multiple_of(t) => vec![ds.n / t, t, ds.d],
+        _ => vec![ds.n, ds.d],
+    };
     let mut raw = vec![
-        f("E", vec![ds.n, ds.d], &ds.e),
+        f("E", e_shape, &ds.e),
         f("C", vec![ds.v, ds.d], &ds.c),
         (
             "targets".to_string(),

@@ -477,6 +477,7 @@ fn save_roundtrip_and_errors() {
         targets: vec![4, -100, 0],
         lse_ref: Some(vec![1.0, 2.0, 3.0]),
         nll_ref: None,
+        seq_len: None,
     };
     let q = d.join("ds.safetensors");
     save_dataset(&q, &ds).unwrap();
