@@ -259,8 +259,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    // SAFETY: only dlopens libcublas to check that it is present.
-    let blas = if unsafe { blas_sys::is_culib_present() } {
+    let blas = if cce_cuda::libs::present("cublas") {
         Some(CudaBlas::new(be.stream().clone()).expect("cublas handle"))
     } else {
         eprintln!("libcublas not found: GEMM floor not measured");

@@ -87,8 +87,7 @@ pub fn probe() -> Result<usize> {
         backend: BACKEND,
         reason,
     };
-    // SAFETY: only tries to dlopen libcuda by its candidate names.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !crate::libs::present("cuda") {
         return Err(no(
             "the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver".into(),
         ));
@@ -1492,8 +1491,7 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
 
 /// Whether the dense strategies can run: libcublas loads and compute capability ≥ 8.0.
 fn dense_available(major: i32) -> bool {
-    // SAFETY: only tries to dlopen libcublas by its candidate names; no symbol is called.
-    major >= 8 && unsafe { cudarc::cublas::sys::is_culib_present() }
+    major >= 8 && crate::libs::present("cublas")
 }
 
 fn dense_call<'a>(

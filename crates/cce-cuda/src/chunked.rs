@@ -269,8 +269,7 @@ pub fn compile_options(arch: &str) -> Vec<String> {
 /// options and the NVRTC version. Errors: `NoDevice` when libnvrtc cannot be loaded, `Backend`
 /// with the compiler log when the source does not compile.
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
-    // SAFETY: only tries to dlopen libnvrtc by its candidate names; no symbol is called.
-    if !unsafe { nvrtc_sys::is_culib_present() } {
+    if !crate::libs::present("nvrtc") {
         return Err(CceError::NoDevice {
             backend: BACKEND,
             reason: "libnvrtc (CUDA 13) could not be loaded".into(),
@@ -1159,8 +1158,7 @@ impl DenseEngine {
     /// cuBLAS handle. Errors: `NoDevice` (no NVRTC / cuBLAS), `Backend`.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         let ctx = stream.context().clone();
-        // SAFETY: only tries to dlopen libcublas by its candidate names.
-        if !unsafe { cublas_sys::is_culib_present() } {
+        if !crate::libs::present("cublas") {
             return Err(CceError::NoDevice {
                 backend: BACKEND,
                 reason:

@@ -78,8 +78,7 @@ pub fn compile_options(arch: &str) -> Vec<String> {
 /// Whether libnvrtc can be loaded (checked before any NVRTC call: cudarc panics otherwise).
 /// `Err` carries the reason.
 pub fn nvrtc_available() -> Result<(), String> {
-    // SAFETY: only tries to dlopen the library by its candidate names; no symbol is called.
-    if unsafe { nvrtc_sys::is_culib_present() } {
+    if crate::libs::present("nvrtc") {
         Ok(())
     } else {
         Err(

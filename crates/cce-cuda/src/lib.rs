@@ -41,6 +41,7 @@
 pub mod backend;
 pub mod chunked;
 pub mod kernels;
+pub mod libs;
 pub mod tensor;
 
 pub use backend::{probe, CudaBackend, SparseMode};
