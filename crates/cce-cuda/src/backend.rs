@@ -241,8 +241,13 @@ impl Workspace {
 }
 
 impl CudaBackend {
-    /// Open device `ordinal`, compile (or fetch from the caches) the kernels for its
-    /// architecture and load them.
+    /// Open device `ordinal` (its primary context, as PyTorch and candle use it) with a new
+    /// non-blocking stream of its own, compile (or fetch from the process caches) the kernels
+    /// for its architecture and load them.
+    ///
+    /// The stream does not synchronize with the legacy default stream: work the caller enqueues
+    /// elsewhere is ordered before a call only through an event the backend's stream waits for
+    /// (see [`CudaBackend::on_stream`] for the ordering contract).
     ///
     /// Errors: `NoDevice` when libcuda or libnvrtc is missing or no device is visible (checked
     /// before any CUDA call, since cudarc panics on a missing library), or `ordinal` is out of
@@ -256,23 +261,69 @@ impl CudaBackend {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
-        // SAFETY: every allocation and launch of this backend goes to the one stream below, so
-        // stream order alone orders all accesses, except the class-tiled forward's row kernels
-        // (chunked.rs `forward_by_classes`), which run on a second stream through raw device
-        // addresses only and are ordered by explicit events both ways, the main stream waiting
-        // for that stream before the call returns; no `CudaSlice` is used on another stream.
+        // SAFETY: this context handle is the backend's own (the tracking flag belongs to this
+        // `Arc<CudaContext>`, not to the driver's context). Every allocation and launch of this
+        // backend goes to its one stream, so stream order alone orders all accesses, except
+        // the class-tiled forward's row kernels (chunked.rs `forward_by_classes`), which run on
+        // a second stream through raw device addresses only and are ordered by explicit events
+        // both ways, the main stream waiting for that stream before the call returns; no
+        // `CudaSlice` is used on another stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream().map_err(drv)?;
+        Self::build(ctx, stream)
+    }
+
+    /// A backend that enqueues all its work on `stream`: a framework's stream (candle's
+    /// `CudaDevice::cuda_stream()`, or PyTorch's current stream through
+    /// [`CudaBackend::on_raw_stream`]), so that a call needs no synchronization with the
+    /// training step around it.
+    ///
+    /// Ordering contract: every kernel, copy, allocation and free of a call is enqueued on
+    /// `stream`, in program order. Inputs produced on another stream must be ordered before
+    /// the call by the caller (record an event on the producing stream and make `stream` wait
+    /// for it); consumers of the outputs on another stream wait for an event recorded on
+    /// `stream` after the call. Some calls still read small results back to the host (the
+    /// prepared targets, statistics) and so wait for `stream` to reach that point.
+    ///
+    /// Cheap to call per step: the compiled modules are cached per (context, architecture)
+    /// for the process ([`crate::device`]); a construction looks up its kernel functions and
+    /// device attributes. The dense strategies' cuBLAS handle and workspace are made on the
+    /// backend's first dense call. The context's event tracking is left as the caller set it.
+    ///
+    /// Errors: those of [`CudaBackend::new`].
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        probe()?;
+        let ctx = stream.context().clone();
+        Self::build(ctx, stream)
+    }
+
+    /// A backend on a stream owned by other code (PyTorch's
+    /// `torch.cuda.current_stream(device).cuda_stream`, a `CUstream` of another library),
+    /// wrapped with `CudaContext::wrap_borrowed_stream`: dropping the backend does not destroy
+    /// it. Same ordering contract as [`CudaBackend::on_stream`].
+    ///
+    /// # Safety
+    /// - `cu_stream` is a live stream of `ctx`'s context (for PyTorch: the device's primary
+    ///   context, which `CudaContext::new(ordinal)` retains);
+    /// - its owner keeps it alive while the backend, or a tensor it allocated, may be used;
+    /// - the caller orders work submitted by the stream's owner with the backend's work (as
+    ///   on any shared stream: program order on the stream does it).
+    ///
+    /// Errors: those of [`CudaBackend::new`].
+    pub unsafe fn on_raw_stream(
+        ctx: &Arc<CudaContext>,
+        cu_stream: cudarc::driver::sys::CUstream,
+    ) -> Result<Self> {
+        // SAFETY: forwarded to the caller (this function's contract).
+        let stream = unsafe { ctx.wrap_borrowed_stream(cu_stream) };
+        Self::on_stream(stream)
+    }
+
+    /// The backend on `stream` of `ctx`: kernels from the process caches, device limits.
+    fn build(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability().map_err(drv)?;
-        let arch = if major == 9 && minor == 0 {
-            "sm_90a".to_string()
-        } else {
-            format!("sm_{major}{minor}")
-        };
-        let cubin = kernels::compile_cubin(&arch)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(drv)?;
+        let arch = crate::device::arch_of(major, minor);
+        let module = crate::device::module(&ctx, kernels::SOURCE, &arch)?;
         let attr = |a: CUdevice_attribute| ctx.attribute(a).map_err(drv);
         let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let smem_optin =

@@ -81,10 +81,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::hash::{Hash, Hasher};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 const BACKEND: &str = "cuda";
@@ -255,105 +253,24 @@ fn to_i32(x: usize, what: &str) -> Result<i32> {
 // Compilation
 // ----------------------------------------------------------------------------------------------
 
-/// NVRTC options for an architecture such as `sm_90a`.
-pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-lineinfo".into(),
-    ]
-}
+pub use crate::device::{arch_of, compile_options};
 
-/// Compile `chunked.cu` for `arch` to a CUBIN with NVRTC, through a disk cache in
-/// `CCE_CUDA_CACHE_DIR` (default `$TMPDIR/cce-cuda-kernels`) keyed by a hash of the source, the
-/// options and the NVRTC version. Errors: `NoDevice` when libnvrtc cannot be loaded, `Backend`
-/// with the compiler log when the source does not compile.
+/// This module's source for the process caches of [`crate::device`].
+pub(crate) const SOURCE: crate::device::Source = crate::device::Source {
+    tag: "cce-dense",
+    text: || KERNEL_SOURCE.to_string(),
+};
+
+/// Compile `chunked.cu` + `wgmma.cu` for `arch` to a CUBIN with NVRTC, through the process and
+/// disk caches ([`crate::device`]). Errors: `NoDevice` when libnvrtc cannot be loaded,
+/// `Backend` with the compiler log when the source does not compile.
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
-    if !crate::libs::present("nvrtc") {
-        return Err(CceError::NoDevice {
-            backend: BACKEND,
-            reason: "libnvrtc (CUDA 13) could not be loaded".into(),
-        });
-    }
-    let (mut major, mut minor) = (0i32, 0i32);
-    // SAFETY: the library is present (checked above); both pointers are valid for writes.
-    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|e| CceError::backend(BACKEND, e))?;
-    let options = compile_options(arch);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (KERNEL_SOURCE, &options, major, minor).hash(&mut h);
-    let key = format!("cce-dense-{arch}-{:016x}.cubin", h.finish());
-    let dir = std::env::var_os("CCE_CUDA_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("cce-cuda-kernels"));
-    let path = dir.join(&key);
-    if let Ok(bytes) = std::fs::read(&path) {
-        if !bytes.is_empty() {
-            return Ok(bytes);
-        }
-    }
-    let bytes = compile_uncached(KERNEL_SOURCE, &options)?;
-    // Best effort: a read-only or missing folder only costs a compile next time.
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let tmp = dir.join(format!("{key}.{}", std::process::id()));
-        if std::fs::write(&tmp, &bytes).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
-    }
-    Ok(bytes)
+    Ok(crate::device::compile_cached(SOURCE, arch)?.to_vec())
 }
 
 /// Compile without the cache. Returns the CUBIN.
 pub fn compile_uncached(source: &str, options: &[String]) -> Result<Vec<u8>> {
-    let be = |e: nvrtc_result::NvrtcError| CceError::backend(BACKEND, e);
-    let src = CString::new(source).map_err(|e| CceError::backend(BACKEND, e))?;
-    let name = CString::new("chunked.cu").map_err(|e| CceError::backend(BACKEND, e))?;
-    let prog = nvrtc_result::create_program(&src, Some(&name)).map_err(be)?;
-    struct Guard(nvrtc_sys::nvrtcProgram);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            // SAFETY: the program was created above and is destroyed exactly once, here.
-            let _ = unsafe { nvrtc_result::destroy_program(self.0) };
-        }
-    }
-    let g = Guard(prog);
-    // SAFETY: `g.0` is a live program; the options are plain strings cudarc turns into C strings.
-    if let Err(e) = unsafe { nvrtc_result::compile_program(g.0, options) } {
-        // SAFETY: live program; NVRTC NUL-terminates the log it sized.
-        let log = unsafe { nvrtc_result::get_program_log(g.0) }
-            .map(|raw| {
-                // SAFETY: `raw` holds the NUL-terminated log written by NVRTC.
-                unsafe { CStr::from_ptr(raw.as_ptr() as *const c_char) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .unwrap_or_default();
-        return Err(CceError::backend(
-            BACKEND,
-            format!("NVRTC failed on chunked.cu ({e:?}, options {options:?}):\n{log}"),
-        ));
-    }
-    let mut size = 0usize;
-    // SAFETY: live, compiled program; `size` is valid for writes.
-    unsafe { nvrtc_sys::nvrtcGetCUBINSize(g.0, &mut size) }
-        .result()
-        .map_err(be)?;
-    let mut cubin = vec![0u8; size];
-    // SAFETY: `cubin` has exactly the size NVRTC reported for the CUBIN.
-    unsafe { nvrtc_sys::nvrtcGetCUBIN(g.0, cubin.as_mut_ptr() as *mut c_char) }
-        .result()
-        .map_err(be)?;
-    Ok(cubin)
-}
-
-/// NVRTC architecture name of a compute capability (`sm_90a` on Hopper).
-pub fn arch_of(major: i32, minor: i32) -> String {
-    if major == 9 && minor == 0 {
-        "sm_90a".into()
-    } else {
-        format!("sm_{major}{minor}")
-    }
+    crate::device::nvrtc_compile(source, "chunked.cu", options)
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1174,8 +1091,7 @@ impl DenseEngine {
             });
         }
         let arch = arch_of(major, minor);
-        let cubin = compile_cubin(&arch)?;
-        let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(drv)?;
+        let module = crate::device::module(&ctx, SOURCE, &arch)?;
         let mut names: Vec<String> = Vec::new();
         for dt in ["f32", "f16", "bf16"] {
             names.push(format!("cce_dense_fwd_{dt}"));
