@@ -239,6 +239,8 @@ struct Cli {
     /// Also write the table to this file.
     #[arg(long)]
     out: Option<String>,
+    #[command(flatten)]
+    switches: cce_benches::SwitchArgs,
 }
 
 fn main() {
@@ -251,9 +253,10 @@ fn main() {
             Err(e) => e.exit(),
         }
     };
-    let (filters, reps, warmup, out_path) = (cli.filter, cli.reps, cli.warmup, cli.out);
+    let (filters, reps, warmup, out_path) =
+        (cli.filter.clone(), cli.reps, cli.warmup, cli.out.clone());
     let be = match CudaBackend::new(0) {
-        Ok(b) => b,
+        Ok(b) => b.with_switches(cli.switches.switches()),
         Err(e) => {
             eprintln!("cce-bench-cuda: no CUDA backend: {e}");
             std::process::exit(2);

@@ -17,6 +17,7 @@
 
 use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
+use crate::switches::CudaSwitches;
 use crate::tensor::CudaTensor;
 use cce_core::filter::N_BINS;
 use cce_core::plan::Pass;
@@ -136,6 +137,8 @@ pub struct CudaBackend {
     /// Split dense's class pass takes the WGMMA `G` epilogue where it applies.
     wgmma_gcols: bool,
     wgmma_rows: bool,
+    /// The dense engine's profiling and sparse-backward tuning ([`CudaSwitches`]).
+    engine_switches: CudaSwitches,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -403,7 +406,33 @@ impl CudaBackend {
             wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: crate::chunked::WGMMA_GCOLS_DEFAULT,
             wgmma_rows: crate::chunked::WGMMA_ROWS_DEFAULT,
+            engine_switches: CudaSwitches::default(),
         })
+    }
+
+    /// Every switch at once ([`CudaSwitches`]: which paths a call may take, profiling); the
+    /// `with_*` methods below set one each. Set before the first call (the dense engine takes
+    /// its profiling and tuning switches when the first dense call makes it).
+    pub fn with_switches(mut self, switches: CudaSwitches) -> Self {
+        self.sparse = switches.sparse;
+        self.wgmma_forward = switches.wgmma_forward;
+        self.wgmma_gcols = switches.wgmma_gcols;
+        self.wgmma_rows = switches.wgmma_rows;
+        self.split_de_f16 = switches.split_de_f16;
+        self.engine_switches = switches;
+        self
+    }
+
+    /// The switches in effect ([`CudaBackend::with_switches`]).
+    pub fn switches(&self) -> CudaSwitches {
+        CudaSwitches {
+            sparse: self.sparse,
+            wgmma_forward: self.wgmma_forward,
+            wgmma_gcols: self.wgmma_gcols,
+            wgmma_rows: self.wgmma_rows,
+            split_de_f16: self.split_de_f16,
+            ..self.engine_switches
+        }
     }
 
     /// How filtered split-dense calls use the plan's sparse backward ([`SparseMode`]).
@@ -420,8 +449,7 @@ impl CudaBackend {
     /// [`crate::chunked::WGMMA_SOFTCAP_MAX`] (a bias and a softcap are applied in the epilogue,
     /// the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
     /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
-    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.
+    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`].
     pub fn with_wgmma_forward(mut self, on: bool) -> Self {
         self.wgmma_forward = on;
         self
@@ -433,8 +461,7 @@ impl CudaBackend {
     /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
     /// multiple of 64, softcap at most [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
     /// The call's `plan_reason` says which ran. Default
-    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.
+    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`].
     pub fn with_wgmma_gcols(mut self, on: bool) -> Self {
         self.wgmma_gcols = on;
         self
@@ -448,8 +475,7 @@ impl CudaBackend {
     /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at most
     /// [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
     /// GEMM and the forward and backward row kernels. The call's `plan_reason` says which ran.
-    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_ROWS=0` turns it off regardless.
+    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`].
     pub fn with_wgmma_rows(mut self, on: bool) -> Self {
         self.wgmma_rows = on;
         self
@@ -769,7 +795,7 @@ impl CudaBackend {
         if let Some(e) = self.dense.get() {
             return Ok(Some(e));
         }
-        let engine = DenseEngine::new(self.stream.clone())?;
+        let engine = DenseEngine::new(self.stream.clone())?.with_switches(self.engine_switches);
         // A concurrent first call may have won the race; either engine is equivalent.
         let _ = self.dense.set(engine);
         Ok(self.dense.get())

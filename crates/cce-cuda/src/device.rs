@@ -1,11 +1,11 @@
 //! Compiled kernels, cached for the process: one NVRTC pipeline and one module cache.
 //!
 //! Every kernel source of the crate (the tile kernels of [`crate::kernels`], the dense engine's
-//! `chunked.cu` + `wgmma.cu` of [`crate::chunked`]) goes through [`compile_cached`]: NVRTC
+//! `chunked.cu` + `wgmma.cu` of [`crate::chunked`]) goes through `compile_cached`: NVRTC
 //! compiles it once per (source, architecture) and process to a CUBIN, which is also kept in a
 //! disk cache (`CCE_CUDA_CACHE_DIR`, default `$TMPDIR/cce-cuda-kernels`, the crate's only
 //! environment variable) keyed by a hash of the source, the options and the NVRTC version, so
-//! later processes skip the compile. [`module`] loads a CUBIN into a context once per
+//! later processes skip the compile. `module` loads a CUBIN into a context once per
 //! (context, source, architecture) and process: a backend made per call
 //! ([`crate::CudaBackend::on_stream`]) finds its modules loaded and only looks up its functions.
 //!

@@ -43,7 +43,9 @@ pub mod chunked;
 pub mod device;
 pub mod kernels;
 pub mod libs;
+pub mod switches;
 pub mod tensor;
 
 pub use backend::{probe, CudaBackend, SparseMode};
+pub use switches::CudaSwitches;
 pub use tensor::CudaTensor;

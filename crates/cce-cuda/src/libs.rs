@@ -9,14 +9,20 @@
 /// The file names cudarc tries for `lib` (`"cuda"`, `"nvrtc"`, `"cublas"`): the unversioned
 /// name, the CUDA 13 / 12 sonames and the driver's `.so.1` (Linux), or the `64_*` DLLs.
 fn candidates(lib: &str) -> Vec<String> {
-    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
-    let mut names = vec![format!("{DLL_PREFIX}{lib}{DLL_SUFFIX}")];
+    let (pre, suf) = if cfg!(windows) {
+        ("", ".dll")
+    } else if cfg!(target_os = "macos") {
+        ("lib", ".dylib")
+    } else {
+        ("lib", ".so")
+    };
+    let mut names = vec![format!("{pre}{lib}{suf}")];
     for major in ["13", "12"] {
-        names.push(format!("{DLL_PREFIX}{lib}{DLL_SUFFIX}.{major}"));
-        names.push(format!("{DLL_PREFIX}{lib}64_{major}{DLL_SUFFIX}"));
-        names.push(format!("{DLL_PREFIX}{lib}64_{major}0_0{DLL_SUFFIX}"));
+        names.push(format!("{pre}{lib}{suf}.{major}"));
+        names.push(format!("{pre}{lib}64_{major}{suf}"));
+        names.push(format!("{pre}{lib}64_{major}0_0{suf}"));
     }
-    names.push(format!("{DLL_PREFIX}{lib}{DLL_SUFFIX}.1"));
+    names.push(format!("{pre}{lib}{suf}.1"));
     names
 }
 

@@ -232,3 +232,27 @@ fn a_call_on_a_caller_stream_waits_for_a_producer_stream_through_an_event() {
     drop((e, c, t));
     producer.synchronize().unwrap();
 }
+
+#[test]
+fn switches_are_one_explicit_value() {
+    let Some(be) = common::backend("switches_are_one_explicit_value") else {
+        return;
+    };
+    assert_eq!(be.switches(), cce_cuda::CudaSwitches::default());
+    let s = cce_cuda::CudaSwitches {
+        wgmma_rows: false,
+        profile: true,
+        sparse: cce_cuda::SparseMode::Off,
+        ..Default::default()
+    };
+    let be = be.with_switches(s);
+    assert_eq!(be.switches(), s);
+    let be = be.with_wgmma_gcols(false);
+    assert_eq!(
+        be.switches(),
+        cce_cuda::CudaSwitches {
+            wgmma_gcols: false,
+            ..s
+        }
+    );
+}
