@@ -47,5 +47,9 @@ pub mod switches;
 pub mod tensor;
 
 pub use backend::{probe, CudaBackend, SparseMode};
+/// The cudarc this crate is built with (its streams, contexts and slices are what
+/// [`CudaBackend::on_stream`] and [`CudaTensor::borrowed_view`] take).
+pub use cudarc;
 pub use switches::CudaSwitches;
+pub use tensor::required_alignment;
 pub use tensor::CudaTensor;
