@@ -55,7 +55,7 @@ for line in sys.stdin:
         print("staged suite")
 ' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
-  cp target/release/cce-bench-cuda target/release/cce-bench-dense "$DEVBIN/"
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
   strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
