@@ -554,9 +554,9 @@ fn smallest_softcap(s: f32) -> Built {
     }
 }
 
-/// `N = 96`, `V = 700`, `D = 32` (the issue's scan), logits of standard deviation `z_std`,
-/// softcap `s`.
-fn softcap_scan(s: f32, z_std: f64, seed: u64) -> Built {
+/// `N = 96`, `V = 700`, `D = 32` (the issue's scan), logits of standard deviation `z_std`
+/// around `offset` (a bias, when not 0), softcap `s`.
+fn softcap_scan(s: f32, z_std: f64, offset: f32, seed: u64) -> Built {
     let (n, d, v) = (96, 32, 700);
     let mut r = rng(seed, 0x50f7);
     let sd = (z_std / (d as f64).sqrt()).sqrt();
@@ -564,13 +564,19 @@ fn softcap_scan(s: f32, z_std: f64, seed: u64) -> Built {
     let e: Vec<f32> = (0..n * d).map(|_| normal()).collect();
     let c: Vec<f32> = (0..v * d).map(|_| normal()).collect();
     let targets: Vec<i64> = (0..n).map(|i| ((i * 13 + 5) % v) as i64).collect();
+    let bias: Option<Vec<f32>> = (offset != 0.0).then(|| {
+        (0..v)
+            .map(|j| offset * (1.0 + 0.01 * (j % 7) as f32))
+            .collect()
+    });
     let case = Case::new(
-        format!("softcap {s:e}, logits std {z_std}"),
+        format!("softcap {s:e}, logits {offset} ± {z_std}"),
         n,
         d,
         v,
         DType::F32,
     )
+    .bias(bias.is_some())
     .opts(Options {
         softcap: Some(s),
         ..exact(Reduction::Mean, GradDType::Input)
@@ -580,7 +586,7 @@ fn softcap_scan(s: f32, z_std: f64, seed: u64) -> Built {
         data: CaseData {
             e: tensor(vec![n, d], &e, DType::F32),
             c: tensor(vec![v, d], &c, DType::F32),
-            bias: None,
+            bias: bias.map(|b| tensor(vec![v], &b, DType::F32)),
             targets: HostTensor::from_i64(targets),
             d_loss: DLossData::Scalar(1.0),
             d_lse: None,
@@ -590,8 +596,9 @@ fn softcap_scan(s: f32, z_std: f64, seed: u64) -> Built {
 }
 
 /// Softcaps from 1e-3 to 1e30 (issue 17 item 3): the issue's smallest input at caps 1e-3,
-/// 1e4 and 1e30, and its `N = 96, V = 700, D = 32` scan at 1e-3 (logits of std 0.02, where
-/// `1 − tanh²(x/s)` is tiny but representable), 1, 1e3, 1e5, 1e8 and 1e30. Every backend
+/// 1e4 and 1e30, and its `N = 96, V = 700, D = 32` scan at 1e-3 (logits of std 0.02, and
+/// logits 0.01 ± 2e-4 through a bias, where every `1 − tanh²(x/s)` is tiny but
+/// representable and `1 − (z/s)²` is 0 or wrong), 1, 1e3, 1e5, 1e8 and 1e30. Every backend
 /// must be exact for every finite cap: judged by the element rule and per row.
 pub fn softcap_extremes<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     run_all("softcap_extremes", backend, cfg, |seed| {
@@ -599,18 +606,19 @@ pub fn softcap_extremes<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResu
             .into_iter()
             .map(smallest_softcap)
             .collect();
-        for (k, (s, z_std)) in [
-            (1e-3f32, 0.02),
-            (1.0, 2.0),
-            (1e3, 2.0),
-            (1e5, 2.0),
-            (1e8, 2.0),
-            (1e30, 2.0),
+        for (k, (s, z_std, offset)) in [
+            (1e-3f32, 0.02, 0.0),
+            (1e-3, 2e-4, 0.01),
+            (1.0, 2.0, 0.0),
+            (1e3, 2.0, 0.0),
+            (1e5, 2.0, 0.0),
+            (1e8, 2.0, 0.0),
+            (1e30, 2.0, 0.0),
         ]
         .into_iter()
         .enumerate()
         {
-            out.push(softcap_scan(s, z_std, seed ^ k as u64));
+            out.push(softcap_scan(s, z_std, offset, seed ^ k as u64));
         }
         out
     })
