@@ -478,7 +478,15 @@ pub fn judge_outputs(
             bstats.entries_skipped
         ));
     }
-    let m_used = if rule.enabled { m.max(0.0) } else { 0.0 };
+    // The reported dropped mass covers the rows with a target; a row without one but with an
+    // lse upstream (`G = h·p`) is filtered too, under the rule's per-row bound
+    // `max_dropped_mass`, which then bounds its skipped mass.
+    let untargeted_upstream = (0..n).any(|i| !valid[i] && h[i] != 0.0);
+    let m_used = match (rule.enabled, untargeted_upstream) {
+        (false, _) => 0.0,
+        (true, false) => m.max(0.0),
+        (true, true) => m.max(rule.max_dropped_mass as f64),
+    };
     let fb = FilterBound::new(
         &w,
         &ev,
