@@ -42,7 +42,17 @@ pub const DEFAULT_CASES: u32 = 256;
 /// Inputs whose fix is not on this branch yet, per backend (`"*"`: every backend): cases that
 /// draw them are skipped (and counted in the test's output) instead of failing. Empty when
 /// every backend handles every input.
-pub const NOT_YET_FIXED: &[(&str, Gap)] = &[];
+pub const NOT_YET_FIXED: &[(&str, Gap)] = &[
+    // Found by this harness (issue 17 item 1, z-loss): the target entry
+    // `(1 + 2λ lse) p_y − 1` is computed with cancellation on the CPU and wgpu, so on a
+    // confident row (V = 1, or p_y → 1) with a small z-loss weight the row's gradient is
+    // ~1e-4 off (N=63 D=64 V=1 f32 flat z_loss=1e-5).
+    ("*", Gap::ZLossOnConfidentRows),
+    // Found by this harness (issue 17 item 3): under a small softcap the f32 logits' error is
+    // amplified by 1/s in the softcap factor (N=18 D=64 V=127 peaked softcap=2.3e-3, d_c row
+    // 3.9e-4 off); num-core's f64 logits under softcap are not on main yet.
+    ("*", Gap::SoftcapBelow(0.1)),
+];
 
 /// A kind of input a backend does not handle yet ([`NOT_YET_FIXED`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,8 +63,8 @@ pub enum Gap {
     SoftcapAbove(f64),
     /// A softcap below this value.
     SoftcapBelow(f64),
-    /// The filter on, an lse upstream, and rows without a target (ignored or shifted out).
-    FilteredIgnoredRowsWithDLse,
+    /// A z-loss with confident rows (`V = 1`, or [`SpecialKind::Confident`]).
+    ZLossOnConfidentRows,
 }
 
 impl Gap {
@@ -64,10 +74,8 @@ impl Gap {
             Gap::Special(k) => s.special == k,
             Gap::SoftcapAbove(x) => cap.is_some_and(|c| c > x),
             Gap::SoftcapBelow(x) => cap.is_some_and(|c| c < x),
-            Gap::FilteredIgnoredRowsWithDLse => {
-                s.filtered
-                    && (s.d_lse || s.special == SpecialKind::NonFiniteDLse)
-                    && (s.ignored_some || s.shift.is_some() || s.special == SpecialKind::AllIgnored)
+            Gap::ZLossOnConfidentRows => {
+                s.z_loss > 0.0 && (s.v == 1 || s.special == SpecialKind::Confident)
             }
         }
     }
@@ -257,7 +265,13 @@ fn case_of(s: &Spec) -> Case {
         o.reduction = s.reduction;
         o.softcap = s.softcap_log10.map(|x| 10f64.powf(x) as f32);
         o.label_smoothing = s.label_smoothing;
-        o.z_loss = s.z_loss;
+        // A common offset of 1e4 cancels in the loss but not in a z-loss (λ·lse² with lse ~
+        // 1e4), whose gradients then pass f16's largest value: the offset goes without.
+        o.z_loss = if s.special == SpecialKind::CommonOffset {
+            0.0
+        } else {
+            s.z_loss
+        };
         o.grad_dtype = if s.grads_f32 {
             GradDType::F32
         } else {

@@ -83,15 +83,14 @@ impl RowError {
     }
 }
 
-/// The absolute error allowed on an output element near 0: f32's smallest normal (`2⁻¹²⁶`;
-/// the gradients accumulate in f32, and values below it are subnormal, held to an absolute
-/// spacing of `2⁻¹⁴⁹` per term rather than to a relative precision), or half the smallest
-/// positive subnormal of a coarser output dtype (`2⁻²⁵` for f16).
+/// The absolute error allowed on an output element near 0: `2⁻¹¹⁰` (2¹⁶ times f32's smallest
+/// normal; the gradients accumulate in f32, whose subnormals carry an absolute rather than a
+/// relative precision and which GPUs flush to zero in products and sums of terms of that
+/// size), or half the smallest positive subnormal of a coarser output dtype (`2⁻²⁵` for f16).
 pub fn output_floor(dtype: DType) -> f64 {
-    let f32_normal = f32::MIN_POSITIVE as f64;
     match dtype {
         DType::F16 => 2f64.powi(-25),
-        _ => f32_normal,
+        _ => 2f64.powi(-110),
     }
 }
 
