@@ -1,11 +1,14 @@
 //! The blocked CPU backend: follows the plan and the filter rule of `cce-core` exactly.
 //!
 //! Forward (paper section 4.2): per row tile (in parallel), the class tiles of every class chunk
-//! in order; each logits tile is one f32 GEMM (`tile.rows x tile.classes x D`), followed by bias
-//! and softcap; an online log-sum-exp (f64 accumulators) keeps max, sum, the target logit,
-//! `Σ z`, `Σ p z` (entropy) and the argmax.
+//! in order; each logits tile is one f32 GEMM (`tile.rows x tile.classes x D`; f64 under
+//! softcap, whose derivative amplifies logit rounding by `2/s`), followed by bias and softcap;
+//! an online log-sum-exp (f64 accumulators) keeps max, sum, the non-target sum (for
+//! `rest_mass`), the target logit, `Σ z`, `Σ p z` (entropy) and the argmax. −inf logits
+//! (classes masked by the bias) add nothing.
 //!
-//! Backward (paper section 4.3), from the saved lse:
+//! Backward (paper section 4.3), from the saved lse and rest mass (the target's `G` and `g0`
+//! from `1 − p_y = rest`, without cancellation on confident rows):
 //! 1. threshold: per active row, a histogram of `g0 = |p − onehot|` over the filter's bins and
 //!    the row threshold `τ_i` ([`cce_core::filter`]);
 //! 2. tile mask: a tile is skipped when every entry of its active rows has `g0 < τ_i`; the
@@ -65,6 +68,8 @@ struct Prepared<'a> {
     e: Cow<'a, [f32]>,
     c: Cow<'a, [f32]>,
     bias: Option<Cow<'a, [f32]>>,
+    /// Accumulate the logits in f64 (under softcap, see [`Prepared::raw_logits_tile`]).
+    wide_logits: bool,
 }
 
 /// The values of a float tensor as f32: borrowed when already f32, widened (exactly) otherwise.
@@ -101,7 +106,36 @@ fn prepare<'a>(
         e: as_f32(inputs.e),
         c: as_f32(inputs.c),
         bias: inputs.bias.map(as_f32),
+        wide_logits: opts.softcap.is_some(),
     })
+}
+
+/// `out[m, n] = a[m, k] · b[n, k]ᵀ`, f64, row-major `a`, `b` and `out`.
+fn dgemm(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], out: &mut [f64]) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
+    // SAFETY: the assert bounds every element addressed: a (m x k, strides (k, 1)),
+    // b read as k x n with strides (1, k), out (m x n, strides (n, 1)).
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            out.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
 }
 
 /// `out[m, n] (+)= a[m, k] · b[k, n]` with explicit strides, f32.
@@ -162,22 +196,26 @@ impl Prepared<'_> {
     }
 
     /// Uncapped logits tile `x[rows x classes]` (f32, bias applied), row-major.
+    ///
+    /// Under softcap the products accumulate in f64 (then round to f32): the softcap's
+    /// derivative `4w/(1 + w)²`, `w = e^{−2|x/s|}`, turns an absolute logit error `δx` into a
+    /// relative gradient error `2δx/s`, so f32 accumulation (`δx ~ 2⁻²⁴·Σ_k |e_k c_k|`) would
+    /// cost a small cap (`s = 1e-3`) three decimal digits; rounded once, `δx ≤ 2⁻²⁴·|x|`.
     fn raw_logits_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
         let d = self.problem.d;
         let (r, k) = (rows.len(), classes.len());
+        let e = &self.e[rows.start * d..rows.end * d];
+        let c = &self.c[classes.start * d..classes.end * d];
         let mut z = vec![0.0f32; r * k];
-        sgemm(
-            r,
-            d,
-            k,
-            &self.e[rows.start * d..rows.end * d],
-            (d, 1),
-            &self.c[classes.start * d..classes.end * d],
-            (1, d),
-            0.0,
-            &mut z,
-            k,
-        );
+        if self.wide_logits {
+            let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+            let (e, c) = (wide(e), wide(c));
+            let mut z64 = vec![0.0f64; r * k];
+            dgemm(r, d, k, &e, &c, &mut z64);
+            z.iter_mut().zip(&z64).for_each(|(o, &x)| *o = x as f32);
+        } else {
+            sgemm(r, d, k, e, (d, 1), c, (1, d), 0.0, &mut z, k);
+        }
         if let Some(b) = &self.bias {
             for row in z.chunks_mut(k) {
                 for (x, b) in row.iter_mut().zip(&b[classes.clone()]) {
