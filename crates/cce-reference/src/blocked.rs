@@ -72,12 +72,14 @@ struct Prepared<'a> {
     wide_logits: bool,
 }
 
-/// The values of a float tensor as f32: borrowed when already f32, widened (exactly) otherwise.
-fn as_f32(t: &HostTensor) -> Cow<'_, [f32]> {
-    match t.data() {
+/// The values of a float tensor as f32: borrowed when already f32, widened (exactly)
+/// otherwise. Errors: `OutOfMemory { backend: "host" }` (as for the backend's other buffers)
+/// when the host cannot allocate the f32 copy.
+fn as_f32(t: &HostTensor) -> Result<Cow<'_, [f32]>> {
+    Ok(match t.data() {
         HostData::F32(v) => Cow::Borrowed(v),
-        _ => Cow::Owned(t.to_f32_vec()),
-    }
+        _ => Cow::Owned(t.try_to_f32_vec()?),
+    })
 }
 
 fn prepare<'a>(
@@ -103,9 +105,9 @@ fn prepare<'a>(
         problem,
         plan,
         targets,
-        e: as_f32(inputs.e),
-        c: as_f32(inputs.c),
-        bias: inputs.bias.map(as_f32),
+        e: as_f32(inputs.e)?,
+        c: as_f32(inputs.c)?,
+        bias: inputs.bias.map(as_f32).transpose()?,
         wide_logits: opts.softcap.is_some(),
     })
 }
@@ -479,15 +481,15 @@ impl Backend for CpuBackend {
                 value,
             });
         }
-        if let DLoss::Scalar(s) = upstream.d_loss {
-            if !s.is_finite() {
-                return Err(CceError::NonFinite {
-                    what: "d_loss",
-                    index: 0,
-                    row: 0,
-                    value: s,
-                });
+        match upstream.d_loss {
+            DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
+            DLoss::PerRow(t) if opts.check_finite => {
+                cce_core::problem::check_upstream_finite("d_loss", t.to_f32_vec())?
             }
+            DLoss::PerRow(_) => {}
+        }
+        if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
+            cce_core::problem::check_upstream_finite("d_lse", t.to_f32_vec())?;
         }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;

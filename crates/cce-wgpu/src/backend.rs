@@ -657,6 +657,7 @@ impl WgpuBackend {
                 return Err(bad_dloss("scalar"));
             }
             DLoss::Scalar(g) => {
+                cce_core::problem::check_upstream_finite("d_loss", [g])?;
                 let g = match opts.reduction {
                     Reduction::Mean if prep.n_valid > 0 => g / prep.n_valid as f32,
                     // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`).
@@ -675,6 +676,17 @@ impl WgpuBackend {
         };
         if let Some(h) = upstream.d_lse {
             check_rows(h, "d_lse")?;
+        }
+        if opts.check_finite {
+            // The per-row upstream gradients are read back (4N bytes each) and checked before
+            // any work: a NaN there would otherwise vanish in the kernels' zero tests.
+            let named = [("d_loss", dloss_rows), ("d_lse", upstream.d_lse)];
+            for (what, b) in named {
+                if let Some(b) = b {
+                    let host = <Self as Backend>::download(self, b)?;
+                    cce_core::problem::check_upstream_finite(what, host.to_f32_vec())?;
+                }
+            }
         }
         let out_dtype = if opts.grad_dtype == GradDType::F32 {
             DType::F32
