@@ -1087,10 +1087,7 @@ fn non_finite_input(p: &Prepared) -> Option<CceError> {
         .or_else(|| scan("c", &p.c, d))
         .or_else(|| {
             let b = p.bias.as_ref()?;
-            let (index, &value) = b
-                .iter()
-                .enumerate()
-                .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)?;
+            let (index, value) = cce_core::problem::first_bad_bias(b.iter().copied())?;
             Some(CceError::NonFinite {
                 what: "bias",
                 index,
