@@ -24,7 +24,7 @@ use cce_core::plan::Pass;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
     GradDType, HostTensor, Inputs, Options, Plan, PreparedTargets, Problem, Reduction, Result,
-    Strategy, StrategyKind, TensorMeta, TileShape, Upstream,
+    Saved, Strategy, StrategyKind, TensorMeta, TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
@@ -963,6 +963,7 @@ impl CudaBackend {
         Ok(ForwardOutput {
             loss,
             lse,
+            rest_mass: self.zeros(vec![n], DType::F32)?,
             entropy,
             argmax,
             stats: self.base_stats(p, ws.peak),
@@ -1649,10 +1650,13 @@ impl Backend for CudaBackend {
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
-        lse: &CudaTensor,
+        saved: Saved<'_, CudaTensor>,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        self.check_owned("rest_mass", saved.rest_mass)?;
+        saved.check(p.plan.problem.n)?;
+        let lse = saved.lse;
         if let Some(engine) = self.dense_engine(&p)? {
             self.check_owned("lse", lse)?;
             let (_, bwd) = engine.backend_run(
