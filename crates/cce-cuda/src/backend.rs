@@ -22,8 +22,8 @@ use crate::kernels;
 use crate::tensor::CudaTensor;
 use cce_core::{
     Backend, BackwardOutput, CceError, DType, DeviceLimits, ForwardOutput, HostTensor, Inputs,
-    Options, Plan, PreparedTargets, Problem, Result, Strategy, StrategyKind, TensorMeta, TileShape,
-    Upstream,
+    Options, Plan, PreparedTargets, Problem, Result, Saved, Strategy, StrategyKind, TensorMeta,
+    TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::{
@@ -760,10 +760,13 @@ impl Backend for CudaBackend {
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
-        lse: &CudaTensor,
+        saved: Saved<'_, CudaTensor>,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        self.check_owned("rest_mass", saved.rest_mass)?;
+        saved.check(p.problem.n)?;
+        let lse = saved.lse;
         self.check_owned("lse", lse)?;
         let (_, bwd) = self.dense_engine()?.backend_run(
             &dense_call(

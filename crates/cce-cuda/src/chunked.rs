@@ -4012,6 +4012,15 @@ impl DenseEngine {
         crate::CudaTensor::from_slice(s, dtype, shape)
     }
 
+    /// A zero-filled `[n]` f32 tensor.
+    fn zero_rows(&self, n: usize) -> Result<crate::CudaTensor> {
+        let s = self
+            .stream
+            .alloc_zeros::<u8>((4 * n).max(1))
+            .map_err(|e| alloc_err(e, 4 * n))?;
+        crate::CudaTensor::from_slice(s, DType::F32, vec![n])
+    }
+
     fn base_stats(&self, call: &BackendCall<'_>, workspace_bytes: u64) -> cce_core::CallStats {
         let p = call.plan;
         cce_core::CallStats {
@@ -4186,19 +4195,21 @@ impl DenseEngine {
             }
         };
         drop(ws);
-        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| {
+        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| -> Result<_> {
             let mut stats = self.base_stats(call, ws_bytes);
             if let Some(note) = &dstats.forward {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
             }
-            cce_core::ForwardOutput {
+            Ok(cce_core::ForwardOutput {
                 loss,
                 lse,
+                rest_mass: self.zero_rows(n)?,
                 entropy,
                 argmax,
                 stats,
-            }
+            })
         });
+        let fwd = fwd.transpose()?;
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
             // What ran, before the plan: the sparse backward (or why it gave way), then how

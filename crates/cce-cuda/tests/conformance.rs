@@ -5,7 +5,7 @@
 mod common;
 
 use cce_core::{
-    Backend, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction,
+    Backend, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction, Saved,
     SideOutputs, TensorMeta, Upstream,
 };
 use cce_cuda::{CudaBackend, CudaTensor};
@@ -134,7 +134,15 @@ fn expect_all_ignored(
     let lse = be
         .upload(&HostTensor::from_f32(vec![sp.n], &vec![1.0; sp.n], DType::F32).unwrap())
         .unwrap();
-    match be.backward(inputs, &sp.opts, &lse, upstream) {
+    match be.backward(
+        inputs,
+        &sp.opts,
+        Saved {
+            lse: &lse,
+            rest_mass: &lse,
+        },
+        upstream,
+    ) {
         Err(e) if is_expected(&e) => {}
         Err(e) => panic!("{}: {e:?}", what("backward: expected AllTargetsIgnored")),
         Ok(_) => panic!("{}", what("backward accepted a mean over no valid row")),

@@ -126,7 +126,7 @@ impl<B: Backend> HostBackend for B {
                 d_lse: None,
             };
             let t1 = Instant::now();
-            let bwd = self.backward(&inputs, opts, &fwd.lse, &upstream)?;
+            let bwd = self.backward(&inputs, opts, fwd.saved(), &upstream)?;
             out.backward_ms = Some(t1.elapsed().as_secs_f64() * 1e3);
             out.d_e = bwd.d_e.as_ref().map(|t| self.download(t)).transpose()?;
             out.d_c = bwd.d_c.as_ref().map(|t| self.download(t)).transpose()?;
