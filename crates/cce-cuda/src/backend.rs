@@ -21,9 +21,9 @@ use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
 use crate::tensor::CudaTensor;
 use cce_core::{
-    Backend, BackwardOutput, CceError, DType, DeviceLimits, ForwardOutput, HostTensor, Inputs,
-    Options, Plan, PreparedTargets, Problem, Result, Saved, Strategy, StrategyKind, TensorMeta,
-    TileShape, Upstream,
+    Backend, BackwardOutput, CceError, DLoss, DType, DeviceLimits, ForwardOutput, HostTensor,
+    Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, Strategy, StrategyKind,
+    TensorMeta, TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::{
@@ -157,6 +157,8 @@ struct Prepared {
     plan: Plan,
     targets: PreparedTargets,
     classes: CudaSlice<u8>,
+    /// The bias masks some class (a −inf entry).
+    masked: bool,
 }
 
 impl CudaBackend {
@@ -293,7 +295,8 @@ impl CudaBackend {
     /// epilogue writes the per-tile (max, Σexp) and each `e^{z − m}` as f16
     /// (`kernels/wgmma.cu` `cce_wgmma_lseq_*`), then the lse and `G` in place
     /// (`cce_wgmma_qrows_g_*`), where it applies: compute capability 9.0, bf16 inputs and `G`,
-    /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at most
+    /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at least
+    /// [`crate::chunked::WGMMA_ROWS_SOFTCAP_MIN`] and at most
     /// [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
     /// GEMM and the forward and backward row kernels. The call's `plan_reason` says which ran.
     /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`]; the environment variable
@@ -542,6 +545,10 @@ impl CudaBackend {
             .to_i64_vec()
             .ok_or_else(|| CceError::backend(BACKEND, "targets are not integers"))?;
         let targets = PreparedTargets::new(&raw, &problem, opts)?;
+        let masked = match inputs.bias {
+            Some(b) => self.check_targets_unmasked(b, &targets, opts)?,
+            None => false,
+        };
         let classes = self
             .stream
             .clone_htod(bytemuck::cast_slice::<i32, u8>(&targets.classes))
@@ -551,11 +558,75 @@ impl CudaBackend {
             plan,
             targets,
             classes,
+            masked,
         })
     }
 
+    /// A −inf `bias` entry masks its class (p = 0, a valid input); a valid row whose target it
+    /// masks has an infinite loss, as has a row with any masked class under label smoothing:
+    /// `TargetMasked` / `InvalidOption` naming the first such row
+    /// ([`cce_core::problem::check_masked_targets`]). Reads the bias back (`V` elements).
+    /// Returns whether the bias masks any class.
+    fn check_targets_unmasked(
+        &self,
+        bias: &CudaTensor,
+        targets: &PreparedTargets,
+        opts: &Options,
+    ) -> Result<bool> {
+        let host = self.download(bias)?.to_f32_vec();
+        if !host.contains(&f32::NEG_INFINITY) {
+            return Ok(false);
+        }
+        cce_core::problem::check_masked_targets(targets, opts, |i| {
+            (host[targets.classes[i] as usize] == f32::NEG_INFINITY, true)
+        })?;
+        Ok(true)
+    }
+
+    /// The upstream gradients must be finite (NaN or ±inf there would spread through every
+    /// gradient): `NonFinite` naming `d_loss` or `d_lse` and the first bad row. A scalar is
+    /// always checked; per-row arrays (read back, 4N bytes each) with `check_finite`.
+    fn check_upstream(&self, opts: &Options, upstream: &Upstream<'_, CudaTensor>) -> Result<()> {
+        if let DLoss::Scalar(value) = upstream.d_loss {
+            if !value.is_finite() {
+                return Err(CceError::NonFinite {
+                    what: "d_loss",
+                    index: 0,
+                    row: 0,
+                    value,
+                });
+            }
+        }
+        if !opts.check_finite {
+            return Ok(());
+        }
+        let per_row = match upstream.d_loss {
+            DLoss::PerRow(t) => Some(("d_loss", t)),
+            DLoss::Scalar(_) => None,
+        };
+        for (what, t) in per_row
+            .into_iter()
+            .chain(upstream.d_lse.map(|t| ("d_lse", t)))
+        {
+            self.check_owned(what, t)?;
+            if let Some((index, value)) =
+                cce_core::problem::first_non_finite(self.download(t)?.to_f32_vec())
+            {
+                return Err(CceError::NonFinite {
+                    what,
+                    index,
+                    row: index,
+                    value,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// With `check_finite`, read the lse back (4N bytes) and report the first non-finite input
-    /// behind a non-finite lse.
+    /// behind a non-finite lse. An ignored row whose every class is masked by the bias has lse
+    /// −inf, which is not an error (without a masking bias, a −inf lse comes from −inf in `e`
+    /// or `c`, which is).
     fn check_finite_lse(
         &self,
         inputs: &Inputs<'_, CudaTensor>,
@@ -565,7 +636,16 @@ impl CudaBackend {
     ) -> Result<()> {
         if opts.check_finite {
             let host = self.download(lse)?.to_f32_vec();
-            if let Some((row, value)) = cce_core::problem::first_non_finite(host) {
+            let classes = &p.targets.classes;
+            // Ignored rows may have lse −inf (every class masked); anything else non-finite is
+            // an error.
+            let masked_ignored =
+                |i: usize, x: f32| p.masked && x == f32::NEG_INFINITY && classes[i] < 0;
+            let bad = host
+                .iter()
+                .enumerate()
+                .find(|&(i, x)| !(x.is_finite() || masked_ignored(i, *x)));
+            if let Some((row, &value)) = bad {
                 return Err(self.locate_non_finite(inputs, p, row, value));
             }
         }
@@ -615,7 +695,14 @@ impl CudaBackend {
             }
         }
         if let Some(b) = inputs.bias {
-            if let Some((index, value)) = first_bad(b) {
+            // −inf masks a class (valid input); NaN and +inf are errors.
+            let bad = self.download(b).ok().and_then(|h| {
+                h.to_f32_vec()
+                    .into_iter()
+                    .enumerate()
+                    .find(|(_, x)| x.is_nan() || *x == f32::INFINITY)
+            });
+            if let Some((index, value)) = bad {
                 return CceError::NonFinite {
                     what: "bias",
                     index,
@@ -764,10 +851,10 @@ impl Backend for CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        self.check_owned("lse", saved.lse)?;
         self.check_owned("rest_mass", saved.rest_mass)?;
         saved.check(p.problem.n)?;
-        let lse = saved.lse;
-        self.check_owned("lse", lse)?;
+        self.check_upstream(opts, upstream)?;
         let (_, bwd) = self.dense_engine()?.backend_run(
             &dense_call(
                 &p,
@@ -775,7 +862,7 @@ impl Backend for CudaBackend {
                 opts,
                 (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
             ),
-            Some(lse),
+            Some(saved),
             Some(upstream),
         )?;
         bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))
@@ -788,6 +875,7 @@ impl Backend for CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<(ForwardOutput<CudaTensor>, BackwardOutput<CudaTensor>)> {
         let p = self.prepare(inputs, opts)?;
+        self.check_upstream(opts, upstream)?;
         // One call: the logits are not recomputed between the forward and the backward.
         let (fwd, bwd) = self.dense_engine()?.backend_run(
             &dense_call(

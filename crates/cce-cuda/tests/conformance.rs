@@ -1431,6 +1431,7 @@ fn wgmma_forward_row_groups() {
         let t = be.stream().clone_htod(&bytes).unwrap();
         let mut loss = be.alloc_tensor(vec![], DType::F32).unwrap();
         let mut lse = be.alloc_tensor(vec![n], DType::F32).unwrap();
+        let mut rest = be.alloc_tensor(vec![n], DType::F32).unwrap();
         let inp = DenseInputs {
             e: e.slice(),
             c: c.slice(),
@@ -1442,6 +1443,7 @@ fn wgmma_forward_row_groups() {
             let mut out = DenseForwardOut {
                 loss: loss.slice_mut(),
                 lse: lse.slice_mut(),
+                rest: rest.slice_mut(),
                 entropy: None,
                 argmax: None,
             };
