@@ -22,6 +22,8 @@
 # $OUT (at most 8 files come back); a summary table is printed last.
 set -uo pipefail
 
+# run: DEVBIN (relative to the checkout root, e.g. .devbin/cuda-num) names the staged folder.
+DEVBIN_RUN=${DEVBIN:-.devbin/cuda}
 DEVBIN=${DEVBIN:-/work/main/.devbin/cuda}
 mode=${1:-}
 
@@ -39,7 +41,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("conformance", "errors", "large"):
+        if name in ("conformance", "errors", "large", "numerics"):
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
@@ -55,7 +57,7 @@ for line in sys.stdin:
 ' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
   cp target/release/cce-bench-cuda target/release/cce-bench-dense "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
+  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
@@ -74,7 +76,7 @@ if [ "$mode" != run ]; then
   exit 2
 fi
 
-D=.devbin/cuda
+D=$DEVBIN_RUN
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
 PHASES=${2:-tests,suite,sanitize,bench}
@@ -105,7 +107,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 
 if [[ $PHASES == *tests* ]]; then
   ok=1
-  for t in errors conformance; do
+  for t in errors numerics conformance; do
     echo "==== $t ===="
     # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
     # shellcheck disable=SC2086
