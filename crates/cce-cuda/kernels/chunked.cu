@@ -971,7 +971,7 @@ struct FusedShared {
     float m1, zs1, s2, t2, dropped4;  // this block's partials (read by peers)
     int am1;
     u32 kept4;
-    float M, ZS, S, T, EY, tau;  // cluster-wide values, broadcast to the block (S: target left out)
+    float M, ZS, S, T, EY, tau;  // cluster-wide values, broadcast to the block (S: no target)
     int AM;
     u32 hist[FUSED_THREADS / 32][N_BINS];
     u32 tot[N_BINS];   // this block's histogram (read by peers)

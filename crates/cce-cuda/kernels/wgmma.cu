@@ -38,8 +38,9 @@
 //             of Q u16 [N, ldq] (f16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
 //             box {64, 64}, 128-byte swizzle), written by TMA stores.
 //   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
-//             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N] or null (→ dl_scalar), dlse f32
-//             [N] or null, λ, softcap (> 0 for _cap); no label smoothing (α = 0).
+//             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N]
+//             or null (→ dl_scalar), dlse f32 [N] or null, λ, softcap (> 0 for _cap); no label
+//             smoothing (α = 0).
 //   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
 //             V (all classes: label smoothing's α/V), tmG: the tensor map of G u16 [N, ldg] (f16;
 //             dims {K, N}, row stride ldg·2 bytes a multiple of 16, box {64, 64}, 128-byte
@@ -637,8 +638,8 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
 //   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md),
 // the target's entry cd − cp·rest − cc from the saved rest = 1 − p_y (g_target); exactly 0 at
 // a masked class (x + bias = −inf).
-// CAP (softcap > 0): z = cap_fast(x + bias) and G times 1 − tanh²(x/s) (cap_fast_grad); tanhf per
-// value instead made the class pass slower than cuBLAS + the G pass (session 8 run 2). No τ
+// CAP (softcap > 0): z = cap_fast(x + bias) and G times 1 − tanh²(x/s) (cap_fast_grad); tanhf
+// per value instead made the class pass slower than cuBLAS + the G pass (session 8 run 2). No τ
 // (split dense's row pass never filters, so τ = 0).
 // Per value: one add (bias), one FFMA and ex2 (p), one FFMA (cp·p − cc, g_scale folded into
 // the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
@@ -801,8 +802,9 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
 // in place over q as bf16 (same row stride ldq). CAP (softcap s > 0): times 1 − (z/s)², z =
 // m_j + ln q clamped to [−s, s] (q = 0 gives z = −s and G = 0: such an entry's p is under
 // 2⁻²⁴·e^{m_j − lse}). The target entry is cd − cp·rest from the combine's rest = 1 − p_y
-// (g_target; its q is 0: the lse epilogue left it out), times the factor of the combine's z_y. Inactive rows (no loss or lse gradient) get exact zeros, as
-// every column ≥ V of the last 8-column group.
+// (g_target; its q is 0: the lse epilogue left it out), times the factor of the combine's z_y.
+// Inactive rows (no loss or lse gradient) get exact zeros, as every column ≥ V of the last
+// 8-column group.
 // Thread mapping: one warp per (row, column tile): lane l owns the 8 columns 256·j + 8·l (one
 // 16-byte load of q, one 16-byte store of G; ldq a multiple of 8 and ≥ V rounded up to 8, so a
 // group never crosses the row's end); blockIdx.x = row, blockIdx.y·8 + warp = tile.
