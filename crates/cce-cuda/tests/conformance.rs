@@ -1110,24 +1110,20 @@ fn sanitizer_smoke() {
     }
 }
 
-/// Whether a WGMMA epilogue switched by the environment variable `env` should run on this
-/// device (sm_90a, not switched off); says so on stderr for `test` when not.
-fn epilogue_expected(be: &CudaBackend, env: &str, test: &str) -> bool {
-    let expected = be.arch() == "sm_90a" && std::env::var(env).as_deref() != Ok("0");
+/// Whether a WGMMA epilogue should run on this device (sm_90a); says so on stderr for `test`
+/// when not.
+fn epilogue_expected(be: &CudaBackend, test: &str) -> bool {
+    let expected = be.arch() == "sm_90a";
     if !expected {
-        eprintln!(
-            "{test}: {} (or switched off): only the fallback is checked",
-            be.arch()
-        );
+        eprintln!("{test}: {}: only the fallback is checked", be.arch());
     }
     expected
 }
 
 /// Whether forward-only dense calls should take the fused WGMMA forward on this device
-/// (compute capability 9.0, not switched off by `CCE_CUDA_WGMMA_FORWARD=0`).
+/// (compute capability 9.0).
 fn wgmma_expected(be: &CudaBackend) -> bool {
     be.arch() == "sm_90a"
-        && std::env::var(cce_cuda::chunked::WGMMA_FORWARD_ENV).as_deref() != Ok("0")
 }
 
 /// |a − b| ≤ tol · (1 + |b|) per row.
@@ -1506,11 +1502,7 @@ fn wgmma_gcols_class_pass() {
     let Some(be) = backend("wgmma_gcols_class_pass") else {
         return;
     };
-    let expected = epilogue_expected(
-        &be,
-        cce_cuda::chunked::WGMMA_GCOLS_ENV,
-        "wgmma_gcols_class_pass",
-    );
+    let expected = epilogue_expected(&be, "wgmma_gcols_class_pass");
     let make = |on: bool, classes: usize| {
         CudaBackend::new(0)
             .unwrap()
@@ -1664,7 +1656,7 @@ fn wgmma_row_pass() {
     let Some(be) = backend("wgmma_row_pass") else {
         return;
     };
-    let expected = epilogue_expected(&be, cce_cuda::chunked::WGMMA_ROWS_ENV, "wgmma_row_pass");
+    let expected = epilogue_expected(&be, "wgmma_row_pass");
     // bf16 G for d_e (what the default budget takes at large shapes; small ones have room
     // for the f16 copy of c, whose f16 G keeps the cuBLAS row pass).
     let make = |on: bool| {

@@ -4,14 +4,17 @@
 //!
 //! The facade users depend on: re-exports of the contract ([`cce_core`]), the CPU backend
 //! ([`cce_reference::CpuBackend`]), the CUDA backend (feature `cuda`) and the wgpu backend
-//! (feature `wgpu`), plus a one-call API on host tensors ([`linear_cross_entropy`]) and a
-//! backend chosen by name at run time ([`backend_by_name`]).
+//! (feature `wgpu`), plus a one-call API on host tensors ([`linear_cross_entropy`]), one on
+//! CUDA device buffers (`cuda::linear_cross_entropy`, feature `cuda`) and a backend chosen by
+//! name at run time ([`backend_by_name`]).
 
 pub use cce_core::*;
 pub use cce_reference::{naive, CpuBackend, Oracle, OracleDLoss, Precision};
 
 #[cfg(feature = "cuda")]
 pub use cce_cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub use cce_wgpu;
 
