@@ -264,8 +264,10 @@ fn worst_row(ours: &[f64], gt: &[f64], cols: usize) -> (f64, usize) {
 
 /// Judge one call row by row: lse (absolute, relative to max(1, |lse|)), rest (relative),
 /// d_e (per row), d_c (per class, over the classes whose truth is not tiny next to the
-/// largest), d_bias; every value finite.
-fn judge_out(what: &str, out: &Out, t: &Truth, p: &Prob, tol: f64) {
+/// largest), d_bias; every value finite. `filtered`: the gradients are judged as a whole (a
+/// filtered call may drop up to δ of a row's mass, which is large next to a confident row's
+/// gradient or a rare class's), the exact zeros of masked classes still per class.
+fn judge_out(what: &str, out: &Out, t: &Truth, p: &Prob, tol: f64, filtered: bool) {
     let all = [&out.lse, &out.rest, &out.d_e, &out.d_c];
     assert!(
         all.iter().all(|v| v.iter().all(|x| x.is_finite())) && out.loss.is_finite(),
@@ -300,12 +302,23 @@ fn judge_out(what: &str, out: &Out, t: &Truth, p: &Prob, tol: f64) {
         t.loss,
         out.reason
     );
-    let (w, r) = worst_row(&out.d_e, &t.d_e, p.d);
-    assert!(
-        w <= tol,
-        "{what}: d_e row {r}: relative error {w:.3e} over {tol:e}\n    {}",
-        out.reason
-    );
+    if filtered {
+        for (name, o, g) in [("d_e", &out.d_e, &t.d_e), ("d_c", &out.d_c, &t.d_c)] {
+            let e = rel(o, g);
+            assert!(
+                e <= tol,
+                "{what}: {name}: relative error {e:.3e} over {tol:e}\n    {}",
+                out.reason
+            );
+        }
+    } else {
+        let (w, r) = worst_row(&out.d_e, &t.d_e, p.d);
+        assert!(
+            w <= tol,
+            "{what}: d_e row {r}: relative error {w:.3e} over {tol:e}\n    {}",
+            out.reason
+        );
+    }
     let big = t
         .d_c
         .chunks(p.d)
@@ -320,7 +333,7 @@ fn judge_out(what: &str, out: &Out, t: &Truth, p: &Prob, tol: f64) {
                 &o[..o.len().min(4)],
                 out.reason
             );
-        } else if norm > 1e-3 * big {
+        } else if !filtered && norm > 1e-3 * big {
             let e = rel(o, g);
             assert!(
                 e <= tol,
@@ -374,7 +387,7 @@ fn check_all_paths(what: &str, p: &Prob, opts: &Options, tol: f64) {
             );
             let out = run(&path.be, p, opts, fused).unwrap_or_else(|e| panic!("{label}: {e}"));
             eprintln!("{label}\n    {}", out.reason);
-            judge_out(&label, &out, &t, p, tol);
+            judge_out(&label, &out, &t, p, tol, filtered);
         }
     }
     for (name, be, entropy) in forward_paths() {
@@ -466,7 +479,8 @@ fn a_confident_tiny_row_keeps_its_gradient() {
     // E = [[1]], C = [[16], [0]], target 0: p_1 = 1 / (e^16 + 1) = 1.125e-7, below the f32
     // lse's resolution (lse = 16 + 1.1e-7 rounds to 16): d_e = −16 p_1 = −1.80e-6, d_c =
     // [−p_1, p_1]; p_y − 1 from the lse gives 0 for all three.
-    for dtype in [DType::F32, DType::BF16] {
+    // bf16: chunked dense rounds G to bf16 (2⁻⁹ relative).
+    for (dtype, tol) in [(DType::F32, 1e-3), (DType::BF16, 1e-2)] {
         let p = Prob {
             n: 1,
             d: 1,
@@ -479,7 +493,7 @@ fn a_confident_tiny_row_keeps_its_gradient() {
         let p1 = 1.0 / (16f64.exp() + 1.0);
         let t = truth(&p, None);
         assert!((t.d_e[0] + 16.0 * p1).abs() < 1e-15 && (t.d_e[0] + 1.80e-6).abs() < 1e-8);
-        check_all_paths(&format!("1x1x2 {dtype}"), &p, &exact(dtype), 1e-3);
+        check_all_paths(&format!("1x1x2 {dtype}"), &p, &exact(dtype), tol);
     }
 }
 
