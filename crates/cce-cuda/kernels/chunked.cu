@@ -1275,6 +1275,77 @@ FUSED_KERNEL(cce_dense_fused_bf16_c16, 2, 16)
 #endif  // __CUDA_ARCH__ >= 900
 
 // ------------------------------------------------------------------------------------------
+// (4') The target's entry of a 16-bit G, exact in d_e
+// ------------------------------------------------------------------------------------------
+// Parameters: G u16 [rows, ldg] the chunk's G as the d_e GEMM read it (g16: 1 f16, 2 bf16),
+//   row_scale f32 [rows] (G stored times 1 / row_scale: split dense's f16 G) or 0; targets,
+//   lse, rest, dl_rows (or dl_scalar), dlse (or 0): chunk-relative as cce_dense_bwd; α, λ, V,
+//   softcap, bias DT [V] or 0; e DT [rows, D] (the chunk's rows), c DT [V, D]; d_e [rows, D]
+//   in out_kind (0 f32, 1 f16, 2 bf16), updated in place: d_e_i += r_i · c_{y_i}, r_i = (the
+//   target's G in f32) − (its 16-bit value in G). The target's entry is a row's largest, and on
+//   a confident row (1 − p_y ≪ 1) nearly its whole d_e: rounded to bf16 it would carry 2⁻⁹ of
+//   it; corrected, d_e's error is that of the other, smaller entries.
+// Tiling: one warp per row, TFIX_THREADS / 32 rows per block.
+// Thread mapping: lane l owns the columns l + 32·k of D (the softcap's x_y = e_i·c_y + bias_y as
+//   a fixed-order dot product, then the update).
+#define TFIX_THREADS 256
+template <int DT>
+__device__ __forceinline__ void target_fix(const u16* G, long long ldg, int g16,
+                                           const float* row_scale, const int* targets,
+                                           const float* lse, const float* rest,
+                                           const float* dl_rows, float dl_scalar,
+                                           const float* dlse, float alpha, float lambda, int V,
+                                           float softcap, const void* bias, const void* e,
+                                           const void* c, int D, void* d_e, int out_kind,
+                                           int rows) {
+    const long long r = (long long)blockIdx.x * (TFIX_THREADS / 32) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps
+    const int lane = threadIdx.x & 31;
+    const int y = targets[r];
+    if (y < 0) return;
+    const GCoef cf = g_coef(y, r, dl_rows, dl_scalar, dlse, lse[r], alpha, lambda, V);
+    if (!cf.active) return;
+    float g = g_target(cf, rest[r]);
+    if (softcap > 0.0f) {
+        float x = 0.0f;
+        for (int k = lane; k < D; k += 32)
+            x = fmaf(Elem<DT>::load(e, r * D + k), Elem<DT>::load(c, (long long)y * D + k), x);
+        x = warp_sum(x);
+        if (bias) x += Elem<DT>::load(bias, y);
+        g *= cap_grad(x, 1.0f / softcap);
+    }
+    const u16 h = G[r * ldg + y];
+    float stored = g16 == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+    if (row_scale) stored *= row_scale[r];
+    const float res = g - stored;
+    if (res == 0.0f || !isfinite(res)) return;  // warp-uniform
+    for (int k = lane; k < D; k += 32) {
+        const long long i = r * D + k;
+        const float add = res * Elem<DT>::load(c, (long long)y * D + k);
+        if (out_kind == 0)
+            Elem<0>::store(d_e, i, Elem<0>::load(d_e, i) + add);
+        else if (out_kind == 1)
+            Elem<1>::store(d_e, i, Elem<1>::load(d_e, i) + add);
+        else
+            Elem<2>::store(d_e, i, Elem<2>::load(d_e, i) + add);
+    }
+}
+#define TFIX_PARAMS                                                                           \
+    const u16 *G, long long ldg, int g16, const float *row_scale, const int *targets,        \
+        const float *lse, const float *rest, const float *dl_rows, float dl_scalar,          \
+        const float *dlse, float alpha, float lambda, int V, float softcap, const void *bias, \
+        const void *e, const void *c, int D, void *d_e, int out_kind, int rows
+#define TFIX_ARGS                                                                             \
+    G, ldg, g16, row_scale, targets, lse, rest, dl_rows, dl_scalar, dlse, alpha, lambda, V,  \
+        softcap, bias, e, c, D, d_e, out_kind, rows
+extern "C" __global__ void __launch_bounds__(TFIX_THREADS) cce_dense_target_fix_f16(TFIX_PARAMS) {
+    target_fix<1>(TFIX_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(TFIX_THREADS) cce_dense_target_fix_bf16(TFIX_PARAMS) {
+    target_fix<2>(TFIX_ARGS);
+}
+
+// ------------------------------------------------------------------------------------------
 // d_bias: column sums of G
 // ------------------------------------------------------------------------------------------
 // Parameters: G (DT, [rows, ldg]); acc f32 [V] += scale · Σ_rows G (fixed row order:

@@ -5,8 +5,8 @@
 //!
 //! Strategy choice (the plan takes the first that fits the budget, in this order):
 //! - chunked dense (cuBLAS, 3 GEMMs, an f32 `d_c` accumulator of `4·V·D` bytes) for exact
-//!   bf16 / f32 calls: its products use `G` rounded to the input dtype, as a materialized
-//!   computation does;
+//!   bf16 / f32 calls (bf16 with f32 gradients asked: split dense's f16 `G` instead): its
+//!   products use `G` rounded to the input dtype, as a materialized computation does;
 //! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
 //!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
 //!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`); filtered
@@ -575,8 +575,12 @@ impl CudaBackend {
         let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
         let mut limits = self.limits.clone();
         let mut notes = Vec::new();
+        // bf16 inputs with f32 gradients asked: split dense's f16 G (11 significand bits, so a
+        // confident row's d_e and d_c rows keep 1e-3) instead of chunked dense's bf16 G (8).
+        let f32_grads_of_bf16 =
+            problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
         if limits.strategies.contains(&StrategyKind::ChunkedDense)
-            && (filtered || problem.dtype == DType::F16)
+            && (filtered || problem.dtype == DType::F16 || f32_grads_of_bf16)
         {
             limits
                 .strategies
@@ -584,9 +588,11 @@ impl CudaBackend {
             if limits.strategies.is_empty() {
                 limits.strategies.push(StrategyKind::SplitDense);
             }
-            notes.push(
-                "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)",
-            );
+            notes.push(if f32_grads_of_bf16 {
+                "chunked-dense is not used for f32 gradients of bf16 inputs (its products use bf16 G)"
+            } else {
+                "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
+            });
         }
         let mut plan = Plan::new(&problem, opts, &limits)?;
         for note in notes {

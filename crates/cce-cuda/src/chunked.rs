@@ -166,6 +166,8 @@ const FWD_THREADS: u32 = 256;
 const BWD_THREADS: u32 = 512;
 const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
+/// Threads (one warp per row) of `cce_dense_target_fix_*`.
+const TFIX_THREADS: u32 = 256;
 const SEL_THREADS: u32 = 512;
 const CLS_THREADS: u32 = 256;
 /// Rows per block of `cce_cls_fwd_*` (one warp each).
@@ -1130,6 +1132,9 @@ impl DenseEngine {
             names.push(format!("cce_sparse_select_{dt}"));
             names.push(format!("cce_sparse_select_{dt}_t256"));
             names.push(format!("cce_sparse_select_fwd_{dt}"));
+            if dt != "f32" {
+                names.push(format!("cce_dense_target_fix_{dt}"));
+            }
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
@@ -2105,6 +2110,30 @@ impl DenseEngine {
                         }
                     }
                     PhaseTimer::mark(&mut prof, "d_e GEMM")?;
+                    if dt != DType::F32 {
+                        // (4') the target's entry of the 16-bit G, exact in d_e.
+                        let g16 = if g_mode == 2 || dt == DType::F16 {
+                            1
+                        } else {
+                            2
+                        };
+                        let (g_ld, rs) = if g_mode == 2 {
+                            (ld * 2, rs_ptr)
+                        } else {
+                            (ldg_c, 0u64)
+                        };
+                        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+                        self.target_fix(
+                            code,
+                            (l_ptr, g_ld, g16, rs),
+                            (rows, t_r, saved_lse_ptr + off4, saved_rest_ptr + off4),
+                            (at(upstream_rows), dl_scalar, at(dlse_ptr)),
+                            (alpha, lambda, v_i, softcap, bias_ptr),
+                            (e_r, c_ptr, d),
+                            (de_r, out_ty),
+                        )?;
+                        PhaseTimer::mark(&mut prof, "d_e target entry")?;
+                    }
                 }
                 // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
                 if cfg.compute_d_c && !split {
@@ -2279,6 +2308,69 @@ impl DenseEngine {
         // the logits GEMM before this launch (stream order); the [N] outputs (checked sizes)
         // are offset to the chunk and hold its rows.
         unsafe { b.launch(cfg_l) }.map_err(drv)?;
+        Ok(())
+    }
+
+    /// Step (4'), `cce_dense_target_fix_*` for rows `rows` of a chunk whose 16-bit `G` (`g16`:
+    /// 1 f16, 2 bf16; row stride `g_ld` elements; stored times `1 / row_scale` when `rs` ≠ 0)
+    /// the d_e product has read: adds the rounding residual of each row's target entry times
+    /// `c_y` to the chunk's `d_e` rows (`d_e`, in `out_ty`). The per-row arrays are offset to
+    /// the chunk; `e_r` is the chunk's first row of `e`.
+    #[allow(clippy::too_many_arguments)]
+    fn target_fix(
+        &self,
+        code: &str,
+        (g, g_ld, g16, rs): (u64, usize, i32, u64),
+        (rows, t_r, lse_r, rest_r): (usize, u64, u64, u64),
+        (dl_r, dl_scalar, dlse_r): (u64, f32, u64),
+        (alpha, lambda, v_i, softcap, bias): (f32, f32, i32, f32, u64),
+        (e_r, c, d): (u64, u64, usize),
+        (d_e, out_ty): (u64, DType),
+    ) -> Result<()> {
+        let f = self.func(&format!("cce_dense_target_fix_{code}"))?;
+        let out_kind: i32 = match out_ty {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            _ => 2,
+        };
+        let (g_ld_i, rows_i, d_i) = (g_ld as i64, to_i32(rows, "rows")?, to_i32(d, "D")?);
+        let per_block = TFIX_THREADS as usize / 32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&g)
+            .arg(&g_ld_i)
+            .arg(&g16)
+            .arg(&rs)
+            .arg(&t_r)
+            .arg(&lse_r)
+            .arg(&rest_r)
+            .arg(&dl_r)
+            .arg(&dl_scalar)
+            .arg(&dlse_r)
+            .arg(&alpha)
+            .arg(&lambda)
+            .arg(&v_i)
+            .arg(&softcap)
+            .arg(&bias)
+            .arg(&e_r)
+            .arg(&c)
+            .arg(&d_i)
+            .arg(&d_e)
+            .arg(&out_kind)
+            .arg(&rows_i);
+        // SAFETY: argument types and order match TFIX_PARAMS in chunked.cu; G holds `rows` rows
+        // of `g_ld` 16-bit values (the chunk's G, written by the row kernels and read by the d_e
+        // product before this launch, stream order; targets < V ≤ g_ld); row_scale 0 or `rows`
+        // f32; the per-row arrays and e_r hold the chunk's rows ([N] buffers checked by `run`,
+        // offset to the chunk); c V x D and bias V values of the input dtype; d_e holds the
+        // chunk's rows x D in out_ty; one warp per row < rows.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+                block_dim: (TFIX_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
         Ok(())
     }
 
