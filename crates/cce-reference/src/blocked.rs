@@ -16,12 +16,12 @@
 //! `Strategy::ChunkedDense` materializes the `G` of a row chunk once (the plan's workspace);
 //! `Strategy::TileOwnership` recomputes each tile in every pass. Both produce the same bits.
 
+use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
 use cce_core::problem::{PreparedTargets, Problem};
 use cce_core::stats::CallStats;
-use cce_core::HostData;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
     TensorMeta, Upstream,
@@ -67,16 +67,8 @@ struct Prepared<'a> {
     bias: Option<Cow<'a, [f32]>>,
 }
 
-/// The values of a float tensor as f32: borrowed when already f32, widened (exactly) otherwise.
-fn as_f32(t: &HostTensor) -> Cow<'_, [f32]> {
-    match t.data() {
-        HostData::F32(v) => Cow::Borrowed(v),
-        _ => Cow::Owned(t.to_f32_vec()),
-    }
-}
-
-fn prepare<'a>(
-    inputs: &Inputs<'a, HostTensor>,
+fn prepare<'a, T: HostRead>(
+    inputs: &Inputs<'a, T>,
     opts: &Options,
     limits: &DeviceLimits,
 ) -> Result<Prepared<'a>> {
@@ -87,7 +79,7 @@ fn prepare<'a>(
         inputs.targets,
         opts,
     )?;
-    let raw = inputs.targets.to_i64_vec().ok_or(CceError::DTypeMismatch {
+    let raw = inputs.targets.i64_values().ok_or(CceError::DTypeMismatch {
         what: "targets",
         expected: "i32 or i64".into(),
         got: inputs.targets.dtype(),
@@ -98,9 +90,9 @@ fn prepare<'a>(
         problem,
         plan,
         targets,
-        e: as_f32(inputs.e),
-        c: as_f32(inputs.c),
-        bias: inputs.bias.map(as_f32),
+        e: inputs.e.f32_values(),
+        c: inputs.c.f32_values(),
+        bias: inputs.bias.map(|b| b.f32_values()),
     })
 }
 
@@ -222,6 +214,29 @@ impl Backend for CpuBackend {
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<HostTensor>> {
+        self.forward_host(inputs, opts)
+    }
+
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        lse: &HostTensor,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<BackwardOutput<HostTensor>> {
+        self.backward_host(inputs, opts, lse, upstream)
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::forward`] on any host buffers ([`HostRead`]): owned [`HostTensor`]s or
+    /// borrowed [`HostView`](crate::HostView)s, read in place (f32) without a copy. Same
+    /// errors as [`Backend::forward`].
+    pub fn forward_host<T: HostRead>(
+        &self,
+        inputs: &Inputs<'_, T>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, v, .. } = p.problem;
         let y = &p.targets.classes;
@@ -328,12 +343,14 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn backward(
+    /// [`Backend::backward`] on any host buffers ([`HostRead`]), as
+    /// [`CpuBackend::forward_host`]. Same errors as [`Backend::backward`].
+    pub fn backward_host<T: HostRead>(
         &self,
-        inputs: &Inputs<'_, HostTensor>,
+        inputs: &Inputs<'_, T>,
         opts: &Options,
-        lse: &HostTensor,
-        upstream: &Upstream<'_, HostTensor>,
+        lse: &T,
+        upstream: &Upstream<'_, T>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, d, v, .. } = p.problem;
@@ -344,7 +361,7 @@ impl Backend for CpuBackend {
                 got: format!("{:?} {}", lse.shape(), lse.dtype()),
             });
         }
-        let lse = lse.to_f32_vec();
+        let lse = lse.f32_values();
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
         // reject them either), so a non-finite lse is passed through.
         let bad = opts
@@ -374,7 +391,7 @@ impl Backend for CpuBackend {
         // Upstream g_i and h_i.
         let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
             (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
-                let t = t.to_f32_vec();
+                let t = t.f32_values();
                 (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
@@ -400,7 +417,7 @@ impl Backend for CpuBackend {
             }
         };
         let h: Vec<f32> = match upstream.d_lse {
-            Some(t) if t.shape() == [n] => t.to_f32_vec(),
+            Some(t) if t.shape() == [n] => t.f32_values().into_owned(),
             Some(t) => {
                 return Err(CceError::ShapeMismatch {
                     what: "d_lse",
