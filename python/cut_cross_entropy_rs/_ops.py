@@ -174,7 +174,9 @@ def _backward_fake(e, c, targets, bias, lse, d_loss, d_lse, opts, need_d_e, need
 
 def _setup_context(ctx, inputs, output):
     e, c, targets, bias, opts, stats_id = inputs
-    _, lse, _, _ = output
+    _, lse, entropy, argmax = output
+    # The entropy and argmax are statistics of the forward, without a gradient.
+    ctx.mark_non_differentiable(entropy, argmax)
     ctx.save_for_backward(e, c, targets, bias, lse)
     ctx.opts = opts
     ctx.stats_id = stats_id
@@ -184,10 +186,6 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, d_loss, d_lse, d_entropy, d_argmax):
     e, c, targets, bias, lse = ctx.saved_tensors
-    if d_entropy is not None:
-        err = CceError("the entropy output has no gradient (it is a statistic of the forward)")
-        err.kind = "Unsupported"
-        raise err
     need_d_e, need_d_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_d_bias = ctx.has_bias and ctx.needs_input_grad[3]
     if d_loss is None and d_lse is None:

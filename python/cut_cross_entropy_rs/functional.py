@@ -6,7 +6,6 @@ overlap, so switching is one import.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
@@ -61,7 +60,24 @@ def _options(
     )
     if workspace_budget_bytes is not None:
         o["workspace_budget_bytes"] = int(workspace_budget_bytes)
-    return json.dumps(o, sort_keys=True)
+    return "{" + ",".join(f'"{k}":{_json(o[k])}' for k in sorted(o)) + "}"
+
+
+def _json(x: Any) -> str:
+    """``x`` (None, bool, int, float or str) as JSON; written out rather than ``json.dumps`` so
+    that ``torch.compile`` traces it to a constant."""
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, float) and x != x:
+        return "NaN"
+    if isinstance(x, float) and abs(x) == float("inf"):
+        return "Infinity" if x > 0 else "-Infinity"
+    if isinstance(x, (int, float)):
+        return repr(x)
+    s = str(x).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
 
 
 def linear_cross_entropy(
