@@ -395,3 +395,53 @@ def test_error_message_is_the_librarys():
     t[5] = 99
     with pytest.raises(CceError, match=r"target out of range at row 5: 99 is not in \[0, 17\)"):
         linear_cross_entropy(e, c, t)
+
+
+STATS_KEYS = {
+    "backend",
+    "strategy",
+    "plan_reason",
+    "n_valid",
+    "tiles_total",
+    "tiles_visited",
+    "tiles_skipped",
+    "entries_kept",
+    "entries_skipped",
+    "dropped_mass_max",
+    "dropped_mass_mean",
+    "filter_eps",
+    "max_dropped_mass",
+    "workspace_bytes",
+    "summary",
+}
+
+
+def test_return_stats_forward_then_backward():
+    e, c, t, _ = make((40,), 16, 300, scale=3.0, ignore=0.1)
+    e1 = e.clone().requires_grad_()
+    loss, lse, stats = linear_cross_entropy(e1, c, t, return_lse=True, return_stats=True)
+    assert isinstance(stats, cce.CallStats) and set(stats) == {"forward"}
+    fwd = stats["forward"]
+    assert set(fwd) == STATS_KEYS
+    assert fwd["backend"] == "cpu" and fwd["strategy"] and fwd["plan_reason"]
+    assert fwd["n_valid"] == int((t != -100).sum())
+    assert fwd["filter_eps"] == 2.0**-28 and fwd["max_dropped_mass"] == pytest.approx(1e-3)
+    loss.backward()
+    bwd = stats["backward"]
+    assert set(bwd) == STATS_KEYS
+    assert bwd["entries_kept"] > 0
+    assert bwd["entries_kept"] + bwd["entries_skipped"] > 0
+    assert 0.0 <= bwd["dropped_mass_mean"] <= bwd["dropped_mass_max"] <= 1e-3
+    assert "strategy" in bwd["summary"] and "dropped mass" in bwd["summary"]
+
+
+def test_return_stats_exact_and_with_lse():
+    e, c, t, _ = make((20,), 8, 50)
+    e1 = e.clone().requires_grad_()
+    loss, stats = linear_cross_entropy(e1, c, t, filter_eps=None, return_stats=True)
+    loss.backward()
+    assert stats["backward"]["filter_eps"] == 0.0
+    assert stats["backward"]["entries_skipped"] == 0
+    assert stats["backward"]["dropped_mass_max"] == 0.0
+    out = linear_cross_entropy(e, c, t, return_lse=True, return_stats=True)
+    assert len(out) == 3 and out[1].shape == (20,) and "backward" not in out[2]
