@@ -145,7 +145,11 @@ def backward_op(
     o, _, _ = _split(opts)
     d_e = torch.empty(e.shape, dtype=e.dtype, device=e.device) if need_d_e else e.new_empty((0,))
     d_c = torch.empty(c.shape, dtype=c.dtype, device=c.device) if need_d_c else c.new_empty((0,))
-    d_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if need_d_bias and bias is not None else c.new_empty((0,))
+    d_bias = (
+        torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+        if need_d_bias and bias is not None
+        else c.new_empty((0,))
+    )
     if need_d_e or need_d_c or need_d_bias:
         stats = _native.backward(
             e.contiguous(),
@@ -168,7 +172,11 @@ def backward_op(
 def _backward_fake(e, c, targets, bias, lse, d_loss, d_lse, opts, need_d_e, need_d_c, need_d_bias, stats_id):
     d_e = torch.empty(e.shape, dtype=e.dtype, device=e.device) if need_d_e else e.new_empty((0,))
     d_c = torch.empty(c.shape, dtype=c.dtype, device=c.device) if need_d_c else c.new_empty((0,))
-    d_bias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device) if need_d_bias and bias is not None else c.new_empty((0,))
+    d_bias = (
+        torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+        if need_d_bias and bias is not None
+        else c.new_empty((0,))
+    )
     return d_e, d_c, d_bias
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._ops import CallStats, CceError, forward_op, new_stats
+from ._ops import CceError, forward_op, new_stats
 
 __all__ = ["linear_cross_entropy"]
 

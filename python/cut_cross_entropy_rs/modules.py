@@ -120,7 +120,9 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     def forward(self, lin_weight: Tensor, _input: Tensor, target: Tensor, bias: Tensor | None = None):
         """The loss, or a :class:`CrossEntropyOutput` when a side output is asked."""
         if self.reduction not in ("mean", "sum", "none"):
-            raise _error("InvalidOption", f"invalid option reduction: unknown reduction '{self.reduction}' (none, mean, sum)")
+            raise _error(
+                "InvalidOption", f"invalid option reduction: unknown reduction '{self.reduction}' (none, mean, sum)"
+            )
         want_argmax = self.return_token_accuracy or self.return_predicted_tokens
         opts = _options(
             self.ignore_index,

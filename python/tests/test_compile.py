@@ -72,7 +72,7 @@ def test_compile_fullgraph_matches_eager(backend):
     want = loss_fn(e, c, t, b)
     want_grads = torch.autograd.grad(want, (e, c, b))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    for x, y in zip(got_grads, want_grads):
+    for x, y in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 

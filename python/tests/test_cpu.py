@@ -27,7 +27,9 @@ def make(n_shape, d, v, dtype=torch.float32, bias=False, seed=0, scale=1.0, igno
     return e, c, t, b
 
 
-def reference(e, c, t, b=None, ignore_index=-100, softcap=None, reduction="mean", shift=0, label_smoothing=0.0, z_loss=0.0):
+def reference(
+    e, c, t, b=None, ignore_index=-100, softcap=None, reduction="mean", shift=0, label_smoothing=0.0, z_loss=0.0
+):
     """Loss and lse in f64 from the materialized logits; the loss placed as Apple's CCE does."""
     shift = int(shift)
     x = F.linear(e.double(), c.double(), None if b is None else b.double())
@@ -41,7 +43,11 @@ def reference(e, c, t, b=None, ignore_index=-100, softcap=None, reduction="mean"
         xs, ts = x, t
     v = c.shape[0]
     rows = F.cross_entropy(
-        xs.reshape(-1, v), ts.reshape(-1).long(), ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
+        xs.reshape(-1, v),
+        ts.reshape(-1).long(),
+        ignore_index=ignore_index,
+        reduction="none",
+        label_smoothing=label_smoothing,
     )
     valid = ts.reshape(-1) != ignore_index
     rows = rows + z_loss * torch.logsumexp(xs.reshape(-1, v), -1).square() * valid
@@ -70,16 +76,18 @@ def close(got, want, tol, what):
     assert worst <= tol * scale, f"{what}: max |diff| {worst:.3e} at {err.argmax().item()} > {tol:.1e} x {scale:.3g}"
 
 
-def check(
-    e, c, t, b=None, *, grad_tol=None, loss_tol=2e-5, filter_eps=None, upstream=None, **kw
-):
+def check(e, c, t, b=None, *, grad_tol=None, loss_tol=2e-5, filter_eps=None, upstream=None, **kw):
     """Our loss, lse and gradients of e, c, bias against the f64 reference."""
     dtype = e.dtype
     grad_tol = GRAD_TOL[dtype] if grad_tol is None else grad_tol
     e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
     b1 = None if b is None else b.clone().requires_grad_()
     loss, lse = linear_cross_entropy(e1, c1, t, b1, filter_eps=filter_eps, return_lse=True, **kw)
-    ref_kw = {k: v for k, v in kw.items() if k in ("ignore_index", "softcap", "reduction", "shift", "label_smoothing", "z_loss")}
+    ref_kw = {
+        k: v
+        for k, v in kw.items()
+        if k in ("ignore_index", "softcap", "reduction", "shift", "label_smoothing", "z_loss")
+    }
     e2, c2 = e.double().requires_grad_(), c.double().requires_grad_()
     b2 = None if b is None else b.double().requires_grad_()
     ref, ref_lse = reference(e2, c2, t, b2, **ref_kw)
@@ -92,7 +100,7 @@ def check(
     theirs = [x for x in (e2, c2, b2) if x is not None]
     g1 = grads(loss, ours, None if upstream is None else upstream.float())
     g2 = grads(ref, theirs, upstream)
-    for name, x, y, src in zip(("d_e", "d_c", "d_bias"), g1, g2, ours):
+    for name, x, y, src in zip(("d_e", "d_c", "d_bias"), g1, g2, ours, strict=False):
         assert x.dtype == src.dtype, f"{name} dtype {x.dtype}"
         close(x, y, grad_tol, name)
     return loss
@@ -218,9 +226,9 @@ def test_only_some_gradients():
     e, c, t, b = make((12,), 8, 30, bias=True)
     ref_e, ref_c, ref_b = (x.double().requires_grad_() for x in (e, c, b))
     ref, _ = reference(ref_e, ref_c, t, ref_b)
-    want = dict(zip("ecb", grads(ref, [ref_e, ref_c, ref_b])))
+    want = dict(zip("ecb", grads(ref, [ref_e, ref_c, ref_b]), strict=True))
     for which in "ecb":
-        xs = {k: x.clone().requires_grad_(k == which) for k, x in zip("ecb", (e, c, b))}
+        xs = {k: x.clone().requires_grad_(k == which) for k, x in zip("ecb", (e, c, b), strict=True)}
         linear_cross_entropy(xs["e"], xs["c"], t, xs["b"], filter_eps=None).backward()
         for k, x in xs.items():
             if k == which:
@@ -266,7 +274,12 @@ def test_liger_module(reduction):
     ref, lse = reference(e2, c2, t, b2, **kw)
     close(out.loss, ref, 2e-5, "loss")
     up = torch.ones_like(ref) if reduction == "none" else None
-    for x, y, name in zip(grads(out.loss, [e1, c1, b1], None if up is None else up.float()), grads(ref, [e2, c2, b2], up), ("d_e", "d_c", "d_bias")):
+    for x, y, name in zip(
+        grads(out.loss, [e1, c1, b1], None if up is None else up.float()),
+        grads(ref, [e2, c2, b2], up),
+        ("d_e", "d_c", "d_bias"),
+        strict=True,
+    ):
         close(x, y, 1e-5, name)
     valid = t != -100
     logits = F.linear(e.double(), c.double(), b.double())
@@ -362,8 +375,7 @@ def test_meta_tensors_give_shapes():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="library bug: the CPU backend's loss adds (α/V)·Σz with α = 0 and Σz = -inf, a NaN loss "
-    "beside a finite lse",
+    reason="library bug: the CPU backend's loss adds (α/V)·Σz with α = 0 and Σz = -inf, a NaN loss beside a finite lse",
 )
 def test_a_minus_inf_bias_masks_a_class():
     """-inf in the bias is a masked class (finite lse), not an error."""
