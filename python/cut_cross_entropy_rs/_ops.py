@@ -10,8 +10,8 @@ forward computing the gradients eagerly as Liger does: on the CPU backend the tw
 classifier) from the forward to the backward, and they cannot serve ``reduction="none"`` or an
 upstream gradient of ``lse`` (a per-row weight does not factor out of ``d_c = Gᵀ E``).
 
-Options travel as one JSON string (a constant for the compiler): the keys of the native
-``Options`` plus ``entropy`` and ``argmax`` (side outputs asked of the forward).
+Options travel as typed arguments of the ops (:class:`Options`, in the ops' argument order),
+so that ``torch.compile`` passes them through, symbolic floats included (``dynamic=True``).
 
 Device dispatch lives in the native extension: CPU tensors run on the CPU backend, read in
 place; CUDA tensors are the place of the CUDA device API (raw device pointers on
@@ -21,16 +21,15 @@ accounts for them, no host synchronization: the upstream gradient stays a device
 
 from __future__ import annotations
 
-import json
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from . import _native
 
-__all__ = ["CceError", "CallStats", "forward_op", "backward_op"]
+__all__ = ["CceError", "CallStats", "Options", "forward_op", "backward_op"]
 
 CceError = _native.CceError
 
@@ -73,20 +72,56 @@ def _rows(e: Tensor) -> int:
     return n
 
 
-def _split(opts: str) -> tuple[dict, bool, bool]:
-    o = json.loads(opts)
-    entropy = bool(o.pop("entropy", False))
-    argmax = bool(o.pop("argmax", False))
-    return o, entropy, argmax
+class Options(NamedTuple):
+    """The options of a call, in the ops' argument order. The numbers are validated by the
+    library (``CceError`` of kind ``InvalidOption``)."""
+
+    reduction: str = "mean"
+    ignore_index: int = -100
+    shift: int = 0
+    softcap: Optional[float] = None
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    filter_mode: str = "auto"
+    """``"auto"`` (the dtype's epsilon / 32), ``"off"`` (exact) or ``"value"`` (``filter_eps``)."""
+    filter_eps: float = 0.0
+    max_dropped_mass: float = 1e-3
+    filter_e_grad: bool = True
+    filter_c_grad: bool = True
+    workspace_budget_bytes: int = -1
+    """Negative: the library's default (512 MiB)."""
+    deterministic: bool = False
+    check_finite: bool = True
+    entropy: bool = False
+    """Forward side output: entropy per row."""
+    argmax: bool = False
+    """Forward side output: argmax per row."""
 
 
-def _forward_outputs(e: Tensor, reduction: str, entropy: bool, argmax: bool):
+def _options_in(scope: dict) -> Options:
+    """The :class:`Options` among an op's arguments (``locals()``)."""
+    return Options(*(scope[name] for name in Options._fields))
+
+
+def _native_options(o: Options) -> dict:
+    """``o`` as the native extension's options dict (the library's ``Options`` by name)."""
+    d = o._asdict()
+    mode, eps = d.pop("filter_mode"), d.pop("filter_eps")
+    # "auto", or a word the library parses ("off", "exact", or a bad one it names).
+    d["filter_eps"] = eps if mode == "value" else None if mode == "off" else mode
+    if d["workspace_budget_bytes"] < 0:
+        del d["workspace_budget_bytes"]
+    del d["entropy"], d["argmax"]
+    return d
+
+
+def _forward_outputs(e: Tensor, o: Options):
     n = _rows(e)
     f32 = dict(dtype=torch.float32, device=e.device)
-    loss = torch.empty((n,) if reduction == "none" else (), **f32)
+    loss = torch.empty((n,) if o.reduction == "none" else (), **f32)
     lse = torch.empty((n,), **f32)
-    ent = torch.empty((n if entropy else 0,), **f32)
-    arg = torch.empty((n if argmax else 0,), dtype=torch.int32, device=e.device)
+    ent = torch.empty((n if o.entropy else 0,), **f32)
+    arg = torch.empty((n if o.argmax else 0,), dtype=torch.int32, device=e.device)
     return loss, lse, ent, arg
 
 
@@ -96,33 +131,47 @@ def forward_op(
     c: Tensor,
     targets: Tensor,
     bias: Optional[Tensor],
-    opts: str,
     stats_id: int,
+    reduction: str,
+    ignore_index: int,
+    shift: int,
+    softcap: Optional[float],
+    label_smoothing: float,
+    z_loss: float,
+    filter_mode: str,
+    filter_eps: float,
+    max_dropped_mass: float,
+    filter_e_grad: bool,
+    filter_c_grad: bool,
+    workspace_budget_bytes: int,
+    deterministic: bool,
+    check_finite: bool,
+    entropy: bool,
+    argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Loss (``[]`` or ``[N]`` f32), lse (``[N]`` f32), entropy and argmax (``[N]``, or empty when
-    not asked) of ``CE(e cᵀ + bias, targets)``."""
-    o, entropy, argmax = _split(opts)
-    loss, lse, ent, arg = _forward_outputs(e, o.get("reduction", "mean"), entropy, argmax)
-    e, c = e.contiguous(), c.contiguous()
+    not asked) of ``CE(e cᵀ + bias, targets)``. The arguments after ``stats_id`` are the fields
+    of :class:`Options`; ``stats_id`` files the call's statistics (-1: none)."""
+    o = _options_in(locals())
+    loss, lse, ent, arg = _forward_outputs(e, o)
     stats = _native.forward(
-        e,
-        c,
+        e.contiguous(),
+        c.contiguous(),
         None if bias is None else bias.contiguous(),
         targets.contiguous(),
-        o,
+        _native_options(o),
         loss,
         lse,
-        ent if entropy else None,
-        arg if argmax else None,
+        ent if o.entropy else None,
+        arg if o.argmax else None,
     )
     _record(stats_id, "forward", stats)
     return loss, lse, ent, arg
 
 
 @forward_op.register_fake
-def _forward_fake(e, c, targets, bias, opts, stats_id):
-    o, entropy, argmax = _split(opts)
-    return _forward_outputs(e, o.get("reduction", "mean"), entropy, argmax)
+def _forward_fake(e, c, targets, bias, stats_id, *opts):
+    return _forward_outputs(e, Options(*opts))
 
 
 @torch.library.custom_op("cut_cross_entropy_rs::backward", mutates_args=())
@@ -134,29 +183,39 @@ def backward_op(
     lse: Tensor,
     d_loss: Tensor,
     d_lse: Optional[Tensor],
-    opts: str,
     need_d_e: bool,
     need_d_c: bool,
     need_d_bias: bool,
     stats_id: int,
+    reduction: str,
+    ignore_index: int,
+    shift: int,
+    softcap: Optional[float],
+    label_smoothing: float,
+    z_loss: float,
+    filter_mode: str,
+    filter_eps: float,
+    max_dropped_mass: float,
+    filter_e_grad: bool,
+    filter_c_grad: bool,
+    workspace_budget_bytes: int,
+    deterministic: bool,
+    check_finite: bool,
+    entropy: bool,
+    argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``d_e``, ``d_c``, ``d_bias`` (in the input dtype; empty when not needed) from the saved
-    ``lse`` and the upstream gradients of the loss and the lse."""
-    o, _, _ = _split(opts)
-    d_e = torch.empty(e.shape, dtype=e.dtype, device=e.device) if need_d_e else e.new_empty((0,))
-    d_c = torch.empty(c.shape, dtype=c.dtype, device=c.device) if need_d_c else c.new_empty((0,))
-    d_bias = (
-        torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
-        if need_d_bias and bias is not None
-        else c.new_empty((0,))
-    )
-    if need_d_e or need_d_c or need_d_bias:
+    ``lse`` and the upstream gradients of the loss and the lse. The arguments after
+    ``stats_id`` are the fields of :class:`Options`."""
+    o = _options_in(locals())
+    d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
+    if need_d_e or need_d_c or (need_d_bias and bias is not None):
         stats = _native.backward(
             e.contiguous(),
             c.contiguous(),
             None if bias is None else bias.contiguous(),
             targets.contiguous(),
-            o,
+            _native_options(o),
             lse.contiguous(),
             d_loss.to(torch.float32).contiguous(),
             None if d_lse is None else d_lse.to(torch.float32).contiguous(),
@@ -168,26 +227,28 @@ def backward_op(
     return d_e, d_c, d_bias
 
 
+def _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias):
+    """Fresh contiguous gradients (empty when not needed)."""
+
+    def like(x, need):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device) if need else x.new_empty((0,))
+
+    return like(e, need_d_e), like(c, need_d_c), like(c, False) if bias is None else like(bias, need_d_bias)
+
+
 @backward_op.register_fake
-def _backward_fake(e, c, targets, bias, lse, d_loss, d_lse, opts, need_d_e, need_d_c, need_d_bias, stats_id):
-    d_e = torch.empty(e.shape, dtype=e.dtype, device=e.device) if need_d_e else e.new_empty((0,))
-    d_c = torch.empty(c.shape, dtype=c.dtype, device=c.device) if need_d_c else c.new_empty((0,))
-    d_bias = (
-        torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
-        if need_d_bias and bias is not None
-        else c.new_empty((0,))
-    )
-    return d_e, d_c, d_bias
+def _backward_fake(e, c, targets, bias, lse, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, stats_id, *opts):
+    return _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
 
 
 def _setup_context(ctx, inputs, output):
-    e, c, targets, bias, opts, stats_id = inputs
+    e, c, targets, bias, stats_id = inputs[:5]
     _, lse, entropy, argmax = output
     # The entropy and argmax are statistics of the forward, without a gradient.
     ctx.mark_non_differentiable(entropy, argmax)
     ctx.save_for_backward(e, c, targets, bias, lse)
-    ctx.opts = opts
     ctx.stats_id = stats_id
+    ctx.opts = Options(*inputs[5:])
     ctx.has_bias = bias is not None
     ctx.set_materialize_grads(False)
 
@@ -196,23 +257,16 @@ def _backward(ctx, d_loss, d_lse, d_entropy, d_argmax):
     e, c, targets, bias, lse = ctx.saved_tensors
     need_d_e, need_d_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_d_bias = ctx.has_bias and ctx.needs_input_grad[3]
+    none = (None,) * (5 + len(Options._fields))
     if d_loss is None and d_lse is None:
-        return None, None, None, None, None, None
+        return none
     if d_loss is None:
-        o, _, _ = _split(ctx.opts)
-        shape = (lse.shape[0],) if o.get("reduction", "mean") == "none" else ()
-        d_loss = lse.new_zeros(shape)
+        d_loss = lse.new_zeros((lse.shape[0],) if ctx.opts.reduction == "none" else ())
     d_e, d_c, d_bias = backward_op(
-        e, c, targets, bias, lse, d_loss, d_lse, ctx.opts, need_d_e, need_d_c, need_d_bias, ctx.stats_id
+        e, c, targets, bias, lse, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, ctx.stats_id, *ctx.opts
     )
-    return (
-        d_e if need_d_e else None,
-        d_c if need_d_c else None,
-        None,
-        d_bias if need_d_bias else None,
-        None,
-        None,
-    )
+    grads = (d_e if need_d_e else None, d_c if need_d_c else None, None, d_bias if need_d_bias else None)
+    return grads + none[4:]
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._ops import CceError, forward_op, new_stats
+from ._ops import CceError, Options, forward_op, new_stats
 
 __all__ = ["linear_cross_entropy"]
 
@@ -40,44 +40,32 @@ def _options(
     check_finite: bool,
     entropy: bool = False,
     argmax: bool = False,
-) -> str:
-    """The options of a call as the ops' JSON string (validated by the library)."""
-    o: dict[str, Any] = dict(
-        ignore_index=int(ignore_index),
-        softcap=None if softcap is None else float(softcap),
+) -> Options:
+    """The ops' :class:`Options` from the public arguments (validated by the library)."""
+    if filter_eps is None:
+        mode, eps = "off", 0.0
+    elif isinstance(filter_eps, str):
+        mode, eps = filter_eps, 0.0
+    else:
+        mode, eps = "value", float(filter_eps)
+    return Options(
         reduction=reduction,
+        ignore_index=int(ignore_index),
         shift=int(shift),
-        filter_eps=filter_eps if filter_eps is None or isinstance(filter_eps, str) else float(filter_eps),
-        filter_e_grad=bool(filter_e_grad),
-        filter_c_grad=bool(filter_c_grad),
+        softcap=None if softcap is None else float(softcap),
         label_smoothing=float(label_smoothing),
         z_loss=float(z_loss),
+        filter_mode=mode,
+        filter_eps=eps,
         max_dropped_mass=float(max_dropped_mass),
+        filter_e_grad=bool(filter_e_grad),
+        filter_c_grad=bool(filter_c_grad),
+        workspace_budget_bytes=-1 if workspace_budget_bytes is None else int(workspace_budget_bytes),
         deterministic=bool(deterministic),
         check_finite=bool(check_finite),
         entropy=entropy,
         argmax=argmax,
     )
-    if workspace_budget_bytes is not None:
-        o["workspace_budget_bytes"] = int(workspace_budget_bytes)
-    return "{" + ",".join(f'"{k}":{_json(o[k])}' for k in sorted(o)) + "}"
-
-
-def _json(x: Any) -> str:
-    """``x`` (None, bool, int, float or str) as JSON; written out rather than ``json.dumps`` so
-    that ``torch.compile`` traces it to a constant."""
-    if x is None:
-        return "null"
-    if isinstance(x, bool):
-        return "true" if x else "false"
-    if isinstance(x, float) and x != x:
-        return "NaN"
-    if isinstance(x, float) and abs(x) == float("inf"):
-        return "Infinity" if x > 0 else "-Infinity"
-    if isinstance(x, (int, float)):
-        return repr(x)
-    s = str(x).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
 
 
 def linear_cross_entropy(
@@ -167,7 +155,7 @@ def linear_cross_entropy(
         deterministic,
         check_finite,
     )
-    loss, lse, _, _, stats = _call(e, c, targets, bias, opts, reduction, shift, return_stats)
+    loss, lse, _, _, stats = _call(e, c, targets, bias, opts, return_stats)
     out: list[Any] = [loss]
     if return_lse:
         out.append(lse)
@@ -176,7 +164,7 @@ def linear_cross_entropy(
     return out[0] if len(out) == 1 else tuple(out)
 
 
-def _call(e, c, targets, bias, opts: str, reduction: str, shift: int, return_stats: bool):
+def _call(e, c, targets, bias, opts: Options, return_stats: bool):
     """Run the forward op; returns ``(loss, lse, entropy, argmax, stats)``, the loss and lse
     shaped ``e.shape[:-1]`` (the loss a scalar unless ``reduction="none"``), ``stats`` a
     :class:`CallStats` or None."""
@@ -187,7 +175,8 @@ def _call(e, c, targets, bias, opts: str, reduction: str, shift: int, return_sta
         stats_id, stats = new_stats()
     if not isinstance(e, Tensor):
         raise _error("InvalidOption", f"invalid option e: expected a torch.Tensor, got {type(e).__name__}")
-    loss, lse, entropy, argmax = forward_op(e, c, targets, bias, opts, stats_id)
+    loss, lse, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
+    reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape
     if reduction == "none":
         loss = loss.view(batch)

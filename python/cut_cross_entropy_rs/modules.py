@@ -140,7 +140,7 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             True,
             argmax=want_argmax,
         )
-        loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, self.reduction, 0, False)
+        loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, False)
         if not (self.return_z_loss or want_argmax):
             return loss
         valid = target.reshape(-1) != self.ignore_index

@@ -45,16 +45,16 @@ def inputs(bias=True, requires_grad=True):
 def test_forward_op_passes_opcheck(reduction):
     e, c, t, b = inputs()
     o = opts(reduction, softcap=5.0, label_smoothing=0.1, z_loss=1e-3, entropy=True, argmax=True)
-    torch.library.opcheck(forward_op, (e, c, t, b, o, -1))
-    torch.library.opcheck(forward_op, (e, c, t, None, opts(reduction), -1))
+    torch.library.opcheck(forward_op, (e, c, t, b, -1, *o))
+    torch.library.opcheck(forward_op, (e, c, t, None, -1, *opts(reduction)))
 
 
 def test_backward_op_passes_opcheck():
     e, c, t, b = inputs(requires_grad=False)
     o = opts()
-    _, lse, _, _ = forward_op(e, c, t, b, o, -1)
-    torch.library.opcheck(backward_op, (e, c, t, b, lse, torch.tensor(1.0), None, o, True, True, True, -1))
-    torch.library.opcheck(backward_op, (e, c, t, b, lse, torch.tensor(0.5), lse.clone(), o, True, False, False, -1))
+    _, lse, _, _ = forward_op(e, c, t, b, -1, *o)
+    torch.library.opcheck(backward_op, (e, c, t, b, lse, torch.tensor(1.0), None, True, True, True, -1, *o))
+    torch.library.opcheck(backward_op, (e, c, t, b, lse, torch.tensor(0.5), lse.clone(), True, False, False, -1, *o))
 
 
 def loss_fn(e, c, t, b):
@@ -95,3 +95,22 @@ def test_return_stats_is_eager_only():
 
     with pytest.raises(Exception, match="eager mode only"):
         torch.compile(f, fullgraph=True, backend="aot_eager")(e, c, t)
+
+
+def test_compile_dynamic_shapes():
+    """One graph for several row counts (symbolic N in the fake kernels)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    for rows in (6, 9, 13):
+        g = torch.Generator().manual_seed(rows)
+        e = torch.randn(2, rows, 8, generator=g, requires_grad=True)
+        c = torch.randn(19, 8, generator=g, requires_grad=True)
+        b = torch.randn(19, generator=g, requires_grad=True)
+        t = torch.randint(0, 19, (2, rows), generator=g)
+        got = compiled(e, c, t, b)
+        got_grads = torch.autograd.grad(got, (e, c, b))
+        want = loss_fn(e, c, t, b)
+        want_grads = torch.autograd.grad(want, (e, c, b))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for x, y in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
