@@ -12,7 +12,8 @@
 # binaries must be there; .devbin/ is in .gitignore). Both kernel caches (the tile backend's
 # and the dense engine's CUBIN) are gzipped there and unzipped by `run`, so the carried tree
 # stays under the device tool's 64 MiB. Then call the device tool with
-#   carry [".devbin/cuda"], command "bash scripts/device-cuda.sh run" (or copy this script
+#   carry [".devbin/cuda"], command "bash scripts/device-cuda.sh run" (DEVBIN=.devbin/<name>
+#   when the binaries were staged elsewhere), or copy this script
 #   into .devbin/cuda and run it from there when the checkout's copy is older).
 #
 # run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench (default
@@ -39,7 +40,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("conformance", "errors", "large"):
+        if name in ("conformance", "errors", "large", "api"):
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
@@ -54,8 +55,8 @@ for line in sys.stdin:
         print("staged suite")
 ' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
-  cp target/release/cce-bench-cuda target/release/cce-bench-dense "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
+  strip "$DEVBIN"/conformance "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/suite "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
@@ -74,7 +75,8 @@ if [ "$mode" != run ]; then
   exit 2
 fi
 
-D=.devbin/cuda
+# DEVBIN here is relative to the checkout the device runs in (e.g. DEVBIN=.devbin/cuda-api).
+D=${DEVBIN:-.devbin/cuda}
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
 PHASES=${2:-tests,suite,sanitize,bench}
@@ -105,7 +107,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 
 if [[ $PHASES == *tests* ]]; then
   ok=1
-  for t in errors conformance; do
+  for t in errors conformance api; do
     echo "==== $t ===="
     # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
     # shellcheck disable=SC2086

@@ -4,7 +4,8 @@ Two ops, ``cut_cross_entropy_rs::forward`` and ``cut_cross_entropy_rs::backward`
 fake (meta) kernel, and the autograd formula linking them, so ``torch.compile`` traces through a
 call (``fullgraph=True``) without running it.
 
-The backward recomputes the logits from the saved ``lse`` (paper section 4.3) instead of the
+The backward recomputes the logits from the saved ``lse`` and ``rest_mass`` (``1 − p_y`` per
+row, kept without cancellation; paper section 4.3) instead of the
 forward computing the gradients eagerly as Liger does: on the CPU backend the two cost the same
 (the backward is a separate pass either way), eager gradients would hold ``d_c`` (the size of the
 classifier) from the forward to the backward, and they cannot serve ``reduction="none"`` or an
@@ -120,9 +121,10 @@ def _forward_outputs(e: Tensor, o: Options):
     f32 = dict(dtype=torch.float32, device=e.device)
     loss = torch.empty((n,) if o.reduction == "none" else (), **f32)
     lse = torch.empty((n,), **f32)
+    rest_mass = torch.empty((n,), **f32)
     ent = torch.empty((n if o.entropy else 0,), **f32)
     arg = torch.empty((n if o.argmax else 0,), dtype=torch.int32, device=e.device)
-    return loss, lse, ent, arg
+    return loss, lse, rest_mass, ent, arg
 
 
 @torch.library.custom_op("cut_cross_entropy_rs::forward", mutates_args=())
@@ -148,12 +150,13 @@ def forward_op(
     check_finite: bool,
     entropy: bool,
     argmax: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Loss (``[]`` or ``[N]`` f32), lse (``[N]`` f32), entropy and argmax (``[N]``, or empty when
-    not asked) of ``CE(e cᵀ + bias, targets)``. The arguments after ``stats_id`` are the fields
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Loss (``[]`` or ``[N]`` f32), lse and rest mass ``1 − p_y`` (``[N]`` f32 each, saved for
+    the backward), entropy and argmax (``[N]``, or empty when not asked) of
+    ``CE(e cᵀ + bias, targets)``. The arguments after ``stats_id`` are the fields
     of :class:`Options`; ``stats_id`` files the call's statistics (-1: none)."""
     o = _options_in(locals())
-    loss, lse, ent, arg = _forward_outputs(e, o)
+    loss, lse, rest_mass, ent, arg = _forward_outputs(e, o)
     stats = _native.forward(
         e.contiguous(),
         c.contiguous(),
@@ -162,11 +165,12 @@ def forward_op(
         _native_options(o),
         loss,
         lse,
+        rest_mass,
         ent if o.entropy else None,
         arg if o.argmax else None,
     )
     _record(stats_id, "forward", stats)
-    return loss, lse, ent, arg
+    return loss, lse, rest_mass, ent, arg
 
 
 @forward_op.register_fake
@@ -181,6 +185,7 @@ def backward_op(
     targets: Tensor,
     bias: Optional[Tensor],
     lse: Tensor,
+    rest_mass: Tensor,
     d_loss: Tensor,
     d_lse: Optional[Tensor],
     need_d_e: bool,
@@ -205,7 +210,7 @@ def backward_op(
     argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``d_e``, ``d_c``, ``d_bias`` (in the input dtype; empty when not needed) from the saved
-    ``lse`` and the upstream gradients of the loss and the lse. The arguments after
+    ``lse`` and ``rest_mass`` and the upstream gradients of the loss and the lse. The arguments after
     ``stats_id`` are the fields of :class:`Options`."""
     o = _options_in(locals())
     d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
@@ -217,6 +222,7 @@ def backward_op(
             targets.contiguous(),
             _native_options(o),
             lse.contiguous(),
+            rest_mass.contiguous(),
             d_loss.to(torch.float32).contiguous(),
             None if d_lse is None else d_lse.to(torch.float32).contiguous(),
             d_e if need_d_e else None,
@@ -237,24 +243,27 @@ def _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias):
 
 
 @backward_op.register_fake
-def _backward_fake(e, c, targets, bias, lse, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, stats_id, *opts):
+def _backward_fake(
+    e, c, targets, bias, lse, rest_mass, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, stats_id, *opts
+):
     return _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
 
 
 def _setup_context(ctx, inputs, output):
     e, c, targets, bias, stats_id = inputs[:5]
-    _, lse, entropy, argmax = output
-    # The entropy and argmax are statistics of the forward, without a gradient.
-    ctx.mark_non_differentiable(entropy, argmax)
-    ctx.save_for_backward(e, c, targets, bias, lse)
+    _, lse, rest_mass, entropy, argmax = output
+    # The rest mass is saved state; the entropy and argmax are statistics of the forward. None
+    # has a gradient.
+    ctx.mark_non_differentiable(rest_mass, entropy, argmax)
+    ctx.save_for_backward(e, c, targets, bias, lse, rest_mass)
     ctx.stats_id = stats_id
     ctx.opts = Options(*inputs[5:])
     ctx.has_bias = bias is not None
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, d_loss, d_lse, d_entropy, d_argmax):
-    e, c, targets, bias, lse = ctx.saved_tensors
+def _backward(ctx, d_loss, d_lse, d_rest_mass, d_entropy, d_argmax):
+    e, c, targets, bias, lse, rest_mass = ctx.saved_tensors
     need_d_e, need_d_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_d_bias = ctx.has_bias and ctx.needs_input_grad[3]
     none = (None,) * (5 + len(Options._fields))
@@ -263,7 +272,7 @@ def _backward(ctx, d_loss, d_lse, d_entropy, d_argmax):
     if d_loss is None:
         d_loss = lse.new_zeros((lse.shape[0],) if ctx.opts.reduction == "none" else ())
     d_e, d_c, d_bias = backward_op(
-        e, c, targets, bias, lse, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, ctx.stats_id, *ctx.opts
+        e, c, targets, bias, lse, rest_mass, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, ctx.stats_id, *ctx.opts
     )
     grads = (d_e if need_d_e else None, d_c if need_d_c else None, None, d_bias if need_d_bias else None)
     return grads + none[4:]

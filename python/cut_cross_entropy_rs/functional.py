@@ -175,7 +175,7 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         stats_id, stats = new_stats()
     if not isinstance(e, Tensor):
         raise _error("InvalidOption", f"invalid option e: expected a torch.Tensor, got {type(e).__name__}")
-    loss, lse, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
+    loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
     reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape
     if reduction == "none":

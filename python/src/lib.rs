@@ -21,7 +21,7 @@
 use cce_core::CceError as LibError;
 use cce_core::{
     CallStats, DLoss, DType, FilterEps, GradDType, HostData, HostTensor, Inputs, Options,
-    Reduction, SideOutputs, Upstream,
+    Reduction, Saved, SideOutputs, Upstream,
 };
 use cce_reference::{CpuBackend, HostSlice, HostView};
 use half::{bf16, f16};
@@ -398,11 +398,12 @@ fn cuda_pending() -> LibError {
     }
 }
 
-/// Forward: writes the loss (`[]` or `[N]` f32), the lse (`[N]` f32) and, when given, the
-/// entropy (`[N]` f32) and argmax (`[N]` i32) into the output tensors; returns the call's
-/// statistics as a dict. `opts`: the options by name (see the package's `_ops.py`).
+/// Forward: writes the loss (`[]` or `[N]` f32), the lse and the rest mass `1 − p_y` (`[N]`
+/// f32 each, what the backward reads) and, when given, the entropy (`[N]` f32) and argmax
+/// (`[N]` i32) into the output tensors; returns the call's statistics as a dict. `opts`: the
+/// options by name (see the package's `_ops.py`).
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, entropy_out=None, argmax_out=None))]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None))]
 #[allow(clippy::too_many_arguments)]
 fn forward<'py>(
     py: Python<'py>,
@@ -413,6 +414,7 @@ fn forward<'py>(
     opts: &Bound<'py, PyDict>,
     loss_out: &Bound<'py, PyAny>,
     lse_out: &Bound<'py, PyAny>,
+    rest_mass_out: &Bound<'py, PyAny>,
     entropy_out: Option<&Bound<'py, PyAny>>,
     argmax_out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -423,13 +425,14 @@ fn forward<'py>(
     let targets = raw(py, "targets", targets)?;
     let loss_out = raw(py, "loss (output)", loss_out)?;
     let lse_out = raw(py, "lse (output)", lse_out)?;
+    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
     let entropy_out = raw_opt(py, "entropy (output)", entropy_out)?;
     let argmax_out = raw_opt(py, "argmax (output)", argmax_out)?;
     o.side_outputs = SideOutputs {
         entropy: entropy_out.is_some(),
         argmax: argmax_out.is_some(),
     };
-    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out];
+    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
     all.extend(bias.iter().chain(&entropy_out).chain(&argmax_out));
     let stats = guarded(py, || match device_of(&all)? {
         Device::Cuda => Err(cuda_pending()),
@@ -446,6 +449,7 @@ fn forward<'py>(
                     &o,
                     &loss_out,
                     &lse_out,
+                    &rest_mass_out,
                     entropy_out.as_ref(),
                     argmax_out.as_ref(),
                 )
@@ -468,6 +472,7 @@ unsafe fn run_forward(
     opts: &Options,
     loss_out: &RawTensor,
     lse_out: &RawTensor,
+    rest_mass_out: &RawTensor,
     entropy_out: Option<&RawTensor>,
     argmax_out: Option<&RawTensor>,
 ) -> cce_core::Result<CallStats> {
@@ -489,6 +494,7 @@ unsafe fn run_forward(
     unsafe {
         loss_out.write(&out.loss)?;
         lse_out.write(&out.lse)?;
+        rest_mass_out.write(&out.rest_mass)?;
         if let (Some(dst), Some(src)) = (entropy_out, &out.entropy) {
             dst.write(src)?;
         }
@@ -499,12 +505,12 @@ unsafe fn run_forward(
     Ok(out.stats)
 }
 
-/// Backward from the saved lse: writes `d_e`, `d_c`, `d_bias` into the output tensors given
+/// Backward from the saved lse and rest mass of the forward: writes `d_e`, `d_c`, `d_bias` into the output tensors given
 /// (`None`: that gradient is not computed); returns the call's statistics as a dict.
 /// `d_loss`: a scalar f32 tensor (mean, sum) or `[N]` f32 (reduction none); `d_lse`: `[N]` f32
 /// or None. Gradients are f32 when their output tensor is f32, else the input dtype.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, lse, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None))]
+#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None))]
 #[allow(clippy::too_many_arguments)]
 fn backward<'py>(
     py: Python<'py>,
@@ -514,6 +520,7 @@ fn backward<'py>(
     targets: &Bound<'py, PyAny>,
     opts: &Bound<'py, PyDict>,
     lse: &Bound<'py, PyAny>,
+    rest_mass: &Bound<'py, PyAny>,
     d_loss: &Bound<'py, PyAny>,
     d_lse: Option<&Bound<'py, PyAny>>,
     d_e_out: Option<&Bound<'py, PyAny>>,
@@ -526,6 +533,7 @@ fn backward<'py>(
     let bias = raw_opt(py, "bias", bias)?;
     let targets = raw(py, "targets", targets)?;
     let lse = raw(py, "lse", lse)?;
+    let rest_mass = raw(py, "rest_mass", rest_mass)?;
     let d_loss = raw(py, "d_loss", d_loss)?;
     let d_lse = raw_opt(py, "d_lse", d_lse)?;
     let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
@@ -542,7 +550,7 @@ fn backward<'py>(
     } else {
         GradDType::Input
     };
-    let mut all = vec![&e, &c, &targets, &lse, &d_loss];
+    let mut all = vec![&e, &c, &targets, &lse, &rest_mass, &d_loss];
     all.extend(
         bias.iter()
             .chain(&d_lse)
@@ -563,6 +571,7 @@ fn backward<'py>(
                     &targets,
                     &o,
                     &lse,
+                    &rest_mass,
                     &d_loss,
                     d_lse.as_ref(),
                     d_e_out.as_ref(),
@@ -587,6 +596,7 @@ unsafe fn run_backward(
     targets: &RawTensor,
     opts: &Options,
     lse: &RawTensor,
+    rest_mass: &RawTensor,
     d_loss: &RawTensor,
     d_lse: Option<&RawTensor>,
     d_e_out: Option<&RawTensor>,
@@ -594,12 +604,13 @@ unsafe fn run_backward(
     d_bias_out: Option<&RawTensor>,
 ) -> cce_core::Result<CallStats> {
     // SAFETY: forwarded from this function's contract (so are the blocks below).
-    let (e, c, targets, lse, d_loss) = unsafe {
+    let (e, c, targets, lse, rest_mass, d_loss) = unsafe {
         (
             e.view()?,
             c.view()?,
             targets.view()?,
             lse.view()?,
+            rest_mass.view()?,
             d_loss.view()?,
         )
     };
@@ -641,7 +652,11 @@ unsafe fn run_backward(
         d_loss,
         d_lse: d_lse.as_ref(),
     };
-    let out = CpuBackend::new().backward_host(&inputs, opts, &lse, &upstream)?;
+    let saved = Saved {
+        lse: &lse,
+        rest_mass: &rest_mass,
+    };
+    let out = CpuBackend::new().backward_host(&inputs, opts, saved, &upstream)?;
     // SAFETY: as above.
     unsafe {
         for (dst, src) in [

@@ -10,7 +10,8 @@ use crate::matrix::DTYPES;
 use crate::report::CaseReport;
 use cce_core::options::{FilterEps, Reduction};
 use cce_core::{
-    Backend, CceError, DLoss, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
+    Backend, CceError, DLoss, DType, HostData, HostTensor, Inputs, Options, Saved, TensorMeta,
+    Upstream,
 };
 use rand::Rng;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -126,6 +127,11 @@ fn expect_error<B: Backend>(backend: &B, bad: &Bad, expect: &Expect, report: &mu
                 Entry::Forward => backend.forward(&inputs, &bad.opts).map(|_| ()),
                 Entry::Backward => {
                     let lse = backend.upload(&bad.lse)?;
+                    let rest_mass = backend.upload(&HostTensor::from_f32(
+                        bad.lse.shape().to_vec(),
+                        &vec![0.0; bad.lse.numel()],
+                        DType::F32,
+                    )?)?;
                     let per_row = match &bad.d_loss {
                         BadDLoss::PerRow(t) => Some(backend.upload(t)?),
                         BadDLoss::Scalar(_) => None,
@@ -139,7 +145,17 @@ fn expect_error<B: Backend>(backend: &B, bad: &Bad, expect: &Expect, report: &mu
                         },
                         d_lse: d_lse.as_ref(),
                     };
-                    backend.backward(&inputs, &bad.opts, &lse, &up).map(|_| ())
+                    backend
+                        .backward(
+                            &inputs,
+                            &bad.opts,
+                            Saved {
+                                lse: &lse,
+                                rest_mass: &rest_mass,
+                            },
+                            &up,
+                        )
+                        .map(|_| ())
                 }
             }
         }));

@@ -8,7 +8,7 @@ use cce_core::plan::{DeviceLimits, Strategy};
 use cce_core::problem::{first_non_finite, Problem};
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, FilterRule, ForwardBackward,
-    ForwardOutput, HostTensor, Inputs, Options, Result, TensorMeta, Upstream,
+    ForwardOutput, HostTensor, Inputs, Options, Result, Saved, TensorMeta, Upstream,
 };
 use cce_reference::{naive, Oracle, OracleDLoss, Precision};
 
@@ -108,6 +108,7 @@ impl OracleBackend {
         ForwardOutput {
             loss,
             lse: f32_tensor(vec![n], &o.lse),
+            rest_mass: f32_tensor(vec![n], &o.rest_mass),
             entropy: opts
                 .side_outputs
                 .entropy
@@ -256,11 +257,12 @@ impl Backend for OracleBackend {
         &self,
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
-        lse: &HostTensor,
+        saved: Saved<'_, HostTensor>,
         upstream: &Upstream<'_, HostTensor>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let problem = Self::validate(inputs, opts)?;
-        Self::vector_f32("lse", lse, problem.n)?;
+        Self::vector_f32("lse", saved.lse, problem.n)?;
+        Self::vector_f32("rest_mass", saved.rest_mass, problem.n)?;
         let o = Self::run_backward(inputs, opts, &problem, upstream)?;
         Ok(Self::backward_output(inputs, opts, &problem, &o))
     }

@@ -74,7 +74,7 @@ pub fn call<B: Backend>(backend: &B, case: &Case, data: &CaseData) -> Result<Out
         }
         Api::Separate => {
             let f = backend.forward(&inputs, &case.opts)?;
-            let b = backend.backward(&inputs, &case.opts, &f.lse, &upstream)?;
+            let b = backend.backward(&inputs, &case.opts, f.saved(), &upstream)?;
             (f, Some(b))
         }
         Api::ForwardOnly => (backend.forward(&inputs, &case.opts)?, None),

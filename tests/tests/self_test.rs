@@ -6,7 +6,7 @@ use cce_conformance::{checks, CheckResult, OracleBackend, SuiteConfig};
 use cce_core::options::{GradDType, Reduction};
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, FilterRule, ForwardOutput, HostData,
-    HostTensor, Inputs, Options, Result, TensorMeta, Upstream,
+    HostTensor, Inputs, Options, Result, Saved, TensorMeta, Upstream,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -321,7 +321,7 @@ impl Backend for Faulty {
         &self,
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
-        lse: &HostTensor,
+        saved: Saved<'_, HostTensor>,
         upstream: &Upstream<'_, HostTensor>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let o = self.opts(opts);
@@ -341,9 +341,9 @@ impl Backend for Faulty {
                 upstream.d_lse
             },
         };
-        let mut out = match self.inner.backward(&inputs, &o, lse, &up) {
+        let mut out = match self.inner.backward(&inputs, &o, saved, &up) {
             Err(CceError::AllTargetsIgnored { .. }) if self.silent_mean(true) => {
-                self.inner.backward(&inputs, &as_sum(&o), lse, &up)
+                self.inner.backward(&inputs, &as_sum(&o), saved, &up)
             }
             r => r,
         }

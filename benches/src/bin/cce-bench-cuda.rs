@@ -239,6 +239,8 @@ struct Cli {
     /// Also write the table to this file.
     #[arg(long)]
     out: Option<String>,
+    #[command(flatten)]
+    switches: cce_benches::SwitchArgs,
 }
 
 fn main() {
@@ -251,16 +253,16 @@ fn main() {
             Err(e) => e.exit(),
         }
     };
-    let (filters, reps, warmup, out_path) = (cli.filter, cli.reps, cli.warmup, cli.out);
+    let (filters, reps, warmup, out_path) =
+        (cli.filter.clone(), cli.reps, cli.warmup, cli.out.clone());
     let be = match CudaBackend::new(0) {
-        Ok(b) => b,
+        Ok(b) => b.with_switches(cli.switches.switches()),
         Err(e) => {
             eprintln!("cce-bench-cuda: no CUDA backend: {e}");
             std::process::exit(2);
         }
     };
-    // SAFETY: only dlopens libcublas to check that it is present.
-    let blas = if unsafe { blas_sys::is_culib_present() } {
+    let blas = if cce_cuda::libs::present("cublas") {
         Some(CudaBlas::new(be.stream().clone()).expect("cublas handle"))
     } else {
         eprintln!("libcublas not found: GEMM floor not measured");

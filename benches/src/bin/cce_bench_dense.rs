@@ -47,6 +47,8 @@ struct Args {
     /// Strategy and its budget in GiB (None: the shape's or `--budget-gib`).
     strategies: Vec<(StrategyKind, Option<f64>)>,
     data: Vec<String>,
+    /// The backend's switches (`--profile`, `--no-wgmma-*`, ...).
+    switches: cce_cuda::CudaSwitches,
 }
 
 fn parse_row_pass(s: &str) -> Res<RowPass> {
@@ -102,6 +104,8 @@ struct Cli {
     /// Data sets, comma list: randn, c/8, e/8, e/11.
     #[arg(long, default_value = "randn,c/8")]
     data: String,
+    #[command(flatten)]
+    switches: cce_benches::SwitchArgs,
 }
 
 fn parse_args() -> Res<Args> {
@@ -152,6 +156,7 @@ fn parse_args() -> Res<Args> {
         budget_gib: cli.budget_gib,
         strategies,
         data: cli.data.split(',').map(String::from).collect(),
+        switches: cli.switches.switches(),
     })
 }
 
@@ -173,7 +178,7 @@ fn main() -> Res<()> {
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.default_stream();
     let t = Instant::now();
-    let engine = DenseEngine::new(stream.clone())?;
+    let engine = DenseEngine::new(stream.clone())?.with_switches(args.switches);
     println!(
         "device {} ({}), engine ready in {:.2} s",
         ctx.name()?,
@@ -1082,6 +1087,9 @@ fn bench_one(
     let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
+    cfg.wgmma_forward = args.switches.wgmma_forward;
+    cfg.wgmma_gcols = args.switches.wgmma_gcols;
+    cfg.wgmma_rows = args.switches.wgmma_rows;
     let mut cfg_exact = cfg.clone();
     cfg_exact.filter = FilterRule::resolve(&Options::exact(), problem.dtype);
     stream.synchronize()?;

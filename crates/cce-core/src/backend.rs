@@ -28,15 +28,59 @@ pub struct Inputs<'a, B> {
 pub struct ForwardOutput<B> {
     /// Loss: shape `[]` f32 for mean/sum, `[N]` f32 for `Reduction::None`.
     pub loss: B,
-    /// Log-sum-exp per row `[N]` f32 (nats); also the saved state for the backward. Ignored rows
-    /// still get their lse.
+    /// Log-sum-exp per row `[N]` f32 (nats); also saved for the backward. Ignored rows still
+    /// get their lse.
     pub lse: B,
+    /// Probability of the non-target classes per row, `[N]` f32:
+    /// `rest_mass_i = Σ_{j≠y_i} e^{z_ij − m_i} / Σ_j e^{z_ij − m_i} = 1 − p_{i,y_i}`, computed
+    /// without cancellation (the non-target sum is accumulated on its own, never as
+    /// `1 − p_y`), with `m_i` the row's running max. 0 at ignored rows. Saved for the backward
+    /// (see [`Saved`]): a confident row (`p_y → 1`) has a target gradient `g_i(p_y − 1)` that
+    /// the f32 lse cannot resolve once `1 − p_y` is below its rounding (`~lse · 2⁻²⁴`), while
+    /// `rest_mass` keeps its full relative accuracy down to f32's smallest normal.
+    pub rest_mass: B,
     /// Entropy per row `[N]` f32 (nats), if asked.
     pub entropy: Option<B>,
     /// Argmax per row `[N]` i32, if asked.
     pub argmax: Option<B>,
     /// What the call did.
     pub stats: CallStats,
+}
+
+/// What the backward reads from its forward (both `[N]` f32, from a forward with the same
+/// inputs and options): the lse and the non-target probability mass.
+#[derive(Debug)]
+pub struct Saved<'a, B> {
+    /// Log-sum-exp per row, [`ForwardOutput::lse`].
+    pub lse: &'a B,
+    /// `1 − p_y` per row without cancellation, [`ForwardOutput::rest_mass`].
+    pub rest_mass: &'a B,
+}
+
+impl<B: TensorMeta> Saved<'_, B> {
+    /// `ShapeMismatch` unless `lse` and `rest_mass` are both `[n]` f32.
+    pub fn check(&self, n: usize) -> Result<()> {
+        for (what, t) in [("lse", self.lse), ("rest_mass", self.rest_mass)] {
+            if t.shape() != [n] || t.dtype() != crate::dtype::DType::F32 {
+                return Err(crate::error::CceError::ShapeMismatch {
+                    what,
+                    expected: format!("[{n}] f32"),
+                    got: format!("{:?} {}", t.shape(), t.dtype()),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B> ForwardOutput<B> {
+    /// The buffers the backward needs from this forward.
+    pub fn saved(&self) -> Saved<'_, B> {
+        Saved {
+            lse: &self.lse,
+            rest_mass: &self.rest_mass,
+        }
+    }
 }
 
 /// Upstream gradient of the loss.
@@ -75,6 +119,12 @@ impl<B> Clone for Inputs<'_, B> {
     }
 }
 impl<B> Copy for Inputs<'_, B> {}
+impl<B> Clone for Saved<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Saved<'_, B> {}
 
 impl<B> Default for Upstream<'_, B> {
     fn default() -> Self {
@@ -133,14 +183,15 @@ pub trait Backend {
         opts: &Options,
     ) -> Result<ForwardOutput<Self::Buffer>>;
 
-    /// Backward from the saved `lse` `[N]` f32 of a forward with the same inputs and options:
-    /// recomputes the logits (paper section 4.3). Errors as `forward`, plus `ShapeMismatch`
-    /// for `lse` or upstream gradients of the wrong shape.
+    /// Backward from the [`Saved`] `lse` and `rest_mass` (`[N]` f32 each) of a forward with the
+    /// same inputs and options: recomputes the logits (paper section 4.3). Errors as
+    /// `forward`, plus `ShapeMismatch` for saved buffers or upstream gradients of the wrong
+    /// shape.
     fn backward(
         &self,
         inputs: &Inputs<'_, Self::Buffer>,
         opts: &Options,
-        lse: &Self::Buffer,
+        saved: Saved<'_, Self::Buffer>,
         upstream: &Upstream<'_, Self::Buffer>,
     ) -> Result<BackwardOutput<Self::Buffer>>;
 
@@ -152,7 +203,7 @@ pub trait Backend {
         upstream: &Upstream<'_, Self::Buffer>,
     ) -> Result<ForwardBackward<Self::Buffer>> {
         let fwd = self.forward(inputs, opts)?;
-        let bwd = self.backward(inputs, opts, &fwd.lse, upstream)?;
+        let bwd = self.backward(inputs, opts, fwd.saved(), upstream)?;
         Ok((fwd, bwd))
     }
 }

@@ -41,6 +41,17 @@ pub enum CceError {
         /// The configured ignore_index.
         ignore_index: i64,
     },
+    /// A valid row whose target's logit is −inf, e.g. masked by a −inf `bias` entry (a row
+    /// whose every class is masked is one): `p_y = 0`, so the loss would be infinite. Other
+    /// −inf logits are valid input meaning `p = 0`.
+    #[error("target masked at row {row}: the logit of target {target} is -inf (e.g. masked by the bias), so the loss would be infinite")]
+    TargetMasked {
+        /// Row of `e` (the logits row; under `shift` its target is read `shift` positions
+        /// later in its sequence).
+        row: usize,
+        /// The target class.
+        target: i64,
+    },
     /// `Reduction::Mean` over a batch where no row has a target: every target equals
     /// `ignore_index`, or `shift` is at least the sequence length. The mean over zero valid rows
     /// is undefined, so it is an error rather than a silent 0 or NaN. `Reduction::Sum` (loss 0)

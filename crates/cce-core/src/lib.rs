@@ -49,7 +49,7 @@ pub mod tensor;
 pub mod tolerance;
 
 pub use backend::{
-    Backend, BackwardOutput, DLoss, ForwardBackward, ForwardOutput, Inputs, Upstream,
+    Backend, BackwardOutput, DLoss, ForwardBackward, ForwardOutput, Inputs, Saved, Upstream,
 };
 pub use dtype::DType;
 pub use error::{CceError, Result};

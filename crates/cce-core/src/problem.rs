@@ -233,6 +233,45 @@ impl PreparedTargets {
     }
 }
 
+/// The rule for masked classes (a −inf logit, e.g. from a −inf `bias` entry, means `p = 0`),
+/// checked per valid row. `row_of(i)` tells whether row `i`'s target logit is −inf and
+/// whether any logit of the row is.
+///
+/// Errors: `TargetMasked` for the first valid row whose target is masked (a row whose every
+/// class is masked is one): its loss would be infinite. With `label_smoothing > 0`,
+/// `InvalidOption` for the first valid row with any masked class: the smoothing puts `α/V` on
+/// every class, masked ones too, so that loss would be infinite as well. Ignored rows may have
+/// any mask.
+pub fn check_masked_targets(
+    targets: &PreparedTargets,
+    opts: &Options,
+    row_of: impl Fn(usize) -> (bool, bool),
+) -> Result<()> {
+    for (i, &yi) in targets.classes.iter().enumerate() {
+        if yi < 0 {
+            continue;
+        }
+        let (target_masked, any_masked) = row_of(i);
+        if target_masked {
+            return Err(CceError::TargetMasked {
+                row: i,
+                target: yi as i64,
+            });
+        }
+        if any_masked && opts.label_smoothing > 0.0 {
+            return Err(CceError::InvalidOption {
+                name: "label_smoothing",
+                reason: format!(
+                    "row {i} has a class masked by a -inf logit; label smoothing {} puts \
+                     {}/V on every class, masked ones too, so the loss would be infinite",
+                    opts.label_smoothing, opts.label_smoothing
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// First non-finite value of a slice, as `(index, value)`.
 pub fn first_non_finite(values: impl IntoIterator<Item = f32>) -> Option<(usize, f32)> {
     values.into_iter().enumerate().find(|(_, x)| !x.is_finite())

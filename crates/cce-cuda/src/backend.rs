@@ -17,13 +17,14 @@
 
 use crate::chunked::{BackendCall, DenseEngine};
 use crate::kernels;
+use crate::switches::CudaSwitches;
 use crate::tensor::CudaTensor;
 use cce_core::filter::N_BINS;
 use cce_core::plan::Pass;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
     GradDType, HostTensor, Inputs, Options, Plan, PreparedTargets, Problem, Reduction, Result,
-    Strategy, StrategyKind, TensorMeta, TileShape, Upstream,
+    Saved, Strategy, StrategyKind, TensorMeta, TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
@@ -87,8 +88,7 @@ pub fn probe() -> Result<usize> {
         backend: BACKEND,
         reason,
     };
-    // SAFETY: only tries to dlopen libcuda by its candidate names.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !crate::libs::present("cuda") {
         return Err(no(
             "the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver".into(),
         ));
@@ -137,6 +137,8 @@ pub struct CudaBackend {
     /// Split dense's class pass takes the WGMMA `G` epilogue where it applies.
     wgmma_gcols: bool,
     wgmma_rows: bool,
+    /// The dense engine's profiling and sparse-backward tuning ([`CudaSwitches`]).
+    engine_switches: CudaSwitches,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
 }
@@ -242,8 +244,13 @@ impl Workspace {
 }
 
 impl CudaBackend {
-    /// Open device `ordinal`, compile (or fetch from the caches) the kernels for its
-    /// architecture and load them.
+    /// Open device `ordinal` (its primary context, as PyTorch and candle use it) with a new
+    /// non-blocking stream of its own, compile (or fetch from the process caches) the kernels
+    /// for its architecture and load them.
+    ///
+    /// The stream does not synchronize with the legacy default stream: work the caller enqueues
+    /// elsewhere is ordered before a call only through an event the backend's stream waits for
+    /// (see [`CudaBackend::on_stream`] for the ordering contract).
     ///
     /// Errors: `NoDevice` when libcuda or libnvrtc is missing or no device is visible (checked
     /// before any CUDA call, since cudarc panics on a missing library), or `ordinal` is out of
@@ -257,23 +264,69 @@ impl CudaBackend {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
-        // SAFETY: every allocation and launch of this backend goes to the one stream below, so
-        // stream order alone orders all accesses, except the class-tiled forward's row kernels
-        // (chunked.rs `forward_by_classes`), which run on a second stream through raw device
-        // addresses only and are ordered by explicit events both ways, the main stream waiting
-        // for that stream before the call returns; no `CudaSlice` is used on another stream.
+        // SAFETY: this context handle is the backend's own (the tracking flag belongs to this
+        // `Arc<CudaContext>`, not to the driver's context). Every allocation and launch of this
+        // backend goes to its one stream, so stream order alone orders all accesses, except
+        // the class-tiled forward's row kernels (chunked.rs `forward_by_classes`), which run on
+        // a second stream through raw device addresses only and are ordered by explicit events
+        // both ways, the main stream waiting for that stream before the call returns; no
+        // `CudaSlice` is used on another stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        let stream = ctx.new_stream().map_err(drv)?;
+        Self::build(ctx, stream)
+    }
+
+    /// A backend that enqueues all its work on `stream`: a framework's stream (candle's
+    /// `CudaDevice::cuda_stream()`, or PyTorch's current stream through
+    /// [`CudaBackend::on_raw_stream`]), so that a call needs no synchronization with the
+    /// training step around it.
+    ///
+    /// Ordering contract: every kernel, copy, allocation and free of a call is enqueued on
+    /// `stream`, in program order. Inputs produced on another stream must be ordered before
+    /// the call by the caller (record an event on the producing stream and make `stream` wait
+    /// for it); consumers of the outputs on another stream wait for an event recorded on
+    /// `stream` after the call. Some calls still read small results back to the host (the
+    /// prepared targets, statistics) and so wait for `stream` to reach that point.
+    ///
+    /// Cheap to call per step: the compiled modules are cached per (context, architecture)
+    /// for the process ([`crate::device`]); a construction looks up its kernel functions and
+    /// device attributes. The dense strategies' cuBLAS handle and workspace are made on the
+    /// backend's first dense call. The context's event tracking is left as the caller set it.
+    ///
+    /// Errors: those of [`CudaBackend::new`].
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        probe()?;
+        let ctx = stream.context().clone();
+        Self::build(ctx, stream)
+    }
+
+    /// A backend on a stream owned by other code (PyTorch's
+    /// `torch.cuda.current_stream(device).cuda_stream`, a `CUstream` of another library),
+    /// wrapped with `CudaContext::wrap_borrowed_stream`: dropping the backend does not destroy
+    /// it. Same ordering contract as [`CudaBackend::on_stream`].
+    ///
+    /// # Safety
+    /// - `cu_stream` is a live stream of `ctx`'s context (for PyTorch: the device's primary
+    ///   context, which `CudaContext::new(ordinal)` retains);
+    /// - its owner keeps it alive while the backend, or a tensor it allocated, may be used;
+    /// - the caller orders work submitted by the stream's owner with the backend's work (as
+    ///   on any shared stream: program order on the stream does it).
+    ///
+    /// Errors: those of [`CudaBackend::new`].
+    pub unsafe fn on_raw_stream(
+        ctx: &Arc<CudaContext>,
+        cu_stream: cudarc::driver::sys::CUstream,
+    ) -> Result<Self> {
+        // SAFETY: forwarded to the caller (this function's contract).
+        let stream = unsafe { ctx.wrap_borrowed_stream(cu_stream) };
+        Self::on_stream(stream)
+    }
+
+    /// The backend on `stream` of `ctx`: kernels from the process caches, device limits.
+    fn build(ctx: Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability().map_err(drv)?;
-        let arch = if major == 9 && minor == 0 {
-            "sm_90a".to_string()
-        } else {
-            format!("sm_{major}{minor}")
-        };
-        let cubin = kernels::compile_cubin(&arch)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(drv)?;
+        let arch = crate::device::arch_of(major, minor);
+        let module = crate::device::module(&ctx, kernels::SOURCE, &arch)?;
         let attr = |a: CUdevice_attribute| ctx.attribute(a).map_err(drv);
         let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let smem_optin =
@@ -353,7 +406,33 @@ impl CudaBackend {
             wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: crate::chunked::WGMMA_GCOLS_DEFAULT,
             wgmma_rows: crate::chunked::WGMMA_ROWS_DEFAULT,
+            engine_switches: CudaSwitches::default(),
         })
+    }
+
+    /// Every switch at once ([`CudaSwitches`]: which paths a call may take, profiling); the
+    /// `with_*` methods below set one each. Set before the first call (the dense engine takes
+    /// its profiling and tuning switches when the first dense call makes it).
+    pub fn with_switches(mut self, switches: CudaSwitches) -> Self {
+        self.sparse = switches.sparse;
+        self.wgmma_forward = switches.wgmma_forward;
+        self.wgmma_gcols = switches.wgmma_gcols;
+        self.wgmma_rows = switches.wgmma_rows;
+        self.split_de_f16 = switches.split_de_f16;
+        self.engine_switches = switches;
+        self
+    }
+
+    /// The switches in effect ([`CudaBackend::with_switches`]).
+    pub fn switches(&self) -> CudaSwitches {
+        CudaSwitches {
+            sparse: self.sparse,
+            wgmma_forward: self.wgmma_forward,
+            wgmma_gcols: self.wgmma_gcols,
+            wgmma_rows: self.wgmma_rows,
+            split_de_f16: self.split_de_f16,
+            ..self.engine_switches
+        }
     }
 
     /// How filtered split-dense calls use the plan's sparse backward ([`SparseMode`]).
@@ -370,8 +449,7 @@ impl CudaBackend {
     /// [`crate::chunked::WGMMA_SOFTCAP_MAX`] (a bias and a softcap are applied in the epilogue,
     /// the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
     /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
-    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_FORWARD=0` turns it off regardless.
+    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`].
     pub fn with_wgmma_forward(mut self, on: bool) -> Self {
         self.wgmma_forward = on;
         self
@@ -383,8 +461,7 @@ impl CudaBackend {
     /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
     /// multiple of 64, softcap at most [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
     /// The call's `plan_reason` says which ran. Default
-    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_GCOLS=0` turns it off regardless.
+    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`].
     pub fn with_wgmma_gcols(mut self, on: bool) -> Self {
         self.wgmma_gcols = on;
         self
@@ -398,8 +475,7 @@ impl CudaBackend {
     /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at most
     /// [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
     /// GEMM and the forward and backward row kernels. The call's `plan_reason` says which ran.
-    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`]; the environment variable
-    /// `CCE_CUDA_WGMMA_ROWS=0` turns it off regardless.
+    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`].
     pub fn with_wgmma_rows(mut self, on: bool) -> Self {
         self.wgmma_rows = on;
         self
@@ -719,7 +795,7 @@ impl CudaBackend {
         if let Some(e) = self.dense.get() {
             return Ok(Some(e));
         }
-        let engine = DenseEngine::new(self.stream.clone())?;
+        let engine = DenseEngine::new(self.stream.clone())?.with_switches(self.engine_switches);
         // A concurrent first call may have won the race; either engine is equivalent.
         let _ = self.dense.set(engine);
         Ok(self.dense.get())
@@ -887,6 +963,7 @@ impl CudaBackend {
         Ok(ForwardOutput {
             loss,
             lse,
+            rest_mass: self.zeros(vec![n], DType::F32)?,
             entropy,
             argmax,
             stats: self.base_stats(p, ws.peak),
@@ -1492,8 +1569,7 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
 
 /// Whether the dense strategies can run: libcublas loads and compute capability ≥ 8.0.
 fn dense_available(major: i32) -> bool {
-    // SAFETY: only tries to dlopen libcublas by its candidate names; no symbol is called.
-    major >= 8 && unsafe { cudarc::cublas::sys::is_culib_present() }
+    major >= 8 && crate::libs::present("cublas")
 }
 
 fn dense_call<'a>(
@@ -1574,10 +1650,13 @@ impl Backend for CudaBackend {
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
-        lse: &CudaTensor,
+        saved: Saved<'_, CudaTensor>,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
+        self.check_owned("rest_mass", saved.rest_mass)?;
+        saved.check(p.plan.problem.n)?;
+        let lse = saved.lse;
         if let Some(engine) = self.dense_engine(&p)? {
             self.check_owned("lse", lse)?;
             let (_, bwd) = engine.backend_run(

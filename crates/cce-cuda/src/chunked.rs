@@ -44,7 +44,7 @@
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
 //! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) ([`DenseEngine::wgmma_forward_rows`];
-//! switch: [`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]), is one fused kernel instead
+//! switch: [`DenseConfig::wgmma_forward`], [`crate::CudaSwitches::wgmma_forward`]), is one fused kernel instead
 //! of steps 1-2: `cce_wgmma_lse_*` (`kernels/wgmma.cu`), a persistent TMA + WGMMA GEMM whose
 //! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
 //! row and 256 classes in the scratch; the logits never reach memory), then
@@ -81,10 +81,8 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::hash::{Hash, Hasher};
+use std::ffi::c_void;
 use std::sync::Arc;
 
 const BACKEND: &str = "cuda";
@@ -97,23 +95,16 @@ pub const KERNEL_SOURCE: &str = concat!(
 );
 
 /// Whether forward-only calls take the fused WGMMA forward where it applies
-/// ([`DenseConfig::wgmma_forward`], `CudaBackend::with_wgmma_forward`); the environment
-/// variable [`WGMMA_FORWARD_ENV`]`=0` turns it off regardless.
+/// ([`DenseConfig::wgmma_forward`], [`crate::CudaSwitches::wgmma_forward`]).
 pub const WGMMA_FORWARD_DEFAULT: bool = true;
-/// Environment variable that turns the fused WGMMA forward off when set to `0` (A/B benches).
-pub const WGMMA_FORWARD_ENV: &str = "CCE_CUDA_WGMMA_FORWARD";
 /// Whether split dense's class pass takes the WGMMA GEMM with `G` in its epilogue where it
-/// applies ([`DenseConfig::wgmma_gcols`]); [`WGMMA_GCOLS_ENV`]`=0` turns it off regardless.
+/// applies ([`DenseConfig::wgmma_gcols`], [`crate::CudaSwitches::wgmma_gcols`]).
 pub const WGMMA_GCOLS_DEFAULT: bool = true;
-/// Environment variable that turns the class pass's WGMMA `G` epilogue off when set to `0`.
-pub const WGMMA_GCOLS_ENV: &str = "CCE_CUDA_WGMMA_GCOLS";
 /// Whether split dense's row pass in a forward-and-backward call takes the WGMMA GEMM with the
 /// lse partials and f16 `e^{z − m}` in its epilogue where it applies
-/// ([`DenseConfig::wgmma_rows`], [`DenseEngine::wgmma_rows_unfit`]); [`WGMMA_ROWS_ENV`]`=0`
-/// turns it off regardless.
+/// ([`DenseConfig::wgmma_rows`], [`DenseEngine::wgmma_rows_unfit`],
+/// [`crate::CudaSwitches::wgmma_rows`]).
 pub const WGMMA_ROWS_DEFAULT: bool = true;
-/// Environment variable that turns the row pass's WGMMA epilogue off when set to `0`.
-pub const WGMMA_ROWS_ENV: &str = "CCE_CUDA_WGMMA_ROWS";
 /// Largest softcap the WGMMA epilogues take: their `cap_fast` (`wgmma.cu`) has an absolute
 /// error of a few `s·2⁻²²` (~1e-5 at 30, under the f32 logits' own rounding); above this the
 /// class tiles / cuBLAS class pass with `tanhf` run instead.
@@ -255,106 +246,24 @@ fn to_i32(x: usize, what: &str) -> Result<i32> {
 // Compilation
 // ----------------------------------------------------------------------------------------------
 
-/// NVRTC options for an architecture such as `sm_90a`.
-pub fn compile_options(arch: &str) -> Vec<String> {
-    vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-lineinfo".into(),
-    ]
-}
+pub use crate::device::{arch_of, compile_options};
 
-/// Compile `chunked.cu` for `arch` to a CUBIN with NVRTC, through a disk cache in
-/// `CCE_CUDA_CACHE_DIR` (default `$TMPDIR/cce-cuda-kernels`) keyed by a hash of the source, the
-/// options and the NVRTC version. Errors: `NoDevice` when libnvrtc cannot be loaded, `Backend`
-/// with the compiler log when the source does not compile.
+/// This module's source for the process caches of [`crate::device`].
+pub(crate) const SOURCE: crate::device::Source = crate::device::Source {
+    tag: "cce-dense",
+    text: || KERNEL_SOURCE.to_string(),
+};
+
+/// Compile `chunked.cu` + `wgmma.cu` for `arch` to a CUBIN with NVRTC, through the process and
+/// disk caches ([`crate::device`]). Errors: `NoDevice` when libnvrtc cannot be loaded,
+/// `Backend` with the compiler log when the source does not compile.
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
-    // SAFETY: only tries to dlopen libnvrtc by its candidate names; no symbol is called.
-    if !unsafe { nvrtc_sys::is_culib_present() } {
-        return Err(CceError::NoDevice {
-            backend: BACKEND,
-            reason: "libnvrtc (CUDA 13) could not be loaded".into(),
-        });
-    }
-    let (mut major, mut minor) = (0i32, 0i32);
-    // SAFETY: the library is present (checked above); both pointers are valid for writes.
-    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|e| CceError::backend(BACKEND, e))?;
-    let options = compile_options(arch);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (KERNEL_SOURCE, &options, major, minor).hash(&mut h);
-    let key = format!("cce-dense-{arch}-{:016x}.cubin", h.finish());
-    let dir = std::env::var_os("CCE_CUDA_CACHE_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("cce-cuda-kernels"));
-    let path = dir.join(&key);
-    if let Ok(bytes) = std::fs::read(&path) {
-        if !bytes.is_empty() {
-            return Ok(bytes);
-        }
-    }
-    let bytes = compile_uncached(KERNEL_SOURCE, &options)?;
-    // Best effort: a read-only or missing folder only costs a compile next time.
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let tmp = dir.join(format!("{key}.{}", std::process::id()));
-        if std::fs::write(&tmp, &bytes).is_ok() {
-            let _ = std::fs::rename(&tmp, &path);
-        }
-    }
-    Ok(bytes)
+    Ok(crate::device::compile_cached(SOURCE, arch)?.to_vec())
 }
 
 /// Compile without the cache. Returns the CUBIN.
 pub fn compile_uncached(source: &str, options: &[String]) -> Result<Vec<u8>> {
-    let be = |e: nvrtc_result::NvrtcError| CceError::backend(BACKEND, e);
-    let src = CString::new(source).map_err(|e| CceError::backend(BACKEND, e))?;
-    let name = CString::new("chunked.cu").map_err(|e| CceError::backend(BACKEND, e))?;
-    let prog = nvrtc_result::create_program(&src, Some(&name)).map_err(be)?;
-    struct Guard(nvrtc_sys::nvrtcProgram);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            // SAFETY: the program was created above and is destroyed exactly once, here.
-            let _ = unsafe { nvrtc_result::destroy_program(self.0) };
-        }
-    }
-    let g = Guard(prog);
-    // SAFETY: `g.0` is a live program; the options are plain strings cudarc turns into C strings.
-    if let Err(e) = unsafe { nvrtc_result::compile_program(g.0, options) } {
-        // SAFETY: live program; NVRTC NUL-terminates the log it sized.
-        let log = unsafe { nvrtc_result::get_program_log(g.0) }
-            .map(|raw| {
-                // SAFETY: `raw` holds the NUL-terminated log written by NVRTC.
-                unsafe { CStr::from_ptr(raw.as_ptr() as *const c_char) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .unwrap_or_default();
-        return Err(CceError::backend(
-            BACKEND,
-            format!("NVRTC failed on chunked.cu ({e:?}, options {options:?}):\n{log}"),
-        ));
-    }
-    let mut size = 0usize;
-    // SAFETY: live, compiled program; `size` is valid for writes.
-    unsafe { nvrtc_sys::nvrtcGetCUBINSize(g.0, &mut size) }
-        .result()
-        .map_err(be)?;
-    let mut cubin = vec![0u8; size];
-    // SAFETY: `cubin` has exactly the size NVRTC reported for the CUBIN.
-    unsafe { nvrtc_sys::nvrtcGetCUBIN(g.0, cubin.as_mut_ptr() as *mut c_char) }
-        .result()
-        .map_err(be)?;
-    Ok(cubin)
-}
-
-/// NVRTC architecture name of a compute capability (`sm_90a` on Hopper).
-pub fn arch_of(major: i32, minor: i32) -> String {
-    if major == 9 && minor == 0 {
-        "sm_90a".into()
-    } else {
-        format!("sm_{major}{minor}")
-    }
+    crate::device::nvrtc_compile(source, "chunked.cu", options)
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -428,19 +337,18 @@ pub struct DenseConfig {
     pub class_forward: Option<cce_core::ClassForward>,
     /// Forward-only calls take the fused WGMMA forward (`kernels/wgmma.cu`) where it applies
     /// ([`DenseEngine::wgmma_forward_rows`]); else the class tiles or row chunks. Default
-    /// [`WGMMA_FORWARD_DEFAULT`]; [`WGMMA_FORWARD_ENV`]`=0` turns it off regardless.
+    /// [`WGMMA_FORWARD_DEFAULT`].
     pub wgmma_forward: bool,
     /// Split dense's class pass computes `G` in the epilogue of a WGMMA GEMM
     /// (`cce_wgmma_gcols_*`, no f32 logits) where it applies
     /// ([`DenseEngine::wgmma_gcols_classes`]); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
-    /// Default [`WGMMA_GCOLS_DEFAULT`]; [`WGMMA_GCOLS_ENV`]`=0` turns it off regardless.
+    /// Default [`WGMMA_GCOLS_DEFAULT`].
     pub wgmma_gcols: bool,
     /// Split dense's row pass of a forward-and-backward call computes the logits in a WGMMA
     /// GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then `G` in place
     /// (`cce_wgmma_lseq*`, `cce_wgmma_qrows_g*`), where it applies
     /// ([`DenseEngine::wgmma_rows_unfit`]); else a cuBLAS f32 logits GEMM and the forward and
-    /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`]; [`WGMMA_ROWS_ENV`]`=0` turns it
-    /// off regardless.
+    /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`].
     pub wgmma_rows: bool,
 }
 
@@ -994,6 +902,8 @@ pub struct DenseEngine {
     /// The second stream of class-tiled forwards (made on first use, highest priority so that
     /// its row reductions get multiprocessors as the GEMM's blocks retire).
     row_stream: std::sync::OnceLock<Arc<CudaStream>>,
+    /// Profiling and the sparse backward's tuning ([`DenseEngine::with_switches`]).
+    switches: crate::CudaSwitches,
 }
 
 impl std::fmt::Debug for DenseEngine {
@@ -1055,9 +965,9 @@ impl RowArgs {
     }
 }
 
-/// Device time per phase, for "why is this call slow" (`CCE_CUDA_PROFILE=1`): an event at
-/// each mark, the interval since the previous mark summed under the mark's name, printed to
-/// stderr by [`PhaseTimer::report`]. Off (no events) without the variable.
+/// Device time per phase, for "why is this call slow" ([`crate::CudaSwitches::profile`]): an
+/// event at each mark, the interval since the previous mark summed under the mark's name,
+/// printed to stderr by [`PhaseTimer::report`]. Off (no events) without the switch.
 struct PhaseTimer {
     stream: Arc<CudaStream>,
     /// The start event, then one event per mark with the mark's name.
@@ -1071,8 +981,8 @@ impl PhaseTimer {
             .map_err(drv)
     }
 
-    fn new(stream: &Arc<CudaStream>) -> Result<Option<Self>> {
-        if std::env::var_os("CCE_CUDA_PROFILE").is_none() {
+    fn new(stream: &Arc<CudaStream>, on: bool) -> Result<Option<Self>> {
+        if !on {
             return Ok(None);
         }
         Ok(Some(Self {
@@ -1159,8 +1069,7 @@ impl DenseEngine {
     /// cuBLAS handle. Errors: `NoDevice` (no NVRTC / cuBLAS), `Backend`.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         let ctx = stream.context().clone();
-        // SAFETY: only tries to dlopen libcublas by its candidate names.
-        if !unsafe { cublas_sys::is_culib_present() } {
+        if !crate::libs::present("cublas") {
             return Err(CceError::NoDevice {
                 backend: BACKEND,
                 reason:
@@ -1176,8 +1085,7 @@ impl DenseEngine {
             });
         }
         let arch = arch_of(major, minor);
-        let cubin = compile_cubin(&arch)?;
-        let module = ctx.load_module(Ptx::from_binary(cubin)).map_err(drv)?;
+        let module = crate::device::module(&ctx, SOURCE, &arch)?;
         let mut names: Vec<String> = Vec::new();
         for dt in ["f32", "f16", "bf16"] {
             names.push(format!("cce_dense_fwd_{dt}"));
@@ -1316,7 +1224,16 @@ impl DenseEngine {
             sm_count,
             wgmma,
             row_stream: std::sync::OnceLock::new(),
+            switches: crate::CudaSwitches::default(),
         })
+    }
+
+    /// The engine with `switches`' profiling and sparse-backward tuning
+    /// ([`crate::CudaSwitches::profile`], `sparse_select_threads`, `sparse_fold_forward`); the
+    /// path switches reach the engine through [`DenseConfig`].
+    pub fn with_switches(mut self, switches: crate::CudaSwitches) -> Self {
+        self.switches = switches;
+        self
     }
 
     /// The stream every operation runs on.
@@ -1964,7 +1881,7 @@ impl DenseEngine {
         let mut prof = if chunks.is_empty() {
             None
         } else {
-            PhaseTimer::new(&self.stream)?
+            PhaseTimer::new(&self.stream, self.switches.profile)?
         };
         for (ci, &(r0, rows, reused)) in chunks.iter().enumerate() {
             let rows_u = rows as u32;
@@ -2346,7 +2263,7 @@ impl DenseEngine {
     /// `scratch_bytes` of scratch for the float2 partials (`rows x ceil(V / 256)`; all `N` rows
     /// when they fit, else the most multiples of 128 that do), and `e`, `c` the device
     /// addresses of the inputs. `Err(why)` when it does not apply: switched off
-    /// ([`DenseConfig::wgmma_forward`], [`WGMMA_FORWARD_ENV`]`=0`), not compute capability 9.0,
+    /// ([`DenseConfig::wgmma_forward`]), not compute capability 9.0,
     /// not bf16 / f16, a softcap above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or
     /// argmax, `D` not a multiple of 64, inputs not 16-byte aligned, sizes past 32 bits, or less
     /// scratch than 128 rows need (`wgmma_unfit` holds the shared conditions).
@@ -2356,10 +2273,8 @@ impl DenseEngine {
         scratch_bytes: usize,
         (e, c): (u64, u64),
     ) -> std::result::Result<usize, String> {
-        let env_off = std::env::var(WGMMA_FORWARD_ENV).as_deref() == Ok("0");
         let (n, v) = (cfg.n, cfg.v);
-        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_forward && !env_off, (e, c), v)
-        {
+        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_forward, (e, c), v) {
             why
         } else if cfg.label_smoothing != 0.0 {
             "label smoothing"
@@ -2473,8 +2388,7 @@ impl DenseEngine {
         g_mode: u8,
         (e, c): (u64, u64),
     ) -> Option<&'static str> {
-        let env_off = std::env::var(WGMMA_ROWS_ENV).as_deref() == Ok("0");
-        if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_rows && !env_off, (e, c), cfg.v) {
+        if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_rows, (e, c), cfg.v) {
             return Some(why);
         }
         Some(if cfg.dtype != DType::BF16 {
@@ -2975,7 +2889,7 @@ impl DenseEngine {
     /// outgrow the capacity. `rows` > 0: it gave way after the first chunk, whose logits (rows
     /// `0..rows`, row stride `ld`, at the start of the scratch) and forward rows stay valid for
     /// the dense passes to reuse; nothing else it wrote is used. Two host syncs (three with
-    /// `CCE_CUDA_PROFILE`).
+    /// [`crate::CudaSwitches::profile`]).
     fn sparse_backward(
         &self,
         cfg: &DenseConfig,
@@ -3016,10 +2930,11 @@ impl DenseEngine {
         let mut chunk = sp.probe_rows.clamp(1, n);
         let mut cap = sp.capacity(chunk, v) as u64;
         let f_fwd = self.func(&format!("cce_dense_fwd_{code}"))?;
-        // Select blocks of 512 threads (256 with CCE_CUDA_SELECT_THREADS=256, for benches).
-        let sel_threads: u32 = match std::env::var("CCE_CUDA_SELECT_THREADS").as_deref() {
-            Ok("256") => 256,
-            _ => SEL_THREADS,
+        // Select blocks of 512 threads (256 with `CudaSwitches::sparse_select_threads`).
+        let sel_threads: u32 = if self.switches.sparse_select_threads == 256 {
+            256
+        } else {
+            SEL_THREADS
         };
         // The forward rows fold into select (its pass 1 carries the online lse) when the call
         // wants only lse and loss of them (no entropy, argmax or label smoothing).
@@ -3028,7 +2943,7 @@ impl DenseEngine {
             && ra.entropy == 0
             && ra.argmax == 0
             && ra.alpha == 0.0
-            && std::env::var_os("CCE_CUDA_SEPARATE_FWD").is_none();
+            && self.switches.sparse_fold_forward;
         let f_sel_fold = self.func(&format!("cce_sparse_select_fwd_{code}"))?;
         let f_sel = self.func(&if sel_threads == 256 {
             format!("cce_sparse_select_{code}_t256")
@@ -3057,7 +2972,7 @@ impl DenseEngine {
         );
         let (tile_rows, tile_classes, n_ctiles) = a.tile;
         let esz = dt.size_bytes();
-        let mut timer = PhaseTimer::new(&self.stream)?;
+        let mut timer = PhaseTimer::new(&self.stream, self.switches.profile)?;
         let mut r0 = 0usize;
         // d_e in one launch after the row pass (peaked data), or per chunk (set by the probe).
         let mut defer_de = false;
@@ -3676,7 +3591,7 @@ impl DenseEngine {
             )),
             Err(_) => None,
         };
-        let mut prof = PhaseTimer::new(&self.stream)?;
+        let mut prof = PhaseTimer::new(&self.stream, self.switches.profile)?;
         for k0 in (0..v).step_by(step) {
             let kc = step.min(v - k0);
             let kc_i = kc as i32;
@@ -3803,8 +3718,8 @@ impl DenseEngine {
     /// [`DenseConfig::scratch_bytes`]): its layout, [`DenseConfig::gcols_layout`] (the f16
     /// `G` of up to `classes` classes at byte 0, the f16 copy of `e` and the f32 `d_c` temp of
     /// `dc_classes` classes at the end). `e`, `c`: the device addresses of the inputs. `Err`
-    /// says why the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`],
-    /// [`WGMMA_GCOLS_ENV`]`=0`), not compute capability 9.0, f32 inputs, a softcap above
+    /// says why the epilogue does not apply: switched off ([`DenseConfig::wgmma_gcols`]), not
+    /// compute capability 9.0, f32 inputs, a softcap above
     /// [`WGMMA_SOFTCAP_MAX`], an empty dimension, `D` not a multiple of 64, unaligned inputs or
     /// sizes past 32 bits (the tile count of a chunk included), a scratch too small for the
     /// layout, chunks under one 256-class tile. (No `τ`: split dense's row pass never filters,
@@ -3815,12 +3730,10 @@ impl DenseEngine {
         scratch: usize,
         (e, c): (u64, u64),
     ) -> std::result::Result<GColsLayout, String> {
-        let env_off = std::env::var(WGMMA_GCOLS_ENV).as_deref() == Ok("0");
         let (n, v) = (cfg.n, cfg.v);
         let layout = cfg.gcols_layout(scratch);
         let kw = layout.map_or(0, |l| l.classes);
-        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_gcols && !env_off, (e, c), kw)
-        {
+        let why = if let Some(why) = self.wgmma_unfit(cfg, cfg.wgmma_gcols, (e, c), kw) {
             why
         } else if i32::try_from(n).is_err() {
             "sizes past 32 bits"
@@ -4012,6 +3925,15 @@ impl DenseEngine {
         crate::CudaTensor::from_slice(s, dtype, shape)
     }
 
+    /// A zero-filled `[n]` f32 tensor.
+    fn zero_rows(&self, n: usize) -> Result<crate::CudaTensor> {
+        let s = self
+            .stream
+            .alloc_zeros::<u8>((4 * n).max(1))
+            .map_err(|e| alloc_err(e, 4 * n))?;
+        crate::CudaTensor::from_slice(s, DType::F32, vec![n])
+    }
+
     fn base_stats(&self, call: &BackendCall<'_>, workspace_bytes: u64) -> cce_core::CallStats {
         let p = call.plan;
         cce_core::CallStats {
@@ -4186,19 +4108,21 @@ impl DenseEngine {
             }
         };
         drop(ws);
-        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| {
+        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| -> Result<_> {
             let mut stats = self.base_stats(call, ws_bytes);
             if let Some(note) = &dstats.forward {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
             }
-            cce_core::ForwardOutput {
+            Ok(cce_core::ForwardOutput {
                 loss,
                 lse,
+                rest_mass: self.zero_rows(n)?,
                 entropy,
                 argmax,
                 stats,
-            }
+            })
         });
+        let fwd = fwd.transpose()?;
         let bwd = grads_t.map(|(d_e, d_c, d_bias)| {
             let mut stats = self.base_stats(call, ws_bytes);
             // What ran, before the plan: the sparse backward (or why it gave way), then how

@@ -7,8 +7,8 @@
 //! | concept | here |
 //! |---|---|
 //! | buffer | [`CudaTensor`]: one device allocation + dtype + row-major shape |
-//! | device, stream | [`CudaBackend`] owns a context and runs everything on one stream |
-//! | kernels | `kernels/*.cu`, embedded, compiled by NVRTC to a CUBIN for the device (`sm_90a` on H100/H200), cached per process and on disk ([`kernels`]) |
+//! | device, stream | [`CudaBackend`] enqueues everything on one stream: its own non-blocking stream ([`CudaBackend::new`]) or the caller's ([`CudaBackend::on_stream`], [`CudaBackend::on_raw_stream`]); the caller orders its producers and consumers with events |
+//! | kernels | `kernels/*.cu`, embedded, compiled by NVRTC to a CUBIN for the device (`sm_90a` on H100/H200), cached on disk and, with the loaded modules, per (context, architecture) for the process ([`device`]) |
 //! | strategy | [`cce_core::Strategy::TileOwnership`]: recomputing tile-owned passes, no float atomics, bitwise repeatable; [`cce_core::Strategy::ChunkedDense`] ([`chunked`]): row chunks of materialized f32 logits, cuBLAS for the three products, for exact calls whose budget holds an f32 `d_c` accumulator; [`cce_core::Strategy::SplitDense`] ([`chunked`]): a row pass for `d_e` and a class pass for `d_c`, 4 cuBLAS GEMMs, no cross-chunk accumulator (the default within 0.5 GiB); order and rules in [`backend`] |
 //!
 //! ## Passes (kernels/*.cu)
@@ -40,8 +40,16 @@
 
 pub mod backend;
 pub mod chunked;
+pub mod device;
 pub mod kernels;
+pub mod libs;
+pub mod switches;
 pub mod tensor;
 
 pub use backend::{probe, CudaBackend, SparseMode};
+/// The cudarc this crate is built with (its streams, contexts and slices are what
+/// [`CudaBackend::on_stream`] and [`CudaTensor::borrowed_view`] take).
+pub use cudarc;
+pub use switches::CudaSwitches;
+pub use tensor::required_alignment;
 pub use tensor::CudaTensor;

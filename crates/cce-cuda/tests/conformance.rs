@@ -5,7 +5,7 @@
 mod common;
 
 use cce_core::{
-    Backend, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction,
+    Backend, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction, Saved,
     SideOutputs, TensorMeta, Upstream,
 };
 use cce_cuda::{CudaBackend, CudaTensor};
@@ -134,7 +134,15 @@ fn expect_all_ignored(
     let lse = be
         .upload(&HostTensor::from_f32(vec![sp.n], &vec![1.0; sp.n], DType::F32).unwrap())
         .unwrap();
-    match be.backward(inputs, &sp.opts, &lse, upstream) {
+    match be.backward(
+        inputs,
+        &sp.opts,
+        Saved {
+            lse: &lse,
+            rest_mass: &lse,
+        },
+        upstream,
+    ) {
         Err(e) if is_expected(&e) => {}
         Err(e) => panic!("{}: {e:?}", what("backward: expected AllTargetsIgnored")),
         Ok(_) => panic!("{}", what("backward accepted a mean over no valid row")),
@@ -1139,24 +1147,20 @@ fn sanitizer_smoke() {
     }
 }
 
-/// Whether a WGMMA epilogue switched by the environment variable `env` should run on this
-/// device (sm_90a, not switched off); says so on stderr for `test` when not.
-fn epilogue_expected(be: &CudaBackend, env: &str, test: &str) -> bool {
-    let expected = be.arch() == "sm_90a" && std::env::var(env).as_deref() != Ok("0");
+/// Whether a WGMMA epilogue should run on this device (sm_90a); says so on stderr for `test`
+/// when not.
+fn epilogue_expected(be: &CudaBackend, test: &str) -> bool {
+    let expected = be.arch() == "sm_90a";
     if !expected {
-        eprintln!(
-            "{test}: {} (or switched off): only the fallback is checked",
-            be.arch()
-        );
+        eprintln!("{test}: {}: only the fallback is checked", be.arch());
     }
     expected
 }
 
 /// Whether forward-only dense calls should take the fused WGMMA forward on this device
-/// (compute capability 9.0, not switched off by `CCE_CUDA_WGMMA_FORWARD=0`).
+/// (compute capability 9.0).
 fn wgmma_expected(be: &CudaBackend) -> bool {
     be.arch() == "sm_90a"
-        && std::env::var(cce_cuda::chunked::WGMMA_FORWARD_ENV).as_deref() != Ok("0")
 }
 
 /// |a − b| ≤ tol · (1 + |b|) per row.
@@ -1533,11 +1537,7 @@ fn wgmma_gcols_class_pass() {
     let Some(be) = backend("wgmma_gcols_class_pass") else {
         return;
     };
-    let expected = epilogue_expected(
-        &be,
-        cce_cuda::chunked::WGMMA_GCOLS_ENV,
-        "wgmma_gcols_class_pass",
-    );
+    let expected = epilogue_expected(&be, "wgmma_gcols_class_pass");
     let make = |on: bool, classes: usize| {
         CudaBackend::new(0)
             .unwrap()
@@ -1691,7 +1691,7 @@ fn wgmma_row_pass() {
     let Some(be) = backend("wgmma_row_pass") else {
         return;
     };
-    let expected = epilogue_expected(&be, cce_cuda::chunked::WGMMA_ROWS_ENV, "wgmma_row_pass");
+    let expected = epilogue_expected(&be, "wgmma_row_pass");
     // bf16 G for d_e (what the default budget takes at large shapes; small ones have room
     // for the f16 copy of c, whose f16 G keeps the cuBLAS row pass).
     let make = |on: bool| {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use cce_core::{Backend, CceError, DType, HostTensor, Inputs, Options, Upstream};
+use cce_core::{Backend, CceError, DType, HostTensor, Inputs, Options, Saved, Upstream};
 use common::*;
 
 #[test]
@@ -114,7 +114,15 @@ fn typed_errors() {
         .upload(&HostTensor::from_f32(vec![9], &[0.0; 9], DType::F32).unwrap())
         .unwrap();
     assert!(matches!(
-        be.backward(&inputs, &Options::default(), &lse_bad, &Upstream::default()),
+        be.backward(
+            &inputs,
+            &Options::default(),
+            Saved {
+                lse: &lse_bad,
+                rest_mass: &lse_bad,
+            },
+            &Upstream::default()
+        ),
         Err(CceError::ShapeMismatch { what: "lse", .. })
     ));
     // A scalar upstream gradient for a per-row loss is rejected.
@@ -124,7 +132,7 @@ fn typed_errors() {
     };
     let fwd = be.forward(&inputs, &none).unwrap();
     assert!(matches!(
-        be.backward(&inputs, &none, &fwd.lse, &Upstream::default()),
+        be.backward(&inputs, &none, fwd.saved(), &Upstream::default()),
         Err(CceError::ShapeMismatch { what: "d_loss", .. })
     ));
     // A too-small workspace budget is a resource error, not a crash.

@@ -20,11 +20,11 @@ use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
-use cce_core::problem::{PreparedTargets, Problem};
+use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
 use cce_core::stats::CallStats;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
-    TensorMeta, Upstream,
+    Saved, TensorMeta, Upstream,
 };
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -182,8 +182,15 @@ impl Prepared<'_> {
 /// Per-row forward accumulators.
 #[derive(Clone, Copy)]
 struct RowAcc {
+    /// Running max of the finite logits.
     m: f64,
+    /// `Σ_j e^{z_j − m}`.
     s: f64,
+    /// `Σ_{j≠y} e^{z_j − m}`: the non-target part of `s`, so `1 − p_y = r / s` without
+    /// cancellation.
+    r: f64,
+    /// Whether a logit of the row is −inf.
+    masked: bool,
     pz: f64,
     zsum: f64,
     zy: f64,
@@ -221,10 +228,10 @@ impl Backend for CpuBackend {
         &self,
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
-        lse: &HostTensor,
+        saved: Saved<'_, HostTensor>,
         upstream: &Upstream<'_, HostTensor>,
     ) -> Result<BackwardOutput<HostTensor>> {
-        self.backward_host(inputs, opts, lse, upstream)
+        self.backward_host(inputs, opts, saved, upstream)
     }
 }
 
@@ -239,11 +246,17 @@ impl CpuBackend {
     ) -> Result<ForwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, v, .. } = p.problem;
+        // Up front: a −inf in `e` or `c` would otherwise pass for a masked logit.
+        if let Some(err) = opts.check_finite.then(|| non_finite_input(&p)).flatten() {
+            return Err(err);
+        }
         let y = &p.targets.classes;
         let mut acc = vec![
             RowAcc {
                 m: f64::NEG_INFINITY,
                 s: 0.0,
+                r: 0.0,
+                masked: false,
                 pz: 0.0,
                 zsum: 0.0,
                 zy: 0.0,
@@ -266,40 +279,59 @@ impl CpuBackend {
                             for (jj, &x) in zr.iter().enumerate() {
                                 let x = x as f64;
                                 let j = classes.start + jj;
+                                let target = yi == j as i32;
+                                if target {
+                                    a.zy = x;
+                                }
+                                // A −inf logit (a class masked by the bias) has p = 0: it adds
+                                // nothing, and never meets a −inf running max (NaN).
+                                if x == f64::NEG_INFINITY {
+                                    a.masked = true;
+                                    continue;
+                                }
                                 if x > a.m {
                                     let scale = (a.m - x).exp();
                                     a.s *= scale;
+                                    a.r *= scale;
                                     a.pz *= scale;
                                     a.m = x;
                                     a.argmax = j as i32;
                                 }
                                 let w = (x - a.m).exp();
                                 a.s += w;
+                                if !target {
+                                    a.r += w;
+                                }
                                 a.pz += w * x;
                                 a.zsum += x;
-                                if yi == j as i32 {
-                                    a.zy = x;
-                                }
                             }
                         }
                     }
                 }
             });
+        // A row whose every class is masked has lse −inf (only an ignored row may).
         let lse: Vec<f64> = acc.iter().map(|a| a.m + a.s.ln()).collect();
         if opts.check_finite {
-            if let Some(row) = lse.iter().position(|x| !x.is_finite()) {
+            if let Some(row) = lse.iter().position(|x| x.is_nan() || *x == f64::INFINITY) {
                 return Err(locate_non_finite(&p, row));
             }
         }
+        check_masked_targets(&p.targets, opts, |i| {
+            (acc[i].zy == f64::NEG_INFINITY, acc[i].masked)
+        })?;
         let alpha = opts.label_smoothing as f64;
         let lambda = opts.z_loss as f64;
+        let rest: Vec<f64> = (0..n)
+            .map(|i| if y[i] < 0 { 0.0 } else { acc[i].r / acc[i].s })
+            .collect();
         let row_loss: Vec<f64> = (0..n)
             .map(|i| {
                 if y[i] < 0 {
                     0.0
                 } else {
-                    let l = lse[i];
-                    l - (1.0 - alpha) * acc[i].zy - alpha / v as f64 * acc[i].zsum + lambda * l * l
+                    let (l, a) = (lse[i], &acc[i]);
+                    let zmean = a.zsum / v as f64;
+                    cross_entropy(l, a.zy, rest[i]) + alpha * (a.zy - zmean) + lambda * l * l
                 }
             })
             .collect();
@@ -329,8 +361,15 @@ impl CpuBackend {
         Ok(ForwardOutput {
             loss,
             lse: f32v(&|i| lse[i])?,
+            rest_mass: f32v(&|i| rest[i])?,
             entropy: if opts.side_outputs.entropy {
-                Some(f32v(&|i| lse[i] - acc[i].pz / acc[i].s)?)
+                Some(f32v(&|i| {
+                    if acc[i].s > 0.0 {
+                        lse[i] - acc[i].pz / acc[i].s
+                    } else {
+                        0.0
+                    }
+                })?)
             } else {
                 None
             },
@@ -349,25 +388,39 @@ impl CpuBackend {
         &self,
         inputs: &Inputs<'_, T>,
         opts: &Options,
-        lse: &T,
+        saved: Saved<'_, T>,
         upstream: &Upstream<'_, T>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, d, v, .. } = p.problem;
-        if lse.shape() != [n] || lse.dtype() != DType::F32 {
-            return Err(CceError::ShapeMismatch {
-                what: "lse",
-                expected: format!("[{n}] f32"),
-                got: format!("{:?} {}", lse.shape(), lse.dtype()),
-            });
+        saved.check(n)?;
+        if let Some(err) = opts.check_finite.then(|| non_finite_input(&p)).flatten() {
+            return Err(err);
         }
-        let lse = lse.f32_values();
+        // Only the bias can hold −inf (checked above, or the caller's choice).
+        let bias_masks = p
+            .bias
+            .as_ref()
+            .is_some_and(|b| b.contains(&f32::NEG_INFINITY));
+        check_masked_targets(&p.targets, opts, |i| {
+            let yi = p.targets.classes[i] as usize;
+            let masked = p.bias.as_ref().is_some_and(|b| b[yi] == f32::NEG_INFINITY);
+            (masked, bias_masks)
+        })?;
+        let lse = saved.lse.f32_values();
+        let rest = saved.rest_mass.f32_values();
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
-        // reject them either), so a non-finite lse is passed through.
+        // reject them either), so a non-finite lse is passed through. An ignored row whose every
+        // class is masked has lse −inf.
         let bad = opts
             .check_finite
-            .then(|| cce_core::problem::first_non_finite(lse.iter().copied()))
-            .flatten();
+            .then(|| {
+                lse.iter().enumerate().find(|&(i, &x)| {
+                    x.is_nan() || x == f32::INFINITY || (x == f32::NEG_INFINITY && y_valid(&p, i))
+                })
+            })
+            .flatten()
+            .map(|(i, &x)| (i, x));
         if let Some((index, value)) = bad {
             return Err(CceError::NonFinite {
                 what: "lse",
@@ -434,6 +487,7 @@ impl CpuBackend {
         let g_ctx = GCtx {
             p: &p,
             lse: &lse,
+            rest: &rest,
             g: &g,
             h: &h,
             y,
@@ -724,6 +778,8 @@ struct TileG {
 struct GCtx<'a> {
     p: &'a Prepared<'a>,
     lse: &'a [f32],
+    /// `1 − p_y` per row without cancellation ([`ForwardOutput::rest_mass`]).
+    rest: &'a [f32],
     g: &'a [f32],
     h: &'a [f32],
     y: &'a [i32],
@@ -754,30 +810,48 @@ impl GCtx<'_> {
             return 0.0;
         }
         if self.y[i] == j as i32 {
+            // |1 − p| and |w − p| = |(w − 1) + rest| from the saved rest mass, not from `p`.
+            let _ = p;
+            let rest = self.rest[i];
             let cp = self.g[i] * (1.0 + 2.0 * self.lambda * self.lse[i]) + self.h[i];
             let cy = self.g[i] * (1.0 - self.alpha);
-            let w = if cp != 0.0 { cy / cp } else { 0.0 };
-            (1.0 - p).abs().max((w - p).abs())
+            let w1 = if cp != 0.0 { (cy - cp) / cp } else { -1.0 };
+            rest.abs().max((w1 + rest).abs())
         } else {
             p
         }
     }
 
     /// `G_ij` (MATH.md, "Backward") from the probability `p` and the (capped) logit `z`.
+    ///
+    /// At the target `p = 1 − rest` comes from the saved rest mass, and the bracket is
+    /// rearranged so that nothing cancels on a confident row (`rest → 0`):
+    /// `(1 + 2λ lse)(1 − rest) − (1 − α) = α − rest + 2λ lse (1 − rest)`.
     fn g_entry(&self, i: usize, j: usize, p: f32, z: f32) -> f32 {
-        let onehot = if self.y[i] == j as i32 { 1.0 } else { 0.0 };
         let ls = if self.rule.label_smoothing_analytic {
             0.0
         } else {
             self.alpha / self.p.problem.v as f32
         };
-        let mut gij = if self.g[i] == 0.0 {
-            0.0
+        let l = self.lse[i];
+        let mut gij = if self.y[i] == j as i32 {
+            let rest = self.rest[i];
+            let py = 1.0 - rest;
+            let mut t = if self.g[i] == 0.0 {
+                0.0
+            } else {
+                self.g[i] * ((self.alpha - rest) + 2.0 * self.lambda * l * py - ls)
+            };
+            t += self.h[i] * py;
+            t
         } else {
-            self.g[i]
-                * ((1.0 + 2.0 * self.lambda * self.lse[i]) * p - (1.0 - self.alpha) * onehot - ls)
+            let t = if self.g[i] == 0.0 {
+                0.0
+            } else {
+                self.g[i] * ((1.0 + 2.0 * self.lambda * l) * p - ls)
+            };
+            t + self.h[i] * p
         };
-        gij += self.h[i] * p;
         if let Some(s) = self.opts.softcap {
             gij *= 1.0 - (z / s) * (z / s);
         }
@@ -892,6 +966,21 @@ impl GCtx<'_> {
     }
 }
 
+fn y_valid(p: &Prepared, i: usize) -> bool {
+    p.targets.classes[i] >= 0
+}
+
+/// `−log p_y = lse − z_y` from the row's `lse`, target logit `z_y` and `rest = 1 − p_y`
+/// (without cancellation): `−log1p(−rest)` when `p_y ≥ 1/2`, exact where `lse − z_y` would
+/// cancel (a confident row); `lse − z_y` otherwise, where it is at least `ln 2`.
+fn cross_entropy(lse: f64, zy: f64, rest: f64) -> f64 {
+    if rest < 0.5 {
+        -(-rest).ln_1p()
+    } else {
+        lse - zy
+    }
+}
+
 fn base_stats(p: &Prepared, opts: &Options) -> CallStats {
     let _ = opts;
     CallStats {
@@ -913,6 +1002,17 @@ fn base_stats(p: &Prepared, opts: &Options) -> CallStats {
 }
 
 fn locate_non_finite(p: &Prepared, row: usize) -> CceError {
+    non_finite_input(p).unwrap_or(CceError::NonFinite {
+        what: "lse or gradients (overflow)",
+        index: row,
+        row,
+        value: f32::INFINITY,
+    })
+}
+
+/// The first value `check_finite` rejects: a NaN or ±inf in `e` or `c`, a NaN or +inf in
+/// `bias` (−inf there masks a class).
+fn non_finite_input(p: &Prepared) -> Option<CceError> {
     let d = p.problem.d;
     let scan = |what: &'static str, vals: &[f32], width: usize| {
         cce_core::problem::first_non_finite(vals.iter().copied()).map(|(index, value)| {
@@ -926,11 +1026,17 @@ fn locate_non_finite(p: &Prepared, row: usize) -> CceError {
     };
     scan("e", &p.e, d)
         .or_else(|| scan("c", &p.c, d))
-        .or_else(|| p.bias.as_ref().and_then(|b| scan("bias", b, 1)))
-        .unwrap_or(CceError::NonFinite {
-            what: "lse or gradients (overflow)",
-            index: row,
-            row,
-            value: f32::INFINITY,
+        .or_else(|| {
+            let b = p.bias.as_ref()?;
+            let (index, &value) = b
+                .iter()
+                .enumerate()
+                .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)?;
+            Some(CceError::NonFinite {
+                what: "bias",
+                index,
+                row: index,
+                value,
+            })
         })
 }

@@ -12,7 +12,7 @@
 
 use cce_core::error::Result;
 use cce_core::options::{Options, Reduction};
-use cce_core::problem::{PreparedTargets, Problem};
+use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
 use cce_core::{CceError, DType, HostTensor, TensorMeta};
 use rayon::prelude::*;
 
@@ -43,6 +43,9 @@ pub struct Oracle {
     pub row_loss: Vec<f64>,
     /// `[N]` log-sum-exp (nats).
     pub lse: Vec<f64>,
+    /// `[N]` probability of the non-target classes, `1 − p_y`, summed over `j ≠ y` (0 at
+    /// ignored rows).
+    pub rest_mass: Vec<f64>,
     /// `[N]` softmax entropy (nats).
     pub entropy: Vec<f64>,
     /// `[N]` argmax (lowest index on ties).
@@ -73,8 +76,9 @@ fn round_to(dtype: DType, x: f64) -> f64 {
 /// otherwise; `d_lse` is an optional `[N]` upstream gradient of the lse.
 ///
 /// Errors: every validation error of [`Problem::new`] and [`PreparedTargets::new`] (among them
-/// `AllTargetsIgnored` for a mean over no valid row); `ShapeMismatch` for upstream gradients of
-/// the wrong form.
+/// `AllTargetsIgnored` for a mean over no valid row); `TargetMasked` and `InvalidOption` from
+/// [`check_masked_targets`] for a bias that masks a target (or any class under label smoothing);
+/// `ShapeMismatch` for upstream gradients of the wrong form.
 #[allow(clippy::too_many_arguments)]
 pub fn naive(
     e: &HostTensor,
@@ -113,6 +117,14 @@ pub fn naive(
     let ev = e.to_f64_vec();
     let cv = c.to_f64_vec();
     let bv = bias.map(|b| b.to_f64_vec());
+    // Only the bias may hold −inf (a masked class).
+    if let Some(b) = &bv {
+        let any_masked = b.contains(&f64::NEG_INFINITY);
+        check_masked_targets(&prepared, opts, |i| {
+            let yi = prepared.classes[i] as usize;
+            (b[yi] == f64::NEG_INFINITY, any_masked)
+        })?;
+    }
     Ok(naive_values(
         &problem,
         &ev,
@@ -150,7 +162,8 @@ pub fn naive_values(
     let softcap = opts.softcap.map(|s| s as f64);
     let y = &prepared.classes;
 
-    // Logits z [N, V]: x = e · cᵀ (+ bias), then softcap.
+    // Logits z [N, V]: x = e · cᵀ (+ bias), then softcap. A −inf logit (a class masked by the
+    // bias) stays −inf under the softcap: masked means p = 0 with or without a cap.
     let mut z = vec![0.0f64; n * v];
     matmul(
         same,
@@ -169,21 +182,45 @@ pub fn naive_values(
             if let Some(b) = bv {
                 x += b[j];
             }
-            if same {
-                x = round_to(dtype, x);
-            }
-            if let Some(s) = softcap {
-                x = s * (x / s).tanh();
-                if same {
-                    x = round_to(dtype, x);
-                }
-            }
-            *out = x;
+            *out = if same { round_to(dtype, x) } else { x };
         }
     });
+    // The softcap's derivative `1 − tanh²(x/s)` per entry from the uncapped `x`, for the ground
+    // truth: `4w / (1 + w)²` with `w = e^{−2|x/s|}`, which never cancels (`1 − (z/s)²` does
+    // once `|x/s|` is large). The same-dtype path keeps `1 − (z/s)²`, as autograd computes it.
+    let mut dcap = Vec::new();
+    if let Some(s) = softcap {
+        if !same {
+            dcap = z
+                .par_iter()
+                .map(|&x| {
+                    let w = (-2.0 * (x / s).abs()).exp();
+                    4.0 * w / ((1.0 + w) * (1.0 + w))
+                })
+                .collect();
+        }
+        z.par_iter_mut().filter(|x| x.is_finite()).for_each(|x| {
+            *x = s * (*x / s).tanh();
+            if same {
+                *x = round_to(dtype, *x);
+            }
+        });
+    }
 
-    // Per-row forward quantities.
-    let fwd: Vec<(f64, f64, f64, i32)> = (0..n)
+    // `e^{x − m}` with a −inf logit (masked, p = 0) giving 0 also when `m` is −inf (a row whose
+    // every class is masked), never NaN.
+    let ex = |x: f64, m: f64| -> f64 {
+        if x == f64::NEG_INFINITY {
+            0.0
+        } else if same {
+            ((x - m) as f32).exp() as f64
+        } else {
+            (x - m).exp()
+        }
+    };
+
+    // Per-row forward quantities: (lse, entropy, loss, argmax, rest mass).
+    let fwd: Vec<(f64, f64, f64, i32, f64)> = (0..n)
         .into_par_iter()
         .map(|i| {
             let row = &z[i * v..(i + 1) * v];
@@ -194,36 +231,52 @@ pub fn naive_values(
                     am = j as i32;
                 }
             }
-            let s: f64 = row
-                .iter()
-                .map(|&x| {
-                    if same {
-                        ((x - m) as f32).exp() as f64
-                    } else {
-                        (x - m).exp()
-                    }
-                })
-                .sum();
+            let yi = y[i];
+            let (mut s, mut rest) = (0.0f64, 0.0f64);
+            for (j, &x) in row.iter().enumerate() {
+                let w = ex(x, m);
+                s += w;
+                if j as i32 != yi {
+                    rest += w;
+                }
+            }
+            let rest = if yi < 0 { 0.0 } else { rest / s };
             let lse = if same {
                 (m as f32 + (s as f32).ln()) as f64
             } else {
                 m + s.ln()
             };
-            let pz: f64 = row.iter().map(|&x| (x - lse).exp() * x).sum();
-            let entropy = lse - pz;
-            let yi = y[i];
+            let pz: f64 = row
+                .iter()
+                .filter(|x| x.is_finite())
+                .map(|&x| ex(x, lse) * x)
+                .sum();
+            let entropy = if s > 0.0 { lse - pz } else { 0.0 };
             let loss = if yi < 0 {
                 0.0
             } else {
                 let zy = row[yi as usize];
-                let zsum: f64 = row.iter().sum();
-                lse - (1.0 - alpha) * zy - alpha / v as f64 * zsum + lambda * lse * lse
+                // −log p_y: exactly `−log1p(−rest)` where `lse − z_y` would cancel (p_y ≥ 1/2;
+                // ground truth only, the same-dtype path subtracts as a user would).
+                let ce = if rest < 0.5 && !same {
+                    -(-rest).ln_1p()
+                } else {
+                    lse - zy
+                };
+                let smooth = if alpha == 0.0 {
+                    0.0
+                } else {
+                    let zsum: f64 = row.iter().sum();
+                    alpha * (zy - zsum / v as f64)
+                };
+                ce + smooth + lambda * lse * lse
             };
-            (lse, entropy, loss, am)
+            (lse, entropy, loss, am, rest)
         })
         .collect();
     let lse: Vec<f64> = fwd.iter().map(|t| t.0).collect();
     let row_loss: Vec<f64> = fwd.iter().map(|t| t.2).collect();
+    let rest_mass: Vec<f64> = fwd.iter().map(|t| t.4).collect();
     let n_valid = prepared.n_valid;
     let total: f64 = row_loss.iter().sum();
     let loss = match opts.reduction {
@@ -254,27 +307,35 @@ pub fn naive_values(
         })
         .collect();
 
-    // G [N, V], overwriting z.
+    // G [N, V], overwriting z. In f64 the target entry takes `p_y = 1 − rest` and the bracket
+    // `(1 + 2λ lse) p_y − (1 − α) = α − rest + 2λ lse p_y`, so a confident row does not cancel.
     let mut gm = z;
     gm.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
         let l = lse[i];
         let h = d_lse.map_or(0.0, |h| h[i]);
         for (j, zz) in row.iter_mut().enumerate() {
             let x = *zz;
-            let p = if same {
-                ((x - l) as f32).exp() as f64
+            let target = y[i] == j as i32;
+            let p = if target && !same {
+                1.0 - rest_mass[i]
             } else {
-                (x - l).exp()
+                ex(x, l)
             };
-            let onehot = if y[i] == j as i32 { 1.0 } else { 0.0 };
             let mut gij = if y[i] < 0 {
                 0.0
+            } else if target && !same {
+                g[i] * ((alpha - rest_mass[i]) + 2.0 * lambda * l * p - alpha / v as f64)
             } else {
+                let onehot = if target { 1.0 } else { 0.0 };
                 g[i] * ((1.0 + 2.0 * lambda * l) * p - (1.0 - alpha) * onehot - alpha / v as f64)
             };
             gij += h * p;
             if let Some(s) = softcap {
-                gij *= 1.0 - (x / s) * (x / s);
+                gij *= if same {
+                    1.0 - (x / s) * (x / s)
+                } else {
+                    dcap[i * v + j]
+                };
             }
             *zz = if same { round_to(dtype, gij) } else { gij };
         }
@@ -325,6 +386,7 @@ pub fn naive_values(
         loss,
         row_loss,
         lse,
+        rest_mass,
         entropy: fwd.iter().map(|t| t.1).collect(),
         argmax: fwd.iter().map(|t| t.3).collect(),
         d_e,

@@ -1,7 +1,7 @@
 //! One test per class of bad input, each asserting the exact error variant (CPU backend).
 
 use cce_core::options::{FilterEps, Options, Reduction};
-use cce_core::{Backend, CceError, DLoss, DType, HostTensor, Inputs, Upstream};
+use cce_core::{Backend, CceError, DLoss, DType, HostTensor, Inputs, Saved, Upstream};
 use cce_reference::CpuBackend;
 
 fn t(shape: &[usize], dt: DType, seed: f32) -> HostTensor {
@@ -238,6 +238,11 @@ fn is_all_ignored<T>(r: &Result<T, CceError>, n: usize, opts: &Options) -> bool 
 fn all_targets_ignored_under_mean_is_an_error_from_every_entry_point() {
     let (e, c) = (t(&[4, 8], DType::BF16, 1.0), t(&[10, 8], DType::BF16, 2.0));
     let lse = HostTensor::from_f32(vec![4], &[1.0; 4], DType::F32).unwrap();
+    let rest = HostTensor::from_f32(vec![4], &[0.0; 4], DType::F32).unwrap();
+    let saved = Saved {
+        lse: &lse,
+        rest_mass: &rest,
+    };
     let be = CpuBackend::new();
     let by_index = Options::default();
     let by_index_m1_exact = Options {
@@ -270,7 +275,7 @@ fn all_targets_ignored_under_mean_is_an_error_from_every_entry_point() {
             "forward {opts:?}: {:?}",
             f.err()
         );
-        let b = be.backward(&inputs, opts, &lse, &up);
+        let b = be.backward(&inputs, opts, saved, &up);
         assert!(
             is_all_ignored(&b, 4, opts),
             "backward {opts:?}: {:?}",
@@ -288,7 +293,7 @@ fn all_targets_ignored_under_mean_is_an_error_from_every_entry_point() {
             d_loss: DLoss::Scalar(1.0),
             d_lse: Some(&h),
         };
-        let b = be.backward(&inputs, opts, &lse, &with_h);
+        let b = be.backward(&inputs, opts, saved, &with_h);
         assert!(is_all_ignored(&b, 4, opts), "backward + d_lse {opts:?}");
     }
     let msg = be
@@ -431,12 +436,29 @@ fn backward_checks_lse_and_upstream_shapes() {
         targets: &y,
     };
     let bad_lse = t(&[5], DType::F32, 0.0);
-    let r = be.backward(&inputs, &Options::default(), &bad_lse, &Upstream::default());
-    assert!(
-        matches!(r, Err(CceError::ShapeMismatch { what: "lse", .. })),
-        "{r:?}"
-    );
     let lse = t(&[4], DType::F32, 0.0);
+    for (saved, what) in [
+        (
+            Saved {
+                lse: &bad_lse,
+                rest_mass: &lse,
+            },
+            "lse",
+        ),
+        (
+            Saved {
+                lse: &lse,
+                rest_mass: &bad_lse,
+            },
+            "rest_mass",
+        ),
+    ] {
+        let r = be.backward(&inputs, &Options::default(), saved, &Upstream::default());
+        assert!(
+            matches!(r, Err(CceError::ShapeMismatch { what: w, .. }) if w == what),
+            "{r:?}"
+        );
+    }
     let o = Options {
         reduction: Reduction::None,
         ..Default::default()
@@ -444,7 +466,10 @@ fn backward_checks_lse_and_upstream_shapes() {
     let r = be.backward(
         &inputs,
         &o,
-        &lse,
+        Saved {
+            lse: &lse,
+            rest_mass: &lse,
+        },
         &Upstream {
             d_loss: DLoss::Scalar(1.0),
             d_lse: None,
@@ -462,7 +487,7 @@ fn backward_names_a_non_finite_input_even_with_a_finite_lse() {
     let c = t(&[10, 8], DType::F32, 2.0);
     let e_ok = t(&[4, 8], DType::F32, 1.0);
     let be = CpuBackend::new();
-    let lse = be
+    let fwd = be
         .forward(
             &Inputs {
                 e: &e_ok,
@@ -472,8 +497,7 @@ fn backward_names_a_non_finite_input_even_with_a_finite_lse() {
             },
             &Options::default(),
         )
-        .unwrap()
-        .lse;
+        .unwrap();
     let mut ev = e_ok.to_f32_vec();
     ev[5] = f32::NEG_INFINITY;
     let e = HostTensor::from_f32(vec![4, 8], &ev, DType::F32).unwrap();
@@ -485,7 +509,7 @@ fn backward_names_a_non_finite_input_even_with_a_finite_lse() {
             targets: &y,
         },
         &Options::default(),
-        &lse,
+        fwd.saved(),
         &Upstream::default(),
     );
     assert!(

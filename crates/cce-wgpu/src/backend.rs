@@ -7,7 +7,7 @@ use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::plan::Plan;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
-    GradDType, HostTensor, Inputs, Options, PreparedTargets, Problem, Reduction, Result,
+    GradDType, HostTensor, Inputs, Options, PreparedTargets, Problem, Reduction, Result, Saved,
     StrategyKind, TensorMeta, TileShape, Upstream,
 };
 use std::ops::Range;
@@ -453,6 +453,7 @@ impl WgpuBackend {
         let part = ctx.raw_buffer((max_rc * stride * 32) as u64, "partials")?;
         let tlogit = ctx.raw_buffer(4 * n as u64, "target logits")?;
         let lse = ctx.alloc(vec![n], DType::F32, "lse")?;
+        let rest_mass = ctx.alloc(vec![n], DType::F32, "rest mass")?;
         let loss_rows = ctx.alloc(vec![n], DType::F32, "loss rows")?;
         let ent = ctx.alloc(vec![n], DType::F32, "entropy")?;
         let amax = ctx.alloc(vec![n], DType::I32, "argmax")?;
@@ -595,6 +596,7 @@ impl WgpuBackend {
         Ok(ForwardOutput {
             loss,
             lse,
+            rest_mass,
             entropy: opts.side_outputs.entropy.then_some(ent),
             argmax: opts.side_outputs.argmax.then_some(amax),
             stats: self.stats(&prep, workspace),
@@ -606,9 +608,10 @@ impl WgpuBackend {
         &self,
         inputs: &Inputs<'_, WgpuTensor>,
         opts: &Options,
-        lse: &WgpuTensor,
+        saved: Saved<'_, WgpuTensor>,
         upstream: &Upstream<'_, WgpuTensor>,
     ) -> Result<BackwardOutput<WgpuTensor>> {
+        let lse = saved.lse;
         let prep = self.prepare(inputs, opts)?;
         let p = prep.problem;
         let plan = &prep.plan;
@@ -630,6 +633,7 @@ impl WgpuBackend {
             Ok(())
         };
         check_rows(lse, "lse")?;
+        check_rows(saved.rest_mass, "rest_mass")?;
         let bad_dloss = |what: &str| CceError::ShapeMismatch {
             what: "d_loss",
             expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
@@ -1350,11 +1354,11 @@ impl Backend for WgpuBackend {
         &self,
         inputs: &Inputs<'_, WgpuTensor>,
         opts: &Options,
-        lse: &WgpuTensor,
+        saved: Saved<'_, WgpuTensor>,
         upstream: &Upstream<'_, WgpuTensor>,
     ) -> Result<BackwardOutput<WgpuTensor>> {
         self.ctx.scoped("backward", || {
-            self.backward_impl(inputs, opts, lse, upstream)
+            self.backward_impl(inputs, opts, saved, upstream)
         })
     }
 }

@@ -8,7 +8,7 @@
 
 use cce_core::{
     Backend, CceError, DLoss, DType, FilterEps, GradDType, HostTensor, Inputs, Options, Reduction,
-    SideOutputs, TensorMeta, Upstream,
+    Saved, SideOutputs, TensorMeta, Upstream,
 };
 use cce_reference::naive::{naive, Oracle, OracleDLoss, Precision};
 use cce_wgpu::WgpuBackend;
@@ -272,7 +272,7 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
         },
         d_lse: case.d_lse.then_some(&hb),
     };
-    let bwd = b.backward(&inputs, opts, &fwd.lse, &up).unwrap();
+    let bwd = b.backward(&inputs, opts, fwd.saved(), &up).unwrap();
     println!("  {:<28} plan: {}", case.name, bwd.stats.plan_reason);
 
     let mut rep = Report { failures: vec![] };
@@ -523,7 +523,19 @@ fn all_ignored_mean_is_an_error() {
         };
         let outcomes = [
             ("forward", b.forward(&inputs, &opts).err()),
-            ("backward", b.backward(&inputs, &opts, &lse, &up).err()),
+            (
+                "backward",
+                b.backward(
+                    &inputs,
+                    &opts,
+                    Saved {
+                        lse: &lse,
+                        rest_mass: &lse,
+                    },
+                    &up,
+                )
+                .err(),
+            ),
             (
                 "forward_backward",
                 b.forward_backward(&inputs, &opts, &up).err(),
@@ -716,7 +728,7 @@ fn deterministic_and_partial_outputs() {
     };
     let f = b.forward(&inputs, &only_dc).unwrap();
     let g = b
-        .backward(&inputs, &only_dc, &f.lse, &Upstream::default())
+        .backward(&inputs, &only_dc, f.saved(), &Upstream::default())
         .unwrap();
     assert!(g.d_e.is_none() && g.d_c.is_some());
 }

@@ -4,14 +4,17 @@
 //!
 //! The facade users depend on: re-exports of the contract ([`cce_core`]), the CPU backend
 //! ([`cce_reference::CpuBackend`]), the CUDA backend (feature `cuda`) and the wgpu backend
-//! (feature `wgpu`), plus a one-call API on host tensors ([`linear_cross_entropy`]) and a
-//! backend chosen by name at run time ([`backend_by_name`]).
+//! (feature `wgpu`), plus a one-call API on host tensors ([`linear_cross_entropy`]), one on
+//! CUDA device buffers (`cuda::linear_cross_entropy`, feature `cuda`) and a backend chosen by
+//! name at run time ([`backend_by_name`]).
 
 pub use cce_core::*;
 pub use cce_reference::{naive, CpuBackend, Oracle, OracleDLoss, Precision};
 
 #[cfg(feature = "cuda")]
 pub use cce_cuda;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[cfg(feature = "wgpu")]
 pub use cce_wgpu;
 
@@ -126,7 +129,7 @@ impl<B: Backend> HostBackend for B {
                 d_lse: None,
             };
             let t1 = Instant::now();
-            let bwd = self.backward(&inputs, opts, &fwd.lse, &upstream)?;
+            let bwd = self.backward(&inputs, opts, fwd.saved(), &upstream)?;
             out.backward_ms = Some(t1.elapsed().as_secs_f64() * 1e3);
             out.d_e = bwd.d_e.as_ref().map(|t| self.download(t)).transpose()?;
             out.d_c = bwd.d_c.as_ref().map(|t| self.download(t)).transpose()?;

@@ -1,0 +1,88 @@
+//! The CUDA backend's switches: one explicit value that forces or disables its paths, set by
+//! tests and benchmarks (the bench binaries from their command line); no environment variable
+//! is read on a call's path.
+
+use crate::backend::SparseMode;
+
+/// Threads per block of the sparse backward's selection kernel, by default.
+pub const SPARSE_SELECT_THREADS: u32 = 512;
+
+/// Which paths the CUDA backend may take, and what it reports. [`CudaSwitches::default`] is
+/// what a user wants: every fast path where it applies, no profiling. Set on a backend with
+/// [`crate::CudaBackend::with_switches`]; each call's `CallStats::plan_reason` names the path
+/// taken and the switch that disabled one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaSwitches {
+    /// How filtered split-dense calls use the plan's sparse backward. Default
+    /// [`SparseMode::Auto`].
+    pub sparse: SparseMode,
+    /// Forward-only dense calls run the fused WGMMA forward (the logits GEMM with the
+    /// log-sum-exp in its epilogue) where it applies (Hopper, bf16/f16, `D` a multiple of 64).
+    /// Default `true`.
+    pub wgmma_forward: bool,
+    /// Split dense's class pass computes `G` in a WGMMA GEMM's epilogue where it applies.
+    /// Default `true`.
+    pub wgmma_gcols: bool,
+    /// Split dense's row pass computes the lse partials and f16 `e^{z − m}` in a WGMMA GEMM's
+    /// epilogue where it applies. Default `true`.
+    pub wgmma_rows: bool,
+    /// Split dense may compute `d_e` from f16 `G` where the budget holds an f16 copy of `c`;
+    /// `false` forces bf16 `G` (what a tight budget does). Default `true`.
+    pub split_de_f16: bool,
+    /// Print the device time per phase of the sparse backward and the dense passes to stderr
+    /// (events on the stream, and a synchronization at the end of each pass). Default `false`.
+    pub profile: bool,
+    /// Threads per block of the sparse backward's selection: 512 (default) or 256. With 256
+    /// the forward rows are not folded into the selection.
+    pub sparse_select_threads: u32,
+    /// The sparse backward of a forward-and-backward call folds the forward rows into its
+    /// selection pass where it can. Default `true`; `false` runs them separately (benchmarks).
+    pub sparse_fold_forward: bool,
+}
+
+impl Default for CudaSwitches {
+    fn default() -> Self {
+        Self {
+            sparse: SparseMode::Auto,
+            wgmma_forward: true,
+            wgmma_gcols: true,
+            wgmma_rows: true,
+            split_de_f16: true,
+            profile: false,
+            sparse_select_threads: SPARSE_SELECT_THREADS,
+            sparse_fold_forward: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_engines_defaults() {
+        let s = CudaSwitches::default();
+        assert_eq!(s.wgmma_forward, crate::chunked::WGMMA_FORWARD_DEFAULT);
+        assert_eq!(s.wgmma_gcols, crate::chunked::WGMMA_GCOLS_DEFAULT);
+        assert_eq!(s.wgmma_rows, crate::chunked::WGMMA_ROWS_DEFAULT);
+        assert!(!s.profile && s.sparse_fold_forward && s.split_de_f16);
+    }
+
+    /// Only the kernel cache's folder (`device.rs`) comes from the environment.
+    #[test]
+    fn no_environment_variable_is_read_on_a_call_path() {
+        let needle = concat!("std::", "env");
+        for (file, src) in [
+            ("backend.rs", include_str!("backend.rs")),
+            ("chunked.rs", include_str!("chunked.rs")),
+            ("kernels.rs", include_str!("kernels.rs")),
+            ("libs.rs", include_str!("libs.rs")),
+            ("lib.rs", include_str!("lib.rs")),
+            ("switches.rs", include_str!("switches.rs")),
+            ("tensor.rs", include_str!("tensor.rs")),
+        ] {
+            assert!(!src.contains(needle), "{file} reads the environment");
+        }
+        assert_eq!(include_str!("device.rs").matches(needle).count(), 2);
+    }
+}

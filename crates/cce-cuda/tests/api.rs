@@ -1,0 +1,258 @@
+//! The device API a training step calls: a backend on the caller's stream, made per call from
+//! the process's module cache, over borrowed device memory, ordered with events against a
+//! producer on another stream. Skips without a CUDA device (`CCE_REQUIRE_CUDA=1` fails instead).
+
+mod common;
+
+use cce_core::{Backend, DType, Inputs, Options, Reduction, TensorMeta, Upstream};
+use cce_cuda::{CudaBackend, CudaTensor};
+use cudarc::driver::CudaStream;
+use std::sync::Arc;
+
+/// A bf16 problem, 1000 x 256 x 3000 (partial tiles, several class tiles), 5% ignored rows.
+fn case() -> common::Case {
+    let mut rng = common::seeded();
+    common::random_case(&mut rng, 1000, 256, 3000, DType::BF16, false, 0.05, 4.0)
+}
+
+fn f32s(be: &CudaBackend, t: &CudaTensor) -> Vec<f32> {
+    be.download(t).unwrap().to_f32_vec()
+}
+
+/// Loss, lse, d_e and d_c of a forward+backward on `be` (uploaded from the host case).
+fn run(be: &CudaBackend, e: &CudaTensor, c: &CudaTensor, t: &CudaTensor) -> [Vec<f32>; 4] {
+    let inputs = Inputs {
+        e,
+        c,
+        bias: None,
+        targets: t,
+    };
+    let opts = Options {
+        reduction: Reduction::Sum,
+        ..Options::default()
+    };
+    let (fwd, bwd) = be
+        .forward_backward(&inputs, &opts, &Upstream::default())
+        .unwrap_or_else(|err| panic!("{err}"));
+    [
+        f32s(be, &fwd.loss),
+        f32s(be, &fwd.lse),
+        f32s(be, bwd.d_e.as_ref().unwrap()),
+        f32s(be, bwd.d_c.as_ref().unwrap()),
+    ]
+}
+
+fn upload_case(be: &CudaBackend, k: &common::Case) -> [CudaTensor; 3] {
+    [
+        be.upload(&k.e).unwrap(),
+        be.upload(&k.c).unwrap(),
+        be.upload(&k.targets).unwrap(),
+    ]
+}
+
+fn assert_same(what: &str, a: &[Vec<f32>; 4], b: &[Vec<f32>; 4]) {
+    for (name, (x, y)) in ["loss", "lse", "d_e", "d_c"].iter().zip(a.iter().zip(b)) {
+        assert_eq!(x.len(), y.len(), "{what}: {name} length");
+        let scale = y.iter().fold(1e-30f32, |m, q| m.max(q.abs()));
+        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        // Same kernels on the same data: only the run-to-run order of float atomics differs.
+        assert!(
+            worst <= 1e-3 * scale,
+            "{what}: {name} differs by {worst:e} (largest |value| {scale:e})"
+        );
+    }
+}
+
+#[test]
+fn a_backend_on_the_callers_stream_matches_its_own_stream() {
+    let Some(own) = common::backend("a_backend_on_the_callers_stream_matches_its_own_stream")
+    else {
+        return;
+    };
+    let k = case();
+    let [e, c, t] = upload_case(&own, &k);
+    let expected = run(&own, &e, &c, &t);
+    own.synchronize().unwrap();
+
+    let ctx = own.context().clone();
+    let caller: Arc<CudaStream> = ctx.new_stream().unwrap();
+    let on = CudaBackend::on_stream(caller.clone()).unwrap();
+    assert_eq!(on.stream().cu_stream(), caller.cu_stream());
+    assert_same("on_stream", &run(&on, &e, &c, &t), &expected);
+
+    // SAFETY: `caller` is a live stream of `ctx` and outlives `raw` (dropped first below);
+    // everything runs on that one stream.
+    let raw = unsafe { CudaBackend::on_raw_stream(&ctx, caller.cu_stream()) }.unwrap();
+    assert_eq!(raw.stream().cu_stream(), caller.cu_stream());
+    assert_same("on_raw_stream", &run(&raw, &e, &c, &t), &expected);
+    raw.synchronize().unwrap();
+    drop(raw);
+    caller.synchronize().unwrap();
+}
+
+#[test]
+fn a_backend_per_call_reuses_the_loaded_modules() {
+    let Some(first) = common::backend("a_backend_per_call_reuses_the_loaded_modules") else {
+        return;
+    };
+    let stream = first.stream().clone();
+    let t0 = std::time::Instant::now();
+    for _ in 0..20 {
+        let be = CudaBackend::on_stream(stream.clone()).unwrap();
+        assert_eq!(be.arch(), first.arch());
+    }
+    let per_ms = t0.elapsed().as_secs_f64() * 1e3 / 20.0;
+    eprintln!("CudaBackend::on_stream: {per_ms:.3} ms per construction");
+    // A module load alone takes tens of milliseconds; a construction from the cache does not.
+    assert!(per_ms < 20.0, "{per_ms} ms per construction");
+}
+
+#[test]
+fn borrowed_memory_is_read_in_place_and_never_freed() {
+    let Some(be) = common::backend("borrowed_memory_is_read_in_place_and_never_freed") else {
+        return;
+    };
+    let k = case();
+    let [e, c, t] = upload_case(&be, &k);
+    let expected = run(&be, &e, &c, &t);
+    let stream = be.stream().clone();
+    // The caller's memory: cudarc slices of the element types a framework holds.
+    let e_host: Vec<half::bf16> = bytemuck::cast_slice(k.e.as_bytes()).to_vec();
+    let c_host: Vec<half::bf16> = bytemuck::cast_slice(k.c.as_bytes()).to_vec();
+    let t_host: Vec<i64> = bytemuck::cast_slice(k.targets.as_bytes()).to_vec();
+    let e_own = stream.clone_htod(&e_host).unwrap();
+    let c_own = stream.clone_htod(&c_host).unwrap();
+    let t_own = stream.clone_htod(&t_host).unwrap();
+    for round in 0..2 {
+        // SAFETY: the slices outlive the tensors and every call (synchronized below); all work
+        // is on `stream`, where the slices were written; no output aliases them.
+        let (be_, bc, bt) = unsafe {
+            (
+                CudaTensor::borrowed_view(
+                    &stream,
+                    &e_own.as_view(),
+                    DType::BF16,
+                    k.e.shape().to_vec(),
+                )
+                .unwrap(),
+                CudaTensor::borrowed_view(
+                    &stream,
+                    &c_own.as_view(),
+                    DType::BF16,
+                    k.c.shape().to_vec(),
+                )
+                .unwrap(),
+                CudaTensor::borrowed(
+                    &stream,
+                    cudarc::driver::DevicePtr::device_ptr(&t_own, &stream).0,
+                    DType::I64,
+                    vec![k.n],
+                )
+                .unwrap(),
+            )
+        };
+        assert!(be_.is_borrowed() && !e.is_borrowed());
+        assert_same(
+            &format!("borrowed, round {round}"),
+            &run(&be, &be_, &bc, &bt),
+            &expected,
+        );
+        assert!(
+            bt.into_slice().is_err(),
+            "a borrowed tensor cannot become an owner"
+        );
+        drop((be_, bc));
+        be.synchronize().unwrap();
+    }
+    // Dropping the borrowed tensors freed nothing: the caller's memory still holds the inputs.
+    assert_eq!(stream.clone_dtoh(&e_own).unwrap(), e_host);
+    assert_eq!(stream.clone_dtoh(&t_own).unwrap(), t_host);
+}
+
+#[test]
+fn borrowed_rejects_null_misaligned_and_short_memory() {
+    let Some(be) = common::backend("borrowed_rejects_null_misaligned_and_short_memory") else {
+        return;
+    };
+    let stream = be.stream().clone();
+    let mem = stream.alloc_zeros::<u8>(4096).unwrap();
+    let base = cudarc::driver::DevicePtr::device_ptr(&mem, &stream).0;
+    // SAFETY: each call fails its checks before the address is used.
+    unsafe {
+        let err = CudaTensor::borrowed(&stream, 0, DType::F32, vec![4]).unwrap_err();
+        assert!(err.to_string().contains("null"), "{err}");
+        let err = CudaTensor::borrowed(&stream, base + 8, DType::BF16, vec![4]).unwrap_err();
+        assert!(err.to_string().contains("aligned"), "{err}");
+        let err =
+            CudaTensor::borrowed_view(&stream, &mem.slice(..64), DType::F32, vec![32]).unwrap_err();
+        assert!(err.to_string().contains("128 bytes"), "{err}");
+    }
+    // i64 targets need only their element alignment.
+    // SAFETY: 8 i64 at base + 8 lie inside the 4096-byte allocation, which outlives `t`.
+    let t = unsafe { CudaTensor::borrowed(&stream, base + 8, DType::I64, vec![8]) }.unwrap();
+    assert_eq!(t.shape(), &[8]);
+    drop(t);
+    be.synchronize().unwrap();
+}
+
+#[test]
+fn a_call_on_a_caller_stream_waits_for_a_producer_stream_through_an_event() {
+    let Some(own) = common::backend("a_call_on_a_caller_stream_waits_for_a_producer_stream") else {
+        return;
+    };
+    let ctx = own.context().clone();
+    let (n, d, v) = (4096, 1024, 32000);
+    let produce = |be: &CudaBackend| -> [CudaTensor; 3] {
+        let mut e = be.alloc_tensor(vec![n, d], DType::BF16).unwrap();
+        let mut c = be.alloc_tensor(vec![v, d], DType::BF16).unwrap();
+        be.fill_randn(&mut e, 1, 0.0, 0.2).unwrap();
+        be.fill_randn(&mut c, 2, 0.0, 0.2).unwrap();
+        let t = be.random_targets(n, v, 0.05, -100, 3).unwrap();
+        [e, c, t]
+    };
+    // In one stream: the reference.
+    let [e, c, t] = produce(&own);
+    let expected = run(&own, &e, &c, &t);
+    own.synchronize().unwrap();
+    drop((e, c, t));
+
+    // A producer stream fills the inputs (kernels still running when the call is enqueued);
+    // the caller's non-blocking stream waits for an event recorded after them.
+    let producer = CudaBackend::on_stream(ctx.new_stream().unwrap()).unwrap();
+    let caller = CudaBackend::on_stream(ctx.new_stream().unwrap()).unwrap();
+    let [e, c, t] = produce(&producer);
+    let ready = producer.stream().record_event(None).unwrap();
+    caller.stream().wait(&ready).unwrap();
+    let got = run(&caller, &e, &c, &t);
+    assert_same("two streams", &got, &expected);
+    // The inputs were allocated on the producer's stream, which frees them on drop: it waits
+    // for the caller's stream first.
+    let done = caller.stream().record_event(None).unwrap();
+    producer.stream().wait(&done).unwrap();
+    drop((e, c, t));
+    producer.synchronize().unwrap();
+}
+
+#[test]
+fn switches_are_one_explicit_value() {
+    let Some(be) = common::backend("switches_are_one_explicit_value") else {
+        return;
+    };
+    assert_eq!(be.switches(), cce_cuda::CudaSwitches::default());
+    let s = cce_cuda::CudaSwitches {
+        wgmma_rows: false,
+        profile: true,
+        sparse: cce_cuda::SparseMode::Off,
+        ..Default::default()
+    };
+    let be = be.with_switches(s);
+    assert_eq!(be.switches(), s);
+    let be = be.with_wgmma_gcols(false);
+    assert_eq!(
+        be.switches(),
+        cce_cuda::CudaSwitches {
+            wgmma_gcols: false,
+            ..s
+        }
+    );
+}
