@@ -14,9 +14,12 @@
 //! message and the variant's name (`kind`); a panic, which would be a bug, is caught and raised
 //! as `CceError` of kind `Internal` rather than crossing into Python.
 //!
-//! Devices: CPU tensors run on [`CpuBackend`]. CUDA tensors are refused with `Unsupported` until
-//! the CUDA device API lands; their place is [`run_forward`]/[`run_backward`]'s device match,
-//! which will hand the raw device pointers and `torch.cuda.current_stream().cuda_stream` to it.
+//! Devices: CPU tensors run on [`CpuBackend`]. CUDA tensors are refused with `Unsupported` in
+//! this build; their place is the `Device::Cuda` arm of `forward`/`backward`: the package passes
+//! `torch.cuda.current_stream(device).cuda_stream`, the arm builds `cce_cuda::CudaBackend::
+//! on_raw_stream` on it and wraps each tensor's `data_ptr()` with `cce_cuda::CudaTensor::
+//! borrowed` (the layout checks of `raw` hold for device memory too); outputs stay allocated
+//! by torch (its caching allocator), and the upstream gradient stays on the device (no `.item()`).
 
 use cce_core::CceError as LibError;
 use cce_core::{
