@@ -161,6 +161,31 @@ def test_hostile_shapes(n_shape, d, v):
     check(e, c, t, b, reduction="none")
 
 
+def test_workspace_budget_picks_the_strategy():
+    """A small budget moves the CPU backend to tile ownership (same numbers); too small raises."""
+    e, c, t, b = make((64,), 32, 500, bias=True, ignore=0.1)
+    for budget in (65536, None):
+        _, stats = linear_cross_entropy(e, c, t, b, workspace_budget_bytes=budget, return_stats=True)
+        check(e, c, t, b, workspace_budget_bytes=budget)
+        assert stats["forward"]["strategy"].startswith("tile-ownership" if budget else "chunked-dense")
+    with pytest.raises(CceError, match="over the budget of 4096 B") as excinfo:
+        linear_cross_entropy(e, c, t, b, workspace_budget_bytes=4096)
+    assert kind_of(excinfo) == "ResourceLimit"
+
+
+def test_filter_switches():
+    """max_dropped_mass=0 and filter_e_grad/filter_c_grad=False give exact gradients."""
+    e, c, t, _ = make((48,), 32, 512, torch.bfloat16, scale=2.0)
+    check(e, c, t, filter_eps="auto", max_dropped_mass=0.0)
+    check(e, c, t, filter_eps="auto", filter_e_grad=False, filter_c_grad=False)
+
+
+def test_check_finite_off_propagates_nan():
+    e, c, t, _ = make((8,), 6, 17)
+    e[3, 2] = float("nan")
+    assert torch.isnan(linear_cross_entropy(e, c, t, check_finite=False))
+
+
 def test_int32_targets_and_flat_targets():
     e, c, t, _ = make((3, 11), 8, 40, ignore=0.2)
     check(e, c, t.to(torch.int32))
