@@ -478,3 +478,15 @@ def test_return_stats_exact_and_with_lse():
     assert stats["backward"]["dropped_mass_max"] == 0.0
     out = linear_cross_entropy(e, c, t, return_lse=True, return_stats=True)
     assert len(out) == 3 and out[1].shape == (20,) and "backward" not in out[2]
+
+
+def test_retained_graph_backward_twice():
+    """The backward leaves its saved tensors untouched: a retained graph gives the same gradient
+    again."""
+    e, c, t, _ = make((16,), 8, 40)
+    e1 = e.clone().requires_grad_()
+    loss = linear_cross_entropy(e1, c, t)
+    loss.backward(retain_graph=True)
+    first = e1.grad.clone()
+    loss.backward()
+    close(e1.grad, 2 * first, 0, "d_e twice")
