@@ -99,6 +99,18 @@ fn with_target(t: &HostTensor, row: usize, value: i64, as_i32: bool) -> HostTens
     flat.reshape(shape).expect("targets shape")
 }
 
+/// `NonFinite` naming the upstream gradient `what` at `row`.
+fn non_finite(what: &'static str, row: usize) -> Expect {
+    Box::new(move |e| match e {
+        CceError::NonFinite {
+            what: w, row: r, ..
+        } if *w == what && *r == row => Ok(()),
+        other => Err(format!(
+            "expected CceError::NonFinite in {what} at row {row}, got {other:?}"
+        )),
+    })
+}
+
 fn variant_is(name: &'static str, f: impl Fn(&CceError) -> bool + 'static) -> Expect {
     Box::new(move |e| {
         if f(e) {
@@ -624,6 +636,23 @@ pub fn rejects_bad_upstream<B: Backend>(backend: &B, cfg: &SuiteConfig) -> Check
             let mut b = only_bwd(base("per-row d_loss with reduction mean", dt, s));
             b.d_loss = BadDLoss::PerRow(f32s(vec![12], 1.0));
             out.push((b, any()));
+            // Non-finite upstream gradients: an error naming the upstream and the row.
+            for x in [f32::NAN, f32::INFINITY] {
+                let mut b = only_bwd(base(&format!("scalar d_loss {x}"), dt, s));
+                b.d_loss = BadDLoss::Scalar(x);
+                out.push((b, non_finite("d_loss", 0)));
+            }
+            for (row, x) in [(5, f32::NAN), (0, f32::NEG_INFINITY)] {
+                let mut b = only_bwd(base(&format!("per-row d_loss {x} at row {row}"), dt, s));
+                b.opts.reduction = Reduction::None;
+                b.d_loss = BadDLoss::PerRow(with_value(&f32s(vec![12], 1.0), row, x));
+                out.push((b, non_finite("d_loss", row)));
+            }
+            for (row, x) in [(7, f32::NAN), (11, f32::INFINITY)] {
+                let mut b = only_bwd(base(&format!("d_lse {x} at row {row}"), dt, s));
+                b.d_lse = Some(with_value(&f32s(vec![12], 0.5), row, x));
+                out.push((b, non_finite("d_lse", row)));
+            }
         }
         out
     })

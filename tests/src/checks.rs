@@ -253,6 +253,8 @@ pub fn real_fixture<B: Backend>(backend: &B, cfg: &SuiteConfig) -> CheckResult {
     )
 }
 
+pub use crate::numerics::{confident_rows, masked_classes, softcap_extremes};
+
 pub use crate::bad_input::{
     rejects_all_targets_ignored, rejects_bad_upstream, rejects_dtype_mismatch, rejects_empty_input,
     rejects_invalid_options, rejects_non_finite, rejects_shape_mismatch,

@@ -50,6 +50,7 @@ pub mod data;
 pub mod harness;
 pub mod judge;
 pub mod matrix;
+pub mod numerics;
 pub mod oracle_backend;
 pub mod report;
 pub mod run;
@@ -129,6 +130,9 @@ macro_rules! __cce_with_checks {
             api_paths,
             deterministic,
             real_fixture,
+            confident_rows,
+            masked_classes,
+            softcap_extremes,
             rejects_shape_mismatch,
             rejects_dtype_mismatch,
             rejects_target_out_of_range,

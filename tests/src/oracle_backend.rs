@@ -5,7 +5,7 @@
 
 use cce_core::options::{GradDType, Reduction};
 use cce_core::plan::{DeviceLimits, Strategy};
-use cce_core::problem::{first_non_finite, Problem};
+use cce_core::problem::{check_upstream_finite, first_non_finite, Problem};
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, FilterRule, ForwardBackward,
     ForwardOutput, HostTensor, Inputs, Options, Result, Saved, TensorMeta, Upstream,
@@ -152,6 +152,17 @@ impl OracleBackend {
             .d_lse
             .map(|t| Self::vector_f32("d_lse", t, n))
             .transpose()?;
+        let as_f32 = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        match &d_loss {
+            OracleDLoss::Scalar(s) => check_upstream_finite("d_loss", [*s as f32])?,
+            OracleDLoss::PerRow(g) if opts.check_finite => {
+                check_upstream_finite("d_loss", as_f32(g))?
+            }
+            OracleDLoss::PerRow(_) => {}
+        }
+        if let (Some(h), true) = (&h, opts.check_finite) {
+            check_upstream_finite("d_lse", as_f32(h))?;
+        }
         Self::run(inputs, opts, &d_loss, h.as_deref())
     }
 

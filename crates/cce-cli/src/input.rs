@@ -157,6 +157,7 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
         if n == 0 {
             return Err(CliError::msg("--n must be >= 1"));
         }
+        check_generated_size(n, d, v)?;
         let seed = args.seed.unwrap_or(0);
         let ds = with_spinner(
             format!("generating {dist} N={n} D={d} V={v} seed={seed}"),
@@ -200,9 +201,48 @@ pub fn load(args: &InputArgs) -> CliResult<Loaded> {
     })
 }
 
+/// Checks a generated case's sizes before anything is generated: `N` and `V` within the
+/// library's index limit (`cce_core::problem::check_index_limits`), and the host memory of
+/// the dataset (f32 `e`, `c`, i64 targets) plus the call's copy of the inputs (at most as
+/// large again) against what is available.
+///
+/// Errors: the library's `ResourceLimit`; sizes whose bytes overflow; too little memory.
+pub fn check_generated_size(n: usize, d: usize, v: usize) -> CliResult<()> {
+    cut_cross_entropy::problem::check_index_limits(n, v)?;
+    let too_large = || {
+        CliError::msg(format!(
+            "--n {n} --d {d} --v {v}: the generated case's size overflows"
+        ))
+    };
+    let floats = (n as u64)
+        .checked_mul(d as u64)
+        .and_then(|e| {
+            (v as u64)
+                .checked_mul(d as u64)
+                .and_then(|c| e.checked_add(c))
+        })
+        .ok_or_else(too_large)?;
+    // The f32 dataset plus the call's inputs (at most f32 again) and the targets (i64, twice).
+    let need = floats
+        .checked_mul(8)
+        .and_then(|b| b.checked_add(16 * n as u64))
+        .ok_or_else(too_large)?;
+    if let Some(avail) = crate::report::available_memory_bytes() {
+        if need > avail {
+            return Err(CliError::msg(format!(
+                "--n {n} --d {d} --v {v}: the generated case and its inputs need about {} of host memory, only {} is available; use a smaller --n, --d or --v",
+                crate::report::fmt_bytes(need),
+                crate::report::fmt_bytes(avail)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The host tensors of one call.
 pub struct Tensors {
-    /// `[N, D]`.
+    /// `[N, D]`, or `[N / T, T, D]` for a file whose `e` has sequences of `T` rows
+    /// ([`e_shape`]).
     pub e: HostTensor,
     /// `[V, D]`.
     pub c: HostTensor,
@@ -217,6 +257,16 @@ impl Tensors {
     pub fn bytes(&self) -> u64 {
         let b = |t: &HostTensor| t.as_bytes().len() as u64;
         b(&self.e) + b(&self.c) + self.bias.as_ref().map_or(0, b) + b(&self.targets)
+    }
+}
+
+/// The shape `e` is passed to the library in: `[N / T, T, D]` when the file stores `e` as
+/// `[..., T, D]` and `T` divides `N` (so the library takes the sequence length from the shape,
+/// the one rule for `--shift`), else `[N, D]`.
+pub fn e_shape(ds: &Dataset) -> Vec<usize> {
+    match ds.seq_len {
+        Some(t) if t > 0 && ds.n.is_multiple_of(t) => vec![ds.n / t, t, ds.d],
+        _ => vec![ds.n, ds.d],
     }
 }
 
@@ -238,7 +288,7 @@ pub fn tensors(ds: &Dataset, dtype: DType) -> CliResult<Tensors> {
         }
     }
     Ok(Tensors {
-        e: HostTensor::from_f32(vec![ds.n, ds.d], &ds.e, dtype)?,
+        e: HostTensor::from_f32(e_shape(ds), &ds.e, dtype)?,
         c: HostTensor::from_f32(vec![ds.v, ds.d], &ds.c, dtype)?,
         bias: ds
             .bias

@@ -45,6 +45,16 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     } = crate::backend::open(&args.backend)?;
     let loaded = input::load(&args.input)?;
     let ds = &loaded.ds;
+    // The library pairs rows with targets within the sequences of a [..., T, D] e; --n that
+    // cuts a sequence leaves no such shape, so a shift there would pair across sequences.
+    if let (Some(t), true, None) = (ds.seq_len, opts.shift > 0, opts.seq_len) {
+        if t > 0 && !ds.n.is_multiple_of(t) {
+            return Err(CliError::msg(format!(
+                "--shift {}: the file's e holds sequences of {t} rows and --n {} cuts one; pass a multiple of {t}, or --seq-len",
+                opts.shift, ds.n
+            )));
+        }
+    }
     let dtype = args
         .dtype
         .map(FloatDType::dtype)
@@ -197,6 +207,9 @@ fn print_header(l: &Loaded, dtype: DType, args: &RunArgs, backend: &str, opts: &
         ds.v,
         if ds.bias.is_some() { "yes" } else { "no" }
     );
+    if let [b, t, _] = input::e_shape(ds)[..] {
+        outln!("sequences  e [{b}, {t}, {}]: {b} sequences of {t} rows (--shift pairs rows within each)", ds.d);
+    }
     outln!("backend    {backend}");
     outln!("options    {}", describe_options(opts));
 }
@@ -465,7 +478,8 @@ fn print_stats(title: &str, s: &CallStats) {
 
 /// Bytes the f64 oracle needs: logits `N x V` plus f64 copies of inputs and gradients.
 fn oracle_bytes(t: &Tensors) -> u64 {
-    let (n, d) = (t.e.shape()[0] as u64, t.e.shape()[1] as u64);
+    let d = t.c.shape()[1] as u64;
+    let n = t.e.numel() as u64 / d.max(1);
     let v = t.c.shape()[0] as u64;
     8 * n * v + 16 * (n + v) * d + 64 * (n + v)
 }
@@ -490,7 +504,8 @@ fn check(
             )));
         }
     }
-    let (n, d, v) = (t.e.shape()[0], t.e.shape()[1], t.c.shape()[0]);
+    let (d, v) = (t.c.shape()[1], t.c.shape()[0]);
+    let n = t.e.numel() / d.max(1);
     let d_loss = match opts.reduction {
         Reduction::None => OracleDLoss::PerRow(vec![1.0; n]),
         _ => OracleDLoss::Scalar(1.0),

@@ -65,10 +65,14 @@ pub enum CceError {
         /// The configured shift.
         shift: usize,
     },
-    /// A NaN or infinity in an input (when `Options::check_finite` is on).
+    /// A NaN or infinity in an input (when `Options::check_finite` is on), or in an upstream
+    /// gradient of the backward: `what` is then `"d_loss"` (the scalar of a mean/sum
+    /// reduction, checked always, or the per-row `[N]` values of `Reduction::None`) or
+    /// `"d_lse"` (`[N]`), with `index` = `row` = the row (0 for the scalar)
+    /// ([`crate::problem::check_upstream_finite`]).
     #[error("non-finite value in {what} at flat index {index} (row {row}): {value}")]
     NonFinite {
-        /// Which tensor.
+        /// Which tensor (`e`, `c`, `bias`, `lse`, `d_loss`, `d_lse`, ...).
         what: &'static str,
         /// Flat element index.
         index: usize,

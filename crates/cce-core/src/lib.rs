@@ -60,4 +60,4 @@ pub use plan::{
 };
 pub use problem::{PreparedTargets, Problem};
 pub use stats::CallStats;
-pub use tensor::{try_filled, HostData, HostTensor, TensorMeta};
+pub use tensor::{checked_bytes, checked_numel, try_filled, HostData, HostTensor, TensorMeta};

@@ -56,12 +56,34 @@ impl std::str::FromStr for FilterEps {
 }
 
 /// dtype of the returned gradients.
+///
+/// # Accuracy of f32 gradients from 16-bit inputs
+///
+/// `F32` sets the dtype of the *outputs*, not the arithmetic. With bf16/f16 inputs the CUDA
+/// backend computes `d_e = G·C` and `d_c = Gᵀ·E` as tensor-core products whose operands are
+/// 16-bit: `G` is rounded to bf16 or f16 (with a power-of-two scale) before the product, and
+/// only the f32 accumulators are returned unrounded. Against the f32-exact gradient of the same
+/// inputs, such `d_e` are off by 5e-4 to 2.7e-3 (relative, measured on an H200), where the CPU
+/// backend, which forms `G` and both products in f32, is off by ~4e-7. The wgpu backend also
+/// keeps `G` in f32. So on CUDA `F32` avoids the final rounding of the gradients to the input
+/// dtype (and f16's overflow past 65504), but is not f32-accurate.
+///
+/// For f32-accurate gradients on CUDA pass f32 inputs (`e`, `c`, `bias` widened from bf16/f16:
+/// exact, the same model). Then `G` stays f32 and every product runs in f32 on the CUDA cores
+/// (cuBLAS `CUBLAS_COMPUTE_32F` with FMA, and f32 FMA in the custom kernels; never TF32, whose
+/// 10-bit significand would be no more accurate than a 16-bit `G`). The cost: the inputs take
+/// twice the memory and bandwidth, the logits workspace holds f32 `G`, and the GEMMs, most of
+/// the time of a call, run at the f32 FMA rate, about 1/15 of the dense bf16 tensor-core rate
+/// on an H100/H200 (67 vs 989 TFLOP/s peak): expect a call several to ~15 times slower, and
+/// measure it at your shape (`cce run --dtype f32 --backend cuda` prints the times).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GradDType {
     /// Same dtype as `e`/`c` (accumulated in f32, rounded once at the end).
     #[default]
     Input,
-    /// f32.
+    /// f32 outputs (accumulated in f32, not rounded at the end). With bf16/f16 inputs the CUDA
+    /// products still read a 16-bit `G`: see the type's docs for the accuracy and for the
+    /// f32-accurate alternative.
     F32,
 }
 
@@ -112,7 +134,9 @@ pub struct Options {
     /// Side outputs of the forward pass.
     pub side_outputs: SideOutputs,
     /// Reject NaN/Inf in inputs with `CceError::NonFinite` (checked through the lse of every
-    /// row, so it costs no extra pass unless a value is bad).
+    /// row, so it costs no extra pass unless a value is bad), and in the backward's per-row
+    /// upstream gradients `d_loss` and `d_lse` (`4N` bytes read back on a GPU). A non-finite
+    /// scalar `d_loss` is an error whatever this says.
     pub check_finite: bool,
     /// dtype of the gradients.
     pub grad_dtype: GradDType,

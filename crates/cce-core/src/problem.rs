@@ -63,7 +63,7 @@ impl Problem {
             }
         }
         let d = es[es.len() - 1];
-        let n: usize = es[..es.len() - 1].iter().product();
+        let n = crate::tensor::checked_numel(&es[..es.len() - 1])?;
         let v = cs[0];
         if cs[1] != d {
             return Err(CceError::ShapeMismatch {
@@ -123,16 +123,7 @@ impl Problem {
                 got: targets.dtype(),
             });
         }
-        let limit = i32::MAX as u64;
-        for (what, size) in [("rows N", n), ("vocabulary V", v)] {
-            if size as u64 > limit {
-                return Err(CceError::ResourceLimit {
-                    resource: format!("{what} (32-bit row/class indices)"),
-                    requested: size as u64,
-                    max: limit,
-                });
-            }
-        }
+        check_index_limits(n, v)?;
         let seq_len = match (opts.seq_len, es.len()) {
             (Some(t), _) => t,
             (None, k) if k >= 3 => es[k - 2],
@@ -158,6 +149,25 @@ impl Problem {
     pub fn gemm_flop(&self) -> f64 {
         2.0 * self.n as f64 * self.v as f64 * self.d as f64
     }
+}
+
+/// The largest `N` and `V` a call accepts: row and class indices are 32-bit signed on devices.
+pub const MAX_ROWS_OR_CLASSES: usize = i32::MAX as usize;
+
+/// `ResourceLimit` when `n` rows or `v` classes exceed [`MAX_ROWS_OR_CLASSES`]: the check of
+/// [`Problem::new`], for callers (a CLI generating data) that want it before building any
+/// tensor.
+pub fn check_index_limits(n: usize, v: usize) -> Result<()> {
+    for (what, size) in [("rows N", n), ("vocabulary V", v)] {
+        if size > MAX_ROWS_OR_CLASSES {
+            return Err(CceError::ResourceLimit {
+                resource: format!("{what} (32-bit row/class indices)"),
+                requested: size as u64,
+                max: MAX_ROWS_OR_CLASSES as u64,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Targets after shift and validation: one class index per row of `e`, `-1` for ignored rows.
@@ -230,6 +240,29 @@ impl PreparedTargets {
     pub fn from_i32(raw: &[i32], problem: &Problem, opts: &Options) -> Result<Self> {
         let wide: Vec<i64> = raw.iter().map(|&x| x as i64).collect();
         Self::new(&wide, problem, opts)
+    }
+}
+
+/// Checks an upstream gradient of the backward for NaN and infinities: `what` is `"d_loss"`
+/// (the scalar of a mean/sum reduction, as one value, or the `[N]` per-row values of
+/// `Reduction::None`) or `"d_lse"` (`[N]`).
+///
+/// Errors: `NonFinite { what, index, row, value }` naming the first non-finite value (`index`
+/// and `row` are its row; 0 for a scalar). Every backend calls this before any work: a
+/// non-finite scalar always, per-row values when `Options::check_finite` is on (a GPU backend
+/// reads them back, `4N` bytes).
+pub fn check_upstream_finite(
+    what: &'static str,
+    values: impl IntoIterator<Item = f32>,
+) -> Result<()> {
+    match first_non_finite(values) {
+        Some((index, value)) => Err(CceError::NonFinite {
+            what,
+            index,
+            row: index,
+            value,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -10,10 +10,43 @@ pub trait TensorMeta {
     fn dtype(&self) -> DType;
     /// Shape, outermost first. Storage is row-major and contiguous.
     fn shape(&self) -> &[usize];
-    /// Number of elements.
+    /// Number of elements. Every constructor of a buffer checks that this product does not
+    /// overflow ([`checked_numel`]).
     fn numel(&self) -> usize {
         self.shape().iter().product()
     }
+}
+
+/// The element count of `shape` (the product of its dimensions; 0 when a dimension is 0), or
+/// `ResourceLimit` when that product does not fit in `usize`. Every tensor constructor checks
+/// its shape here, so no later size computation can overflow (or divide by a wrapped zero).
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    if shape.contains(&0) {
+        return Ok(0);
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| CceError::ResourceLimit {
+            resource: format!("elements of shape {shape:?} (the product overflows usize)"),
+            requested: shape
+                .iter()
+                .fold(1u128, |a, &b| a.saturating_mul(b as u128))
+                .min(u64::MAX as u128) as u64,
+            max: usize::MAX as u64,
+        })
+}
+
+/// Bytes of a `shape` x `dtype` tensor, or `ResourceLimit` when the element count or the byte
+/// count does not fit in `usize` ([`checked_numel`]).
+pub fn checked_bytes(shape: &[usize], dtype: DType) -> Result<usize> {
+    let n = checked_numel(shape)?;
+    n.checked_mul(dtype.size_bytes())
+        .ok_or_else(|| CceError::ResourceLimit {
+            resource: format!("bytes of a {shape:?} x {dtype} tensor (overflows usize)"),
+            requested: (n as u64).saturating_mul(dtype.size_bytes() as u64),
+            max: usize::MAX as u64,
+        })
 }
 
 /// Typed host storage.
@@ -66,9 +99,10 @@ pub struct HostTensor {
 }
 
 impl HostTensor {
-    /// Build from a shape and storage. Errors with `ShapeMismatch` if the element count differs.
+    /// Build from a shape and storage. Errors: `ResourceLimit` if the shape's element count
+    /// overflows `usize` ([`checked_numel`]), `ShapeMismatch` if it differs from the storage's.
     pub fn new(shape: Vec<usize>, data: HostData) -> Result<Self> {
-        let n: usize = shape.iter().product();
+        let n = checked_numel(&shape)?;
         let len = data.len();
         if n != len {
             return Err(CceError::ShapeMismatch {
@@ -169,6 +203,18 @@ impl HostTensor {
         }
     }
 
+    /// Values as f32 like [`HostTensor::to_f32_vec`], with an allocation failure as
+    /// `OutOfMemory { backend: "host", .. }` instead of aborting the process.
+    pub fn try_to_f32_vec(&self) -> Result<Vec<f32>> {
+        match &self.data {
+            HostData::F32(v) => try_map(v, |x| x),
+            HostData::F16(v) => try_map(v, |x| x.to_f32()),
+            HostData::BF16(v) => try_map(v, |x| x.to_f32()),
+            HostData::I32(v) => try_map(v, |x| x as f32),
+            HostData::I64(v) => try_map(v, |x| x as f32),
+        }
+    }
+
     /// Integer values as i64 (`None` for float tensors).
     pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
         match &self.data {
@@ -194,13 +240,15 @@ impl HostTensor {
         }
     }
 
-    /// Build from raw little-endian bytes of `dtype` (`ShapeMismatch` if the length is off).
+    /// Build from raw little-endian bytes of `dtype` (`ShapeMismatch` if the length is off,
+    /// `ResourceLimit` if the shape's size overflows `usize`).
     pub fn from_bytes(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if bytes.len() != n * dtype.size_bytes() {
+        let need = checked_bytes(&shape, dtype)?;
+        if bytes.len() != need {
+            let n = need / dtype.size_bytes();
             return Err(CceError::ShapeMismatch {
                 what: "host tensor bytes",
-                expected: format!("{} bytes for {n} x {dtype}", n * dtype.size_bytes()),
+                expected: format!("{need} bytes for {n} x {dtype}"),
                 got: format!("{} bytes", bytes.len()),
             });
         }
@@ -279,6 +327,30 @@ mod tests {
     #[test]
     fn new_checks_element_count() {
         assert!(HostTensor::new(vec![2, 3], HostData::F32(vec![1.0; 5])).is_err());
+    }
+
+    #[test]
+    fn an_overflowing_shape_is_an_error_at_construction() {
+        let half = 1usize << (usize::BITS / 2);
+        // The product wraps to 0 (or panics in debug builds) without the check.
+        for shape in [vec![half, half], vec![half, half, 1], vec![usize::MAX, 2]] {
+            let r = HostTensor::new(shape.clone(), HostData::F32(vec![]));
+            assert!(
+                matches!(r, Err(CceError::ResourceLimit { .. })),
+                "{shape:?}: {r:?}"
+            );
+            let r = HostTensor::from_f32(shape.clone(), &[], DType::BF16);
+            assert!(matches!(r, Err(CceError::ResourceLimit { .. })), "{r:?}");
+            let r = HostTensor::from_bytes(shape.clone(), DType::F32, &[]);
+            assert!(matches!(r, Err(CceError::ResourceLimit { .. })), "{r:?}");
+        }
+        // A zero dimension makes the count 0 whatever the others are.
+        assert_eq!(checked_numel(&[usize::MAX, 0, 7]).unwrap(), 0);
+        // The element count fits but the bytes do not.
+        let r = checked_bytes(&[usize::MAX / 2], DType::F32);
+        assert!(matches!(r, Err(CceError::ResourceLimit { .. })), "{r:?}");
+        let r = HostTensor::new(vec![usize::MAX / 2, 1], HostData::F32(vec![]));
+        assert!(matches!(r, Err(CceError::ShapeMismatch { .. })), "{r:?}");
     }
 
     #[test]

@@ -591,15 +591,16 @@ impl CudaBackend {
     }
 
     /// A new tensor of `shape` x `dtype`, uninitialized (its contents are unspecified until
-    /// written). Errors: `OutOfMemory`.
+    /// written). Errors: `OutOfMemory`; `ResourceLimit` when the shape's size overflows.
     pub fn alloc_tensor(&self, shape: Vec<usize>, dtype: DType) -> Result<CudaTensor> {
-        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        let bytes = cce_core::checked_bytes(&shape, dtype)?;
         CudaTensor::from_slice(self.alloc_raw(bytes)?, dtype, shape)
     }
 
-    /// A new zero-filled tensor. Errors: `OutOfMemory`.
+    /// A new zero-filled tensor. Errors: `OutOfMemory`; `ResourceLimit` when the shape's size
+    /// overflows.
     pub fn zeros(&self, shape: Vec<usize>, dtype: DType) -> Result<CudaTensor> {
-        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        let bytes = cce_core::checked_bytes(&shape, dtype)?;
         CudaTensor::from_slice(self.alloc_zeroed_raw(bytes)?, dtype, shape)
     }
 

@@ -48,9 +48,10 @@ pub fn required_alignment(dtype: DType) -> usize {
 
 impl CudaTensor {
     /// Wrap a device allocation. Errors: `ShapeMismatch` when the allocation holds fewer bytes
-    /// than `shape` needs in `dtype`.
+    /// than `shape` needs in `dtype`, `ResourceLimit` when that size overflows `usize`
+    /// ([`cce_core::checked_bytes`]).
     pub fn from_slice(data: CudaSlice<u8>, dtype: DType, shape: Vec<usize>) -> Result<Self> {
-        let need: usize = shape.iter().product::<usize>() * dtype.size_bytes();
+        let need = cce_core::checked_bytes(&shape, dtype)?;
         if data.len() < need {
             return Err(CceError::ShapeMismatch {
                 what: "device allocation",

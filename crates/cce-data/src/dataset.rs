@@ -40,6 +40,11 @@ pub struct Dataset {
     pub lse_ref: Option<Vec<f32>>,
     /// Optional reference per-row loss (`lse - logit[target]`), `[n]`, nats.
     pub nll_ref: Option<Vec<f32>>,
+    /// Rows per sequence `T` when the file stores `e` as `[..., T, D]` (rank 3 or more);
+    /// `None` for a 2-D `e` and for generated data. A caller that shifts targets within
+    /// sequences (`Options::shift`) passes `e` as `[n / T, T, d]` so that the library takes
+    /// `T` from the shape, as it does for any 3-D `e`.
+    pub seq_len: Option<usize>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -52,6 +57,7 @@ impl std::fmt::Debug for Dataset {
             .field("bias", &self.bias.is_some())
             .field("lse_ref", &self.lse_ref.is_some())
             .field("nll_ref", &self.nll_ref.is_some())
+            .field("seq_len", &self.seq_len)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +131,8 @@ impl Dataset {
     }
 
     /// A copy holding only rows `start..start + len` (clamped to `n`) of `e`, `targets` and
-    /// the references; `c` and `bias` are shared in full. Useful to measure or benchmark a
+    /// the references; `c` and `bias` are shared in full; `seq_len` is kept (it may no longer
+    /// divide `n`: the caller decides what a cut sequence means). Useful to measure or benchmark a
     /// slice of a large dataset.
     pub fn rows(&self, start: usize, len: usize) -> Dataset {
         let start = start.min(self.n);
@@ -142,6 +149,7 @@ impl Dataset {
             targets: self.targets[start..end].to_vec(),
             lse_ref: sub(&self.lse_ref),
             nll_ref: sub(&self.nll_ref),
+            seq_len: self.seq_len,
         }
     }
 

@@ -515,6 +515,7 @@ pub fn generate(dist: &Distribution, n: usize, d: usize, v: usize, seed: u64) ->
         targets,
         lse_ref: None,
         nll_ref: None,
+        seq_len: None,
     })
 }
 

@@ -278,6 +278,7 @@ pub fn load_npy(paths: &NpyPaths) -> Result<Dataset> {
         targets,
         lse_ref: None,
         nll_ref: None,
+        seq_len: (es.len() >= 3).then(|| es[es.len() - 2]),
     };
     ds.validate()?;
     Ok(ds)

@@ -140,8 +140,12 @@ fn wrong_shape(name: &str, found: &[usize], expected: &str) -> DataError {
     }
 }
 
-/// Reads `E`: returns (values, n, d, dtype).
-fn read_e(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize, String)> {
+/// Reads `E`: returns (values, n, d, dtype, T of a `[..., T, D]` tensor of rank >= 3).
+#[allow(clippy::type_complexity)]
+fn read_e(
+    f: &StFile<'_>,
+    names: &TensorNames,
+) -> Result<(Vec<f32>, usize, usize, String, Option<usize>)> {
     let t = f.require(&names.e)?;
     let shape = t.shape();
     if shape.len() < 2 || shape[shape.len() - 1] == 0 {
@@ -153,8 +157,9 @@ fn read_e(f: &StFile<'_>, names: &TensorNames) -> Result<(Vec<f32>, usize, usize
     }
     let d = shape[shape.len() - 1];
     let n = shape[..shape.len() - 1].iter().product();
+    let seq_len = (shape.len() >= 3).then(|| shape[shape.len() - 2]);
     let e = floats(&names.e, &t)?;
-    Ok((e, n, d, t.dtype().to_string()))
+    Ok((e, n, d, t.dtype().to_string(), seq_len))
 }
 
 /// Reads the head: returns (values, v, d, description of its encoding).
@@ -293,7 +298,7 @@ fn file_label(path: &Path) -> String {
 }
 
 fn assemble(data: &StFile<'_>, head: &StFile<'_>, names: &TensorNames) -> Result<Dataset> {
-    let (e, n, d, e_dt) = read_e(data, names)?;
+    let (e, n, d, e_dt, seq_len) = read_e(data, names)?;
     let (c, v, dc, c_desc) = read_c(head, names)?;
     if d != dc {
         return Err(DataError::SizeMismatch {
@@ -330,6 +335,7 @@ fn assemble(data: &StFile<'_>, head: &StFile<'_>, names: &TensorNames) -> Result
         targets,
         lse_ref,
         nll_ref,
+        seq_len,
     };
     ds.validate()?;
     Ok(ds)
@@ -467,23 +473,75 @@ fn write(
     // Write next to the target and rename, so that a crash never leaves a truncated file.
     let mut tmp: PathBuf = path.to_path_buf();
     tmp.as_mut_os_string().push(".partial");
-    safetensors::serialize_to_file(tensors, meta, &tmp).map_err(|e| match e {
-        SafeTensorError::IoError(source) => DataError::Io {
-            path: tmp.clone(),
-            source,
-        },
-        other => {
-            DataError::InvalidParameter(format!("cannot serialize {}: {other}", path.display()))
-        }
-    })?;
+    let io = |source| DataError::Io {
+        path: tmp.clone(),
+        source,
+    };
+    // Wider dtypes first (a stable sort: the given order within a dtype size), so that every
+    // tensor starts at a multiple of its element size, as safetensors' own writer does.
+    let mut tensors = tensors;
+    tensors.sort_by_key(|(_, t)| std::cmp::Reverse(t.dtype.bitsize()));
+    let header = stable_header(&tensors, meta.as_ref());
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut w = std::io::BufWriter::new(file);
+    use std::io::Write as _;
+    w.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(header.as_bytes()).map_err(io)?;
+    for (_, t) in &tensors {
+        w.write_all(&t.bytes).map_err(io)?;
+    }
+    w.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         source,
     })
 }
 
+/// The JSON header of a safetensors file holding `tensors` in the given order, with every
+/// key in a fixed order (`__metadata__` first, its keys sorted, then the tensors in order), so
+/// that the same tensors and metadata always give the same bytes; padded with spaces so the
+/// data starts at a multiple of 8 bytes, as the format recommends.
+fn stable_header(tensors: &[(String, Raw<'_>)], meta: Option<&HashMap<String, String>>) -> String {
+    use serde_json::Value;
+    let q = |x: &str| Value::String(x.to_string()).to_string();
+    let mut parts = Vec::new();
+    if let Some(meta) = meta {
+        let sorted: std::collections::BTreeMap<_, _> = meta.iter().collect();
+        let kv: Vec<String> = sorted
+            .into_iter()
+            .map(|(k, v)| format!("{}:{}", q(k), q(v)))
+            .collect();
+        parts.push(format!("\"__metadata__\":{{{}}}", kv.join(",")));
+    }
+    let mut offset = 0usize;
+    for (name, t) in tensors {
+        let end = offset + t.bytes.len();
+        let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+        parts.push(format!(
+            "{}:{{\"dtype\":{},\"shape\":[{}],\"data_offsets\":[{offset},{end}]}}",
+            q(name),
+            q(&t.dtype.to_string()),
+            shape.join(",")
+        ));
+        offset = end;
+    }
+    let mut header = format!("{{{}}}", parts.join(","));
+    while (8 + header.len()) % 8 != 0 {
+        header.push(' ');
+    }
+    header
+}
+
 /// Writes named f32 tensors (for example the gradients `d_e`, `d_c`, `d_bias` of the CLI's
 /// `--save-grads`) to a safetensors file, with optional string metadata.
+///
+/// The bytes are a function of the arguments only: the tensors are laid out in the order
+/// given (wider dtypes first) and the metadata keys sorted, so that two runs with equal results write identical
+/// files (`cmp` proves a deterministic run).
 ///
 /// The file is written to `<path>.partial` and renamed, so `path` is either the old file or
 /// the complete new one. On little-endian machines the data is not copied.
@@ -523,7 +581,8 @@ pub fn save_safetensors(
 }
 
 /// Writes a whole [`Dataset`] as a safetensors file that [`load_safetensors`] reads back
-/// bit-exactly with the default [`TensorNames`]: `E` f32 `[N, D]`, `C` f32 `[V, D]`,
+/// bit-exactly with the default [`TensorNames`]: `E` f32 `[N, D]` (`[N / T, T, D]` when
+/// [`Dataset::seq_len`] is `T` and divides `N`), `C` f32 `[V, D]`,
 /// `targets` i64 `[N]`, and `bias`, `lse_ref`, `nll_ref` (f32) when present; metadata
 /// `name` holds [`Dataset::name`].
 ///
@@ -542,8 +601,12 @@ pub fn save_dataset(path: impl AsRef<Path>, ds: &Dataset) -> Result<()> {
             },
         )
     }
+    let e_shape = match ds.seq_len {
+        Some(t) if t > 0 && ds.n.is_multiple_of(t) => vec![ds.n / t, t, ds.d],
+        _ => vec![ds.n, ds.d],
+    };
     let mut raw = vec![
-        f("E", vec![ds.n, ds.d], &ds.e),
+        f("E", e_shape, &ds.e),
         f("C", vec![ds.v, ds.d], &ds.c),
         (
             "targets".to_string(),

@@ -140,6 +140,7 @@ fn invalid_parameters() {
         targets: vec![0, 0],
         lse_ref: None,
         nll_ref: None,
+        seq_len: None,
     };
     assert!(matches!(
         measure(&empty),

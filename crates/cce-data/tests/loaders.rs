@@ -477,6 +477,7 @@ fn save_roundtrip_and_errors() {
         targets: vec![4, -100, 0],
         lse_ref: Some(vec![1.0, 2.0, 3.0]),
         nll_ref: None,
+        seq_len: None,
     };
     let q = d.join("ds.safetensors");
     save_dataset(&q, &ds).unwrap();
@@ -711,4 +712,52 @@ fn npy_errors() {
             load_npy(&p)
         );
     }
+}
+
+/// The same tensors and metadata give the same bytes, whatever order the metadata map
+/// iterates in (each `HashMap` has its own random hasher), and the file reads back.
+#[test]
+fn saved_bytes_do_not_depend_on_the_metadata_map_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let de = [1.5f32, -2.0, 3.25, 0.0, 1e-30, -7.0];
+    let dc = [0.5f32, 0.25, -1.0];
+    let tensors = [
+        F32Tensor {
+            name: "d_e",
+            shape: &[2, 3],
+            data: &de,
+        },
+        F32Tensor {
+            name: "d_c",
+            shape: &[3],
+            data: &dc,
+        },
+    ];
+    let entries: Vec<(String, String)> = (0..16)
+        .map(|k| (format!("key{k}"), format!("value \"{k}\"")))
+        .collect();
+    let mut files = Vec::new();
+    for run in 0..4 {
+        let meta: HashMap<String, String> = if run % 2 == 0 {
+            entries.iter().cloned().collect()
+        } else {
+            entries.iter().rev().cloned().collect()
+        };
+        let p = dir.path().join(format!("g{run}.safetensors"));
+        save_safetensors(&p, &tensors, Some(meta)).unwrap();
+        files.push(std::fs::read(&p).unwrap());
+    }
+    for f in &files[1..] {
+        assert!(f == &files[0], "files differ byte for byte");
+    }
+    let st = safetensors::SafeTensors::deserialize(&files[0]).unwrap();
+    assert_eq!(st.tensor("d_e").unwrap().data(), &f32s(&de)[..]);
+    assert_eq!(st.tensor("d_c").unwrap().data(), &f32s(&dc)[..]);
+    let (_, m) = safetensors::SafeTensors::read_metadata(&files[0]).unwrap();
+    let meta = m.metadata().as_ref().unwrap();
+    assert_eq!(meta.len(), 16);
+    assert_eq!(meta["key3"], "value \"3\"");
+    // The data starts at a multiple of 8 bytes.
+    let header_len = u64::from_le_bytes(files[0][..8].try_into().unwrap()) as usize;
+    assert_eq!((8 + header_len) % 8, 0);
 }

@@ -90,9 +90,9 @@ fn prepare<'a, T: HostRead>(
         problem,
         plan,
         targets,
-        e: inputs.e.f32_values(),
-        c: inputs.c.f32_values(),
-        bias: inputs.bias.map(|b| b.f32_values()),
+        e: inputs.e.f32_values()?,
+        c: inputs.c.f32_values()?,
+        bias: inputs.bias.map(|b| b.f32_values()).transpose()?,
     })
 }
 
@@ -146,6 +146,15 @@ impl Prepared<'_> {
         classes: &Range<usize>,
         softcap: Option<f32>,
     ) -> Vec<f32> {
+        let mut z = self.raw_logits_tile(rows, classes);
+        if let Some(s) = softcap {
+            z.iter_mut().for_each(|x| *x = cap(*x, s));
+        }
+        z
+    }
+
+    /// Uncapped logits tile `x[rows x classes]` (f32, bias applied), row-major.
+    fn raw_logits_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
         let d = self.problem.d;
         let (r, k) = (rows.len(), classes.len());
         let mut z = vec![0.0f32; r * k];
@@ -161,22 +170,42 @@ impl Prepared<'_> {
             &mut z,
             k,
         );
-        if self.bias.is_some() || softcap.is_some() {
+        if let Some(b) = &self.bias {
             for row in z.chunks_mut(k) {
-                for (jj, x) in row.iter_mut().enumerate() {
-                    if let Some(b) = &self.bias {
-                        *x += b[classes.start + jj];
-                    }
-                    // Only finite logits are capped: one that overflowed f32 stays infinite,
-                    // so the lse check reports the overflow (capped, it would be a silent ±s).
-                    if let (Some(s), true) = (softcap, x.is_finite()) {
-                        *x = s * (*x / s).tanh();
-                    }
+                for (x, b) in row.iter_mut().zip(&b[classes.clone()]) {
+                    *x += b;
                 }
             }
         }
         z
     }
+
+    /// The tile's capped logits from its uncapped ones (`x` itself without a softcap).
+    fn capped<'x>(&self, x: &'x [f32], softcap: Option<f32>) -> Cow<'x, [f32]> {
+        match softcap {
+            Some(s) => Cow::Owned(x.iter().map(|&x| cap(x, s)).collect()),
+            None => Cow::Borrowed(x),
+        }
+    }
+}
+
+/// `z = s·tanh(x/s)`. Only finite logits are capped: one that overflowed f32 stays infinite,
+/// so the lse check reports the overflow (capped, it would be a silent ±s), and a −inf
+/// (masked) logit stays masked.
+fn cap(x: f32, s: f32) -> f32 {
+    if x.is_finite() {
+        s * (x / s).tanh()
+    } else {
+        x
+    }
+}
+
+/// `dz/dx = 1 − tanh²(x/s)` as `4w/(1 + w)²`, `w = e^{−2|x/s|}` (f64): `1 − (z/s)²` would
+/// cancel once `|x/s|` is large (small caps); this keeps full relative accuracy. 0 at a −inf
+/// logit.
+fn dcap(x: f32, s: f32) -> f32 {
+    let w = (-2.0 * (x as f64 / s as f64).abs()).exp();
+    (4.0 * w / ((1.0 + w) * (1.0 + w))) as f32
 }
 
 /// Per-row forward accumulators.
@@ -407,8 +436,8 @@ impl CpuBackend {
             let masked = p.bias.as_ref().is_some_and(|b| b[yi] == f32::NEG_INFINITY);
             (masked, bias_masks)
         })?;
-        let lse = saved.lse.f32_values();
-        let rest = saved.rest_mass.f32_values();
+        let lse = saved.lse.f32_values()?;
+        let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
         // reject them either), so a non-finite lse is passed through. An ignored row whose every
         // class is masked has lse −inf.
@@ -429,22 +458,22 @@ impl CpuBackend {
                 value,
             });
         }
-        if let DLoss::Scalar(s) = upstream.d_loss {
-            if !s.is_finite() {
-                return Err(CceError::NonFinite {
-                    what: "d_loss",
-                    index: 0,
-                    row: 0,
-                    value: s,
-                });
+        match upstream.d_loss {
+            DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
+            DLoss::PerRow(t) if opts.check_finite => {
+                cce_core::problem::check_upstream_finite("d_loss", t.f32_values()?.iter().copied())?
             }
+            DLoss::PerRow(_) => {}
+        }
+        if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
+            cce_core::problem::check_upstream_finite("d_lse", t.f32_values()?.iter().copied())?;
         }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;
         // Upstream g_i and h_i.
         let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
             (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
-                let t = t.f32_values();
+                let t = t.f32_values()?;
                 (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
@@ -470,7 +499,7 @@ impl CpuBackend {
             }
         };
         let h: Vec<f32> = match upstream.d_lse {
-            Some(t) if t.shape() == [n] => t.f32_values().into_owned(),
+            Some(t) if t.shape() == [n] => t.f32_values()?.into_owned(),
             Some(t) => {
                 return Err(CceError::ShapeMismatch {
                     what: "d_lse",
@@ -559,13 +588,13 @@ impl CpuBackend {
                         // The row tile's logits for every class, computed once.
                         let zs: Vec<Vec<f32>> = class_tiles
                             .iter()
-                            .map(|cl| p.logits_tile(rows, cl, opts.softcap))
+                            .map(|cl| p.raw_logits_tile(rows, cl))
                             .collect();
                         // One exp per entry, shared by the thresholds, the mask and G.
                         let ps: Vec<Vec<f32>> = class_tiles
                             .iter()
                             .zip(&zs)
-                            .map(|(cl, z)| g_ctx.probs(rows, cl.len(), z))
+                            .map(|(cl, x)| g_ctx.probs(rows, cl.len(), &p.capped(x, opts.softcap)))
                             .collect();
                         let tau_rows = if rule.enabled {
                             g_ctx.thresholds(
@@ -791,12 +820,19 @@ struct GCtx<'a> {
 }
 
 impl GCtx<'_> {
-    /// Probabilities `p = exp(z − lse_i)` of a tile's logits (one `exp` per entry).
+    /// Probabilities `p = exp(z − lse_i)` of a tile's (capped) logits (one `exp` per entry);
+    /// 0 at a −inf (masked) logit, also in a row whose lse is −inf (every class masked).
     fn probs(&self, rows: &Range<usize>, k: usize, z: &[f32]) -> Vec<f32> {
         let mut p = z.to_vec();
         for (ii, row) in p.chunks_mut(k.max(1)).enumerate() {
             let l = self.lse[rows.start + ii];
-            row.iter_mut().for_each(|x| *x = (*x - l).exp());
+            row.iter_mut().for_each(|x| {
+                *x = if *x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (*x - l).exp()
+                }
+            });
         }
         p
     }
@@ -811,7 +847,6 @@ impl GCtx<'_> {
         }
         if self.y[i] == j as i32 {
             // |1 − p| and |w − p| = |(w − 1) + rest| from the saved rest mass, not from `p`.
-            let _ = p;
             let rest = self.rest[i];
             let cp = self.g[i] * (1.0 + 2.0 * self.lambda * self.lse[i]) + self.h[i];
             let cy = self.g[i] * (1.0 - self.alpha);
@@ -822,12 +857,13 @@ impl GCtx<'_> {
         }
     }
 
-    /// `G_ij` (MATH.md, "Backward") from the probability `p` and the (capped) logit `z`.
+    /// `G_ij` (MATH.md, "Backward") from the probability `p` and the uncapped logit `x` (for
+    /// the softcap's derivative, [`dcap`]).
     ///
     /// At the target `p = 1 − rest` comes from the saved rest mass, and the bracket is
     /// rearranged so that nothing cancels on a confident row (`rest → 0`):
     /// `(1 + 2λ lse)(1 − rest) − (1 − α) = α − rest + 2λ lse (1 − rest)`.
-    fn g_entry(&self, i: usize, j: usize, p: f32, z: f32) -> f32 {
+    fn g_entry(&self, i: usize, j: usize, p: f32, x: f32) -> f32 {
         let ls = if self.rule.label_smoothing_analytic {
             0.0
         } else {
@@ -853,16 +889,16 @@ impl GCtx<'_> {
             t + self.h[i] * p
         };
         if let Some(s) = self.opts.softcap {
-            gij *= 1.0 - (z / s) * (z / s);
+            gij *= dcap(x, s);
         }
         gij
     }
 
     fn dense_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
-        let z = self.p.logits_tile(rows, classes, self.opts.softcap);
+        let x = self.p.raw_logits_tile(rows, classes);
         let k = classes.len();
-        let p = self.probs(rows, k, &z);
-        let mut out = z;
+        let p = self.probs(rows, k, &self.p.capped(&x, self.opts.softcap));
+        let mut out = x;
         for ii in 0..rows.len() {
             for jj in 0..k {
                 let at = ii * k + jj;
@@ -900,20 +936,20 @@ impl GCtx<'_> {
     /// Skip decision (and `G` if `keep_g` and kept) of one tile, recomputing its logits and
     /// reading the thresholds of the threshold pass.
     fn tile(&self, rows: &Range<usize>, classes: &Range<usize>, keep_g: bool) -> TileG {
-        let z = self.p.logits_tile(rows, classes, self.opts.softcap);
-        let p = self.probs(rows, classes.len(), &z);
+        let x = self.p.raw_logits_tile(rows, classes);
+        let p = self.probs(rows, classes.len(), &self.p.capped(&x, self.opts.softcap));
         let tau = self.tau.expect("thresholds before the mask");
-        self.tile_from(rows, classes, z, &p, &tau[rows.clone()], keep_g)
+        self.tile_from(rows, classes, x, &p, &tau[rows.clone()], keep_g)
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its logits `z`, their
-    /// probabilities `p` and the thresholds `tau` of its rows.
+    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its uncapped logits `x`,
+    /// their probabilities `p` and the thresholds `tau` of its rows.
     #[allow(clippy::too_many_arguments)]
     fn tile_from(
         &self,
         rows: &Range<usize>,
         classes: &Range<usize>,
-        z: Vec<f32>,
+        x: Vec<f32>,
         p: &[f32],
         tau: &[f32],
         keep_g: bool,
@@ -948,7 +984,7 @@ impl GCtx<'_> {
             };
         }
         let g = keep_g.then(|| {
-            let mut out = z;
+            let mut out = x;
             for ii in 0..rows.len() {
                 for jj in 0..k {
                     let at = ii * k + jj;

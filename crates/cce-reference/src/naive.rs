@@ -331,10 +331,12 @@ pub fn naive_values(
             };
             gij += h * p;
             if let Some(s) = softcap {
-                gij *= if same {
-                    1.0 - (x / s) * (x / s)
-                } else {
+                gij *= if !same {
                     dcap[i * v + j]
+                } else if x == f64::NEG_INFINITY {
+                    0.0
+                } else {
+                    1.0 - (x / s) * (x / s)
                 };
             }
             *zz = if same { round_to(dtype, gij) } else { gij };

@@ -93,33 +93,46 @@ impl TensorMeta for HostView<'_> {
 /// A host buffer the CPU backend reads: values as f32 (floats) or i64 (integers).
 pub trait HostRead: TensorMeta + Sync {
     /// Float values as f32: borrowed when stored as f32, widened (exactly) from f16/bf16,
-    /// converted from integers.
-    fn f32_values(&self) -> Cow<'_, [f32]>;
+    /// converted from integers. Errors: `OutOfMemory { backend: "host" }` when the host cannot
+    /// allocate the f32 copy.
+    fn f32_values(&self) -> Result<Cow<'_, [f32]>>;
     /// Integer values as i64 (`None` for float storage).
     fn i64_values(&self) -> Option<Vec<i64>>;
 }
 
 impl HostRead for HostTensor {
-    fn f32_values(&self) -> Cow<'_, [f32]> {
-        match self.data() {
+    fn f32_values(&self) -> Result<Cow<'_, [f32]>> {
+        Ok(match self.data() {
             HostData::F32(v) => Cow::Borrowed(v),
-            _ => Cow::Owned(self.to_f32_vec()),
-        }
+            _ => Cow::Owned(self.try_to_f32_vec()?),
+        })
     }
     fn i64_values(&self) -> Option<Vec<i64>> {
         self.to_i64_vec()
     }
 }
 
+/// `values` mapped by `f` into a new vector, with an allocation failure as `OutOfMemory`.
+fn try_map<A: Copy>(values: &[A], f: impl Fn(A) -> f32) -> Result<Vec<f32>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(values.len())
+        .map_err(|_| CceError::OutOfMemory {
+            backend: "host",
+            requested_bytes: (values.len() as u64).saturating_mul(4),
+        })?;
+    v.extend(values.iter().map(|&x| f(x)));
+    Ok(v)
+}
+
 impl HostRead for HostView<'_> {
-    fn f32_values(&self) -> Cow<'_, [f32]> {
-        match self.data {
+    fn f32_values(&self) -> Result<Cow<'_, [f32]>> {
+        Ok(match self.data {
             HostSlice::F32(v) => Cow::Borrowed(v),
-            HostSlice::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
-            HostSlice::BF16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
-            HostSlice::I32(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
-            HostSlice::I64(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
-        }
+            HostSlice::F16(v) => Cow::Owned(try_map(v, f16::to_f32)?),
+            HostSlice::BF16(v) => Cow::Owned(try_map(v, bf16::to_f32)?),
+            HostSlice::I32(v) => Cow::Owned(try_map(v, |x| x as f32)?),
+            HostSlice::I64(v) => Cow::Owned(try_map(v, |x| x as f32)?),
+        })
     }
     fn i64_values(&self) -> Option<Vec<i64>> {
         match self.data {
@@ -139,11 +152,11 @@ mod tests {
         let vals = [1.5f32, -2.0, 0.25, 8.0];
         let owned = HostTensor::from_f32(vec![2, 2], &vals, DType::F32).unwrap();
         let view = HostView::new(vec![2, 2], HostSlice::F32(&vals)).unwrap();
-        assert!(matches!(view.f32_values(), Cow::Borrowed(_)));
-        assert_eq!(view.f32_values(), owned.f32_values());
+        assert!(matches!(view.f32_values(), Ok(Cow::Borrowed(_))));
+        assert_eq!(view.f32_values().unwrap(), owned.f32_values().unwrap());
         let b: Vec<bf16> = vals.iter().map(|&x| bf16::from_f32(x)).collect();
         let view = HostView::new(vec![4], HostSlice::BF16(&b)).unwrap();
-        assert_eq!(&*view.f32_values(), &vals);
+        assert_eq!(&*view.f32_values().unwrap(), &vals);
         let t = [3i32, -100];
         let view = HostView::new(vec![2], HostSlice::I32(&t)).unwrap();
         assert_eq!(view.i64_values(), Some(vec![3, -100]));

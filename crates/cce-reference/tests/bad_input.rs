@@ -558,3 +558,73 @@ fn softcap_does_not_hide_an_overflow_of_the_logits() {
         );
     }
 }
+
+/// Environment variable that turns [`oom_child_widening_copy`] on (MiB of bf16 `e`).
+const OOM_CHILD_ENV: &str = "CCE_OOM_CHILD_E_MIB";
+
+/// Child half of [`f32_copy_of_bf16_inputs_past_the_memory_limit_is_out_of_memory`]: a
+/// forward on a bf16 `e` of `$CCE_OOM_CHILD_E_MIB` MiB, run by the parent under an
+/// address-space limit that holds the bf16 input but not its f32 copy. Does nothing when the
+/// variable is unset (a plain test run).
+#[test]
+fn oom_child_widening_copy() {
+    let Some(mib) = std::env::var(OOM_CHILD_ENV)
+        .ok()
+        .and_then(|m| m.parse::<usize>().ok())
+    else {
+        return;
+    };
+    let d = 64;
+    let n = (mib << 20) / 2 / d;
+    let e = HostTensor::new(
+        vec![n, d],
+        cce_core::HostData::BF16(vec![half::bf16::ONE; n * d]),
+    )
+    .unwrap();
+    let c = t(&[3, d], DType::BF16, 1.0);
+    let y = HostTensor::from_i64(vec![0; n]);
+    match fwd(&e, &c, None, &y, &Options::default()) {
+        Err(CceError::OutOfMemory {
+            requested_bytes, ..
+        }) => {
+            assert_eq!(requested_bytes, 4 * (n * d) as u64);
+            println!("OOM-OK {requested_bytes}");
+        }
+        other => panic!("expected OutOfMemory for the f32 copy of e, got {other:?}"),
+    }
+}
+
+/// The CPU backend's f32 copy of bf16/f16 inputs is allocated fallibly: past the memory limit
+/// the call returns `OutOfMemory`, as for its other buffers, instead of aborting the process.
+/// The child (this test binary, under `ulimit -v`) holds a 192 MiB bf16 `e` within a limit
+/// 256 MiB above it, so its 384 MiB f32 copy cannot fit whatever the process's base size.
+#[cfg(unix)]
+#[test]
+fn f32_copy_of_bf16_inputs_past_the_memory_limit_is_out_of_memory() {
+    let e_mib = 192usize;
+    let limit_kib = (e_mib + 256) << 10;
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
+        .arg(&exe)
+        .args([
+            "--exact",
+            "oom_child_widening_copy",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(OOM_CHILD_ENV, e_mib.to_string())
+        .env("MALLOC_ARENA_MAX", "1")
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && so.contains("OOM-OK"),
+        "child {:?} (a signal, e.g. SIGABRT, is an abort on allocation failure)\nstdout:\n{so}\nstderr:\n{se}",
+        out.status
+    );
+}

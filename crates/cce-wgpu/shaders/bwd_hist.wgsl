@@ -1,5 +1,6 @@
 // bwd_hist.wgsl: threshold pass, per-row histogram of g0 over the filter bins (g0 = p off the
-// target, max(|1 − p|, |(1 − α) − p|) at it; α the label smoothing; cce-core filter.rs).
+// target, the row's g0y at it, from the saved rest mass; cce-core filter.rs). A −inf
+// (masked) logit has g0 = 0 and adds nothing.
 //
 // Parameters
 //   bindings 0-3: see gemm.wgsl. P.eps = resolved filter_eps (> 0).
@@ -54,21 +55,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     var y: array<i32, 8>;
     var lse: array<f32, 8>;
-    var w: array<f32, 8>;
+    var g0y: array<f32, 8>;
     var act: array<bool, 8>;
     for (var i = 0u; i < 8u; i++) {
         let r = r_base + ty * 8u + i;
         act[i] = false;
         y[i] = -1;
         lse[i] = 0.0;
-        w[i] = 0.0;
+        g0y[i] = 0.0;
         if r < P.n_rows {
             let st = rs[r];
             act[i] = st.live != 0u;
             y[i] = st.y;
             lse[i] = st.lse;
-            // The p at which the target's G = a·p − b vanishes (cce-core filter.rs).
-            w[i] = select(0.0, st.b / st.a, st.a != 0.0);
+            g0y[i] = st.g0y;
         }
     }
     workgroupBarrier();
@@ -88,10 +88,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                     continue;
                 }
                 let z = cap(acc_get(&acc, i, jj) + bias);
-                let p = exp(z - lse[i]);
-                var g0 = p;
+                if is_neg_inf(z) {
+                    continue;
+                }
+                var g0 = exp(z - lse[i]);
                 if gj == y[i] {
-                    g0 = max(abs(p - 1.0), abs(p - w[i]));
+                    g0 = g0y[i];
                 }
                 if g0 < P.eps {
                     let k = bin_of(g0);

@@ -9,8 +9,14 @@
 //   binding 3 `dloss` [n_rows] f32: upstream ∂L/∂loss_i (read only with FLAG_DLOSS_ROWS).
 //   binding 4 `dlse`  [n_rows] f32: upstream ∂L/∂lse_i (read only with FLAG_DLSE).
 //   binding 5 `rs`    [n_rows] RowState out (common.wgsl), tau = 0, with
-//                     G_ij = (a p_ij − b [j = y] − c) · softcap factor,
-//                     a = g (1 + 2λ lse) + h, b = g (1 − α), c = g α / V (0 when analytic).
+//                     G_ij = (a p_ij − c) · softcap factor off the target,
+//                     a = g (1 + 2λ lse) + h, c = g α / V (0 when analytic), and at the target
+//                     gy = g (α − rest + 2λ lse (1 − rest)) + h (1 − rest) − c, which is
+//                     a p_y − g (1 − α) − c with p_y = 1 − rest rearranged so that a confident
+//                     row (rest → 0) does not cancel; g0y = max(rest, |w − p_y|) with
+//                     w − 1 = −(g (α + 2λ lse) + h) / a (the p at which the target's G vanishes,
+//                     cce-core filter.rs; w = 0 when a = 0).
+//   binding 6 `rest`  [n_rows] f32: saved rest mass 1 − p_y (the forward's `rest_mass`).
 // Tiling
 //   None: one thread per row.
 // Thread mapping
@@ -22,6 +28,7 @@
 @group(0) @binding(3) var<storage, read> dloss: array<f32>;
 @group(0) @binding(4) var<storage, read> dlse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> rs: array<RowState>;
+@group(0) @binding(6) var<storage, read> rest_in: array<f32>;
 
 @compute @workgroup_size(64, 1, 1)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -43,7 +50,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         h = dlse[r];
     }
     let a = g * (1.0 + 2.0 * P.z_loss * lse) + h;
-    let b = g * (1.0 - P.ls_alpha);
     var c = g * P.ls_alpha / f32(P.v_total);
     if has_flag(FLAG_LS_ANALYTIC) {
         c = 0.0;
@@ -52,5 +58,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if g != 0.0 || h != 0.0 {
         live = 1u;
     }
-    rs[r] = RowState(y, lse, a, b, c, g, 0.0, live);
+    var gy = 0.0;
+    var g0y = 0.0;
+    if y >= 0 {
+        let rest = rest_in[r];
+        let py = 1.0 - rest;
+        gy = g * ((P.ls_alpha - rest) + 2.0 * P.z_loss * lse * py) + h * py - c;
+        var w1 = -1.0;
+        if a != 0.0 {
+            w1 = -(g * (P.ls_alpha + 2.0 * P.z_loss * lse) + h) / a;
+        }
+        g0y = max(rest, abs(w1 + rest));
+    }
+    rs[r] = RowState(y, lse, a, gy, c, g, 0.0, live, g0y, 0u, 0u, 0u);
 }

@@ -110,14 +110,59 @@ fn is_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
+// −inf by its bits (a masked logit: p = 0). Compared as bits, since WGSL math may assume
+// finite values.
+const NEG_INF_BITS: u32 = 0xff800000u;
+fn is_neg_inf(x: f32) -> bool {
+    return bitcast<u32>(x) == NEG_INF_BITS;
+}
+
+// tanh(u) with full relative accuracy for every u: the builtin loses it for small |u|
+// (tanh(u) = u(1 + O(u²)) then comes out of a difference of exponentials), which a large
+// softcap s turns into large relative errors of z = s·tanh(x/s). For |u| < 0.625 the odd
+// minimax polynomial of Cephes' tanhf (relative error ~1 ulp), else (1 − e)/(1 + e) with
+// e = e^{−2|u|} ≤ 0.29 (no cancellation, and no overflow for large |u|).
+fn tanh_acc(u: f32) -> f32 {
+    let a = abs(u);
+    if a < 0.625 {
+        let z = u * u;
+        let p = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z
+            + 1.33314422036e-1) * z - 3.33332819422e-1) * z;
+        return u + u * p;
+    }
+    let e = exp(-2.0 * a);
+    let t = (1.0 - e) / (1.0 + e);
+    return select(t, -t, u < 0.0);
+}
+
 // z = s tanh(x / s) under softcap, else x. Only finite logits are capped: one that
-// overflowed f32 stays infinite (or NaN), so the lse check reports the overflow.
+// overflowed f32 stays infinite (or NaN), so the lse check reports the overflow, and a −inf
+// (masked) logit stays masked.
 fn cap(x: f32) -> f32 {
     if has_flag(FLAG_SOFTCAP) && is_finite(x) {
-        // Clamped: tanh(15) is 1 in f32, and some drivers overflow on large arguments.
-        return P.softcap * tanh(clamp(x / P.softcap, -15.0, 15.0));
+        return P.softcap * tanh_acc(x / P.softcap);
     }
     return x;
+}
+
+// dz/dx = 1 − tanh²(x/s) under softcap, as 4e/(1 + e)² with e = e^{−2|x/s|}: 1 − tanh² would
+// cancel for large |x/s| (small caps), this does not (0 for a −inf logit).
+fn dcap(x: f32) -> f32 {
+    let e = exp(-2.0 * abs(x / P.softcap));
+    return 4.0 * e / ((1.0 + e) * (1.0 + e));
+}
+
+// −log(1 − r) for r in [0, 1/2] with full relative accuracy (WGSL has no log1p):
+// 2 atanh(t), t = r / (2 − r) ≤ 1/3, by its series 2(t + t³/3 + t⁵/5 + ...), 9 terms
+// ((1/9)^9 / 19 < 2⁻³⁰).
+fn neg_log1m(r: f32) -> f32 {
+    let t = r / (2.0 - r);
+    let t2 = t * t;
+    var s = 1.0 / 19.0;
+    for (var k = 8; k >= 0; k--) {
+        s = 1.0 / f32(2 * k + 1) + t2 * s;
+    }
+    return 2.0 * t * s;
 }
 
 // "No argmax yet": larger than any class index, and not a NaN pattern when bitcast to f32.
@@ -131,18 +176,29 @@ struct Part {
     sz: f32,  // Σ z
     av: f32,  // largest z
     ai: u32,  // its class (global index), NO_INDEX if none
-    pad0: u32,
-    pad1: u32,
+    r: f32,   // Σ_{j≠y} exp(z − m): the non-target part of s, so 1 − p_y = r / s
+    mk: u32,  // MASK_* bits of the row's −inf logits
 }
 
-// Backward coefficients of one row: G_ij = (a p_ij − b [j = y] − c) · softcap factor.
+// A logit of the row is −inf (masked).
+const MASK_ANY: u32 = 1u;
+// A logit of the row is −inf although its bias is not (a −inf in e or c, or an overflow).
+const MASK_NOT_BIAS: u32 = 2u;
+
+// Backward coefficients of one row: G_ij = (a p_ij − c) · softcap factor off the target,
+// gy · softcap factor at it.
 struct RowState {
     y: i32,       // target class (global index) or -1
     lse: f32,     // saved lse
     a: f32,       // g (1 + 2 λ lse) + h
-    b: f32,       // g (1 − α)
+    gy: f32,      // the target's G before the softcap factor, from the saved rest mass
+                  // (bwd_prep.wgsl), without cancellation on confident rows
     c: f32,       // g α / V, or 0 when label smoothing is analytic
     g: f32,       // upstream gradient of the row's loss (0 at ignored rows)
     tau: f32,     // filter threshold τ_i (0: skip nothing)
-    live: u32,  // 1 when the row's G is not identically 0
+    live: u32,    // 1 when the row's G is not identically 0
+    g0y: f32,     // the target's g0 (cce-core filter.rs), from the rest mass
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }

@@ -10,7 +10,17 @@
 //                       ignored rows (MATH.md, "Forward").
 //   binding 6 `ent`     [n_rows] f32 out: entropy lse − Σ_j p_ij z_ij.
 //   binding 7 `amax`    [n_rows] i32 out: argmax (lowest index on ties).
-//   binding 8 `bad`     [1] atomic u32: smallest global row whose lse is not finite.
+//   binding 8 `bad`     [4] atomic u32: smallest global row (u32::MAX for none) whose
+//                       [0] lse is NaN or +inf, or that holds a −inf logit whose bias is not
+//                       −inf (a −inf in e or c); [1] valid target is masked (its logit is
+//                       −inf); [2] valid target has any masked class (an error only under
+//                       label smoothing, checked by the host).
+//   binding 9 `rest`    [n_rows] f32 out: 1 − p_y = Σ_{j≠y} e^{z−m} / Σ_j e^{z−m}, without
+//                       cancellation; 0 at ignored rows.
+// The loss is −log p_y + α (z_y − Σ_j z_ij / V) + λ lse²; −log p_y is −log(1 − rest) by
+// `neg_log1m` when p_y ≥ 1/2 (lse − z_y would cancel on a confident row), else lse − z_y.
+// A row whose every class is masked has lse −inf (only an ignored row may; a valid one has a
+// masked target).
 // Tiling
 //   None: one thread per row; partials merged in column order (deterministic).
 // Thread mapping
@@ -25,6 +35,7 @@
 @group(0) @binding(6) var<storage, read_write> ent_out: array<f32>;
 @group(0) @binding(7) var<storage, read_write> amax_out: array<i32>;
 @group(0) @binding(8) var<storage, read_write> bad: array<atomic<u32>>;
+@group(0) @binding(9) var<storage, read_write> rest_out: array<f32>;
 
 @compute @workgroup_size(64, 1, 1)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -38,6 +49,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var bs = 0.0;
     var bw = 0.0;
+    var br = 0.0;
+    var bmk = 0u;
     var bsz = 0.0;
     var av = NEG_BIG;
     var ai = NO_INDEX;
@@ -46,23 +59,51 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let f = exp(st.m - bm);
         bs += st.s * f;
         bw += st.w * f;
+        br += st.r * f;
+        bmk |= st.mk;
         bsz += st.sz;
         if st.av > av || (st.av == av && st.ai < ai) {
             av = st.av;
             ai = st.ai;
         }
     }
-    let lse = bm + log(bs);
+    let y = tgt[r];
+    let all_masked = bs == 0.0 && (bmk & MASK_ANY) != 0u;
+    var lse = bm + log(bs);
+    var ent = lse - bw / bs;
+    if all_masked {
+        lse = bitcast<f32>(NEG_INF_BITS);
+        ent = 0.0;
+        ai = 0u;
+    }
     lse_out[r] = lse;
-    ent_out[r] = lse - bw / bs;
+    ent_out[r] = ent;
     amax_out[r] = i32(ai);
     var loss = 0.0;
-    if tgt[r] >= 0 {
+    var rest = 0.0;
+    if y >= 0 && !all_masked {
+        rest = br / bs;
+        let zy = tlogit[r];
+        var ce = lse - zy;
+        if rest < 0.5 {
+            ce = neg_log1m(rest);
+        }
         let a = P.ls_alpha;
-        loss = lse - (1.0 - a) * tlogit[r] - (a / f32(P.v_total)) * bsz + P.z_loss * lse * lse;
+        var smoothing = 0.0;
+        if a != 0.0 {
+            smoothing = a * (zy - bsz / f32(P.v_total));
+        }
+        loss = ce + smoothing + P.z_loss * lse * lse;
     }
     loss_out[r] = loss;
-    if !is_finite(lse) {
+    rest_out[r] = rest;
+    if (!is_finite(lse) && !all_masked) || (bmk & MASK_NOT_BIAS) != 0u {
         atomicMin(&bad[0], P.row0 + r);
+    }
+    if y >= 0 && (all_masked || is_neg_inf(tlogit[r])) {
+        atomicMin(&bad[1], P.row0 + r);
+    }
+    if y >= 0 && (bmk & MASK_ANY) != 0u {
+        atomicMin(&bad[2], P.row0 + r);
     }
 }

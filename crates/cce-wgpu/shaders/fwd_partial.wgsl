@@ -6,7 +6,10 @@
 //   binding 5 `part`   [n_rows, part_stride] Part (common.wgsl), read_write: per (row, split)
 //                      the online log-sum-exp state and argmax; column `part_base + split`.
 //   binding 6 `tlogit` [n_rows] f32, read_write: z at the row's target class (written by the
-//                      one workgroup whose tiles hold it).
+//                      one workgroup whose tiles hold it; −inf when masked).
+// A −inf logit (a class masked by the bias) has p = 0: it adds nothing to the sums and never
+// becomes the running max (which stays at the finite stand-in NEG_BIG), so a tile or a row
+// whose every logit is masked gives s = 0, never NaN; `mk` records it.
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the chunk; each thread keeps an online
@@ -42,6 +45,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var sz: array<f32, 8>;
     var amv: array<f32, 8>;
     var ami: array<u32, 8>;
+    var rr: array<f32, 8>;
+    var mk: array<u32, 8>;
     for (var i = 0u; i < 8u; i++) {
         let r = r_base + ty * 8u + i;
         y[i] = -1;
@@ -54,6 +59,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         sz[i] = 0.0;
         amv[i] = NEG_BIG;
         ami[i] = NO_INDEX;
+        rr[i] = 0.0;
+        mk[i] = 0u;
     }
 
     for (var ct = ct0; ct < ct1; ct++) {
@@ -72,8 +79,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var i = 0u; i < 8u; i++) {
             let r = r_base + ty * 8u + i;
             var z: array<f32, 8>;
+            var use_z: array<bool, 8>;
             var lm = NEG_BIG;
             for (var jj = 0u; jj < 8u; jj++) {
+                use_z[jj] = false;
                 if ok[jj] {
                     let zz = cap(acc_get(&acc, i, jj) + bias[jj]);
                     z[jj] = zz;
@@ -81,6 +90,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                     if i32(gj) == y[i] && r < P.n_rows {
                         tlogit[r] = zz;
                     }
+                    if is_neg_inf(zz) {
+                        mk[i] |= MASK_ANY;
+                        if !is_neg_inf(bias[jj]) {
+                            mk[i] |= MASK_NOT_BIAS;
+                        }
+                        continue;
+                    }
+                    use_z[jj] = true;
                     sz[i] += zz;
                     if zz > amv[i] {
                         amv[i] = zz;
@@ -93,13 +110,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
                 let f = exp(m[i] - lm);
                 s[i] *= f;
                 w[i] *= f;
+                rr[i] *= f;
                 m[i] = lm;
             }
             for (var jj = 0u; jj < 8u; jj++) {
-                if ok[jj] {
+                if use_z[jj] {
                     let ez = exp(z[jj] - m[i]);
                     s[i] += ez;
                     w[i] += ez * z[jj];
+                    if i32(P.cls0 + c_base + tx * 8u + jj) != y[i] {
+                        rr[i] += ez;
+                    }
                 }
             }
         }
@@ -107,7 +128,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     for (var i = 0u; i < 8u; i++) {
         let rl = ty * 8u + i;
-        red[rl * WG + tx] = Part(m[i], s[i], w[i], sz[i], amv[i], ami[i], 0u, 0u);
+        red[rl * WG + tx] = Part(m[i], s[i], w[i], sz[i], amv[i], ami[i], rr[i], mk[i]);
     }
     workgroupBarrier();
     for (var rl = li; rl < t; rl += WG * WG) {
@@ -122,18 +143,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             var bsz = 0.0;
             var av = NEG_BIG;
             var ai = NO_INDEX;
+            var br = 0.0;
+            var bmk = 0u;
             for (var k = 0u; k < WG; k++) {
                 let st = red[rl * WG + k];
                 let f = exp(st.m - bm);
                 bs += st.s * f;
                 bw += st.w * f;
+                br += st.r * f;
+                bmk |= st.mk;
                 bsz += st.sz;
                 if st.av > av || (st.av == av && st.ai < ai) {
                     av = st.av;
                     ai = st.ai;
                 }
             }
-            part[r * P.part_stride + P.part_base + split] = Part(bm, bs, bw, bsz, av, ai, 0u, 0u);
+            part[r * P.part_stride + P.part_base + split] = Part(bm, bs, bw, bsz, av, ai, br, bmk);
         }
     }
 }

@@ -14,8 +14,10 @@
 // Thread mapping
 //   As gemm.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj).
 //
-// G_ij = (a p_ij − b [j = y_i] − c) · (1 − (z_ij/s)²) (MATH.md, "Backward");
-// g0 = p off the target, max(|1 − p|, |(1 − α) − p|) at it (cce-core filter.rs).
+// G_ij = (a p_ij − c) off the target, gy at it, times dz/dx = 1 − tanh²(x_ij/s) under softcap
+// (`dcap`, from the uncapped logit x) (MATH.md, "Backward"); g0 = p off the target, g0y at it
+// (cce-core filter.rs); both target values come from the saved rest mass (bwd_prep.wgsl).
+// A −inf (masked) logit has p = 0 and G = 0.
 // A tile is kept when some entry of an active row has g0 ≥ τ_i (FLAG_FILTER), or, without
 // the filter, when any row of the tile is active; the decision is uniform over the workgroup.
 
@@ -43,7 +45,7 @@ fn load_rows(sc: ptr<function, Scratch>, r_base: u32, ty: u32) {
         if r < P.n_rows {
             (*sc).st[i] = rs[r];
         } else {
-            (*sc).st[i] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u);
+            (*sc).st[i] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
         }
     }
 }
@@ -69,20 +71,20 @@ fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, t
             let s = (*sc).st[i];
             if valid_c && s.live != 0u {
                 (*sc).n_ent += 1u;
-                let z = cap(acc_get(acc, i, jj) + bias);
-                let p = exp(z - s.lse);
-                var g0 = p;
-                g = s.a * p - s.c;
-                if gj == s.y {
-                    // max(|1 − p|, |w − p|), w = b / a the p at which the target's G
-                    // vanishes (1 − α without z-loss and lse gradient, 0 when g = 0):
-                    // cce-core filter.rs.
-                    g0 = max(abs(p - 1.0), abs(p - select(0.0, s.b / s.a, s.a != 0.0)));
-                    g -= s.b;
-                }
-                if has_flag(FLAG_SOFTCAP) {
-                    let q = z / P.softcap;
-                    g *= 1.0 - q * q;
+                let x = acc_get(acc, i, jj) + bias;
+                let z = cap(x);
+                var g0 = 0.0;
+                if !is_neg_inf(z) {
+                    let p = exp(z - s.lse);
+                    g0 = p;
+                    g = s.a * p - s.c;
+                    if gj == s.y {
+                        g0 = s.g0y;
+                        g = s.gy;
+                    }
+                    if has_flag(FLAG_SOFTCAP) {
+                        g *= dcap(x);
+                    }
                 }
                 if !filtering || g0 >= s.tau {
                     need = true;

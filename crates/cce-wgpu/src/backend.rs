@@ -5,6 +5,7 @@ use crate::context::{Context, BACKEND};
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::plan::Plan;
+use cce_core::problem::check_masked_targets;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
     GradDType, HostTensor, Inputs, Options, PreparedTargets, Problem, Reduction, Result, Saved,
@@ -71,6 +72,9 @@ impl std::fmt::Debug for WgpuBackend {
     }
 }
 
+/// Bytes of one `RowState` (common.wgsl).
+const ROW_STATE_BYTES: u64 = 48;
+
 fn dtype_code(d: DType) -> u32 {
     match d {
         DType::F16 => 1,
@@ -110,6 +114,8 @@ struct Prepared {
     plan: Plan,
     tgt: wgpu::Buffer,
     n_valid: usize,
+    /// The prepared targets on the host (to name a masked target's class).
+    targets: PreparedTargets,
 }
 
 impl WgpuBackend {
@@ -351,6 +357,7 @@ impl WgpuBackend {
             plan,
             tgt,
             n_valid: prepared.n_valid,
+            targets: prepared,
         })
     }
 
@@ -457,7 +464,7 @@ impl WgpuBackend {
         let loss_rows = ctx.alloc(vec![n], DType::F32, "loss rows")?;
         let ent = ctx.alloc(vec![n], DType::F32, "entropy")?;
         let amax = ctx.alloc(vec![n], DType::I32, "argmax")?;
-        let bad = ctx.upload_bytes(bytemuck::bytes_of(&u32::MAX), "non-finite row")?;
+        let bad = ctx.upload_bytes(bytemuck::cast_slice(&[u32::MAX; 4]), "bad rows")?;
         let loss_scalar = if opts.reduction == Reduction::None {
             None
         } else {
@@ -541,6 +548,7 @@ impl WgpuBackend {
                         ctx.aligned(&ent.buffer, rc.start as u64, rows as u64, 4)?,
                         ctx.aligned(&amax.buffer, rc.start as u64, rows as u64, 4)?,
                         ctx.whole(&bad)?,
+                        ctx.aligned(&rest_mass.buffer, rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
                 );
@@ -569,26 +577,31 @@ impl WgpuBackend {
                 }
             }
         }
-        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = if opts.check_finite {
-            vec![(&bad, 0, 4)]
-        } else {
-            vec![]
+        let back = ctx.submit_and_read(enc, &[(&bad, 0, 16)])?;
+        let bad_row = |k: usize| {
+            let row = u32::from_le_bytes(back[0][4 * k..4 * k + 4].try_into().unwrap());
+            (row != u32::MAX).then_some(row as usize)
         };
-        let back = ctx.submit_and_read(enc, &ranges)?;
-        if opts.check_finite {
-            let row = u32::from_le_bytes(back[0][..4].try_into().unwrap());
-            if row != u32::MAX {
-                let enc = self.encoder();
-                let v = ctx.submit_and_read(enc, &[(&lse.buffer, row as u64 * 4, 4)])?;
-                let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
-                return Err(CceError::NonFinite {
-                    what: "lse (a NaN or Inf in e, c or bias of this row)",
-                    index: row as usize,
-                    row: row as usize,
-                    value,
-                });
-            }
+        if let Some(row) = bad_row(0).filter(|_| opts.check_finite) {
+            let enc = self.encoder();
+            let v = ctx.submit_and_read(enc, &[(&lse.buffer, row as u64 * 4, 4)])?;
+            let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
+            return Err(CceError::NonFinite {
+                what: "lse (a NaN or Inf in e, c or bias of this row, or a -inf in e or c)",
+                index: row,
+                row,
+                // A −inf in e or c leaves a finite lse (the logit passed for a masked one).
+                value: if value.is_finite() {
+                    f32::NEG_INFINITY
+                } else {
+                    value
+                },
+            });
         }
+        let (masked_target, any_masked) = (bad_row(1), bad_row(2));
+        check_masked_targets(&prep.targets, opts, |i| {
+            (Some(i) == masked_target, Some(i) == any_masked)
+        })?;
         let loss = match loss_scalar {
             Some(l) => l,
             None => loss_rows,
@@ -644,6 +657,7 @@ impl WgpuBackend {
                 return Err(bad_dloss("scalar"));
             }
             DLoss::Scalar(g) => {
+                cce_core::problem::check_upstream_finite("d_loss", [g])?;
                 let g = match opts.reduction {
                     Reduction::Mean if prep.n_valid > 0 => g / prep.n_valid as f32,
                     // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`).
@@ -663,6 +677,17 @@ impl WgpuBackend {
         if let Some(h) = upstream.d_lse {
             check_rows(h, "d_lse")?;
         }
+        if opts.check_finite {
+            // The per-row upstream gradients are read back (4N bytes each) and checked before
+            // any work: a NaN there would otherwise vanish in the kernels' zero tests.
+            let named = [("d_loss", dloss_rows), ("d_lse", upstream.d_lse)];
+            for (what, b) in named {
+                if let Some(b) = b {
+                    let host = <Self as Backend>::download(self, b)?;
+                    cce_core::problem::check_upstream_finite(what, host.to_f32_vec())?;
+                }
+            }
+        }
         let out_dtype = if opts.grad_dtype == GradDType::F32 {
             DType::F32
         } else {
@@ -680,7 +705,7 @@ impl WgpuBackend {
         let budget = opts.workspace_budget_bytes;
 
         // Per-row state, threshold histogram, dropped mass, counters.
-        let rs = ctx.raw_buffer(32 * n as u64, "row state")?;
+        let rs = ctx.raw_buffer(ROW_STATE_BYTES * n as u64, "row state")?;
         let hist = if need_hist {
             Some(ctx.raw_buffer(4 * (N_BINS * n) as u64, "histogram")?)
         } else {
@@ -845,7 +870,8 @@ impl WgpuBackend {
                         ctx.aligned(&lse.buffer, rc.start as u64, rows as u64, 4)?,
                         dl,
                         dh,
-                        ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?,
+                        ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?,
+                        ctx.aligned(&saved.rest_mass.buffer, rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
                 );
@@ -860,7 +886,7 @@ impl WgpuBackend {
                         (rows * d) as u64,
                         es,
                     )?;
-                    let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
+                    let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
                         let (c_b, c_off) = ctx.range(
@@ -972,7 +998,7 @@ impl WgpuBackend {
                         &prm,
                         &[
                             e_b,
-                            ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?,
+                            ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?,
                             ctx.whole(es_buf)?,
                         ],
                         Self::grid_1d(d + 1),
@@ -1001,7 +1027,7 @@ impl WgpuBackend {
                     (rows * d) as u64,
                     es,
                 )?;
-                let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
+                let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) = ctx.range(
@@ -1129,7 +1155,7 @@ impl WgpuBackend {
                         (rows * d) as u64,
                         es,
                     )?;
-                    let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, 32)?;
+                    let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
                     for w0 in (0..ns).step_by(dc_slabs) {

@@ -55,10 +55,10 @@ pub(crate) fn padded(bytes: u64) -> u64 {
 }
 
 impl Context {
-    /// A zero-filled device tensor. Errors: `ResourceLimit` past `max_buffer_size`.
+    /// A zero-filled device tensor. Errors: `ResourceLimit` past `max_buffer_size` or when the
+    /// shape's size overflows ([`cce_core::checked_bytes`]).
     pub(crate) fn alloc(&self, shape: Vec<usize>, dtype: DType, label: &str) -> Result<WgpuTensor> {
-        let n: usize = shape.iter().product();
-        let size = padded(n as u64 * dtype.size_bytes() as u64);
+        let size = padded(cce_core::checked_bytes(&shape, dtype)? as u64);
         let buffer = self.raw_buffer(size, label)?;
         Ok(WgpuTensor {
             buffer,
