@@ -98,7 +98,8 @@ def linear_cross_entropy(
     the logits: ``F.cross_entropy((e @ c.T).float(), targets)``, with the logits accumulated in
     f32 and never rounded to the input dtype.
 
-    :param e: Embeddings, shape ``(..., D)``, float32, float16 or bfloat16.
+    :param e: Embeddings, shape ``(..., D)``, float32, float16 or bfloat16. Under
+        ``torch.autocast`` ``e``, ``c`` and ``bias`` are cast to the autocast dtype first.
     :param c: Classifier, shape ``(V, D)``, the dtype of ``e``.
     :param targets: Class per row, shape ``e.shape[:-1]`` (or ``(N,)``), int64 or int32; each in
         ``[0, V)`` or ``ignore_index``.
@@ -175,6 +176,13 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         stats_id, stats = new_stats()
     if not isinstance(e, Tensor):
         raise _error("InvalidOption", f"invalid option e: expected a torch.Tensor, got {type(e).__name__}")
+    device_type = e.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        # As F.linear under autocast: the product runs in the autocast dtype (the casts are
+        # differentiable, so f32 parameters get f32 gradients).
+        dtype = torch.get_autocast_dtype(device_type)
+        e, c = e.to(dtype), c.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
     loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
     reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape

@@ -480,6 +480,22 @@ def test_return_stats_exact_and_with_lse():
     assert len(out) == 3 and out[1].shape == (20,) and "backward" not in out[2]
 
 
+def test_autocast_casts_to_its_dtype():
+    """Under torch.autocast f32 inputs run in the autocast dtype (as F.linear does) and the f32
+    parameters get f32 gradients."""
+    e, c, t, b = make((24,), 16, 45, bias=True)
+    e1, c1, b1 = (x.clone().requires_grad_() for x in (e, c, b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(e1, c1, t, b1, filter_eps=None)
+    loss.backward()
+    assert c1.grad.dtype == torch.float32
+    e2, c2, b2 = (x.to(torch.bfloat16).double().requires_grad_() for x in (e, c, b))
+    ref, _ = reference(e2, c2, t, b2)
+    close(loss, ref, 2e-5, "loss")
+    for x, y, name in zip((e1, c1, b1), grads(ref, [e2, c2, b2]), ("d_e", "d_c", "d_bias"), strict=True):
+        close(x.grad, y, GRAD_TOL[torch.bfloat16], name)
+
+
 def test_retained_graph_backward_twice():
     """The backward leaves its saved tensors untouched: a retained graph gives the same gradient
     again."""
