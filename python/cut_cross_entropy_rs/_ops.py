@@ -5,11 +5,13 @@ fake (meta) kernel, and the autograd formula linking them, so ``torch.compile`` 
 call (``fullgraph=True``) without running it.
 
 The backward recomputes the logits from the saved ``lse`` and ``rest_mass`` (``1 − p_y`` per
-row, kept without cancellation; paper section 4.3) instead of the
-forward computing the gradients eagerly as Liger does: on the CPU backend the two cost the same
-(the backward is a separate pass either way), eager gradients would hold ``d_c`` (the size of the
-classifier) from the forward to the backward, and they cannot serve ``reduction="none"`` or an
-upstream gradient of ``lse`` (a per-row weight does not factor out of ``d_c = Gᵀ E``).
+row, kept without cancellation; paper section 4.3) rather than the forward computing the
+gradients eagerly as Liger does. Measured on the CPU backend (N=1024, D=256, V=16384, 2 cores):
+forward 0.77 s, backward 2.0 s; the backward is a separate pass either way, so eager gradients
+would only add a 70 ms scaling pass by the upstream gradient and hold ``d_e`` and ``d_c``
+(17 MiB there, the classifier's size in general) from the forward to the backward, and they
+cannot serve ``reduction="none"`` or a gradient through the returned ``lse`` (a per-row weight
+does not factor out of ``d_c = Gᵀ E``).
 
 Options travel as typed arguments of the ops (:class:`Options`, in the ops' argument order),
 so that ``torch.compile`` passes them through, symbolic floats included (``dynamic=True``).
