@@ -1085,6 +1085,37 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!se.contains("panicked"), "{se}");
 }
 
+/// A small cap makes the softcap's derivative `e^{−2|x/s|}` amplify logit rounding by `2/s`:
+/// the CPU backend must still pass `--check` at `--softcap 1e-3` on real rows (issue 17,
+/// item 3).
+#[test]
+fn check_passes_with_a_small_softcap_on_the_cpu() {
+    let out = ok(&["run", "--softcap", "1e-3", "--check", "--n", "32"]);
+    assert!(
+        out.contains("verdict: pass (every output within its tolerance)"),
+        "{out}"
+    );
+}
+
+/// The same bias of 1e4 on every class leaves loss and gradients unchanged mathematically but
+/// not in f32 (the saved lse is ~1e4): `--check` passes with a widened gradient tolerance and
+/// says why (issue 17, item 10).
+#[test]
+fn check_says_why_a_common_logit_offset_widens_the_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ds: Dataset = generate(&"lm".parse().unwrap(), 48, 24, 700, 3).unwrap();
+    ds.bias = Some(vec![1e4; ds.v]);
+    let p = dir.path().join("offset.safetensors");
+    save_dataset(&p, &ds).unwrap();
+    let out = ok(&["run", "--input", s(&p), "--check", "--filter-eps", "off"]);
+    assert!(out.contains("gradient tolerance widened"), "{out}");
+    assert!(out.contains("common logit offset"), "{out}");
+    assert!(
+        out.contains("verdict: pass (every output within its tolerance)"),
+        "{out}"
+    );
+}
+
 /// Two identical `--deterministic` runs write byte-identical gradient files (`cmp` proves
 /// determinism: the safetensors header, metadata included, is written in a fixed order).
 #[test]

@@ -19,7 +19,11 @@ pub fn rho(len: usize) -> f64 {
 }
 
 /// `κ = max(1, zmag · sqrt(D) / 64)` for the gradients (the forward outputs take 1), with
-/// `zmag` the largest |lse| (at least 1) and `d` the hidden size.
+/// `zmag` the largest |lse| (at least 1) and `d` the hidden size. Why it grows with `|lse|`:
+/// the saved f32 lse and the f32 logits carry `~|lse|·2⁻²⁴` of absolute error, which
+/// `p = exp(z − lse)` turns into a relative error of every `p` of the row; a common offset of
+/// the logits (the same bias on every class) is not cancelled (crate docs, "Accuracy on hard
+/// inputs").
 pub fn kappa(zmag: f64, d: usize) -> f64 {
     (zmag * (d as f64).sqrt() / KAPPA_BASE).max(1.0)
 }
