@@ -43,15 +43,15 @@ pub const DEFAULT_CASES: u32 = 256;
 /// draw them are skipped (and counted in the test's output) instead of failing. Empty when
 /// every backend handles every input.
 pub const NOT_YET_FIXED: &[(&str, Gap)] = &[
-    // Found by this harness (issue 17 item 1, z-loss): the target entry
-    // `(1 + 2λ lse) p_y − 1` is computed with cancellation on the CPU and wgpu, so on a
-    // confident row (V = 1, or p_y → 1) with a small z-loss weight the row's gradient is
-    // ~1e-4 off (N=63 D=64 V=1 f32 flat z_loss=1e-5).
-    ("*", Gap::ZLossOnConfidentRows),
-    // Found by this harness (issue 17 item 3): under a small softcap the f32 logits' error is
-    // amplified by 1/s in the softcap factor (N=18 D=64 V=127 peaked softcap=2.3e-3, d_c row
-    // 3.9e-4 off); num-core's f64 logits under softcap are not on main yet.
-    ("*", Gap::SoftcapBelow(0.1)),
+    // Found by this harness (issue 17 item 1, z-loss): wgpu computes the target entry
+    // `(1 + 2λ lse) p_y − 1` with cancellation, so on a confident row (V = 1, or p_y → 1)
+    // with a small z-loss weight the row's gradient is ~1e-4 off (N=63 D=64 V=1 f32 flat
+    // z_loss=1e-5; the CPU is exact there).
+    ("wgpu", Gap::ZLossOnConfidentRows),
+    // Found by this harness (issue 17 item 3): under a small softcap wgpu's f32 logits' error
+    // is amplified by 1/s in z and in the factor 1 − (z/s)² (N=3 D=100 V=2 peaked
+    // softcap=0.011 d_lse: d_e row 2e-4 off; the CPU computes such logits in f64).
+    ("wgpu", Gap::SoftcapBelow(0.1)),
 ];
 
 /// A kind of input a backend does not handle yet ([`NOT_YET_FIXED`]).
@@ -423,7 +423,8 @@ fn apply_special(s: &Spec, case: &Case, data: &mut CaseData) -> Expect {
     }
 }
 
-/// Cases skipped by [`NOT_YET_FIXED`] in this process.
+/// Cases skipped by [`NOT_YET_FIXED`] (or not judged: f16 gradients past f16's range) in
+/// this process.
 static GATED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Run one spec on one backend: `Err` describes the failure.
@@ -446,6 +447,12 @@ fn check<B: Backend>(backend: &B, name: &str, s: &Spec) -> Result<(), String> {
     let cfg = SuiteConfig::new("fuzz");
     let got_error = |r: Result<_, CceError>| r.err();
     match expect {
+        Expect::Valid if f16_overflow(&case, &data) => {
+            // Gradients past f16's largest value cannot be returned in f16 (f32 gradients
+            // can): not an accuracy question, so not judged.
+            GATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
         Expect::Valid => {
             let report = run_with_data(backend, &case, &data, s.seed, &cfg, true);
             if report.passed() || report.skipped {
@@ -471,6 +478,32 @@ fn check<B: Backend>(backend: &B, name: &str, s: &Spec) -> Result<(), String> {
             )),
         },
     }
+}
+
+/// Whether a valid case returns f16 gradients whose f64 truth passes f16's largest value.
+fn f16_overflow(case: &Case, data: &CaseData) -> bool {
+    if case.dtype != DType::F16 || case.opts.grad_dtype == GradDType::F32 {
+        return false;
+    }
+    let (dl, h) = cce_conformance::run::oracle_upstream(data);
+    let Ok(o) = naive(
+        &data.e,
+        &data.c,
+        data.bias.as_ref(),
+        &data.targets,
+        &case.opts,
+        &dl,
+        h.as_deref(),
+        Precision::F64,
+    ) else {
+        return false;
+    };
+    let max = half::f16::MAX.to_f64();
+    o.d_e
+        .iter()
+        .chain(&o.d_c)
+        .chain(o.d_bias.iter().flatten())
+        .any(|x| x.abs() >= max)
 }
 
 /// Cases per backend: `CCE_FUZZ_CASES` or [`DEFAULT_CASES`].
@@ -499,7 +532,7 @@ fn fuzz<B: Backend>(name: &str, backend: &B) {
         panic!("fuzz on {name}: {e}");
     }
     eprintln!(
-        "fuzz on {name}: {} cases passed ({} skipped in this process as NOT_YET_FIXED)",
+        "fuzz on {name}: {} cases passed ({} skipped in this process: NOT_YET_FIXED, or f16 gradients past f16's range)",
         ran.into_inner(),
         GATED.load(std::sync::atomic::Ordering::Relaxed)
     );
