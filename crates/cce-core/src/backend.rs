@@ -186,7 +186,9 @@ pub trait Backend {
     /// Backward from the [`Saved`] `lse` and `rest_mass` (`[N]` f32 each) of a forward with the
     /// same inputs and options: recomputes the logits (paper section 4.3). Errors as
     /// `forward`, plus `ShapeMismatch` for saved buffers or upstream gradients of the wrong
-    /// shape.
+    /// shape, and `NonFinite { what: "d_loss" | "d_lse", row, .. }` for a NaN or infinite
+    /// upstream gradient ([`crate::problem::check_upstream_finite`]: a scalar always, per-row
+    /// values under `Options::check_finite`).
     fn backward(
         &self,
         inputs: &Inputs<'_, Self::Buffer>,
