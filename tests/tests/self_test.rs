@@ -717,3 +717,14 @@ fn per_row_defects_fail_the_numerics_checks() {
     );
     assert!(text.contains("softcap 1e-3"), "{text}");
 }
+
+/// The general judge's per-row rule (`d_e rows`) sees a 1% error on confident rows, which the
+/// per-element rule (term scale `p + onehot`) lets pass, and names the worst rows.
+#[test]
+fn the_per_row_rule_sees_confident_rows_off() {
+    let text = must_fail(Fault::TinyRowsOff, "confident_rows", checks::confident_rows);
+    assert!(
+        text.contains("d_e rows") && text.contains("rows (worst first) out of tolerance"),
+        "{text}"
+    );
+}
