@@ -1,10 +1,9 @@
 //! The conformance suite on the CUDA backend (feature `cuda`). Without a CUDA device or
 //! driver library the tests print "skipping: ..." and pass, unless `CCE_REQUIRE_CUDA=1`.
 //!
-//! Stamped five times: the default strategy choice (`cuda`), then each strategy first
-//! (`cuda_split`, `cuda_chunked`, `cuda_tiles`; f16 inputs, and filtered calls for chunked
-//! dense, still fall back to tile ownership), the dense ones with chunks capped at one
-//! 128 x 128 tile so that the suite's small problems run several row and class chunks. The
+//! Stamped four times: the default strategy choice (`cuda`), then each strategy alone
+//! (`cuda_split`, `cuda_chunked`; f16 inputs, and filtered calls for chunked dense, run split
+//! dense), with chunks capped at one 128 x 128 tile so that the suite's small problems run several row and class chunks. The
 //! default stamp's split-dense calls take f16 `G` for `d_e` (small problems leave room for an
 //! f16 copy of `c`); `cuda_split` forces bf16 `G`, the path of the default budget at the
 //! seed shape. `cuda_sparse` is split dense with its sparse backward at any density
@@ -26,7 +25,7 @@ cce_conformance::conformance_suite!(
 cce_conformance::conformance_suite!(
     cuda_split,
     CudaBackend::new(0)
-        .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense, StrategyKind::TileOwnership]))
+        .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense]))
         .and_then(|b| b.with_chunk_cap(128, 128))
         .map(|b| b.with_split_de_f16(false)),
     max_work_flop = 1e13,
@@ -36,15 +35,8 @@ cce_conformance::conformance_suite!(
 cce_conformance::conformance_suite!(
     cuda_chunked,
     CudaBackend::new(0)
-        .and_then(|b| b.with_strategies(&[StrategyKind::ChunkedDense, StrategyKind::TileOwnership]))
+        .and_then(|b| b.with_strategies(&[StrategyKind::ChunkedDense]))
         .and_then(|b| b.with_chunk_cap(128, 128)),
-    max_work_flop = 1e13,
-    fixture_max_rows = 1024,
-);
-
-cce_conformance::conformance_suite!(
-    cuda_tiles,
-    CudaBackend::new(0).and_then(|b| b.with_strategies(&[StrategyKind::TileOwnership])),
     max_work_flop = 1e13,
     fixture_max_rows = 1024,
 );
@@ -52,7 +44,7 @@ cce_conformance::conformance_suite!(
 cce_conformance::conformance_suite!(
     cuda_sparse,
     CudaBackend::new(0)
-        .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense, StrategyKind::TileOwnership]))
+        .and_then(|b| b.with_strategies(&[StrategyKind::SplitDense]))
         .and_then(|b| b.with_chunk_cap(128, 128))
         .map(|b| b.with_sparse(SparseMode::Always)),
     max_work_flop = 1e13,

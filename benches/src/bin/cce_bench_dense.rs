@@ -494,6 +494,7 @@ fn run_case(engine: &DenseEngine, k: &CheckCase, data: &Data, up: &Up, rp: RowPa
     let loss_n = if k.reduction == Reduction::None { n } else { 1 };
     let mut loss = poisoned(s, loss_n * 4)?;
     let mut lse = poisoned(s, n * 4)?;
+    let mut rest = poisoned(s, n * 4)?;
     let mut ent = poisoned(s, n * 4)?;
     let mut am = poisoned(s, n * 4)?;
     let mut de = poisoned(s, n * d * gt.size_bytes())?;
@@ -503,6 +504,7 @@ fn run_case(engine: &DenseEngine, k: &CheckCase, data: &Data, up: &Up, rp: RowPa
         let mut fo = DenseForwardOut {
             loss: &mut loss,
             lse: &mut lse,
+            rest: &mut rest,
             entropy: if k.side { Some(&mut ent) } else { None },
             argmax: if k.side { Some(&mut am) } else { None },
         };
@@ -795,10 +797,12 @@ fn check(engine: &DenseEngine, stream: &Arc<CudaStream>) -> Res<()> {
                 let loss_n = if k.reduction == Reduction::None { n } else { 1 };
                 let mut loss = poisoned(stream, loss_n * 4)?;
                 let mut lse = poisoned(stream, n * 4)?;
+                let mut rest = poisoned(stream, n * 4)?;
                 {
                     let mut fo = DenseForwardOut {
                         loss: &mut loss,
                         lse: &mut lse,
+                        rest: &mut rest,
                         entropy: None,
                         argmax: None,
                     };
@@ -819,7 +823,7 @@ fn check(engine: &DenseEngine, stream: &Arc<CudaStream>) -> Res<()> {
                         &cfg,
                         &mut ws,
                         &data.inputs(),
-                        &lse,
+                        (&lse, &rest),
                         &upstream(&up),
                         &mut go,
                     )?;
@@ -1064,6 +1068,15 @@ type GradBufs<'a> = (
     &'a mut CudaSlice<u8>,
 );
 
+/// The buffers of one forward-and-backward call: loss, lse, rest mass, d_e, d_c.
+type FbBufs<'a> = (
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+    &'a mut CudaSlice<u8>,
+);
+
 #[allow(clippy::too_many_arguments)]
 fn bench_one(
     engine: &DenseEngine,
@@ -1079,6 +1092,7 @@ fn bench_one(
     print_plan: bool,
 ) -> Res<BenchResult> {
     let (n, d, v) = (problem.n, problem.d, problem.v);
+    let mut rest = alloc(stream, n * 4)?;
     let opts = Options {
         softcap,
         workspace_budget_bytes: budget_bytes,
@@ -1115,11 +1129,12 @@ fn bench_one(
     let inp = data.inputs();
     let run_fb = |c: &DenseConfig,
                   ws: &mut DenseWorkspace,
-                  (loss, lse, de, dc): GradBufs<'_>|
+                  (loss, lse, rest, de, dc): FbBufs<'_>|
      -> Res<DenseStats> {
         let mut fo = DenseForwardOut {
             loss,
             lse,
+            rest,
             entropy: None,
             argmax: None,
         };
@@ -1137,7 +1152,7 @@ fn bench_one(
         exact_stats = run_fb(
             &cfg_exact,
             &mut ws,
-            (&mut *loss, &mut *lse, &mut *de, &mut *dc),
+            (&mut *loss, &mut *lse, &mut rest, &mut *de, &mut *dc),
         )?;
         Ok(())
     })?
@@ -1170,7 +1185,7 @@ fn bench_one(
             run_fb(
                 &cfg_old,
                 &mut ws,
-                (&mut *loss, &mut *lse, &mut *de, &mut *dc),
+                (&mut *loss, &mut *lse, &mut rest, &mut *de, &mut *dc),
             )
             .map(|_| ())
         })?
@@ -1194,7 +1209,11 @@ fn bench_one(
     stream.memcpy_htod(&vec![0xffu8; dc.len()][..], &mut *dc)?;
     let mut last = DenseStats::default();
     let filt_ms = time_ms(stream, args.warmup, args.iters, || {
-        last = run_fb(&cfg, &mut ws, (&mut *loss, &mut *lse, &mut *de, &mut *dc))?;
+        last = run_fb(
+            &cfg,
+            &mut ws,
+            (&mut *loss, &mut *lse, &mut rest, &mut *de, &mut *dc),
+        )?;
         Ok(())
     })?
     .0;
@@ -1204,12 +1223,14 @@ fn bench_one(
     drop((de_exact, dc_exact));
     // Forward only, and the data's mean softmax entropy (the forward's side output).
     let mut lse2 = alloc(stream, n * 4)?;
+    let mut rest2 = alloc(stream, n * 4)?;
     let mut loss2 = alloc(stream, 4)?;
     let mut ent = alloc(stream, n * 4)?;
     let fwd_ms = time_ms(stream, args.warmup, args.iters, || {
         let mut fo = DenseForwardOut {
             loss: &mut loss2,
             lse: &mut lse2,
+            rest: &mut rest2,
             entropy: None,
             argmax: None,
         };
@@ -1227,6 +1248,7 @@ fn bench_one(
             let mut fo = DenseForwardOut {
                 loss: &mut loss2,
                 lse: &mut lse2,
+                rest: &mut rest2,
                 entropy: None,
                 argmax: None,
             };
@@ -1246,6 +1268,7 @@ fn bench_one(
             let mut fo = DenseForwardOut {
                 loss: &mut loss2,
                 lse: &mut lse2,
+                rest: &mut rest2,
                 entropy: None,
                 argmax: None,
             };
@@ -1257,6 +1280,7 @@ fn bench_one(
             let mut fo = DenseForwardOut {
                 loss: &mut loss2,
                 lse: &mut lse2,
+                rest: &mut rest2,
                 entropy: None,
                 argmax: None,
             };
@@ -1274,6 +1298,7 @@ fn bench_one(
         let mut fo = DenseForwardOut {
             loss: &mut loss2,
             lse: &mut lse2,
+            rest: &mut rest2,
             entropy: Some(&mut ent),
             argmax: None,
         };

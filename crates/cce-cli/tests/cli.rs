@@ -1270,3 +1270,41 @@ fn three_dim_e_with_shift_matches_the_library() {
     // Without a shift the sequences do not matter: --n 6 runs.
     ok(&["run", "--input", s(&f), "--n", "6"]);
 }
+
+/// `--check` judges `d_e` and `d_c` row by row too and prints the worst rows: here a confident
+/// row (E = [[1]], C = [[16], [0]], target 0: `1 − p_y ≈ 1.1e-7`), whose gradient must be as
+/// accurate as any other row's.
+#[test]
+fn check_judges_gradients_per_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset {
+        name: "confident".into(),
+        n: 1,
+        d: 1,
+        v: 2,
+        e: vec![1.0],
+        c: vec![16.0, 0.0],
+        bias: None,
+        targets: vec![0],
+        lse_ref: None,
+        nll_ref: None,
+        seq_len: None,
+    };
+    let f = dir.path().join("confident.safetensors");
+    save_dataset(&f, &ds).unwrap();
+    let out = ok(&["run", "--input", s(&f), "--filter-eps", "off", "--check"]);
+    let rows = lines_starting(&out, "| d_e ");
+    assert!(
+        rows.iter()
+            .any(|l| l.contains("0 of 1") && l.ends_with("pass |")),
+        "{out}"
+    );
+    assert!(
+        lines_starting(&out, "| d_c ")
+            .iter()
+            .any(|l| l.contains("0 of 2")),
+        "{out}"
+    );
+    assert!(out.contains("per row: |ours_i - oracle_i|"), "{out}");
+    assert!(out.contains("verdict: pass"), "{out}");
+}

@@ -125,16 +125,33 @@ __device__ __forceinline__ void f4set(float4& v, int k, float x) {
 // histogram and G see the same bits.
 // Only finite logits are capped: one that overflowed f32 stays infinite (or NaN), so the lse
 // is not finite and the host reports the overflow (capped it would be a silent ±softcap).
+// A −inf logit (a class masked by a −inf bias entry) stays −inf: p = 0, whatever the softcap.
 __device__ __forceinline__ float cap_z(float x, float softcap, float inv_softcap) {
     return softcap > 0.0f && isfinite(x) ? softcap * tanhf(x * inv_softcap) : x;
 }
+
+// The softcap's derivative dz/dx = 1 − tanh²(u), u = x/s, as 4e/(1 + e)² with e = e^{−2|u|}:
+// full relative accuracy for every u (1 − (z/s)² cancels once |z| is near s: at u = 10 it is
+// 8e-9 and 1 − (z/s)² rounds to 0), 0 for an infinite x (a masked class).
+__device__ __forceinline__ float cap_grad(float x, float inv_softcap) {
+    const float e = expf(-2.0f * fabsf(x * inv_softcap));
+    const float d = 1.0f + e;
+    return __fdividef(4.0f * e, d * d);  // d² in [1, 4]: the fast division is exact to 2 ulp
+}
+
+// A logit that is not −inf: the one compare-and-select by which masked classes (−inf, e.g.
+// from a −inf bias) drop out of Σz and get an exact 0 in G (a NaN stays in: it is an error).
+__device__ __forceinline__ float unmasked(float z) { return z == NEG_INF ? 0.0f : z; }
 
 // ------------------------------------------------------------------------------------------
 // Reductions (fixed shuffle / shared-memory trees: bitwise deterministic)
 // ------------------------------------------------------------------------------------------
 
-// Online log-sum-exp state: m = max, s = Σ exp(z − m), t = Σ exp(z − m)·z, am = argmax (lowest
-// index on ties), zs = Σ z.
+// Online log-sum-exp state: m = max (over every column, the target's included), s = Σ exp(z − m)
+// over the columns other than the row's target y (the target's term is added at the end, so
+// that 1 − p_y = s / (s + e^{z_y − m}) keeps its relative accuracy on confident rows), t = Σ
+// exp(z − m)·z over every column, am = argmax (lowest index on ties), zs = Σ z over the
+// unmasked columns (z > −inf). Masked columns (z = −inf) add 0 to s, t and zs.
 struct RowAcc {
     float m, s, t, zs;
     int am;
@@ -171,20 +188,21 @@ __device__ __forceinline__ RowAcc acc_shfl(const RowAcc& a, int o) {
     return b;
 }
 
-// Add one value z at column j (columns visited in increasing order per thread).
-__device__ __forceinline__ void acc_push(RowAcc& a, float z, int j) {
+// Add one value z at column j (columns visited in increasing order per thread); y is the row's
+// target column (−1: none), whose term s leaves out.
+__device__ __forceinline__ void acc_push(RowAcc& a, float z, int j, int y) {
     if (z > a.m) {
         float e = __expf(a.m - z);  // exp(-inf) = 0 for the first value
-        a.s = a.s * e + 1.0f;
+        a.s = a.s * e + (j == y ? 0.0f : 1.0f);
         a.t = a.t * e + z;
         a.m = z;
         a.am = j;
     } else if (a.m != NEG_INF || z != z) {  // NaN z makes s NaN (lse non-finite)
         float e = __expf(z - a.m);
-        a.s += e;
-        a.t += e * z;
+        if (j != y) a.s += e;
+        a.t += e * unmasked(z);
     }
-    a.zs += z;
+    a.zs += unmasked(z);
 }
 
 // Add the U float4 groups xv[u] at columns j0 + u·ustride + k (k = 0..3), the groups with
@@ -194,7 +212,7 @@ __device__ __forceinline__ void acc_push(RowAcc& a, float z, int j) {
 // value; the row kernels were instruction-bound on it, docs/perf-log.md "Session 5").
 template <int U>
 __device__ __forceinline__ void acc_push_batch(RowAcc& a, const float4 (&xv)[U], int j0,
-                                               int ustride, int lim) {
+                                               int ustride, int lim, int y) {
     float bm = NEG_INF;
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -225,9 +243,9 @@ __device__ __forceinline__ void acc_push_batch(RowAcc& a, const float4 (&xv)[U],
             for (int k = 0; k < 4; ++k) {
                 float z = f4get(xv[u], k);
                 float e = __expf(z - m);
-                a.s += e;
-                a.t = fmaf(e, z, a.t);
-                a.zs += z;
+                a.s += j0 + u * ustride + k == y ? 0.0f : e;
+                a.t = fmaf(e, unmasked(z), a.t);
+                a.zs += unmasked(z);
             }
         }
     }
@@ -255,21 +273,44 @@ __device__ __forceinline__ RowAcc block_acc(RowAcc a, RowAcc* sh) {
     return a;
 }
 
-// The forward outputs of row r from its reduced state (MATH.md "Forward"): lse, the loss
-// ℓ = lse − (1−α)·z_y − (α/V)·Σz + λ·lse² (0 at ignored rows, y < 0), the entropy lse − t/s
-// (ent_out may be 0) and the argmax (am_out may be 0; 0 for a row of NaNs).
-__device__ __forceinline__ void write_row_outputs(long long r, int y, float lse, float zy,
-                                                  float zs, float t_over_s, int am, float alpha,
-                                                  float lambda, int V, float* lse_out,
+// The forward outputs of row r from its reduced state (MATH.md "Forward"): m the row's max (or
+// the max of the other columns: a z_y above it becomes the reference), s_rest = Σ_{j≠y}
+// e^{z_j − m} (every column at an ignored row, y < 0), z_y the target's logit,
+// zs = Σz over the unmasked columns, t = Σ e^{z − m}·z. Writes lse = m + log(s_rest + e^{z_y − m}),
+// rest = s_rest / (s_rest + e^{z_y − m}) = 1 − p_y without cancellation (0 at ignored rows;
+// rest_out may be 0), the loss ℓ = (1−α)·(lse − z_y) + α·(lse − Σz/V) + λ·lse² with
+// lse − z_y = log1p(s_rest / e^{z_y − m}) (exact on confident rows; 0 at ignored rows), the
+// entropy lse − t/(s_rest + e^{z_y − m}) (ent_out may be 0) and the argmax (am_out may be 0; 0
+// for a row of NaNs). A row whose target is masked (z_y = −inf) has rest = 1 and an infinite
+// loss; the host rejects it before (CceError::TargetMasked).
+__device__ __forceinline__ void write_row_outputs(long long r, int y, float m, float s_rest,
+                                                  float zy, float zs, float t, int am,
+                                                  float alpha, float lambda, int V,
+                                                  float* lse_out, float* rest_out,
                                                   float* loss_out, float* ent_out, int* am_out) {
+    if (y >= 0 && zy > m) {  // m = −inf (no other unmasked column) gives s_rest = t = 0
+        const float f = __expf(m - zy);
+        s_rest *= f;
+        t *= f;
+        m = zy;
+    }
+    const float ey = (y >= 0 && zy != NEG_INF) ? __expf(zy - m) : 0.0f;
+    const float S = s_rest + ey;
+    const float lse = m + logf(S);
     float loss = 0.0f;
+    float rest = 0.0f;
     if (y >= 0) {
-        loss = lse - (1.0f - alpha) * zy + lambda * lse * lse;
-        if (alpha != 0.0f) loss -= alpha / (float)V * zs;
+        rest = s_rest / S;
+        // lse − z_y: log1p(s_rest / e_y) keeps a confident row's ~rest-sized loss exact;
+        // (m − z_y) + log(S) where e_y underflows.
+        const float ce = ey > 1e-30f ? log1pf(s_rest / ey) : (m - zy) + logf(S);
+        loss = (1.0f - alpha) * ce + lambda * lse * lse;
+        if (alpha != 0.0f) loss += alpha * (lse - zs / (float)V);
     }
     lse_out[r] = lse;
+    if (rest_out) rest_out[r] = rest;
     loss_out[r] = loss;
-    if (ent_out) ent_out[r] = lse - t_over_s;
+    if (ent_out) ent_out[r] = lse - t / S;
     if (am_out) am_out[r] = am == 0x7fffffff ? 0 : am;
 }
 
@@ -334,9 +375,13 @@ __device__ __forceinline__ float filter_threshold(const u32* hist, u64 delta_fix
 
 // Row coefficients of G (MATH.md "Backward"): G = cp·p − cy·[j = y] − cc, times the softcap
 // factor. g = upstream loss gradient of the row (0 when ignored), h = upstream lse gradient.
+// The target's entry cp·p_y − cy − cc = cd − cp·rest − cc, with rest = 1 − p_y (saved by the
+// forward without cancellation) and cd = cp − cy = g·(α + 2λ·lse) + h formed directly: on a
+// confident row (rest below the f32 lse's resolution) p_y − 1 from e^{z_y − lse} would be 0.
 struct GCoef {
     float cp, cy, cc;
-    float oh;  // cy / cp: the p at which the target's G vanishes (filter magnitude |oh − p|)
+    float cd;  // cp − cy without cancellation
+    float od;  // cd / cp (1 when cp = 0): the target's G vanishes at rest = od
     bool active;
 };
 
@@ -349,31 +394,50 @@ __device__ __forceinline__ GCoef g_coef(int y, long long row, const float* dl_ro
     c.cp = g * (1.0f + 2.0f * lambda * lse) + h;
     c.cy = g * (1.0f - alpha);
     c.cc = g * alpha / (float)V;
-    // 1 − α without z-loss or an lse gradient; 0 without a loss gradient. With z-loss the
-    // target's G = cp·p − cy stays ≈ g·(α + 2λ·lse) as p → 1, so |1 − p| alone would let a
+    c.cd = g * (alpha + 2.0f * lambda * lse) + h;
+    // α without z-loss or an lse gradient; 1 without a loss gradient. With z-loss the
+    // target's G = cd − cp·rest stays ≈ g·(α + 2λ·lse) as rest → 0, so rest alone would let a
     // large entry be skipped: in units of |cp| (those of every other entry, |G| = |cp|·p) the
-    // target's size is |cy/cp − p|.
-    c.oh = c.cp != 0.0f ? c.cy / c.cp : 0.0f;
+    // target's size is |rest − cd/cp|.
+    c.od = c.cp != 0.0f ? c.cd / c.cp : 1.0f;
     c.active = (g != 0.0f) || (h != 0.0f);
     return c;
 }
 
-// Filter magnitude of the target entry: max(|1 − p|, |w − p|), w = cy / cp (GCoef::oh: 1 − α
-// without z-loss and lse gradient, 0 for a row with only an lse gradient). The first term keeps
-// the contract's rule (skippable only if |p − 1| < eps); the second the entry's real size
-// |G| / |cp|, so a target with p → 1 is never skipped under label smoothing or z-loss, nor in a
-// row whose G at the target is h·p.
-__device__ __forceinline__ float target_g0(float p, float w) {
-    return fmaxf(fabsf(1.0f - p), fabsf(w - p));
+// Filter magnitude of the target entry from rest = 1 − p_y: max(rest, |rest − od|)
+// (GCoef::od: α without z-loss and lse gradient, 1 for a row with only an lse gradient). The
+// first term keeps the contract's rule (skippable only if |p − 1| < eps); the second the
+// entry's real size |G| / |cp|, so a target with p → 1 is never skipped under label smoothing
+// or z-loss, nor in a row whose G at the target is h·p.
+__device__ __forceinline__ float target_g0(float rest, float od) {
+    return fmaxf(rest, fabsf(rest - od));
 }
 
-// One entry of G. Returns G; adds to kept / dropped.
-__device__ __forceinline__ float g_entry(float z, int j, int y, float lse, const GCoef& c,
-                                         float tau, float softcap, float inv_softcap,
-                                         u32& kept, float& dropped, bool& any_kept) {
-    float p = __expf(z - lse);
+// The target's entry of G (before the softcap factor): cd − cp·rest − cc.
+__device__ __forceinline__ float g_target(const GCoef& c, float rest) {
+    return c.cd - c.cp * rest - c.cc;
+}
+
+// A bound of |G_ij| over the row (before the softcap factor, which is ≤ 1): every other entry
+// is cp·p_j − cc with p_j ≤ rest (≤ 1 at an ignored row, y < 0), the target's g_target. Tight
+// on confident rows (all of G is ~rest there), so the power-of-two scales of f16 G do not
+// flush their entries to zero.
+__device__ __forceinline__ float g_bound(const GCoef& c, int y, float rest) {
+    const float pmax = y >= 0 ? rest : 1.0f;
+    const float other = fabsf(c.cp) * pmax + fabsf(c.cc);
+    return y >= 0 ? fmaxf(other, fabsf(g_target(c, rest))) : other;
+}
+
+// One entry of G at column j from its logit x (bias added, before the softcap) and z =
+// cap_z(x); rest = 1 − p_y of the row. Returns G (exactly 0 for a masked class, x = −inf);
+// adds to kept / dropped.
+__device__ __forceinline__ float g_entry(float x, float z, int j, int y, float lse, float rest,
+                                         const GCoef& c, float tau, float softcap,
+                                         float inv_softcap, u32& kept, float& dropped,
+                                         bool& any_kept) {
     bool tgt = (j == y);
-    float g0 = tgt ? target_g0(p, c.oh) : p;
+    float p = tgt ? 1.0f - rest : __expf(z - lse);
+    float g0 = tgt ? target_g0(rest, c.od) : p;
     float gv;
     if (g0 < tau) {  // skipped (tau = 0 when the filter is off or the row inactive)
         dropped += g0;
@@ -381,13 +445,10 @@ __device__ __forceinline__ float g_entry(float z, int j, int y, float lse, const
     } else {
         ++kept;
         any_kept = true;
-        gv = c.cp * p - (tgt ? c.cy : 0.0f) - c.cc;
+        gv = tgt ? g_target(c, rest) : c.cp * p - c.cc;
     }
-    if (softcap > 0.0f) {
-        float q = z * inv_softcap;
-        gv *= 1.0f - q * q;
-    }
-    return gv;
+    if (softcap > 0.0f) gv *= cap_grad(x, inv_softcap);
+    return x == NEG_INF ? 0.0f : gv;
 }
 
 // Warp-aggregated "this (row tile, class tile) kept an entry" flag. All 32 lanes must call it
@@ -407,8 +468,9 @@ __device__ __forceinline__ void flag_tile(u32* flags, long long flag_row, int n_
 // Parameters:
 //   L        f32 [rows, ld] logits of the chunk (read only), row-major, 16-byte aligned rows;
 //   bias     DT [V] or 0;  targets i32 [rows] (class or −1), chunk-relative;
-//   lse, loss, entropy (f32 [rows]), argmax (i32 [rows]) outputs, chunk-relative; entropy and
-//   argmax may be 0. loss = per-row ℓ_i (0 at ignored rows).
+//   lse, rest (1 − p_y, write_row_outputs), loss, entropy (f32 [rows]), argmax (i32 [rows])
+//   outputs, chunk-relative; entropy and argmax may be 0. loss = per-row ℓ_i (0 at ignored
+//   rows).
 // Tiling: one block per row; the row is streamed in steps of FWD_THREADS·4·FWD_UNROLL columns.
 // Thread mapping: thread t owns columns 4·t + k·4·FWD_THREADS (float4 loads, coalesced across
 // the warp), FWD_UNROLL loads in flight per thread; the scalar tail (V mod 4) one per thread.
@@ -419,13 +481,14 @@ template <int DT>
 __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long ld, int V,
                                           const void* __restrict__ bias, float softcap,
                                           const int* __restrict__ targets, float alpha,
-                                          float lambda, float* lse_out, float* loss_out,
-                                          float* ent_out, int* am_out) {
+                                          float lambda, float* lse_out, float* rest_out,
+                                          float* loss_out, float* ent_out, int* am_out) {
     __shared__ RowAcc sh[32];
     const long long r = blockIdx.x;
     const float* Lr = L + r * ld;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const int V4 = V & ~3;
+    const int y = targets[r];
     RowAcc a;
     acc_init(a);
     for (int base = threadIdx.x * 4; base < V4; base += FWD_THREADS * 4 * FWD_UNROLL) {
@@ -451,32 +514,32 @@ __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long
 #pragma unroll
                 for (int k = 0; k < 4; ++k) f4set(xv[u], k, cap_z(f4get(xv[u], k), softcap, inv_cap));
         }
-        acc_push_batch<FWD_UNROLL>(a, xv, base, FWD_THREADS * 4, V4);
+        acc_push_batch<FWD_UNROLL>(a, xv, base, FWD_THREADS * 4, V4, y);
     }
     for (int j = V4 + threadIdx.x; j < V; j += FWD_THREADS) {
         float x = Lr[j];
         if (bias) x += Elem<DT>::load(bias, j);
-        acc_push(a, cap_z(x, softcap, inv_cap), j);
+        acc_push(a, cap_z(x, softcap, inv_cap), j, y);
     }
     a = block_acc(a, sh);
     if (threadIdx.x == 0) {
-        int y = targets[r];
         float zy = 0.0f;
         if (y >= 0) {
             float x = Lr[y];
             if (bias) x += Elem<DT>::load(bias, y);
             zy = cap_z(x, softcap, inv_cap);
         }
-        write_row_outputs(r, y, a.m + logf(a.s), zy, a.zs, a.t / a.s, a.am, alpha, lambda, V,
-                          lse_out, loss_out, ent_out, am_out);
+        write_row_outputs(r, y, a.m, a.s, zy, a.zs, a.t, a.am, alpha, lambda, V, lse_out,
+                          rest_out, loss_out, ent_out, am_out);
     }
 }
 
 #define FWD_PARAMS                                                                            \
     const float *__restrict__ L, long long ld, int V, const void *__restrict__ bias,         \
         float softcap, const int *__restrict__ targets, float alpha, float lambda,           \
-        float *lse_out, float *loss_out, float *ent_out, int *am_out
-#define FWD_ARGS L, ld, V, bias, softcap, targets, alpha, lambda, lse_out, loss_out, ent_out, am_out
+        float *lse_out, float *rest_out, float *loss_out, float *ent_out, int *am_out
+#define FWD_ARGS                                                                              \
+    L, ld, V, bias, softcap, targets, alpha, lambda, lse_out, rest_out, loss_out, ent_out, am_out
 
 extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_f32(FWD_PARAMS) {
     dense_fwd<0>(FWD_ARGS);
@@ -495,10 +558,11 @@ extern "C" __global__ void __launch_bounds__(FWD_THREADS) cce_dense_fwd_bf16(FWD
 //   L        f32 [rows, ldk] logits of one tile: rows r0.., classes c0..c0+K, row-major
 //            (ldk a multiple of 8, 32-byte aligned rows);
 //   bias     DT [V] (full; read at c0 + j) or 0;  targets i32 [rows] (class or −1), tile-relative;
-//   state    f32 [rows, 6] running (m, s, t, zs, argmax bits, target logit) per row,
+//   state    f32 [rows, 6] running (m, s, t, zs, argmax bits, target logit) per row (s without
+//            the target's term, RowAcc),
 //            tile-relative; written by the first tile of a row group (`first`), merged into
 //            by the others in class order;
-//   lse, loss, entropy, argmax: as cce_dense_fwd (tile-relative), written by the last tile
+//   lse, rest, loss, entropy, argmax: as cce_dense_fwd (tile-relative), written by the last tile
 //            (`last`) only; entropy and argmax may be 0.
 // Tiling: the logits of a forward-only call come in tiles of ClassForward's rows x classes;
 //   this kernel reduces one tile's rows over its K classes and folds them into `state`, so
@@ -518,9 +582,10 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
                                             const void* __restrict__ bias, float softcap,
                                             const int* __restrict__ targets, float alpha,
                                             float lambda, float* __restrict__ state, int first,
-                                            int last, float* lse_out, float* loss_out,
-                                            float* ent_out, int* am_out) {
+                                            int last, float* lse_out, float* rest_out,
+                                            float* loss_out, float* ent_out, int* am_out) {
     const int lane = threadIdx.x & 31;
+    const int y = targets[r];
     const float* Lr = L + r * ldk;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
     const int K4 = K & ~3;
@@ -549,12 +614,12 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
 #pragma unroll
                 for (int k = 0; k < 4; ++k) f4set(xv[u], k, cap_z(f4get(xv[u], k), softcap, inv_cap));
         }
-        acc_push_batch<UNROLL>(a, xv, c0 + base, 128, c0 + K4);
+        acc_push_batch<UNROLL>(a, xv, c0 + base, 128, c0 + K4, y);
     }
     for (int j = K4 + lane; j < K; j += 32) {
         float x = Lr[j];
         if (bias) x += Elem<DT>::load(bias, c0 + j);
-        acc_push(a, cap_z(x, softcap, inv_cap), c0 + j);
+        acc_push(a, cap_z(x, softcap, inv_cap), c0 + j, y);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -563,7 +628,6 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
     }
     if (lane != 0) return;
     float* st = state + r * 6;
-    const int y = targets[r];
     float zy = first ? 0.0f : st[5];
     if (y >= c0 && y < c0 + K) {
         float x = Lr[y - c0];
@@ -582,20 +646,18 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
         st[5] = zy;
         return;
     }
-    write_row_outputs(r, y, a.m + logf(a.s), zy, a.zs, a.t / a.s, a.am, alpha, lambda, V,
-                      lse_out, loss_out, ent_out, am_out);
+    write_row_outputs(r, y, a.m, a.s, zy, a.zs, a.t, a.am, alpha, lambda, V, lse_out, rest_out,
+                      loss_out, ent_out, am_out);
 }
 
 #define CLS_PARAMS                                                                            \
     const float *__restrict__ L, long long ldk, int K, int c0, int V, int rows,               \
         const void *__restrict__ bias, float softcap, const int *__restrict__ targets,       \
         float alpha, float lambda, float *__restrict__ state, int first, int last,           \
-        float *lse_out, float *loss_out, float *ent_out, int *am_out
-#define CLS_ARGS L, ldk, K, c0, V, rows, bias, softcap, targets, alpha, lambda, state, first, \
-    last, lse_out, loss_out, ent_out, am_out
+        float *lse_out, float *rest_out, float *loss_out, float *ent_out, int *am_out
 
 #define CLS_ROW_ARGS L, ldk, K, c0, V, r, bias, softcap, targets, alpha, lambda, state, first, \
-    last, lse_out, loss_out, ent_out, am_out
+    last, lse_out, rest_out, loss_out, ent_out, am_out
 #define CLS_KERNELS(DTN, DT)                                                                  \
     extern "C" __global__ void __launch_bounds__(CLS_THREADS) cce_cls_fwd_##DTN(CLS_PARAMS) { \
         const long long r = (long long)blockIdx.x * CLS_ROWS + (threadIdx.x >> 5);            \
@@ -630,7 +692,8 @@ __device__ __forceinline__ void hist_add(u32* whist, float g0, bool valid, const
 // Parameters:
 //   L        f32 [rows, ld] logits of the chunk; G (DT, row stride ld·4/sizeof(DT)) is written
 //            over it (module comment);
-//   bias DT [V] or 0; targets i32 [rows]; lse f32 [rows] (saved by the forward);
+//   bias DT [V] or 0; targets i32 [rows]; lse, rest f32 [rows] (saved by the forward: the
+//            log-sum-exp and 1 − p_y);
 //   dl_rows  f32 [rows] per-row upstream loss gradient, or 0 → dl_scalar for every valid row;
 //   dlse     f32 [rows] upstream lse gradient, or 0;
 //   filter_on, edges f32 [65] (edge(k)), delta_fixed = floor(δ·2^30);
@@ -685,7 +748,8 @@ __device__ __forceinline__ float g_row_scale(float bound) {
 template <int DT, int GM>
 __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const void* bias,
                                           float softcap, const int* targets, const float* lse_in,
-                                          const float* dl_rows, float dl_scalar,
+                                          const float* rest_in, const float* dl_rows,
+                                          float dl_scalar,
                                           const float* dlse, float alpha, float lambda,
                                           int filter_on, const float* edges_g, u64 delta_fixed,
                                           u32* kept_out, float* dropped_out, u32* flags,
@@ -706,6 +770,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
     const int V4 = V & ~3;
     const int y = targets[r];
     const float lse = lse_in[r];
+    const float rest = rest_in[r];
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     const int warp = threadIdx.x >> 5;
     const bool filt = filter_on && c.active;
@@ -730,8 +795,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
-                    float p = __expf(z - lse);
-                    float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
+                    float g0 = (j + k == y) ? target_g0(rest, c.od) : __expf(z - lse);
                     hist_add(hist[warp], g0, ok, edges);
                 }
             }
@@ -744,8 +808,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 float x = Lr[j];
                 if (bias) x += Elem<DT>::load(bias, j);
                 float z = cap_z(x, softcap, inv_cap);
-                float p = __expf(z - lse);
-                g0 = (j == y) ? target_g0(p, c.oh) : p;
+                g0 = (j == y) ? target_g0(rest, c.od) : __expf(z - lse);
             }
             hist_add(hist[warp], g0, ok, edges);
         }
@@ -761,7 +824,7 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         tau = tau_sh;
     }
     if (tau_out && threadIdx.x == 0) tau_out[r] = tau;
-    const float gsc = GM == 2 ? g_row_scale(fabsf(c.cp) + fabsf(c.cy) + fabsf(c.cc)) : 1.0f;
+    const float gsc = GM == 2 ? g_row_scale(g_bound(c, y, rest)) : 1.0f;
     if (GM == 2 && threadIdx.x == 0) row_scale[r] = 1.0f / gsc;
     u32 kept = 0;
     float dropped = 0.0f;
@@ -793,9 +856,10 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
                 float4 gv;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
-                    f4set(gv, k, g_entry(z, j + k, y, lse, c, tau, softcap, inv_cap, kept,
-                                         dropped, any_kept));
+                    float x = f4get(xv[u], k) + f4get(b, k);
+                    float z = cap_z(x, softcap, inv_cap);
+                    f4set(gv, k, g_entry(x, z, j + k, y, lse, rest, c, tau, softcap, inv_cap,
+                                         kept, dropped, any_kept));
                 }
                 GS::put4(Gr, j, gv, gsc);
             }
@@ -814,7 +878,8 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
         if (j < V) {
             bool any_kept = false;
             float z = cap_z(x, softcap, inv_cap);
-            float gv = g_entry(z, j, y, lse, c, tau, softcap, inv_cap, kept, dropped, any_kept);
+            float gv = g_entry(x, z, j, y, lse, rest, c, tau, softcap, inv_cap, kept, dropped,
+                               any_kept);
             GS::put(Gr, j, gv, gsc);
             if (filt && any_kept) atomicOr(&flags[flag_row * n_ctiles + j / tile_classes], 1u);
         }
@@ -831,12 +896,13 @@ __device__ __forceinline__ void dense_bwd(float* L, long long ld, int V, const v
 
 #define BWD_PARAMS                                                                            \
     float *L, long long ld, int V, const void *bias, float softcap, const int *targets,      \
-        const float *lse_in, const float *dl_rows, float dl_scalar, const float *dlse,       \
+        const float *lse_in, const float *rest_in, const float *dl_rows, float dl_scalar,    \
+        const float *dlse,                                                                    \
         float alpha, float lambda, int filter_on, const float *edges_g, u64 delta_fixed,     \
         u32 *kept_out, float *dropped_out, u32 *flags, long long row0, int tile_rows,        \
         int tile_classes, int n_ctiles, float *tau_out, float *row_scale
 #define BWD_ARGS                                                                              \
-    L, ld, V, bias, softcap, targets, lse_in, dl_rows, dl_scalar, dlse, alpha, lambda,       \
+    L, ld, V, bias, softcap, targets, lse_in, rest_in, dl_rows, dl_scalar, dlse, alpha, lambda, \
         filter_on, edges_g, delta_fixed, kept_out, dropped_out, flags, row0, tile_rows,       \
         tile_classes, n_ctiles, tau_out, row_scale
 
@@ -861,11 +927,11 @@ extern "C" __global__ void __launch_bounds__(BWD_THREADS) cce_dense_bwd_bf16(BWD
 // ------------------------------------------------------------------------------------------
 // (2)+(3) fused: one row per thread-block cluster, the row resident in shared memory
 // ------------------------------------------------------------------------------------------
-// Parameters: the union of the forward's and the backward's (lse, loss, entropy, argmax are
-//   outputs here), plus `slice` = columns per block (a multiple of 4; CS·slice ≥ V).
+// Parameters: the union of the forward's and the backward's (lse, rest, loss, entropy, argmax
+//   are outputs here), plus `slice` = columns per block (a multiple of 4; CS·slice ≥ V).
 // Tiling: a cluster of CS blocks owns one row; block `rank` owns columns
-//   [rank·slice, min((rank+1)·slice, V)) and keeps their z = softcap(x + bias) in dynamic
-//   shared memory (slice·4 bytes). The row is read from HBM once; max, Σexp, the histogram and
+//   [rank·slice, min((rank+1)·slice, V)) and keeps their x + bias in dynamic shared memory
+//   (slice·4 bytes; z = cap_z of it where needed, the softcap's factor needs x). The row is read from HBM once; max, Σexp, the histogram and
 //   G are computed from shared memory. Cluster-wide values are combined through distributed
 //   shared memory: lanes q < CS of warp 0 read block q's partial, lane 0 combines them in rank
 //   order (identical in every block, bitwise deterministic).
@@ -905,7 +971,7 @@ struct FusedShared {
     float m1, zs1, s2, t2, dropped4;  // this block's partials (read by peers)
     int am1;
     u32 kept4;
-    float M, ZS, S, T, tau;  // cluster-wide values, broadcast to the block
+    float M, ZS, S, T, EY, tau;  // cluster-wide values, broadcast to the block (S: no target)
     int AM;
     u32 hist[FUSED_THREADS / 32][N_BINS];
     u32 tot[N_BINS];   // this block's histogram (read by peers)
@@ -921,7 +987,8 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
                                             float alpha, float lambda, const float* dl_rows,
                                             float dl_scalar, const float* dlse, int filter_on,
                                             const float* edges_g, u64 delta_fixed,
-                                            float* lse_out, float* loss_out, float* ent_out,
+                                            float* lse_out, float* rest_out, float* loss_out,
+                                            float* ent_out,
                                             int* am_out, u32* kept_out, float* dropped_out,
                                             u32* flags, long long row0, int tile_rows,
                                             int tile_classes, int n_ctiles) {
@@ -958,10 +1025,11 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
                 float4 zv;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    float z = cap_z(f4get(xv[u], k) + f4get(b, k), softcap, inv_cap);
-                    f4set(zv, k, z);
+                    float x = f4get(xv[u], k) + f4get(b, k);
+                    float z = cap_z(x, softcap, inv_cap);
+                    f4set(zv, k, x);
                     if (z > m) { m = z; am = c0 + jj + k; }
-                    zs += z;
+                    zs += unmasked(z);
                 }
                 *(float4*)(zbuf + jj) = zv;
             }
@@ -971,9 +1039,9 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
         float x = Lr[c0 + jj];
         if (bias) x += Elem<DT>::load(bias, c0 + jj);
         float z = cap_z(x, softcap, inv_cap);
-        zbuf[jj] = z;
+        zbuf[jj] = x;
         if (z > m) { m = z; am = c0 + jj; }
-        zs += z;
+        zs += unmasked(z);
     }
     // Stage 1: block then cluster max / argmax / Σz.
     {
@@ -1010,24 +1078,24 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
     }
     __syncthreads();
     const float M = sh.M;
-    // Stage 2: Σ exp(z − M), Σ exp(z − M)·z from shared memory.
+    // Stage 2: Σ_{j≠y} exp(z − M), Σ exp(z − M)·z from shared memory.
     float s = 0.0f, t = 0.0f;
     if (M != NEG_INF) {
         for (int jj = threadIdx.x * 4; jj < cnt4; jj += FUSED_THREADS * 4) {
             float4 zv = *(const float4*)(zbuf + jj);
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                float z = f4get(zv, k);
+                float z = cap_z(f4get(zv, k), softcap, inv_cap);
                 float e = __expf(z - M);
-                s += e;
-                t += e * z;
+                s += c0 + jj + k == y ? 0.0f : e;
+                t += e * unmasked(z);
             }
         }
         for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
-            float z = zbuf[jj];
+            float z = cap_z(zbuf[jj], softcap, inv_cap);
             float e = __expf(z - M);
-            s += e;
-            t += e * z;
+            s += c0 + jj == y ? 0.0f : e;
+            t += e * unmasked(z);
         }
     }
     {
@@ -1051,21 +1119,28 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
             S += __shfl_sync(FULL_MASK, sq, q);
             T += __shfl_sync(FULL_MASK, tq, q);
         }
-        if (lane == 0) { sh.S = S; sh.T = T; }
+        if (lane == 0) {
+            float zy = 0.0f;
+            if (y >= 0) {
+                // z_y from the shared memory of the block owning column y (every block reads
+                // it: the last cluster barrier keeps the owner's shared memory alive).
+                u32 owner = (u32)(y / slice);
+                int off = y - (int)owner * slice;
+                zy = cap_z(CS > 1 ? dsmem_ld_f32(smem_addr(zbuf + off), owner) : zbuf[off],
+                           softcap, inv_cap);
+            }
+            sh.S = S;
+            sh.T = T;
+            sh.EY = (y >= 0 && zy != NEG_INF) ? __expf(zy - M) : 0.0f;
+            if (rank == 0)
+                write_row_outputs(r, y, M, S, zy, sh.ZS, T, sh.AM, alpha, lambda, V, lse_out,
+                                  rest_out, loss_out, ent_out, am_out);
+        }
     }
     __syncthreads();
-    const float lse = M + logf(sh.S);
-    if (rank == 0 && threadIdx.x == 0) {
-        float zy = 0.0f;
-        if (y >= 0) {
-            // z_y from the shared memory of the block owning column y.
-            u32 owner = (u32)(y / slice);
-            int off = y - (int)owner * slice;
-            zy = CS > 1 ? dsmem_ld_f32(smem_addr(zbuf + off), owner) : zbuf[off];
-        }
-        write_row_outputs(r, y, lse, zy, sh.ZS, sh.T / sh.S, sh.AM, alpha, lambda, V, lse_out,
-                          loss_out, ent_out, am_out);
-    }
+    // As write_row_outputs.
+    const float lse = M + logf(sh.S + sh.EY);
+    const float rest = y >= 0 ? sh.S / (sh.S + sh.EY) : 0.0f;
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     // filt is uniform over the cluster (one row): every block takes the barrier below or none.
     const bool filt = filter_on && c.active;
@@ -1081,8 +1156,8 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
             bool ok = jj < cnt;
             float g0 = 0.0f;
             if (ok) {
-                float p = __expf(zbuf[jj] - lse);
-                g0 = (c0 + jj == y) ? target_g0(p, c.oh) : p;
+                g0 = (c0 + jj == y) ? target_g0(rest, c.od)
+                                    : __expf(cap_z(zbuf[jj], softcap, inv_cap) - lse);
             }
             hist_add(sh.hist[warp], g0, ok, sh.edges);
         }
@@ -1113,20 +1188,23 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
         int jj = b0 + threadIdx.x * 4;
         bool any_kept = false;
         if (jj < cnt4) {
-            float4 zv = *(const float4*)(zbuf + jj);
+            float4 xv = *(const float4*)(zbuf + jj);
             float4 gv;
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                f4set(gv, k, g_entry(f4get(zv, k), c0 + jj + k, y, lse, c, tau, softcap, inv_cap,
-                                     kept, dropped, any_kept));
+            for (int k = 0; k < 4; ++k) {
+                float x = f4get(xv, k);
+                f4set(gv, k, g_entry(x, cap_z(x, softcap, inv_cap), c0 + jj + k, y, lse, rest, c,
+                                     tau, softcap, inv_cap, kept, dropped, any_kept));
+            }
             Elem<DT>::store4(Gr, c0 + jj, gv);
         }
         if (filt) flag_tile(flags, flag_row, n_ctiles, tile_classes, c0 + jj, any_kept);
     }
     for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
         bool any_kept = false;
-        float gv = g_entry(zbuf[jj], c0 + jj, y, lse, c, tau, softcap, inv_cap, kept, dropped,
-                           any_kept);
+        float x = zbuf[jj];
+        float gv = g_entry(x, cap_z(x, softcap, inv_cap), c0 + jj, y, lse, rest, c, tau, softcap,
+                           inv_cap, kept, dropped, any_kept);
         Elem<DT>::store(Gr, c0 + jj, gv);
         if (filt && any_kept) atomicOr(&flags[flag_row * n_ctiles + (c0 + jj) / tile_classes], 1u);
     }
@@ -1163,12 +1241,14 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
     float *L, long long ld, int V, int slice, const void *bias, float softcap,                \
         const int *targets, float alpha, float lambda, const float *dl_rows, float dl_scalar, \
         const float *dlse, int filter_on, const float *edges_g, u64 delta_fixed,             \
-        float *lse_out, float *loss_out, float *ent_out, int *am_out, u32 *kept_out,          \
+        float *lse_out, float *rest_out, float *loss_out, float *ent_out, int *am_out,        \
+        u32 *kept_out,                                                                        \
         float *dropped_out, u32 *flags, long long row0, int tile_rows, int tile_classes,      \
         int n_ctiles
 #define FUSED_ARGS                                                                            \
     L, ld, V, slice, bias, softcap, targets, alpha, lambda, dl_rows, dl_scalar, dlse,         \
-        filter_on, edges_g, delta_fixed, lse_out, loss_out, ent_out, am_out, kept_out,        \
+        filter_on, edges_g, delta_fixed, lse_out, rest_out, loss_out, ent_out, am_out,        \
+        kept_out,                                                                             \
         dropped_out, flags, row0, tile_rows, tile_classes, n_ctiles
 
 #define FUSED_KERNEL(NAME, DT, CS)                                                            \
@@ -1193,6 +1273,77 @@ FUSED_KERNEL(cce_dense_fused_bf16_c8, 2, 8)
 FUSED_KERNEL(cce_dense_fused_bf16_c16, 2, 16)
 
 #endif  // __CUDA_ARCH__ >= 900
+
+// ------------------------------------------------------------------------------------------
+// (4') The target's entry of a 16-bit G, exact in d_e
+// ------------------------------------------------------------------------------------------
+// Parameters: G u16 [rows, ldg] the chunk's G as the d_e GEMM read it (g16: 1 f16, 2 bf16),
+//   row_scale f32 [rows] (G stored times 1 / row_scale: split dense's f16 G) or 0; targets,
+//   lse, rest, dl_rows (or dl_scalar), dlse (or 0): chunk-relative as cce_dense_bwd; α, λ, V,
+//   softcap, bias DT [V] or 0; e DT [rows, D] (the chunk's rows), c DT [V, D]; d_e [rows, D]
+//   in out_kind (0 f32, 1 f16, 2 bf16), updated in place: d_e_i += r_i · c_{y_i}, r_i = (the
+//   target's G in f32) − (its 16-bit value in G). The target's entry is a row's largest, and on
+//   a confident row (1 − p_y ≪ 1) nearly its whole d_e: rounded to bf16 it would carry 2⁻⁹ of
+//   it; corrected, d_e's error is that of the other, smaller entries.
+// Tiling: one warp per row, TFIX_THREADS / 32 rows per block.
+// Thread mapping: lane l owns the columns l + 32·k of D (the softcap's x_y = e_i·c_y + bias_y as
+//   a fixed-order dot product, then the update).
+#define TFIX_THREADS 256
+template <int DT>
+__device__ __forceinline__ void target_fix(const u16* G, long long ldg, int g16,
+                                           const float* row_scale, const int* targets,
+                                           const float* lse, const float* rest,
+                                           const float* dl_rows, float dl_scalar,
+                                           const float* dlse, float alpha, float lambda, int V,
+                                           float softcap, const void* bias, const void* e,
+                                           const void* c, int D, void* d_e, int out_kind,
+                                           int rows) {
+    const long long r = (long long)blockIdx.x * (TFIX_THREADS / 32) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps
+    const int lane = threadIdx.x & 31;
+    const int y = targets[r];
+    if (y < 0) return;
+    const GCoef cf = g_coef(y, r, dl_rows, dl_scalar, dlse, lse[r], alpha, lambda, V);
+    if (!cf.active) return;
+    float g = g_target(cf, rest[r]);
+    if (softcap > 0.0f) {
+        float x = 0.0f;
+        for (int k = lane; k < D; k += 32)
+            x = fmaf(Elem<DT>::load(e, r * D + k), Elem<DT>::load(c, (long long)y * D + k), x);
+        x = warp_sum(x);
+        if (bias) x += Elem<DT>::load(bias, y);
+        g *= cap_grad(x, 1.0f / softcap);
+    }
+    const u16 h = G[r * ldg + y];
+    float stored = g16 == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+    if (row_scale) stored *= row_scale[r];
+    const float res = g - stored;
+    if (res == 0.0f || !isfinite(res)) return;  // warp-uniform
+    for (int k = lane; k < D; k += 32) {
+        const long long i = r * D + k;
+        const float add = res * Elem<DT>::load(c, (long long)y * D + k);
+        if (out_kind == 0)
+            Elem<0>::store(d_e, i, Elem<0>::load(d_e, i) + add);
+        else if (out_kind == 1)
+            Elem<1>::store(d_e, i, Elem<1>::load(d_e, i) + add);
+        else
+            Elem<2>::store(d_e, i, Elem<2>::load(d_e, i) + add);
+    }
+}
+#define TFIX_PARAMS                                                                           \
+    const u16 *G, long long ldg, int g16, const float *row_scale, const int *targets,        \
+        const float *lse, const float *rest, const float *dl_rows, float dl_scalar,          \
+        const float *dlse, float alpha, float lambda, int V, float softcap, const void *bias, \
+        const void *e, const void *c, int D, void *d_e, int out_kind, int rows
+#define TFIX_ARGS                                                                             \
+    G, ldg, g16, row_scale, targets, lse, rest, dl_rows, dl_scalar, dlse, alpha, lambda, V,  \
+        softcap, bias, e, c, D, d_e, out_kind, rows
+extern "C" __global__ void __launch_bounds__(TFIX_THREADS) cce_dense_target_fix_f16(TFIX_PARAMS) {
+    target_fix<1>(TFIX_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(TFIX_THREADS) cce_dense_target_fix_bf16(TFIX_PARAMS) {
+    target_fix<2>(TFIX_ARGS);
+}
 
 // ------------------------------------------------------------------------------------------
 // d_bias: column sums of G
@@ -1245,8 +1396,8 @@ extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_bf
 // back once per call.
 
 // Parameters: e DT [count]; targets i32 [N]; dl_rows f32 [N] or 0 (→ dl_scalar); dlse f32 [N]
-//   or 0; lse f32 [N]; out u32 [2] (zeroed by the caller) = bits of {max |e|, max_i
-//   (|cp_i| + |cy_i| + |cc_i|)}, the bound of |G_ij| (g_coef).
+//   or 0; lse, rest f32 [N]; out u32 [2] (zeroed by the caller) = bits of {max |e|, max_i
+//   g_bound_i}, the bound of |G_ij| (g_coef, g_bound).
 // Tiling: grid-stride over e, then over rows.
 // Thread mapping: one element / row per thread per step; per-block max by warp shuffles, one
 //   atomicMax per warp on the bit pattern (non-negative floats order like their bits: the
@@ -1254,15 +1405,17 @@ extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_bf
 template <int DT>
 __device__ __forceinline__ void split_scales(const void* e, long long count, const int* targets,
                                              const float* dl_rows, float dl_scalar,
-                                             const float* dlse, const float* lse, float alpha,
-                                             float lambda, int N, int V, u32* out) {
+                                             const float* dlse, const float* lse,
+                                             const float* rest, float alpha, float lambda, int N,
+                                             int V, u32* out) {
     float me = 0.0f, mc = 0.0f;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
         me = fmaxf(me, fabsf(Elem<DT>::load(e, i)));
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride) {
-        GCoef c = g_coef(targets[i], i, dl_rows, dl_scalar, dlse, lse[i], alpha, lambda, V);
-        mc = fmaxf(mc, fabsf(c.cp) + fabsf(c.cy) + fabsf(c.cc));
+        const int y = targets[i];
+        GCoef c = g_coef(y, i, dl_rows, dl_scalar, dlse, lse[i], alpha, lambda, V);
+        mc = fmaxf(mc, g_bound(c, y, y >= 0 ? rest[i] : 0.0f));
     }
     me = warp_max(me);
     mc = warp_max(mc);
@@ -1273,9 +1426,10 @@ __device__ __forceinline__ void split_scales(const void* e, long long count, con
 }
 #define SCALES_PARAMS                                                                         \
     const void *e, long long count, const int *targets, const float *dl_rows,                \
-        float dl_scalar, const float *dlse, const float *lse, float alpha, float lambda, int N, \
-        int V, u32 *out
-#define SCALES_ARGS e, count, targets, dl_rows, dl_scalar, dlse, lse, alpha, lambda, N, V, out
+        float dl_scalar, const float *dlse, const float *lse, const float *rest, float alpha,  \
+        float lambda, int N, int V, u32 *out
+#define SCALES_ARGS                                                                           \
+    e, count, targets, dl_rows, dl_scalar, dlse, lse, rest, alpha, lambda, N, V, out
 extern "C" __global__ void __launch_bounds__(256) cce_split_scales_f32(SCALES_PARAMS) {
     split_scales<0>(SCALES_ARGS);
 }
@@ -1327,8 +1481,8 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_P
 //   L      f32 [N, ld] logits of classes [k0, k0+K) (ld a multiple of 8, 16-byte aligned
 //          rows), row-major; G is written over it in GT (0 = f32, 1 = f16) with row stride
 //          ld·4/sizeof(GT);
-//   bias   DT [V] or 0 (indexed k0 + j); targets i32 [N] (global class or −1); lse, tau f32 [N]
-//          from the row pass; dl_rows / dl_scalar / dlse as in the backward row kernel;
+//   bias   DT [V] or 0 (indexed k0 + j); targets i32 [N] (global class or −1); lse, rest
+//          (1 − p_y), tau f32 [N] from the row pass; dl_rows / dl_scalar / dlse as in the backward row kernel;
 //   g_scale the power of two G is multiplied by before it is stored.
 // Tiling: GC_ROWS rows per block, one warp per row, the row streamed in steps of 128 columns.
 // Thread mapping: lane l owns the float4 columns 4·l + 128·u of step u (one step loaded
@@ -1342,8 +1496,9 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_P
 template <int DT, int GT>
 __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k0, int V,
                                             const void* bias, float softcap, const int* targets,
-                                            const float* lse_in, const float* tau_in,
-                                            const float* dl_rows, float dl_scalar,
+                                            const float* lse_in, const float* rest_in,
+                                            const float* tau_in, const float* dl_rows,
+                                            float dl_scalar,
                                             const float* dlse, float alpha, float lambda,
                                             float g_scale, int rows) {
     const long long r = (long long)blockIdx.x * GC_ROWS + (threadIdx.x >> 5);
@@ -1352,6 +1507,7 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
     float* Lr = L + r * ld;
     const int y = targets[r];
     const float lse = lse_in[r];
+    const float rest = y >= k0 && y < k0 + K ? rest_in[r] : 0.0f;
     const GCoef c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, alpha, lambda, V);
     const float tau = c.active ? tau_in[r] : 0.0f;
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
@@ -1365,15 +1521,12 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
         float p = __expf(z - lse);
         float gv;
         if (j == yc) {
-            gv = target_g0(p, c.oh) < tau ? -cc : cp * p - c.cy - cc;
+            gv = target_g0(rest, c.od) < tau ? -cc : g_target(c, rest);
         } else {
             gv = p < tau ? -cc : cp * p - cc;
         }
-        if (softcap > 0.0f) {
-            float q = z * inv_cap;
-            gv *= 1.0f - q * q;
-        }
-        return gv * g_scale;
+        if (softcap > 0.0f) gv *= cap_grad(xb, inv_cap);
+        return xb == NEG_INF ? 0.0f : gv * g_scale;
     };
     float4 nx = 4 * lane < K4 ? *(const float4*)(Lr + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     for (int b = 0; b < K4; b += 128) {
@@ -1400,11 +1553,12 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
 }
 #define GCOLS_PARAMS                                                                          \
     float *L, long long ld, int K, int k0, int V, const void *bias, float softcap,           \
-        const int *targets, const float *lse_in, const float *tau_in, const float *dl_rows,  \
-        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale, int rows
+        const int *targets, const float *lse_in, const float *rest_in, const float *tau_in,  \
+        const float *dl_rows, float dl_scalar, const float *dlse, float alpha, float lambda,  \
+        float g_scale, int rows
 #define GCOLS_ARGS                                                                            \
-    L, ld, K, k0, V, bias, softcap, targets, lse_in, tau_in, dl_rows, dl_scalar, dlse, alpha, \
-        lambda, g_scale, rows
+    L, ld, K, k0, V, bias, softcap, targets, lse_in, rest_in, tau_in, dl_rows, dl_scalar, dlse, \
+        alpha, lambda, g_scale, rows
 extern "C" __global__ void __launch_bounds__(GC_THREADS) cce_split_gcols_f32(GCOLS_PARAMS) {
     split_gcols<0, 0>(GCOLS_ARGS);
 }
@@ -1666,10 +1820,18 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
     return x;
 }
 
+// The logit of column j < V before the softcap (bias added): the softcap's factor of a kept
+// entry (cap_grad), re-read for the few kept entries.
+template <int DT>
+__device__ __forceinline__ float sel_x(const float* Lr, const void* bias, int j) {
+    return Lr[j] + (bias ? Elem<DT>::load(bias, j) : 0.0f);
+}
+
 // (3) Parameters:
 //   L f32 [rows, ld] logits of the chunk (read only); bias DT [V] or 0; softcap (0: off);
-//   targets i32 [rows], lse f32 [rows], dl_rows f32 [rows] or 0 (→ dl_scalar), dlse f32 [rows]
-//   or 0, lambda: as cce_dense_bwd (chunk-relative per-row arrays);
+//   targets i32 [rows], lse and rest (1 − p_y) f32 [rows], dl_rows f32 [rows] or 0
+//   (→ dl_scalar), dlse f32 [rows] or 0, lambda: as cce_dense_bwd (chunk-relative per-row
+//   arrays);
 //   edges f32 [65], delta_fixed = floor(δ·2^30): the filter grid;
 //   cap: pairs the buffers hold; counter u64 [1]: pairs allocated so far (call-wide);
 //   overflow u32 [1]: set to 1 when a row's pairs did not fit;
@@ -1677,8 +1839,8 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 //   recs_end: one past the last of `cap` u64 records (record k at recs_end[−1 − k]);
 //   kept, dropped, tau_out [rows]: filter statistics and τ_i; flags: tile statistics
 //   (global row row0 + r, as cce_dense_bwd).
-//   FWD (the _fwd kernels): lse_io and loss_out f32 [rows] are outputs, the forward's lse and
-//   per-row loss (no label smoothing, entropy or argmax); pass 1 also folds each value into
+//   FWD (the _fwd kernels): lse_io, rest_io and loss_out f32 [rows] are outputs, the forward's
+//   lse, 1 − p_y and per-row loss (no label smoothing, entropy or argmax); pass 1 also folds each value into
 //   an online log-sum-exp and takes as candidates the values within −ln(e_c) + 1/16 nats of its
 //   warp's running max (a superset: lse ≥ that max); once lse is known, candidates with
 //   g0 < e_c are "demoted" (their mass joins the one below the cut and they are skipped).
@@ -1697,7 +1859,8 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
 template <int DT, int T, bool FWD>
 __device__ __forceinline__ void sparse_select(
     const float* L, long long ld, int V, const void* bias, float softcap, const int* targets,
-    float* lse_io, const float* dl_rows, float dl_scalar, const float* dlse, float lambda,
+    float* lse_io, float* rest_io, const float* dl_rows, float dl_scalar, const float* dlse,
+    float lambda,
     const float* edges_g, u64 delta_fixed, u64 cap, u64* counter, u32* overflow, u32* row_off,
     u32* row_cnt, u64* recs_end, u32* kept_out, float* dropped_out,
     float* tau_out, u32* flags, long long row0, int tile_rows, int tile_classes, int n_ctiles,
@@ -1730,9 +1893,11 @@ __device__ __forceinline__ void sparse_select(
     const int warp = threadIdx.x >> 5;
     // FWD: lse and the coefficients come after pass 1 (which computes lse).
     float lse = 0.0f;
+    float rest = 0.0f;
     GCoef c;
     if constexpr (!FWD) {
         lse = lse_io[r];
+        rest = rest_io[r];
         c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
         if (!c.active) {
             if (threadIdx.x == 0) {
@@ -1854,8 +2019,9 @@ __device__ __forceinline__ void sparse_select(
                 }
             }
             if (yq >= 0) {
-                // The target is always a candidate (its g0 is near 1 where p is small).
-                f_s += __expf(zt - mref);
+                // The target is always a candidate (its g0 is near 1 where p is small); its
+                // term stays out of f_s (added at the merge: rest = 1 − p_y without
+                // cancellation).
                 cb |= 1u << yq;
                 zy_sh = zt;
 #pragma unroll
@@ -1888,7 +2054,7 @@ __device__ __forceinline__ void sparse_select(
                 }
             }
             if (yq >= 0) {
-                float g0 = target_g0(__expf(zt - lse), c.oh);
+                float g0 = target_g0(rest, c.od);
                 if (g0 < e_c) {
                     ub += __float2uint_ru(g0 * FIXED_ONE);
                     d_under += g0;
@@ -1974,14 +2140,17 @@ __device__ __forceinline__ void sparse_select(
 #pragma unroll
         for (int w = 0; w < T / 32; ++w)
             S += M == NEG_INF ? ws_sh[w] : ws_sh[w] * __expf(wm_sh[w] - M);
-        lse = M + logf(S);
+        // As write_row_outputs: S leaves the target out.
+        const float ey = (y >= 0 && zy_sh != NEG_INF) ? __expf(zy_sh - M) : 0.0f;
+        lse = M + logf(S + ey);
+        rest = y >= 0 ? S / (S + ey) : 0.0f;
         if (!use_gap && threadIdx.x == 0 && isfinite(lse))
             atomicAdd(&gap_hist[min(31, max(0, (int)((lse - M) * 4.0f)))], 1u);
         // The cuts were at most M + est − ln(1/e_c) − 1/16: below lse − ln(1/e_c) if est ≤ lse − M.
         gap_ok = est_sh <= lse - M;
         if (threadIdx.x == 0)
-            write_row_outputs(r, y, lse, y >= 0 ? zy_sh : 0.0f, 0.0f, 0.0f, 0x7fffffff, 0.0f,
-                              lambda, V, lse_io, loss_out, nullptr, nullptr);
+            write_row_outputs(r, y, M, S, y >= 0 ? zy_sh : 0.0f, 0.0f, 0.0f, 0x7fffffff, 0.0f,
+                              lambda, V, lse_io, rest_io, loss_out, nullptr, nullptr);
         c = g_coef(y, r, dl_rows, dl_scalar, dlse, lse, 0.0f, lambda, V);
         if (!c.active) {  // block-uniform
             if (threadIdx.x == 0) {
@@ -2006,7 +2175,7 @@ __device__ __forceinline__ void sparse_select(
         if (wn <= (u32)WC) {
             for (u32 q = lane; q < wn; q += 32) {
                 float p = __expf(wz[q] - lse);
-                float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
+                float g0 = wcol[q] == y ? target_g0(rest, c.od) : p;
                 if (g0 < e_c) {
                     dem += (u64)ceilf(g0 * FIXED_ONE);
                     d_under += g0;
@@ -2039,7 +2208,7 @@ __device__ __forceinline__ void sparse_select(
         // bin with the same cumulative mass as over the full histogram, so τ is the same.
         for (u32 q = lane; q < wn; q += 32) {
             float p = __expf(wz[q] - lse);
-            float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
+            float g0 = wcol[q] == y ? target_g0(rest, c.od) : p;
             if (g0 < e_c) {
                 // A demoted candidate (FWD): already in under_tot.
             } else if (g0 < e_hi) {
@@ -2065,7 +2234,7 @@ __device__ __forceinline__ void sparse_select(
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     float p = __expf(f4get(zz[u], k) - lse);
-                    float g0 = (j + k == y) ? target_g0(p, c.oh) : p;
+                    float g0 = (j + k == y) ? target_g0(rest, c.od) : p;
                     hist_add_count(hm[warp], hc[warp], g0, j + k < V, edges, e_lo, e_hi, under2,
                                    big);
                 }
@@ -2140,7 +2309,7 @@ __device__ __forceinline__ void sparse_select(
             bool keep = false;
             if (q < wn) {
                 float p = __expf(wz[q] - lse);
-                float g0 = wcol[q] == y ? target_g0(p, c.oh) : p;
+                float g0 = wcol[q] == y ? target_g0(rest, c.od) : p;
                 // g0 < e_c ≤ τ: a demoted candidate (FWD), already in d_under.
                 if (g0 < e_c) {
                 } else if (g0 < tau) {
@@ -2168,14 +2337,11 @@ __device__ __forceinline__ void sparse_select(
                 float zk = wz[q];
                 float p = __expf(zk - lse);
                 bool tgt = (j == y);
-                float g0 = tgt ? target_g0(p, c.oh) : p;
+                float g0 = tgt ? target_g0(rest, c.od) : p;
                 if (!(g0 < tau) && !(g0 < e_c)) {
                     keep = true;
-                    g = c.cp * p - (tgt ? c.cy : 0.0f);
-                    if (softcap > 0.0f) {
-                        float qz = zk * inv_cap;
-                        g *= 1.0f - qz * qz;
-                    }
+                    g = tgt ? g_target(c, rest) : c.cp * p;
+                    if (softcap > 0.0f) g *= cap_grad(sel_x<DT>(Lr, bias, j), inv_cap);
                 }
             }
             if (__any_sync(FULL_MASK, keep)) flag_tile(flags, flag_row, n_ctiles, tile_classes, j, keep);
@@ -2201,7 +2367,7 @@ __device__ __forceinline__ void sparse_select(
                 float zk = f4get(z, k);
                 float p = __expf(zk - lse);
                 bool tgt = (j + k == y);
-                float g0 = tgt ? target_g0(p, c.oh) : p;
+                float g0 = tgt ? target_g0(rest, c.od) : p;
                 float g = 0.0f;
                 if (j + k < V) {
                     if (g0 < tau) {
@@ -2209,11 +2375,9 @@ __device__ __forceinline__ void sparse_select(
                     } else {
                         bits |= 1u << (u * 4 + k);
                         any_kept = true;
-                        g = c.cp * p - (tgt ? c.cy : 0.0f);
-                        if (softcap > 0.0f) {
-                            float q = zk * inv_cap;
-                            g *= 1.0f - q * q;
-                        }
+                        g = tgt ? g_target(c, rest) : c.cp * p;
+                        if (softcap > 0.0f) g *= cap_grad(sel_x<DT>(Lr, bias, j + k), inv_cap);
+                        if (zk == NEG_INF) g = 0.0f;
                     }
                 }
                 gv[u * 4 + k] = g;
@@ -2252,18 +2416,20 @@ __device__ __forceinline__ void sparse_select(
 
 #define SEL_PARAMS                                                                            \
     const float *L, long long ld, int V, const void *bias, float softcap, const int *targets,\
-        float *lse_io, const float *dl_rows, float dl_scalar, const float *dlse,             \
+        float *lse_io, float *rest_io, const float *dl_rows, float dl_scalar,                \
+        const float *dlse,                                                                    \
         float lambda, const float *edges_g, u64 delta_fixed, u64 cap, u64 *counter,          \
         u32 *overflow, u32 *row_off, u32 *row_cnt, u64 *recs_end, u32 *kept_out,             \
         float *dropped_out, float *tau_out, u32 *flags, long long row0, int tile_rows,       \
         int tile_classes, int n_ctiles, float *loss_out, u32 *gap_hist, int use_gap
 #define SEL_ARGS                                                                              \
-    L, ld, V, bias, softcap, targets, lse_io, dl_rows, dl_scalar, dlse, lambda, edges_g,     \
+    L, ld, V, bias, softcap, targets, lse_io, rest_io, dl_rows, dl_scalar, dlse, lambda,    \
+        edges_g,                                                                              \
         delta_fixed, cap, counter, overflow, row_off, row_cnt, recs_end, kept_out,           \
         dropped_out, tau_out, flags, row0, tile_rows, tile_classes, n_ctiles, loss_out,       \
         gap_hist, use_gap
-// cce_sparse_select_*: lse_io is the saved lse (read), loss_out, gap_hist, use_gap unused;
-// _fwd: lse_io and loss_out are the forward outputs (written: no forward row kernel before
+// cce_sparse_select_*: lse_io and rest_io are the saved lse and 1 − p_y (read), loss_out,
+// gap_hist, use_gap unused; _fwd: lse_io, rest_io and loss_out are the forward outputs (written: no forward row kernel before
 // it); gap_hist u32 [32] the probe's histogram of lse − max, written when use_gap = 0 (the
 // probe) and read otherwise.
 #define SEL_KERNELS(DTN, DT)                                                                  \

@@ -23,24 +23,28 @@
 //   N, V, D   rows of this launch (a row group: E's map starts at its first row), classes, hidden
 //             size; D % 64 == 0 (no K tail; the host checks), N, V ≥ 1.
 //   partial   float2 [N, n_tiles], n_tiles = ceil(V / 256): partial[r·n_tiles + j] = (m, s),
-//             m = max_{c in tile j, c < V} z[r, c], s = Σ_{c in tile j, c < V} exp(z[r, c] − m).
+//             m = max_{c in tile j, c < V, c ≠ y_r} z[r, c], s = Σ_{same c} exp(z[r, c] − m)
+//             (the target left out: rest = 1 − p_y without cancellation; (−inf, 0) for a tile
+//             with no other unmasked column); targets i32 [N] of the launch's rows.
 //   group_m   row tiles per group of the grouped tile order (16); ordered_epi: 1 (consumers take
 //             turns in the epilogue; the measured best), 0 (lockstep).
 //   bias, softcap  (lse_x, combine, gcols) bias DT [V] or null; softcap ≤ 0 off. The _x / _cap
 //             epilogues compute z = cap_fast(x + bias); the combine's target logit uses cap_z.
 //   combine   (cce_wgmma_lse_combine_*): partial, N, n_tiles, E, C, D, targets i32 [N]
-//             (−1 ignored), λ, V, lse_out f32 [N], loss_out f32 [N], bias, softcap, zy_out f32
-//             [N] or null (the capped target logit, 0 for ignored rows), all of the row group.
+//             (−1 ignored), λ, V, lse_out f32 [N], rest_out f32 [N] (1 − p_y, 0 at ignored rows),
+//             loss_out f32 [N], bias, softcap, zy_out f32 [N] or null (the capped target logit,
+//             0 for ignored rows), all of the row group.
 //   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then tmQ: the tensor map
 //             of Q u16 [N, ldq] (f16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
 //             box {64, 64}, 128-byte swizzle), written by TMA stores.
 //   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
-//             lse f32 [N], zy f32 [N], targets, dl_rows f32 [N] or null (→ dl_scalar), dlse f32
-//             [N] or null, λ, softcap (> 0 for _cap); no label smoothing (α = 0).
+//             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N]
+//             or null (→ dl_scalar), dlse f32 [N] or null, λ, softcap (> 0 for _cap); no label
+//             smoothing (α = 0).
 //   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
 //             V (all classes: label smoothing's α/V), tmG: the tensor map of G u16 [N, ldg] (f16;
 //             dims {K, N}, row stride ldg·2 bytes a multiple of 16, box {64, 64}, 128-byte
-//             swizzle), bias, softcap, targets i32 [N] (global class or −1), lse f32 [N],
+//             swizzle), bias, softcap, targets i32 [N] (global class or −1), lse, rest f32 [N],
 //             dl_rows f32 [N] or null (→ dl_scalar), dlse f32 [N] or null, α, λ, g_scale (the
 //             power of two G is stored times), group_m, ordered_epi.
 //
@@ -291,6 +295,18 @@ __device__ __forceinline__ float cap_fast(float x, float softcap, float k2) {
     return isfinite(x) ? z : x;
 }
 
+// cap_fast and the softcap's derivative 1 − tanh²(x/s) from the same two MUFU values: with
+// t = e^{2x/s} and r = 1/(t + 1), tanh = 1 − 2r and 1 − tanh² = 4r(1 − r), where 1 − r is t·r
+// for x < 0 (r > 1/2 there: 1 − r would cancel). Full relative accuracy for every x (1 − (z/s)²
+// from z rounds to 0 once |x| is a few s); 0 for an infinite x (a masked class: t = 0 or inf).
+__device__ __forceinline__ float cap_fast_grad(float x, float softcap, float k2, float& grad) {
+    const float t = ex2_approx(x * k2);
+    const float r = rcp_approx(t + 1.0f);
+    grad = 4.0f * r * (x > 0.0f ? 1.0f - r : t * r);
+    const float z = fmaf(-2.0f * softcap, r, softcap);
+    return isfinite(x) ? z : x;
+}
+
 // Grouped tile order: group_m row tiles per group; inside a group the row tile varies fastest.
 __device__ __forceinline__ void tile_coords(int t, int m_tiles, int n_tiles, int group_m, int& mt,
                                             int& nt) {
@@ -506,6 +522,7 @@ struct LseEpi {
     int N, V, n_tiles;
     const void* bias;
     float softcap;
+    const int* targets;
     const TmaDesc* tmQ = nullptr;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
@@ -542,6 +559,25 @@ struct LseEpi {
                 }
             }
         }
+        // The row's target column leaves the tile's (max, Σexp) and q (the combine adds it from
+        // z_y, qrows_g computes its G from rest = 1 − p_y): set to −inf by the one thread that
+        // holds it (a divergent branch, rarely taken). Out of the max too, so that a confident
+        // row's other q keep their precision (relative to the largest of them, not to the
+        // target's e^{z_y − m} ≈ 1).
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            const int rel = r < N ? targets[r] - cb : -1;
+            if (rel >= 0 && rel < BN && (rel & 7) < 2) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (8 * j + e == rel) d[4 * j + 2 * h + e] = NEG_INF;
+                    }
+                }
+            }
+        }
         float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
@@ -552,7 +588,9 @@ struct LseEpi {
         mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(FULL_MASK, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(FULL_MASK, mx1, 2));
-        const float o0 = -mx0 * L2E, o1 = -mx1 * L2E;
+        // A tile whose every column is masked (max −inf) contributes (−inf, 0), never NaN.
+        const float o0 = mx0 == NEG_INF ? 0.0f : -mx0 * L2E;
+        const float o1 = mx1 == NEG_INF ? 0.0f : -mx1 * L2E;
         float s0a = 0.f, s0b = 0.f, s1a = 0.f, s1b = 0.f;
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
@@ -588,17 +626,20 @@ struct LseEpi {
 template <bool F16, bool EXT>
 __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
                                          int D, float2* __restrict__ partial, int group_m,
-                                         int ordered_epi, const void* bias, float softcap) {
-    const LseEpi<F16 ? 1 : 2, EXT> epi{partial, N, V, (V + BN - 1) / BN, bias, softcap};
+                                         int ordered_epi, const void* bias, float softcap,
+                                         const int* targets) {
+    const LseEpi<F16 ? 1 : 2, EXT> epi{partial, N, V, (V + BN - 1) / BN, bias, softcap, targets};
     gemm_tiles<F16>(tmE, tmC, N, V, D, group_m, ordered_epi, epi);
 }
 
 // The class pass's epilogue (split dense, `chunked.cu` "(b)" without the f32 logits): G of the
 // tile's columns < K of a class chunk [k0, k0 + K), from the saved lse of each row, times
 // g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]):
-//   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md).
-// CAP (softcap > 0): z = cap_fast(x + bias) and G times 1 − (z/s)², as g_entry; tanhf per
-// value instead made the class pass slower than cuBLAS + the G pass (session 8 run 2). No τ
+//   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md),
+// the target's entry cd − cp·rest − cc from the saved rest = 1 − p_y (g_target); exactly 0 at
+// a masked class (x + bias = −inf).
+// CAP (softcap > 0): z = cap_fast(x + bias) and G times 1 − tanh²(x/s) (cap_fast_grad); tanhf
+// per value instead made the class pass slower than cuBLAS + the G pass (session 8 run 2). No τ
 // (split dense's row pass never filters, so τ = 0).
 // Per value: one add (bias), one FFMA and ex2 (p), one FFMA (cp·p − cc, g_scale folded into
 // the coefficients), one select (inactive rows: exact zeros); the target's −cy by the one
@@ -614,6 +655,7 @@ struct GColsEpi {
     float softcap;
     const int* targets;
     const float* lse;
+    const float* rest;
     const float* dl_rows;
     float dl_scalar;
     const float* dlse;
@@ -622,18 +664,17 @@ struct GColsEpi {
                                                int lane) const {
         constexpr float L2E = 1.4426950408889634f;
         const float k2 = CAP ? 2.0f * L2E / softcap : 0.0f;
-        const float inv_cap = CAP ? 1.0f / softcap : 0.0f;
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);  // chunk column of pair 0
         // Per row: cp·s, cc·s, cy·s (s = g_scale; 0 for inactive rows and rows ≥ N), −lse·log2 e,
         // and the target's offset from cb (only meaningful when `tin`).
-        float cp[2], cc[2], cy[2], off[2];
+        float cp[2], cc[2], gy[2], off[2];
         int rel[2];
         bool act[2], tin[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
-            cp[h] = cc[h] = cy[h] = off[h] = 0.0f;
+            cp[h] = cc[h] = gy[h] = off[h] = 0.0f;
             act[h] = tin[h] = false;
             rel[h] = -1;
             if (r < N) {
@@ -643,9 +684,9 @@ struct GColsEpi {
                 act[h] = c.active;
                 cp[h] = c.cp * g_scale;
                 cc[h] = c.cc * g_scale;
-                cy[h] = c.cy * g_scale;
                 off[h] = -l * L2E;
                 if (c.active && y >= k0 && y < k0 + K) {
+                    gy[h] = g_target(c, rest[r]) * g_scale;
                     rel[h] = y - k0 - cb;
                     tin[h] = rel[h] >= 0 && rel[h] < BN && (rel[h] & 7) < 2;
                 }
@@ -666,22 +707,23 @@ struct GColsEpi {
                 for (int e = 0; e < 2; ++e) {
                     const float x = d[4 * j + 2 * h + e] + bv[e];
                     if (CAP) {
-                        // z = s·tanh(x/s); G = (cp·p − cc − cy·[j = y])·(1 − (z/s)²).
-                        const float z = cap_fast(x, softcap, k2);
+                        // z = s·tanh(x/s); G = (cp·p − cc − cy·[j = y])·(1 − tanh²(x/s)).
+                        float dz;
+                        const float z = cap_fast_grad(x, softcap, k2, dz);
                         const float p = ex2_approx(fmaf(z, L2E, off[h]));
                         float g = fmaf(cp[h], p, -cc[h]);
-                        if (8 * j + e == rel[h]) g -= cy[h];
-                        const float q = z * inv_cap;
-                        d[4 * j + 2 * h + e] = act[h] ? g * (1.0f - q * q) : 0.0f;
+                        if (8 * j + e == rel[h]) g = gy[h];
+                        d[4 * j + 2 * h + e] = act[h] && x != NEG_INF ? g * dz : 0.0f;
                     } else {
                         const float p = ex2_approx(fmaf(x, L2E, off[h]));
-                        d[4 * j + 2 * h + e] = act[h] ? fmaf(cp[h], p, -cc[h]) : 0.0f;
+                        d[4 * j + 2 * h + e] =
+                            act[h] && x != NEG_INF ? fmaf(cp[h], p, -cc[h]) : 0.0f;
                     }
                 }
             }
         }
-        // The target column: −cy by its one thread (a divergent branch, rarely taken; CAP
-        // did it above, before the softcap factor).
+        // The target column: cd − cp·rest − cc by its one thread (a divergent branch, rarely
+        // taken; CAP did it above, before the softcap factor).
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             if (!CAP && tin[h]) {
@@ -689,7 +731,7 @@ struct GColsEpi {
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        if (8 * j + e == rel[h]) d[4 * j + 2 * h + e] -= cy[h];
+                        if (8 * j + e == rel[h]) d[4 * j + 2 * h + e] = gy[h];
                     }
                 }
             }
@@ -699,14 +741,16 @@ struct GColsEpi {
     }
 };
 
-// One warp per row: lse from the row's partials (as the benchmark's lse_combine_kernel), the
-// target logit z_y = Σ_k e[r, k]·c[y, k] (f32, fixed order), then the row's forward outputs
-// (write_row_outputs: no label smoothing, no entropy / argmax).
+// One warp per row: (max, Σexp without the target) from the row's partials (as the benchmark's
+// lse_combine_kernel; a tile of masked columns is (−inf, 0) and adds 0), the target logit
+// z_y = Σ_k e[r, k]·c[y, k] (f32, fixed order), then the row's forward outputs
+// (write_row_outputs: lse, rest = 1 − p_y, loss; no label smoothing, no entropy / argmax).
 template <int DT>
 __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, int N, int n_tiles,
                                             const u16* __restrict__ e, const u16* __restrict__ c,
                                             int D, const int* __restrict__ targets, float lambda,
                                             int V, float* __restrict__ lse_out,
+                                            float* __restrict__ rest_out,
                                             float* __restrict__ loss_out, const void* bias,
                                             float softcap, float* __restrict__ zy_out) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -720,11 +764,10 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
     float s = 0.f;
     for (int j = lane; j < n_tiles; j += 32) {
         const float2 q = p[j];
-        s += q.y * __expf(q.x - M);
+        s += q.x == NEG_INF ? 0.0f : q.y * __expf(q.x - M);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
-    const float lse = M + logf(s);
     const int y = targets[row];
     float zy = 0.0f;
     if (y >= 0) {  // warp-uniform
@@ -747,20 +790,21 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
         zy = cap_z(zy, softcap, softcap > 0.0f ? 1.0f / softcap : 0.0f);
     }
     if (lane == 0) {
-        write_row_outputs(row, y, lse, zy, 0.0f, 0.0f, 0x7fffffff, 0.0f, lambda, V, lse_out,
-                          loss_out, nullptr, nullptr);
+        write_row_outputs(row, y, M, s, zy, 0.0f, 0.0f, 0x7fffffff, 0.0f, lambda, V, lse_out,
+                          rest_out, loss_out, nullptr, nullptr);
         if (zy_out != nullptr) zy_out[row] = zy;
     }
 }
 
 // Split dense's row pass after `cce_wgmma_lseq[_x]_*` and the combine: G of each row, from the
 // f16 q = e^{z − m_j} of column tile j (m_j = partial[r·n_tiles + j].x) and the row's lse:
-// p = q·e^{m_j − lse}, G = cp·p − cy·[c = y] (g_coef with α = 0: no label smoothing), written
+// p = q·e^{m_j − lse}, G = cp·p (g_coef with α = 0: no label smoothing), written
 // in place over q as bf16 (same row stride ldq). CAP (softcap s > 0): times 1 − (z/s)², z =
 // m_j + ln q clamped to [−s, s] (q = 0 gives z = −s and G = 0: such an entry's p is under
-// 2⁻²⁴·e^{m_j − lse}). The target entry uses the combine's exact z_y instead: p_y =
-// e^{z_y − lse} and its own factor. Inactive rows (no loss or lse gradient) get exact zeros, as
-// every column ≥ V of the last 8-column group.
+// 2⁻²⁴·e^{m_j − lse}). The target entry is cd − cp·rest from the combine's rest = 1 − p_y
+// (g_target; its q is 0: the lse epilogue left it out), times the factor of the combine's z_y.
+// Inactive rows (no loss or lse gradient) get exact zeros, as every column ≥ V of the last
+// 8-column group.
 // Thread mapping: one warp per (row, column tile): lane l owns the 8 columns 256·j + 8·l (one
 // 16-byte load of q, one 16-byte store of G; ldq a multiple of 8 and ≥ V rounded up to 8, so a
 // group never crosses the row's end); blockIdx.x = row, blockIdx.y·8 + warp = tile.
@@ -769,6 +813,7 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
                                         const float2* __restrict__ partial,
                                         const float* __restrict__ lse_in,
                                         const float* __restrict__ zy_in,
+                                        const float* __restrict__ rest_in,
                                         const int* __restrict__ targets, const float* dl_rows,
                                         float dl_scalar, const float* dlse, float lambda,
                                         float softcap) {
@@ -805,7 +850,7 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
             }
             if (col == y) {
                 const float zy = zy_in[r];
-                float gy = c.cp * ex2_approx((zy - l) * L2E) - c.cy;
+                float gy = g_target(c, rest_in[r]);
                 if (CAP) {
                     const float t = zy * inv_cap;
                     gy *= 1.0f - t * t;
@@ -824,31 +869,35 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
 #define WG_LSE_PARAMS                                                                            \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
         int N, int V, int D, float2 *partial, int group_m, int ordered_epi, const void *bias,     \
-        float softcap
+        float softcap, const int *targets
 #define WG_COMBINE_PARAMS                                                                        \
     const float2 *partial, int N, int n_tiles, const u16 *e, const u16 *c, int D,                 \
-        const int *targets, float lambda, int V, float *lse_out, float *loss_out,                \
-        const void *bias, float softcap, float *zy_out
+        const int *targets, float lambda, int V, float *lse_out, float *rest_out,                \
+        float *loss_out, const void *bias, float softcap, float *zy_out
 
 // cce_wgmma_lse_*: no bias, no softcap (bias / softcap ignored); cce_wgmma_lse_x_*: either.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_bf16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<false, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+    cce_wg::gemm_lse<false, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
+                              targets);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_f16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<true, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+    cce_wg::gemm_lse<true, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
+                              targets);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_bf16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<false, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+    cce_wg::gemm_lse<false, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
+                              targets);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_f16(WG_LSE_PARAMS) {
-    cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap);
+    cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
+                              targets);
 }
 // Split dense's row pass (bf16 only): the lse epilogue that also stores f16 q (`LseEpi`, QS),
 // then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
 #define WG_LSEQ_PARAMS WG_LSE_PARAMS, const __grid_constant__ cce_wg::TmaDesc tmQ
 #define WG_LSEQ_BODY(EXT)                                                                        \
     const cce_wg::LseEpi<2, EXT, true> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
-                                           bias,    softcap, &tmQ};                              \
+                                           bias,    softcap, targets, &tmQ};                     \
     (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
     cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, 1, epi);                              \
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()
@@ -860,10 +909,11 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
 }
 #define WG_QROWS_PARAMS                                                                          \
     u16 *Q, long long ldq, int V, int n_tiles, const float2 *partial, const float *lse_in,        \
-        const float *zy_in, const int *targets, const float *dl_rows, float dl_scalar,           \
-        const float *dlse, float lambda, float softcap
+        const float *zy_in, const float *rest_in, const int *targets, const float *dl_rows,      \
+        float dl_scalar, const float *dlse, float lambda, float softcap
 #define WG_QROWS_ARGS                                                                            \
-    Q, ldq, V, n_tiles, partial, lse_in, zy_in, targets, dl_rows, dl_scalar, dlse, lambda, softcap
+    Q, ldq, V, n_tiles, partial, lse_in, zy_in, rest_in, targets, dl_rows, dl_scalar, dlse,       \
+        lambda, softcap
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_bf16(WG_QROWS_PARAMS) {
     cce_wg::qrows_g<false>(WG_QROWS_ARGS);
 }
@@ -871,11 +921,11 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_cap_bf16(WG_
     cce_wg::qrows_g<true>(WG_QROWS_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_COMBINE_PARAMS) {
-    cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
+    cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, rest_out, loss_out,
                            bias, softcap, zy_out);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_COMBINE_PARAMS) {
-    cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, loss_out,
+    cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, rest_out, loss_out,
                            bias, softcap, zy_out);
 }
 
@@ -883,12 +933,14 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_C
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
         int N, int K, int D, int k0, int V, const __grid_constant__ cce_wg::TmaDesc tmG,         \
         const void *bias,                                                                         \
-        float softcap, const int *targets, const float *lse, const float *dl_rows,               \
+        float softcap, const int *targets, const float *lse, const float *rest,                  \
+        const float *dl_rows,                                                                     \
         float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale,             \
         int group_m, int ordered_epi
 #define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
     const cce_wg::GColsEpi<DT, CAP> epi{&tmG,    N,       K,       k0,  V,       bias,          \
-                                        softcap, targets, lse,     dl_rows, dl_scalar, dlse,  \
+                                        softcap, targets, lse,     rest,    dl_rows, dl_scalar, \
+                                        dlse,                                                 \
                                         alpha,   lambda,  g_scale};                             \
     (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
     cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, 1, epi);                                \

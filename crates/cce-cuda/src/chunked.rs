@@ -40,7 +40,7 @@
 //! | 6 | `d_bias += Σ_rows G` | `cce_dense_colsum_*` | read 2 (with a bias only) |
 //! | 1+2 | forward only (below): lse partials in the GEMM's epilogue, no `L` | `cce_wgmma_lse_*` + `cce_wgmma_lse_combine_*` | none (8 bytes per row per 256 logits) |
 //! | 1+3' | split dense's class pass: `G` of a class chunk in the GEMM's epilogue, no `L` | `cce_wgmma_gcols[_cap]_*` | write 2 (f16 `G`) |
-//! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse} − cy·[c = y]` over `q` as bf16 | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
+//! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse}` over `q` as bf16 (the target's `cd − cp·rest`, [`DenseForwardOut::rest`]) | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
 //! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) ([`DenseEngine::wgmma_forward_rows`];
@@ -69,13 +69,26 @@
 //! would skip. With only one of `filter_e_grad` / `filter_c_grad`, nothing is skipped (allowed:
 //! "an implementation may skip fewer").
 //!
+//! Numerics shared by every pass (MATH.md): each forward writes, beside the lse, the row's
+//! `rest = 1 − p_y = Σ_{j≠y} e^{z_j − m} / Σ_j e^{z_j − m}` ([`DenseForwardOut::rest`]), its
+//! non-target sum accumulated on its own (the target's column left out of every per-row or
+//! per-tile Σexp by one compare-and-select), and every backward forms the target's entry of `G`
+//! as `cd − cp·rest − cc` (`chunked.cu` `g_target`) instead of `e^{z_y − lse} − 1`, which
+//! is 0 once `1 − p_y` is below the f32 lse's resolution (confident rows); the f16 `G` scales
+//! bound `|G|` by `rest` too (`g_bound`), so such rows are not flushed to zero. A logit of −inf
+//! (a class masked by a −inf bias entry) has p = 0, stays −inf under the softcap, adds 0 to
+//! every sum (a tile whose max is −inf contributes (−inf, 0)) and gets exactly 0 in `G`; a row
+//! whose target is masked is rejected by the backend before any launch. The softcap's factor
+//! is `1 − tanh²(x/s)` from `x` (`cap_grad`, `cap_fast_grad`), never `1 − (z/s)²`, except in
+//! the WGMMA row pass's `G` pass (hence [`WGMMA_ROWS_SOFTCAP_MIN`]).
+//!
 //! Everything is deterministic: fixed reduction trees, cuBLAS with a fixed workspace (cuBLAS
 //! GEMMs are run-to-run deterministic on one device and stream unless split-K atomics are
 //! chosen, which cuBLAS does not do by default), the d_c accumulation in chunk order.
 
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::{CceError, DType, Reduction, Result};
-use cudarc::cublas::{result as cublas_result, sys as cublas_sys, CudaBlas};
+use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
@@ -109,6 +122,11 @@ pub const WGMMA_ROWS_DEFAULT: bool = true;
 /// error of a few `s·2⁻²²` (~1e-5 at 30, under the f32 logits' own rounding); above this the
 /// class tiles / cuBLAS class pass with `tanhf` run instead.
 pub const WGMMA_SOFTCAP_MAX: f32 = 100.0;
+/// Smallest softcap split dense's WGMMA row pass takes: its `G` pass (`cce_wgmma_qrows_g_cap_*`)
+/// forms the softcap factor `1 − (z/s)²` from `z` rebuilt from the f16 `e^{z − max}`, which has
+/// no relative accuracy once `|x|` is many times `s` (the factor is then ~`4e^{−2|x|/s}`); under
+/// this cap the cuBLAS row pass with the exact factor runs instead.
+pub const WGMMA_ROWS_SOFTCAP_MIN: f32 = 1.0;
 /// Threads of `cce_wgmma_lse_*` (producer warpgroup + 2 consumer warpgroups).
 const WGMMA_THREADS: u32 = 384;
 /// Tile of `cce_wgmma_lse_*`: rows of E, rows of C (classes), K-step (`wgmma.cu`).
@@ -148,6 +166,8 @@ const FWD_THREADS: u32 = 256;
 const BWD_THREADS: u32 = 512;
 const FUSED_THREADS: u32 = 512;
 const COLSUM_THREADS: u32 = 256;
+/// Threads (one warp per row) of `cce_dense_target_fix_*`.
+const TFIX_THREADS: u32 = 256;
 const SEL_THREADS: u32 = 512;
 const CLS_THREADS: u32 = 256;
 /// Rows per block of `cce_cls_fwd_*` (one warp each).
@@ -828,6 +848,9 @@ pub struct DenseForwardOut<'a> {
     pub loss: &'a mut CudaSlice<u8>,
     /// f32 `[N]`.
     pub lse: &'a mut CudaSlice<u8>,
+    /// f32 `[N]`: `1 − p_y` per row without cancellation (0 at ignored rows), which the
+    /// backward reads beside the lse.
+    pub rest: &'a mut CudaSlice<u8>,
     /// f32 `[N]`, when `want_entropy`.
     pub entropy: Option<&'a mut CudaSlice<u8>>,
     /// i32 `[N]`, when `want_argmax`.
@@ -889,8 +912,8 @@ pub struct DenseStats {
 pub struct DenseEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    _blas_ws: CudaSlice<u8>,
+    /// cuBLAS handle and workspace, lent by the per-context pool ([`crate::device`]).
+    blas: crate::device::PooledBlas,
     funcs: HashMap<String, CudaFunction>,
     arch: String,
     max_smem_optin: usize,
@@ -920,6 +943,8 @@ impl std::fmt::Debug for DenseEngine {
 struct ClassPassArgs {
     /// f32 `[N]` lse (forward output or the caller's saved one).
     lse: u64,
+    /// f32 `[N]` `1 − p_y`, saved beside the lse.
+    rest: u64,
     /// f32 `[N]` per-row upstream loss gradient, or 0 (then `dl_scalar`).
     dl_rows: u64,
     dl_scalar: f32,
@@ -942,22 +967,24 @@ struct RowArgs {
     alpha: f32,
     lambda: f32,
     targets: u64,
-    /// Forward outputs: f32 lse, f32 per-row loss, entropy, argmax.
+    /// Forward outputs: f32 lse, f32 `1 − p_y`, f32 per-row loss, entropy, argmax.
     lse: u64,
+    rest: u64,
     loss_rows: u64,
     entropy: u64,
     argmax: u64,
 }
 
 impl RowArgs {
-    /// The per-row arrays (targets, lse, loss, entropy, argmax) offset to row `r0` (absent
-    /// ones stay 0).
-    fn rows_at(&self, r0: usize) -> (u64, u64, u64, u64, u64) {
+    /// The per-row arrays (targets, lse, rest, loss, entropy, argmax) offset to row `r0`
+    /// (absent ones stay 0).
+    fn rows_at(&self, r0: usize) -> (u64, u64, u64, u64, u64, u64) {
         let off4 = (r0 * 4) as u64;
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
         (
             at(self.targets),
             at(self.lse),
+            at(self.rest),
             at(self.loss_rows),
             at(self.entropy),
             at(self.argmax),
@@ -1031,6 +1058,7 @@ struct ScaleRows {
     dl_scalar: f32,
     dlse: u64,
     lse: u64,
+    rest: u64,
     alpha: f32,
     lambda: f32,
     n: i32,
@@ -1044,6 +1072,8 @@ struct SparseArgs {
     forward: bool,
     /// f32 `[N]` lse the selection uses (the forward's or the caller's).
     saved_lse: u64,
+    /// f32 `[N]` `1 − p_y` saved beside it.
+    saved_rest: u64,
     dl_rows: u64,
     dl_scalar: f32,
     dlse: u64,
@@ -1061,7 +1091,10 @@ struct SparseArgs {
 enum Mode<'a> {
     Forward,
     ForwardBackward,
-    Backward { lse: &'a CudaSlice<u8> },
+    Backward {
+        lse: &'a CudaSlice<u8>,
+        rest: &'a CudaSlice<u8>,
+    },
 }
 
 impl DenseEngine {
@@ -1099,6 +1132,9 @@ impl DenseEngine {
             names.push(format!("cce_sparse_select_{dt}"));
             names.push(format!("cce_sparse_select_{dt}_t256"));
             names.push(format!("cce_sparse_select_fwd_{dt}"));
+            if dt != "f32" {
+                names.push(format!("cce_dense_target_fix_{dt}"));
+            }
             let vec = if dt == "f32" { 4 } else { 8 };
             for out in [dt, "f32"] {
                 for v in [1, vec] {
@@ -1195,28 +1231,11 @@ impl DenseEngine {
                 }
             }
         }
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| CceError::backend(BACKEND, e))?;
-        // SAFETY: cuBLAS only uses the workspace as scratch; it is fully written before read.
-        let blas_ws = unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE_BYTES) }
-            .map_err(|e| alloc_err(e, CUBLAS_WORKSPACE_BYTES))?;
-        let (ws_ptr, _g) = blas_ws.device_ptr(&stream);
-        // SAFETY: the handle is live; the workspace is a device allocation of the stated size
-        // that lives as long as the engine (and so the handle).
-        unsafe {
-            cublas_sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                ws_ptr as *mut c_void,
-                CUBLAS_WORKSPACE_BYTES,
-            )
-        }
-        .result()
-        .map_err(|e| CceError::backend(BACKEND, e))?;
-        drop(_g);
+        let blas = crate::device::pooled_blas(&stream, CUBLAS_WORKSPACE_BYTES)?;
         Ok(Self {
             ctx,
             stream,
             blas,
-            _blas_ws: blas_ws,
             funcs,
             arch,
             max_smem_optin,
@@ -1421,17 +1440,27 @@ impl DenseEngine {
         )
     }
 
-    /// Backward from a saved lse (f32 `[N]`): recomputes the logits.
+    /// Backward from a saved lse and `1 − p_y` (f32 `[N]` each, [`DenseForwardOut`]):
+    /// recomputes the logits.
+    #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
         cfg: &DenseConfig,
         ws: &mut DenseWorkspace,
         inp: &DenseInputs<'_>,
-        lse: &CudaSlice<u8>,
+        (lse, rest): (&CudaSlice<u8>, &CudaSlice<u8>),
         up: &DenseUpstream<'_>,
         grads: &mut DenseGradOut<'_>,
     ) -> Result<DenseStats> {
-        self.run(cfg, ws, inp, Some(up), None, grads, Mode::Backward { lse })
+        self.run(
+            cfg,
+            ws,
+            inp,
+            Some(up),
+            None,
+            grads,
+            Mode::Backward { lse, rest },
+        )
     }
 
     /// Cluster size and slice (columns per block) of the fused kernel, or `None` when it does
@@ -1526,6 +1555,7 @@ impl DenseEngine {
                 "loss",
             )?;
             need(o.lse, n * 4, "lse")?;
+            need(o.rest, n * 4, "rest_mass")?;
             if let Some(x) = o.entropy.as_deref() {
                 need(x, n * 4, "entropy")?;
             }
@@ -1580,8 +1610,9 @@ impl DenseEngine {
                 }
             }
         }
-        if let Mode::Backward { lse } = mode {
+        if let Mode::Backward { lse, rest } = mode {
             need(lse, n * 4, "lse")?;
+            need(rest, n * 4, "rest_mass")?;
         }
 
         let split = cfg.chunk_classes.is_some();
@@ -1638,9 +1669,10 @@ impl DenseEngine {
         let flags_ptr = self.ptr(&ws.flags);
         let edges_ptr = self.ptr(&ws.edges);
         let row_loss_ptr = self.ptr(&ws.row_loss);
-        let (lse_ptr, loss_rows_ptr, ent_ptr, am_ptr) = match fwd.as_deref() {
+        let (lse_ptr, rest_ptr, loss_rows_ptr, ent_ptr, am_ptr) = match fwd.as_deref() {
             Some(o) => (
                 self.ptr(o.lse),
+                self.ptr(o.rest),
                 if cfg.reduction == Reduction::None {
                     self.ptr(o.loss)
                 } else {
@@ -1657,11 +1689,11 @@ impl DenseEngine {
                     0
                 },
             ),
-            None => (0, 0, 0, 0),
+            None => (0, 0, 0, 0, 0),
         };
-        let saved_lse_ptr = match mode {
-            Mode::Backward { lse } => self.ptr(lse),
-            _ => lse_ptr,
+        let (saved_lse_ptr, saved_rest_ptr) = match mode {
+            Mode::Backward { lse, rest } => (self.ptr(lse), self.ptr(rest)),
+            _ => (lse_ptr, rest_ptr),
         };
         let de_ptr = if backward && cfg.compute_d_e {
             self.opt_ptr(grads.d_e.as_deref())
@@ -1694,6 +1726,7 @@ impl DenseEngine {
             lambda,
             targets: t_ptr,
             lse: lse_ptr,
+            rest: rest_ptr,
             loss_rows: loss_rows_ptr,
             entropy: ent_ptr,
             argmax: am_ptr,
@@ -1738,6 +1771,7 @@ impl DenseEngine {
             let sa = SparseArgs {
                 forward,
                 saved_lse: saved_lse_ptr,
+                saved_rest: saved_rest_ptr,
                 dl_rows: upstream_rows,
                 dl_scalar,
                 dlse: dlse_ptr,
@@ -1907,7 +1941,13 @@ impl DenseEngine {
                     (r0, rows, chunk),
                     (e_r, c_ptr, l_ptr, ld),
                     &row_args,
-                    (saved_lse_ptr, upstream_rows, dl_scalar, dlse_ptr),
+                    (
+                        saved_lse_ptr,
+                        saved_rest_ptr,
+                        upstream_rows,
+                        dl_scalar,
+                        dlse_ptr,
+                    ),
                     &mut prof,
                 )?;
                 ldg_c = ld;
@@ -1916,6 +1956,7 @@ impl DenseEngine {
                 let f = self.func(&format!("cce_dense_fused_{code}_c{cs}"))?;
                 let slice_i = slice as i32;
                 let lse_r = lse_ptr + off4;
+                let rest_r = rest_ptr + off4;
                 let loss_r = loss_rows_ptr + off4;
                 let ent_r = if ent_ptr != 0 { ent_ptr + off4 } else { 0 };
                 let am_r = if am_ptr != 0 { am_ptr + off4 } else { 0 };
@@ -1949,6 +1990,7 @@ impl DenseEngine {
                     .arg(&edges_ptr)
                     .arg(&delta_fixed)
                     .arg(&lse_r)
+                    .arg(&rest_r)
                     .arg(&loss_r)
                     .arg(&ent_r)
                     .arg(&am_r)
@@ -1975,6 +2017,7 @@ impl DenseEngine {
                 if backward {
                     // (3) G in place.
                     let lse_r = saved_lse_ptr + off4;
+                    let rest_r = saved_rest_ptr + off4;
                     let dl_r = if upstream_rows != 0 {
                         upstream_rows + off4
                     } else {
@@ -1998,6 +2041,7 @@ impl DenseEngine {
                         .arg(&softcap)
                         .arg(&t_r)
                         .arg(&lse_r)
+                        .arg(&rest_r)
                         .arg(&dl_r)
                         .arg(&dl_scalar)
                         .arg(&dlse_r)
@@ -2049,6 +2093,30 @@ impl DenseEngine {
                         }
                     }
                     PhaseTimer::mark(&mut prof, "d_e GEMM")?;
+                    if dt != DType::F32 {
+                        // (4') the target's entry of the 16-bit G, exact in d_e.
+                        let g16 = if g_mode == 2 || dt == DType::F16 {
+                            1
+                        } else {
+                            2
+                        };
+                        let (g_ld, rs) = if g_mode == 2 {
+                            (ld * 2, rs_ptr)
+                        } else {
+                            (ldg_c, 0u64)
+                        };
+                        let at = |p: u64| if p != 0 { p + off4 } else { 0 };
+                        self.target_fix(
+                            code,
+                            (l_ptr, g_ld, g16, rs),
+                            (rows, t_r, saved_lse_ptr + off4, saved_rest_ptr + off4),
+                            (at(upstream_rows), dl_scalar, at(dlse_ptr)),
+                            (alpha, lambda, v_i, softcap, bias_ptr),
+                            (e_r, c_ptr, d),
+                            (de_r, out_ty),
+                        )?;
+                        PhaseTimer::mark(&mut prof, "d_e target entry")?;
+                    }
                 }
                 // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
                 if cfg.compute_d_c && !split {
@@ -2093,6 +2161,7 @@ impl DenseEngine {
                 inp,
                 ClassPassArgs {
                     lse: saved_lse_ptr,
+                    rest: saved_rest_ptr,
                     dl_rows: upstream_rows,
                     dl_scalar,
                     dlse: dlse_ptr,
@@ -2198,7 +2267,7 @@ impl DenseEngine {
         rows: usize,
         l_ptr: u64,
     ) -> Result<()> {
-        let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
+        let (t_r, lse_r, rest_r, loss_r, ent_r, am_r) = a.rows_at(r0);
         let cfg_l = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (FWD_THREADS, 1, 1),
@@ -2214,6 +2283,7 @@ impl DenseEngine {
             .arg(&a.alpha)
             .arg(&a.lambda)
             .arg(&lse_r)
+            .arg(&rest_r)
             .arg(&loss_r)
             .arg(&ent_r)
             .arg(&am_r);
@@ -2221,6 +2291,69 @@ impl DenseEngine {
         // the logits GEMM before this launch (stream order); the [N] outputs (checked sizes)
         // are offset to the chunk and hold its rows.
         unsafe { b.launch(cfg_l) }.map_err(drv)?;
+        Ok(())
+    }
+
+    /// Step (4'), `cce_dense_target_fix_*` for rows `rows` of a chunk whose 16-bit `G` (`g16`:
+    /// 1 f16, 2 bf16; row stride `g_ld` elements; stored times `1 / row_scale` when `rs` ≠ 0)
+    /// the d_e product has read: adds the rounding residual of each row's target entry times
+    /// `c_y` to the chunk's `d_e` rows (`d_e`, in `out_ty`). The per-row arrays are offset to
+    /// the chunk; `e_r` is the chunk's first row of `e`.
+    #[allow(clippy::too_many_arguments)]
+    fn target_fix(
+        &self,
+        code: &str,
+        (g, g_ld, g16, rs): (u64, usize, i32, u64),
+        (rows, t_r, lse_r, rest_r): (usize, u64, u64, u64),
+        (dl_r, dl_scalar, dlse_r): (u64, f32, u64),
+        (alpha, lambda, v_i, softcap, bias): (f32, f32, i32, f32, u64),
+        (e_r, c, d): (u64, u64, usize),
+        (d_e, out_ty): (u64, DType),
+    ) -> Result<()> {
+        let f = self.func(&format!("cce_dense_target_fix_{code}"))?;
+        let out_kind: i32 = match out_ty {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            _ => 2,
+        };
+        let (g_ld_i, rows_i, d_i) = (g_ld as i64, to_i32(rows, "rows")?, to_i32(d, "D")?);
+        let per_block = TFIX_THREADS as usize / 32;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&g)
+            .arg(&g_ld_i)
+            .arg(&g16)
+            .arg(&rs)
+            .arg(&t_r)
+            .arg(&lse_r)
+            .arg(&rest_r)
+            .arg(&dl_r)
+            .arg(&dl_scalar)
+            .arg(&dlse_r)
+            .arg(&alpha)
+            .arg(&lambda)
+            .arg(&v_i)
+            .arg(&softcap)
+            .arg(&bias)
+            .arg(&e_r)
+            .arg(&c)
+            .arg(&d_i)
+            .arg(&d_e)
+            .arg(&out_kind)
+            .arg(&rows_i);
+        // SAFETY: argument types and order match TFIX_PARAMS in chunked.cu; G holds `rows` rows
+        // of `g_ld` 16-bit values (the chunk's G, written by the row kernels and read by the d_e
+        // product before this launch, stream order; targets < V ≤ g_ld); row_scale 0 or `rows`
+        // f32; the per-row arrays and e_r hold the chunk's rows ([N] buffers checked by `run`,
+        // offset to the chunk); c V x D and bias V values of the input dtype; d_e holds the
+        // chunk's rows x D in out_ty; one warp per row < rows.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+                block_dim: (TFIX_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
         Ok(())
     }
 
@@ -2328,6 +2461,7 @@ impl DenseEngine {
             let rows_i = to_i32(rows, "rows")?;
             let e_r = e + (r0 * d * esz) as u64;
             let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
+            let t_r = a.rows_at(r0).0;
             let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
             let grid = tiles.min(self.sm_count.max(1)) as u32;
             grid_max = grid_max.max(grid);
@@ -2341,11 +2475,12 @@ impl DenseEngine {
                 .arg(&group_m)
                 .arg(&ordered)
                 .arg(&a.bias)
-                .arg(&a.softcap);
+                .arg(&a.softcap)
+                .arg(&t_r);
             // SAFETY: argument types and order match WG_LSE_PARAMS in wgmma.cu (two 128-byte
             // tensor maps by value, then i32 N, V, D, the float2 partials, i32 group_m,
-            // ordered_epi, the bias (V values of the input dtype, checked by `run`, or 0) and
-            // f32 softcap); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
+            // ordered_epi, the bias (V values of the input dtype, checked by `run`, or 0),
+            // f32 softcap and the group's `rows` i32 targets); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
             // (sizes checked by `run`, addresses 16-byte aligned and D a multiple of 64,
             // checked by `wgmma_forward_rows`), so TMA reads nothing outside them; the partials
             // (rows x n_tiles float2) fit the scratch at `base` (`wgmma_forward_rows`); 384
@@ -2393,6 +2528,9 @@ impl DenseEngine {
         }
         Some(if cfg.dtype != DType::BF16 {
             "f16 inputs (f16 G from f16 e^(z - max) would round twice)"
+        } else if cfg.softcap.is_some_and(|s| s < WGMMA_ROWS_SOFTCAP_MIN) {
+            "softcap under 1 (the G pass's softcap factor comes from the f16 e^(z - max), which \
+             loses its relative accuracy where |x| is many times the cap)"
         } else if g_mode != 0 {
             "f16 G for d_e (the budget's f16 copy of c)"
         } else if cfg.label_smoothing != 0.0 {
@@ -2424,7 +2562,7 @@ impl DenseEngine {
         (r0, rows, chunk): (usize, usize, usize),
         (e_r, c, l_ptr, ld): (u64, u64, u64, usize),
         a: &RowArgs,
-        (lse, dl_rows, dl_scalar, dlse): (u64, u64, f32, u64),
+        (lse, rest, dl_rows, dl_scalar, dlse): (u64, u64, u64, f32, u64),
         prof: &mut Option<PhaseTimer>,
     ) -> Result<()> {
         let (d, v) = (cfg.d, cfg.v);
@@ -2460,6 +2598,7 @@ impl DenseEngine {
         let tm_q = self.tensor_map_out(q, rows, v, ld)?;
         let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.sm_count.max(1)) as u32;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
+        let t_r = a.rows_at(r0).0;
         let mut b = self.stream.launch_builder(f_lse);
         b.arg(&tm_e)
             .arg(tm_c)
@@ -2471,6 +2610,7 @@ impl DenseEngine {
             .arg(&ordered)
             .arg(&a.bias)
             .arg(&a.softcap)
+            .arg(&t_r)
             .arg(&tm_q);
         // SAFETY: argument types and order match WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then
         // q's 128-byte tensor map by value); the maps describe live [rows, D] / [V, D] bf16
@@ -2489,7 +2629,6 @@ impl DenseEngine {
         }
         .map_err(drv)?;
         PhaseTimer::mark(prof, "WGMMA logits + lse partials + q")?;
-        let t_r = a.rows_at(r0).0;
         // SAFETY: the partials hold rows x n_tiles float2, written by the launch above (stream
         // order); e_r and c are the live bf16 inputs (checked by `run`), the row arrays of `a`
         // hold N values; zy holds `rows` f32 in the chunk's region (checked above).
@@ -2503,7 +2642,7 @@ impl DenseEngine {
         }
         let off4 = (r0 * 4) as u64;
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
-        let (lse_g, dl_r, dlse_r) = (lse + off4, at(dl_rows), at(dlse));
+        let (lse_g, rest_g, dl_r, dlse_r) = (lse + off4, rest + off4, at(dl_rows), at(dlse));
         let warps = WGMMA_QROWS_THREADS as usize / 32;
         let mut b = self.stream.launch_builder(f_g);
         b.arg(&q)
@@ -2513,6 +2652,7 @@ impl DenseEngine {
             .arg(&partial)
             .arg(&lse_g)
             .arg(&zy)
+            .arg(&rest_g)
             .arg(&t_r)
             .arg(&dl_r)
             .arg(&dl_scalar)
@@ -2557,7 +2697,7 @@ impl DenseEngine {
         a: &RowArgs,
         zy: u64,
     ) -> Result<()> {
-        let (t_r, lse_r, loss_r, _, _) = a.rows_at(r0);
+        let (t_r, lse_r, rest_r, loss_r, _, _) = a.rows_at(r0);
         let (rows_i, n_tiles_i, d_i) = (
             to_i32(rows, "rows")?,
             to_i32(n_tiles, "class tiles")?,
@@ -2581,6 +2721,7 @@ impl DenseEngine {
             .arg(&a.lambda)
             .arg(&a.v)
             .arg(&lse_r)
+            .arg(&rest_r)
             .arg(&loss_r)
             .arg(&a.bias)
             .arg(&a.softcap)
@@ -2727,7 +2868,7 @@ impl DenseEngine {
             let mut i = 0usize;
             for r0 in (0..n).step_by(cf.rows) {
                 let rows = cf.rows.min(n - r0);
-                let (t_r, lse_r, loss_r, ent_r, am_r) = a.rows_at(r0);
+                let (t_r, lse_r, rest_r, loss_r, ent_r, am_r) = a.rows_at(r0);
                 let state_r = state + (r0 * cce_core::plan::CLASS_FORWARD_STATE_BYTES) as u64;
                 let rows_i = to_i32(rows, "rows")?;
                 for (k, c0) in (0..v).step_by(cf.classes).enumerate() {
@@ -2768,6 +2909,7 @@ impl DenseEngine {
                         .arg(&first)
                         .arg(&last)
                         .arg(&lse_r)
+                        .arg(&rest_r)
                         .arg(&loss_r)
                         .arg(&ent_r)
                         .arg(&am_r);
@@ -2987,12 +3129,24 @@ impl DenseEngine {
             }
             let off4 = (r0 * 4) as u64;
             let at = |p: u64| if p != 0 { p + off4 } else { 0 };
-            // Folded: select writes the forward's lse and loss rows (a.saved_lse is ra.lse
-            // in a forward call).
-            let (t_r, lse_r, dl_r, dlse_r) = if fold {
-                (at(ra.targets), at(ra.lse), at(a.dl_rows), at(a.dlse))
+            // Folded: select writes the forward's lse, rest and loss rows (a.saved_lse is
+            // ra.lse in a forward call, a.saved_rest ra.rest).
+            let (t_r, lse_r, rest_r, dl_r, dlse_r) = if fold {
+                (
+                    at(ra.targets),
+                    at(ra.lse),
+                    at(ra.rest),
+                    at(a.dl_rows),
+                    at(a.dlse),
+                )
             } else {
-                (at(ra.targets), at(a.saved_lse), at(a.dl_rows), at(a.dlse))
+                (
+                    at(ra.targets),
+                    at(a.saved_lse),
+                    at(a.saved_rest),
+                    at(a.dl_rows),
+                    at(a.dlse),
+                )
             };
             let loss_r = if fold { at(ra.loss_rows) } else { 0 };
             // The probe (first chunk) fills the lse − max histogram, later chunks read it.
@@ -3015,6 +3169,7 @@ impl DenseEngine {
                 .arg(&ra.softcap)
                 .arg(&t_r)
                 .arg(&lse_r)
+                .arg(&rest_r)
                 .arg(&dl_r)
                 .arg(&a.dl_scalar)
                 .arg(&dlse_r)
@@ -3343,6 +3498,7 @@ impl DenseEngine {
             dl_scalar: 0.0,
             dlse: 0,
             lse: 0,
+            rest: 0,
             alpha: 0.0,
             lambda: 0.0,
             n: 0,
@@ -3358,6 +3514,7 @@ impl DenseEngine {
             .arg(&r.dl_scalar)
             .arg(&r.dlse)
             .arg(&r.lse)
+            .arg(&r.rest)
             .arg(&r.alpha)
             .arg(&r.lambda)
             .arg(&r.n)
@@ -3535,6 +3692,7 @@ impl DenseEngine {
                 dl_scalar: a.dl_scalar,
                 dlse: a.dlse,
                 lse: a.lse,
+                rest: a.rest,
                 alpha: cfg.label_smoothing,
                 lambda: cfg.z_loss,
                 n: n_i,
@@ -3604,7 +3762,7 @@ impl DenseEngine {
                     (tm_e, self.tensor_map(dt, c_k, kc, d, WGMMA_BN)?),
                     (n, kc, d, k0, v),
                     (l_ptr, ldg_step),
-                    (bias_ptr, softcap, t_ptr, a.lse),
+                    (bias_ptr, softcap, t_ptr, a.lse, a.rest),
                     (a.dl_rows, a.dl_scalar, a.dlse),
                     (cfg.label_smoothing, cfg.z_loss, g_scale),
                 )?;
@@ -3624,6 +3782,7 @@ impl DenseEngine {
                     .arg(&softcap)
                     .arg(&t_ptr)
                     .arg(&a.lse)
+                    .arg(&a.rest)
                     .arg(&tau_ptr)
                     .arg(&a.dl_rows)
                     .arg(&a.dl_scalar)
@@ -3760,7 +3919,7 @@ impl DenseEngine {
         (tm_e, tm_c): (&TmaDesc, TmaDesc),
         (n, kc, d, k0, v): (usize, usize, usize, usize, usize),
         (g, ldg): (u64, usize),
-        (bias, softcap, targets, lse): (u64, f32, u64, u64),
+        (bias, softcap, targets, lse, rest): (u64, f32, u64, u64, u64),
         (dl_rows, dl_scalar, dlse): (u64, f32, u64),
         (alpha, lambda, g_scale): (f32, f32, f32),
     ) -> Result<()> {
@@ -3784,6 +3943,7 @@ impl DenseEngine {
             .arg(&softcap)
             .arg(&targets)
             .arg(&lse)
+            .arg(&rest)
             .arg(&dl_rows)
             .arg(&dl_scalar)
             .arg(&dlse)
@@ -3794,7 +3954,7 @@ impl DenseEngine {
             .arg(&ordered);
         // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
         // tensor maps by value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32
-        // softcap, targets, lse; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m,
+        // softcap, targets, lse, rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m,
         // ordered_epi). The maps describe the live [n, D] and [kc, D] 16-bit row-major inputs
         // (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so TMA reads nothing outside
         // them; G's map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8:
@@ -3925,15 +4085,6 @@ impl DenseEngine {
         crate::CudaTensor::from_slice(s, dtype, shape)
     }
 
-    /// A zero-filled `[n]` f32 tensor.
-    fn zero_rows(&self, n: usize) -> Result<crate::CudaTensor> {
-        let s = self
-            .stream
-            .alloc_zeros::<u8>((4 * n).max(1))
-            .map_err(|e| alloc_err(e, 4 * n))?;
-        crate::CudaTensor::from_slice(s, DType::F32, vec![n])
-    }
-
     fn base_stats(&self, call: &BackendCall<'_>, workspace_bytes: u64) -> cce_core::CallStats {
         let p = call.plan;
         cce_core::CallStats {
@@ -3954,11 +4105,12 @@ impl DenseEngine {
         }
     }
 
-    /// Forward (`lse` None, `up` None), backward (`lse` Some), or both (`lse` None, `up` Some).
+    /// Forward (`saved` None, `up` None), backward (`saved` Some: the forward's lse and
+    /// `rest_mass`), or both (`saved` None, `up` Some).
     pub(crate) fn backend_run(
         &self,
         call: &BackendCall<'_>,
-        lse_in: Option<&crate::CudaTensor>,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
     ) -> Result<BackendOutputs> {
         use cce_core::TensorMeta;
@@ -4017,8 +4169,9 @@ impl DenseEngine {
             }
             None => None,
         };
-        if let Some(t) = lse_in {
-            f32_vec(t, "lse")?;
+        if let Some(sv) = saved {
+            f32_vec(sv.lse, "lse")?;
+            f32_vec(sv.rest_mass, "rest_mass")?;
         }
         let mut ws = DenseWorkspace::new(self, &cfg)?;
         let inputs = DenseInputs {
@@ -4028,7 +4181,7 @@ impl DenseEngine {
             targets: call.classes,
             n_valid: call.n_valid,
         };
-        let forward = lse_in.is_none();
+        let forward = saved.is_none();
         let backward = up.is_some();
         let mut fwd_t = if forward {
             let loss_shape = if cfg.reduction == Reduction::None {
@@ -4038,6 +4191,7 @@ impl DenseEngine {
             };
             Some((
                 self.tensor(loss_shape, DType::F32)?,
+                self.tensor(vec![n], DType::F32)?,
                 self.tensor(vec![n], DType::F32)?,
                 if cfg.want_entropy {
                     Some(self.tensor(vec![n], DType::F32)?)
@@ -4077,12 +4231,15 @@ impl DenseEngine {
         };
         let ws_bytes = ws.bytes() + self.own_bytes();
         let dstats = {
-            let mut fo = fwd_t.as_mut().map(|(loss, lse, ent, am)| DenseForwardOut {
-                loss: loss.slice_mut(),
-                lse: lse.slice_mut(),
-                entropy: ent.as_mut().map(|t| t.slice_mut()),
-                argmax: am.as_mut().map(|t| t.slice_mut()),
-            });
+            let mut fo = fwd_t
+                .as_mut()
+                .map(|(loss, lse, rest, ent, am)| DenseForwardOut {
+                    loss: loss.slice_mut(),
+                    lse: lse.slice_mut(),
+                    rest: rest.slice_mut(),
+                    entropy: ent.as_mut().map(|t| t.slice_mut()),
+                    argmax: am.as_mut().map(|t| t.slice_mut()),
+                });
             let mut go = match grads_t.as_mut() {
                 Some((de, dc, db)) => DenseGradOut {
                     d_e: de.as_mut().map(|t| t.slice_mut()),
@@ -4091,14 +4248,19 @@ impl DenseEngine {
                 },
                 None => DenseGradOut::default(),
             };
-            match (&mut fo, lse_in, dense_up.as_ref()) {
+            match (&mut fo, saved, dense_up.as_ref()) {
                 (Some(fo), None, None) => self.forward(&cfg, &mut ws, &inputs, fo)?,
                 (Some(fo), None, Some(u)) => {
                     self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
                 }
-                (None, Some(lse), Some(u)) => {
-                    self.backward(&cfg, &mut ws, &inputs, lse.slice(), u, &mut go)?
-                }
+                (None, Some(sv), Some(u)) => self.backward(
+                    &cfg,
+                    &mut ws,
+                    &inputs,
+                    (sv.lse.slice(), sv.rest_mass.slice()),
+                    u,
+                    &mut go,
+                )?,
                 _ => {
                     return Err(CceError::InvalidOption {
                         name: "call",
@@ -4108,7 +4270,7 @@ impl DenseEngine {
             }
         };
         drop(ws);
-        let fwd = fwd_t.map(|(loss, lse, entropy, argmax)| -> Result<_> {
+        let fwd = fwd_t.map(|(loss, lse, rest_mass, entropy, argmax)| -> Result<_> {
             let mut stats = self.base_stats(call, ws_bytes);
             if let Some(note) = &dstats.forward {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
@@ -4116,7 +4278,7 @@ impl DenseEngine {
             Ok(cce_core::ForwardOutput {
                 loss,
                 lse,
-                rest_mass: self.zero_rows(n)?,
+                rest_mass,
                 entropy,
                 argmax,
                 stats,

@@ -11,38 +11,15 @@
 
 use cce_core::CceError;
 
-/// The kernel files, in the order they are concatenated.
+/// The kernel files, in the order they are concatenated: the backend's own module holds the
+/// device-side data generators only (the loss runs in [`crate::chunked`]'s module).
 pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("forward.cu", include_str!("../kernels/forward.cu")),
-    ("threshold.cu", include_str!("../kernels/threshold.cu")),
-    ("backward.cu", include_str!("../kernels/backward.cu")),
     ("util.cu", include_str!("../kernels/util.cu")),
 ];
 
 /// Every `extern "C"` kernel symbol of the module (loaded at backend construction).
 pub const KERNEL_SYMBOLS: &[&str] = &[
-    "cce_forward_f32",
-    "cce_forward_f16",
-    "cce_forward_bf16",
-    "cce_forward_finalize",
-    "cce_hist_f32",
-    "cce_hist_f16",
-    "cce_hist_bf16",
-    "cce_threshold",
-    "cce_backward_de_f32",
-    "cce_backward_de_f16",
-    "cce_backward_de_bf16",
-    "cce_backward_dc_f32",
-    "cce_backward_dc_f16",
-    "cce_backward_dc_bf16",
-    "cce_row_coefs",
-    "cce_finalize",
-    "cce_colsum_f32",
-    "cce_colsum_f16",
-    "cce_colsum_bf16",
-    "cce_colsum_finish",
-    "cce_sum_f32",
     "cce_fill_randn_f32",
     "cce_fill_randn_f16",
     "cce_fill_randn_bf16",

@@ -39,6 +39,8 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
             "cce_split_e_to_f16_bf16",
             "cce_dense_bwd_f16s_f16",
             "cce_dense_bwd_f16s_bf16",
+            "cce_dense_target_fix_f16",
+            "cce_dense_target_fix_bf16",
         ] {
             assert!(has_symbol(&cubin, sym), "{arch}: {sym} missing");
         }

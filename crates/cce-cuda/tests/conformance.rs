@@ -697,50 +697,13 @@ fn filtered_check_hot(
 }
 
 #[test]
-fn filtered_error_is_bounded_by_the_dropped_mass() {
-    let Some(be) = backend("filtered_error_is_bounded_by_the_dropped_mass") else {
-        return;
-    };
-    // Tile skipping is tile ownership's.
-    let be = be
-        .with_strategies(&[cce_core::StrategyKind::TileOwnership])
-        .unwrap();
-    let mut rng = seeded();
-    for dtype in [DType::F32, DType::BF16] {
-        // Peaked rows keep ~2 entries (target and argmax); with 128 x 128 tiles a row tile has
-        // ~256 kept entries, so only a vocabulary of many tiles leaves whole tiles skippable.
-        for (logit_std, n, v) in [(2.0, 300, 1500), (8.0, 300, 1500), (30.0, 128, 32768)] {
-            let s = filtered_check(
-                &be,
-                &mut rng,
-                dtype,
-                logit_std,
-                (n, 64, v),
-                false,
-                None,
-                2e-2,
-                1e-3,
-            );
-            assert_eq!(s.tiles_visited + s.tiles_skipped, 2 * s.tiles_total, "{s}");
-            if logit_std >= 30.0 {
-                assert!(s.tiles_skipped > 0, "peaked data: nothing skipped\n{s}");
-            }
-            if logit_std <= 2.0 {
-                // Flat rows: every entry is above eps, nothing may be skipped.
-                assert_eq!(s.tiles_skipped, 0, "flat data: {s}");
-            }
-        }
-    }
-}
-
-#[test]
 fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not_pay() {
     if backend("sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not_pay")
         .is_none()
     {
         return;
     }
-    use cce_core::StrategyKind::{SplitDense, TileOwnership};
+    use cce_core::StrategyKind::SplitDense;
     use cce_cuda::SparseMode;
     let mut rng = seeded();
     // Auto on peaked rows of a wide vocabulary (a few kept entries per row, under V / 256):
@@ -748,7 +711,7 @@ fn sparse_backward_is_bounded_by_the_dropped_mass_and_gives_way_when_it_does_not
     let auto = || {
         CudaBackend::new(0)
             .unwrap()
-            .with_strategies(&[SplitDense, TileOwnership])
+            .with_strategies(&[SplitDense])
             .unwrap()
             .with_chunk_cap(128, 128)
             .unwrap()
@@ -1464,6 +1427,7 @@ fn wgmma_forward_row_groups() {
         let t = be.stream().clone_htod(&bytes).unwrap();
         let mut loss = be.alloc_tensor(vec![], DType::F32).unwrap();
         let mut lse = be.alloc_tensor(vec![n], DType::F32).unwrap();
+        let mut rest = be.alloc_tensor(vec![n], DType::F32).unwrap();
         let inp = DenseInputs {
             e: e.slice(),
             c: c.slice(),
@@ -1475,6 +1439,7 @@ fn wgmma_forward_row_groups() {
             let mut out = DenseForwardOut {
                 loss: loss.slice_mut(),
                 lse: lse.slice_mut(),
+                rest: rest.slice_mut(),
                 entropy: None,
                 argmax: None,
             };

@@ -19,12 +19,12 @@
 //! `Strategy::ChunkedDense` materializes the `G` of a row chunk once (the plan's workspace);
 //! `Strategy::TileOwnership` recomputes each tile in every pass. Both produce the same bits.
 
+use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
 use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
 use cce_core::stats::CallStats;
-use cce_core::HostData;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
     Saved, TensorMeta, Upstream,
@@ -72,18 +72,8 @@ struct Prepared<'a> {
     wide_logits: bool,
 }
 
-/// The values of a float tensor as f32: borrowed when already f32, widened (exactly)
-/// otherwise. Errors: `OutOfMemory { backend: "host" }` (as for the backend's other buffers)
-/// when the host cannot allocate the f32 copy.
-fn as_f32(t: &HostTensor) -> Result<Cow<'_, [f32]>> {
-    Ok(match t.data() {
-        HostData::F32(v) => Cow::Borrowed(v),
-        _ => Cow::Owned(t.try_to_f32_vec()?),
-    })
-}
-
-fn prepare<'a>(
-    inputs: &Inputs<'a, HostTensor>,
+fn prepare<'a, T: HostRead>(
+    inputs: &Inputs<'a, T>,
     opts: &Options,
     limits: &DeviceLimits,
 ) -> Result<Prepared<'a>> {
@@ -94,7 +84,7 @@ fn prepare<'a>(
         inputs.targets,
         opts,
     )?;
-    let raw = inputs.targets.to_i64_vec().ok_or(CceError::DTypeMismatch {
+    let raw = inputs.targets.i64_values().ok_or(CceError::DTypeMismatch {
         what: "targets",
         expected: "i32 or i64".into(),
         got: inputs.targets.dtype(),
@@ -105,9 +95,9 @@ fn prepare<'a>(
         problem,
         plan,
         targets,
-        e: as_f32(inputs.e)?,
-        c: as_f32(inputs.c)?,
-        bias: inputs.bias.map(as_f32).transpose()?,
+        e: inputs.e.f32_values()?,
+        c: inputs.c.f32_values()?,
+        bias: inputs.bias.map(|b| b.f32_values()).transpose()?,
         wide_logits: opts.softcap.is_some(),
     })
 }
@@ -298,6 +288,29 @@ impl Backend for CpuBackend {
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<HostTensor>> {
+        self.forward_host(inputs, opts)
+    }
+
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        saved: Saved<'_, HostTensor>,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<BackwardOutput<HostTensor>> {
+        self.backward_host(inputs, opts, saved, upstream)
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::forward`] on any host buffers ([`HostRead`]): owned [`HostTensor`]s or
+    /// borrowed [`HostView`](crate::HostView)s, read in place (f32) without a copy. Same
+    /// errors as [`Backend::forward`].
+    pub fn forward_host<T: HostRead>(
+        &self,
+        inputs: &Inputs<'_, T>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, v, .. } = p.problem;
         // Up front: a −inf in `e` or `c` would otherwise pass for a masked logit.
@@ -436,12 +449,14 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn backward(
+    /// [`Backend::backward`] on any host buffers ([`HostRead`]), as
+    /// [`CpuBackend::forward_host`]. Same errors as [`Backend::backward`].
+    pub fn backward_host<T: HostRead>(
         &self,
-        inputs: &Inputs<'_, HostTensor>,
+        inputs: &Inputs<'_, T>,
         opts: &Options,
-        saved: Saved<'_, HostTensor>,
-        upstream: &Upstream<'_, HostTensor>,
+        saved: Saved<'_, T>,
+        upstream: &Upstream<'_, T>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, d, v, .. } = p.problem;
@@ -459,8 +474,8 @@ impl Backend for CpuBackend {
             let masked = p.bias.as_ref().is_some_and(|b| b[yi] == f32::NEG_INFINITY);
             (masked, bias_masks)
         })?;
-        let lse = saved.lse.to_f32_vec();
-        let rest = saved.rest_mass.to_f32_vec();
+        let lse = saved.lse.f32_values()?;
+        let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
         // reject them either), so a non-finite lse is passed through. An ignored row whose every
         // class is masked has lse −inf.
@@ -484,19 +499,19 @@ impl Backend for CpuBackend {
         match upstream.d_loss {
             DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
             DLoss::PerRow(t) if opts.check_finite => {
-                cce_core::problem::check_upstream_finite("d_loss", t.to_f32_vec())?
+                cce_core::problem::check_upstream_finite("d_loss", t.f32_values()?.iter().copied())?
             }
             DLoss::PerRow(_) => {}
         }
         if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
-            cce_core::problem::check_upstream_finite("d_lse", t.to_f32_vec())?;
+            cce_core::problem::check_upstream_finite("d_lse", t.f32_values()?.iter().copied())?;
         }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;
         // Upstream g_i and h_i.
         let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
             (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
-                let t = t.to_f32_vec();
+                let t = t.f32_values()?;
                 (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
@@ -522,7 +537,7 @@ impl Backend for CpuBackend {
             }
         };
         let h: Vec<f32> = match upstream.d_lse {
-            Some(t) if t.shape() == [n] => t.to_f32_vec(),
+            Some(t) if t.shape() == [n] => t.f32_values()?.into_owned(),
             Some(t) => {
                 return Err(CceError::ShapeMismatch {
                     what: "d_lse",
