@@ -69,6 +69,69 @@ pub use cce_core::tolerance::{kappa, rho, tau, KAPPA_BASE, RHO_BASE_LEN};
 /// Mismatches kept per output for the report.
 pub const MAX_REPORTED: usize = 5;
 
+/// `‖x‖₂`.
+pub fn norm(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// The per-row judgement of a gradient ([`cce_core::tolerance::RowError`]) as an output
+/// verdict named `name` (`d_e rows`, `d_c rows`): one "element" per row, whose `ours` and `gt`
+/// are the row norms, `abs_err` `‖ours_i − gt_i‖₂` and `allowed` the row's allowance; the
+/// failing rows are listed worst first.
+pub fn row_verdict(
+    name: &'static str,
+    rows: &[cce_core::tolerance::RowError],
+    ours: &[f64],
+    gt: &[f64],
+    tau: f64,
+) -> OutputVerdict {
+    let mismatch = |r: &cce_core::tolerance::RowError| Mismatch {
+        output: name,
+        index: r.row,
+        row: r.row,
+        col: 0,
+        ours: r.ours_norm,
+        gt: r.truth_norm,
+        reference: r.truth_norm,
+        abs_err: r.error,
+        rel_err: if r.truth_norm > 0.0 {
+            r.error / r.truth_norm
+        } else {
+            f64::INFINITY
+        },
+        allowed: r.allowed,
+    };
+    let failing: Vec<cce_core::tolerance::RowError> =
+        rows.iter().filter(|r| !r.pass()).cloned().collect();
+    let first: Vec<Mismatch> = cce_core::tolerance::worst_rows(&failing, MAX_REPORTED)
+        .iter()
+        .map(mismatch)
+        .collect();
+    OutputVerdict {
+        name,
+        len: rows.len(),
+        bad: failing.len(),
+        rel_err: rel_l2(ours, gt),
+        ref_rel_err: None,
+        max_abs_err: rows
+            .iter()
+            .filter(|r| r.error.is_finite())
+            .fold(0.0, |a, r| a.max(r.error)),
+        max_ratio: rows.iter().fold(0.0, |a, r| {
+            a.max(if r.error.is_finite() {
+                r.ratio()
+            } else {
+                f64::INFINITY
+            })
+        }),
+        tau,
+        unit: 0.0,
+        unit_per_element: true,
+        worst: first.first().cloned(),
+        first,
+    }
+}
+
 /// Root mean square (0 for an empty slice).
 pub fn rms(x: &[f64]) -> f64 {
     if x.is_empty() {

@@ -5,7 +5,7 @@
 
 use cce_core::options::{GradDType, Reduction};
 use cce_core::plan::{DeviceLimits, Strategy};
-use cce_core::problem::{check_upstream_finite, first_non_finite, Problem};
+use cce_core::problem::{check_upstream_finite, first_bad_bias, first_non_finite, Problem};
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DLoss, DType, FilterRule, ForwardBackward,
     ForwardOutput, HostTensor, Inputs, Options, Result, Saved, TensorMeta, Upstream,
@@ -41,7 +41,13 @@ impl OracleBackend {
             ];
             for (what, t) in named {
                 let Some(t) = t else { continue };
-                if let Some((index, value)) = first_non_finite(t.to_f32_vec()) {
+                // −inf in the bias masks a class.
+                let bad = if what == "bias" {
+                    first_bad_bias(t.to_f32_vec())
+                } else {
+                    first_non_finite(t.to_f32_vec())
+                };
+                if let Some((index, value)) = bad {
                     let row_len = *t.shape().last().unwrap_or(&1);
                     return Err(CceError::NonFinite {
                         what,

@@ -162,7 +162,8 @@ impl fmt::Display for CaseReport {
         }
         writeln!(
             f,
-            "  rule: |ours-gt| <= |ref-gt| + tau*(|gt| + unit) [+ filter bound]"
+            "  rule: |ours-gt| <= |ref-gt| + tau*(|gt| + unit) [+ filter bound]; per row (d_e rows, d_c rows): \
+             ||ours_i-gt_i|| <= tau*(||gt_i|| + sum|G_i.|*max||operand row||) [+ filter bound], ours/gt = row norms"
         )?;
         for o in &self.outputs {
             write!(
@@ -184,7 +185,12 @@ impl fmt::Display for CaseReport {
                 writeln!(f, "  ok")?;
                 continue;
             }
-            writeln!(f, "  {} of {} elements out of tolerance", o.bad, o.len)?;
+            let what = if o.name.ends_with(" rows") {
+                "rows (worst first)"
+            } else {
+                "elements"
+            };
+            writeln!(f, "  {} of {} {what} out of tolerance", o.bad, o.len)?;
             writeln!(
                 f,
                 "    {:>10} {:>14} {:>15} {:>15} {:>15} {:>10} {:>10} {:>10}",

@@ -6,6 +6,7 @@ use crate::judge::{self, FilterBound, Judged, TermScale};
 use crate::report::CaseReport;
 use cce_core::options::{GradDType, Reduction};
 use cce_core::problem::{PreparedTargets, Problem};
+use cce_core::tolerance::{max_row_norm, row_allowance, row_errors};
 use cce_core::{
     Backend, CallStats, CceError, DLoss, DType, FilterRule, HostTensor, Inputs, TensorMeta,
     Upstream,
@@ -596,6 +597,28 @@ pub fn judge_outputs(
                     }
                     .verdict(),
                 );
+                // Per row (d_e rows, d_c class rows): each row against the size of its own
+                // terms (cce_core::tolerance::RowError), which the per-element rule above,
+                // whose term scale is p + onehot, does not resolve on confident rows.
+                let rows = match name {
+                    "d_e" => Some(("d_e rows", &gt.g_terms_rows, max_row_norm(&cv, d))),
+                    "d_c" => Some(("d_c rows", &gt.g_terms_cols, max_row_norm(&ev, d))),
+                    _ => None,
+                };
+                if let Some((row_name, sums, m_other)) = rows {
+                    let tau = judge::tau(dtype, len, judge::kappa(zmag, d));
+                    let errors = row_errors(&ours, gtv, d, |i, truth_norm| {
+                        let filter = if bound.is_empty() {
+                            0.0
+                        } else {
+                            judge::norm(&bound[i * d..(i + 1) * d])
+                        };
+                        row_allowance(tau, truth_norm, sums[i] * m_other, filter, d, grad_dtype)
+                    });
+                    report
+                        .outputs
+                        .push(judge::row_verdict(row_name, &errors, &ours, gtv, tau));
+                }
                 if (case.ignored == Ignored::All || n_valid == 0)
                     && data.d_lse.is_none()
                     && ours.iter().any(|&x| x != 0.0)

@@ -94,6 +94,15 @@ enum Fault {
     GradDTypeIgnored,
     /// Gradients computed although not asked for.
     ComputeFlagsIgnored,
+    /// Rows of `d_e` whose norm is below 1e-4 (confident rows) off by a relative 1%: below
+    /// any batch-wide tolerance.
+    TinyRowsOff,
+    /// NaN loss when the bias masks a class with −inf (what a −inf-unsafe online
+    /// log-sum-exp gives).
+    NanWithMaskedClasses,
+    /// Zero gradients under a softcap below 0.01 (what `1 − (z/s)²` gives once `tanh`
+    /// rounds to 1).
+    SmallCapZeroGrads,
 }
 
 struct Faulty {
@@ -262,6 +271,12 @@ impl Backend for Faulty {
         .map_err(|e| self.map_err(e))?;
         let n = out.lse.numel();
         let k = self.calls.fetch_add(1, Ordering::Relaxed);
+        let masked = inputs
+            .bias
+            .is_some_and(|b| b.to_f32_vec().contains(&f32::NEG_INFINITY));
+        if self.fault == Fault::NanWithMaskedClasses && masked {
+            out.loss = map(&out.loss, |_, _| f64::NAN);
+        }
         match self.fault {
             Fault::LseOneRow => {
                 out.lse = map(&out.lse, |i, x| {
@@ -371,6 +386,25 @@ impl Backend for Faulty {
                 out.stats.dropped_mass_max = 2.0 * rule.max_dropped_mass as f64;
             }
             Fault::SkipsInExactMode if !rule.enabled => out.stats.entries_skipped = 3,
+            Fault::TinyRowsOff => {
+                let d = *inputs.e.shape().last().unwrap_or(&1);
+                out.d_e = out.d_e.as_ref().map(|t| {
+                    let v = t.to_f64_vec();
+                    map(t, |k, x| {
+                        let row = &v[(k / d) * d..(k / d + 1) * d];
+                        let norm = row.iter().map(|y| y * y).sum::<f64>().sqrt();
+                        if norm < 1e-4 {
+                            x * 1.01
+                        } else {
+                            x
+                        }
+                    })
+                });
+            }
+            Fault::SmallCapZeroGrads if opts.softcap.is_some_and(|s| s < 0.01) => {
+                out.d_e = out.d_e.as_ref().map(|t| map(t, |_, _| 0.0));
+                out.d_c = out.d_c.as_ref().map(|t| map(t, |_, _| 0.0));
+            }
             _ => {}
         }
         Ok(out)
@@ -664,4 +698,22 @@ fn constructor_forms_and_required_backends() {
         other.is_err(),
         "constructor errors other than NoDevice must fail"
     );
+}
+
+#[test]
+fn per_row_defects_fail_the_numerics_checks() {
+    let text = must_fail(Fault::TinyRowsOff, "confident_rows", checks::confident_rows);
+    assert!(text.contains("per-row relative error above"), "{text}");
+    let text = must_fail(
+        Fault::NanWithMaskedClasses,
+        "masked_classes",
+        checks::masked_classes,
+    );
+    assert!(text.contains("-inf bias"), "{text}");
+    let text = must_fail(
+        Fault::SmallCapZeroGrads,
+        "softcap_extremes",
+        checks::softcap_extremes,
+    );
+    assert!(text.contains("softcap 1e-3"), "{text}");
 }

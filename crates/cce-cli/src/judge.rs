@@ -24,6 +24,11 @@
 //! - `filter_o`, for gradients the filter applied to only ([`FilterBound`]): what the skipped
 //!   entries can explain, a rigorous bound from the backward's reported largest dropped mass per
 //!   row, relative to `‖gt‖₂`.
+//!
+//! A norm over the whole output hides a few bad rows, so `d_e` (per row) and `d_c` (per class
+//! row) are also judged row by row with the rule of [`cut_cross_entropy::tolerance::RowError`]:
+//! `‖ours_i − gt_i‖₂ ≤ τ · (‖gt_i‖₂ + Σ_j |G_ij| · max_j ‖c_j‖₂) + filter_i` (the same `τ`; the
+//! terms of the row from the oracle's `G`), and the worst rows are printed.
 
 // ρ, κ and τ: the tolerance of MATH.md, shared with the conformance suite (cce_core::tolerance).
 pub use cut_cross_entropy::tolerance::{kappa, tau};
@@ -140,6 +145,21 @@ impl FilterBound {
             .sum::<f64>()
             .sqrt();
         self.spectral() * e_norm
+    }
+
+    /// Bound on `‖Δd_e_i‖₂` of row `i` alone: `w_i · m · max_j ‖c_j‖₂` (`c_max`).
+    pub fn d_e_row(&self, i: usize, c_max: f64) -> f64 {
+        self.row_weights[i] * self.dropped_mass_max * c_max
+    }
+
+    /// Bound on `‖Δd_c_j‖₂` of any one class row: `min(eps, m) · Σ_i w_i ‖e_i‖₂` (`e` `[N, D]`).
+    pub fn d_c_row(&self, e: &[f32], d: usize) -> f64 {
+        let weighted: f64 = e
+            .chunks(d.max(1))
+            .zip(&self.row_weights)
+            .map(|(row, w)| w * row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt())
+            .sum();
+        self.filter_eps.min(self.dropped_mass_max) * weighted
     }
 
     /// Bound on `‖Δd_bias‖₂`.

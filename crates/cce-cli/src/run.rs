@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use cce_data::F32Tensor;
+use cut_cross_entropy::tolerance::{max_row_norm, row_allowance, row_errors, worst_rows};
 use cut_cross_entropy::{
     naive, CallStats, DType, FilterEps, HostResult, HostTensor, Options, OracleDLoss, Precision,
     PreparedTargets, Problem, Reduction, TensorMeta,
@@ -644,6 +645,114 @@ fn check(
     for line in table.render().lines() {
         outln!("  {line}");
     }
+    if backward {
+        let out_dtype = res
+            .d_e
+            .as_ref()
+            .or(res.d_c.as_ref())
+            .map_or(dtype, |t| t.dtype());
+        let e32 = t.e.to_f32_vec();
+        let c32 = t.c.to_f32_vec();
+        let widen = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let (e64, c64) = (widen(&e32), widen(&c32));
+        let e_filtered = bound.as_ref().filter(|_| opts.filter_e_grad);
+        let c_filtered = bound.as_ref().filter(|_| opts.filter_c_grad);
+        let mut rows_table = Table::new(&[
+            "rows of",
+            "rows out",
+            "worst row",
+            "|ours|",
+            "|oracle|",
+            "|ours - oracle|",
+            "allowed",
+            "verdict",
+        ]);
+        let mut add_rows = |name: &str,
+                            got: &HostTensor,
+                            want: &[f64],
+                            sums: &[f64],
+                            m_other: f64,
+                            tau: f64,
+                            filter: &dyn Fn(usize) -> f64| {
+            let ours = widen(&got.to_f32_vec());
+            let rows = row_errors(&ours, want, d, |i, truth_norm| {
+                row_allowance(tau, truth_norm, sums[i] * m_other, filter(i), d, out_dtype)
+            });
+            let bad = rows.iter().filter(|r| !r.pass()).count();
+            for (k, r) in worst_rows(&rows, 3).iter().enumerate() {
+                rows_table.row(vec![
+                    if k == 0 {
+                        name.to_string()
+                    } else {
+                        String::new()
+                    },
+                    if k == 0 {
+                        format!("{bad} of {}", rows.len())
+                    } else {
+                        String::new()
+                    },
+                    r.row.to_string(),
+                    format!("{:.3e}", r.ours_norm),
+                    format!("{:.3e}", r.truth_norm),
+                    if r.error.is_finite() {
+                        format!("{:.3e}", r.error)
+                    } else {
+                        "non-finite".into()
+                    },
+                    format!("{:.3e}", r.allowed),
+                    if r.pass() { "pass" } else { "FAIL" }.into(),
+                ]);
+            }
+            // A failing row is its own verdict where the output as a whole passed (a norm
+            // over every row hides it); an output that fails already says so.
+            let whole_passed = verdicts.iter().any(|v| v.name == name && v.pass());
+            if let Some(w) = worst_rows(&rows, 1)
+                .first()
+                .filter(|w| !w.pass() && whole_passed)
+            {
+                verdicts.push(Verdict {
+                    name: format!("{name} row {} (worst of {bad} rows)", w.row),
+                    error: w.error,
+                    allowed: w.allowed,
+                });
+            }
+        };
+        if let Some(g) = &res.d_e {
+            let tau = judge::tau(dtype, v, kappa);
+            let c_max = max_row_norm(&c64, d);
+            let filter = |i: usize| e_filtered.map_or(0.0, |b| b.d_e_row(i, c_max));
+            add_rows(
+                "d_e",
+                g,
+                &oracle.d_e,
+                &oracle.g_terms_rows,
+                c_max,
+                tau,
+                &filter,
+            );
+        }
+        if let Some(g) = &res.d_c {
+            let tau = judge::tau(dtype, n, kappa);
+            let per_row = c_filtered.map_or(0.0, |b| b.d_c_row(&e32, d));
+            let filter = |_: usize| per_row;
+            let e_max = max_row_norm(&e64, d);
+            add_rows(
+                "d_c",
+                g,
+                &oracle.d_c,
+                &oracle.g_terms_cols,
+                e_max,
+                tau,
+                &filter,
+            );
+        }
+        for line in rows_table.render().lines() {
+            outln!("  {line}");
+        }
+        outln!(
+            "  per row: |ours_i - oracle_i| <= tolerance * (|oracle_i| + sum_j |G_ij| * max row norm of c (d_e) or e (d_c)) [+ filter], the worst 3 rows shown"
+        );
+    }
     if let Some(am) = &res.argmax {
         let got = am.to_i64_vec().unwrap_or_default();
         let diff = got
@@ -668,6 +777,11 @@ fn check(
             ""
         }
     );
+    if kappa > 1.0 {
+        outln!(
+            "  gradient tolerance widened x{kappa:.1} (max|lse| {zmag:.3e}, D {d}): the saved f32 lse and the f32 logits carry ~max|lse|·2^-24 of absolute error, a relative error of every p; a common logit offset (e.g. the same bias on every class) is not cancelled (cce_core docs, \"Accuracy on hard inputs\")"
+        );
+    }
     let bad = verdicts.iter().filter(|v| !v.pass()).count();
     if bad == 0 {
         outln!("  verdict: pass (every output within its tolerance)");

@@ -1085,6 +1085,37 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!se.contains("panicked"), "{se}");
 }
 
+/// A small cap makes the softcap's derivative `e^{−2|x/s|}` amplify logit rounding by `2/s`:
+/// the CPU backend must still pass `--check` at `--softcap 1e-3` on real rows (issue 17,
+/// item 3).
+#[test]
+fn check_passes_with_a_small_softcap_on_the_cpu() {
+    let out = ok(&["run", "--softcap", "1e-3", "--check", "--n", "32"]);
+    assert!(
+        out.contains("verdict: pass (every output within its tolerance)"),
+        "{out}"
+    );
+}
+
+/// The same bias of 1e4 on every class leaves loss and gradients unchanged mathematically but
+/// not in f32 (the saved lse is ~1e4): `--check` passes with a widened gradient tolerance and
+/// says why (issue 17, item 10).
+#[test]
+fn check_says_why_a_common_logit_offset_widens_the_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ds: Dataset = generate(&"lm".parse().unwrap(), 48, 24, 700, 3).unwrap();
+    ds.bias = Some(vec![1e4; ds.v]);
+    let p = dir.path().join("offset.safetensors");
+    save_dataset(&p, &ds).unwrap();
+    let out = ok(&["run", "--input", s(&p), "--check", "--filter-eps", "off"]);
+    assert!(out.contains("gradient tolerance widened"), "{out}");
+    assert!(out.contains("common logit offset"), "{out}");
+    assert!(
+        out.contains("verdict: pass (every output within its tolerance)"),
+        "{out}"
+    );
+}
+
 /// Two identical `--deterministic` runs write byte-identical gradient files (`cmp` proves
 /// determinism: the safetensors header, metadata included, is written in a fixed order).
 #[test]
@@ -1238,4 +1269,42 @@ fn three_dim_e_with_shift_matches_the_library() {
     );
     // Without a shift the sequences do not matter: --n 6 runs.
     ok(&["run", "--input", s(&f), "--n", "6"]);
+}
+
+/// `--check` judges `d_e` and `d_c` row by row too and prints the worst rows: here a confident
+/// row (E = [[1]], C = [[16], [0]], target 0: `1 − p_y ≈ 1.1e-7`), whose gradient must be as
+/// accurate as any other row's.
+#[test]
+fn check_judges_gradients_per_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = Dataset {
+        name: "confident".into(),
+        n: 1,
+        d: 1,
+        v: 2,
+        e: vec![1.0],
+        c: vec![16.0, 0.0],
+        bias: None,
+        targets: vec![0],
+        lse_ref: None,
+        nll_ref: None,
+        seq_len: None,
+    };
+    let f = dir.path().join("confident.safetensors");
+    save_dataset(&f, &ds).unwrap();
+    let out = ok(&["run", "--input", s(&f), "--filter-eps", "off", "--check"]);
+    let rows = lines_starting(&out, "| d_e ");
+    assert!(
+        rows.iter()
+            .any(|l| l.contains("0 of 1") && l.ends_with("pass |")),
+        "{out}"
+    );
+    assert!(
+        lines_starting(&out, "| d_c ")
+            .iter()
+            .any(|l| l.contains("0 of 2")),
+        "{out}"
+    );
+    assert!(out.contains("per row: |ours_i - oracle_i|"), "{out}");
+    assert!(out.contains("verdict: pass"), "{out}");
 }

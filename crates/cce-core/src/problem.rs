@@ -305,6 +305,15 @@ pub fn check_masked_targets(
     Ok(())
 }
 
+/// First value of a bias that `check_finite` rejects, as `(index, value)`: a NaN or +inf
+/// (a −inf entry masks its class, see [`check_masked_targets`]).
+pub fn first_bad_bias(values: impl IntoIterator<Item = f32>) -> Option<(usize, f32)> {
+    values
+        .into_iter()
+        .enumerate()
+        .find(|(_, x)| x.is_nan() || *x == f32::INFINITY)
+}
+
 /// First non-finite value of a slice, as `(index, value)`.
 pub fn first_non_finite(values: impl IntoIterator<Item = f32>) -> Option<(usize, f32)> {
     values.into_iter().enumerate().find(|(_, x)| !x.is_finite())

@@ -19,7 +19,11 @@ pub fn rho(len: usize) -> f64 {
 }
 
 /// `κ = max(1, zmag · sqrt(D) / 64)` for the gradients (the forward outputs take 1), with
-/// `zmag` the largest |lse| (at least 1) and `d` the hidden size.
+/// `zmag` the largest |lse| (at least 1) and `d` the hidden size. Why it grows with `|lse|`:
+/// the saved f32 lse and the f32 logits carry `~|lse|·2⁻²⁴` of absolute error, which
+/// `p = exp(z − lse)` turns into a relative error of every `p` of the row; a common offset of
+/// the logits (the same bias on every class) is not cancelled (crate docs, "Accuracy on hard
+/// inputs").
 pub fn kappa(zmag: f64, d: usize) -> f64 {
     (zmag * (d as f64).sqrt() / KAPPA_BASE).max(1.0)
 }
@@ -30,6 +34,131 @@ pub fn tau(dtype: DType, len: usize, kappa: f64) -> f64 {
     dtype
         .tolerance()
         .max(DType::F32.tolerance() * rho(len) * kappa)
+}
+
+/// One row of a gradient (`[rows, cols]`, a row of `d_e` or a class row of `d_c`) judged as
+/// a whole.
+///
+/// The per-row rule: `‖ours_i − gt_i‖₂ ≤ allowed_i` with ([`row_allowance`])
+///
+/// ```text
+/// allowed_i = τ · (‖gt_i‖₂ + S_i · M) + F_i + sqrt(cols) · floor(out dtype)
+/// ```
+///
+/// `S_i = Σ_j T_ij` over the terms of the row (for row `i` of `d_e = G·C`; `Σ_i T_ij` for
+/// class row `j` of `d_c = Gᵀ·E`; from the f64 oracle, `cce_reference::Oracle::g_terms_rows`),
+/// with `T_ij ≥ |G_ij|` the sizes of the parts of `G_ij` (`p_ij`, the smoothing's `α/V`, the
+/// z-loss term, the lse upstream; for the target `α` and `1 − p_y`, never `p_y` and 1), `M`
+/// the largest row norm of the other operand (`max_j ‖c_j‖₂`, `max_i ‖e_i‖₂`), so that
+/// `S_i · M` bounds `Σ_j T_ij ‖c_j‖₂`: an implementation whose every part of `G` carries a
+/// relative error `δ ≤ τ` (f32 logits, a 16-bit `G` for tensor cores, f32 accumulation) errs
+/// by at most `δ · S_i · M`. A row is judged against the size of its own terms, not of the batch: a
+/// confident row (`p_y → 1`), whose gradient is `1 − p_y` small, must be as accurate as any
+/// other, which a batch norm or a term scale of `p + onehot` does not see. `F_i` is what the
+/// gradient filter's skipped entries can explain in that row (0 in exact mode), and the last
+/// term the error of elements near 0 ([`output_floor`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowError {
+    /// Row index.
+    pub row: usize,
+    /// `‖ours_i − gt_i‖₂` (`+∞` when the row of `ours` holds a NaN or an infinity).
+    pub error: f64,
+    /// `‖ours_i‖₂`.
+    pub ours_norm: f64,
+    /// `‖gt_i‖₂`.
+    pub truth_norm: f64,
+    /// The row's allowance.
+    pub allowed: f64,
+}
+
+impl RowError {
+    /// Whether the row passes (`error ≤ allowed`; non-finite fails).
+    pub fn pass(&self) -> bool {
+        self.error <= self.allowed
+    }
+
+    /// `error / allowed` (how much of its allowance the row uses; > 1 fails).
+    pub fn ratio(&self) -> f64 {
+        if self.error == 0.0 {
+            0.0
+        } else {
+            self.error / self.allowed.max(f64::MIN_POSITIVE)
+        }
+    }
+}
+
+/// The absolute error allowed on an output element near 0: f32's smallest normal (`2⁻¹²⁶`;
+/// the gradients accumulate in f32, and values below it are subnormal, held to an absolute
+/// spacing of `2⁻¹⁴⁹` per term rather than to a relative precision), or half the smallest
+/// positive subnormal of a coarser output dtype (`2⁻²⁵` for f16).
+pub fn output_floor(dtype: DType) -> f64 {
+    let f32_normal = f32::MIN_POSITIVE as f64;
+    match dtype {
+        DType::F16 => 2f64.powi(-25),
+        _ => f32_normal,
+    }
+}
+
+/// The per-row allowance of [`RowError`]: `τ · (truth_norm + terms) + filter + sqrt(cols) ·
+/// output_floor(out_dtype)`, with `terms = S_i · M`.
+pub fn row_allowance(
+    tau: f64,
+    truth_norm: f64,
+    terms: f64,
+    filter: f64,
+    cols: usize,
+    out_dtype: DType,
+) -> f64 {
+    tau * (truth_norm + terms) + filter + (cols as f64).sqrt() * output_floor(out_dtype)
+}
+
+/// Per-row errors of a gradient `[rows, cols]` (row-major) against the f64 truth;
+/// `allowed(row, truth_norm)` gives each row's allowance ([`row_allowance`]).
+pub fn row_errors(
+    ours: &[f64],
+    truth: &[f64],
+    cols: usize,
+    allowed: impl Fn(usize, f64) -> f64,
+) -> Vec<RowError> {
+    let cols = cols.max(1);
+    ours.chunks(cols)
+        .zip(truth.chunks(cols))
+        .enumerate()
+        .map(|(row, (o, t))| {
+            let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let truth_norm = norm(t);
+            let error = if o.iter().all(|x| x.is_finite()) {
+                o.iter()
+                    .zip(t)
+                    .map(|(a, b)| (a - b) * (a - b))
+                    .sum::<f64>()
+                    .sqrt()
+            } else {
+                f64::INFINITY
+            };
+            RowError {
+                row,
+                error,
+                ours_norm: norm(o),
+                truth_norm,
+                allowed: allowed(row, truth_norm),
+            }
+        })
+        .collect()
+}
+
+/// The `k` rows with the largest `error / allowed`, worst first.
+pub fn worst_rows(rows: &[RowError], k: usize) -> Vec<RowError> {
+    let mut sorted: Vec<&RowError> = rows.iter().collect();
+    sorted.sort_by(|a, b| b.ratio().total_cmp(&a.ratio()));
+    sorted.into_iter().take(k).cloned().collect()
+}
+
+/// `max_k ‖x_k‖₂` over the rows of a `[rows, cols]` matrix (`M` of [`RowError`]).
+pub fn max_row_norm(x: &[f64], cols: usize) -> f64 {
+    x.chunks(cols.max(1))
+        .map(|r| r.iter().map(|v| v * v).sum::<f64>().sqrt())
+        .fold(0.0, f64::max)
 }
 
 #[cfg(test)]
@@ -44,5 +173,28 @@ mod tests {
         assert_eq!(kappa(32.0, 16), 2.0);
         assert_eq!(tau(DType::BF16, 49152, kappa(20.0, 576)), 1e-2);
         assert!((tau(DType::F32, 4096, kappa(32.0, 16)) - 4e-5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_confident_row_is_judged_against_its_own_terms() {
+        // E = [[1]], C = [[16], [0]], target 0: G = [−r, r] with r = 1 − p_0 ≈ 1.125e-7, so
+        // d_e = −16·r. A backend that loses r to cancellation returns 0: 100% wrong in that
+        // row, though tiny against a batch or a term scale of p + onehot.
+        let r = 1.0 / (1.0 + 16f64.exp());
+        let truth = [-16.0 * r];
+        let s = 2.0 * r; // Σ_j |G_0j|
+        let m = 16.0; // max_j ‖c_j‖
+        let allow = |_: usize, t: f64| row_allowance(1e-5, t, s * m, 0.0, 1, DType::F32);
+        let bad = row_errors(&[0.0], &truth, 1, allow);
+        assert!(!bad[0].pass() && bad[0].ratio() > 1e4, "{bad:?}");
+        let good = row_errors(&[truth[0] * (1.0 + 1e-6)], &truth, 1, allow);
+        assert!(good[0].pass(), "{good:?}");
+        let nan = row_errors(&[f64::NAN], &truth, 1, allow);
+        assert!(!nan[0].pass());
+        // The worst rows come first.
+        let rows = row_errors(&[1.0, 2.0, 3.5], &[1.0, 2.5, 3.0], 1, |_, _| 1.0);
+        let w = worst_rows(&rows, 2);
+        assert_eq!((w[0].row, w[1].row), (1, 2));
+        assert_eq!(max_row_norm(&[3.0, 4.0, 1.0, 0.0], 2), 5.0);
     }
 }

@@ -210,8 +210,9 @@ impl CudaBackend {
     ///
     /// Cheap to call per step: the compiled modules are cached per (context, architecture)
     /// for the process ([`crate::device`]); a construction looks up its kernel functions and
-    /// device attributes. The dense strategies' cuBLAS handle and workspace are made on the
-    /// backend's first dense call. The context's event tracking is left as the caller set it.
+    /// device attributes. The dense strategies' cuBLAS handle and its 32 MiB workspace are
+    /// lent by a per-context pool on the backend's first dense call and given back when the
+    /// backend is dropped. The context's event tracking is left as the caller set it.
     ///
     /// Errors: those of [`CudaBackend::new`].
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {

@@ -90,7 +90,7 @@
 
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::{CceError, DType, Reduction, Result};
-use cudarc::cublas::{result as cublas_result, sys as cublas_sys, CudaBlas};
+use cudarc::cublas::{result as cublas_result, sys as cublas_sys};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
@@ -914,8 +914,8 @@ pub struct DenseStats {
 pub struct DenseEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    _blas_ws: CudaSlice<u8>,
+    /// cuBLAS handle and workspace, lent by the per-context pool ([`crate::device`]).
+    blas: crate::device::PooledBlas,
     funcs: HashMap<String, CudaFunction>,
     arch: String,
     max_smem_optin: usize,
@@ -1233,28 +1233,11 @@ impl DenseEngine {
                 }
             }
         }
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| CceError::backend(BACKEND, e))?;
-        // SAFETY: cuBLAS only uses the workspace as scratch; it is fully written before read.
-        let blas_ws = unsafe { stream.alloc::<u8>(CUBLAS_WORKSPACE_BYTES) }
-            .map_err(|e| alloc_err(e, CUBLAS_WORKSPACE_BYTES))?;
-        let (ws_ptr, _g) = blas_ws.device_ptr(&stream);
-        // SAFETY: the handle is live; the workspace is a device allocation of the stated size
-        // that lives as long as the engine (and so the handle).
-        unsafe {
-            cublas_sys::cublasSetWorkspace_v2(
-                *blas.handle(),
-                ws_ptr as *mut c_void,
-                CUBLAS_WORKSPACE_BYTES,
-            )
-        }
-        .result()
-        .map_err(|e| CceError::backend(BACKEND, e))?;
-        drop(_g);
+        let blas = crate::device::pooled_blas(&stream, CUBLAS_WORKSPACE_BYTES)?;
         Ok(Self {
             ctx,
             stream,
             blas,
-            _blas_ws: blas_ws,
             funcs,
             arch,
             max_smem_optin,

@@ -11,6 +11,9 @@
 //!
 //! The module cache holds its contexts (`Arc<CudaContext>`, the device's primary context) for
 //! the rest of the process, so a cached module never outlives the context it was loaded into.
+//!
+//! The dense engine's cuBLAS handles and their workspaces come from a pool per context
+//! (`pooled_blas`): an engine borrows one for its life and gives it back fenced by an event.
 
 use cce_core::{CceError, Result};
 use cudarc::driver::{CudaContext, CudaModule};
@@ -226,6 +229,151 @@ pub(crate) fn module(
         .map_err(|e| CceError::backend(BACKEND, e))?;
     map.insert(key, (ctx.clone(), m.clone()));
     Ok(m)
+}
+
+/// A cuBLAS handle and its workspace, lent from a per-context pool for as long as a dense
+/// engine lives: a backend made per call takes the handle the previous one gave back instead
+/// of creating one (and allocating its workspace) per call.
+///
+/// Taking a handle points it at the taker's stream, which first waits for an event recorded
+/// on the previous user's stream when it was given back, so the workspace is never used by
+/// two streams at once. The pool keeps, per context and for the process, as many handles
+/// (each with its workspace) as engines were alive at once.
+pub(crate) struct PooledBlas {
+    entry: Option<BlasEntry>,
+    key: usize,
+}
+
+struct BlasEntry {
+    blas: cudarc::cublas::CudaBlas,
+    /// The stream the handle is on while lent.
+    stream: Arc<cudarc::driver::CudaStream>,
+    /// The workspace (never freed while pooled: the pool lives for the process).
+    _ws: cudarc::driver::CudaSlice<u8>,
+    ws_ptr: u64,
+    ws_bytes: usize,
+    /// Recorded on the last user's stream after its work, when the handle was given back.
+    ready: Option<cudarc::driver::CudaEvent>,
+}
+
+type BlasPool = HashMap<usize, Vec<BlasEntry>>;
+
+fn blas_pool() -> &'static Mutex<BlasPool> {
+    static POOL: OnceLock<Mutex<BlasPool>> = OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+fn blas_err(e: cudarc::cublas::result::CublasError) -> CceError {
+    CceError::backend(BACKEND, e)
+}
+
+/// A cuBLAS handle on `stream` with a workspace of `ws_bytes`, from the pool of `stream`'s
+/// context or new. Errors: `Backend` (cuBLAS, driver), `OutOfMemory` for a new workspace.
+pub(crate) fn pooled_blas(
+    stream: &Arc<cudarc::driver::CudaStream>,
+    ws_bytes: usize,
+) -> Result<PooledBlas> {
+    use cudarc::driver::DevicePtr;
+    let key = stream.context().cu_ctx() as usize;
+    let taken = blas_pool()
+        .lock()
+        .map_err(poisoned)?
+        .get_mut(&key)
+        .and_then(|v| {
+            let i = v.iter().position(|e| e.ws_bytes == ws_bytes)?;
+            Some(v.swap_remove(i))
+        });
+    let entry = match taken {
+        Some(mut e) => {
+            if let Some(ev) = e.ready.take() {
+                stream
+                    .wait(&ev)
+                    .map_err(|err| CceError::backend(BACKEND, err))?;
+            }
+            // SAFETY: the handle is this engine's alone (taken out of the pool), and `stream`
+            // waits for the work its previous user enqueued (the event above).
+            unsafe { e.blas.set_stream(stream.clone()) }.map_err(blas_err)?;
+            e.stream = stream.clone();
+            e
+        }
+        None => {
+            let blas = cudarc::cublas::CudaBlas::new(stream.clone()).map_err(blas_err)?;
+            // SAFETY: cuBLAS only uses the workspace as scratch; it writes before it reads.
+            let ws = unsafe { stream.alloc::<u8>(ws_bytes) }.map_err(|e| {
+                if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    CceError::OutOfMemory {
+                        backend: BACKEND,
+                        requested_bytes: ws_bytes as u64,
+                    }
+                } else {
+                    CceError::backend(BACKEND, e)
+                }
+            })?;
+            let ws_ptr = ws.device_ptr(stream).0;
+            BlasEntry {
+                blas,
+                stream: stream.clone(),
+                _ws: ws,
+                ws_ptr,
+                ws_bytes,
+                ready: None,
+            }
+        }
+    };
+    // cublasSetStream resets the handle's workspace to cuBLAS's own: set ours after it.
+    // SAFETY: the handle is live; the workspace is a device allocation of `ws_bytes` that
+    // lives as long as the entry (the pool never frees it).
+    unsafe {
+        cudarc::cublas::sys::cublasSetWorkspace_v2(
+            *entry.blas.handle(),
+            entry.ws_ptr as *mut std::ffi::c_void,
+            ws_bytes,
+        )
+    }
+    .result()
+    .map_err(blas_err)?;
+    Ok(PooledBlas {
+        entry: Some(entry),
+        key,
+    })
+}
+
+impl PooledBlas {
+    /// The cuBLAS handle (on the stream it was lent for).
+    pub(crate) fn handle(&self) -> &cudarc::cublas::sys::cublasHandle_t {
+        // The entry is taken only by Drop.
+        match &self.entry {
+            Some(e) => e.blas.handle(),
+            None => unreachable!("a PooledBlas holds its entry until dropped"),
+        }
+    }
+}
+
+impl Drop for PooledBlas {
+    fn drop(&mut self) {
+        let Some(mut e) = self.entry.take() else {
+            return;
+        };
+        let stream = e.stream.clone();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        // A handle whose last work cannot be fenced is destroyed instead of pooled.
+        let Ok(ev) = stream.record_event(flags) else {
+            return;
+        };
+        e.ready = Some(ev);
+        // Point the handle at the legacy default stream while pooled, so that it holds no
+        // reference to the caller's stream (a borrowed one may be destroyed meanwhile).
+        let idle = stream.context().default_stream();
+        // SAFETY: no work is enqueued through the handle until it is taken again, and taking
+        // it sets the taker's stream first.
+        if unsafe { e.blas.set_stream(idle.clone()) }.is_err() {
+            return;
+        }
+        e.stream = idle;
+        if let Ok(mut pool) = blas_pool().lock() {
+            pool.entry(self.key).or_default().push(e);
+        }
+    }
 }
 
 #[cfg(test)]

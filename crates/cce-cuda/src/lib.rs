@@ -6,7 +6,8 @@
 //!
 //! | concept | here |
 //! |---|---|
-//! | buffer | [`CudaTensor`]: one device allocation + dtype + row-major shape |
+//! | buffer | [`CudaTensor`]: one device allocation + dtype + row-major shape, owned or borrowed from the caller in place ([`CudaTensor::borrowed`], [`CudaTensor::borrowed_view`]) |
+//! | switches | [`CudaSwitches`]: one explicit value that forces or disables paths and turns profiling on (no environment variable on a call's path; only the kernel cache's folder, [`device`]) |
 //! | device, stream | [`CudaBackend`] enqueues everything on one stream: its own non-blocking stream ([`CudaBackend::new`]) or the caller's ([`CudaBackend::on_stream`], [`CudaBackend::on_raw_stream`]); the caller orders its producers and consumers with events |
 //! | kernels | `kernels/*.cu`, embedded, compiled by NVRTC to a CUBIN for the device (`sm_90a` on H100/H200), cached on disk and, with the loaded modules, per (context, architecture) for the process ([`device`]) |
 //! | strategy | [`cce_core::Strategy::ChunkedDense`] ([`chunked`]): row chunks of materialized f32 logits, cuBLAS for the three products, for exact calls whose budget holds an f32 `d_c` accumulator; [`cce_core::Strategy::SplitDense`] ([`chunked`]): a row pass for `d_e` and a class pass for `d_c`, 4 cuBLAS GEMMs (or WGMMA GEMMs with the row reductions in their epilogues on Hopper), no cross-chunk accumulator (the default within 0.5 GiB); order and rules in [`backend`]. Both need compute capability 8.0 and libcublas |

@@ -1,11 +1,14 @@
 //! The blocked CPU backend: follows the plan and the filter rule of `cce-core` exactly.
 //!
 //! Forward (paper section 4.2): per row tile (in parallel), the class tiles of every class chunk
-//! in order; each logits tile is one f32 GEMM (`tile.rows x tile.classes x D`), followed by bias
-//! and softcap; an online log-sum-exp (f64 accumulators) keeps max, sum, the target logit,
-//! `Σ z`, `Σ p z` (entropy) and the argmax.
+//! in order; each logits tile is one f32 GEMM (`tile.rows x tile.classes x D`; f64 under
+//! softcap, whose derivative amplifies logit rounding by `2/s`), followed by bias and softcap;
+//! an online log-sum-exp (f64 accumulators) keeps max, sum, the non-target sum (for
+//! `rest_mass`), the target logit, `Σ z`, `Σ p z` (entropy) and the argmax. −inf logits
+//! (classes masked by the bias) add nothing.
 //!
-//! Backward (paper section 4.3), from the saved lse:
+//! Backward (paper section 4.3), from the saved lse and rest mass (the target's `G` and `g0`
+//! from `1 − p_y = rest`, without cancellation on confident rows):
 //! 1. threshold: per active row, a histogram of `g0 = |p − onehot|` over the filter's bins and
 //!    the row threshold `τ_i` ([`cce_core::filter`]);
 //! 2. tile mask: a tile is skipped when every entry of its active rows has `g0 < τ_i`; the
@@ -16,12 +19,12 @@
 //! `Strategy::ChunkedDense` materializes the `G` of a row chunk once (the plan's workspace);
 //! `Strategy::TileOwnership` recomputes each tile in every pass. Both produce the same bits.
 
+use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
 use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
 use cce_core::stats::CallStats;
-use cce_core::HostData;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
     Saved, TensorMeta, Upstream,
@@ -65,20 +68,12 @@ struct Prepared<'a> {
     e: Cow<'a, [f32]>,
     c: Cow<'a, [f32]>,
     bias: Option<Cow<'a, [f32]>>,
+    /// Accumulate the logits in f64 (under softcap, see [`Prepared::raw_logits_tile`]).
+    wide_logits: bool,
 }
 
-/// The values of a float tensor as f32: borrowed when already f32, widened (exactly)
-/// otherwise. Errors: `OutOfMemory { backend: "host" }` (as for the backend's other buffers)
-/// when the host cannot allocate the f32 copy.
-fn as_f32(t: &HostTensor) -> Result<Cow<'_, [f32]>> {
-    Ok(match t.data() {
-        HostData::F32(v) => Cow::Borrowed(v),
-        _ => Cow::Owned(t.try_to_f32_vec()?),
-    })
-}
-
-fn prepare<'a>(
-    inputs: &Inputs<'a, HostTensor>,
+fn prepare<'a, T: HostRead>(
+    inputs: &Inputs<'a, T>,
     opts: &Options,
     limits: &DeviceLimits,
 ) -> Result<Prepared<'a>> {
@@ -89,7 +84,7 @@ fn prepare<'a>(
         inputs.targets,
         opts,
     )?;
-    let raw = inputs.targets.to_i64_vec().ok_or(CceError::DTypeMismatch {
+    let raw = inputs.targets.i64_values().ok_or(CceError::DTypeMismatch {
         what: "targets",
         expected: "i32 or i64".into(),
         got: inputs.targets.dtype(),
@@ -100,10 +95,39 @@ fn prepare<'a>(
         problem,
         plan,
         targets,
-        e: as_f32(inputs.e)?,
-        c: as_f32(inputs.c)?,
-        bias: inputs.bias.map(as_f32).transpose()?,
+        e: inputs.e.f32_values()?,
+        c: inputs.c.f32_values()?,
+        bias: inputs.bias.map(|b| b.f32_values()).transpose()?,
+        wide_logits: opts.softcap.is_some(),
     })
+}
+
+/// `out[m, n] = a[m, k] · b[n, k]ᵀ`, f64, row-major `a`, `b` and `out`.
+fn dgemm(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], out: &mut [f64]) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(a.len() >= m * k && b.len() >= n * k && out.len() >= m * n);
+    // SAFETY: the assert bounds every element addressed: a (m x k, strides (k, 1)),
+    // b read as k x n with strides (1, k), out (m x n, strides (n, 1)).
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            out.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
 }
 
 /// `out[m, n] (+)= a[m, k] · b[k, n]` with explicit strides, f32.
@@ -164,22 +188,26 @@ impl Prepared<'_> {
     }
 
     /// Uncapped logits tile `x[rows x classes]` (f32, bias applied), row-major.
+    ///
+    /// Under softcap the products accumulate in f64 (then round to f32): the softcap's
+    /// derivative `4w/(1 + w)²`, `w = e^{−2|x/s|}`, turns an absolute logit error `δx` into a
+    /// relative gradient error `2δx/s`, so f32 accumulation (`δx ~ 2⁻²⁴·Σ_k |e_k c_k|`) would
+    /// cost a small cap (`s = 1e-3`) three decimal digits; rounded once, `δx ≤ 2⁻²⁴·|x|`.
     fn raw_logits_tile(&self, rows: &Range<usize>, classes: &Range<usize>) -> Vec<f32> {
         let d = self.problem.d;
         let (r, k) = (rows.len(), classes.len());
+        let e = &self.e[rows.start * d..rows.end * d];
+        let c = &self.c[classes.start * d..classes.end * d];
         let mut z = vec![0.0f32; r * k];
-        sgemm(
-            r,
-            d,
-            k,
-            &self.e[rows.start * d..rows.end * d],
-            (d, 1),
-            &self.c[classes.start * d..classes.end * d],
-            (1, d),
-            0.0,
-            &mut z,
-            k,
-        );
+        if self.wide_logits {
+            let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+            let (e, c) = (wide(e), wide(c));
+            let mut z64 = vec![0.0f64; r * k];
+            dgemm(r, d, k, &e, &c, &mut z64);
+            z.iter_mut().zip(&z64).for_each(|(o, &x)| *o = x as f32);
+        } else {
+            sgemm(r, d, k, e, (d, 1), c, (1, d), 0.0, &mut z, k);
+        }
         if let Some(b) = &self.bias {
             for row in z.chunks_mut(k) {
                 for (x, b) in row.iter_mut().zip(&b[classes.clone()]) {
@@ -258,6 +286,29 @@ impl Backend for CpuBackend {
     fn forward(
         &self,
         inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<HostTensor>> {
+        self.forward_host(inputs, opts)
+    }
+
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        saved: Saved<'_, HostTensor>,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<BackwardOutput<HostTensor>> {
+        self.backward_host(inputs, opts, saved, upstream)
+    }
+}
+
+impl CpuBackend {
+    /// [`Backend::forward`] on any host buffers ([`HostRead`]): owned [`HostTensor`]s or
+    /// borrowed [`HostView`](crate::HostView)s, read in place (f32) without a copy. Same
+    /// errors as [`Backend::forward`].
+    pub fn forward_host<T: HostRead>(
+        &self,
+        inputs: &Inputs<'_, T>,
         opts: &Options,
     ) -> Result<ForwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
@@ -398,12 +449,14 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn backward(
+    /// [`Backend::backward`] on any host buffers ([`HostRead`]), as
+    /// [`CpuBackend::forward_host`]. Same errors as [`Backend::backward`].
+    pub fn backward_host<T: HostRead>(
         &self,
-        inputs: &Inputs<'_, HostTensor>,
+        inputs: &Inputs<'_, T>,
         opts: &Options,
-        saved: Saved<'_, HostTensor>,
-        upstream: &Upstream<'_, HostTensor>,
+        saved: Saved<'_, T>,
+        upstream: &Upstream<'_, T>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
         let Problem { n, d, v, .. } = p.problem;
@@ -421,8 +474,8 @@ impl Backend for CpuBackend {
             let masked = p.bias.as_ref().is_some_and(|b| b[yi] == f32::NEG_INFINITY);
             (masked, bias_masks)
         })?;
-        let lse = saved.lse.to_f32_vec();
-        let rest = saved.rest_mass.to_f32_vec();
+        let lse = saved.lse.f32_values()?;
+        let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
         // reject them either), so a non-finite lse is passed through. An ignored row whose every
         // class is masked has lse −inf.
@@ -446,19 +499,19 @@ impl Backend for CpuBackend {
         match upstream.d_loss {
             DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
             DLoss::PerRow(t) if opts.check_finite => {
-                cce_core::problem::check_upstream_finite("d_loss", t.to_f32_vec())?
+                cce_core::problem::check_upstream_finite("d_loss", t.f32_values()?.iter().copied())?
             }
             DLoss::PerRow(_) => {}
         }
         if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
-            cce_core::problem::check_upstream_finite("d_lse", t.to_f32_vec())?;
+            cce_core::problem::check_upstream_finite("d_lse", t.f32_values()?.iter().copied())?;
         }
         let y = &p.targets.classes;
         let n_valid = p.targets.n_valid;
         // Upstream g_i and h_i.
         let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
             (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
-                let t = t.to_f32_vec();
+                let t = t.f32_values()?;
                 (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
@@ -484,7 +537,7 @@ impl Backend for CpuBackend {
             }
         };
         let h: Vec<f32> = match upstream.d_lse {
-            Some(t) if t.shape() == [n] => t.to_f32_vec(),
+            Some(t) if t.shape() == [n] => t.f32_values()?.into_owned(),
             Some(t) => {
                 return Err(CceError::ShapeMismatch {
                     what: "d_lse",
@@ -1049,10 +1102,7 @@ fn non_finite_input(p: &Prepared) -> Option<CceError> {
         .or_else(|| scan("c", &p.c, d))
         .or_else(|| {
             let b = p.bias.as_ref()?;
-            let (index, &value) = b
-                .iter()
-                .enumerate()
-                .find(|(_, x)| x.is_nan() || **x == f32::INFINITY)?;
+            let (index, value) = cce_core::problem::first_bad_bias(b.iter().copied())?;
             Some(CceError::NonFinite {
                 what: "bias",
                 index,

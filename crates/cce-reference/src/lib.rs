@@ -4,6 +4,7 @@
 //!   every test) or in the input dtype (what a user would otherwise run).
 //! - [`blocked`]: a multi-threaded CPU backend that follows the blocking plan and the filter rule
 //!   of `cce-core` exactly, so plan and filter bugs fail without a GPU.
+//! - [`view`]: borrowed host tensors, read by the CPU backend in place.
 
 pub mod naive;
 
@@ -11,3 +12,6 @@ pub use naive::{naive, naive_values, Oracle, OracleDLoss, Precision};
 pub mod blocked;
 
 pub use blocked::CpuBackend;
+pub mod view;
+
+pub use view::{HostRead, HostSlice, HostView};

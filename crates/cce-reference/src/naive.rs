@@ -56,6 +56,16 @@ pub struct Oracle {
     pub d_c: Vec<f64>,
     /// `[V]` if a bias was given.
     pub d_bias: Option<Vec<f64>>,
+    /// `[N]`: `Σ_j T_ij`, the size of the terms of row `i` of `d_e = G·C` (a per-row judge
+    /// scales its tolerance by `Σ_j T_ij · max_j ‖c_j‖`). `T_ij ≥ |G_ij|` sums the sizes of
+    /// the parts of `G_ij` an implementation adds in f32:
+    /// `|g_i|·((1 + |2λ lse_i|)·p_ij + α/V) + |h_i|·p_ij`, and for the target
+    /// `|g_i|·(α + (1 − p_y) + |2λ lse_i|·p_y + α/V) + |h_i|·p_y` (its `p_y − 1` computed
+    /// without cancellation, as `−(1 − p_y)`); taken before the softcap factor `1 − (z/s)²`
+    /// (computed in f32 with an absolute error).
+    pub g_terms_rows: Vec<f64>,
+    /// `[V]`: `Σ_i T_ij` (likewise), the size of the terms of class row `j` of `d_c = Gᵀ·E`.
+    pub g_terms_cols: Vec<f64>,
     /// Count of valid rows.
     pub n_valid: usize,
 }
@@ -309,39 +319,80 @@ pub fn naive_values(
 
     // G [N, V], overwriting z. In f64 the target entry takes `p_y = 1 − rest` and the bracket
     // `(1 + 2λ lse) p_y − (1 − α) = α − rest + 2λ lse p_y`, so a confident row does not cancel.
+    // Also the term sizes (`Oracle::g_terms_rows`) per row and per class, taken before the
+    // softcap factor `1 − (z/s)²`: that factor is computed in f32 with an absolute error of
+    // ~2⁻²³, so an entry's error scales with its size before it, not after.
     let mut gm = z;
-    gm.par_chunks_mut(v).enumerate().for_each(|(i, row)| {
-        let l = lse[i];
-        let h = d_lse.map_or(0.0, |h| h[i]);
-        for (j, zz) in row.iter_mut().enumerate() {
-            let x = *zz;
-            let target = y[i] == j as i32;
-            let p = if target && !same {
-                1.0 - rest_mass[i]
-            } else {
-                ex(x, l)
-            };
-            let mut gij = if y[i] < 0 {
-                0.0
-            } else if target && !same {
-                g[i] * ((alpha - rest_mass[i]) + 2.0 * lambda * l * p - alpha / v as f64)
-            } else {
-                let onehot = if target { 1.0 } else { 0.0 };
-                g[i] * ((1.0 + 2.0 * lambda * l) * p - (1.0 - alpha) * onehot - alpha / v as f64)
-            };
-            gij += h * p;
-            if let Some(s) = softcap {
-                gij *= if !same {
-                    dcap[i * v + j]
-                } else if x == f64::NEG_INFINITY {
-                    0.0
-                } else {
-                    1.0 - (x / s) * (x / s)
-                };
-            }
-            *zz = if same { round_to(dtype, gij) } else { gij };
-        }
-    });
+    type Sums = (Vec<(usize, f64)>, Vec<f64>);
+    let (mut abs_rows, g_terms_cols): Sums = gm
+        .par_chunks_mut(v)
+        .enumerate()
+        .fold(
+            || (Vec::new(), vec![0.0f64; v]),
+            |(mut rows, mut cols): Sums, (i, row)| {
+                let l = lse[i];
+                let h = d_lse.map_or(0.0, |h| h[i]);
+                let mut row_abs = 0.0f64;
+                for (j, zz) in row.iter_mut().enumerate() {
+                    let x = *zz;
+                    let target = y[i] == j as i32;
+                    let p = if target && !same {
+                        1.0 - rest_mass[i]
+                    } else {
+                        ex(x, l)
+                    };
+                    let mut gij = if y[i] < 0 {
+                        0.0
+                    } else if target && !same {
+                        g[i] * ((alpha - rest_mass[i]) + 2.0 * lambda * l * p - alpha / v as f64)
+                    } else {
+                        let onehot = if target { 1.0 } else { 0.0 };
+                        g[i] * ((1.0 + 2.0 * lambda * l) * p
+                            - (1.0 - alpha) * onehot
+                            - alpha / v as f64)
+                    };
+                    gij += h * p;
+                    // The sizes of the parts of G_ij an implementation adds in f32: for the target
+                    // `α − (1 − p_y)` (never `p_y − 1`, which cancels), the z-loss and smoothing
+                    // terms, the lse upstream.
+                    let zl = (2.0 * lambda * l).abs();
+                    let term = if y[i] < 0 {
+                        h.abs() * p
+                    } else {
+                        let core = if target {
+                            alpha + rest_mass[i] + zl * p
+                        } else {
+                            (1.0 + zl) * p
+                        };
+                        g[i].abs() * (core + alpha / v as f64) + h.abs() * p
+                    };
+                    row_abs += term;
+                    cols[j] += term;
+                    if let Some(s) = softcap {
+                        gij *= if !same {
+                            dcap[i * v + j]
+                        } else if x == f64::NEG_INFINITY {
+                            0.0
+                        } else {
+                            1.0 - (x / s) * (x / s)
+                        };
+                    }
+                    *zz = if same { round_to(dtype, gij) } else { gij };
+                }
+                rows.push((i, row_abs));
+                (rows, cols)
+            },
+        )
+        .reduce(
+            || (Vec::new(), vec![0.0f64; v]),
+            |(mut ra, mut ca), (rb, cb)| {
+                ra.extend(rb);
+                ca.iter_mut().zip(cb).for_each(|(a, b)| *a += b);
+                (ra, ca)
+            },
+        );
+    abs_rows.sort_unstable_by_key(|r| r.0);
+    let g_terms_rows: Vec<f64> = abs_rows.into_iter().map(|r| r.1).collect();
 
     let out_round = |x: f64| if same { round_to(dtype, x) } else { x };
     // d_e = G · C  [N, V] x [V, D].
@@ -385,6 +436,8 @@ pub fn naive_values(
         })
         .collect();
     Oracle {
+        g_terms_rows,
+        g_terms_cols,
         loss,
         row_loss,
         lse,

@@ -52,6 +52,9 @@ pub struct CudaOutput {
     pub loss: CudaTensor,
     /// `[N]` f32 log-sum-exp per row, nats.
     pub lse: CudaTensor,
+    /// `[N]` f32 `1 − p_y` per row without cancellation; with `lse`, the state a later
+    /// [`Backend::backward`] takes ([`cce_core::Saved`]).
+    pub rest_mass: CudaTensor,
     /// `[N]` f32 entropy (nats), if asked (`Options::side_outputs`).
     pub entropy: Option<CudaTensor>,
     /// `[N]` i32 argmax, if asked.
@@ -125,6 +128,7 @@ pub fn linear_cross_entropy(
     Ok(CudaOutput {
         loss: fwd.loss,
         lse: fwd.lse,
+        rest_mass: fwd.rest_mass,
         entropy: fwd.entropy,
         argmax: fwd.argmax,
         d_e,

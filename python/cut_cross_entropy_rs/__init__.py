@@ -1,0 +1,31 @@
+"""cut_cross_entropy_rs: fused linear cross-entropy without the N x V logits (cut cross-entropy,
+Wijmans et al. 2024), backed by the cut-cross-entropy Rust library.
+
+- :func:`linear_cross_entropy`: Apple CCE's ``cut_cross_entropy.linear_cross_entropy`` names;
+- :class:`LinearCrossEntropy`: Apple CCE's module;
+- :class:`LigerFusedLinearCrossEntropyLoss`: Liger's module (constructor and call);
+- :class:`CceError`: every error of the library (its message, and ``kind``, the variant's name);
+- :class:`CallStats`: what a call did (``return_stats=True``).
+
+The package is named ``cut_cross_entropy_rs`` rather than ``cut_cross_entropy`` so that it
+installs beside Apple's package (the side-by-side benchmark imports both); switching is the
+import line.
+
+The work runs in ``torch.library`` custom ops (``cut_cross_entropy_rs::forward`` and
+``::backward``) with fake kernels and autograd, so ``torch.compile`` traces through a call.
+"""
+
+from ._native import __version__
+from ._ops import CallStats, CceError
+from .functional import linear_cross_entropy
+from .modules import CrossEntropyOutput, LigerFusedLinearCrossEntropyLoss, LinearCrossEntropy
+
+__all__ = [
+    "CallStats",
+    "CceError",
+    "CrossEntropyOutput",
+    "LigerFusedLinearCrossEntropyLoss",
+    "LinearCrossEntropy",
+    "linear_cross_entropy",
+    "__version__",
+]

@@ -1,0 +1,195 @@
+"""``linear_cross_entropy``: the loss of a language model's output layer without the N x V logits.
+
+Argument names and meanings follow Apple's ``cut_cross_entropy.linear_cross_entropy`` where they
+overlap, so switching is one import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._ops import CceError, Options, forward_op, new_stats
+
+__all__ = ["linear_cross_entropy"]
+
+IGNORE_INDEX = -100
+
+
+def _error(kind: str, message: str) -> CceError:
+    err = CceError(message)
+    err.kind = kind
+    return err
+
+
+def _options(
+    ignore_index: int,
+    softcap: float | None,
+    reduction: str,
+    shift: int,
+    filter_eps: float | str | None,
+    filter_e_grad: bool,
+    filter_c_grad: bool,
+    label_smoothing: float,
+    z_loss: float,
+    max_dropped_mass: float,
+    workspace_budget_bytes: int | None,
+    deterministic: bool,
+    check_finite: bool,
+    entropy: bool = False,
+    argmax: bool = False,
+) -> Options:
+    """The ops' :class:`Options` from the public arguments (validated by the library)."""
+    if filter_eps is None:
+        mode, eps = "off", 0.0
+    elif isinstance(filter_eps, str):
+        mode, eps = filter_eps, 0.0
+    else:
+        mode, eps = "value", float(filter_eps)
+    return Options(
+        reduction=reduction,
+        ignore_index=int(ignore_index),
+        shift=int(shift),
+        softcap=None if softcap is None else float(softcap),
+        label_smoothing=float(label_smoothing),
+        z_loss=float(z_loss),
+        filter_mode=mode,
+        filter_eps=eps,
+        max_dropped_mass=float(max_dropped_mass),
+        filter_e_grad=bool(filter_e_grad),
+        filter_c_grad=bool(filter_c_grad),
+        workspace_budget_bytes=-1 if workspace_budget_bytes is None else int(workspace_budget_bytes),
+        deterministic=bool(deterministic),
+        check_finite=bool(check_finite),
+        entropy=entropy,
+        argmax=argmax,
+    )
+
+
+def linear_cross_entropy(
+    e: Tensor,
+    c: Tensor,
+    targets: Tensor,
+    bias: Tensor | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    softcap: float | None = None,
+    reduction: str = "mean",
+    shift: bool | int = 0,
+    return_lse: bool = False,
+    filter_eps: float | str | None = "auto",
+    accum_e_fp32: bool = False,
+    accum_c_fp32: bool = False,
+    filter_e_grad: bool = True,
+    filter_c_grad: bool = True,
+    impl: str | None = None,
+    vocab_parallel_options: Any = None,
+    *,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    max_dropped_mass: float = 1e-3,
+    workspace_budget_bytes: int | None = None,
+    deterministic: bool = False,
+    check_finite: bool = True,
+    return_stats: bool = False,
+):
+    """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets``, without allocating
+    the logits: ``F.cross_entropy((e @ c.T).float(), targets)``, with the logits accumulated in
+    f32 and never rounded to the input dtype.
+
+    :param e: Embeddings, shape ``(..., D)``, float32, float16 or bfloat16. Under
+        ``torch.autocast`` ``e``, ``c`` and ``bias`` are cast to the autocast dtype first.
+    :param c: Classifier, shape ``(V, D)``, the dtype of ``e``.
+    :param targets: Class per row, shape ``e.shape[:-1]`` (or ``(N,)``), int64 or int32; each in
+        ``[0, V)`` or ``ignore_index``.
+    :param bias: Optional bias, shape ``(V,)``, the dtype of ``e``.
+    :param ignore_index: Rows whose target is this have no loss and no gradient.
+    :param softcap: Logit softcapping ``s · tanh(z / s)``; None for none.
+    :param reduction: ``"mean"`` (over the rows with a target; a batch without any raises
+        ``CceError`` of kind ``AllTargetsIgnored``), ``"sum"`` or ``"none"`` (shape
+        ``e.shape[:-1]``, 0 at ignored rows).
+    :param shift: n-th next token prediction: row ``(..., t)`` of ``e`` pairs with target
+        ``(..., t + shift)`` along the second-to-last axis of ``e``; True is 1. With
+        ``reduction="none"`` the loss of that pair stands at position ``t + shift``, as in Apple's
+        CCE (the first ``shift`` positions are 0).
+    :param return_lse: Also return the log-sum-exp per row, shape ``e.shape[:-1]`` f32 (every
+        row, ignored or not, at the row of ``e``); differentiable (for a z-loss).
+    :param filter_eps: Gradient filtering: ``"auto"`` (the dtype's epsilon / 32), a float, or
+        None for the exact gradient. Skipped entries are bounded per row by ``max_dropped_mass``.
+    :param accum_e_fp32: Accepted for compatibility: gradients always accumulate in f32.
+    :param accum_c_fp32: Accepted for compatibility: gradients always accumulate in f32.
+    :param filter_e_grad: Apply the filter to the gradient of ``e``.
+    :param filter_c_grad: Apply the filter to the gradients of ``c`` and ``bias``.
+    :param impl: Accepted for compatibility with Apple's CCE and ignored (there is one).
+    :param vocab_parallel_options: Must be None (vocabulary parallelism is not supported here).
+    :param label_smoothing: Label smoothing in ``[0, 1)``.
+    :param z_loss: Weight of ``lse²`` added to each row's loss (Liger's ``lse_square_scale``).
+    :param max_dropped_mass: Per-row bound on the probability mass the filter may skip.
+    :param workspace_budget_bytes: Extra memory the call may use; None for the default 512 MiB.
+    :param deterministic: Bitwise-repeatable results.
+    :param check_finite: Raise ``CceError`` of kind ``NonFinite`` on NaN/Inf inputs.
+    :param return_stats: Also return a :class:`CallStats` dict: the forward's statistics (strategy
+        and why, valid rows, workspace) at once, the backward's (entries kept and skipped,
+        dropped mass) once the backward has run. Eager mode only.
+    :returns: ``loss``, or a tuple ``(loss[, lse][, stats])``.
+    :raises CceError: every invalid input or option, with the library's message and ``kind``.
+    """
+    del accum_e_fp32, accum_c_fp32, impl
+    if vocab_parallel_options is not None:
+        raise _error("Unsupported", "vocab_parallel_options is not supported by cut_cross_entropy_rs")
+    if reduction not in ("mean", "sum", "none"):
+        raise _error("InvalidOption", f"invalid option reduction: unknown reduction '{reduction}' (none, mean, sum)")
+    shift = int(shift)
+    opts = _options(
+        ignore_index,
+        softcap,
+        reduction,
+        shift,
+        filter_eps,
+        filter_e_grad and filter_eps is not None,
+        filter_c_grad and filter_eps is not None,
+        label_smoothing,
+        z_loss,
+        max_dropped_mass,
+        workspace_budget_bytes,
+        deterministic,
+        check_finite,
+    )
+    loss, lse, _, _, stats = _call(e, c, targets, bias, opts, return_stats)
+    out: list[Any] = [loss]
+    if return_lse:
+        out.append(lse)
+    if return_stats:
+        out.append(stats)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _call(e, c, targets, bias, opts: Options, return_stats: bool):
+    """Run the forward op; returns ``(loss, lse, entropy, argmax, stats)``, the loss and lse
+    shaped ``e.shape[:-1]`` (the loss a scalar unless ``reduction="none"``), ``stats`` a
+    :class:`CallStats` or None."""
+    stats_id, stats = -1, None
+    if return_stats:
+        if torch.compiler.is_compiling():
+            raise _error("Unsupported", "return_stats=True is available in eager mode only")
+        stats_id, stats = new_stats()
+    if not isinstance(e, Tensor):
+        raise _error("InvalidOption", f"invalid option e: expected a torch.Tensor, got {type(e).__name__}")
+    device_type = e.device.type
+    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+        # As F.linear under autocast: the product runs in the autocast dtype (the casts are
+        # differentiable, so f32 parameters get f32 gradients).
+        dtype = torch.get_autocast_dtype(device_type)
+        e, c = e.to(dtype), c.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
+    reduction, shift = opts.reduction, opts.shift
+    batch = e.shape[:-1] if e.dim() >= 2 else e.shape
+    if reduction == "none":
+        loss = loss.view(batch)
+        if shift > 0 and len(batch) >= 1 and shift < batch[-1]:
+            # The pair (t, t + shift) is reported at the target's position, as Apple's CCE does.
+            loss = torch.nn.functional.pad(loss[..., : batch[-1] - shift], (shift, 0))
+    lse = lse.view(batch)
+    return loss, lse, entropy, argmax, stats

@@ -1,0 +1,686 @@
+//! # cce-python: the native extension of the `cut_cross_entropy_rs` Python package
+//!
+//! Two functions, `forward` and `backward`, called by the package's `torch.library` custom ops
+//! (`cut_cross_entropy_rs/_ops.py`); not a public API. They take `torch.Tensor` objects, check
+//! device, dtype, shape and contiguity, and read and write the tensors' memory in place:
+//!
+//! - inputs (`e`, `c`, `bias`, `targets`, the saved `lse`, the upstream gradients) are borrowed
+//!   as [`HostView`]s, so f32 tensors reach the CPU backend without a copy (f16/bf16 are widened
+//!   to f32 once per call, as the backend does for its own tensors);
+//! - outputs are allocated by PyTorch (so its allocator accounts for them) and passed in empty;
+//!   the backend's results are written into them.
+//!
+//! Every [`LibError`] (`cce_core::CceError`) becomes a `cut_cross_entropy_rs.CceError` exception carrying the library's
+//! message and the variant's name (`kind`); a panic, which would be a bug, is caught and raised
+//! as `CceError` of kind `Internal` rather than crossing into Python.
+//!
+//! Devices: CPU tensors run on [`CpuBackend`]. CUDA tensors are refused with `Unsupported` in
+//! this build; their place is the `Device::Cuda` arm of `forward`/`backward`: the package passes
+//! `torch.cuda.current_stream(device).cuda_stream`, the arm builds `cce_cuda::CudaBackend::
+//! on_raw_stream` on it and wraps each tensor's `data_ptr()` with `cce_cuda::CudaTensor::
+//! borrowed` (the layout checks of `raw` hold for device memory too); outputs stay allocated
+//! by torch (its caching allocator), and the upstream gradient stays on the device (no `.item()`).
+
+use cce_core::CceError as LibError;
+use cce_core::{
+    CallStats, DLoss, DType, FilterEps, GradDType, HostData, HostTensor, Inputs, Options,
+    Reduction, Saved, SideOutputs, Upstream,
+};
+use cce_reference::{CpuBackend, HostSlice, HostView};
+use half::{bf16, f16};
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pyo3::create_exception!(
+    cut_cross_entropy_rs,
+    CceError,
+    PyException,
+    "An error of the cut-cross-entropy library: the library's message, and `kind`, the name of \
+     the error variant (ShapeMismatch, DTypeMismatch, TargetOutOfRange, AllTargetsIgnored, \
+     NonFinite, EmptyInput, InvalidOption, ResourceLimit, OutOfMemory, Unsupported, NoDevice, \
+     ForeignBuffer, Backend, Internal)."
+);
+
+/// The name of a [`LibError`] variant (the exception's `kind`).
+fn kind(err: &LibError) -> &'static str {
+    match err {
+        LibError::ShapeMismatch { .. } => "ShapeMismatch",
+        LibError::DTypeMismatch { .. } => "DTypeMismatch",
+        LibError::TargetOutOfRange { .. } => "TargetOutOfRange",
+        LibError::AllTargetsIgnored { .. } => "AllTargetsIgnored",
+        LibError::NonFinite { .. } => "NonFinite",
+        LibError::EmptyInput { .. } => "EmptyInput",
+        LibError::InvalidOption { .. } => "InvalidOption",
+        LibError::ResourceLimit { .. } => "ResourceLimit",
+        LibError::OutOfMemory { .. } => "OutOfMemory",
+        LibError::Unsupported { .. } => "Unsupported",
+        LibError::NoDevice { .. } => "NoDevice",
+        LibError::ForeignBuffer { .. } => "ForeignBuffer",
+        LibError::Backend { .. } => "Backend",
+        _ => "Other",
+    }
+}
+
+/// A `CceError` exception with `message` and attribute `kind`.
+fn exception(py: Python<'_>, kind: &str, message: String) -> PyErr {
+    let err = CceError::new_err(message);
+    // Setting an attribute on a fresh exception instance cannot fail short of memory
+    // exhaustion; the message stands even then.
+    let _ = err.value(py).setattr("kind", kind);
+    err
+}
+
+/// A [`LibError`] as a Python exception.
+fn to_py(py: Python<'_>, err: LibError) -> PyErr {
+    exception(py, kind(&err), err.to_string())
+}
+
+/// `f()` with a panic turned into `CceError` of kind `Internal` (a bug in the library).
+fn guarded<T>(py: Python<'_>, f: impl FnOnce() -> cce_core::Result<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(to_py(py, e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(exception(
+                py,
+                "Internal",
+                format!("internal error (a bug in cut-cross-entropy, please report it): {what}"),
+            ))
+        }
+    }
+}
+
+/// Device of a tensor argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// What the extension knows of a `torch.Tensor`: where its elements are and how they lie.
+struct RawTensor {
+    /// Argument name, for error messages.
+    what: &'static str,
+    device: Device,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Address of the first element (`data_ptr()`).
+    ptr: usize,
+}
+
+/// A `torch.dtype` as a [`DType`], or `Unsupported` naming the argument.
+fn dtype_of(what: &'static str, name: &str) -> cce_core::Result<DType> {
+    match name {
+        "torch.float32" => Ok(DType::F32),
+        "torch.float16" => Ok(DType::F16),
+        "torch.bfloat16" => Ok(DType::BF16),
+        "torch.int32" => Ok(DType::I32),
+        "torch.int64" => Ok(DType::I64),
+        other => Err(LibError::Unsupported {
+            backend: "cut_cross_entropy_rs",
+            what: format!(
+                "{what} of dtype {other} (float32, float16 and bfloat16 for e, c and bias; int32 \
+                 and int64 for targets)"
+            ),
+        }),
+    }
+}
+
+/// Read a `torch.Tensor`'s layout. Errors (as exceptions): a non-tensor, a non-contiguous
+/// tensor, a device other than CPU or CUDA, an unsupported dtype, a misaligned address.
+fn raw(py: Python<'_>, what: &'static str, t: &Bound<'_, PyAny>) -> PyResult<RawTensor> {
+    let err = |reason: String| to_py(py, LibError::InvalidOption { name: what, reason });
+    let is_contiguous: bool = t
+        .call_method0("is_contiguous")
+        .and_then(|r| r.extract())
+        .map_err(|_| err(format!("expected a torch.Tensor, got {}", type_name(t))))?;
+    if !is_contiguous {
+        return Err(err("must be contiguous (call .contiguous())".into()));
+    }
+    let device: String = t.getattr("device")?.getattr("type")?.extract()?;
+    let device = match device.as_str() {
+        "cpu" => Device::Cpu,
+        "cuda" => Device::Cuda,
+        other => {
+            return Err(to_py(
+                py,
+                LibError::Unsupported {
+                    backend: "cut_cross_entropy_rs",
+                    what: format!("{what} on device '{other}' (cpu and cuda are supported)"),
+                },
+            ))
+        }
+    };
+    let dtype_name: String = t.getattr("dtype")?.str()?.extract()?;
+    let dtype = dtype_of(what, &dtype_name).map_err(|e| to_py(py, e))?;
+    let shape: Vec<usize> = t.getattr("shape")?.extract()?;
+    let ptr: usize = t.call_method0("data_ptr")?.extract()?;
+    let numel: usize = shape.iter().product();
+    if numel > 0 && (ptr == 0 || !ptr.is_multiple_of(dtype.size_bytes())) {
+        return Err(err(format!(
+            "data_ptr {ptr:#x} is not aligned to its {}-byte elements",
+            dtype.size_bytes()
+        )));
+    }
+    Ok(RawTensor {
+        what,
+        device,
+        dtype,
+        shape,
+        ptr,
+    })
+}
+
+fn type_name(t: &Bound<'_, PyAny>) -> String {
+    t.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+impl RawTensor {
+    fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The tensor's elements as a borrowed host view.
+    ///
+    /// # Safety
+    /// `self` was read by [`raw`] from a live, contiguous CPU tensor that stays alive and is
+    /// not written (for inputs) or read (for outputs) by anyone else while the view is used.
+    unsafe fn view(&self) -> cce_core::Result<HostView<'_>> {
+        let n = self.numel();
+        macro_rules! slice {
+            ($t:ty) => {
+                if n == 0 {
+                    &[]
+                } else {
+                    // SAFETY: by this function's contract the tensor is a live, contiguous CPU
+                    // tensor of `n` elements of this dtype starting at `ptr`, which `raw`
+                    // checked to be non-null and aligned; it outlives the returned view.
+                    unsafe { std::slice::from_raw_parts(self.ptr as *const $t, n) }
+                }
+            };
+        }
+        let data = match self.dtype {
+            DType::F32 => HostSlice::F32(slice!(f32)),
+            DType::F16 => HostSlice::F16(slice!(f16)),
+            DType::BF16 => HostSlice::BF16(slice!(bf16)),
+            DType::I32 => HostSlice::I32(slice!(i32)),
+            DType::I64 => HostSlice::I64(slice!(i64)),
+        };
+        HostView::new(self.shape.clone(), data)
+    }
+
+    /// Copy `src` into this (output) tensor; dtype and shape must match.
+    ///
+    /// # Safety
+    /// As [`RawTensor::view`], and nothing else reads or writes the tensor during the call.
+    unsafe fn write(&self, src: &HostTensor) -> cce_core::Result<()> {
+        use cce_core::TensorMeta;
+        if src.dtype() != self.dtype || src.numel() != self.numel() {
+            return Err(LibError::ShapeMismatch {
+                what: self.what,
+                expected: format!("{:?} {}", src.shape(), src.dtype()),
+                got: format!("{:?} {}", self.shape, self.dtype),
+            });
+        }
+        let n = self.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        macro_rules! copy {
+            ($t:ty, $v:expr) => {{
+                // SAFETY: by this function's contract the tensor is a live, contiguous CPU
+                // tensor of `n` elements of this dtype at `ptr` (non-null, aligned: `raw`),
+                // written by no one else during the call; `$v` has `n` elements (checked above).
+                let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut $t, n) };
+                dst.copy_from_slice($v);
+            }};
+        }
+        match src.data() {
+            HostData::F32(v) => copy!(f32, v),
+            HostData::F16(v) => copy!(f16, v),
+            HostData::BF16(v) => copy!(bf16, v),
+            HostData::I32(v) => copy!(i32, v),
+            HostData::I64(v) => copy!(i64, v),
+        }
+        Ok(())
+    }
+}
+
+/// The `Options` named by the keys of `opts` (the rest stay at their defaults). Unknown keys
+/// and bad values are `InvalidOption`.
+fn options(opts: &Bound<'_, PyDict>) -> PyResult<Options> {
+    let py = opts.py();
+    let bad =
+        |name: &'static str, reason: String| to_py(py, LibError::InvalidOption { name, reason });
+    let mut o = Options::default();
+    for (k, v) in opts.iter() {
+        let key: String = k.extract()?;
+        let want = |name: &'static str, ty: &str| bad(name, format!("expected {ty}, got {v}"));
+        match key.as_str() {
+            "ignore_index" => {
+                o.ignore_index = v.extract().map_err(|_| want("ignore_index", "an int"))?
+            }
+            "softcap" => {
+                o.softcap = v
+                    .extract()
+                    .map_err(|_| want("softcap", "a float or None"))?
+            }
+            "reduction" => {
+                let s: String = v.extract().map_err(|_| want("reduction", "a str"))?;
+                o.reduction = s.parse::<Reduction>().map_err(|r| bad("reduction", r))?;
+            }
+            "shift" => {
+                let s: i64 = v.extract().map_err(|_| want("shift", "an int or a bool"))?;
+                o.shift = usize::try_from(s)
+                    .map_err(|_| bad("shift", format!("must be >= 0, got {s}")))?;
+            }
+            "seq_len" => {
+                o.seq_len = v
+                    .extract()
+                    .map_err(|_| want("seq_len", "an int >= 1 or None"))?
+            }
+            "label_smoothing" => {
+                o.label_smoothing = v
+                    .extract()
+                    .map_err(|_| want("label_smoothing", "a float"))?
+            }
+            "z_loss" => o.z_loss = v.extract().map_err(|_| want("z_loss", "a float"))?,
+            "filter_eps" => {
+                o.filter_eps = if v.is_none() {
+                    FilterEps::Off
+                } else if let Ok(s) = v.extract::<String>() {
+                    s.parse::<FilterEps>().map_err(|r| bad("filter_eps", r))?
+                } else {
+                    FilterEps::Value(
+                        v.extract()
+                            .map_err(|_| want("filter_eps", "'auto', None or a float"))?,
+                    )
+                }
+            }
+            "max_dropped_mass" => {
+                o.max_dropped_mass = v
+                    .extract()
+                    .map_err(|_| want("max_dropped_mass", "a float"))?
+            }
+            "filter_e_grad" => {
+                o.filter_e_grad = v.extract().map_err(|_| want("filter_e_grad", "a bool"))?
+            }
+            "filter_c_grad" => {
+                o.filter_c_grad = v.extract().map_err(|_| want("filter_c_grad", "a bool"))?
+            }
+            "deterministic" => {
+                o.deterministic = v.extract().map_err(|_| want("deterministic", "a bool"))?
+            }
+            "check_finite" => {
+                o.check_finite = v.extract().map_err(|_| want("check_finite", "a bool"))?
+            }
+            "workspace_budget_bytes" => {
+                o.workspace_budget_bytes = v
+                    .extract()
+                    .map_err(|_| want("workspace_budget_bytes", "an int >= 0"))?
+            }
+            _ => {
+                return Err(to_py(
+                    py,
+                    LibError::InvalidOption {
+                        name: "options",
+                        reason: format!("unknown option '{key}'"),
+                    },
+                ))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// A [`CallStats`] as a dict.
+fn stats_dict<'py>(py: Python<'py>, s: &CallStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("backend", &s.backend)?;
+    d.set_item("strategy", s.strategy.to_string())?;
+    d.set_item("plan_reason", &s.plan_reason)?;
+    d.set_item("n_valid", s.n_valid)?;
+    d.set_item("tiles_total", s.tiles_total)?;
+    d.set_item("tiles_visited", s.tiles_visited)?;
+    d.set_item("tiles_skipped", s.tiles_skipped)?;
+    d.set_item("entries_kept", s.entries_kept)?;
+    d.set_item("entries_skipped", s.entries_skipped)?;
+    d.set_item("dropped_mass_max", s.dropped_mass_max)?;
+    d.set_item("dropped_mass_mean", s.dropped_mass_mean)?;
+    d.set_item("filter_eps", s.filter_eps)?;
+    d.set_item("max_dropped_mass", s.max_dropped_mass)?;
+    d.set_item("workspace_bytes", s.workspace_bytes)?;
+    d.set_item("summary", s.to_string())?;
+    Ok(d)
+}
+
+/// Read an optional tensor argument.
+fn raw_opt(
+    py: Python<'_>,
+    what: &'static str,
+    t: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<RawTensor>> {
+    match t {
+        Some(t) if !t.is_none() => raw(py, what, t).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The one device of a call's tensors, or `Unsupported` when they are spread over several.
+fn device_of(all: &[&RawTensor]) -> cce_core::Result<Device> {
+    let first = all[0].device;
+    match all.iter().find(|t| t.device != first) {
+        Some(t) => Err(LibError::Unsupported {
+            backend: "cut_cross_entropy_rs",
+            what: format!(
+                "tensors on different devices ({} on {:?}, {} on {:?})",
+                all[0].what, first, t.what, t.device
+            ),
+        }),
+        None => Ok(first),
+    }
+}
+
+/// What the CUDA path answers until the device API is wired in.
+fn cuda_pending() -> LibError {
+    LibError::Unsupported {
+        backend: "cut_cross_entropy_rs",
+        what: "CUDA tensors in this build (the CPU path only; the CUDA path takes raw device \
+               pointers on torch's current stream)"
+            .into(),
+    }
+}
+
+/// Forward: writes the loss (`[]` or `[N]` f32), the lse and the rest mass `1 − p_y` (`[N]`
+/// f32 each, what the backward reads) and, when given, the entropy (`[N]` f32) and argmax
+/// (`[N]` i32) into the output tensors; returns the call's statistics as a dict. `opts`: the
+/// options by name (see the package's `_ops.py`).
+#[pyfunction]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None))]
+#[allow(clippy::too_many_arguments)]
+fn forward<'py>(
+    py: Python<'py>,
+    e: &Bound<'py, PyAny>,
+    c: &Bound<'py, PyAny>,
+    bias: Option<&Bound<'py, PyAny>>,
+    targets: &Bound<'py, PyAny>,
+    opts: &Bound<'py, PyDict>,
+    loss_out: &Bound<'py, PyAny>,
+    lse_out: &Bound<'py, PyAny>,
+    rest_mass_out: &Bound<'py, PyAny>,
+    entropy_out: Option<&Bound<'py, PyAny>>,
+    argmax_out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut o = options(opts)?;
+    let e = raw(py, "e", e)?;
+    let c = raw(py, "c", c)?;
+    let bias = raw_opt(py, "bias", bias)?;
+    let targets = raw(py, "targets", targets)?;
+    let loss_out = raw(py, "loss (output)", loss_out)?;
+    let lse_out = raw(py, "lse (output)", lse_out)?;
+    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
+    let entropy_out = raw_opt(py, "entropy (output)", entropy_out)?;
+    let argmax_out = raw_opt(py, "argmax (output)", argmax_out)?;
+    o.side_outputs = SideOutputs {
+        entropy: entropy_out.is_some(),
+        argmax: argmax_out.is_some(),
+    };
+    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
+    all.extend(bias.iter().chain(&entropy_out).chain(&argmax_out));
+    let stats = guarded(py, || match device_of(&all)? {
+        Device::Cuda => Err(cuda_pending()),
+        Device::Cpu => py.detach(|| {
+            // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for
+            // the whole call; inputs are only read and the outputs, fresh tensors the package
+            // allocated for this call, are only written here.
+            unsafe {
+                run_forward(
+                    &e,
+                    &c,
+                    bias.as_ref(),
+                    &targets,
+                    &o,
+                    &loss_out,
+                    &lse_out,
+                    &rest_mass_out,
+                    entropy_out.as_ref(),
+                    argmax_out.as_ref(),
+                )
+            }
+        }),
+    })?;
+    stats_dict(py, &stats)
+}
+
+/// The CPU forward on borrowed tensors.
+///
+/// # Safety
+/// Every tensor satisfies [`RawTensor::view`]'s and [`RawTensor::write`]'s contracts.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_forward(
+    e: &RawTensor,
+    c: &RawTensor,
+    bias: Option<&RawTensor>,
+    targets: &RawTensor,
+    opts: &Options,
+    loss_out: &RawTensor,
+    lse_out: &RawTensor,
+    rest_mass_out: &RawTensor,
+    entropy_out: Option<&RawTensor>,
+    argmax_out: Option<&RawTensor>,
+) -> cce_core::Result<CallStats> {
+    // SAFETY: forwarded from this function's contract (so are the blocks below).
+    let (e, c, targets) = unsafe { (e.view()?, c.view()?, targets.view()?) };
+    let bias = match bias {
+        // SAFETY: as above.
+        Some(b) => Some(unsafe { b.view()? }),
+        None => None,
+    };
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: bias.as_ref(),
+        targets: &targets,
+    };
+    let out = CpuBackend::new().forward_host(&inputs, opts)?;
+    // SAFETY: as above.
+    unsafe {
+        loss_out.write(&out.loss)?;
+        lse_out.write(&out.lse)?;
+        rest_mass_out.write(&out.rest_mass)?;
+        if let (Some(dst), Some(src)) = (entropy_out, &out.entropy) {
+            dst.write(src)?;
+        }
+        if let (Some(dst), Some(src)) = (argmax_out, &out.argmax) {
+            dst.write(src)?;
+        }
+    }
+    Ok(out.stats)
+}
+
+/// Backward from the saved lse and rest mass of the forward: writes `d_e`, `d_c`, `d_bias` into the output tensors given
+/// (`None`: that gradient is not computed); returns the call's statistics as a dict.
+/// `d_loss`: a scalar f32 tensor (mean, sum) or `[N]` f32 (reduction none); `d_lse`: `[N]` f32
+/// or None. Gradients are f32 when their output tensor is f32, else the input dtype.
+#[pyfunction]
+#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None))]
+#[allow(clippy::too_many_arguments)]
+fn backward<'py>(
+    py: Python<'py>,
+    e: &Bound<'py, PyAny>,
+    c: &Bound<'py, PyAny>,
+    bias: Option<&Bound<'py, PyAny>>,
+    targets: &Bound<'py, PyAny>,
+    opts: &Bound<'py, PyDict>,
+    lse: &Bound<'py, PyAny>,
+    rest_mass: &Bound<'py, PyAny>,
+    d_loss: &Bound<'py, PyAny>,
+    d_lse: Option<&Bound<'py, PyAny>>,
+    d_e_out: Option<&Bound<'py, PyAny>>,
+    d_c_out: Option<&Bound<'py, PyAny>>,
+    d_bias_out: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let mut o = options(opts)?;
+    let e = raw(py, "e", e)?;
+    let c = raw(py, "c", c)?;
+    let bias = raw_opt(py, "bias", bias)?;
+    let targets = raw(py, "targets", targets)?;
+    let lse = raw(py, "lse", lse)?;
+    let rest_mass = raw(py, "rest_mass", rest_mass)?;
+    let d_loss = raw(py, "d_loss", d_loss)?;
+    let d_lse = raw_opt(py, "d_lse", d_lse)?;
+    let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
+    let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
+    let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
+    o.compute_d_e = d_e_out.is_some();
+    o.compute_d_c = d_c_out.is_some() || d_bias_out.is_some();
+    let out_f32 = d_e_out
+        .iter()
+        .chain(&d_c_out)
+        .any(|t| t.dtype == DType::F32);
+    o.grad_dtype = if out_f32 {
+        GradDType::F32
+    } else {
+        GradDType::Input
+    };
+    let mut all = vec![&e, &c, &targets, &lse, &rest_mass, &d_loss];
+    all.extend(
+        bias.iter()
+            .chain(&d_lse)
+            .chain(&d_e_out)
+            .chain(&d_c_out)
+            .chain(&d_bias_out),
+    );
+    let stats = guarded(py, || match device_of(&all)? {
+        Device::Cuda => Err(cuda_pending()),
+        Device::Cpu => py.detach(|| {
+            // SAFETY: as in `forward`: CPU tensors the caller holds for the whole call, inputs
+            // only read, outputs (fresh tensors of this call) only written.
+            unsafe {
+                run_backward(
+                    &e,
+                    &c,
+                    bias.as_ref(),
+                    &targets,
+                    &o,
+                    &lse,
+                    &rest_mass,
+                    &d_loss,
+                    d_lse.as_ref(),
+                    d_e_out.as_ref(),
+                    d_c_out.as_ref(),
+                    d_bias_out.as_ref(),
+                )
+            }
+        }),
+    })?;
+    stats_dict(py, &stats)
+}
+
+/// The CPU backward on borrowed tensors.
+///
+/// # Safety
+/// Every tensor satisfies [`RawTensor::view`]'s and [`RawTensor::write`]'s contracts.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_backward(
+    e: &RawTensor,
+    c: &RawTensor,
+    bias: Option<&RawTensor>,
+    targets: &RawTensor,
+    opts: &Options,
+    lse: &RawTensor,
+    rest_mass: &RawTensor,
+    d_loss: &RawTensor,
+    d_lse: Option<&RawTensor>,
+    d_e_out: Option<&RawTensor>,
+    d_c_out: Option<&RawTensor>,
+    d_bias_out: Option<&RawTensor>,
+) -> cce_core::Result<CallStats> {
+    // SAFETY: forwarded from this function's contract (so are the blocks below).
+    let (e, c, targets, lse, rest_mass, d_loss) = unsafe {
+        (
+            e.view()?,
+            c.view()?,
+            targets.view()?,
+            lse.view()?,
+            rest_mass.view()?,
+            d_loss.view()?,
+        )
+    };
+    let bias = match bias {
+        // SAFETY: as above.
+        Some(b) => Some(unsafe { b.view()? }),
+        None => None,
+    };
+    let d_lse = match d_lse {
+        // SAFETY: as above.
+        Some(t) => Some(unsafe { t.view()? }),
+        None => None,
+    };
+    if d_loss.data().dtype() != DType::F32 {
+        return Err(LibError::DTypeMismatch {
+            what: "d_loss",
+            expected: "f32".into(),
+            got: d_loss.data().dtype(),
+        });
+    }
+    let d_loss = match (opts.reduction, d_loss.data()) {
+        (Reduction::None, _) => DLoss::PerRow(&d_loss),
+        (_, HostSlice::F32([s])) => DLoss::Scalar(*s),
+        _ => {
+            return Err(LibError::ShapeMismatch {
+                what: "d_loss",
+                expected: "a scalar for reduction mean or sum".into(),
+                got: format!("{} elements", d_loss.data().len()),
+            })
+        }
+    };
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: bias.as_ref(),
+        targets: &targets,
+    };
+    let upstream = Upstream {
+        d_loss,
+        d_lse: d_lse.as_ref(),
+    };
+    let saved = Saved {
+        lse: &lse,
+        rest_mass: &rest_mass,
+    };
+    let out = CpuBackend::new().backward_host(&inputs, opts, saved, &upstream)?;
+    // SAFETY: as above.
+    unsafe {
+        for (dst, src) in [
+            (d_e_out, &out.d_e),
+            (d_c_out, &out.d_c),
+            (d_bias_out, &out.d_bias),
+        ] {
+            if let (Some(dst), Some(src)) = (dst, src) {
+                dst.write(src)?;
+            }
+        }
+    }
+    Ok(out.stats)
+}
+
+/// The native module `cut_cross_entropy_rs._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("CceError", m.py().get_type::<CceError>())?;
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
