@@ -99,6 +99,16 @@ pub fn output_floor(dtype: DType) -> f64 {
     }
 }
 
+/// What flushing subnormal entries of `G` to zero may change in one gradient row: GPUs run
+/// f32 with subnormals flushed (FTZ, and `exp` approximations that return 0 below `2⁻¹²⁶`), so
+/// each of the `len` entries of `G` a row sums over (`V` for a row of `d_e`, `N` for a class
+/// row of `d_c`) may lose up to `2⁻¹²⁶`, times the other operand's largest row norm
+/// `m_other`: `2⁻¹²⁶ · len · m_other`. Negligible beside any gradient of normal size (a
+/// p of `e^{−85}` at peaked logits is such an entry).
+pub fn ftz_allowance(len: usize, m_other: f64) -> f64 {
+    f32::MIN_POSITIVE as f64 * len as f64 * m_other
+}
+
 /// The per-row allowance of [`RowError`]: `τ · (truth_norm + terms) + filter + sqrt(cols) ·
 /// output_floor(out_dtype)`, with `terms = S_i · M`.
 pub fn row_allowance(
