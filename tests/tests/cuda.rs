@@ -2,11 +2,11 @@
 //! driver library the tests print "skipping: ..." and pass, unless `CCE_REQUIRE_CUDA=1`.
 //!
 //! Stamped four times: the default strategy choice (`cuda`), then each strategy alone
-//! (`cuda_split`, `cuda_chunked`; f16 inputs, and filtered calls for chunked dense, run split
-//! dense), with chunks capped at one 128 x 128 tile so that the suite's small problems run several row and class chunks. The
-//! default stamp's split-dense calls take f16 `G` for `d_e` (small problems leave room for an
-//! f16 copy of `c`); `cuda_split` forces bf16 `G`, the path of the default budget at the
-//! seed shape. `cuda_sparse` is split dense with its sparse backward at any density
+//! (`cuda_split`, `cuda_chunked`; f16 inputs, bf16 inputs with f32 gradients and filtered calls
+//! for chunked dense run split dense), with chunks capped at one 128 x 128 tile so that the
+//! suite's small problems run several row and class chunks. The default stamp's split-dense
+//! calls take f16 `G` for `d_e` (small problems leave room for an f16 copy of `c`);
+//! `cuda_split` forces bf16 `G`, the path of the default budget at the seed shape. `cuda_sparse` is split dense with its sparse backward at any density
 //! (`SparseMode::Always`: the suite's small vocabularies keep more than `V / 256` entries per
 //! row, where the default gives way to the dense passes), 128-row chunks.
 

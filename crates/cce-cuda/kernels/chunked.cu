@@ -143,6 +143,16 @@ __device__ __forceinline__ float cap_grad(float x, float inv_softcap) {
 // from a −inf bias) drop out of Σz and get an exact 0 in G (a NaN stays in: it is an error).
 __device__ __forceinline__ float unmasked(float z) { return z == NEG_INF ? 0.0f : z; }
 
+// A logit e_i·c_j of −inf (before the bias) means −inf in e or c, or an overflow: invalid
+// input (only the bias may mask a class), so the forward kernels turn it into NaN, which makes
+// the row's lse NaN and the host's check_finite report the input instead of a silent mask.
+__device__ __forceinline__ float gemm_logit(float l) {
+    return l == NEG_INF ? __int_as_float(0x7fc00000) : l;
+}
+__device__ __forceinline__ float4 gemm_logit4(float4 v) {
+    return make_float4(gemm_logit(v.x), gemm_logit(v.y), gemm_logit(v.z), gemm_logit(v.w));
+}
+
 // ------------------------------------------------------------------------------------------
 // Reductions (fixed shuffle / shared-memory trees: bitwise deterministic)
 // ------------------------------------------------------------------------------------------
@@ -496,7 +506,8 @@ __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; ++u) {
             int j = base + u * FWD_THREADS * 4;
-            xv[u] = j < V4 ? __ldg((const float4*)(Lr + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = j < V4 ? gemm_logit4(__ldg((const float4*)(Lr + j)))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         if (bias) {
 #pragma unroll
@@ -517,7 +528,7 @@ __device__ __forceinline__ void dense_fwd(const float* __restrict__ L, long long
         acc_push_batch<FWD_UNROLL>(a, xv, base, FWD_THREADS * 4, V4, y);
     }
     for (int j = V4 + threadIdx.x; j < V; j += FWD_THREADS) {
-        float x = Lr[j];
+        float x = gemm_logit(Lr[j]);
         if (bias) x += Elem<DT>::load(bias, j);
         acc_push(a, cap_z(x, softcap, inv_cap), j, y);
     }
@@ -596,7 +607,8 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             int j = base + u * 128;
-            xv[u] = j < K4 ? __ldg((const float4*)(Lr + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = j < K4 ? gemm_logit4(__ldg((const float4*)(Lr + j)))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         if (bias) {
 #pragma unroll
@@ -617,7 +629,7 @@ __device__ __forceinline__ void cls_fwd_row(const float* __restrict__ L, long lo
         acc_push_batch<UNROLL>(a, xv, c0 + base, 128, c0 + K4, y);
     }
     for (int j = K4 + lane; j < K; j += 32) {
-        float x = Lr[j];
+        float x = gemm_logit(Lr[j]);
         if (bias) x += Elem<DT>::load(bias, c0 + j);
         acc_push(a, cap_z(x, softcap, inv_cap), c0 + j, y);
     }
@@ -1015,7 +1027,8 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             int jj = base + u * FUSED_THREADS * 4;
-            xv[u] = jj < cnt4 ? *(const float4*)(Lr + c0 + jj) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xv[u] = jj < cnt4 ? gemm_logit4(*(const float4*)(Lr + c0 + jj))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -1036,7 +1049,7 @@ __device__ __forceinline__ void dense_fused(float* L, long long ld, int V, int s
         }
     }
     for (int jj = cnt4 + threadIdx.x; jj < cnt; jj += FUSED_THREADS) {
-        float x = Lr[c0 + jj];
+        float x = gemm_logit(Lr[c0 + jj]);
         if (bias) x += Elem<DT>::load(bias, c0 + jj);
         float z = cap_z(x, softcap, inv_cap);
         zbuf[jj] = x;
@@ -1793,7 +1806,7 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
                                            float softcap, float inv_cap) {
     float4 x;
     if (j + 3 < V) {
-        x = *(const float4*)(Lr + j);
+        x = gemm_logit4(*(const float4*)(Lr + j));
         if (bias) {
             float4 b = Elem<DT>::load4(bias, j);
             x.x += b.x; x.y += b.y; x.z += b.z; x.w += b.w;
@@ -1803,7 +1816,7 @@ __device__ __forceinline__ float4 sel_load(const float* Lr, const void* bias, in
         for (int k = 0; k < 4; ++k) {
             float v = 0.0f;
             if (j + k < V) {
-                v = Lr[j + k];
+                v = gemm_logit(Lr[j + k]);
                 if (bias) v += Elem<DT>::load(bias, j + k);
             }
             f4set(x, k, v);

@@ -529,6 +529,9 @@ struct LseEpi {
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);
         constexpr float L2E = 1.4426950408889634f;
+        // −inf from the GEMM means −inf in e or c: NaN (chunked.cu gemm_logit).
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) d[i] = gemm_logit(d[i]);
         if (EXT) {
             const float k2 = softcap > 0.0f ? 2.0f * L2E / softcap : 0.0f;
 #pragma unroll

@@ -78,7 +78,9 @@
 //! bound `|G|` by `rest` too (`g_bound`), so such rows are not flushed to zero. A logit of −inf
 //! (a class masked by a −inf bias entry) has p = 0, stays −inf under the softcap, adds 0 to
 //! every sum (a tile whose max is −inf contributes (−inf, 0)) and gets exactly 0 in `G`; a row
-//! whose target is masked is rejected by the backend before any launch. The softcap's factor
+//! whose target is masked is rejected by the backend before any launch; a −inf from the logits
+//! GEMM itself (−inf in `e` or `c`) becomes NaN in the forward kernels (`gemm_logit`), so that
+//! `check_finite` names the input instead of silently masking a class. The softcap's factor
 //! is `1 − tanh²(x/s)` from `x` (`cap_grad`, `cap_fast_grad`), never `1 − (z/s)²`, except in
 //! the WGMMA row pass's `G` pass (hence [`WGMMA_ROWS_SOFTCAP_MIN`]).
 //!

@@ -787,3 +787,44 @@ fn nan_and_plus_inf_in_the_bias_are_still_errors() {
         }
     }
 }
+
+#[test]
+fn minus_inf_in_e_or_c_is_an_error_on_every_path() {
+    if backend("minus_inf_in_e_or_c_is_an_error_on_every_path").is_none() {
+        return;
+    }
+    let mut rng = seeded();
+    // −inf in e (row 3, column 5) or c (class 40, column 2), beside a masking −inf bias: the
+    // logits of that row (class) are ±inf or −inf, which only the bias may produce.
+    for (what, in_e) in [("e", true), ("c", false)] {
+        for dtype in [DType::F32, DType::BF16] {
+            let mut p = masked(&mut rng, dtype, 1.0);
+            if in_e {
+                let mut ev = p.e.to_f32_vec();
+                ev[3 * p.d + 5] = f32::NEG_INFINITY;
+                p.e = HostTensor::from_f32(vec![p.n, p.d], &ev, dtype).unwrap();
+                // Row 3 valid, so its lse is checked.
+                if p.targets[3] < 0 {
+                    p.targets[3] = 1;
+                }
+            } else {
+                let mut cv = p.c.to_f32_vec();
+                cv[40 * p.d + 2] = f32::NEG_INFINITY;
+                p.c = HostTensor::from_f32(vec![p.v, p.d], &cv, dtype).unwrap();
+            }
+            for path in paths() {
+                for fused in [true, false] {
+                    match run(&path.be, &p, &exact(dtype), fused) {
+                        Err(CceError::NonFinite { what: w, value, .. })
+                            if w == what && value == f32::NEG_INFINITY => {}
+                        other => panic!(
+                            "{} {dtype} -inf in {what}: expected NonFinite in {what}, got {:?}",
+                            path.name,
+                            other.err()
+                        ),
+                    }
+                }
+            }
+        }
+    }
+}
