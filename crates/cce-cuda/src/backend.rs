@@ -668,18 +668,13 @@ impl CudaBackend {
     }
 
     /// The upstream gradients must be finite (NaN or ±inf there would spread through every
-    /// gradient): `NonFinite` naming `d_loss` or `d_lse` and the first bad row. A scalar is
-    /// always checked; per-row arrays (read back, 4N bytes each) with `check_finite`.
+    /// gradient): `NonFinite` naming `d_loss` or `d_lse` and the first bad row
+    /// ([`cce_core::problem::check_upstream_finite`], the rule every backend applies). A scalar
+    /// is always checked; per-row arrays (read back, 4N bytes each) with `check_finite`.
     fn check_upstream(&self, opts: &Options, upstream: &Upstream<'_, CudaTensor>) -> Result<()> {
+        use cce_core::problem::check_upstream_finite;
         if let DLoss::Scalar(value) = upstream.d_loss {
-            if !value.is_finite() {
-                return Err(CceError::NonFinite {
-                    what: "d_loss",
-                    index: 0,
-                    row: 0,
-                    value,
-                });
-            }
+            check_upstream_finite("d_loss", [value])?;
         }
         if !opts.check_finite {
             return Ok(());
@@ -693,16 +688,7 @@ impl CudaBackend {
             .chain(upstream.d_lse.map(|t| ("d_lse", t)))
         {
             self.check_owned(what, t)?;
-            if let Some((index, value)) =
-                cce_core::problem::first_non_finite(self.download(t)?.to_f32_vec())
-            {
-                return Err(CceError::NonFinite {
-                    what,
-                    index,
-                    row: index,
-                    value,
-                });
-            }
+            check_upstream_finite(what, self.download(t)?.to_f32_vec())?;
         }
         Ok(())
     }
