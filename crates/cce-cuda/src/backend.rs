@@ -841,6 +841,29 @@ fn dense_available(major: i32) -> bool {
     major >= 8 && crate::libs::present("cublas")
 }
 
+/// Outputs of a dense-engine call: the forward's and the backward's, each when asked.
+type DenseOutputs = (
+    Option<ForwardOutput<CudaTensor>>,
+    Option<BackwardOutput<CudaTensor>>,
+);
+
+impl CudaBackend {
+    /// The dense engine's call for `p`: the forward (unless `saved` is given, a backward from the
+    /// saved state), and the backward when `upstream` is given; the engine is made on first use.
+    fn run_dense(
+        &self,
+        p: &Prepared,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        saved: Option<Saved<'_, CudaTensor>>,
+        upstream: Option<&Upstream<'_, CudaTensor>>,
+    ) -> Result<DenseOutputs> {
+        let switches = (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows);
+        self.dense_engine()?
+            .backend_run(&dense_call(p, inputs, opts, switches), saved, upstream)
+    }
+}
+
 fn dense_call<'a>(
     p: &'a Prepared,
     inputs: &'a Inputs<'a, CudaTensor>,
@@ -897,16 +920,7 @@ impl Backend for CudaBackend {
         opts: &Options,
     ) -> Result<ForwardOutput<CudaTensor>> {
         let p = self.prepare(inputs, opts)?;
-        let (fwd, _) = self.dense_engine()?.backend_run(
-            &dense_call(
-                &p,
-                inputs,
-                opts,
-                (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
-            ),
-            None,
-            None,
-        )?;
+        let (fwd, _) = self.run_dense(&p, inputs, opts, None, None)?;
         let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
         self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
         Ok(fwd)
@@ -924,16 +938,7 @@ impl Backend for CudaBackend {
         self.check_owned("rest_mass", saved.rest_mass)?;
         saved.check(p.problem.n)?;
         self.check_upstream(opts, upstream)?;
-        let (_, bwd) = self.dense_engine()?.backend_run(
-            &dense_call(
-                &p,
-                inputs,
-                opts,
-                (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
-            ),
-            Some(saved),
-            Some(upstream),
-        )?;
+        let (_, bwd) = self.run_dense(&p, inputs, opts, Some(saved), Some(upstream))?;
         bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))
     }
 
@@ -946,16 +951,7 @@ impl Backend for CudaBackend {
         let p = self.prepare(inputs, opts)?;
         self.check_upstream(opts, upstream)?;
         // One call: the logits are not recomputed between the forward and the backward.
-        let (fwd, bwd) = self.dense_engine()?.backend_run(
-            &dense_call(
-                &p,
-                inputs,
-                opts,
-                (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows),
-            ),
-            None,
-            Some(upstream),
-        )?;
+        let (fwd, bwd) = self.run_dense(&p, inputs, opts, None, Some(upstream))?;
         let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
         let bwd = bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))?;
         self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
