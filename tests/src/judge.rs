@@ -74,6 +74,18 @@ pub fn norm(x: &[f64]) -> f64 {
     x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
+/// `‖a − b‖₂` (0 when the lengths differ: no reference row to compare).
+pub fn row_distance(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return 0.0;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// The per-row judgement of a gradient ([`cce_core::tolerance::RowError`]) as an output
 /// verdict named `name` (`d_e rows`, `d_c rows`): one "element" per row, whose `ours` and `gt`
 /// are the row norms, `abs_err` `‖ours_i − gt_i‖₂` and `allowed` the row's allowance; the

@@ -12,8 +12,10 @@ use crate::checks::{case_seed, conclude, label, CheckResult};
 use crate::config::SuiteConfig;
 use crate::data::rng;
 use crate::harness::check_seed;
+use crate::judge::FilterBound;
 use crate::report::CaseReport;
-use crate::run::{call, judge_outputs, oracles, Outputs};
+use crate::run::{bound_weights, call, judge_outputs, oracles, row_weights, Outputs};
+use cce_core::filter::FilterRule;
 use cce_core::options::{FilterEps, GradDType, Reduction};
 use cce_core::{Backend, CceError, DType, HostTensor, Options, TensorMeta};
 use cce_reference::Oracle;
@@ -113,69 +115,120 @@ fn confident_data(
     }
 }
 
-/// Relative error `‖a − b‖ / ‖b‖` of two equal-length slices (0 when both are 0).
-fn rel(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    if den == 0.0 {
-        if num == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
-    } else {
-        (num / den).sqrt()
-    }
-}
-
 /// Per-row judgement: every valid row of `d_e`, the target's row of `d_c` (targets are
 /// distinct in these cases) and, for `Reduction::None`, the row's loss, each within
-/// [`ROW_REL_TOL`] relative to the ground truth.
+/// [`ROW_REL_TOL`] relative to the ground truth. A filtered call may also drop up to the
+/// reported `dropped_mass_max` of each row (the filter's contract, [`cce_core::filter`]):
+/// for a confident row, whose whole non-target mass is below it, that is most of the row, so
+/// filtered cases add the filter's per-row bound ([`FilterBound`]) to the allowance.
 fn judge_rows(built: &Built, out: &Outputs, gt: &Oracle, report: &mut CaseReport) {
     let (n, d) = (built.case.n, built.case.d);
     let targets = built.data.targets.to_i64_vec().expect("integer targets");
+    let fb = filter_bound(built, out, gt);
+    let row_bound = |b: &[f64], r: usize| {
+        if b.is_empty() {
+            0.0
+        } else {
+            norm(&b[r * d..(r + 1) * d])
+        }
+    };
+    // (error / allowed, what): the allowance is ROW_REL_TOL · ‖truth‖ + the filter's bound.
     let mut worst: Vec<(f64, String)> = Vec::new();
+    let mut push = |o: &[f64], g: &[f64], bound: f64, what: String| {
+        let err = norm(&o.iter().zip(g).map(|(x, y)| x - y).collect::<Vec<_>>());
+        let allowed = ROW_REL_TOL * norm(g) + bound;
+        let ratio = if err == 0.0 {
+            0.0
+        } else if allowed == 0.0 || err.is_nan() {
+            f64::INFINITY
+        } else {
+            err / allowed
+        };
+        worst.push((ratio, what));
+    };
     if let Some(t) = &out.d_e {
         let de = t.to_f64_vec();
         for i in (0..n).filter(|&i| targets[i] >= 0) {
-            let r = rel(&de[i * d..(i + 1) * d], &gt.d_e[i * d..(i + 1) * d]);
-            worst.push((r, format!("d_e row {i}")));
+            let r = i * d..(i + 1) * d;
+            push(
+                &de[r.clone()],
+                &gt.d_e[r],
+                row_bound(&fb.d_e, i),
+                format!("d_e row {i}"),
+            );
         }
     }
     if let Some(t) = &out.d_c {
         let dc = t.to_f64_vec();
         for i in (0..n).filter(|&i| targets[i] >= 0) {
             let y = targets[i] as usize;
-            let r = rel(&dc[y * d..(y + 1) * d], &gt.d_c[y * d..(y + 1) * d]);
-            worst.push((r, format!("d_c row {y} (target of row {i})")));
+            let r = y * d..(y + 1) * d;
+            push(
+                &dc[r.clone()],
+                &gt.d_c[r],
+                row_bound(&fb.d_c, y),
+                format!("d_c row {y} (target of row {i})"),
+            );
         }
     }
     if built.case.opts.reduction == Reduction::None {
         let loss = out.loss.to_f64_vec();
         for i in (0..n).filter(|&i| targets[i] >= 0) {
-            let r = rel(&loss[i..i + 1], &gt.row_loss[i..i + 1]);
-            worst.push((r, format!("loss of row {i}")));
+            push(
+                &loss[i..i + 1],
+                &gt.row_loss[i..i + 1],
+                0.0,
+                format!("loss of row {i}"),
+            );
         }
     }
     worst.sort_by(|a, b| b.0.total_cmp(&a.0));
     if let Some((r, what)) = worst.first() {
         report.notes.push(format!(
-            "per-row relative error: worst {r:.2e} ({what}) over {} rows and outputs",
+            "per-row error / allowed ({ROW_REL_TOL:e} relative{}): worst {r:.2e} ({what}) over {} rows and outputs",
+            if fb.d_e.is_empty() { "" } else { " + the filter's bound" },
             worst.len()
         ));
     }
     let bad: Vec<String> = worst
         .iter()
-        .filter(|(r, _)| r.is_nan() || *r > ROW_REL_TOL)
+        .filter(|(r, _)| r.is_nan() || *r > 1.0)
         .take(5)
         .map(|(r, what)| format!("{what}: {r:.3e}"))
         .collect();
     if !bad.is_empty() {
         report.problem(format!(
-            "per-row relative error above {ROW_REL_TOL:e} (a batch-wide norm hides these rows): {}",
+            "per-row error above {ROW_REL_TOL:e} relative (a batch-wide norm hides these rows), error / allowed: {}",
             bad.join(", ")
         ));
     }
+}
+
+fn norm(x: &[f64]) -> f64 {
+    x.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// The filter's per-element bound for a filtered call (empty otherwise), from the reported
+/// `dropped_mass_max` and the rows' upstream weights, as the element rule takes it.
+fn filter_bound(built: &Built, out: &Outputs, gt: &Oracle) -> FilterBound {
+    let opts = &built.case.opts;
+    let rule = FilterRule::resolve(opts, built.case.dtype);
+    let Some(stats) = out.bwd_stats.as_ref().filter(|_| rule.enabled) else {
+        return FilterBound::default();
+    };
+    let (g, h, _) = row_weights(&built.case, &built.data);
+    let w = bound_weights(&g, &h, &gt.lse, opts.z_loss as f64);
+    FilterBound::new(
+        &w,
+        &built.data.e.to_f64_vec(),
+        &built.data.c.to_f64_vec(),
+        built.case.d,
+        stats.dropped_mass_max.max(0.0),
+        rule.eps as f64,
+        rule.filter_e_grad,
+        rule.filter_c_grad,
+        built.data.bias.is_some(),
+    )
 }
 
 /// Call, judge by the element rule, and per row when asked.

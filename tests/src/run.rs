@@ -294,6 +294,14 @@ pub fn row_weights(case: &Case, data: &CaseData) -> (Vec<f64>, Vec<f64>, Vec<i32
     (g, h, prepared.classes)
 }
 
+/// Per-row bound of `|G_ij| / p_ij` (the weight the filter bound scales a row's dropped mass
+/// by): `|g_i| · (|1 + 2λ lse_i| + 1) + |h_i|`.
+pub fn bound_weights(g: &[f64], h: &[f64], lse: &[f64], lambda: f64) -> Vec<f64> {
+    (0..g.len())
+        .map(|i| g[i].abs() * ((1.0 + 2.0 * lambda * lse[i]).abs() + 1.0) + h[i].abs())
+        .collect()
+}
+
 /// Judge downloaded outputs against the ground truth `gt` and reference `reference` with the
 /// rule of [`crate::judge`], plus the structural checks (presence, shapes, dtypes, stats,
 /// exact zeros at ignored rows, the filter's dropped-mass bound).
@@ -314,9 +322,7 @@ pub fn judge_outputs(
     let (g, h, classes) = row_weights(case, data);
     let valid: Vec<bool> = classes.iter().map(|&y| y >= 0).collect();
     let lambda = opts.z_loss as f64;
-    let w: Vec<f64> = (0..n)
-        .map(|i| g[i].abs() * ((1.0 + 2.0 * lambda * gt.lse[i]).abs() + 1.0) + h[i].abs())
-        .collect();
+    let w = bound_weights(&g, &h, &gt.lse, lambda);
     let w_max = w.iter().fold(0.0f64, |a, &x| a.max(x));
     let ev = data.e.to_f64_vec();
     let cv = data.c.to_f64_vec();
@@ -615,19 +621,27 @@ pub fn judge_outputs(
                 };
                 if let Some((row_name, sums, m_other)) = rows {
                     let tau = judge::tau(dtype, len, judge::kappa(zmag, d));
+                    let g_max = gt.g_terms_rows.iter().fold(0.0f64, |a, &x| a.max(x));
                     let errors = row_errors(&ours, gtv, d, |i, truth_norm| {
+                        let row = i * d..(i + 1) * d;
                         let filter = if bound.is_empty() {
                             0.0
                         } else {
-                            judge::norm(&bound[i * d..(i + 1) * d])
+                            judge::norm(&bound[row.clone()])
                         };
-                        // A GPU may flush subnormal entries of G (FTZ).
-                        let ftz = cce_core::tolerance::ftz_allowance(len, m_other);
+                        // A GPU may flush subnormal entries of G (FTZ) or hold G in f16 with
+                        // one power-of-two scale (16-bit inputs).
+                        let range =
+                            cce_core::tolerance::g_range_allowance(dtype, len, m_other, g_max);
+                        // As the element rule: as bad as the same-precision reference.
+                        let reference = refv
+                            .filter(|r| r.len() == gtv.len())
+                            .map_or(0.0, |r| judge::row_distance(&r[row.clone()], &gtv[row]));
                         row_allowance(
                             tau,
                             truth_norm,
                             sums[i] * m_other,
-                            filter + ftz,
+                            filter + range + reference,
                             d,
                             grad_dtype,
                         )

@@ -59,8 +59,10 @@ pub struct Oracle {
     /// `[N]`: `Σ_j T_ij`, the size of the terms of row `i` of `d_e = G·C` (a per-row judge
     /// scales its tolerance by `Σ_j T_ij · max_j ‖c_j‖`). `T_ij ≥ |G_ij|` sums the sizes of
     /// the parts of `G_ij` an implementation adds in f32:
-    /// `|g_i|·((1 + |2λ lse_i|)·p_ij + α/V) + |h_i|·p_ij`, and for the target
-    /// `|g_i|·(α + (1 − p_y) + |2λ lse_i|·p_y + α/V) + |h_i|·p_y` (its `p_y − 1` computed
+    /// `|g_i|·((1 + ζ_i)·p_ij + α/V) + |h_i|·p_ij`, and for the target
+    /// `|g_i|·(α + (1 − p_y) + ζ_i·p_y + α/V) + |h_i|·p_y`, with the z-loss size
+    /// `ζ_i = |2λ|·(|lse_i| + ‖e_i‖·max_j ‖c_j‖)` (an f32 lse errs by a rounding of the logits'
+    /// scale, not of its own size, where the logits cancel) (the target's `p_y − 1` computed
     /// without cancellation, as `−(1 − p_y)`); taken before the softcap factor `1 − (z/s)²`
     /// (computed in f32 with an absolute error).
     pub g_terms_rows: Vec<f64>,
@@ -322,6 +324,11 @@ pub fn naive_values(
     // Also the term sizes (`Oracle::g_terms_rows`) per row and per class, taken before the
     // softcap factor `1 − (z/s)²`: that factor is computed in f32 with an absolute error of
     // ~2⁻²³, so an entry's error scales with its size before it, not after.
+    // The scale of row i's logits, `‖e_i‖ · max_j ‖c_j‖` (≥ Σ_k |e_ik c_jk|): an f32 lse errs
+    // by up to ~2⁻²⁴ of it where the logits cancel, which the z-loss term `2λ lse p` carries.
+    let row_norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let c_max = cv.chunks(d.max(1)).map(row_norm).fold(0.0f64, f64::max);
+    let logit_scale: Vec<f64> = ev.chunks(d.max(1)).map(|r| row_norm(r) * c_max).collect();
     let mut gm = z;
     type Sums = (Vec<(usize, f64)>, Vec<f64>);
     let (mut abs_rows, g_terms_cols): Sums = gm
@@ -355,7 +362,7 @@ pub fn naive_values(
                     // The sizes of the parts of G_ij an implementation adds in f32: for the target
                     // `α − (1 − p_y)` (never `p_y − 1`, which cancels), the z-loss and smoothing
                     // terms, the lse upstream.
-                    let zl = (2.0 * lambda * l).abs();
+                    let zl = (2.0 * lambda).abs() * (l.abs() + logit_scale[i]);
                     let term = if y[i] < 0 {
                         h.abs() * p
                     } else {
