@@ -21,7 +21,7 @@
 use cce_core::filter::FilterRule;
 use cce_core::plan::{DeviceLimits, Plan, StrategyKind, TileShape};
 use cce_core::{DType, FilterEps, HostTensor, Options, Problem, Reduction, SideOutputs};
-use cce_cuda::chunked::{
+use cce_cuda::dense::{
     compile_cubin, DenseConfig, DenseDLoss, DenseEngine, DenseForwardOut, DenseGradOut,
     DenseInputs, DenseStats, DenseUpstream, DenseWorkspace, RowPass,
 };

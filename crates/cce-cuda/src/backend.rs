@@ -1,5 +1,5 @@
 //! The CUDA backend: device discovery, input validation and the plan; every call runs the
-//! dense strategies of [`crate::chunked`] ([`cce_core::Strategy::ChunkedDense`],
+//! dense strategies of [`crate::dense`] ([`cce_core::Strategy::ChunkedDense`],
 //! [`cce_core::Strategy::SplitDense`]), which need libcublas and compute capability 8.0
 //! (a device without them is [`CceError::Unsupported`]).
 //!
@@ -17,7 +17,7 @@
 //! A budget too small for one tile of split dense's chunks is `ResourceLimit` (the plan's
 //! reason lists what each strategy would need).
 
-use crate::chunked::{BackendCall, DenseEngine};
+use crate::dense::{BackendCall, DenseEngine};
 use crate::kernels;
 use crate::switches::CudaSwitches;
 use crate::tensor::CudaTensor;
@@ -187,7 +187,7 @@ impl CudaBackend {
         // SAFETY: this context handle is the backend's own (the tracking flag belongs to this
         // `Arc<CudaContext>`, not to the driver's context). Every allocation and launch of this
         // backend goes to its one stream, so stream order alone orders all accesses, except
-        // the class-tiled forward's row kernels (chunked.rs `forward_by_classes`), which run on
+        // the class-tiled forward's row kernels (`dense` `forward_by_classes`), which run on
         // a second stream through raw device addresses only and are ordered by explicit events
         // both ways, the main stream waiting for that stream before the call returns; no
         // `CudaSlice` is used on another stream.
@@ -287,7 +287,7 @@ impl CudaBackend {
                 depth: 32,
             },
             strategies: vec![StrategyKind::ChunkedDense, StrategyKind::SplitDense],
-            // Forward-only calls of the dense strategies run over class tiles (chunked.rs).
+            // Forward-only calls of the dense strategies run over class tiles (`dense`).
             class_forward: true,
         };
         let available = limits.strategies.clone();
@@ -304,9 +304,9 @@ impl CudaBackend {
             chunk_cap: None,
             split_de_f16: true,
             sparse: SparseMode::Auto,
-            wgmma_forward: crate::chunked::WGMMA_FORWARD_DEFAULT,
-            wgmma_gcols: crate::chunked::WGMMA_GCOLS_DEFAULT,
-            wgmma_rows: crate::chunked::WGMMA_ROWS_DEFAULT,
+            wgmma_forward: crate::dense::WGMMA_FORWARD_DEFAULT,
+            wgmma_gcols: crate::dense::WGMMA_GCOLS_DEFAULT,
+            wgmma_rows: crate::dense::WGMMA_ROWS_DEFAULT,
             engine_switches: CudaSwitches::default(),
         })
     }
@@ -347,10 +347,10 @@ impl CudaBackend {
     /// (`kernels/wgmma.cu`: the logits GEMM with the log-sum-exp in its epilogue, no logits
     /// in memory) where it applies: compute capability 9.0, bf16 or f16, no label smoothing,
     /// entropy or argmax, `D` a multiple of 64, softcap at most
-    /// [`crate::chunked::WGMMA_SOFTCAP_MAX`] (a bias and a softcap are applied in the epilogue,
+    /// [`crate::dense::WGMMA_SOFTCAP_MAX`] (a bias and a softcap are applied in the epilogue,
     /// the softcap as `s − 2s/(e^{2x/s} + 1)`); elsewhere, and with `false`,
     /// the class tiles or row chunks. The call's `plan_reason` says which forward ran. Default
-    /// [`crate::chunked::WGMMA_FORWARD_DEFAULT`].
+    /// [`crate::dense::WGMMA_FORWARD_DEFAULT`].
     pub fn with_wgmma_forward(mut self, on: bool) -> Self {
         self.wgmma_forward = on;
         self
@@ -360,9 +360,9 @@ impl CudaBackend {
     /// backward) computes each class chunk's `G` in the epilogue of a WGMMA GEMM
     /// (`kernels/wgmma.cu` `cce_wgmma_gcols_*`: f16 `G` written straight from the registers,
     /// no f32 logits in memory) where it applies: compute capability 9.0, bf16 or f16, `D` a
-    /// multiple of 64, softcap at most [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
+    /// multiple of 64, softcap at most [`crate::dense::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS logits GEMM then the `G` pass.
     /// The call's `plan_reason` says which ran. Default
-    /// [`crate::chunked::WGMMA_GCOLS_DEFAULT`].
+    /// [`crate::dense::WGMMA_GCOLS_DEFAULT`].
     pub fn with_wgmma_gcols(mut self, on: bool) -> Self {
         self.wgmma_gcols = on;
         self
@@ -374,10 +374,10 @@ impl CudaBackend {
     /// (`kernels/wgmma.cu` `cce_wgmma_lseq_*`), then the lse and `G` in place
     /// (`cce_wgmma_qrows_g_*`), where it applies: compute capability 9.0, bf16 inputs and `G`,
     /// `D` a multiple of 64, no label smoothing, entropy or argmax, softcap at least
-    /// [`crate::chunked::WGMMA_ROWS_SOFTCAP_MIN`] and at most
-    /// [`crate::chunked::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
+    /// [`crate::dense::WGMMA_ROWS_SOFTCAP_MIN`] and at most
+    /// [`crate::dense::WGMMA_SOFTCAP_MAX`]; elsewhere, and with `false`, a cuBLAS f32 logits
     /// GEMM and the forward and backward row kernels. The call's `plan_reason` says which ran.
-    /// Default [`crate::chunked::WGMMA_ROWS_DEFAULT`].
+    /// Default [`crate::dense::WGMMA_ROWS_DEFAULT`].
     pub fn with_wgmma_rows(mut self, on: bool) -> Self {
         self.wgmma_rows = on;
         self

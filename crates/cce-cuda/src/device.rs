@@ -1,7 +1,7 @@
 //! Compiled kernels, cached for the process: one NVRTC pipeline and one module cache.
 //!
 //! Every kernel source of the crate (the tile kernels of [`crate::kernels`], the dense engine's
-//! `chunked.cu` + `wgmma.cu` of [`crate::chunked`]) goes through `compile_cached`: NVRTC
+//! `chunked.cu` + `wgmma.cu` of [`crate::dense`]) goes through `compile_cached`: NVRTC
 //! compiles it once per (source, architecture) and process to a CUBIN, which is also kept in a
 //! disk cache (`CCE_CUDA_CACHE_DIR`, default `$TMPDIR/cce-cuda-kernels`, the crate's only
 //! environment variable) keyed by a hash of the source, the options and the NVRTC version, so
