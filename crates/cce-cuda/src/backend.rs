@@ -23,8 +23,8 @@ use crate::switches::CudaSwitches;
 use crate::tensor::CudaTensor;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, DeviceLimits, ForwardOutput, HostTensor,
-    Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, Strategy, StrategyKind,
-    TensorMeta, TileShape, Upstream,
+    Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, StrategyKind, TensorMeta,
+    TileShape, Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::{
@@ -569,59 +569,12 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
-        // Chunked dense rounds G to the input dtype for both products: on real data
-        // that costs d_c 0.13% against the original filter's 0.05% (docs/perf-log.md), and f16
-        // G under a mean is subnormal; so filtered and f16 calls skip it. Split dense keeps
-        // f16 G for d_c in every dtype.
-        let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
-        let mut limits = self.limits.clone();
-        let mut notes = Vec::new();
-        // bf16 inputs with f32 gradients asked: split dense's f16 G (11 significand bits, so a
-        // confident row's d_e and d_c rows keep 1e-3) instead of chunked dense's bf16 G (8).
-        let f32_grads_of_bf16 =
-            problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
-        if limits.strategies.contains(&StrategyKind::ChunkedDense)
-            && (filtered || problem.dtype == DType::F16 || f32_grads_of_bf16)
-        {
-            limits
-                .strategies
-                .retain(|k| *k != StrategyKind::ChunkedDense);
-            if limits.strategies.is_empty() {
-                limits.strategies.push(StrategyKind::SplitDense);
-            }
-            notes.push(if f32_grads_of_bf16 {
-                "chunked-dense is not used for f32 gradients of bf16 inputs (its products use bf16 G)"
-            } else {
-                "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
-            });
-        }
-        let mut plan = Plan::new(&problem, opts, &limits)?;
-        for note in notes {
-            plan.reason.push_str(&format!(" ({note})"));
-        }
-        if let Some((cap_rows, cap_classes)) = self.chunk_cap {
-            cap_plan_chunks(&mut plan, cap_rows, cap_classes);
-        }
-        match (self.sparse, plan.sparse.as_mut()) {
-            (SparseMode::Off, Some(_)) => {
-                plan.sparse = None;
-                plan.reason
-                    .push_str(" (sparse backward off: with_sparse(SparseMode::Off))");
-            }
-            (SparseMode::Always, Some(sp)) => {
-                sp.max_mean_kept = problem.v;
-                plan.reason
-                    .push_str(" (sparse backward at any density: with_sparse(SparseMode::Always))");
-            }
-            _ => {}
-        }
-        if let Strategy::SplitDense { de_f16, .. } = &mut plan.strategy {
-            if *de_f16 && !self.split_de_f16 && problem.dtype == DType::BF16 {
-                *de_f16 = false;
-                plan.reason
-                    .push_str(" (d_e from bf16 G: with_split_de_f16(false))");
-            }
-        }
+        let knobs = crate::dense::schedule::PlanKnobs {
+            chunk_cap: self.chunk_cap,
+            sparse: self.sparse,
+            split_de_f16: self.split_de_f16,
+        };
+        let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
         let raw = self
@@ -796,44 +749,6 @@ impl CudaBackend {
             value: lse,
         }
     }
-}
-
-/// Shrink the chunks of a dense plan to at most `rows` x `classes` (whole tiles).
-fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
-    let (n, v) = (plan.problem.n, plan.problem.v);
-    let chunks = |total: usize, c: usize| -> Vec<std::ops::Range<usize>> {
-        (0..total.div_ceil(c))
-            .map(|i| i * c..((i + 1) * c).min(total))
-            .collect()
-    };
-    match &mut plan.strategy {
-        Strategy::ChunkedDense { chunk_rows } => {
-            *chunk_rows = (*chunk_rows).min(rows);
-            plan.row_chunks = chunks(n, *chunk_rows);
-        }
-        Strategy::SplitDense {
-            chunk_rows,
-            chunk_classes,
-            ..
-        } => {
-            *chunk_rows = (*chunk_rows).min(rows);
-            *chunk_classes = (*chunk_classes).min(classes);
-            plan.row_chunks = chunks(n, *chunk_rows);
-            plan.class_chunks = chunks(v, *chunk_classes);
-            if let Some(sp) = plan.sparse.as_mut() {
-                sp.max_rows = sp.max_rows.min(rows).max(sp.probe_rows);
-            }
-        }
-        Strategy::TileOwnership => return,
-    }
-    if let Some(cf) = plan.forward.as_mut() {
-        // rows and classes are whole tiles, so the tiles keep the plan's alignment.
-        cf.rows = cf.rows.min(rows);
-        cf.classes = cf.classes.min(classes);
-    }
-    plan.reason.push_str(&format!(
-        " (chunks capped at {rows} rows, {classes} classes)"
-    ));
 }
 
 /// Whether the dense strategies can run: libcublas loads and compute capability ≥ 8.0.

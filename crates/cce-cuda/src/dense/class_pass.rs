@@ -1,6 +1,7 @@
 //! Split dense's class pass (`kernels/classes.cu`): per chunk of classes, the logits of all
 //! rows, `G` from the saved lse in f16 with one power-of-two scale, `d_c` and `d_bias`.
 
+use super::schedule::ClassPath;
 use super::*;
 
 /// Threads and rows (one warp each) per block of `cce_split_gcols_*`.
@@ -43,6 +44,7 @@ impl DenseEngine {
         cfg: &DenseConfig,
         ws: &mut DenseWorkspace,
         inp: &DenseInputs<'_>,
+        path: &ClassPath,
         a: ClassPassArgs,
     ) -> Result<String> {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
@@ -69,9 +71,8 @@ impl DenseEngine {
         // at 0; the f16 copy of e and the f32 d_c temp of dc_classes classes at the end); else
         // the f32 logits [N, ldk] at 0 (G written over them), e's copy after them, the temp of
         // kmax classes after it.
-        let wg = self.wgmma_gcols_classes(cfg, ws.logits.len(), (e_ptr, c_ptr));
-        let (g_end, e16_off, tmp_bytes) = match &wg {
-            Ok(l) => (
+        let (g_end, e16_off, tmp_bytes) = match path {
+            ClassPath::Wgmma(l) => (
                 n * l.ldg * 2,
                 l.e16_off,
                 if cfg.dc_tmp_bytes() > 0 {
@@ -80,7 +81,7 @@ impl DenseEngine {
                     0
                 },
             ),
-            Err(_) => (n * ldk * 4, n * ldk * 4, cfg.dc_tmp_bytes()),
+            ClassPath::Cublas(_) => (n * ldk * 4, n * ldk * 4, cfg.dc_tmp_bytes()),
         };
         let tmp_off = e16_off + cfg.e16_bytes();
         if g_end > e16_off || ws.logits.len() < tmp_off + tmp_bytes {
@@ -151,19 +152,16 @@ impl DenseEngine {
         // the WGMMA epilogue its layout's (sub-chunks when the f32 d_c temp of bf16 outputs
         // holds fewer classes than a chunk, each starting on a 16-byte column of G); else the
         // plan's chunk, one d_c GEMM per chunk.
-        let (step, ldg_step, dc_step) = match &wg {
-            Ok(l) => (l.classes, l.ldg, l.dc_classes),
-            Err(_) => (kmax, ldg, kmax),
-        };
-        let tms = match &wg {
-            Ok(_) => Some((
+        let (step, ldg_step, dc_step) = path.steps(kmax, ldg);
+        let tms = match path {
+            ClassPath::Wgmma(_) => Some((
                 self.tensor_map(dt, e_ptr, n, d, WGMMA_BM)?,
                 format!(
                     "cce_wgmma_gcols{}_{code}",
                     if softcap > 0.0 { "_cap" } else { "" }
                 ),
             )),
-            Err(_) => None,
+            ClassPath::Cublas(_) => None,
         };
         let mut prof = PhaseTimer::new(&self.stream, self.switches.profile)?;
         for k0 in (0..v).step_by(step) {
@@ -274,17 +272,6 @@ impl DenseEngine {
         }
         let chunks = v.div_ceil(step);
         PhaseTimer::report(prof, &format!("split dense class pass ({chunks} chunk(s))"))?;
-        Ok(match wg {
-            Ok(l) => format!(
-                "class pass: WGMMA GEMM with G in its epilogue ({chunks} chunk(s) of up to {} \
-                 classes, d_c in sub-chunks of up to {} classes, f16 G, no logits in memory)",
-                l.classes, l.dc_classes
-            ),
-            Err(why) => format!(
-                "class pass: cuBLAS logits then G ({chunks} chunk(s) of up to {} classes; no \
-                 WGMMA epilogue: {why})",
-                kmax.min(v)
-            ),
-        })
+        Ok(path.note(cfg, kmax))
     }
 }

@@ -13,7 +13,7 @@ impl DenseEngine {
     /// time ([`DenseEngine::wgmma_forward_rows`]): per row group `cce_wgmma_lse_*` (the logits
     /// GEMM with the per-tile (max, Σexp) in its epilogue, float2 partials at `base`), then
     /// `cce_wgmma_lse_combine_*` (lse, the target logit, the loss rows of `a`), all on the
-    /// engine's stream. Returns the `plan_reason` note.
+    /// engine's stream. Its note is the schedule's (`schedule::wgmma_forward_note`).
     pub(super) fn forward_wgmma(
         &self,
         cfg: &DenseConfig,
@@ -21,7 +21,7 @@ impl DenseEngine {
         base: u64,
         a: &RowArgs,
         (e, c): (u64, u64),
-    ) -> Result<String> {
+    ) -> Result<()> {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let esz = cfg.dtype.size_bytes();
         let code = dtype_code(cfg.dtype)?;
@@ -36,7 +36,6 @@ impl DenseEngine {
         let (v_i, d_i) = (to_i32(v, "V")?, to_i32(d, "D")?);
         let tm_c = self.tensor_map(cfg.dtype, c, v, d, WGMMA_BN)?;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
-        let mut grid_max = 0u32;
         for r0 in (0..n).step_by(group) {
             let rows = group.min(n - r0);
             let rows_i = to_i32(rows, "rows")?;
@@ -44,8 +43,7 @@ impl DenseEngine {
             let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
             let t_r = a.rows_at(r0).0;
             let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
-            let grid = tiles.min(self.sm_count.max(1)) as u32;
-            grid_max = grid_max.max(grid);
+            let grid = tiles.min(self.facts.sm_count.max(1)) as u32;
             let mut b = self.stream.launch_builder(f_lse);
             b.arg(&tm_e)
                 .arg(&tm_c)
@@ -82,13 +80,7 @@ impl DenseEngine {
                 self.launch_combine(f_comb, base, (r0, rows, n_tiles), (e_r, c, d), a, 0)?;
             }
         }
-        Ok(format!(
-            "forward: WGMMA GEMM with the lse in its epilogue ({} row group(s) of up to {} rows x \
-             {n_tiles} class tile(s) of {WGMMA_BN}, {grid_max} persistent blocks), a combine pass \
-             per row group",
-            n.div_ceil(group),
-            group.min(n),
-        ))
+        Ok(())
     }
 
     /// The forward of a forward-only call over the class tiles of `cf` (`chunked.cu` "(2')"):

@@ -71,17 +71,8 @@ impl DenseEngine {
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
     ) -> Result<BackendOutputs> {
         use cce_core::TensorMeta;
-        let mut cfg = DenseConfig::from_plan(call.plan, call.opts)?;
-        cfg.wgmma_forward = call.wgmma_forward;
-        cfg.wgmma_gcols = call.wgmma_gcols;
-        cfg.wgmma_rows = call.wgmma_rows;
-        if up.is_none() {
-            // Forward only: no sparse backward, so none of its workspace.
-            cfg.sparse = None;
-        } else {
-            // Calls with a backward never take the class tiles: none of their buffers.
-            cfg.class_forward = None;
-        }
+        let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
+        let cfg = super::schedule::dense_config(call.plan, call.opts, switches, up.is_some())?;
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
         let f32_vec = |t: &crate::CudaTensor, what: &'static str| -> Result<()> {
             if t.dtype() != DType::F32 || t.numel() != n {

@@ -238,3 +238,36 @@ impl DenseEngine {
         Ok(host)
     }
 }
+
+/// A kernel's parameters as one typed value: `push` adds them to a launch in the order of the
+/// kernel's parameter list (the `*_PARAMS` macro of its `.cu` file).
+pub(super) trait KernelParams {
+    /// Push every parameter, in order.
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+
+impl DenseEngine {
+    /// Launch `f` on `stream` with `params` over the grid `cfg`.
+    ///
+    /// # Safety
+    /// `params` is the parameter struct written for `f`'s kernel (its `push` matches the
+    /// kernel's parameter list in types and order); every device address in it is a live
+    /// buffer holding at least what the kernel reads or writes over `cfg`'s grid, written
+    /// before on `stream` (or ordered before it by an event) where the kernel reads it; `cfg`
+    /// is within the kernel's launch bounds, and its dynamic shared memory within the
+    /// function's attribute.
+    pub(super) unsafe fn launch_params<P: KernelParams>(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Result<()> {
+        let mut b = stream.launch_builder(f);
+        params.push(&mut b);
+        // SAFETY: the caller's contract (this function's # Safety): the arguments match the
+        // kernel and every buffer they name is live and large enough for the grid.
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        Ok(())
+    }
+}

@@ -276,12 +276,9 @@ pub struct DenseEngine {
     blas: crate::device::PooledBlas,
     funcs: HashMap<String, CudaFunction>,
     arch: String,
-    max_smem_optin: usize,
-    fused_static_smem: usize,
-    /// Multiprocessors (the persistent grid of the WGMMA forward).
-    sm_count: usize,
-    /// The WGMMA forward's kernels are loaded (compute capability 9.0, enough shared memory).
-    wgmma: bool,
+    /// What the device offers the schedule (compute capability, multiprocessors, shared
+    /// memory); the WGMMA kernels are loaded where [`schedule::DeviceFacts::wgmma`] holds.
+    facts: schedule::DeviceFacts,
     /// The second stream of class-tiled forwards (made on first use, highest priority so that
     /// its row reductions get multiprocessors as the GEMM's blocks retire).
     row_stream: std::sync::OnceLock<Arc<CudaStream>>,
@@ -320,118 +317,25 @@ impl DenseEngine {
         }
         let arch = arch_of(major, minor);
         let module = crate::device::module(&ctx, SOURCE, &arch)?;
-        let mut names: Vec<String> = Vec::new();
-        for dt in ["f32", "f16", "bf16"] {
-            names.push(format!("cce_dense_fwd_{dt}"));
-            names.push(format!("cce_cls_fwd_{dt}"));
-            names.push(format!("cce_dense_bwd_{dt}"));
-            names.push(format!("cce_dense_colsum_{dt}"));
-            names.push(format!("cce_dense_randn_{dt}"));
-            names.push(format!("cce_split_scales_{dt}"));
-            names.push(format!("cce_split_gcols_{dt}"));
-            names.push(format!("cce_split_de_finish_{dt}"));
-            names.push(format!("cce_sparse_select_{dt}"));
-            names.push(format!("cce_sparse_select_{dt}_t256"));
-            names.push(format!("cce_sparse_select_fwd_{dt}"));
-            if dt != "f32" {
-                names.push(format!("cce_dense_target_fix_{dt}"));
-            }
-            let vec = if dt == "f32" { 4 } else { 8 };
-            for out in [dt, "f32"] {
-                for v in [1, vec] {
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}"));
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_b32"));
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_l"));
-                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}_h"));
-                }
-            }
-            if major >= 9 {
-                for cs in CLUSTER_SIZES {
-                    names.push(format!("cce_dense_fused_{dt}_c{cs}"));
-                }
-            }
-        }
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(drv)? as usize;
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(drv)? as usize;
-        // The WGMMA forward is compiled for sm_90a only (`wgmma.cu`: wgmma, setmaxnreg, TMA).
-        let wgmma = (major, minor) == (9, 0) && max_smem_optin >= WGMMA_SMEM_OUT_BYTES;
-        if wgmma {
-            for dt in ["f16", "bf16"] {
-                names.push(format!("cce_wgmma_lse_{dt}"));
-                names.push(format!("cce_wgmma_lse_combine_{dt}"));
-                names.push(format!("cce_wgmma_lse_x_{dt}"));
-                names.push(format!("cce_wgmma_gcols_{dt}"));
-                names.push(format!("cce_wgmma_gcols_cap_{dt}"));
-            }
-            for n in [
-                "cce_wgmma_lseq_bf16",
-                "cce_wgmma_lseq_x_bf16",
-                "cce_wgmma_qrows_g_bf16",
-                "cce_wgmma_qrows_g_cap_bf16",
-            ] {
-                names.push(n.into());
-            }
-        }
-        for n in [
-            "cce_dense_convert_f16",
-            "cce_dense_convert_bf16",
-            "cce_dense_sum_rows",
-            "cce_dense_stats",
-            "cce_dense_random_targets",
-            "cce_split_e_to_f16_bf16",
-            "cce_dense_bwd_f16s_f16",
-            "cce_dense_bwd_f16s_bf16",
-            "cce_sparse_count",
-            "cce_sparse_tile_sums",
-            "cce_sparse_scan_tiles",
-            "cce_sparse_scatter",
-        ] {
-            names.push(n.into());
-        }
+        let mut facts = schedule::DeviceFacts {
+            major,
+            minor,
+            sm_count,
+            max_smem_optin,
+            fused_static_smem: 0,
+        };
         let mut funcs = HashMap::new();
-        for n in names {
+        for n in kernel_names(&facts) {
             let f = module.load_function(&n).map_err(drv)?;
             funcs.insert(n, f);
         }
-        let mut fused_static_smem = 0usize;
-        for (name, f) in &funcs {
-            if name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_") {
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    WGMMA_SMEM_BYTES as i32,
-                )
-                .map_err(drv)?;
-            }
-            if name.starts_with("cce_wgmma_gcols_") || name.starts_with("cce_wgmma_lseq_") {
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    WGMMA_SMEM_OUT_BYTES as i32,
-                )
-                .map_err(drv)?;
-            }
-            if name.starts_with("cce_dense_fused_") {
-                let st = f
-                    .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
-                    .map_err(drv)? as usize;
-                fused_static_smem = fused_static_smem.max(st);
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    (max_smem_optin - st) as i32,
-                )
-                .map_err(drv)?;
-                if name.ends_with("_c16") {
-                    f.set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                        1,
-                    )
-                    .map_err(drv)?;
-                }
-            }
-        }
+        facts.fused_static_smem = set_attributes(&funcs, max_smem_optin)?;
         let blas = crate::device::pooled_blas(&stream, CUBLAS_WORKSPACE_BYTES)?;
         Ok(Self {
             ctx,
@@ -439,13 +343,17 @@ impl DenseEngine {
             blas,
             funcs,
             arch,
-            max_smem_optin,
-            fused_static_smem,
-            sm_count,
-            wgmma,
+            facts,
             row_stream: std::sync::OnceLock::new(),
             switches: crate::CudaSwitches::default(),
         })
+    }
+
+    /// Cluster size and slice (columns per block) of the fused row kernel for `cfg`, or `None`
+    /// when it does not apply (not asked, not Hopper, or the row does not fit 16 blocks'
+    /// shared memory).
+    pub fn fused_layout(&self, cfg: &DenseConfig) -> Option<(usize, usize)> {
+        schedule::fused_layout(cfg, &self.facts)
     }
 
     /// The engine with `switches`' profiling and sparse-backward tuning
@@ -547,4 +455,118 @@ impl DenseEngine {
             Mode::Backward { lse, rest },
         )
     }
+}
+
+/// The kernels the engine loads on a device of `facts`: every dtype's row, class-pass, sparse
+/// and utility kernels; the cluster-fused row kernels from compute capability 9.0; the WGMMA
+/// kernels where [`schedule::DeviceFacts::wgmma`] holds (compiled for sm_90a only:
+/// `wgmma.cu` uses wgmma, setmaxnreg and TMA).
+fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for dt in ["f32", "f16", "bf16"] {
+        for k in [
+            "cce_dense_fwd",
+            "cce_cls_fwd",
+            "cce_dense_bwd",
+            "cce_dense_colsum",
+            "cce_dense_randn",
+            "cce_split_scales",
+            "cce_split_gcols",
+            "cce_split_de_finish",
+            "cce_sparse_select",
+        ] {
+            names.push(format!("{k}_{dt}"));
+        }
+        names.push(format!("cce_sparse_select_{dt}_t256"));
+        names.push(format!("cce_sparse_select_fwd_{dt}"));
+        if dt != "f32" {
+            names.push(format!("cce_dense_target_fix_{dt}"));
+        }
+        let vec = if dt == "f32" { 4 } else { 8 };
+        for out in [dt, "f32"] {
+            for v in [1, vec] {
+                for tail in ["", "_b32", "_l", "_h"] {
+                    names.push(format!("cce_sparse_gather_{dt}_{out}_v{v}{tail}"));
+                }
+            }
+        }
+        if facts.fused_kernels() {
+            for cs in CLUSTER_SIZES {
+                names.push(format!("cce_dense_fused_{dt}_c{cs}"));
+            }
+        }
+    }
+    if facts.wgmma() {
+        for dt in ["f16", "bf16"] {
+            for k in [
+                "cce_wgmma_lse",
+                "cce_wgmma_lse_combine",
+                "cce_wgmma_lse_x",
+                "cce_wgmma_gcols",
+                "cce_wgmma_gcols_cap",
+            ] {
+                names.push(format!("{k}_{dt}"));
+            }
+        }
+        for n in [
+            "cce_wgmma_lseq_bf16",
+            "cce_wgmma_lseq_x_bf16",
+            "cce_wgmma_qrows_g_bf16",
+            "cce_wgmma_qrows_g_cap_bf16",
+        ] {
+            names.push(n.into());
+        }
+    }
+    for n in [
+        "cce_dense_convert_f16",
+        "cce_dense_convert_bf16",
+        "cce_dense_sum_rows",
+        "cce_dense_stats",
+        "cce_dense_random_targets",
+        "cce_split_e_to_f16_bf16",
+        "cce_dense_bwd_f16s_f16",
+        "cce_dense_bwd_f16s_bf16",
+        "cce_sparse_count",
+        "cce_sparse_tile_sums",
+        "cce_sparse_scan_tiles",
+        "cce_sparse_scatter",
+    ] {
+        names.push(n.into());
+    }
+    names
+}
+
+/// Set the loaded kernels' shared-memory attributes: the WGMMA kernels' dynamic shared memory,
+/// the fused row kernels' (all the device allows beside their static shared memory; clusters
+/// of 16 blocks allowed). Returns the fused kernels' largest static shared memory (0 without
+/// them).
+fn set_attributes(funcs: &HashMap<String, CudaFunction>, max_smem_optin: usize) -> Result<usize> {
+    let dyn_smem = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    let mut fused_static_smem = 0usize;
+    for (name, f) in funcs {
+        if name.starts_with("cce_wgmma_lse_") && !name.starts_with("cce_wgmma_lse_combine_") {
+            f.set_attribute(dyn_smem, WGMMA_SMEM_BYTES as i32)
+                .map_err(drv)?;
+        }
+        if name.starts_with("cce_wgmma_gcols_") || name.starts_with("cce_wgmma_lseq_") {
+            f.set_attribute(dyn_smem, WGMMA_SMEM_OUT_BYTES as i32)
+                .map_err(drv)?;
+        }
+        if name.starts_with("cce_dense_fused_") {
+            let st = f
+                .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                .map_err(drv)? as usize;
+            fused_static_smem = fused_static_smem.max(st);
+            f.set_attribute(dyn_smem, (max_smem_optin - st) as i32)
+                .map_err(drv)?;
+            if name.ends_with("_c16") {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+                .map_err(drv)?;
+            }
+        }
+    }
+    Ok(fused_static_smem)
 }

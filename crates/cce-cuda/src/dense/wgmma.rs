@@ -99,7 +99,7 @@ impl DenseEngine {
         let ldq = ld as i64;
         let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
         let tm_q = self.tensor_map_out(q, rows, v, ld)?;
-        let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.sm_count.max(1)) as u32;
+        let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.facts.sm_count.max(1)) as u32;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
         let t_r = a.rows_at(r0).0;
         let mut b = self.stream.launch_builder(f_lse);
@@ -353,7 +353,7 @@ impl DenseEngine {
     ) -> Result<()> {
         let f = self.func(name)?;
         let tiles = n.div_ceil(WGMMA_BM) * kc.div_ceil(WGMMA_BN);
-        let grid = tiles.min(self.sm_count.max(1)) as u32;
+        let grid = tiles.min(self.facts.sm_count.max(1)) as u32;
         let (n_i, kc_i, d_i) = (to_i32(n, "N")?, to_i32(kc, "classes")?, to_i32(d, "D")?);
         let (k0_i, v_i) = (to_i32(k0, "k0")?, to_i32(v, "V")?);
         let tm_g = self.tensor_map_out(g, n, kc, ldg)?;
