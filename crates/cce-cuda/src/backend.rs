@@ -24,7 +24,7 @@ use crate::tensor::CudaTensor;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, DeviceLimits, ForwardOutput, HostTensor,
     Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, StrategyKind, TensorMeta,
-    TileShape, Upstream,
+    Upstream,
 };
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
 use cudarc::driver::{
@@ -40,7 +40,7 @@ pub const TILE_ROWS: usize = 128;
 /// Classes per logits tile (`TILE_N`).
 pub const TILE_CLASSES: usize = 128;
 /// Threads per block of the data generators (`util.cu`).
-const NTHREADS: u32 = 256;
+pub(crate) const NTHREADS: u32 = 256;
 
 /// Map a driver error to the typed error (`OutOfMemory` keeps the requested size).
 fn drv(e: DriverError) -> CceError {
@@ -273,23 +273,11 @@ impl CudaBackend {
         }
         let name = ctx.name().map_err(drv)?;
         let total = ctx.total_mem().map_err(drv)? as u64;
-        let limits = DeviceLimits {
-            name: format!("{name} ({arch}, {sm_count} SMs)"),
-            max_buffer_bytes: total,
-            max_block_memory_bytes: smem_optin as u64,
-            max_threads_per_block: NTHREADS,
-            max_grid: [i32::MAX as u32, 65535, 65535],
-            // Kernels index elements with 64-bit offsets; rows and classes are 32-bit.
-            index_bits: 64,
-            tile: TileShape {
-                rows: TILE_ROWS,
-                classes: TILE_CLASSES,
-                depth: 32,
-            },
-            strategies: vec![StrategyKind::ChunkedDense, StrategyKind::SplitDense],
-            // Forward-only calls of the dense strategies run over class tiles (`dense`).
-            class_forward: true,
-        };
+        let limits = crate::dense::schedule::device_limits(
+            &format!("{name} ({arch}, {sm_count} SMs)"),
+            total,
+            smem_optin as u64,
+        );
         let available = limits.strategies.clone();
         Ok(Self {
             ctx,

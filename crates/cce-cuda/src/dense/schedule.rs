@@ -687,3 +687,30 @@ pub(crate) fn dense_config(
     }
     Ok(cfg)
 }
+
+/// The limits the backend plans with on a device called `name` with `total_mem` bytes and
+/// `smem_optin` bytes of shared memory per block: both dense strategies, class tiles for
+/// forward-only calls, 64-bit element offsets.
+pub(crate) fn device_limits(name: &str, total_mem: u64, smem_optin: u64) -> cce_core::DeviceLimits {
+    cce_core::DeviceLimits {
+        name: name.to_string(),
+        max_buffer_bytes: total_mem,
+        max_block_memory_bytes: smem_optin,
+        max_threads_per_block: crate::backend::NTHREADS,
+        max_grid: [i32::MAX as u32, 65535, 65535],
+        // Kernels index elements with 64-bit offsets; rows and classes are 32-bit.
+        index_bits: 64,
+        tile: cce_core::TileShape {
+            rows: crate::backend::TILE_ROWS,
+            classes: crate::backend::TILE_CLASSES,
+            depth: 32,
+        },
+        strategies: vec![StrategyKind::ChunkedDense, StrategyKind::SplitDense],
+        // Forward-only calls of the dense strategies run over class tiles.
+        class_forward: true,
+    }
+}
+
+#[cfg(test)]
+#[path = "schedule_tests.rs"]
+mod tests;
