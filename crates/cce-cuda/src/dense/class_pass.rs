@@ -28,9 +28,9 @@ pub(super) struct ClassPassArgs {
 }
 
 impl DenseEngine {
-    /// Split dense's class pass (`chunked.cu`, "Split dense"): per class chunk, the logits of
+    /// Split dense's class pass (`classes.cu`, "Split dense"): per class chunk, the logits of
     /// all rows recomputed and `G` from the saved lse (f16 with a power-of-two scale, or f32):
-    /// one WGMMA kernel with `G` in its epilogue where [`DenseEngine::wgmma_gcols_classes`]
+    /// one WGMMA kernel with `G` in its epilogue where `schedule::wgmma_gcols_classes`
     /// allows (f16 `G` at the start of the scratch, the f16 copy of `e` and the f32 `d_c`
     /// temp at its end: chunks as large as the scratch holds, [`DenseConfig::gcols_layout`]),
     /// else, per chunk of the plan's classes, a cuBLAS logits GEMM and `cce_split_gcols_*`;

@@ -13,7 +13,7 @@ pub const WGMMA_GCOLS_DEFAULT: bool = true;
 
 /// Whether split dense's row pass in a forward-and-backward call takes the WGMMA GEMM with the
 /// lse partials and f16 `e^{z − m}` in its epilogue where it applies
-/// ([`DenseConfig::wgmma_rows`], [`DenseEngine::wgmma_rows_unfit`],
+/// ([`DenseConfig::wgmma_rows`], `schedule::wgmma_rows_unfit`,
 /// [`crate::CudaSwitches::wgmma_rows`]).
 pub const WGMMA_ROWS_DEFAULT: bool = true;
 
@@ -97,18 +97,18 @@ pub struct DenseConfig {
     /// row chunks.
     pub class_forward: Option<cce_core::ClassForward>,
     /// Forward-only calls take the fused WGMMA forward (`kernels/wgmma.cu`) where it applies
-    /// ([`DenseEngine::wgmma_forward_rows`]); else the class tiles or row chunks. Default
+    /// (`schedule::wgmma_forward_rows`); else the class tiles or row chunks. Default
     /// [`WGMMA_FORWARD_DEFAULT`].
     pub wgmma_forward: bool,
     /// Split dense's class pass computes `G` in the epilogue of a WGMMA GEMM
     /// (`cce_wgmma_gcols_*`, no f32 logits) where it applies
-    /// ([`DenseEngine::wgmma_gcols_classes`]); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
+    /// (`schedule::wgmma_gcols_classes`); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
     /// Default [`WGMMA_GCOLS_DEFAULT`].
     pub wgmma_gcols: bool,
     /// Split dense's row pass of a forward-and-backward call computes the logits in a WGMMA
     /// GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then `G` in place
     /// (`cce_wgmma_lseq*`, `cce_wgmma_qrows_g*`), where it applies
-    /// ([`DenseEngine::wgmma_rows_unfit`]); else a cuBLAS f32 logits GEMM and the forward and
+    /// (`schedule::wgmma_rows_unfit`); else a cuBLAS f32 logits GEMM and the forward and
     /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`].
     pub wgmma_rows: bool,
 }
@@ -184,19 +184,19 @@ impl DenseConfig {
     }
 
     /// dtype of `G` (the input dtype).
-    pub fn g_dtype(&self) -> DType {
+    pub(crate) fn g_dtype(&self) -> DType {
         self.dtype
     }
 
     /// Split dense: f32 row stride of the class pass's logits, the chunk's classes rounded up
     /// to 8.
-    pub fn ld_classes(&self) -> usize {
+    pub(crate) fn ld_classes(&self) -> usize {
         self.chunk_classes.unwrap_or(0).clamp(1, self.v).div_ceil(8) * 8
     }
 
     /// Split dense: dtype of the class pass's `G` and `e` operands (f16 for 16-bit inputs,
     /// f32 for f32 inputs).
-    pub fn class_pass_dtype(&self) -> DType {
+    pub(crate) fn class_pass_dtype(&self) -> DType {
         if self.dtype == DType::F32 {
             DType::F32
         } else {
@@ -205,9 +205,9 @@ impl DenseConfig {
     }
 
     /// Split dense: how the row pass stores `G` for `d_e` (the backward row kernel's mode,
-    /// `chunked.cu` "GStore"): 0 in the input dtype (written over the logits; `d_e` straight
+    /// `rows.cu` "GStore"): 0 in the input dtype (written over the logits; `d_e` straight
     /// from one GEMM), 2 in f16 scaled per row (`d_e` through f32 rows and a finishing pass).
-    pub fn g_mode(&self) -> u8 {
+    pub(crate) fn g_mode(&self) -> u8 {
         let f16_g = self.dtype == DType::F16 || (self.dtype == DType::BF16 && self.de_f16);
         if self.chunk_classes.is_some() && self.compute_d_e && f16_g {
             2

@@ -10,7 +10,7 @@ pub(super) const CLS_ROWS_PER_BLOCK: usize = CLS_THREADS as usize / 32;
 
 impl DenseEngine {
     /// The fused WGMMA forward of a forward-only call (`kernels/wgmma.cu`), `group` rows at a
-    /// time ([`DenseEngine::wgmma_forward_rows`]): per row group `cce_wgmma_lse_*` (the logits
+    /// time (`schedule::wgmma_forward_rows`): per row group `cce_wgmma_lse_*` (the logits
     /// GEMM with the per-tile (max, Σexp) in its epilogue, float2 partials at `base`), then
     /// `cce_wgmma_lse_combine_*` (lse, the target logit, the loss rows of `a`), all on the
     /// engine's stream. Its note is the schedule's (`schedule::wgmma_forward_note`).
@@ -61,8 +61,8 @@ impl DenseEngine {
             // ordered_epi, the bias (V values of the input dtype, checked by `run`, or 0),
             // f32 softcap and the group's `rows` i32 targets); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
             // (sizes checked by `run`, addresses 16-byte aligned and D a multiple of 64,
-            // checked by `wgmma_forward_rows`), so TMA reads nothing outside them; the partials
-            // (rows x n_tiles float2) fit the scratch at `base` (`wgmma_forward_rows`); 384
+            // checked by `schedule::wgmma_forward_rows`), so TMA reads nothing outside them; the partials
+            // (rows x n_tiles float2) fit the scratch at `base` (`schedule::wgmma_forward_rows`); 384
             // threads and WGMMA_SMEM_BYTES of dynamic shared memory, the attribute set at
             // construction; grid ≤ the tile count, so every CTA has a tile.
             unsafe {
@@ -83,7 +83,7 @@ impl DenseEngine {
         Ok(())
     }
 
-    /// The forward of a forward-only call over the class tiles of `cf` (`chunked.cu` "(2')"):
+    /// The forward of a forward-only call over the class tiles of `cf` (`forward.cu` "(2')"):
     /// tile `i`'s logits GEMM writes buffer `i mod 2` on the engine's stream, its row
     /// reductions (`cce_cls_fwd_*`) read it on the row stream; events order each buffer's
     /// reuse, and the engine's stream waits for the row stream at the end. `base` is the
@@ -181,7 +181,7 @@ impl DenseEngine {
                         block_dim: (CLS_THREADS, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    // SAFETY: argument types and order match CLS_PARAMS in chunked.cu; buffer b
+                    // SAFETY: argument types and order match CLS_PARAMS in forward.cu; buffer b
                     // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
                     // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
                     // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row

@@ -1,20 +1,21 @@
 //! [`cce_core::Strategy::ChunkedDense`] and [`cce_core::Strategy::SplitDense`] on CUDA:
 //! materialized f32 logits chunks, cuBLAS for the products, custom row kernels
-//! (`kernels/chunked.cu`) for everything between them.
+//! (`kernels/dense_common.cu` and the files after it, [`KERNEL_SOURCE`]) for everything
+//! between them.
 //!
 //! Split dense runs a row pass (steps 1-4 below per row chunk, with `G` for `d_e` in f16
 //! scaled per row against an f16 copy of `c` when [`DenseConfig::de_f16`], else in the input
 //! dtype) and then a class pass per chunk of classes over all rows (logits recomputed, `G` from
 //! the saved lse in f16 with one power-of-two scale, `d_c` rows complete against an f16 copy of
-//! `e`); see `chunked.cu` "Split dense". On Hopper the class pass's logits and `G` are one WGMMA
+//! `e`); see `classes.cu` "Split dense". On Hopper the class pass's logits and `G` are one WGMMA
 //! kernel whose epilogue writes `G` from the registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`,
-//! [`DenseEngine::wgmma_gcols_classes`]); elsewhere a cuBLAS logits GEMM then
+//! `schedule::wgmma_gcols_classes`); elsewhere a cuBLAS logits GEMM then
 //! `cce_split_gcols_*`. On Hopper, a forward-and-backward call with bf16 inputs and bf16 `G`
 //! for `d_e` also runs its row pass without f32 logits (steps 1+2+3' below: `wgmma.cu` (3),
-//! [`DenseEngine::wgmma_rows_unfit`]). Its dense passes skip nothing when the filter is on.
+//! `schedule::wgmma_rows_unfit`). Its dense passes skip nothing when the filter is on.
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
-//! ([`DenseEngine`]'s `sparse_backward`; `chunked.cu` "Sparse backward"): per row chunk the
+//! ([`DenseEngine`]'s `sparse_backward`; `sparse.cu` "Sparse backward"): per row chunk the
 //! logits GEMM, the forward rows (in a forward-and-backward call folded into the select
 //! kernel, `cce_sparse_select_fwd_*`, which then computes lse and loss in its first read of
 //! the row), the kept entries (`g0 ≥ τ_i`) as (class, G) records, `d_e`
@@ -43,7 +44,7 @@
 //! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse}` over `q` as bf16 (the target's `cd − cp·rest`, [`DenseForwardOut::rest`]) | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
-//! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) ([`DenseEngine::wgmma_forward_rows`];
+//! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) (`schedule::wgmma_forward_rows`;
 //! switch: [`DenseConfig::wgmma_forward`], [`crate::CudaSwitches::wgmma_forward`]), is one fused kernel instead
 //! of steps 1-2: `cce_wgmma_lse_*` (`kernels/wgmma.cu`), a persistent TMA + WGMMA GEMM whose
 //! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
@@ -54,7 +55,7 @@
 //! `benches/wgmma/NOTES.md`). Elsewhere forward only is steps 1-2,
 //! over the plan's [`cce_core::ClassForward`] tiles when it has them
 //! (all rows x a chunk of classes per GEMM, two buffers, the row reductions `cce_cls_fwd_*` on
-//! a second stream folding each tile into a running lse state; `chunked.cu` "(2')"); a
+//! a second stream folding each tile into a running lse state; `forward.cu` "(2')"); a
 //! backward from a saved lse is 1, 3, 4, 5 (it recomputes the logits: 4 GEMMs with the
 //! forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
 //!
@@ -73,7 +74,7 @@
 //! `rest = 1 − p_y = Σ_{j≠y} e^{z_j − m} / Σ_j e^{z_j − m}` ([`DenseForwardOut::rest`]), its
 //! non-target sum accumulated on its own (the target's column left out of every per-row or
 //! per-tile Σexp by one compare-and-select), and every backward forms the target's entry of `G`
-//! as `cd − cp·rest − cc` (`chunked.cu` `g_target`) instead of `e^{z_y − lse} − 1`, which
+//! as `cd − cp·rest − cc` (`dense_common.cu` `g_target`) instead of `e^{z_y − lse} − 1`, which
 //! is 0 once `1 − p_y` is below the f32 lse's resolution (confident rows); the f16 `G` scales
 //! bound `|G|` by `rest` too (`g_bound`), so such rows are not flushed to zero. A logit of −inf
 //! (a class masked by a −inf bias entry) has p = 0, stays −inf under the softcap, adds 0 to
@@ -87,6 +88,21 @@
 //! Everything is deterministic: fixed reduction trees, cuBLAS with a fixed workspace (cuBLAS
 //! GEMMs are run-to-run deterministic on one device and stream unless split-K atomics are
 //! chosen, which cuBLAS does not do by default), the d_c accumulation in chunk order.
+//!
+//! ## Code layout
+//! | file | what |
+//! |---|---|
+//! | `schedule.rs` | every decision of a call from plain data (no CUDA call): the plan and its adjustments, which forward, row pass, class pass, sparse or dense backward, each fallback's reason string |
+//! | `exec.rs` | the executor: buffer checks, the schedule, then the passes in order |
+//! | `config.rs`, `workspace.rs` | [`DenseConfig`], the scratch layouts and byte tallies, [`DenseWorkspace`] |
+//! | `row_pass.rs` | the row chunks: forward rows, `G` in place, `d_e`, chunked dense's `d_c` |
+//! | `class_pass.rs` | split dense's class pass |
+//! | `sparse.rs` | the sparse backward |
+//! | `forward.rs` | forward-only passes: the fused WGMMA forward, the class tiles |
+//! | `wgmma.rs` | the WGMMA launches and their TMA tensor maps |
+//! | `scales.rs` | scales, f16 copies, conversions, test data |
+//! | `launch.rs` | errors, cuBLAS GEMMs, typed kernel parameters and their one launch function, the profile timer |
+//! | `glue.rs` | `Backend`-trait calls of [`crate::CudaBackend`] |
 
 mod class_pass;
 mod config;
@@ -96,7 +112,7 @@ mod glue;
 mod launch;
 mod row_pass;
 mod scales;
-pub mod schedule;
+pub(crate) mod schedule;
 mod sparse;
 mod wgmma;
 mod workspace;
@@ -107,7 +123,8 @@ pub use config::{
 };
 pub(crate) use glue::BackendCall;
 pub use launch::CUBLAS_WORKSPACE_BYTES;
-pub use workspace::{DenseWorkspace, GColsLayout, RowLayout};
+pub use workspace::DenseWorkspace;
+pub(crate) use workspace::GColsLayout;
 
 use class_pass::*;
 use exec::*;
@@ -160,7 +177,7 @@ pub(crate) const SOURCE: crate::device::Source = crate::device::Source {
     text: || KERNEL_SOURCE.to_string(),
 };
 
-/// Compile `chunked.cu` + `wgmma.cu` for `arch` to a CUBIN with NVRTC, through the process and
+/// Compile [`KERNEL_SOURCE`] (the dense kernel files + `wgmma.cu`) for `arch` to a CUBIN with NVRTC, through the process and
 /// disk caches ([`crate::device`]). Errors: `NoDevice` when libnvrtc cannot be loaded,
 /// `Backend` with the compiler log when the source does not compile.
 pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
@@ -169,7 +186,7 @@ pub fn compile_cubin(arch: &str) -> Result<Vec<u8>> {
 
 /// Compile without the cache. Returns the CUBIN.
 pub fn compile_uncached(source: &str, options: &[String]) -> Result<Vec<u8>> {
-    crate::device::nvrtc_compile(source, "chunked.cu", options)
+    crate::device::nvrtc_compile(source, "dense.cu", options)
 }
 
 /// Inputs of a call. Every buffer is raw bytes on the engine's device.

@@ -5,7 +5,7 @@ use super::exec::CallPtrs;
 use super::schedule::{self, Schedule};
 use super::*;
 
-/// Threads per block of the kernels (must match the `#define`s in `chunked.cu`).
+/// Threads per block of the kernels (must match the `#define`s in `forward.cu` and `rows.cu`).
 pub(super) const FWD_THREADS: u32 = 256;
 
 pub(super) const BWD_THREADS: u32 = 512;
@@ -140,7 +140,7 @@ impl DenseEngine {
             .arg(&d_e)
             .arg(&out_kind)
             .arg(&rows_i);
-        // SAFETY: argument types and order match TFIX_PARAMS in chunked.cu; G holds `rows` rows
+        // SAFETY: argument types and order match TFIX_PARAMS in rows.cu; G holds `rows` rows
         // of `g_ld` 16-bit values (the chunk's G, written by the row kernels and read by the d_e
         // product before this launch, stream order; targets < V ≤ g_ld); row_scale 0 or `rows`
         // f32; the per-row arrays and e_r hold the chunk's rows ([N] buffers checked by `run`,

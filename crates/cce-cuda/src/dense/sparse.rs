@@ -20,7 +20,7 @@ pub(super) const GATHER_LIGHT_ROW_BLOCKS: u32 = 1024;
 pub(super) const GATHER_HEAVY_ROW_BLOCKS: u32 = 256;
 
 /// Threads of a light d_c gather block and of a d_e gather block (`LIGHT_WARPS` in
-/// chunked.cu).
+/// sparse.cu).
 pub(super) const GATHER_LIGHT_THREADS: u32 = 256;
 
 /// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
@@ -92,7 +92,7 @@ impl DenseEngine {
             .arg(&out)
             .arg(&sum_out)
             .arg(&rows_i);
-        // SAFETY: argument types and order match GATHER_PARAMS in chunked.cu; the buffers are
+        // SAFETY: argument types and order match GATHER_PARAMS in sparse_gather.cu; the buffers are
         // as the caller guarantees (# Safety).
         unsafe {
             b.launch(LaunchConfig {

@@ -56,7 +56,7 @@ impl DenseEngine {
     /// `cce_wgmma_qrows_g[_cap]_bf16` (`G` in place, from the lse at `up.0` with the upstream
     /// gradients `up.1..`; skipped without `d_e`), on the engine's stream. `d_e` then reads `G`
     /// with row stride `ld`.
-    /// The caller checked [`DenseEngine::wgmma_rows_unfit`].
+    /// The caller checked `schedule::wgmma_rows_unfit`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn row_pass_wgmma(
         &self,
@@ -118,7 +118,7 @@ impl DenseEngine {
         // SAFETY: argument types and order match WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then
         // q's 128-byte tensor map by value); the maps describe live [rows, D] / [V, D] bf16
         // row-major buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
-        // `wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V] f16, row
+        // `schedule::wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V] f16, row
         // stride ld·2 bytes, ld ≥ V) and the partials (rows x n_tiles float2) lie in the chunk's
         // logits region (checked above), and TMA stores write nothing outside the map; 384
         // threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute set at
@@ -167,7 +167,7 @@ impl DenseEngine {
         // a multiple of 8), rewritten in place as bf16; partials, zy and the lse (written by
         // the combine, or the caller's) hold the chunk's rows; the upstream arrays are [N]
         // offset to r0 or 0; grid (rows, ceil(n_tiles / 8)) with n_tiles / 8 ≤ 65535
-        // (`wgmma_rows_unfit`).
+        // (`schedule::wgmma_rows_unfit`).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (rows as u32, n_tiles.div_ceil(warps) as u32, 1),
@@ -384,7 +384,7 @@ impl DenseEngine {
         // tensor maps by value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32
         // softcap, targets, lse, rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m,
         // ordered_epi). The maps describe the live [n, D] and [kc, D] 16-bit row-major inputs
-        // (16-byte aligned, D % 64 == 0: `wgmma_gcols_classes`), so TMA reads nothing outside
+        // (16-byte aligned, D % 64 == 0: `schedule::wgmma_gcols_classes`), so TMA reads nothing outside
         // them; G's map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8:
         // bytes [0, n·ldg·2) of the scratch, below the f16 copy of e and the d_c temp, checked
         // by `class_pass` against the layout of `DenseConfig::gcols_layout`), and TMA stores

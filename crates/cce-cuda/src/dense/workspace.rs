@@ -6,7 +6,7 @@ use super::*;
 impl DenseConfig {
     /// Split dense: bytes of the f16 copy of `e` (bf16 inputs with `d_c` only), rounded up to
     /// 256 so that the f32 chunk after it stays aligned.
-    pub fn e16_bytes(&self) -> usize {
+    pub(crate) fn e16_bytes(&self) -> usize {
         if self.chunk_classes.is_some() && self.dtype == DType::BF16 && self.compute_d_c {
             (self.n * self.d * 2).div_ceil(256) * 256
         } else {
@@ -17,7 +17,7 @@ impl DenseConfig {
     /// Split dense: byte offsets in the workspace's scratch buffer of the row pass's regions
     /// (256-byte aligned): the f16 copy of `c`, the logits, the f32 `d_e` rows, the per-row
     /// scales; and the end.
-    pub fn row_layout(&self) -> RowLayout {
+    pub(crate) fn row_layout(&self) -> RowLayout {
         let al = |x: usize| x.div_ceil(256) * 256;
         let r = self.effective_chunk_rows();
         let ld = self.ld();
@@ -42,7 +42,7 @@ impl DenseConfig {
 
     /// Split dense: bytes of the f32 `d_c` chunk that f16 operands need before a bf16 output
     /// (cuBLAS has no f16 x f16 → bf16 GEMM).
-    pub fn dc_tmp_bytes(&self) -> usize {
+    pub(crate) fn dc_tmp_bytes(&self) -> usize {
         match self.chunk_classes {
             Some(k) if self.dtype == DType::BF16 && self.compute_d_c && !self.grad_f32 => {
                 k.clamp(1, self.v) * self.d * 4
@@ -52,9 +52,9 @@ impl DenseConfig {
     }
 
     /// Bytes of the workspace's scratch buffer: the row chunk's logits (chunked dense); split
-    /// dense's row pass ([`DenseConfig::row_layout`]), its class pass (the logits `N x
+    /// dense's row pass (`DenseConfig::row_layout`), its class pass (the logits `N x
     /// ld_classes` f32 and the f32 `d_c` temp each rounded up to 256 bytes, plus the f16 copy
-    /// of `e`, so that the WGMMA class pass's layout, [`DenseConfig::gcols_layout`], always
+    /// of `e`, so that the WGMMA class pass's layout, `DenseConfig::gcols_layout`, always
     /// holds the chunks of the cuBLAS one) and the sparse backward's pairs (the plan sized
     /// them to fit; chunks capped by a test knob may leave it smaller, then it grows); the
     /// class-tiled forward's buffers.
@@ -95,8 +95,8 @@ impl DenseConfig {
     /// of all its classes, the floor's chunk with the most `d_c` classes per GEMM that fit,
     /// split evenly. The scratch of [`DenseConfig::scratch_bytes`] always holds that floor.
     /// `None` when not even it fits (a smaller scratch) or a dimension is empty. Sizes only:
-    /// whether the epilogue applies is [`DenseEngine::wgmma_gcols_classes`]'s.
-    pub fn gcols_layout(&self, scratch: usize) -> Option<GColsLayout> {
+    /// whether the epilogue applies is `schedule::wgmma_gcols_classes`'s.
+    pub(crate) fn gcols_layout(&self, scratch: usize) -> Option<GColsLayout> {
         let (n, d, v) = (self.n, self.d, self.v);
         if n == 0 || d == 0 || v == 0 {
             return None;
@@ -175,7 +175,7 @@ impl DenseConfig {
 
 /// Byte offsets of split dense's row-pass regions ([`DenseConfig::row_layout`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RowLayout {
+pub(crate) struct RowLayout {
     /// f16 copy of `c` (bf16 inputs, `d_e` from f16 `G`).
     pub c16: usize,
     /// f32 logits `[chunk_rows, ld]`, overwritten by `G`.
@@ -191,7 +191,7 @@ pub struct RowLayout {
 /// Split dense's class pass through the WGMMA `G` epilogue: chunk sizes and where its regions
 /// sit in the workspace's scratch buffer ([`DenseConfig::gcols_layout`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GColsLayout {
+pub(crate) struct GColsLayout {
     /// Classes per chunk (one `cce_wgmma_gcols*` launch): `V`, or whole 256-class tiles.
     pub classes: usize,
     /// Classes per `d_c` GEMM (sub-chunk of a chunk): `classes` (one GEMM per chunk; always
