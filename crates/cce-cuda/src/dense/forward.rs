@@ -149,26 +149,27 @@ impl DenseEngine {
                     let (k_i, c0_i) = (to_i32(kk, "classes")?, to_i32(c0, "class")?);
                     let first = (k == 0) as i32;
                     let last = (k + 1 == tiles_per_group) as i32;
-                    let mut lb = rs.launch_builder(f);
-                    lb.arg(&bufs[b])
-                        .arg(&ldk_i)
-                        .arg(&k_i)
-                        .arg(&c0_i)
-                        .arg(&v_i)
-                        .arg(&rows_i)
-                        .arg(&a.bias)
-                        .arg(&a.softcap)
-                        .arg(&t_r)
-                        .arg(&a.alpha)
-                        .arg(&a.lambda)
-                        .arg(&state_r)
-                        .arg(&first)
-                        .arg(&last)
-                        .arg(&lse_r)
-                        .arg(&rest_r)
-                        .arg(&loss_r)
-                        .arg(&ent_r)
-                        .arg(&am_r);
+                    let params = ClsParams {
+                        l: bufs[b],
+                        ldk: ldk_i,
+                        k: k_i,
+                        c0: c0_i,
+                        v: v_i,
+                        rows: rows_i,
+                        bias: a.bias,
+                        softcap: a.softcap,
+                        targets: t_r,
+                        alpha: a.alpha,
+                        lambda: a.lambda,
+                        state: state_r,
+                        first,
+                        last,
+                        lse: lse_r,
+                        rest: rest_r,
+                        loss: loss_r,
+                        entropy: ent_r,
+                        argmax: am_r,
+                    };
                     let grid = u32::try_from(rows.div_ceil(CLS_ROWS_PER_BLOCK)).map_err(|_| {
                         CceError::ResourceLimit {
                             resource: "CUDA grid blocks".into(),
@@ -181,13 +182,13 @@ impl DenseEngine {
                         block_dim: (CLS_THREADS, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    // SAFETY: argument types and order match CLS_PARAMS in forward.cu; buffer b
-                    // holds the tile's rows x ldk f32 logits, written by the GEMM this stream just
-                    // waited for; the tile-relative [N] arrays (targets, lse, loss, entropy,
-                    // argmax) start at row r0 and hold `rows` more; the state holds 6 f32 per row
-                    // at r0 (inside the scratch, checked by the caller); the bias is [V] with c0 a
+                    // SAFETY: ClsParams is CLS_PARAMS in forward.cu; buffer b holds the tile's
+                    // rows x ldk f32 logits, written by the GEMM this stream just waited for;
+                    // the tile-relative [N] arrays (targets, lse, loss, entropy, argmax) start
+                    // at row r0 and hold `rows` more; the state holds 6 f32 per row at r0
+                    // (inside the scratch, checked by the caller); the bias is [V] with c0 a
                     // multiple of 4 (checked before the loop) for its 8-byte loads.
-                    unsafe { lb.launch(launch) }.map_err(drv)?;
+                    unsafe { self.launch_params(rs, f, launch, &params) }?;
                     rows_done[b].record(rs).map_err(drv)?;
                     i += 1;
                 }
@@ -209,5 +210,31 @@ impl DenseEngine {
         let (_, greatest) = cudarc::driver::result::stream::get_priority_range().map_err(drv)?;
         let s = self.ctx.new_stream_with_priority(greatest).map_err(drv)?;
         Ok(self.row_stream.get_or_init(|| s))
+    }
+}
+
+kernel_params! {
+    /// `CLS_PARAMS` of `cce_cls_fwd_*` (`kernels/forward.cu` (2')): a class tile's logits
+    /// folded into the running per-row state; the per-row arrays offset to the tile's rows.
+    ClsParams {
+        l: u64,
+        ldk: i64,
+        k: i32,
+        c0: i32,
+        v: i32,
+        rows: i32,
+        bias: u64,
+        softcap: f32,
+        targets: u64,
+        alpha: f32,
+        lambda: f32,
+        state: u64,
+        first: i32,
+        last: i32,
+        lse: u64,
+        rest: u64,
+        loss: u64,
+        entropy: u64,
+        argmax: u64,
     }
 }

@@ -239,6 +239,25 @@ impl DenseEngine {
     }
 }
 
+/// A kernel's parameter struct and its [`KernelParams`] impl from one list of fields, in the
+/// order of the kernel's parameter list: `push` pushes them in the order they are declared,
+/// so the struct is the one place that order is written; call sites fill it by name.
+macro_rules! kernel_params {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty),+ $(,)? }) => {
+        $(#[$meta])*
+        pub(super) struct $name {
+            $($(#[$fmeta])* pub(super) $field: $ty),+
+        }
+
+        impl KernelParams for $name {
+            fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+                $(b.arg(&self.$field);)+
+            }
+        }
+    };
+}
+pub(super) use kernel_params;
+
 /// A kernel's parameters as one typed value: `push` adds them to a launch in the order of the
 /// kernel's parameter list (the `*_PARAMS` macro of its `.cu` file).
 pub(super) trait KernelParams {

@@ -68,30 +68,30 @@ impl DenseEngine {
         l_ptr: u64,
     ) -> Result<()> {
         let (t_r, lse_r, rest_r, loss_r, ent_r, am_r) = a.rows_at(r0);
+        let params = FwdParams {
+            l: l_ptr,
+            ld: a.ld,
+            v: a.v,
+            bias: a.bias,
+            softcap: a.softcap,
+            targets: t_r,
+            alpha: a.alpha,
+            lambda: a.lambda,
+            lse: lse_r,
+            rest: rest_r,
+            loss: loss_r,
+            entropy: ent_r,
+            argmax: am_r,
+        };
         let cfg_l = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (FWD_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&l_ptr)
-            .arg(&a.ld)
-            .arg(&a.v)
-            .arg(&a.bias)
-            .arg(&a.softcap)
-            .arg(&t_r)
-            .arg(&a.alpha)
-            .arg(&a.lambda)
-            .arg(&lse_r)
-            .arg(&rest_r)
-            .arg(&loss_r)
-            .arg(&ent_r)
-            .arg(&am_r);
-        // SAFETY: argument types and order match FWD_PARAMS; L holds rows x ld f32 written by
-        // the logits GEMM before this launch (stream order); the [N] outputs (checked sizes)
-        // are offset to the chunk and hold its rows.
-        unsafe { b.launch(cfg_l) }.map_err(drv)?;
-        Ok(())
+        // SAFETY: FwdParams is FWD_PARAMS in forward.cu; L holds rows x ld f32 written by the
+        // logits GEMM before this launch (stream order); the [N] outputs (checked sizes) are
+        // offset to the chunk and hold its rows.
+        unsafe { self.launch_params(&self.stream, f, cfg_l, &params) }
     }
 
     /// Step (4'), `cce_dense_target_fix_*` for rows `rows` of a chunk whose 16-bit `G` (`g16`:
@@ -116,45 +116,92 @@ impl DenseEngine {
             DType::F16 => 1,
             _ => 2,
         };
-        let (g_ld_i, rows_i, d_i) = (g_ld as i64, to_i32(rows, "rows")?, to_i32(d, "D")?);
         let per_block = TFIX_THREADS as usize / 32;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&g)
-            .arg(&g_ld_i)
-            .arg(&g16)
-            .arg(&rs)
-            .arg(&t_r)
-            .arg(&lse_r)
-            .arg(&rest_r)
-            .arg(&dl_r)
-            .arg(&dl_scalar)
-            .arg(&dlse_r)
-            .arg(&alpha)
-            .arg(&lambda)
-            .arg(&v_i)
-            .arg(&softcap)
-            .arg(&bias)
-            .arg(&e_r)
-            .arg(&c)
-            .arg(&d_i)
-            .arg(&d_e)
-            .arg(&out_kind)
-            .arg(&rows_i);
-        // SAFETY: argument types and order match TFIX_PARAMS in rows.cu; G holds `rows` rows
-        // of `g_ld` 16-bit values (the chunk's G, written by the row kernels and read by the d_e
-        // product before this launch, stream order; targets < V ≤ g_ld); row_scale 0 or `rows`
-        // f32; the per-row arrays and e_r hold the chunk's rows ([N] buffers checked by `run`,
+        let params = TargetFixParams {
+            g,
+            g_ld: g_ld as i64,
+            g16,
+            row_scale: rs,
+            targets: t_r,
+            lse: lse_r,
+            rest: rest_r,
+            dl_rows: dl_r,
+            dl_scalar,
+            dlse: dlse_r,
+            alpha,
+            lambda,
+            v: v_i,
+            softcap,
+            bias,
+            e: e_r,
+            c,
+            d: to_i32(d, "D")?,
+            d_e,
+            out_kind,
+            rows: to_i32(rows, "rows")?,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
+            block_dim: (TFIX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: TargetFixParams is TFIX_PARAMS in rows.cu; G holds `rows` rows of `g_ld`
+        // 16-bit values (the chunk's G, written by the row kernels and read by the d_e product
+        // before this launch, stream order; targets < V ≤ g_ld); row_scale 0 or `rows` f32;
+        // the per-row arrays and e_r hold the chunk's rows ([N] buffers checked by `run`,
         // offset to the chunk); c V x D and bias V values of the input dtype; d_e holds the
         // chunk's rows x D in out_ty; one warp per row < rows.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (rows.div_ceil(per_block) as u32, 1, 1),
-                block_dim: (TFIX_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(drv)?;
-        Ok(())
+        unsafe { self.launch_params(&self.stream, f, launch, &params) }
+    }
+}
+
+kernel_params! {
+    /// `FWD_PARAMS` of `cce_dense_fwd_*` (`kernels/forward.cu`); the per-row arrays offset to
+    /// the chunk.
+    FwdParams {
+        l: u64,
+        ld: i64,
+        v: i32,
+        bias: u64,
+        softcap: f32,
+        targets: u64,
+        alpha: f32,
+        lambda: f32,
+        lse: u64,
+        rest: u64,
+        loss: u64,
+        entropy: u64,
+        argmax: u64,
+    }
+}
+
+kernel_params! {
+    /// `TFIX_PARAMS` of `cce_dense_target_fix_*` (`kernels/rows.cu`): the chunk's 16-bit `G`
+    /// (`g16`: 1 f16, 2 bf16; stored times `1 / row_scale` when `row_scale` ≠ 0), its rows'
+    /// arrays, the coefficients, `e`'s chunk rows and `c`, the `d_e` rows (`out_kind`: 0 f32,
+    /// 1 f16, 2 bf16).
+    TargetFixParams {
+        g: u64,
+        g_ld: i64,
+        g16: i32,
+        row_scale: u64,
+        targets: u64,
+        lse: u64,
+        rest: u64,
+        dl_rows: u64,
+        dl_scalar: f32,
+        dlse: u64,
+        alpha: f32,
+        lambda: f32,
+        v: i32,
+        softcap: f32,
+        bias: u64,
+        e: u64,
+        c: u64,
+        d: i32,
+        d_e: u64,
+        out_kind: i32,
+        rows: i32,
     }
 }
 

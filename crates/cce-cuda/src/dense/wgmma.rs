@@ -213,36 +213,33 @@ impl DenseEngine {
                 requested: rows.div_ceil(rows_per_block) as u64,
                 max: u32::MAX as u64,
             })?;
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&partial)
-            .arg(&rows_i)
-            .arg(&n_tiles_i)
-            .arg(&e_r)
-            .arg(&c)
-            .arg(&d_i)
-            .arg(&t_r)
-            .arg(&a.lambda)
-            .arg(&a.v)
-            .arg(&lse_r)
-            .arg(&rest_r)
-            .arg(&loss_r)
-            .arg(&a.bias)
-            .arg(&a.softcap)
-            .arg(&zy);
-        // SAFETY: argument types and order match WG_COMBINE_PARAMS in wgmma.cu; the buffers are
-        // as the caller guarantees (this function's contract): partials of `rows` rows, e_r
-        // rows x d and c V x d 16-bit values (4-byte aligned: d even), targets (class < V or
-        // −1), lse and loss rows offset to r0 with `rows` more, bias V values or 0, zy 0 or
-        // `rows` f32.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(drv)?;
-        Ok(())
+        let params = CombineParams {
+            partial,
+            rows: rows_i,
+            n_tiles: n_tiles_i,
+            e: e_r,
+            c,
+            d: d_i,
+            targets: t_r,
+            lambda: a.lambda,
+            v: a.v,
+            lse: lse_r,
+            rest: rest_r,
+            loss: loss_r,
+            bias: a.bias,
+            softcap: a.softcap,
+            zy,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (WGMMA_COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: CombineParams is WG_COMBINE_PARAMS in wgmma.cu; the buffers are as the
+        // caller guarantees (this function's contract): partials of `rows` rows, e_r rows x d
+        // and c V x d 16-bit values (4-byte aligned: d even), targets (class < V or −1), lse
+        // and loss rows offset to r0 with `rows` more, bias V values or 0, zy 0 or `rows` f32.
+        unsafe { self.launch_params(&self.stream, f, launch, &params) }
     }
 
     /// A 2-D TMA tensor map of the row-major `[rows, d]` 16-bit matrix at `ptr`: boxes of
@@ -358,47 +355,95 @@ impl DenseEngine {
         let (k0_i, v_i) = (to_i32(k0, "k0")?, to_i32(v, "V")?);
         let tm_g = self.tensor_map_out(g, n, kc, ldg)?;
         let (group_m, ordered) = (WGMMA_GROUP_M, 1i32);
-        let mut b = self.stream.launch_builder(f);
-        b.arg(tm_e)
-            .arg(&tm_c)
-            .arg(&n_i)
-            .arg(&kc_i)
-            .arg(&d_i)
-            .arg(&k0_i)
-            .arg(&v_i)
-            .arg(&tm_g)
-            .arg(&bias)
-            .arg(&softcap)
-            .arg(&targets)
-            .arg(&lse)
-            .arg(&rest)
-            .arg(&dl_rows)
-            .arg(&dl_scalar)
-            .arg(&dlse)
-            .arg(&alpha)
-            .arg(&lambda)
-            .arg(&g_scale)
-            .arg(&group_m)
-            .arg(&ordered);
-        // SAFETY: argument types and order match WG_GCOLS_PARAMS in wgmma.cu (two 128-byte
-        // tensor maps by value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32
-        // softcap, targets, lse, rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m,
-        // ordered_epi). The maps describe the live [n, D] and [kc, D] 16-bit row-major inputs
-        // (16-byte aligned, D % 64 == 0: `schedule::wgmma_gcols_classes`), so TMA reads nothing outside
-        // them; G's map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8:
-        // bytes [0, n·ldg·2) of the scratch, below the f16 copy of e and the d_c temp, checked
-        // by `class_pass` against the layout of `DenseConfig::gcols_layout`), and TMA stores
-        // write nothing outside it; the per-row arrays hold n values and bias V (checked by
-        // `run`); 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory (the attribute
-        // set at construction); grid ≤ the tile count.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (WGMMA_THREADS, 1, 1),
-                shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
-            })
-        }
-        .map_err(drv)?;
-        Ok(())
+        let params = WgGColsParams {
+            tm_e: *tm_e,
+            tm_c,
+            n: n_i,
+            k: kc_i,
+            d: d_i,
+            k0: k0_i,
+            v: v_i,
+            tm_g,
+            bias,
+            softcap,
+            targets,
+            lse,
+            rest,
+            dl_rows,
+            dl_scalar,
+            dlse,
+            alpha,
+            lambda,
+            g_scale,
+            group_m,
+            ordered,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (WGMMA_THREADS, 1, 1),
+            shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
+        };
+        // SAFETY: WgGColsParams is WG_GCOLS_PARAMS in wgmma.cu (two 128-byte tensor maps by
+        // value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32 softcap, targets, lse,
+        // rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m, ordered_epi). The
+        // maps describe the live [n, D] and [kc, D] 16-bit row-major inputs (16-byte aligned,
+        // D % 64 == 0: `schedule::wgmma_gcols_classes`), so TMA reads nothing outside them; G's
+        // map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8: bytes
+        // [0, n·ldg·2) of the scratch, below the f16 copy of e and the d_c temp, checked by
+        // `class_pass` against the layout of `DenseConfig::gcols_layout`), and TMA stores write
+        // nothing outside it; the per-row arrays hold n values and bias V (checked by `run`);
+        // 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory (the attribute set at
+        // construction); grid ≤ the tile count.
+        unsafe { self.launch_params(&self.stream, f, launch, &params) }
+    }
+}
+
+kernel_params! {
+    /// `WG_COMBINE_PARAMS` of `cce_wgmma_lse_combine_*` (`kernels/wgmma.cu`); the per-row
+    /// arrays offset to the group's first row.
+    CombineParams {
+        partial: u64,
+        rows: i32,
+        n_tiles: i32,
+        e: u64,
+        c: u64,
+        d: i32,
+        targets: u64,
+        lambda: f32,
+        v: i32,
+        lse: u64,
+        rest: u64,
+        loss: u64,
+        bias: u64,
+        softcap: f32,
+        zy: u64,
+    }
+}
+
+kernel_params! {
+    /// `WG_GCOLS_PARAMS` of `cce_wgmma_gcols[_cap]_*` (`kernels/wgmma.cu`): `G` of a class
+    /// chunk in the epilogue of the logits GEMM.
+    WgGColsParams {
+        tm_e: TmaDesc,
+        tm_c: TmaDesc,
+        n: i32,
+        k: i32,
+        d: i32,
+        k0: i32,
+        v: i32,
+        tm_g: TmaDesc,
+        bias: u64,
+        softcap: f32,
+        targets: u64,
+        lse: u64,
+        rest: u64,
+        dl_rows: u64,
+        dl_scalar: f32,
+        dlse: u64,
+        alpha: f32,
+        lambda: f32,
+        g_scale: f32,
+        group_m: i32,
+        ordered: i32,
     }
 }
