@@ -44,35 +44,35 @@ impl DenseEngine {
             let t_r = a.rows_at(r0).0;
             let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
             let grid = tiles.min(self.facts.sm_count.max(1)) as u32;
-            let mut b = self.stream.launch_builder(f_lse);
-            b.arg(&tm_e)
-                .arg(&tm_c)
-                .arg(&rows_i)
-                .arg(&v_i)
-                .arg(&d_i)
-                .arg(&base)
-                .arg(&group_m)
-                .arg(&ordered)
-                .arg(&a.bias)
-                .arg(&a.softcap)
-                .arg(&t_r);
-            // SAFETY: argument types and order match WG_LSE_PARAMS in wgmma.cu (two 128-byte
-            // tensor maps by value, then i32 N, V, D, the float2 partials, i32 group_m,
-            // ordered_epi, the bias (V values of the input dtype, checked by `run`, or 0),
-            // f32 softcap and the group's `rows` i32 targets); the maps describe live [rows, D] / [V, D] 16-bit row-major buffers
-            // (sizes checked by `run`, addresses 16-byte aligned and D a multiple of 64,
-            // checked by `schedule::wgmma_forward_rows`), so TMA reads nothing outside them; the partials
-            // (rows x n_tiles float2) fit the scratch at `base` (`schedule::wgmma_forward_rows`); 384
-            // threads and WGMMA_SMEM_BYTES of dynamic shared memory, the attribute set at
-            // construction; grid ≤ the tile count, so every CTA has a tile.
-            unsafe {
-                b.launch(LaunchConfig {
-                    grid_dim: (grid, 1, 1),
-                    block_dim: (WGMMA_THREADS, 1, 1),
-                    shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
-                })
-            }
-            .map_err(drv)?;
+            let params = LseParams {
+                tm_e,
+                tm_c,
+                rows: rows_i,
+                v: v_i,
+                d: d_i,
+                partial: base,
+                group_m,
+                ordered,
+                bias: a.bias,
+                softcap: a.softcap,
+                targets: t_r,
+            };
+            let launch = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (WGMMA_THREADS, 1, 1),
+                shared_mem_bytes: WGMMA_SMEM_BYTES as u32,
+            };
+            // SAFETY: LseParams is WG_LSE_PARAMS in wgmma.cu (two 128-byte tensor maps by
+            // value, then i32 N, V, D, the float2 partials, i32 group_m, ordered_epi, the bias
+            // (V values of the input dtype, checked by `run`, or 0), f32 softcap and the
+            // group's `rows` i32 targets); the maps describe live [rows, D] / [V, D] 16-bit
+            // row-major buffers (sizes checked by `run`, addresses 16-byte aligned and D a
+            // multiple of 64, checked by `schedule::wgmma_forward_rows`), so TMA reads nothing
+            // outside them; the partials (rows x n_tiles float2) fit the scratch at `base`
+            // (`schedule::wgmma_forward_rows`); 384 threads and WGMMA_SMEM_BYTES of dynamic
+            // shared memory, the attribute set at construction; grid ≤ the tile count, so
+            // every CTA has a tile.
+            unsafe { self.launch_params(&self.stream, f_lse, launch, &params) }?;
             // SAFETY: the partials at `base` hold the group's rows x n_tiles, written by the
             // launch above (stream order); e_r and c are the live bf16 / f16 inputs (checked by
             // `run`), the row arrays of `a` hold N values; no z_y output.

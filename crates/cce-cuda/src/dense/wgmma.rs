@@ -102,35 +102,36 @@ impl DenseEngine {
         let grid = (rows.div_ceil(WGMMA_BM) * n_tiles).min(self.facts.sm_count.max(1)) as u32;
         let (ordered, group_m) = (1i32, WGMMA_GROUP_M);
         let t_r = a.rows_at(r0).0;
-        let mut b = self.stream.launch_builder(f_lse);
-        b.arg(&tm_e)
-            .arg(tm_c)
-            .arg(&rows_i)
-            .arg(&v_i)
-            .arg(&d_i)
-            .arg(&partial)
-            .arg(&group_m)
-            .arg(&ordered)
-            .arg(&a.bias)
-            .arg(&a.softcap)
-            .arg(&t_r)
-            .arg(&tm_q);
-        // SAFETY: argument types and order match WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then
-        // q's 128-byte tensor map by value); the maps describe live [rows, D] / [V, D] bf16
-        // row-major buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
-        // `schedule::wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V] f16, row
-        // stride ld·2 bytes, ld ≥ V) and the partials (rows x n_tiles float2) lie in the chunk's
-        // logits region (checked above), and TMA stores write nothing outside the map; 384
-        // threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute set at
-        // construction; grid ≤ the tile count, so every CTA has a tile.
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (grid.max(1), 1, 1),
-                block_dim: (WGMMA_THREADS, 1, 1),
-                shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
-            })
-        }
-        .map_err(drv)?;
+        let params = LseqParams {
+            lse: LseParams {
+                tm_e,
+                tm_c: *tm_c,
+                rows: rows_i,
+                v: v_i,
+                d: d_i,
+                partial,
+                group_m,
+                ordered,
+                bias: a.bias,
+                softcap: a.softcap,
+                targets: t_r,
+            },
+            tm_q,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (grid.max(1), 1, 1),
+            block_dim: (WGMMA_THREADS, 1, 1),
+            shared_mem_bytes: WGMMA_SMEM_OUT_BYTES as u32,
+        };
+        // SAFETY: LseqParams is WG_LSEQ_PARAMS in wgmma.cu (WG_LSE_PARAMS, then q's 128-byte
+        // tensor map by value); the maps describe live [rows, D] / [V, D] bf16 row-major
+        // buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
+        // `schedule::wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V]
+        // f16, row stride ld·2 bytes, ld ≥ V) and the partials (rows x n_tiles float2) lie in
+        // the chunk's logits region (checked above), and TMA stores write nothing outside the
+        // map; 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute
+        // set at construction; grid ≤ the tile count, so every CTA has a tile.
+        unsafe { self.launch_params(&self.stream, f_lse, launch, &params) }?;
         PhaseTimer::mark(prof, "WGMMA logits + lse partials + q")?;
         // SAFETY: the partials hold rows x n_tiles float2, written by the launch above (stream
         // order); e_r and c are the live bf16 inputs (checked by `run`), the row arrays of `a`
@@ -147,35 +148,34 @@ impl DenseEngine {
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
         let (lse_g, rest_g, dl_r, dlse_r) = (lse + off4, rest + off4, at(dl_rows), at(dlse));
         let warps = WGMMA_QROWS_THREADS as usize / 32;
-        let mut b = self.stream.launch_builder(f_g);
-        b.arg(&q)
-            .arg(&ldq)
-            .arg(&v_i)
-            .arg(&n_tiles_i)
-            .arg(&partial)
-            .arg(&lse_g)
-            .arg(&zy)
-            .arg(&rest_g)
-            .arg(&t_r)
-            .arg(&dl_r)
-            .arg(&dl_scalar)
-            .arg(&dlse_r)
-            .arg(&a.lambda)
-            .arg(&a.softcap);
-        // SAFETY: argument types and order match WG_QROWS_PARAMS; q holds rows x ld f16 written
-        // by the WGMMA launch (columns < V; a thread's 8-column group ends at or before ld, ld
-        // a multiple of 8), rewritten in place as bf16; partials, zy and the lse (written by
-        // the combine, or the caller's) hold the chunk's rows; the upstream arrays are [N]
-        // offset to r0 or 0; grid (rows, ceil(n_tiles / 8)) with n_tiles / 8 ≤ 65535
+        let params = QRowsParams {
+            q,
+            ldq,
+            v: v_i,
+            n_tiles: n_tiles_i,
+            partial,
+            lse: lse_g,
+            zy,
+            rest: rest_g,
+            targets: t_r,
+            dl_rows: dl_r,
+            dl_scalar,
+            dlse: dlse_r,
+            lambda: a.lambda,
+            softcap: a.softcap,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (rows as u32, n_tiles.div_ceil(warps) as u32, 1),
+            block_dim: (WGMMA_QROWS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: QRowsParams is WG_QROWS_PARAMS; q holds rows x ld f16 written by the WGMMA
+        // launch (columns < V; a thread's 8-column group ends at or before ld, ld a multiple
+        // of 8), rewritten in place as bf16; partials, zy and the lse (written by the combine,
+        // or the caller's) hold the chunk's rows; the upstream arrays are [N] offset to r0 or
+        // 0; grid (rows, ceil(n_tiles / 8)) with n_tiles / 8 ≤ 65535
         // (`schedule::wgmma_rows_unfit`).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (rows as u32, n_tiles.div_ceil(warps) as u32, 1),
-                block_dim: (WGMMA_QROWS_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(drv)?;
+        unsafe { self.launch_params(&self.stream, f_g, launch, &params) }?;
         PhaseTimer::mark(prof, "G from q")?;
         Ok(())
     }
@@ -445,5 +445,58 @@ kernel_params! {
         g_scale: f32,
         group_m: i32,
         ordered: i32,
+    }
+}
+
+kernel_params! {
+    /// `WG_LSE_PARAMS` of `cce_wgmma_lse[_x]_*` (`kernels/wgmma.cu`): the logits GEMM of a row
+    /// group with per-tile (max, Σexp) partials in its epilogue.
+    LseParams {
+        tm_e: TmaDesc,
+        tm_c: TmaDesc,
+        rows: i32,
+        v: i32,
+        d: i32,
+        partial: u64,
+        group_m: i32,
+        ordered: i32,
+        bias: u64,
+        softcap: f32,
+        targets: u64,
+    }
+}
+
+/// `WG_LSEQ_PARAMS` of `cce_wgmma_lseq[_x]_bf16`: [`LseParams`], then the map of the f16
+/// `e^{z − max}` output.
+pub(super) struct LseqParams {
+    pub(super) lse: LseParams,
+    pub(super) tm_q: TmaDesc,
+}
+
+impl KernelParams for LseqParams {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        self.lse.push(b);
+        b.arg(&self.tm_q);
+    }
+}
+
+kernel_params! {
+    /// `WG_QROWS_PARAMS` of `cce_wgmma_qrows_g[_cap]_bf16`: `G` in place over the f16
+    /// `e^{z − max}` of a chunk; the per-row arrays offset to the chunk.
+    QRowsParams {
+        q: u64,
+        ldq: i64,
+        v: i32,
+        n_tiles: i32,
+        partial: u64,
+        lse: u64,
+        zy: u64,
+        rest: u64,
+        targets: u64,
+        dl_rows: u64,
+        dl_scalar: f32,
+        dlse: u64,
+        lambda: f32,
+        softcap: f32,
     }
 }
