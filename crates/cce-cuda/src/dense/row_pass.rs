@@ -432,7 +432,7 @@ impl DenseEngine {
             _ => format!("cce_dense_bwd_{code}"),
         })?;
         // Split dense, f16 G for d_e: c in f16 (bf16 inputs: a copy scaled by 2^kc).
-        let c_de = if sched.g_mode == 2 && dt == DType::BF16 && !sparse_used {
+        let c_de = if sched.c16_copy && !sparse_used {
             let kc = self.c16_copy(cfg, ws, inp.c, p.ws_base + layout.c16 as u64)?;
             (p.ws_base + layout.c16 as u64, 2f32.powi(-kc))
         } else {

@@ -82,33 +82,22 @@ impl DenseEngine {
             n: 0,
             v: 0,
         });
-        let mut b = self
-            .stream
-            .launch_builder(self.func(&format!("cce_split_scales_{}", dtype_code(dtype)?))?);
-        b.arg(&x)
-            .arg(&count_i)
-            .arg(&r.targets)
-            .arg(&r.dl_rows)
-            .arg(&r.dl_scalar)
-            .arg(&r.dlse)
-            .arg(&r.lse)
-            .arg(&r.rest)
-            .arg(&r.alpha)
-            .arg(&r.lambda)
-            .arg(&r.n)
-            .arg(&r.v)
-            .arg(&scales_ptr);
-        // SAFETY: matches SCALES_PARAMS; x holds `count` elements (the caller's buffer); the
-        // row pointers hold N values or are 0 (and N = 0 without rows, so they are not read);
-        // out holds 2 u32 (zeroed).
-        unsafe {
-            b.launch(LaunchConfig {
-                grid_dim: (grid_elems.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            })
-        }
-        .map_err(drv)?;
+        let f = self.func(&format!("cce_split_scales_{}", dtype_code(dtype)?))?;
+        let params = ScalesParams {
+            x,
+            count: count_i,
+            rows: r,
+            out: scales_ptr,
+        };
+        let launch = LaunchConfig {
+            grid_dim: (grid_elems.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: ScalesParams is SCALES_PARAMS in classes.cu; x holds `count` elements (the
+        // caller's buffer); the row pointers hold N values or are 0 (and N = 0 without rows,
+        // so they are not read); out holds 2 u32 (zeroed).
+        unsafe { self.launch_params(&self.stream, f, launch, &params) }?;
         let host = self.read_back::<8>(&ws.scales)?;
         let f32_at =
             |i: usize| f32::from_le_bytes(host[4 * i..4 * i + 4].try_into().expect("4 bytes"));
@@ -257,5 +246,33 @@ impl DenseEngine {
         }
         .map_err(drv)
         .map(|_| ())
+    }
+}
+
+/// `SCALES_PARAMS` of `cce_split_scales_*` (`kernels/classes.cu`): `count` elements at `x`,
+/// the rows of [`ScaleRows`] (in the kernel's order), the two u32 maxima out.
+pub(super) struct ScalesParams {
+    pub(super) x: u64,
+    pub(super) count: i64,
+    pub(super) rows: ScaleRows,
+    pub(super) out: u64,
+}
+
+impl KernelParams for ScalesParams {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        let r = &self.rows;
+        b.arg(&self.x)
+            .arg(&self.count)
+            .arg(&r.targets)
+            .arg(&r.dl_rows)
+            .arg(&r.dl_scalar)
+            .arg(&r.dlse)
+            .arg(&r.lse)
+            .arg(&r.rest)
+            .arg(&r.alpha)
+            .arg(&r.lambda)
+            .arg(&r.n)
+            .arg(&r.v)
+            .arg(&self.out);
     }
 }

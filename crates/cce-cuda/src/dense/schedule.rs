@@ -115,8 +115,11 @@ pub(crate) struct Schedule {
     pub try_sparse: bool,
     /// The cluster-fused row kernel: (cluster size, columns per block).
     pub fused: Option<(usize, usize)>,
-    /// How the row pass stores `G` for `d_e` ([`DenseConfig::g_mode`]; 0 without a backward).
+    /// How the row pass stores `G` for `d_e` (`DenseConfig::g_mode`; 0 without a backward).
     pub g_mode: u8,
+    /// The row pass's `d_e` product reads an f16 copy of bf16 `c` (f16 `G`), made before the
+    /// row chunks unless the sparse backward ran to the end.
+    pub c16_copy: bool,
     /// Forward-only calls: how the forward runs.
     pub forward: Option<ForwardPath>,
     /// The note of a forward-only call that did not take the row chunks.
@@ -184,6 +187,7 @@ pub(crate) fn schedule(
         try_sparse: backward && split && cfg.sparse.is_some() && cfg.filtering(),
         fused,
         g_mode,
+        c16_copy: g_mode == 2 && cfg.dtype == DType::BF16,
         forward,
         forward_note,
         row_wgmma,
@@ -541,6 +545,13 @@ pub(crate) fn fold_forward(
 /// entries per row.
 pub(crate) fn fold_after_probe(fold: bool, reread: u32, rows: usize, pairs: u64) -> bool {
     fold && (reread as usize) * 4 <= rows && (pairs as f64) <= FOLD_MAX_KEPT * rows as f64
+}
+
+/// Whether the sparse backward zeroes `d_c` (and `d_bias`) with a memset before its gathers:
+/// where most classes have no record (`pairs` < `V`); else the light gather writes the
+/// classes without records as zeros.
+pub(crate) fn dc_zero_by_memset(pairs: u64, v: usize) -> bool {
+    pairs < v as u64
 }
 
 /// Threads of a select block: 256 when the switch asks for them, else [`SEL_THREADS`].

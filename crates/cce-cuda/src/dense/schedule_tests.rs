@@ -540,6 +540,20 @@ fn fallback_reasons() {
         wgmma_gcols_classes(&cfg, &dev, 1024, true).unwrap_err(),
         "scratch too small for the G chunk, the f16 copy of e and the d_c temp"
     );
+    // A budget with room for an f16 copy of c: f16 G for d_e, so the cuBLAS row pass.
+    let small = split_cfg((12288, 576, 49152), &Options::default());
+    let facts = CallFacts {
+        scratch: small.scratch_bytes(),
+        aligned: true,
+    };
+    let s = schedule(&small, CallKind::ForwardBackward, &dev, facts);
+    assert!(s.c16_copy && s.g_mode == 2 && s.try_sparse && s.split && !s.filtering);
+    assert_eq!(
+        s.row_wgmma,
+        Some(Err("f16 G for d_e (the budget's f16 copy of c)"))
+    );
+    let s = schedule(&small, CallKind::Backward, &dev, facts);
+    assert!(s.c16_copy && s.row_wgmma.is_none() && s.forward.is_none());
     let cublas = ClassPath::Cublas("switched off".into());
     assert_eq!(
         cublas.note(&cfg, 4096),
@@ -622,6 +636,7 @@ fn sparse_decisions() {
     assert!(fold_after_probe(true, 32, 128, 128 * 256));
     assert!(!fold_after_probe(true, 33, 128, 10));
     assert!(!fold_after_probe(true, 0, 128, 128 * 257));
+    assert!(dc_zero_by_memset(100, 128256) && !dc_zero_by_memset(128256, 128256));
     assert_eq!(select_threads(256), 256);
     assert_eq!(select_threads(512), SEL_THREADS);
 }

@@ -517,7 +517,7 @@ impl DenseEngine {
         // Classes without records: written as zeros by the light gather where the pairs
         // outnumber the classes (most have records: c/8), else zeroed by one memset (most
         // have none: randn; seed 1.6 → 1.15 ms, session 6 runs 2 and 5).
-        let list_empty = i32::from(pairs >= v as u64);
+        let list_empty = i32::from(!schedule::dc_zero_by_memset(pairs, v));
         if list_empty == 0 {
             // SAFETY: d_c holds V x D and d_bias (or 0) V elements of the gradient dtype.
             unsafe {
