@@ -6,7 +6,6 @@ use super::*;
 
 /// Threads and rows (one warp each) per block of `cce_split_gcols_*`.
 pub(super) const GC_THREADS: u32 = 256;
-
 pub(super) const GC_ROWS: usize = GC_THREADS as usize / 32;
 
 /// Device addresses the class pass reads (0 = absent) besides the inputs and workspace.

@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// Threads of `cce_cls_fwd_*` (one warp per row).
 pub(super) const CLS_THREADS: u32 = 256;
 
 /// Rows per block of `cce_cls_fwd_*` (one warp each).

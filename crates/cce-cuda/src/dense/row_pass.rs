@@ -7,19 +7,12 @@ use super::*;
 
 /// Threads per block of the kernels (must match the `#define`s in `forward.cu` and `rows.cu`).
 pub(super) const FWD_THREADS: u32 = 256;
-
 pub(super) const BWD_THREADS: u32 = 512;
-
 pub(super) const FUSED_THREADS: u32 = 512;
-
 pub(super) const COLSUM_THREADS: u32 = 256;
 
 /// Threads (one warp per row) of `cce_dense_target_fix_*`.
 pub(super) const TFIX_THREADS: u32 = 256;
-
-/// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
-/// threads per SM, so that one block loads while the other computes or writes.
-pub(super) const FUSED_TARGET_SMEM_BYTES: usize = 100 << 10;
 
 /// Per-row arrays and scalars the row kernels share (device addresses of `[N]` arrays, 0 =
 /// absent; kernels get them offset to their chunk).

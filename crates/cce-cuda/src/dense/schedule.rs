@@ -17,6 +17,18 @@ use super::*;
 use crate::SparseMode;
 use cce_core::{Plan, Problem, Strategy, StrategyKind};
 
+/// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
+/// rows and select apart rather than folded (`cce_sparse_select_fwd_*`). Rows keeping more
+/// have more candidates per select warp, and the folded form compacts its candidate slots
+/// more often: session 7 run 3 measured the folded form faster at 3 and 209 kept entries per
+/// row (V = 128256: c/8 10.49 against 11.17 ms at 4096 rows) and slower at 327 (the seed's
+/// c/8: select 39-40 ms against 9.4 + 21.2 apart). The bound sits between.
+pub(crate) const FOLD_MAX_KEPT: f64 = 256.0;
+
+/// Dynamic shared memory per block the automatic cluster choice aims at: two blocks of 512
+/// threads per SM, so that one block loads while the other computes or writes.
+pub(crate) const FUSED_TARGET_SMEM_BYTES: usize = 100 << 10;
+
 /// What the device offers the decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct DeviceFacts {

@@ -5,10 +5,10 @@
 use super::schedule;
 use super::*;
 
+/// Threads of a select block, of a count / scatter block, and warps of a gather block
+/// (`SEL_THREADS`, `GATHER_THREADS`, `GATHER_WARPS` in sparse.cu).
 pub(super) const SEL_THREADS: u32 = 512;
-
 pub(super) const GATHER_THREADS: u32 = 128;
-
 pub(super) const GATHER_WARPS: u32 = 8;
 
 /// Row blocks of the d_c gathers over the class lists (light: `cce_sparse_gather_*_l`, heavy:
@@ -16,24 +16,14 @@ pub(super) const GATHER_WARPS: u32 = 8;
 /// listed, and written as zeros, only where most classes have records; else a memset zeroes
 /// d_c first). Heavy classes hold more than 128 records each, so there are few.
 pub(super) const GATHER_LIGHT_ROW_BLOCKS: u32 = 1024;
-
 pub(super) const GATHER_HEAVY_ROW_BLOCKS: u32 = 256;
 
 /// Threads of a light d_c gather block and of a d_e gather block (`LIGHT_WARPS` in
 /// sparse.cu).
 pub(super) const GATHER_LIGHT_THREADS: u32 = 256;
 
-/// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
-/// rows and select apart rather than folded (`cce_sparse_select_fwd_*`). Rows keeping more
-/// have more candidates per select warp, and the folded form compacts its candidate slots
-/// more often: session 7 run 3 measured the folded form faster at 3 and 209 kept entries per
-/// row (V = 128256: c/8 10.49 against 11.17 ms at 4096 rows) and slower at 327 (the seed's
-/// c/8: select 39-40 ms against 9.4 + 21.2 apart). The bound sits between.
-pub(super) const FOLD_MAX_KEPT: f64 = 256.0;
-
 /// Classes per scan block (`SCAN_TILE`) and its threads (`SCAN_THREADS`).
 pub(super) const SCAN_TILE: usize = 4096;
-
 pub(super) const SCAN_THREADS: u32 = 256;
 
 /// What the sparse backward reads and writes besides the workspace (0 = absent).

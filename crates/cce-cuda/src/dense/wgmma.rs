@@ -9,9 +9,7 @@ pub(super) const WGMMA_THREADS: u32 = 384;
 
 /// Tile of `cce_wgmma_lse_*`: rows of E, rows of C (classes), K-step (`wgmma.cu`).
 pub(super) const WGMMA_BM: usize = 128;
-
 pub(super) const WGMMA_BN: usize = 256;
-
 pub(super) const WGMMA_BK: usize = 64;
 
 /// Dynamic shared memory of `cce_wgmma_lse_*`: 4 stages of (128 + 256) x 64 16-bit values,
