@@ -56,6 +56,7 @@ __all__ = [
     "read_safetensors",
     "run_peer",
     "truth",
+    "write_report",
 ]
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -1078,12 +1079,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(text, flush=True)
         del case, ref
         _free(device)
+        write_report(args.out, lines, floor_lines, table, "(run in progress)")
     wall = f"Wall time of the run: {time.perf_counter() - t_start:.0f} s."
     print(wall, flush=True)
-    if args.out:
-        report = lines + [""] + floor_lines + ["", TABLE_HEADER] + table + ["", wall]
-        Path(args.out).write_text("\n".join(report) + "\n")
+    write_report(args.out, lines, floor_lines, table, wall)
     return rows
+
+
+def write_report(path: str | None, lines: list[str], floor_lines: list[str], table: list[str], tail: str) -> None:
+    """Writes the markdown report (rewritten after every case, so a run cut short keeps its
+    rows)."""
+    if path:
+        report = lines + [""] + floor_lines + ["", TABLE_HEADER] + table + ["", tail]
+        Path(path).write_text("\n".join(report) + "\n")
 
 
 if __name__ == "__main__":
