@@ -3,10 +3,10 @@
 //! Each call builds a [`CudaBackend`] on the stream the package passes
 //! (`torch.cuda.current_stream(device).cuda_stream`, [`CudaBackend::on_raw_stream`]; cheap: the
 //! compiled modules are cached per context for the process) in the device's primary context,
-//! which PyTorch uses too. Inputs are borrowed in place ([`CudaTensor::borrowed`]); the
-//! backend's outputs are copied into the tensors torch allocated for them (a device-to-device
-//! copy on the same stream, `N` floats for the forward, the gradients' size for the backward),
-//! and the backend's own buffers are freed stream-ordered when they drop.
+//! which PyTorch uses too. Inputs are borrowed in place ([`CudaTensor::borrowed`]) and the
+//! outputs are the tensors torch allocated for them (`CudaBackend::forward_into`,
+//! `backward_into`): no copy, and the backend allocates only its workspace (stream-ordered,
+//! freed when the call's buffers drop).
 //!
 //! Host synchronization that remains (the CUDA backend's, `cce_cuda::CudaBackend` docs): the
 //! targets are read back to validate them, and `d_loss` of a mean or sum is read as a host
@@ -18,7 +18,7 @@ use cce_core::{
     Backend, CallStats, DLoss, DType, Inputs, Options, Reduction, Saved, TensorMeta, Upstream,
 };
 use cce_cuda::cudarc::driver::{sys::CUstream, CudaContext};
-use cce_cuda::{CudaBackend, CudaTensor};
+use cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -91,27 +91,6 @@ unsafe fn borrow_opt(
     }
 }
 
-/// Copy the backend's `src` into torch's output `dst` (same dtype and element count) on the
-/// backend's stream.
-fn copy_out(be: &CudaBackend, src: &CudaTensor, dst: &mut CudaTensor) -> cce_core::Result<()> {
-    if src.dtype() != dst.dtype() || src.numel() != dst.numel() {
-        return Err(LibError::ShapeMismatch {
-            what: "output",
-            expected: format!("{:?} {}", src.shape(), src.dtype()),
-            got: format!("{:?} {}", dst.shape(), dst.dtype()),
-        });
-    }
-    let bytes = src.nbytes();
-    if bytes == 0 {
-        return Ok(());
-    }
-    let from = src.slice().slice(..bytes);
-    let mut to = dst.slice_mut().slice_mut(..bytes);
-    be.stream()
-        .memcpy_dtod(&from, &mut to)
-        .map_err(|e| LibError::backend(WHO, format!("device copy: {e}")))
-}
-
 /// The CUDA forward on borrowed tensors (see `run_forward` for the CPU's).
 ///
 /// # Safety
@@ -138,22 +117,34 @@ pub(crate) unsafe fn forward(
         bias: bias.as_ref(),
         targets: &targets,
     };
-    let out = be.forward(&inputs, opts)?;
-    let results = [
-        Some(&out.loss),
-        Some(&out.lse),
-        Some(&out.rest_mass),
-        out.entropy.as_ref(),
-        out.argmax.as_ref(),
-    ];
-    for (dst, src) in outs.into_iter().zip(results) {
-        if let (Some(dst), Some(src)) = (dst, src) {
-            // SAFETY: as above (an output torch allocated for this call).
-            let mut dst = unsafe { borrow(&be, dst)? };
-            copy_out(&be, src, &mut dst)?;
-        }
-    }
-    Ok(out.stats)
+    // SAFETY: as above (outputs torch allocated for this call, written only by it).
+    let [loss, lse, rest, ent, arg] = outs;
+    // SAFETY: as above.
+    let (mut loss, mut lse, mut rest) = unsafe {
+        (
+            borrow(&be, req(loss)?)?,
+            borrow(&be, req(lse)?)?,
+            borrow(&be, req(rest)?)?,
+        )
+    };
+    // SAFETY: as above.
+    let (mut ent, mut arg) = unsafe { (borrow_opt(&be, ent)?, borrow_opt(&be, arg)?) };
+    be.forward_into(
+        &inputs,
+        opts,
+        ForwardInto {
+            loss: &mut loss,
+            lse: &mut lse,
+            rest_mass: &mut rest,
+            entropy: ent.as_mut(),
+            argmax: arg.as_mut(),
+        },
+    )
+}
+
+/// A required output (the package always passes it).
+fn req(t: Option<&RawTensor>) -> cce_core::Result<&RawTensor> {
+    t.ok_or_else(|| LibError::backend(WHO, "a required output is missing"))
 }
 
 /// The CUDA backward on borrowed tensors. `d_loss` of a mean or sum is read back as a host
@@ -221,13 +212,35 @@ pub(crate) unsafe fn backward(
         lse: &lse,
         rest_mass: &rest_mass,
     };
-    let out = be.backward(&inputs, opts, saved, &upstream)?;
-    for (dst, src) in outs.into_iter().zip([&out.d_e, &out.d_c, &out.d_bias]) {
-        if let (Some(dst), Some(src)) = (dst, src) {
-            // SAFETY: as above (an output torch allocated for this call).
-            let mut dst = unsafe { borrow(&be, dst)? };
-            copy_out(&be, src, &mut dst)?;
+    let [d_e, d_c, d_bias] = outs;
+    // SAFETY: as above (outputs torch allocated for this call, written only by it).
+    let (mut d_e, mut d_c, mut d_bias) = unsafe {
+        (
+            borrow_opt(&be, d_e)?,
+            borrow_opt(&be, d_c)?,
+            borrow_opt(&be, d_bias)?,
+        )
+    };
+    // d_bias without d_c: the backend computes them together, d_c into a buffer of its own.
+    let mut scratch_d_c = match (&d_c, &d_bias) {
+        (None, Some(_)) => {
+            let gdt = match opts.grad_dtype {
+                cce_core::GradDType::F32 => DType::F32,
+                cce_core::GradDType::Input => c.dtype(),
+            };
+            Some(be.alloc_tensor(c.shape().to_vec(), gdt)?)
         }
-    }
-    Ok(out.stats)
+        _ => None,
+    };
+    be.backward_into(
+        &inputs,
+        opts,
+        saved,
+        &upstream,
+        GradsInto {
+            d_e: d_e.as_mut(),
+            d_c: d_c.as_mut().or(scratch_d_c.as_mut()),
+            d_bias: d_bias.as_mut(),
+        },
+    )
 }

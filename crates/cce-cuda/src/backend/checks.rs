@@ -14,11 +14,13 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn prepare(
+    /// The problem and the plan of a call: buffer ownership, shapes, dtypes and options
+    /// checked, the strategy planned (`crate::dense::schedule::plan_call`). Reads no tensor.
+    pub(super) fn plan(
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
-    ) -> Result<Prepared> {
+    ) -> Result<(Problem, Plan)> {
         self.check_owned("e", inputs.e)?;
         self.check_owned("c", inputs.c)?;
         self.check_owned("targets", inputs.targets)?;
@@ -38,6 +40,15 @@ impl CudaBackend {
             split_de_f16: self.split_de_f16,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;
+        Ok((problem, plan))
+    }
+
+    pub(super) fn prepare(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+    ) -> Result<Prepared> {
+        let (problem, plan) = self.plan(inputs, opts)?;
         // Targets are read back (4N or 8N bytes) to validate them and name a bad row; the
         // prepared classes (shift and ignore_index applied, -1 = ignored) go back as i32.
         let raw = self

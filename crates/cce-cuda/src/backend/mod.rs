@@ -34,7 +34,10 @@ macro_rules! launch {
 
 mod checks;
 mod construct;
+mod into;
 mod run;
+
+pub use into::{ForwardInto, GradsInto};
 
 use crate::dense::{BackendCall, DenseEngine};
 

@@ -34,9 +34,11 @@ impl CudaBackend {
         saved: Option<Saved<'_, CudaTensor>>,
         upstream: Option<&Upstream<'_, CudaTensor>>,
     ) -> Result<DenseOutputs> {
-        let switches = (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows);
-        self.dense_engine()?
-            .backend_run(&dense_call(p, inputs, opts, switches), saved, upstream)
+        self.dense_engine()?.backend_run(
+            &dense_call(p, inputs, opts, self.wgmma_switches()),
+            saved,
+            upstream,
+        )
     }
 }
 

@@ -63,7 +63,7 @@ impl DenseEngine {
     }
 
     /// Forward (`saved` None, `up` None), backward (`saved` Some: the forward's lse and
-    /// `rest_mass`), or both (`saved` None, `up` Some).
+    /// `rest_mass`), or both (`saved` None, `up` Some), into output tensors allocated here.
     pub(crate) fn backend_run(
         &self,
         call: &BackendCall<'_>,
@@ -71,21 +71,7 @@ impl DenseEngine {
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
     ) -> Result<BackendOutputs> {
         use cce_core::TensorMeta;
-        let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
-        let cfg = super::schedule::dense_config(call.plan, call.opts, switches, up.is_some())?;
-        let dense_up = up.map(|u| dense_upstream(&cfg, u)).transpose()?;
-        if let Some(sv) = saved {
-            f32_vec(cfg.n, sv.lse, "lse")?;
-            f32_vec(cfg.n, sv.rest_mass, "rest_mass")?;
-        }
-        let mut ws = DenseWorkspace::new(self, &cfg)?;
-        let inputs = DenseInputs {
-            e: call.inputs.e.slice(),
-            c: call.inputs.c.slice(),
-            bias: call.inputs.bias.map(|b| b.slice()),
-            targets: call.classes,
-            n_valid: call.n_valid,
-        };
+        let cfg = call_config(call, up.is_some())?;
         let mut fwd_t = if saved.is_none() {
             Some(self.forward_tensors(&cfg)?)
         } else {
@@ -96,54 +82,109 @@ impl DenseEngine {
         } else {
             None
         };
-        let ws_bytes = ws.bytes() + self.own_bytes();
-        let dstats = {
-            let mut fo = fwd_t.as_mut().map(forward_out);
-            let mut go = grads_t
+        let (fs, bs) = self.run_outputs(
+            call,
+            &cfg,
+            saved,
+            up,
+            fwd_t.as_mut().map(forward_out),
+            grads_t
                 .as_mut()
-                .map_or_else(DenseGradOut::default, grad_out);
-            match (&mut fo, saved, dense_up.as_ref()) {
-                (Some(fo), None, None) => self.forward(&cfg, &mut ws, &inputs, fo)?,
-                (Some(fo), None, Some(u)) => {
-                    self.forward_backward(&cfg, &mut ws, &inputs, u, fo, &mut go)?
-                }
-                (None, Some(sv), Some(u)) => self.backward(
-                    &cfg,
-                    &mut ws,
-                    &inputs,
-                    (sv.lse.slice(), sv.rest_mass.slice()),
-                    u,
-                    &mut go,
-                )?,
-                _ => {
-                    return Err(CceError::InvalidOption {
-                        name: "call",
-                        reason: "neither forward nor backward".into(),
-                    })
-                }
+                .map_or_else(DenseGradOut::default, grad_out),
+        )?;
+        let fwd = fwd_t
+            .zip(fs)
+            .map(
+                |((loss, lse, rest_mass, entropy, argmax), stats)| cce_core::ForwardOutput {
+                    loss,
+                    lse,
+                    rest_mass,
+                    entropy,
+                    argmax,
+                    stats,
+                },
+            );
+        let bwd = grads_t
+            .zip(bs)
+            .map(|((d_e, d_c, d_bias), stats)| cce_core::BackwardOutput {
+                d_e,
+                d_c,
+                d_bias,
+                stats,
+            });
+        Ok((fwd, bwd))
+    }
+
+    /// As [`DenseEngine::backend_run`], into the caller's buffers (checked for dtype and shape
+    /// by the backend, `crate::backend`); returns the forward's and the backward's statistics.
+    pub(crate) fn backend_run_into(
+        &self,
+        call: &BackendCall<'_>,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+        fwd: Option<DenseForwardOut<'_>>,
+        grads: DenseGradOut<'_>,
+    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
+        let cfg = call_config(call, up.is_some())?;
+        self.run_outputs(call, &cfg, saved, up, fwd, grads)
+    }
+
+    /// The engine's call of `cfg` into the output buffers `fo` (forward) and `go`
+    /// (gradients): the workspace made for the call, the schedule walked, the statistics.
+    fn run_outputs(
+        &self,
+        call: &BackendCall<'_>,
+        cfg: &DenseConfig,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+        mut fo: Option<DenseForwardOut<'_>>,
+        mut go: DenseGradOut<'_>,
+    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
+        let dense_up = up.map(|u| dense_upstream(cfg, u)).transpose()?;
+        if let Some(sv) = saved {
+            f32_vec(cfg.n, sv.lse, "lse")?;
+            f32_vec(cfg.n, sv.rest_mass, "rest_mass")?;
+        }
+        let mut ws = DenseWorkspace::new(self, cfg)?;
+        let inputs = DenseInputs {
+            e: call.inputs.e.slice(),
+            c: call.inputs.c.slice(),
+            bias: call.inputs.bias.map(|b| b.slice()),
+            targets: call.classes,
+            n_valid: call.n_valid,
+        };
+        let ws_bytes = ws.bytes() + self.own_bytes();
+        let dstats = match (&mut fo, saved, dense_up.as_ref()) {
+            (Some(fo), None, None) => self.forward(cfg, &mut ws, &inputs, fo)?,
+            (Some(fo), None, Some(u)) => {
+                self.forward_backward(cfg, &mut ws, &inputs, u, fo, &mut go)?
+            }
+            (None, Some(sv), Some(u)) => self.backward(
+                cfg,
+                &mut ws,
+                &inputs,
+                (sv.lse.slice(), sv.rest_mass.slice()),
+                u,
+                &mut go,
+            )?,
+            _ => {
+                return Err(CceError::InvalidOption {
+                    name: "call",
+                    reason: "neither forward nor backward".into(),
+                })
             }
         };
         drop(ws);
-        let fwd = fwd_t.map(|(loss, lse, rest_mass, entropy, argmax)| {
+        let fwd = fo.is_some().then(|| {
             let mut stats = self.base_stats(call, ws_bytes);
             if let Some(note) = &dstats.forward {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
             }
-            cce_core::ForwardOutput {
-                loss,
-                lse,
-                rest_mass,
-                entropy,
-                argmax,
-                stats,
-            }
+            stats
         });
-        let bwd = grads_t.map(|(d_e, d_c, d_bias)| cce_core::BackwardOutput {
-            d_e,
-            d_c,
-            d_bias,
-            stats: backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, &dstats),
-        });
+        let bwd = up
+            .is_some()
+            .then(|| backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, &dstats));
         Ok((fwd, bwd))
     }
 
@@ -320,4 +361,23 @@ fn backward_stats(
         stats.entries_kept = passes * call.n_valid as u64 * v as u64;
     }
     stats
+}
+
+/// The engine's configuration of a call (`backward`: an upstream gradient is given).
+fn call_config(call: &BackendCall<'_>, backward: bool) -> Result<DenseConfig> {
+    let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
+    super::schedule::dense_config(call.plan, call.opts, switches, backward)
+}
+
+/// Device bytes a call of `plan` with `opts` takes beyond its inputs and outputs: the
+/// workspace ([`WorkspaceSizes`]) and the cuBLAS workspace the engine holds. `backward`: a
+/// backward runs in the call; `switches`: (WGMMA forward, class pass, row pass).
+pub(crate) fn workspace_bytes(
+    plan: &cce_core::Plan,
+    opts: &cce_core::Options,
+    switches: (bool, bool, bool),
+    backward: bool,
+) -> Result<u64> {
+    let cfg = super::schedule::dense_config(plan, opts, switches, backward)?;
+    Ok(super::workspace::WorkspaceSizes::of(&cfg).total() + CUBLAS_WORKSPACE_BYTES as u64)
 }

@@ -121,7 +121,7 @@ pub use config::{
     DenseConfig, RowPass, CLUSTER_SIZES, WGMMA_FORWARD_DEFAULT, WGMMA_GCOLS_DEFAULT,
     WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
 };
-pub(crate) use glue::BackendCall;
+pub(crate) use glue::{workspace_bytes, BackendCall};
 pub use launch::CUBLAS_WORKSPACE_BYTES;
 pub use workspace::DenseWorkspace;
 pub(crate) use workspace::GColsLayout;

@@ -233,11 +233,87 @@ pub struct DenseWorkspace {
     pub(super) bytes: u64,
 }
 
+/// The byte size of every buffer of a [`DenseWorkspace`] for a configuration: a pure
+/// function of it, so that a caller can size the workspace before a call
+/// (`CudaBackend::workspace_bytes`) and the allocation follows the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WorkspaceSizes {
+    logits: usize,
+    tau: usize,
+    scales: usize,
+    dc_acc: Option<usize>,
+    dbias_acc: Option<usize>,
+    row_loss: usize,
+    kept: usize,
+    dropped: usize,
+    flags: usize,
+    sparse_rows: usize,
+    sparse_ctl: usize,
+    edges: usize,
+    stats: usize,
+}
+
+impl WorkspaceSizes {
+    /// The sizes of `cfg`'s buffers (each at least 4 bytes, as allocated).
+    pub(crate) fn of(cfg: &DenseConfig) -> Self {
+        let split = cfg.chunk_classes.is_some();
+        // Filter statistics: split dense never filters (see `run`), so it keeps placeholders,
+        // unless it tries a sparse backward.
+        let split_plain = split && cfg.sparse.is_none();
+        let per_row = |on: bool| if on { cfg.n * 4 } else { 4 };
+        Self {
+            logits: cfg.scratch_bytes(),
+            tau: per_row(split),
+            scales: 8,
+            dc_acc: (cfg.compute_d_c && !cfg.grad_f32 && !split).then_some(cfg.v * cfg.d * 4),
+            dbias_acc: (cfg.compute_d_c && cfg.has_bias && !cfg.grad_f32).then_some(cfg.v * 4),
+            row_loss: cfg.n * 4,
+            kept: per_row(!split_plain),
+            dropped: per_row(!split_plain),
+            flags: if split_plain {
+                4
+            } else {
+                cfg.row_tiles() * cfg.class_tiles() * 4
+            },
+            sparse_rows: if cfg.sparse.is_some() { cfg.n * 8 } else { 4 },
+            // Pairs (u64), overflow and re-read rows (u32 each), then the folded select's
+            // histogram of lse − max over the probe's rows (32 u32).
+            sparse_ctl: 16 + 32 * 4,
+            edges: N_BINS * 4,
+            stats: 8 * 8,
+        }
+    }
+
+    /// Total bytes (each buffer at least 4, as allocated).
+    pub(crate) fn total(&self) -> u64 {
+        let required = [
+            self.logits,
+            self.tau,
+            self.scales,
+            self.row_loss,
+            self.kept,
+            self.dropped,
+            self.flags,
+            self.sparse_rows,
+            self.sparse_ctl,
+            self.edges,
+            self.stats,
+        ];
+        required
+            .into_iter()
+            .chain(self.dc_acc)
+            .chain(self.dbias_acc)
+            .map(|n| n.max(4) as u64)
+            .sum()
+    }
+}
+
 impl DenseWorkspace {
-    /// Allocate the workspace of `cfg` on the engine's stream.
+    /// Allocate the workspace of `cfg` on the engine's stream ([`WorkspaceSizes::of`]).
     pub fn new(engine: &DenseEngine, cfg: &DenseConfig) -> Result<Self> {
         let chunk_rows = cfg.effective_chunk_rows();
         let ld = cfg.ld();
+        let sz = WorkspaceSizes::of(cfg);
         let mut bytes = 0u64;
         let mut alloc = |n: usize| -> Result<CudaSlice<u8>> {
             let n = n.max(4);
@@ -246,40 +322,20 @@ impl DenseWorkspace {
             // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
             unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
         };
-        let logits = alloc(cfg.scratch_bytes())?;
-        let tau = alloc(if cfg.chunk_classes.is_some() {
-            cfg.n * 4
-        } else {
-            4
-        })?;
-        let scales = alloc(8)?;
-        let dc_acc = if cfg.compute_d_c && !cfg.grad_f32 && cfg.chunk_classes.is_none() {
-            Some(alloc(cfg.v * cfg.d * 4)?)
-        } else {
-            None
-        };
-        let dbias_acc = if cfg.compute_d_c && cfg.has_bias && !cfg.grad_f32 {
-            Some(alloc(cfg.v * 4)?)
-        } else {
-            None
-        };
-        let row_loss = alloc(cfg.n * 4)?;
-        // Filter statistics: split dense never filters (see `run`), so it keeps placeholders,
-        // unless it tries a sparse backward.
-        let split = cfg.chunk_classes.is_some() && cfg.sparse.is_none();
-        let kept = alloc(if split { 4 } else { cfg.n * 4 })?;
-        let dropped = alloc(if split { 4 } else { cfg.n * 4 })?;
-        let flags = alloc(if split {
-            4
-        } else {
-            cfg.row_tiles() * cfg.class_tiles() * 4
-        })?;
-        let sparse_rows = alloc(if cfg.sparse.is_some() { cfg.n * 8 } else { 4 })?;
-        // Pairs (u64), overflow and re-read rows (u32 each), then the folded select's
-        // histogram of lse − max over the probe's rows (32 u32).
-        let sparse_ctl = alloc(16 + 32 * 4)?;
-        let mut edges = alloc(N_BINS * 4)?;
-        let stats = alloc(8 * 8)?;
+        let logits = alloc(sz.logits)?;
+        let tau = alloc(sz.tau)?;
+        let scales = alloc(sz.scales)?;
+        let dc_acc = sz.dc_acc.map(&mut alloc).transpose()?;
+        let dbias_acc = sz.dbias_acc.map(&mut alloc).transpose()?;
+        let row_loss = alloc(sz.row_loss)?;
+        let kept = alloc(sz.kept)?;
+        let dropped = alloc(sz.dropped)?;
+        let flags = alloc(sz.flags)?;
+        let sparse_rows = alloc(sz.sparse_rows)?;
+        let sparse_ctl = alloc(sz.sparse_ctl)?;
+        let mut edges = alloc(sz.edges)?;
+        let stats = alloc(sz.stats)?;
+        debug_assert_eq!(bytes, sz.total());
         let host: Vec<f32> = (0..N_BINS).map(|k| cfg.filter.edge(k)).collect();
         engine
             .stream
