@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._ops import CceError, Options, forward_op, new_stats
+from ._ops import CceError, Options, forward_eager_op, forward_op, new_stats
 
 __all__ = ["linear_cross_entropy"]
 
@@ -183,7 +183,13 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         dtype = torch.get_autocast_dtype(device_type)
         e, c = e.to(dtype), c.to(dtype)
         bias = None if bias is None else bias.to(dtype)
-    loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
+    needs = [torch.is_grad_enabled() and x is not None and x.requires_grad for x in (e, c, bias)]
+    if e.device.type == "cuda" and opts.reduction != "none" and any(needs):
+        # The gradients in the same call as the loss (the logits computed once), scaled by the
+        # upstream gradient in the backward: see ``_ops``.
+        loss, lse, _, entropy, argmax, *_ = forward_eager_op(e, c, targets, bias, *needs, stats_id, *opts)
+    else:
+        loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
     reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape
     if reduction == "none":

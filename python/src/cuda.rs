@@ -221,17 +221,6 @@ pub(crate) unsafe fn backward(
             borrow_opt(&be, d_bias)?,
         )
     };
-    // d_bias without d_c: the backend computes them together, d_c into a buffer of its own.
-    let mut scratch_d_c = match (&d_c, &d_bias) {
-        (None, Some(_)) => {
-            let gdt = match opts.grad_dtype {
-                cce_core::GradDType::F32 => DType::F32,
-                cce_core::GradDType::Input => c.dtype(),
-            };
-            Some(be.alloc_tensor(c.shape().to_vec(), gdt)?)
-        }
-        _ => None,
-    };
     be.backward_into(
         &inputs,
         opts,
@@ -239,7 +228,78 @@ pub(crate) unsafe fn backward(
         &upstream,
         GradsInto {
             d_e: d_e.as_mut(),
-            d_c: d_c.as_mut().or(scratch_d_c.as_mut()),
+            d_c: d_c.as_mut(),
+            d_bias: d_bias.as_mut(),
+        },
+    )
+}
+
+/// The CUDA forward and backward in one call (the logits computed once), the gradients of the
+/// loss with an upstream gradient of 1 (the package scales them by the real one in its
+/// backward): the forward's outputs into `fwd`, the gradients into `grads`.
+///
+/// # Safety
+/// As [`forward`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn forward_backward(
+    stream: TorchStream,
+    e: &RawTensor,
+    c: &RawTensor,
+    bias: Option<&RawTensor>,
+    targets: &RawTensor,
+    opts: &Options,
+    fwd: [Option<&RawTensor>; 5],
+    grads: [Option<&RawTensor>; 3],
+) -> cce_core::Result<(CallStats, CallStats)> {
+    // SAFETY: every block below forwards this function's contract.
+    let be = unsafe { stream.backend()? };
+    // SAFETY: as above.
+    let (e, c, targets) = unsafe { (borrow(&be, e)?, borrow(&be, c)?, borrow(&be, targets)?) };
+    // SAFETY: as above.
+    let bias = unsafe { borrow_opt(&be, bias)? };
+    let [loss, lse, rest, ent, arg] = fwd;
+    // SAFETY: as above.
+    let (mut loss, mut lse, mut rest) = unsafe {
+        (
+            borrow(&be, req(loss)?)?,
+            borrow(&be, req(lse)?)?,
+            borrow(&be, req(rest)?)?,
+        )
+    };
+    // SAFETY: as above.
+    let (mut ent, mut arg) = unsafe { (borrow_opt(&be, ent)?, borrow_opt(&be, arg)?) };
+    let [d_e, d_c, d_bias] = grads;
+    // SAFETY: as above.
+    let (mut d_e, mut d_c, mut d_bias) = unsafe {
+        (
+            borrow_opt(&be, d_e)?,
+            borrow_opt(&be, d_c)?,
+            borrow_opt(&be, d_bias)?,
+        )
+    };
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: bias.as_ref(),
+        targets: &targets,
+    };
+    be.forward_backward_into(
+        &inputs,
+        opts,
+        &Upstream {
+            d_loss: DLoss::Scalar(1.0),
+            d_lse: None,
+        },
+        ForwardInto {
+            loss: &mut loss,
+            lse: &mut lse,
+            rest_mass: &mut rest,
+            entropy: ent.as_mut(),
+            argmax: arg.as_mut(),
+        },
+        GradsInto {
+            d_e: d_e.as_mut(),
+            d_c: d_c.as_mut(),
             d_bias: d_bias.as_mut(),
         },
     )

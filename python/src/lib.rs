@@ -747,12 +747,113 @@ unsafe fn run_backward(
     Ok(out.stats)
 }
 
+/// Forward and backward in one call (CUDA tensors; the logits are computed once): the
+/// forward's outputs as in `forward`, and `d_e`, `d_c`, `d_bias` (those given) of the loss with
+/// an upstream gradient of 1, which the package's autograd formula scales by the real upstream
+/// gradient (reductions mean and sum). Returns the forward's and the backward's statistics.
+#[pyfunction]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0))]
+#[allow(clippy::too_many_arguments)]
+fn forward_backward<'py>(
+    py: Python<'py>,
+    e: &Bound<'py, PyAny>,
+    c: &Bound<'py, PyAny>,
+    bias: Option<&Bound<'py, PyAny>>,
+    targets: &Bound<'py, PyAny>,
+    opts: &Bound<'py, PyDict>,
+    loss_out: &Bound<'py, PyAny>,
+    lse_out: &Bound<'py, PyAny>,
+    rest_mass_out: &Bound<'py, PyAny>,
+    entropy_out: Option<&Bound<'py, PyAny>>,
+    argmax_out: Option<&Bound<'py, PyAny>>,
+    d_e_out: Option<&Bound<'py, PyAny>>,
+    d_c_out: Option<&Bound<'py, PyAny>>,
+    d_bias_out: Option<&Bound<'py, PyAny>>,
+    stream: usize,
+) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
+    let mut o = options(opts)?;
+    let e = raw(py, "e", e)?;
+    let c = raw(py, "c", c)?;
+    let bias = raw_opt(py, "bias", bias)?;
+    let targets = raw(py, "targets", targets)?;
+    let loss_out = raw(py, "loss (output)", loss_out)?;
+    let lse_out = raw(py, "lse (output)", lse_out)?;
+    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
+    let entropy_out = raw_opt(py, "entropy (output)", entropy_out)?;
+    let argmax_out = raw_opt(py, "argmax (output)", argmax_out)?;
+    let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
+    let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
+    let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
+    o.side_outputs = SideOutputs {
+        entropy: entropy_out.is_some(),
+        argmax: argmax_out.is_some(),
+    };
+    o.compute_d_e = d_e_out.is_some();
+    o.compute_d_c = d_c_out.is_some() || d_bias_out.is_some();
+    let out_f32 = d_e_out
+        .iter()
+        .chain(&d_c_out)
+        .any(|t| t.dtype == DType::F32);
+    o.grad_dtype = if out_f32 {
+        GradDType::F32
+    } else {
+        GradDType::Input
+    };
+    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
+    all.extend(
+        bias.iter()
+            .chain(&entropy_out)
+            .chain(&argmax_out)
+            .chain(&d_e_out)
+            .chain(&d_c_out)
+            .chain(&d_bias_out),
+    );
+    let (fs, bs) = guarded(py, || match device_of(&all)? {
+        #[cfg(feature = "cuda")]
+        Device::Cuda => py.detach(|| {
+            // SAFETY: as in `forward`'s CUDA arm: tensors of one device held by the caller for
+            // the whole call, torch's current stream, inputs only read, outputs only written.
+            unsafe {
+                cuda::forward_backward(
+                    torch_stream(e.ordinal, stream),
+                    &e,
+                    &c,
+                    bias.as_ref(),
+                    &targets,
+                    &o,
+                    [
+                        Some(&loss_out),
+                        Some(&lse_out),
+                        Some(&rest_mass_out),
+                        entropy_out.as_ref(),
+                        argmax_out.as_ref(),
+                    ],
+                    [d_e_out.as_ref(), d_c_out.as_ref(), d_bias_out.as_ref()],
+                )
+            }
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => {
+            let _ = stream;
+            Err(cuda_missing())
+        }
+        Device::Cpu => Err(LibError::Unsupported {
+            backend: "cut_cross_entropy_rs",
+            what: "forward_backward on CPU tensors (the package runs the CPU forward and backward \
+                   as separate calls)"
+                .into(),
+        }),
+    })?;
+    Ok((stats_dict(py, &fs)?, stats_dict(py, &bs)?))
+}
+
 /// The native module `cut_cross_entropy_rs._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CceError", m.py().get_type::<CceError>())?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_backward, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_cpu import DTYPES, check, kind_of, make
 
 from cut_cross_entropy_rs import CceError, linear_cross_entropy
@@ -113,3 +114,28 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     want = linear_cross_entropy(e, c, t)
     assert torch.allclose(loss, want)
+
+
+def test_gradient_through_the_lse_recomputes():
+    """The forward computes the gradients eagerly for the loss; a gradient through the returned
+    lse takes the recomputing backward instead, and both match the f64 reference."""
+    e, c, t, b = cuda(*make((48,), 64, 300, torch.float32, bias=True, ignore=0.1))
+    e1, c1, b1 = (x.clone().requires_grad_() for x in (e, c, b))
+    loss, lse = linear_cross_entropy(e1, c1, t, b1, return_lse=True, filter_eps=None)
+    (loss + 0.1 * lse.square().mean()).backward()
+    e2, c2, b2 = (x.double().requires_grad_() for x in (e, c, b))
+    x = F.linear(e2, c2, b2)
+    want = F.cross_entropy(x, t, ignore_index=-100) + 0.1 * torch.logsumexp(x, -1).square().mean()
+    want.backward()
+    for got, ref in ((e1.grad, e2.grad), (c1.grad, c2.grad), (b1.grad, b2.grad)):
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-6)
+
+
+def test_eager_gradients_scale_with_the_upstream():
+    e, c, t, _ = cuda(*make((64,), 64, 500, torch.float32))
+    e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    (linear_cross_entropy(e1, c1, t, filter_eps=None) * 3.0).backward()
+    e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    linear_cross_entropy(e2, c2, t, filter_eps=None).backward()
+    torch.testing.assert_close(e1.grad, 3.0 * e2.grad, rtol=1e-6, atol=0)
+    torch.testing.assert_close(c1.grad, 3.0 * c2.grad, rtol=1e-6, atol=0)

@@ -30,9 +30,11 @@ pub struct ForwardInto<'a> {
 }
 
 /// Gradient outputs the caller provides, in the gradient dtype (`opts.grad_dtype`: the input
-/// dtype, or f32): `d_e` of `e`'s element count, `d_c` `[V, D]`, `d_bias` `[V]`. Each is given
-/// exactly when `opts.compute_d_e` / `opts.compute_d_c` (and a bias, for `d_bias`) ask for it.
-/// Every element is overwritten (no accumulation).
+/// dtype, or f32): `d_e` of `e`'s element count, `d_c` `[V, D]`, `d_bias` `[V]`. A buffer may
+/// be given only when the options compute it (`opts.compute_d_e`; `opts.compute_d_c`, and a
+/// bias for `d_bias`); one the options compute but the caller does not give (`d_bias` of a
+/// bias the caller does not train, `d_c` when only `d_bias` is wanted) goes to a buffer of
+/// the call's own, freed after it. Every element given is overwritten (no accumulation).
 #[derive(Debug, Default)]
 pub struct GradsInto<'a> {
     /// `∂loss/∂e`.
@@ -117,15 +119,18 @@ impl ForwardInto<'_> {
 impl GradsInto<'_> {
     /// Check every buffer against the problem and the options.
     fn check(&self, p: &Problem, opts: &Options, has_bias: bool) -> Result<()> {
-        let gdt = match opts.grad_dtype {
-            GradDType::F32 => DType::F32,
-            GradDType::Input => p.dtype,
+        let gdt = grad_dtype(p, opts);
+        let given = |t: &Option<&mut CudaTensor>, what, asked: bool| {
+            if t.is_some() && !asked {
+                return presence(what, true, false);
+            }
+            Ok(())
         };
-        presence("d_e (output)", self.d_e.is_some(), opts.compute_d_e)?;
-        presence("d_c (output)", self.d_c.is_some(), opts.compute_d_c)?;
-        presence(
+        given(&self.d_e, "d_e (output)", opts.compute_d_e)?;
+        given(&self.d_c, "d_c (output)", opts.compute_d_c)?;
+        given(
+            &self.d_bias,
             "d_bias (output)",
-            self.d_bias.is_some(),
             opts.compute_d_c && has_bias,
         )?;
         if let Some(t) = &self.d_e {
@@ -139,15 +144,46 @@ impl GradsInto<'_> {
         }
         Ok(())
     }
+}
 
-    /// The engine's view of the buffers.
-    fn dense(&mut self) -> DenseGradOut<'_> {
-        DenseGradOut {
-            d_e: self.d_e.as_mut().map(|t| t.slice_mut()),
-            d_c: self.d_c.as_mut().map(|t| t.slice_mut()),
-            d_bias: self.d_bias.as_mut().map(|t| t.slice_mut()),
+/// The gradient dtype of a call.
+fn grad_dtype(p: &Problem, opts: &Options) -> DType {
+    match opts.grad_dtype {
+        GradDType::F32 => DType::F32,
+        GradDType::Input => p.dtype,
+    }
+}
+
+/// The engine's gradient buffers: the caller's, and the call's own for what the options
+/// compute but the caller did not give (`own` holds them for the call).
+fn grads_dense<'a>(
+    be: &CudaBackend,
+    out: &'a mut GradsInto<'_>,
+    own: &'a mut [Option<CudaTensor>; 3],
+    p: &Problem,
+    opts: &Options,
+    has_bias: bool,
+) -> Result<DenseGradOut<'a>> {
+    let gdt = grad_dtype(p, opts);
+    let wanted = [
+        (opts.compute_d_e && out.d_e.is_none(), p.n * p.d),
+        (opts.compute_d_c && out.d_c.is_none(), p.v * p.d),
+        (opts.compute_d_c && has_bias && out.d_bias.is_none(), p.v),
+    ];
+    for (slot, (missing, numel)) in own.iter_mut().zip(wanted) {
+        if missing {
+            *slot = Some(be.alloc_tensor(vec![numel], gdt)?);
         }
     }
+    let [e_own, c_own, b_own] = own;
+    let pick = |given: &'a mut Option<&mut CudaTensor>, own: &'a mut Option<CudaTensor>| {
+        given.as_deref_mut().or(own.as_mut()).map(|t| t.slice_mut())
+    };
+    Ok(DenseGradOut {
+        d_e: pick(&mut out.d_e, e_own),
+        d_c: pick(&mut out.d_c, c_own),
+        d_bias: pick(&mut out.d_bias, b_own),
+    })
 }
 
 impl CudaBackend {
@@ -172,7 +208,7 @@ impl CudaBackend {
             None,
             None,
             Some(out.dense()),
-            GradsInto::default().dense(),
+            DenseGradOut::default(),
         )?;
         self.check_finite_lse(inputs, opts, &p, out.lse)?;
         fs.ok_or_else(|| CceError::backend(BACKEND, "no forward statistics"))
@@ -198,12 +234,21 @@ impl CudaBackend {
         saved.check(p.problem.n)?;
         self.check_upstream(opts, upstream)?;
         let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let mut own = [None, None, None];
+        let grads = grads_dense(
+            self,
+            &mut out,
+            &mut own,
+            &p.problem,
+            opts,
+            inputs.bias.is_some(),
+        )?;
         let (_, bs) = self.dense_engine()?.backend_run_into(
             &call,
             Some(saved),
             Some(upstream),
             None,
-            out.dense(),
+            grads,
         )?;
         bs.ok_or_else(|| CceError::backend(BACKEND, "no backward statistics"))
     }
@@ -225,12 +270,21 @@ impl CudaBackend {
         grads.check(&p.problem, opts, inputs.bias.is_some())?;
         self.check_upstream(opts, upstream)?;
         let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let mut own = [None, None, None];
+        let dense_grads = grads_dense(
+            self,
+            &mut grads,
+            &mut own,
+            &p.problem,
+            opts,
+            inputs.bias.is_some(),
+        )?;
         let (fs, bs) = self.dense_engine()?.backend_run_into(
             &call,
             None,
             Some(upstream),
             Some(fwd.dense()),
-            grads.dense(),
+            dense_grads,
         )?;
         self.check_finite_lse(inputs, opts, &p, fwd.lse)?;
         match (fs, bs) {
