@@ -23,6 +23,9 @@ const D: usize = 32;
 const V: usize = 300;
 const K: usize = 16;
 
+/// One optimizer step from a gradient store.
+type Step = Box<dyn FnMut(&candle_core::backprop::GradStore) -> Result<()>>;
+
 /// The parameters of one model: `w` produces `e = tanh(x·wᵀ)`, `c` is the LM head.
 struct Model {
     w: Var,
@@ -60,23 +63,22 @@ fn train(adamw: bool) -> Result<()> {
     let t = targets(N, V, 4, 5, -100);
     let t_tensor = Tensor::from_vec(t.clone(), N, &dev)?;
     let (ours, theirs) = (Model::new(&dev)?, Model::new(&dev)?);
-    let opt =
-        |m: &Model| -> Result<Box<dyn FnMut(&candle_core::backprop::GradStore) -> Result<()>>> {
-            let vars = vec![m.w.clone(), m.c.clone()];
-            Ok(if adamw {
-                let mut o = AdamW::new(
-                    vars,
-                    ParamsAdamW {
-                        lr: 1e-2,
-                        ..Default::default()
-                    },
-                )?;
-                Box::new(move |g| o.step(g))
-            } else {
-                let mut o = SGD::new(vars, 0.5)?;
-                Box::new(move |g| o.step(g))
-            })
-        };
+    let opt = |m: &Model| -> Result<Step> {
+        let vars = vec![m.w.clone(), m.c.clone()];
+        Ok(if adamw {
+            let mut o = AdamW::new(
+                vars,
+                ParamsAdamW {
+                    lr: 1e-2,
+                    ..Default::default()
+                },
+            )?;
+            Box::new(move |g| o.step(g))
+        } else {
+            let mut o = SGD::new(vars, 0.5)?;
+            Box::new(move |g| o.step(g))
+        })
+    };
     let (mut step_ours, mut step_theirs) = (opt(&ours)?, opt(&theirs)?);
     // AdamW's first steps move an entry by about lr·g/(|g| + ε): where |g| is near ε (1e-8),
     // the rounding of g shows in the update at a scale of lr.
