@@ -199,8 +199,8 @@ fn cce(e: CceError) -> candle_core::Error {
 /// [`CceCandleError`]: the library's [`CceError`] (`ShapeMismatch`, `DTypeMismatch`,
 /// `TargetOutOfRange`, `AllTargetsIgnored` for a mean with no valid row, `NonFinite` under
 /// `check_finite`, `InvalidOption`, `EmptyInput`, ...), `UnsupportedDType`, `DeviceMismatch`,
-/// `UnsupportedDevice` (CUDA, Metal); the backward can fail with `NonFinite` for a NaN
-/// upstream gradient.
+/// `UnsupportedDevice` (CUDA tensors: the crate `cce-candle-cuda`, `compat/cce-candle-cuda`;
+/// Metal); the backward can fail with `NonFinite` for a NaN upstream gradient.
 pub fn linear_cross_entropy(
     e: &Tensor,
     c: &Tensor,
@@ -287,8 +287,9 @@ impl LceOp {
         if !dev.is_cpu() {
             return Err(CceCandleError::UnsupportedDevice {
                 device: format!("{:?}", dev.location()),
-                reason: "only candle's CPU device runs here; the CUDA path (our CUDA backend on \
-                         candle's stream) is the crate README's next step",
+                reason: "only candle's CPU device runs here; for CUDA tensors use the crate \
+                         cce-candle-cuda (compat/cce-candle-cuda: our CUDA backend on candle's \
+                         stream)",
             }
             .into());
         }
