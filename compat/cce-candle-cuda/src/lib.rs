@@ -27,8 +27,8 @@ use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::op::BackpropOp;
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType as CDType, Device, Layout, Shape,
-    Storage, Tensor,
+    CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType as CDType, Device, Layout, Shape, Storage,
+    Tensor,
 };
 use cut_cross_entropy::cce_cuda::{CudaBackend, CudaTensor};
 use cut_cross_entropy::{
@@ -54,8 +54,7 @@ pub fn linear_cross_entropy(
         return cce_candle::linear_cross_entropy(e, c, targets, opts);
     }
     let op = CudaLce::new(e, targets, opts)?;
-    e.contiguous()?
-        .apply_op2(&c.contiguous()?, CudaLce2(op))
+    e.contiguous()?.apply_op2(&c.contiguous()?, CudaLce2(op))
 }
 
 /// `cce_candle::linear_cross_entropy_with_bias` on CUDA and CPU tensors, as
@@ -259,7 +258,10 @@ impl CudaLce {
             compute_d_c: want_c,
             ..self.opts.clone()
         };
-        let grad = grad_res.to_dtype(CDType::F32)?.flatten_all()?.contiguous()?;
+        let grad = grad_res
+            .to_dtype(CDType::F32)?
+            .flatten_all()?
+            .contiguous()?;
         let scalar = match opts.reduction {
             Reduction::None => None,
             _ => Some(grad.to_vec1::<f32>()?.first().copied().unwrap_or(0.0)),
