@@ -122,9 +122,9 @@ fn main() -> candle_core::Result<()> {
             )
         });
         let (_, b) = ms(|| {
-            let s = 0.5f64; // the upstream scalar
-                            // The scaling, then what candle's backprop does with a returned gradient (a zero
-                            // accumulator plus the gradient), as it does on the recompute path.
+            // The upstream scalar's scaling, then what candle's backprop does with a returned
+            // gradient (a zero accumulator plus the gradient), as on the recompute path.
+            let s = 0.5f64;
             let acc = |g: &Tensor| g.zeros_like()?.add(&g.affine(s, 0.0)?);
             (acc(&d_e).unwrap(), acc(&d_c).unwrap())
         });
