@@ -17,9 +17,10 @@ Options travel as typed arguments of the ops (:class:`Options`, in the ops' argu
 so that ``torch.compile`` passes them through, symbolic floats included (``dynamic=True``).
 
 Device dispatch lives in the native extension: CPU tensors run on the CPU backend, read in
-place; CUDA tensors are the place of the CUDA device API (raw device pointers on
-``torch.cuda.current_stream()``, outputs allocated here with torch so its caching allocator
-accounts for them, no host synchronization: the upstream gradient stays a device tensor).
+place; CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()`` of their device, read
+in place (raw device pointers), outputs allocated here with torch so its caching allocator
+accounts for them. What still synchronizes the host on CUDA: the backend reads the targets back
+to validate them, and the backward reads a mean's or sum's upstream gradient as a host scalar.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ class Options(NamedTuple):
     """Forward side output: argmax per row."""
 
 
+def _stream(t: Tensor) -> int:
+    """torch's current stream of ``t``'s device as a ``CUstream`` (0 for CPU tensors)."""
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
 def _options_in(scope: dict) -> Options:
     """The :class:`Options` among an op's arguments (``locals()``)."""
     return Options(*(scope[name] for name in Options._fields))
@@ -170,6 +176,7 @@ def forward_op(
         rest_mass,
         ent if o.entropy else None,
         arg if o.argmax else None,
+        stream=_stream(e),
     )
     _record(stats_id, "forward", stats)
     return loss, lse, rest_mass, ent, arg
@@ -230,6 +237,7 @@ def backward_op(
             d_e if need_d_e else None,
             d_c if need_d_c else None,
             d_bias if need_d_bias and bias is not None else None,
+            stream=_stream(e),
         )
         _record(stats_id, "backward", stats)
     return d_e, d_c, d_bias

@@ -14,12 +14,11 @@
 //! message and the variant's name (`kind`); a panic, which would be a bug, is caught and raised
 //! as `CceError` of kind `Internal` rather than crossing into Python.
 //!
-//! Devices: CPU tensors run on [`CpuBackend`]. CUDA tensors are refused with `Unsupported` in
-//! this build; their place is the `Device::Cuda` arm of `forward`/`backward`: the package passes
-//! `torch.cuda.current_stream(device).cuda_stream`, the arm builds `cce_cuda::CudaBackend::
-//! on_raw_stream` on it and wraps each tensor's `data_ptr()` with `cce_cuda::CudaTensor::
-//! borrowed` (the layout checks of `raw` hold for device memory too); outputs stay allocated
-//! by torch (its caching allocator), and the upstream gradient stays on the device (no `.item()`).
+//! Devices: CPU tensors run on [`CpuBackend`]; CUDA tensors (built with the default `cuda`
+//! feature) on `cce_cuda::CudaBackend` on torch's current stream (the package passes
+//! `torch.cuda.current_stream(device).cuda_stream`), each tensor's `data_ptr()` borrowed in
+//! place (the layout checks of `raw` hold for device memory too), outputs allocated by torch
+//! (its caching allocator): see the `cuda` module for what still synchronizes.
 
 use cce_core::CceError as LibError;
 use cce_core::{
@@ -32,6 +31,9 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+#[cfg(feature = "cuda")]
+mod cuda;
 
 pyo3::create_exception!(
     cut_cross_entropy_rs,
@@ -109,6 +111,8 @@ struct RawTensor {
     /// Argument name, for error messages.
     what: &'static str,
     device: Device,
+    /// Device index (`tensor.device.index`; 0 for the CPU).
+    ordinal: usize,
     dtype: DType,
     shape: Vec<usize>,
     /// Address of the first element (`data_ptr()`).
@@ -158,6 +162,7 @@ fn raw(py: Python<'_>, what: &'static str, t: &Bound<'_, PyAny>) -> PyResult<Raw
             ))
         }
     };
+    let ordinal: Option<usize> = t.getattr("device")?.getattr("index")?.extract()?;
     let dtype_name: String = t.getattr("dtype")?.str()?.extract()?;
     let dtype = dtype_of(what, &dtype_name).map_err(|e| to_py(py, e))?;
     let shape: Vec<usize> = t.getattr("shape")?.extract()?;
@@ -172,6 +177,7 @@ fn raw(py: Python<'_>, what: &'static str, t: &Bound<'_, PyAny>) -> PyResult<Raw
     Ok(RawTensor {
         what,
         device,
+        ordinal: ordinal.unwrap_or(0),
         dtype,
         shape,
         ptr,
@@ -379,25 +385,37 @@ fn raw_opt(
 /// The one device of a call's tensors, or `Unsupported` when they are spread over several.
 fn device_of(all: &[&RawTensor]) -> cce_core::Result<Device> {
     let first = all[0].device;
-    match all.iter().find(|t| t.device != first) {
+    let ordinal = all[0].ordinal;
+    match all
+        .iter()
+        .find(|t| t.device != first || t.ordinal != ordinal)
+    {
         Some(t) => Err(LibError::Unsupported {
             backend: "cut_cross_entropy_rs",
             what: format!(
-                "tensors on different devices ({} on {:?}, {} on {:?})",
-                all[0].what, first, t.what, t.device
+                "tensors on different devices ({} on {:?}:{}, {} on {:?}:{})",
+                all[0].what, first, ordinal, t.what, t.device, t.ordinal
             ),
         }),
         None => Ok(first),
     }
 }
 
-/// What the CUDA path answers until the device API is wired in.
-fn cuda_pending() -> LibError {
+/// What a build without the `cuda` feature answers for CUDA tensors.
+#[cfg(not(feature = "cuda"))]
+fn cuda_missing() -> LibError {
     LibError::Unsupported {
         backend: "cut_cross_entropy_rs",
-        what: "CUDA tensors in this build (the CPU path only; the CUDA path takes raw device \
-               pointers on torch's current stream)"
-            .into(),
+        what: "CUDA tensors in this build (built without the `cuda` feature)".into(),
+    }
+}
+
+/// torch's current stream for a call on `device` (ordinal from the tensors).
+#[cfg(feature = "cuda")]
+fn torch_stream(ordinal: usize, stream: usize) -> cuda::TorchStream {
+    cuda::TorchStream {
+        ordinal,
+        handle: stream,
     }
 }
 
@@ -406,7 +424,7 @@ fn cuda_pending() -> LibError {
 /// (`[N]` i32) into the output tensors; returns the call's statistics as a dict. `opts`: the
 /// options by name (see the package's `_ops.py`).
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None))]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn forward<'py>(
     py: Python<'py>,
@@ -420,6 +438,7 @@ fn forward<'py>(
     rest_mass_out: &Bound<'py, PyAny>,
     entropy_out: Option<&Bound<'py, PyAny>>,
     argmax_out: Option<&Bound<'py, PyAny>>,
+    stream: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
     let e = raw(py, "e", e)?;
@@ -438,7 +457,36 @@ fn forward<'py>(
     let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
     all.extend(bias.iter().chain(&entropy_out).chain(&argmax_out));
     let stats = guarded(py, || match device_of(&all)? {
-        Device::Cuda => Err(cuda_pending()),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => py.detach(|| {
+            let outs = [
+                Some(&loss_out),
+                Some(&lse_out),
+                Some(&rest_mass_out),
+                entropy_out.as_ref(),
+                argmax_out.as_ref(),
+            ];
+            // SAFETY: every RawTensor was read by `raw` from a CUDA tensor of one device that
+            // the caller holds for the whole call, and `stream` is torch's current stream of
+            // that device (the package passes it); inputs are only read and the outputs, fresh
+            // tensors of this call, only written, all on that stream.
+            unsafe {
+                cuda::forward(
+                    torch_stream(e.ordinal, stream),
+                    &e,
+                    &c,
+                    bias.as_ref(),
+                    &targets,
+                    &o,
+                    outs,
+                )
+            }
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => {
+            let _ = stream;
+            Err(cuda_missing())
+        }
         Device::Cpu => py.detach(|| {
             // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for
             // the whole call; inputs are only read and the outputs, fresh tensors the package
@@ -513,7 +561,7 @@ unsafe fn run_forward(
 /// `d_loss`: a scalar f32 tensor (mean, sum) or `[N]` f32 (reduction none); `d_lse`: `[N]` f32
 /// or None. Gradients are f32 when their output tensor is f32, else the input dtype.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None))]
+#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 fn backward<'py>(
     py: Python<'py>,
@@ -529,6 +577,7 @@ fn backward<'py>(
     d_e_out: Option<&Bound<'py, PyAny>>,
     d_c_out: Option<&Bound<'py, PyAny>>,
     d_bias_out: Option<&Bound<'py, PyAny>>,
+    stream: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
     let e = raw(py, "e", e)?;
@@ -562,7 +611,30 @@ fn backward<'py>(
             .chain(&d_bias_out),
     );
     let stats = guarded(py, || match device_of(&all)? {
-        Device::Cuda => Err(cuda_pending()),
+        #[cfg(feature = "cuda")]
+        Device::Cuda => py.detach(|| {
+            // SAFETY: as in `forward`'s CUDA arm: tensors of one device held by the caller for
+            // the whole call, torch's current stream, inputs only read, outputs only written.
+            unsafe {
+                cuda::backward(
+                    torch_stream(e.ordinal, stream),
+                    &e,
+                    &c,
+                    bias.as_ref(),
+                    &targets,
+                    &o,
+                    [&lse, &rest_mass],
+                    &d_loss,
+                    d_lse.as_ref(),
+                    [d_e_out.as_ref(), d_c_out.as_ref(), d_bias_out.as_ref()],
+                )
+            }
+        }),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda => {
+            let _ = stream;
+            Err(cuda_missing())
+        }
         Device::Cpu => py.detach(|| {
             // SAFETY: as in `forward`: CPU tensors the caller holds for the whole call, inputs
             // only read, outputs (fresh tensors of this call) only written.

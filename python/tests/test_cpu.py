@@ -95,7 +95,7 @@ def check(e, c, t, b=None, *, grad_tol=None, loss_tol=2e-5, filter_eps=None, ups
     close(loss, ref, loss_tol, "loss")
     close(lse, ref_lse, loss_tol, "lse")
     if upstream is None and loss.dim() > 0:
-        upstream = torch.linspace(0.5, 1.5, loss.numel(), dtype=torch.float64).view(loss.shape)
+        upstream = torch.linspace(0.5, 1.5, loss.numel(), dtype=torch.float64, device=loss.device).view(loss.shape)
     ours = [x for x in (e1, c1, b1) if x is not None]
     theirs = [x for x in (e2, c2, b2) if x is not None]
     g1 = grads(loss, ours, None if upstream is None else upstream.float())

@@ -42,17 +42,7 @@ pub const DEFAULT_CASES: u32 = 256;
 /// Inputs whose fix is not on this branch yet, per backend (`"*"`: every backend): cases that
 /// draw them are skipped (and counted in the test's output) instead of failing. Empty when
 /// every backend handles every input.
-pub const NOT_YET_FIXED: &[(&str, Gap)] = &[
-    // Found by this harness (issue 17 item 1, z-loss): wgpu computes the target entry
-    // `(1 + 2λ lse) p_y − 1` with cancellation, so on a confident row (V = 1, or p_y → 1)
-    // with a small z-loss weight the row's gradient is ~1e-4 off (N=63 D=64 V=1 f32 flat
-    // z_loss=1e-5; the CPU is exact there).
-    ("wgpu", Gap::ZLossOnConfidentRows),
-    // Found by this harness (issue 17 item 3): under a small softcap wgpu's f32 logits' error
-    // is amplified by 1/s in z and in the factor 1 − (z/s)² (N=3 D=100 V=2 peaked
-    // softcap=0.011 d_lse: d_e row 2e-4 off; the CPU computes such logits in f64).
-    ("wgpu", Gap::SoftcapBelow(0.1)),
-];
+pub const NOT_YET_FIXED: &[(&str, Gap)] = &[];
 
 /// A kind of input a backend does not handle yet ([`NOT_YET_FIXED`]).
 #[derive(Clone, Copy, Debug, PartialEq)]

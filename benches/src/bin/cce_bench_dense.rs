@@ -21,7 +21,7 @@
 use cce_core::filter::FilterRule;
 use cce_core::plan::{DeviceLimits, Plan, StrategyKind, TileShape};
 use cce_core::{DType, FilterEps, HostTensor, Options, Problem, Reduction, SideOutputs};
-use cce_cuda::chunked::{
+use cce_cuda::dense::{
     compile_cubin, DenseConfig, DenseDLoss, DenseEngine, DenseForwardOut, DenseGradOut,
     DenseInputs, DenseStats, DenseUpstream, DenseWorkspace, RowPass,
 };
@@ -166,7 +166,7 @@ fn main() -> Res<()> {
         let t = Instant::now();
         let cubin = compile_cubin("sm_90a")?;
         println!(
-            "compiled chunked.cu for sm_90a: {} bytes in {:.1} s (cache {:?})",
+            "compiled the dense kernels for sm_90a: {} bytes in {:.1} s (cache {:?})",
             cubin.len(),
             t.elapsed().as_secs_f64(),
             std::env::var("CCE_CUDA_CACHE_DIR").ok()

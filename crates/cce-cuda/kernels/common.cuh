@@ -6,7 +6,7 @@
 //   Element offsets are 64-bit (`i64`).
 //
 // Tiling
-//   None here: the element types only (the loss kernels live in chunked.cu and wgmma.cu).
+//   None here: the element types only (the loss kernels live in the dense kernel files and wgmma.cu).
 //
 // Thread mapping
 //   None here (see each kernel).

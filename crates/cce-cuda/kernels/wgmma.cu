@@ -8,7 +8,7 @@
 // q = e^{z − m_tile} as f16 (`cce_wgmma_lseq[_x]_bf16`), the combine, then G = cp·q·e^{m_tile −
 // lse} − cy·[c = y] in place as bf16 (`cce_wgmma_qrows_g[_cap]_bf16`, a memory-bound pass):
 // 2 + 2 + 2 bytes per logit instead of cuBLAS's f32 logits read twice (4 + 4 + 4 + 2).
-// Appended to chunked.cu (same NVRTC module: it uses that file's typedefs u16 / u32 / u64,
+// Appended to the dense kernel files (same NVRTC module: it uses dense_common.cu's typedefs u16 / u32 / u64,
 // NEG_INF, FULL_MASK, Elem, bf16_to_f32 / f16_to_f32 / f32_to_f16, cap_z, g_coef and
 // write_row_outputs). The main loop is the device code of the standalone benchmark
 // benches/wgmma/wgmma_lse.cuh (commit d8e9f6b; kernel B, CM = 1, ordered epilogues; NOTES.md
@@ -17,7 +17,7 @@
 // Parameters
 //   tmE, tmC  CUtensorMap (128 opaque bytes, 64-byte aligned, __grid_constant__) of E [N, D] and
 //             C [V, D] (16-bit, row-major, K-major operands), encoded by the host
-//             (chunked.rs `tensor_map`): dims {D, rows}, stride D·2 bytes, box {64, 128} for E
+//             (src/dense/launch.rs `tensor_map`): dims {D, rows}, stride D·2 bytes, box {64, 128} for E
 //             and {64, 256} for C, 128-byte swizzle, zero out-of-bounds fill. For the class
 //             pass C's map starts at class k0 and holds the chunk's K classes.
 //   N, V, D   rows of this launch (a row group: E's map starts at its first row), classes, hidden
@@ -286,7 +286,7 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // tanhf's ~20 instructions; k2 = 2·log2(e) / s. Its absolute error is a few s·2⁻²² whatever x
 // (the subtraction from s cancels for |x| ≪ s), against tanhf's 2⁻²³·|z|: ~1e-5 at s = 30,
 // under the f32 logits' own rounding at D in the thousands, so the host takes these kernels
-// only for softcap ≤ 100 (chunked.rs `WGMMA_SOFTCAP_MAX`; ~1e-4 at s = 1000). Saturates to
+// only for softcap ≤ 100 (src/dense/config.rs `WGMMA_SOFTCAP_MAX`; ~1e-4 at s = 1000). Saturates to
 // ±s (e^{2x/s} = inf or 0). Finite x only, as cap_z: an overflowed logit stays infinite so the
 // lse check reports it.
 __device__ __forceinline__ float cap_fast(float x, float softcap, float k2) {
@@ -529,7 +529,7 @@ struct LseEpi {
         const int r0 = mt * BM + 64 * cw + 16 * warp + (lane >> 2);
         const int cb = nt * BN + 2 * (lane & 3);
         constexpr float L2E = 1.4426950408889634f;
-        // −inf from the GEMM means −inf in e or c: NaN (chunked.cu gemm_logit).
+        // −inf from the GEMM means −inf in e or c: NaN (dense_common.cu gemm_logit).
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) d[i] = gemm_logit(d[i]);
         if (EXT) {
@@ -635,7 +635,7 @@ __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC,
     gemm_tiles<F16>(tmE, tmC, N, V, D, group_m, ordered_epi, epi);
 }
 
-// The class pass's epilogue (split dense, `chunked.cu` "(b)" without the f32 logits): G of the
+// The class pass's epilogue (split dense, `classes.cu` "(b)" without the f32 logits): G of the
 // tile's columns < K of a class chunk [k0, k0 + K), from the saved lse of each row, times
 // g_scale, stored as f16 into G [N, ldg] (column j of the chunk at G[r·ldg + j]):
 //   G = cp·p − cc − cy·[j = y],  p = exp(x + bias − lse)  (g_coef's coefficients, MATH.md),

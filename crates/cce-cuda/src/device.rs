@@ -1,7 +1,7 @@
 //! Compiled kernels, cached for the process: one NVRTC pipeline and one module cache.
 //!
 //! Every kernel source of the crate (the tile kernels of [`crate::kernels`], the dense engine's
-//! `chunked.cu` + `wgmma.cu` of [`crate::chunked`]) goes through `compile_cached`: NVRTC
+//! the dense kernel files + `wgmma.cu` of [`crate::dense`]) goes through `compile_cached`: NVRTC
 //! compiles it once per (source, architecture) and process to a CUBIN, which is also kept in a
 //! disk cache (`CCE_CUDA_CACHE_DIR`, default `$TMPDIR/cce-cuda-kernels`, the crate's only
 //! environment variable) keyed by a hash of the source, the options and the NVRTC version, so
@@ -89,7 +89,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// A failed NVRTC compile: the compiler's log and the options.
 #[derive(Debug)]
 pub struct CompileFailure {
-    /// The source's file name (`cce_kernels.cu`, `chunked.cu`).
+    /// The source's file name (`cce_kernels.cu`, `dense.cu`).
     pub file: String,
     /// Options passed to NVRTC (the architecture among them).
     pub options: Vec<String>,

@@ -12,7 +12,7 @@
 use cce_core::CceError;
 
 /// The kernel files, in the order they are concatenated: the backend's own module holds the
-/// device-side data generators only (the loss runs in [`crate::chunked`]'s module).
+/// device-side data generators only (the loss runs in [`crate::dense`]'s module).
 pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("util.cu", include_str!("../kernels/util.cu")),

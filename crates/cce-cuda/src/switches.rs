@@ -62,9 +62,9 @@ mod tests {
     #[test]
     fn defaults_are_the_engines_defaults() {
         let s = CudaSwitches::default();
-        assert_eq!(s.wgmma_forward, crate::chunked::WGMMA_FORWARD_DEFAULT);
-        assert_eq!(s.wgmma_gcols, crate::chunked::WGMMA_GCOLS_DEFAULT);
-        assert_eq!(s.wgmma_rows, crate::chunked::WGMMA_ROWS_DEFAULT);
+        assert_eq!(s.wgmma_forward, crate::dense::WGMMA_FORWARD_DEFAULT);
+        assert_eq!(s.wgmma_gcols, crate::dense::WGMMA_GCOLS_DEFAULT);
+        assert_eq!(s.wgmma_rows, crate::dense::WGMMA_ROWS_DEFAULT);
         assert!(!s.profile && s.sparse_fold_forward && s.split_de_f16);
     }
 
@@ -73,8 +73,26 @@ mod tests {
     fn no_environment_variable_is_read_on_a_call_path() {
         let needle = concat!("std::", "env");
         for (file, src) in [
-            ("backend.rs", include_str!("backend.rs")),
-            ("chunked.rs", include_str!("chunked.rs")),
+            ("backend/mod.rs", include_str!("backend/mod.rs")),
+            ("backend/checks.rs", include_str!("backend/checks.rs")),
+            ("backend/construct.rs", include_str!("backend/construct.rs")),
+            ("backend/run.rs", include_str!("backend/run.rs")),
+            ("dense/mod.rs", include_str!("dense/mod.rs")),
+            ("dense/class_pass.rs", include_str!("dense/class_pass.rs")),
+            ("dense/config.rs", include_str!("dense/config.rs")),
+            ("dense/exec.rs", include_str!("dense/exec.rs")),
+            ("dense/glue.rs", include_str!("dense/glue.rs")),
+            ("dense/launch.rs", include_str!("dense/launch.rs")),
+            ("dense/row_pass.rs", include_str!("dense/row_pass.rs")),
+            ("dense/scales.rs", include_str!("dense/scales.rs")),
+            ("dense/schedule.rs", include_str!("dense/schedule.rs")),
+            ("dense/sparse.rs", include_str!("dense/sparse.rs")),
+            ("dense/wgmma.rs", include_str!("dense/wgmma.rs")),
+            ("dense/workspace.rs", include_str!("dense/workspace.rs")),
+            (
+                "dense/schedule_tests.rs",
+                include_str!("dense/schedule_tests.rs"),
+            ),
             ("kernels.rs", include_str!("kernels.rs")),
             ("libs.rs", include_str!("libs.rs")),
             ("lib.rs", include_str!("lib.rs")),

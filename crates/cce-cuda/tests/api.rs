@@ -284,3 +284,106 @@ fn switches_are_one_explicit_value() {
         }
     );
 }
+
+/// The forward's required outputs as caller buffers (no side outputs).
+fn into<'a>(
+    loss: &'a mut CudaTensor,
+    lse: &'a mut CudaTensor,
+    rest_mass: &'a mut CudaTensor,
+) -> cce_cuda::ForwardInto<'a> {
+    cce_cuda::ForwardInto {
+        loss,
+        lse,
+        rest_mass,
+        entropy: None,
+        argmax: None,
+    }
+}
+
+#[test]
+fn outputs_written_into_the_callers_buffers_match_and_the_workspace_is_known_before() {
+    let Some(be) = common::backend(
+        "outputs_written_into_the_callers_buffers_match_and_the_workspace_is_known_before",
+    ) else {
+        return;
+    };
+    let k = case();
+    let [e, c, t] = upload_case(&be, &k);
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &t,
+    };
+    let opts = Options {
+        reduction: Reduction::Sum,
+        deterministic: true,
+        ..Options::default()
+    };
+    let (n, d, v) = (1000, 256, 3000);
+    let (fwd, bwd) = be
+        .forward_backward(&inputs, &opts, &Upstream::default())
+        .unwrap();
+    let mut loss = be.zeros(vec![], DType::F32).unwrap();
+    let mut lse = be.zeros(vec![n], DType::F32).unwrap();
+    let mut rest = be.zeros(vec![n], DType::F32).unwrap();
+    let mut d_e = be.zeros(vec![n, d], DType::BF16).unwrap();
+    let mut d_c = be.zeros(vec![v, d], DType::BF16).unwrap();
+    let (fs, bs) = be
+        .forward_backward_into(
+            &inputs,
+            &opts,
+            &Upstream::default(),
+            into(&mut loss, &mut lse, &mut rest),
+            cce_cuda::GradsInto {
+                d_e: Some(&mut d_e),
+                d_c: Some(&mut d_c),
+                d_bias: None,
+            },
+        )
+        .unwrap();
+    for (what, ours, theirs) in [
+        ("loss", &loss, &fwd.loss),
+        ("lse", &lse, &fwd.lse),
+        ("rest_mass", &rest, &fwd.rest_mass),
+        ("d_e", &d_e, bwd.d_e.as_ref().unwrap()),
+        ("d_c", &d_c, bwd.d_c.as_ref().unwrap()),
+    ] {
+        assert_eq!(f32s(&be, ours), f32s(&be, theirs), "{what} (deterministic)");
+    }
+    assert_eq!(fs.workspace_bytes, fwd.stats.workspace_bytes);
+    assert_eq!(
+        be.workspace_bytes(&inputs, &opts, true).unwrap(),
+        bs.workspace_bytes,
+        "the query gives what the call reports"
+    );
+    let fwd_only = be.forward(&inputs, &opts).unwrap();
+    assert_eq!(
+        be.workspace_bytes(&inputs, &opts, false).unwrap(),
+        fwd_only.stats.workspace_bytes
+    );
+    // A buffer of the wrong size or dtype, or a side output nobody asked for: typed errors.
+    let mut short = be.zeros(vec![n - 1], DType::F32).unwrap();
+    let err = be
+        .forward_into(&inputs, &opts, into(&mut loss, &mut short, &mut rest))
+        .unwrap_err();
+    assert!(
+        matches!(err, cce_core::CceError::ShapeMismatch { .. }),
+        "{err}"
+    );
+    let mut ent = be.zeros(vec![n], DType::F32).unwrap();
+    let err = be
+        .forward_into(
+            &inputs,
+            &opts,
+            cce_cuda::ForwardInto {
+                entropy: Some(&mut ent),
+                ..into(&mut loss, &mut lse, &mut rest)
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, cce_core::CceError::InvalidOption { .. }),
+        "{err}"
+    );
+}

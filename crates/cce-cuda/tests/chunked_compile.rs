@@ -1,8 +1,8 @@
-//! CPU-only: the chunked-dense kernels (`kernels/chunked.cu`) compile with NVRTC for sm_90a
+//! CPU-only: the dense engine's kernels (`dense::KERNEL_SOURCE`) compile with NVRTC for sm_90a
 //! (with the cluster-fused kernels) and sm_80 (without), through the engine's own code path.
 //! Skips when libnvrtc cannot be loaded, unless CCE_REQUIRE_NVRTC=1 (CI).
 
-use cce_cuda::chunked::{compile_options, compile_uncached, CLUSTER_SIZES, KERNEL_SOURCE};
+use cce_cuda::dense::{compile_options, compile_uncached, CLUSTER_SIZES, KERNEL_SOURCE};
 
 fn nvrtc_present(test: &str) -> bool {
     if cce_cuda::kernels::nvrtc_available().is_ok() {

@@ -1366,7 +1366,7 @@ fn wgmma_forward_lse_and_loss() {
 /// 44); z-loss and sum reduction; lse, per-row loss and the sum judged against the oracle.
 #[test]
 fn wgmma_forward_row_groups() {
-    use cce_cuda::chunked::{
+    use cce_cuda::dense::{
         DenseConfig, DenseEngine, DenseForwardOut, DenseInputs, DenseWorkspace, RowPass,
     };
     let Some(be) = backend("wgmma_forward_row_groups") else {

@@ -1,0 +1,264 @@
+//! Calls whose outputs are the caller's buffers (a framework's tensors, lent with
+//! [`CudaTensor::borrowed`]), and the workspace a call will take.
+//!
+//! The `Backend` trait's calls allocate their outputs on the backend's stream; a framework
+//! that owns its tensors (PyTorch's caching allocator, candle's storage) passes them here
+//! instead, and the engine writes into them: no copy, and no second buffer of the gradients'
+//! size. The checks, the plan and the schedule are those of the trait's calls.
+
+use super::run::dense_call;
+use super::*;
+use crate::dense::{DenseForwardOut, DenseGradOut};
+use cce_core::{CallStats, GradDType, Reduction};
+
+/// Forward outputs the caller provides: loss f32 (`[]` for mean and sum, `[N]` for none),
+/// lse and `rest_mass` f32 `[N]` (what a backward reads), entropy f32 `[N]` and argmax i32
+/// `[N]` exactly when `opts.side_outputs` asks for them. Shapes are checked by element count
+/// (any shape of that many elements: a framework's `[B, T]` is fine).
+#[derive(Debug)]
+pub struct ForwardInto<'a> {
+    /// Loss.
+    pub loss: &'a mut CudaTensor,
+    /// Log-sum-exp per row.
+    pub lse: &'a mut CudaTensor,
+    /// `1 − p_y` per row without cancellation ([`cce_core::ForwardOutput::rest_mass`]).
+    pub rest_mass: &'a mut CudaTensor,
+    /// Entropy per row, when asked.
+    pub entropy: Option<&'a mut CudaTensor>,
+    /// Argmax per row, when asked.
+    pub argmax: Option<&'a mut CudaTensor>,
+}
+
+/// Gradient outputs the caller provides, in the gradient dtype (`opts.grad_dtype`: the input
+/// dtype, or f32): `d_e` of `e`'s element count, `d_c` `[V, D]`, `d_bias` `[V]`. Each is given
+/// exactly when `opts.compute_d_e` / `opts.compute_d_c` (and a bias, for `d_bias`) ask for it.
+/// Every element is overwritten (no accumulation).
+#[derive(Debug, Default)]
+pub struct GradsInto<'a> {
+    /// `∂loss/∂e`.
+    pub d_e: Option<&'a mut CudaTensor>,
+    /// `∂loss/∂c`.
+    pub d_c: Option<&'a mut CudaTensor>,
+    /// `∂loss/∂bias`.
+    pub d_bias: Option<&'a mut CudaTensor>,
+}
+
+/// `ShapeMismatch` unless `t` holds `numel` elements of `dtype` (`what` names it).
+fn expect(t: &CudaTensor, what: &'static str, numel: usize, dtype: DType) -> Result<()> {
+    if t.dtype() != dtype || t.numel() != numel {
+        return Err(CceError::ShapeMismatch {
+            what,
+            expected: format!("{numel} elements of {dtype}"),
+            got: format!("{:?} {}", t.shape(), t.dtype()),
+        });
+    }
+    Ok(())
+}
+
+/// `InvalidOption` when an output is given without being asked for, or asked for without
+/// being given.
+fn presence(what: &'static str, given: bool, asked: bool) -> Result<()> {
+    if given != asked {
+        return Err(CceError::InvalidOption {
+            name: what,
+            reason: if asked {
+                "asked for by the options but no buffer was given".into()
+            } else {
+                "a buffer was given but the options do not ask for it".into()
+            },
+        });
+    }
+    Ok(())
+}
+
+impl ForwardInto<'_> {
+    /// Check every buffer against the problem and the options.
+    fn check(&self, p: &Problem, opts: &Options) -> Result<()> {
+        let n = p.n;
+        let loss_n = if opts.reduction == Reduction::None {
+            n
+        } else {
+            1
+        };
+        expect(self.loss, "loss (output)", loss_n, DType::F32)?;
+        expect(self.lse, "lse (output)", n, DType::F32)?;
+        expect(self.rest_mass, "rest_mass (output)", n, DType::F32)?;
+        presence(
+            "entropy (output)",
+            self.entropy.is_some(),
+            opts.side_outputs.entropy,
+        )?;
+        presence(
+            "argmax (output)",
+            self.argmax.is_some(),
+            opts.side_outputs.argmax,
+        )?;
+        if let Some(t) = &self.entropy {
+            expect(t, "entropy (output)", n, DType::F32)?;
+        }
+        if let Some(t) = &self.argmax {
+            expect(t, "argmax (output)", n, DType::I32)?;
+        }
+        Ok(())
+    }
+
+    /// The engine's view of the buffers.
+    fn dense(&mut self) -> DenseForwardOut<'_> {
+        DenseForwardOut {
+            loss: self.loss.slice_mut(),
+            lse: self.lse.slice_mut(),
+            rest: self.rest_mass.slice_mut(),
+            entropy: self.entropy.as_mut().map(|t| t.slice_mut()),
+            argmax: self.argmax.as_mut().map(|t| t.slice_mut()),
+        }
+    }
+}
+
+impl GradsInto<'_> {
+    /// Check every buffer against the problem and the options.
+    fn check(&self, p: &Problem, opts: &Options, has_bias: bool) -> Result<()> {
+        let gdt = match opts.grad_dtype {
+            GradDType::F32 => DType::F32,
+            GradDType::Input => p.dtype,
+        };
+        presence("d_e (output)", self.d_e.is_some(), opts.compute_d_e)?;
+        presence("d_c (output)", self.d_c.is_some(), opts.compute_d_c)?;
+        presence(
+            "d_bias (output)",
+            self.d_bias.is_some(),
+            opts.compute_d_c && has_bias,
+        )?;
+        if let Some(t) = &self.d_e {
+            expect(t, "d_e (output)", p.n * p.d, gdt)?;
+        }
+        if let Some(t) = &self.d_c {
+            expect(t, "d_c (output)", p.v * p.d, gdt)?;
+        }
+        if let Some(t) = &self.d_bias {
+            expect(t, "d_bias (output)", p.v, gdt)?;
+        }
+        Ok(())
+    }
+
+    /// The engine's view of the buffers.
+    fn dense(&mut self) -> DenseGradOut<'_> {
+        DenseGradOut {
+            d_e: self.d_e.as_mut().map(|t| t.slice_mut()),
+            d_c: self.d_c.as_mut().map(|t| t.slice_mut()),
+            d_bias: self.d_bias.as_mut().map(|t| t.slice_mut()),
+        }
+    }
+}
+
+impl CudaBackend {
+    /// [`Backend::forward`] into the caller's buffers: the loss, lse and rest mass (and the
+    /// side outputs asked for) are written into `out`, nothing is allocated for them. Returns
+    /// the call's statistics.
+    ///
+    /// Errors: those of [`Backend::forward`], plus `ShapeMismatch` for an output of the wrong
+    /// dtype or element count and `InvalidOption` for a side output given but not asked for
+    /// (or asked for but not given).
+    pub fn forward_into(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        mut out: ForwardInto<'_>,
+    ) -> Result<CallStats> {
+        let p = self.prepare(inputs, opts)?;
+        out.check(&p.problem, opts)?;
+        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let (fs, _) = self.dense_engine()?.backend_run_into(
+            &call,
+            None,
+            None,
+            Some(out.dense()),
+            GradsInto::default().dense(),
+        )?;
+        self.check_finite_lse(inputs, opts, &p, out.lse)?;
+        fs.ok_or_else(|| CceError::backend(BACKEND, "no forward statistics"))
+    }
+
+    /// [`Backend::backward`] into the caller's buffers (`out`, see [`GradsInto`]). Returns the
+    /// call's statistics.
+    ///
+    /// Errors: those of [`Backend::backward`], plus those of [`GradsInto`]'s checks
+    /// (`ShapeMismatch`, `InvalidOption`).
+    pub fn backward_into(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        saved: Saved<'_, CudaTensor>,
+        upstream: &Upstream<'_, CudaTensor>,
+        mut out: GradsInto<'_>,
+    ) -> Result<CallStats> {
+        let p = self.prepare(inputs, opts)?;
+        out.check(&p.problem, opts, inputs.bias.is_some())?;
+        self.check_owned("lse", saved.lse)?;
+        self.check_owned("rest_mass", saved.rest_mass)?;
+        saved.check(p.problem.n)?;
+        self.check_upstream(opts, upstream)?;
+        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let (_, bs) = self.dense_engine()?.backend_run_into(
+            &call,
+            Some(saved),
+            Some(upstream),
+            None,
+            out.dense(),
+        )?;
+        bs.ok_or_else(|| CceError::backend(BACKEND, "no backward statistics"))
+    }
+
+    /// [`Backend::forward_backward`] into the caller's buffers. Returns the forward's and
+    /// the backward's statistics.
+    ///
+    /// Errors: those of [`CudaBackend::forward_into`] and [`CudaBackend::backward_into`].
+    pub fn forward_backward_into(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        upstream: &Upstream<'_, CudaTensor>,
+        mut fwd: ForwardInto<'_>,
+        mut grads: GradsInto<'_>,
+    ) -> Result<(CallStats, CallStats)> {
+        let p = self.prepare(inputs, opts)?;
+        fwd.check(&p.problem, opts)?;
+        grads.check(&p.problem, opts, inputs.bias.is_some())?;
+        self.check_upstream(opts, upstream)?;
+        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let (fs, bs) = self.dense_engine()?.backend_run_into(
+            &call,
+            None,
+            Some(upstream),
+            Some(fwd.dense()),
+            grads.dense(),
+        )?;
+        self.check_finite_lse(inputs, opts, &p, fwd.lse)?;
+        match (fs, bs) {
+            (Some(f), Some(b)) => Ok((f, b)),
+            _ => Err(CceError::backend(BACKEND, "no statistics")),
+        }
+    }
+
+    /// Device bytes a call with these inputs' shapes and `opts` allocates beyond its inputs
+    /// and outputs: the plan's workspace and the cuBLAS workspace (what
+    /// [`CallStats::workspace_bytes`] reports for the call). `backward`: the call runs a
+    /// backward (`backward`, `forward_backward`); a forward-only call otherwise. Reads no
+    /// tensor's contents (no synchronization).
+    ///
+    /// Errors: those of the inputs' shapes, dtypes and options, and `ResourceLimit` when no
+    /// strategy fits the budget.
+    pub fn workspace_bytes(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        backward: bool,
+    ) -> Result<u64> {
+        let (_, plan) = self.plan(inputs, opts)?;
+        crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)
+    }
+
+    /// The WGMMA switches of a call: (forward, class pass, row pass).
+    pub(super) fn wgmma_switches(&self) -> (bool, bool, bool) {
+        (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows)
+    }
+}

@@ -1,0 +1,182 @@
+//! The CUDA backend: device discovery, input validation and the plan; every call runs the
+//! dense strategies of [`crate::dense`] ([`cce_core::Strategy::ChunkedDense`],
+//! [`cce_core::Strategy::SplitDense`]), which need libcublas and compute capability 8.0
+//! (a device without them is [`CceError::Unsupported`]).
+//!
+//! Strategy choice (the plan takes the first that fits the budget, in this order):
+//! - chunked dense (cuBLAS, 3 GEMMs, an f32 `d_c` accumulator of `4·V·D` bytes) for exact
+//!   bf16 / f32 calls (bf16 with f32 gradients asked: split dense's f16 `G` instead): its
+//!   products use `G` rounded to the input dtype, as a materialized computation does;
+//! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
+//!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
+//!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`); filtered
+//!   calls (filter on both gradients, no label smoothing, not deterministic) first try the
+//!   plan's sparse backward ([`cce_core::SparseBackward`], [`SparseMode`] to force or disable
+//!   it), which gives way to the dense passes on data that keeps many entries per row.
+//!
+//! A budget too small for one tile of split dense's chunks is `ResourceLimit` (the plan's
+//! reason lists what each strategy would need).
+
+/// Launch a kernel: `launch!(self, "symbol", cfg, arg, ...)` with every argument a value that
+/// implements `DeviceRepr` (pointers are passed as `u64`). Must be used inside `unsafe`.
+macro_rules! launch {
+    ($self:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        let f = $self.func($name)?;
+        $self
+            .stream
+            .launch_builder(f)
+            $(.arg(&$arg))+
+            .launch($cfg)
+            .map(|_| ())
+            .map_err(drv)
+    }};
+}
+
+mod checks;
+mod construct;
+mod into;
+mod run;
+
+pub use into::{ForwardInto, GradsInto};
+
+use crate::dense::{BackendCall, DenseEngine};
+
+use crate::kernels;
+
+use crate::switches::CudaSwitches;
+
+use crate::tensor::CudaTensor;
+
+use cce_core::{
+    Backend, BackwardOutput, CceError, DLoss, DType, DeviceLimits, ForwardOutput, HostTensor,
+    Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, StrategyKind, TensorMeta,
+    Upstream,
+};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUresult};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+
+use std::collections::HashMap;
+
+use std::sync::{Arc, OnceLock};
+
+const BACKEND: &str = "cuda";
+
+/// Rows per logits tile (kernels/common.cuh `TILE_M`).
+pub const TILE_ROWS: usize = 128;
+
+/// Classes per logits tile (`TILE_N`).
+pub const TILE_CLASSES: usize = 128;
+
+/// Threads per block of the data generators (`util.cu`).
+pub(crate) const NTHREADS: u32 = 256;
+
+/// Map a driver error to the typed error (`OutOfMemory` keeps the requested size).
+fn drv(e: DriverError) -> CceError {
+    CceError::backend(BACKEND, e)
+}
+
+fn alloc_err(e: DriverError, bytes: usize) -> CceError {
+    if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        CceError::OutOfMemory {
+            backend: BACKEND,
+            requested_bytes: bytes as u64,
+        }
+    } else {
+        drv(e)
+    }
+}
+
+/// Check, without touching CUDA beyond loading libraries, that a CUDA device can be used:
+/// libcuda and libnvrtc load and at least one device is visible. `Err(NoDevice)` says why.
+pub fn probe() -> Result<usize> {
+    let no = |reason: String| CceError::NoDevice {
+        backend: BACKEND,
+        reason,
+    };
+    if !crate::libs::present("cuda") {
+        return Err(no(
+            "the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver".into(),
+        ));
+    }
+    kernels::nvrtc_available().map_err(no)?;
+    let count = CudaContext::device_count()
+        .map_err(|e| no(format!("the CUDA driver reports no usable device ({e:?})")))?;
+    if count <= 0 {
+        return Err(no("the CUDA driver sees 0 devices".into()));
+    }
+    Ok(count as usize)
+}
+
+/// How a filtered split-dense call uses the plan's [`cce_core::SparseBackward`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SparseMode {
+    /// As planned: tried first, the dense passes when it does not pay or does not fit.
+    #[default]
+    Auto,
+    /// Never: the dense passes (benchmarks of the dense path with the filter on).
+    Off,
+    /// At any density: gives way only when the pairs do not fit (tests on small shapes,
+    /// where every row keeps more than `V / 256` entries).
+    Always,
+}
+
+/// The CUDA backend (module docs of the crate).
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    limits: DeviceLimits,
+    sm_count: usize,
+    arch: String,
+    /// The chunked-dense engine (cuBLAS handle, its kernels), made on first use.
+    dense: OnceLock<DenseEngine>,
+    /// Test knob: cap of the dense strategies' chunks (rows, classes).
+    chunk_cap: Option<(usize, usize)>,
+    /// Test knob: false forces split dense's `d_e` onto bf16 `G` (what a tight budget does).
+    split_de_f16: bool,
+    /// Test and bench knob: how the plan's sparse backward is used.
+    sparse: SparseMode,
+    /// Forward-only dense calls take the fused WGMMA forward where it applies.
+    wgmma_forward: bool,
+    /// Split dense's class pass takes the WGMMA `G` epilogue where it applies.
+    wgmma_gcols: bool,
+    wgmma_rows: bool,
+    /// The dense engine's profiling and sparse-backward tuning ([`CudaSwitches`]).
+    engine_switches: CudaSwitches,
+    /// Strategies this device supports (`limits.strategies` is the chosen subset).
+    available: Vec<StrategyKind>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.limits.name)
+            .field("arch", &self.arch)
+            .field("sm_count", &self.sm_count)
+            .finish()
+    }
+}
+
+fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    }
+}
+
+/// A call's validated inputs: problem, plan, prepared targets and their device copy.
+struct Prepared {
+    problem: Problem,
+    plan: Plan,
+    targets: PreparedTargets,
+    classes: CudaSlice<u8>,
+    /// The bias masks some class (a −inf entry).
+    masked: bool,
+}

@@ -1,0 +1,138 @@
+//! The `Backend` trait of [`CudaBackend`]: every call prepared, then run by the dense engine.
+
+use super::*;
+
+impl CudaBackend {
+    /// The dense engine (made and its kernels compiled on first use).
+    pub(super) fn dense_engine(&self) -> Result<&DenseEngine> {
+        if let Some(e) = self.dense.get() {
+            return Ok(e);
+        }
+        let engine = DenseEngine::new(self.stream.clone())?.with_switches(self.engine_switches);
+        // A concurrent first call may have won the race; either engine is equivalent.
+        let _ = self.dense.set(engine);
+        self.dense
+            .get()
+            .ok_or_else(|| CceError::backend(BACKEND, "dense engine not made"))
+    }
+}
+
+/// Outputs of a dense-engine call: the forward's and the backward's, each when asked.
+pub(super) type DenseOutputs = (
+    Option<ForwardOutput<CudaTensor>>,
+    Option<BackwardOutput<CudaTensor>>,
+);
+
+impl CudaBackend {
+    /// The dense engine's call for `p`: the forward (unless `saved` is given, a backward from the
+    /// saved state), and the backward when `upstream` is given; the engine is made on first use.
+    pub(super) fn run_dense(
+        &self,
+        p: &Prepared,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        saved: Option<Saved<'_, CudaTensor>>,
+        upstream: Option<&Upstream<'_, CudaTensor>>,
+    ) -> Result<DenseOutputs> {
+        self.dense_engine()?.backend_run(
+            &dense_call(p, inputs, opts, self.wgmma_switches()),
+            saved,
+            upstream,
+        )
+    }
+}
+
+pub(super) fn dense_call<'a>(
+    p: &'a Prepared,
+    inputs: &'a Inputs<'a, CudaTensor>,
+    opts: &'a Options,
+    (wgmma_forward, wgmma_gcols, wgmma_rows): (bool, bool, bool),
+) -> BackendCall<'a> {
+    BackendCall {
+        plan: &p.plan,
+        n_valid: p.targets.n_valid,
+        classes: &p.classes,
+        inputs,
+        opts,
+        wgmma_forward,
+        wgmma_gcols,
+        wgmma_rows,
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buffer = CudaTensor;
+
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn limits(&self) -> DeviceLimits {
+        self.limits.clone()
+    }
+
+    fn upload(&self, host: &HostTensor) -> Result<CudaTensor> {
+        let bytes = host.as_bytes();
+        let mut slice = self.alloc_raw(bytes.len())?;
+        if !bytes.is_empty() {
+            let mut view = slice.slice_mut(..bytes.len());
+            self.stream.memcpy_htod(bytes, &mut view).map_err(drv)?;
+        }
+        CudaTensor::from_slice(slice, host.dtype(), host.shape().to_vec())
+    }
+
+    fn download(&self, buf: &CudaTensor) -> Result<HostTensor> {
+        let nbytes = buf.nbytes();
+        let mut host = vec![0u8; nbytes];
+        if nbytes > 0 {
+            let view = buf.data.slice(..nbytes);
+            self.stream.memcpy_dtoh(&view, &mut host).map_err(drv)?;
+            self.stream.synchronize().map_err(drv)?;
+        }
+        HostTensor::from_bytes(buf.shape().to_vec(), buf.dtype(), &host)
+    }
+
+    fn forward(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+    ) -> Result<ForwardOutput<CudaTensor>> {
+        let p = self.prepare(inputs, opts)?;
+        let (fwd, _) = self.run_dense(&p, inputs, opts, None, None)?;
+        let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
+        self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
+        Ok(fwd)
+    }
+
+    fn backward(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        saved: Saved<'_, CudaTensor>,
+        upstream: &Upstream<'_, CudaTensor>,
+    ) -> Result<BackwardOutput<CudaTensor>> {
+        let p = self.prepare(inputs, opts)?;
+        self.check_owned("lse", saved.lse)?;
+        self.check_owned("rest_mass", saved.rest_mass)?;
+        saved.check(p.problem.n)?;
+        self.check_upstream(opts, upstream)?;
+        let (_, bwd) = self.run_dense(&p, inputs, opts, Some(saved), Some(upstream))?;
+        bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))
+    }
+
+    fn forward_backward(
+        &self,
+        inputs: &Inputs<'_, CudaTensor>,
+        opts: &Options,
+        upstream: &Upstream<'_, CudaTensor>,
+    ) -> Result<(ForwardOutput<CudaTensor>, BackwardOutput<CudaTensor>)> {
+        let p = self.prepare(inputs, opts)?;
+        self.check_upstream(opts, upstream)?;
+        // One call: the logits are not recomputed between the forward and the backward.
+        let (fwd, bwd) = self.run_dense(&p, inputs, opts, None, Some(upstream))?;
+        let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
+        let bwd = bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))?;
+        self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
+        Ok((fwd, bwd))
+    }
+}

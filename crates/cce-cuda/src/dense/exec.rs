@@ -1,0 +1,648 @@
+//! The executor of a dense call: checks the buffers, takes the call's [`Schedule`]
+//! (`schedule.rs`) and walks it: the sparse backward when tried, the forward-only paths, the
+//! row chunks, split dense's class pass, the loss reduction, the final conversions and the
+//! filter statistics, in that order on the engine's stream.
+
+use super::schedule::{self, CallFacts, CallKind, ForwardPath, Schedule};
+use super::*;
+
+/// Which call `run` makes, with the saved forward state of a backward.
+pub(super) enum Mode<'a> {
+    Forward,
+    ForwardBackward,
+    Backward {
+        lse: &'a CudaSlice<u8>,
+        rest: &'a CudaSlice<u8>,
+    },
+}
+
+impl Mode<'_> {
+    fn kind(&self) -> CallKind {
+        match self {
+            Mode::Forward => CallKind::Forward,
+            Mode::ForwardBackward => CallKind::ForwardBackward,
+            Mode::Backward { .. } => CallKind::Backward,
+        }
+    }
+}
+
+/// Device addresses (0 = absent) and scalars of one call, after the buffer checks.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct CallPtrs {
+    pub(super) e: u64,
+    pub(super) c: u64,
+    pub(super) bias: u64,
+    pub(super) targets: u64,
+    /// Forward outputs: lse, `1 − p_y`, per-row loss (the output with reduction none, else
+    /// the workspace's rows), entropy, argmax.
+    pub(super) lse: u64,
+    pub(super) rest: u64,
+    pub(super) loss_rows: u64,
+    pub(super) entropy: u64,
+    pub(super) argmax: u64,
+    /// The workspace's per-row loss.
+    pub(super) row_loss: u64,
+    /// The lse and `1 − p_y` the backward reads (the forward's or the caller's).
+    pub(super) saved_lse: u64,
+    pub(super) saved_rest: u64,
+    /// Upstream gradients: per-row loss gradient (or 0, then `dl_scalar`), lse gradient.
+    pub(super) dl_rows: u64,
+    pub(super) dl_scalar: f32,
+    pub(super) dlse: u64,
+    /// `d_e` output; the f32 `d_c` accumulator (or the f32 output); the f32 `d_bias`
+    /// accumulator (or the f32 output).
+    pub(super) d_e: u64,
+    pub(super) dc_acc: u64,
+    pub(super) dbias_acc: u64,
+    /// Workspace: filter statistics, bin edges, thresholds.
+    pub(super) kept: u64,
+    pub(super) dropped: u64,
+    pub(super) flags: u64,
+    pub(super) edges: u64,
+    pub(super) tau: u64,
+    /// Workspace scratch: its start and the row pass's logits.
+    pub(super) ws_base: u64,
+    pub(super) l_ptr: u64,
+}
+
+/// A buffer must hold `bytes`.
+fn need(s: &CudaSlice<u8>, bytes: usize, what: &'static str) -> Result<()> {
+    if s.len() < bytes {
+        Err(CceError::ShapeMismatch {
+            what,
+            expected: format!("at least {bytes} bytes"),
+            got: format!("{} bytes", s.len()),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn other_config() -> CceError {
+    CceError::InvalidOption {
+        name: "workspace",
+        reason: "allocated for another configuration".into(),
+    }
+}
+
+impl DenseEngine {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        up: Option<&DenseUpstream<'_>>,
+        fwd: Option<&mut DenseForwardOut<'_>>,
+        grads: &mut DenseGradOut<'_>,
+        mode: Mode<'_>,
+    ) -> Result<DenseStats> {
+        let kind = mode.kind();
+        self.check_call(cfg, ws, inp, up, fwd.as_deref(), grads, &mode)?;
+        let p = self.call_ptrs(cfg, ws, inp, up, fwd.as_deref(), grads, &mode)?;
+        let sched = schedule::schedule(
+            cfg,
+            kind,
+            &self.facts,
+            CallFacts {
+                scratch: ws.logits.len(),
+                aligned: p.e.is_multiple_of(16) && p.c.is_multiple_of(16),
+            },
+        );
+        let row_args = RowArgs::of_call(cfg, ws.ld, &p)?;
+        if kind.backward() {
+            self.zero_backward_state(ws, grads, &sched, &p)?;
+        }
+        let chunk = ws.chunk_rows;
+        let mut stats = DenseStats {
+            chunk_rows: chunk,
+            chunks: cfg.n.div_ceil(chunk),
+            row_pass: Some(match sched.fused {
+                Some((cs, _)) => RowPass::Fused { cluster: Some(cs) },
+                None => RowPass::TwoPass,
+            }),
+            filtered: sched.filtering,
+            ..Default::default()
+        };
+        // Sparse backward first (filtered split-dense calls); rows of a first chunk whose
+        // logits (and forward rows) a sparse backward that gave way left valid at `l_ptr`.
+        let (sparse_used, reuse_rows) = if sched.try_sparse {
+            self.try_sparse(cfg, ws, &row_args, &p, grads, kind, &mut stats)?
+        } else {
+            (false, 0)
+        };
+        stats.filtered = sched.filtering || sparse_used;
+        let forward_done = match sched.forward {
+            Some(path) => self.forward_only(cfg, ws, &row_args, &p, path, &sched, &mut stats)?,
+            None => false,
+        };
+        let dense_rows = if sparse_used || forward_done {
+            0
+        } else {
+            cfg.n
+        };
+        let chunks = row_chunks(cfg.n, chunk, dense_rows, reuse_rows);
+        if reuse_rows > 0 {
+            stats.chunks = chunks.len();
+        }
+        self.row_pass(
+            cfg,
+            ws,
+            inp,
+            &sched,
+            &p,
+            &row_args,
+            &chunks,
+            sparse_used,
+            &mut stats,
+        )?;
+        if let (Some(path), false) = (&sched.class_pass, sparse_used) {
+            stats.class_pass = Some(self.class_pass(
+                cfg,
+                ws,
+                inp,
+                path,
+                ClassPassArgs {
+                    lse: p.saved_lse,
+                    rest: p.saved_rest,
+                    dl_rows: p.dl_rows,
+                    dl_scalar: p.dl_scalar,
+                    dlse: p.dlse,
+                    d_c: self.opt_ptr(grads.d_c.as_deref()),
+                    d_bias_acc: p.dbias_acc,
+                },
+            )?);
+        }
+        if kind.forward() && cfg.reduction != Reduction::None {
+            let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
+            self.reduce_loss(cfg, inp.n_valid, p.row_loss, out)?;
+        }
+        if kind.backward() {
+            self.finish_backward(cfg, ws, inp, grads, &p, &sched, sparse_used, &mut stats)?;
+        }
+        Ok(stats)
+    }
+
+    /// The size checks of every buffer of the call (the kernels trust them) and of the
+    /// workspace against `cfg`.
+    #[allow(clippy::too_many_arguments)]
+    fn check_call(
+        &self,
+        cfg: &DenseConfig,
+        ws: &DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        up: Option<&DenseUpstream<'_>>,
+        fwd: Option<&DenseForwardOut<'_>>,
+        grads: &DenseGradOut<'_>,
+        mode: &Mode<'_>,
+    ) -> Result<()> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let esz = cfg.dtype.size_bytes();
+        if ws.ld != cfg.ld() || ws.chunk_rows != cfg.effective_chunk_rows() {
+            return Err(other_config());
+        }
+        need(inp.e, n * d * esz, "e")?;
+        need(inp.c, v * d * esz, "c")?;
+        need(inp.targets, n * 4, "targets")?;
+        if let Some(b) = inp.bias {
+            need(b, v * esz, "bias")?;
+        }
+        if inp.bias.is_some() != cfg.has_bias {
+            return Err(CceError::InvalidOption {
+                name: "bias",
+                reason: "config and inputs disagree on the bias".into(),
+            });
+        }
+        let kind = mode.kind();
+        if let Some(o) = fwd {
+            let loss_bytes = if cfg.reduction == Reduction::None {
+                n * 4
+            } else {
+                4
+            };
+            need(o.loss, loss_bytes, "loss")?;
+            need(o.lse, n * 4, "lse")?;
+            need(o.rest, n * 4, "rest_mass")?;
+            if let Some(x) = o.entropy.as_deref() {
+                need(x, n * 4, "entropy")?;
+            }
+            if let Some(x) = o.argmax.as_deref() {
+                need(x, n * 4, "argmax")?;
+            }
+        } else if kind.forward() {
+            return Err(CceError::InvalidOption {
+                name: "forward outputs",
+                reason: "missing".into(),
+            });
+        }
+        if kind.backward() {
+            let up = up.ok_or_else(|| CceError::InvalidOption {
+                name: "upstream",
+                reason: "missing".into(),
+            })?;
+            if let DenseDLoss::PerRow(s) = up.d_loss {
+                need(s, n * 4, "d_loss")?;
+            }
+            if let Some(h) = up.d_lse {
+                need(h, n * 4, "d_lse")?;
+            }
+            self.check_grads(cfg, grads)?;
+        }
+        if let Mode::Backward { lse, rest } = mode {
+            need(lse, n * 4, "lse")?;
+            need(rest, n * 4, "rest_mass")?;
+        }
+        let split = cfg.chunk_classes.is_some();
+        if split && (ws.tau.len() < n * 4 || ws.logits.len() < cfg.row_layout().end) {
+            return Err(other_config());
+        }
+        Ok(())
+    }
+
+    /// The gradient outputs `cfg` asks for are given and large enough.
+    fn check_grads(&self, cfg: &DenseConfig, grads: &DenseGradOut<'_>) -> Result<()> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let osz = cfg.grad_dtype().size_bytes();
+        let missing = |name: &'static str| CceError::InvalidOption {
+            name,
+            reason: "output missing".into(),
+        };
+        if cfg.compute_d_e {
+            let s = grads.d_e.as_deref().ok_or_else(|| missing("d_e"))?;
+            need(s, n * d * osz, "d_e")?;
+        }
+        if cfg.compute_d_c {
+            let s = grads.d_c.as_deref().ok_or_else(|| missing("d_c"))?;
+            need(s, v * d * osz, "d_c")?;
+            if cfg.has_bias {
+                let s = grads.d_bias.as_deref().ok_or_else(|| missing("d_bias"))?;
+                need(s, v * osz, "d_bias")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The device addresses of the call's buffers (checked by `check_call`).
+    #[allow(clippy::too_many_arguments)]
+    fn call_ptrs(
+        &self,
+        cfg: &DenseConfig,
+        ws: &DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        up: Option<&DenseUpstream<'_>>,
+        fwd: Option<&DenseForwardOut<'_>>,
+        grads: &DenseGradOut<'_>,
+        mode: &Mode<'_>,
+    ) -> Result<CallPtrs> {
+        let backward = mode.kind().backward();
+        let (mut dl_rows, mut dl_scalar, mut dlse) = (0u64, 0.0f32, 0u64);
+        if let (true, Some(up)) = (backward, up) {
+            match up.d_loss {
+                DenseDLoss::Scalar(g) => {
+                    dl_scalar = match cfg.reduction {
+                        Reduction::Mean if inp.n_valid > 0 => g / inp.n_valid as f32,
+                        Reduction::Mean => 0.0,
+                        _ => g,
+                    }
+                }
+                DenseDLoss::PerRow(s) => dl_rows = self.ptr(s),
+            }
+            dlse = self.opt_ptr(up.d_lse);
+        }
+        let row_loss = self.ptr(&ws.row_loss);
+        let (lse, rest, loss_rows, entropy, argmax) = match fwd {
+            Some(o) => (
+                self.ptr(o.lse),
+                self.ptr(o.rest),
+                if cfg.reduction == Reduction::None {
+                    self.ptr(o.loss)
+                } else {
+                    row_loss
+                },
+                if cfg.want_entropy {
+                    self.opt_ptr(o.entropy.as_deref())
+                } else {
+                    0
+                },
+                if cfg.want_argmax {
+                    self.opt_ptr(o.argmax.as_deref())
+                } else {
+                    0
+                },
+            ),
+            None => (0, 0, 0, 0, 0),
+        };
+        let (saved_lse, saved_rest) = match mode {
+            Mode::Backward { lse, rest } => (self.ptr(lse), self.ptr(rest)),
+            _ => (lse, rest),
+        };
+        let d_c_on = backward && cfg.compute_d_c;
+        let dc_acc = match (d_c_on, ws.dc_acc.as_ref()) {
+            (false, _) => 0,
+            (true, Some(a)) => self.ptr(a),
+            (true, None) => self.opt_ptr(grads.d_c.as_deref()),
+        };
+        let dbias_acc = match (d_c_on && cfg.has_bias, ws.dbias_acc.as_ref()) {
+            (false, _) => 0,
+            (true, Some(a)) => self.ptr(a),
+            (true, None) => self.opt_ptr(grads.d_bias.as_deref()),
+        };
+        let ws_base = self.ptr(&ws.logits);
+        Ok(CallPtrs {
+            e: self.ptr(inp.e),
+            c: self.ptr(inp.c),
+            bias: self.opt_ptr(inp.bias),
+            targets: self.ptr(inp.targets),
+            lse,
+            rest,
+            loss_rows,
+            entropy,
+            argmax,
+            row_loss,
+            saved_lse,
+            saved_rest,
+            dl_rows,
+            dl_scalar,
+            dlse,
+            d_e: if backward && cfg.compute_d_e {
+                self.opt_ptr(grads.d_e.as_deref())
+            } else {
+                0
+            },
+            dc_acc,
+            dbias_acc,
+            kept: self.ptr(&ws.kept),
+            dropped: self.ptr(&ws.dropped),
+            flags: self.ptr(&ws.flags),
+            edges: self.ptr(&ws.edges),
+            tau: self.ptr(&ws.tau),
+            ws_base,
+            l_ptr: if cfg.chunk_classes.is_some() {
+                ws_base + cfg.row_layout().logits as u64
+            } else {
+                ws_base
+            },
+        })
+    }
+
+    /// Zero what a backward accumulates into: the filter statistics (filtered calls and
+    /// sparse tries) and the `d_bias` accumulator (or output).
+    fn zero_backward_state(
+        &self,
+        ws: &mut DenseWorkspace,
+        grads: &mut DenseGradOut<'_>,
+        sched: &Schedule,
+        p: &CallPtrs,
+    ) -> Result<()> {
+        if sched.filtering || sched.try_sparse {
+            self.stream.memset_zeros(&mut ws.flags).map_err(drv)?;
+            self.stream.memset_zeros(&mut ws.kept).map_err(drv)?;
+            self.stream.memset_zeros(&mut ws.dropped).map_err(drv)?;
+        }
+        if p.dbias_acc != 0 {
+            match ws.dbias_acc.as_mut() {
+                Some(a) => self.stream.memset_zeros(a).map_err(drv)?,
+                None => {
+                    if let Some(b) = grads.d_bias.as_deref_mut() {
+                        self.stream.memset_zeros(b).map_err(drv)?
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan's sparse backward; its note in `stats`. Returns (whether it ran to the end,
+    /// rows of its first chunk the dense passes reuse when it gave way).
+    #[allow(clippy::too_many_arguments)]
+    fn try_sparse(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        row_args: &RowArgs,
+        p: &CallPtrs,
+        grads: &DenseGradOut<'_>,
+        kind: CallKind,
+        stats: &mut DenseStats,
+    ) -> Result<(bool, usize)> {
+        let delta_fixed =
+            (cfg.filter.max_dropped_mass as f64 * cce_core::filter::FIXED_POINT_ONE).floor() as u64;
+        let sa = SparseArgs {
+            forward: kind.forward(),
+            saved_lse: p.saved_lse,
+            saved_rest: p.saved_rest,
+            dl_rows: p.dl_rows,
+            dl_scalar: p.dl_scalar,
+            dlse: p.dlse,
+            e: p.e,
+            c: p.c,
+            d_e: p.d_e,
+            d_c: if cfg.compute_d_c {
+                self.opt_ptr(grads.d_c.as_deref())
+            } else {
+                0
+            },
+            d_bias: if cfg.compute_d_c && cfg.has_bias {
+                self.opt_ptr(grads.d_bias.as_deref())
+            } else {
+                0
+            },
+            delta_fixed,
+            tile: tile_args(cfg)?,
+        };
+        Ok(match self.sparse_backward(cfg, ws, row_args, &sa)? {
+            Ok(kept) => {
+                stats.sparse = Some(schedule::sparse_used_note(kept, cfg.n));
+                (true, 0)
+            }
+            Err((why, rows)) => {
+                let reuse =
+                    schedule::reuse_probe_rows(cfg.row_layout().logits, rows, ws.chunk_rows);
+                stats.sparse = Some(schedule::sparse_gave_way_note(&why, reuse > 0));
+                (false, reuse)
+            }
+        })
+    }
+
+    /// A forward-only call through the fused WGMMA forward or the plan's class tiles; its note
+    /// in `stats`. Returns whether it ran (else the row chunks do the forward).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_only(
+        &self,
+        cfg: &DenseConfig,
+        ws: &DenseWorkspace,
+        row_args: &RowArgs,
+        p: &CallPtrs,
+        path: ForwardPath,
+        sched: &Schedule,
+        stats: &mut DenseStats,
+    ) -> Result<bool> {
+        match path {
+            ForwardPath::Wgmma { group } => {
+                self.forward_wgmma(cfg, group, p.ws_base, row_args, (p.e, p.c))?;
+                stats.chunk_rows = group;
+                stats.chunks = cfg.n.div_ceil(group);
+            }
+            ForwardPath::ClassTiles(cf) => {
+                if ws.logits.len() < cf.bytes(cfg.n) {
+                    return Err(other_config());
+                }
+                self.forward_by_classes(cfg, cf, p.ws_base, row_args, (p.e, p.c))?;
+            }
+            ForwardPath::RowChunks => return Ok(false),
+        }
+        stats.forward.clone_from(&sched.forward_note);
+        Ok(true)
+    }
+
+    /// The loss reduction: `out` (f32 `[1]`) = the sum of the `N` per-row losses, times
+    /// `1 / n_valid` for a mean.
+    fn reduce_loss(
+        &self,
+        cfg: &DenseConfig,
+        n_valid: usize,
+        row_loss: u64,
+        out: u64,
+    ) -> Result<()> {
+        let scale = match cfg.reduction {
+            Reduction::Mean if n_valid > 0 => 1.0 / n_valid as f64,
+            Reduction::Mean => 0.0,
+            _ => 1.0,
+        };
+        let n_i = to_i32(cfg.n, "N")?;
+        let mut b = self.stream.launch_builder(self.func("cce_dense_sum_rows")?);
+        b.arg(&row_loss).arg(&n_i).arg(&scale).arg(&out);
+        // SAFETY: matches cce_dense_sum_rows; row_loss holds N f32 written by the forward;
+        // out is the [1] f32 loss (checked).
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        Ok(())
+    }
+
+    /// After the passes of a backward: the f32 accumulators converted to the gradient dtype
+    /// (the sparse products write the gradients directly), and the filter statistics of
+    /// filtered calls read back into `stats`.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_backward(
+        &self,
+        cfg: &DenseConfig,
+        ws: &DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        grads: &DenseGradOut<'_>,
+        p: &CallPtrs,
+        sched: &Schedule,
+        sparse_used: bool,
+        stats: &mut DenseStats,
+    ) -> Result<()> {
+        let (d, v) = (cfg.d, cfg.v);
+        let code = dtype_code(cfg.dtype)?;
+        if cfg.compute_d_c && !cfg.grad_f32 && !sparse_used {
+            // The accumulators hold count f32, the outputs count elements (checked sizes).
+            if !sched.split {
+                let dc_out = self.opt_ptr(grads.d_c.as_deref());
+                self.convert_f32(code, p.dc_acc, dc_out, v * d)?;
+            }
+            if cfg.has_bias {
+                let db_out = self.opt_ptr(grads.d_bias.as_deref());
+                self.convert_f32(code, p.dbias_acc, db_out, v)?;
+            }
+        }
+        if sched.filtering || sparse_used {
+            self.filter_stats(cfg, ws, inp.n_valid, p, stats)?;
+        }
+        Ok(())
+    }
+
+    /// `cce_dense_stats` over the rows' kept / dropped counts and the tile flags, read back
+    /// (one host sync) into `stats`.
+    fn filter_stats(
+        &self,
+        cfg: &DenseConfig,
+        ws: &DenseWorkspace,
+        n_valid: usize,
+        p: &CallPtrs,
+        stats: &mut DenseStats,
+    ) -> Result<()> {
+        let stats_ptr = self.ptr(&ws.stats);
+        let n_i = to_i32(cfg.n, "N")?;
+        let n_flags = (cfg.row_tiles() * cfg.class_tiles()) as i64;
+        let mut b = self.stream.launch_builder(self.func("cce_dense_stats")?);
+        b.arg(&p.kept)
+            .arg(&p.dropped)
+            .arg(&p.targets)
+            .arg(&n_i)
+            .arg(&p.flags)
+            .arg(&n_flags)
+            .arg(&stats_ptr);
+        // SAFETY: matches cce_dense_stats; kept/dropped/targets hold N values, flags
+        // n_flags u32, stats 8 f64.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)?;
+        let host = self.read_back::<64>(&ws.stats)?;
+        let s: Vec<f64> = host
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        let kept = s[0] as u64;
+        let active = s[4] as u64;
+        let entries = active * cfg.v as u64;
+        stats.active_rows = active;
+        stats.entries_kept = 2 * kept;
+        stats.entries_skipped = 2 * entries.saturating_sub(kept);
+        let tiles = (cfg.row_tiles() * cfg.class_tiles()) as u64;
+        let visited = s[3] as u64;
+        stats.tiles_visited = 2 * visited;
+        stats.tiles_skipped = 2 * tiles.saturating_sub(visited);
+        stats.dropped_mass_max = s[2];
+        stats.dropped_mass_mean = if n_valid > 0 {
+            (s[1] / n_valid as f64).min(s[2])
+        } else {
+            0.0
+        };
+        Ok(())
+    }
+}
+
+/// The plan's tile statistics arguments: tile rows, tile classes, class tiles.
+pub(super) fn tile_args(cfg: &DenseConfig) -> Result<(i32, i32, i32)> {
+    Ok((
+        to_i32(cfg.tile.0, "tile rows")?,
+        to_i32(cfg.tile.1, "tile classes")?,
+        to_i32(cfg.class_tiles(), "class tiles")?,
+    ))
+}
+
+/// The row chunks of the dense passes, `(first row, rows, logits and forward rows already
+/// there)`: chunks of `chunk` rows over the first `rows` rows, the first `reuse` rows (a
+/// sparse probe's, left in place) as one chunk of their own.
+pub(super) fn row_chunks(
+    n: usize,
+    chunk: usize,
+    rows: usize,
+    reuse: usize,
+) -> Vec<(usize, usize, bool)> {
+    let fresh = |from: usize| {
+        (from..rows)
+            .step_by(chunk)
+            .map(move |r0| (r0, chunk.min(n - r0), false))
+    };
+    if reuse > 0 {
+        std::iter::once((0, reuse, true))
+            .chain(fresh(reuse))
+            .collect()
+    } else {
+        fresh(0).collect()
+    }
+}

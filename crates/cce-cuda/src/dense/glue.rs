@@ -1,0 +1,383 @@
+//! Glue to [`crate::CudaBackend`]: `Backend`-trait calls with [`crate::CudaTensor`] buffers.
+
+use super::*;
+
+/// A validated `CudaBackend` call handed to the engine (the backend has checked shapes,
+/// dtypes, buffer ownership and targets, and made the plan).
+pub(crate) struct BackendCall<'a> {
+    /// The plan (strategy `ChunkedDense`).
+    pub plan: &'a cce_core::Plan,
+    /// Rows with a class.
+    pub n_valid: usize,
+    /// Prepared classes, i32 `[N]` (−1 = ignored).
+    pub classes: &'a CudaSlice<u8>,
+    /// The inputs.
+    pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
+    /// The options.
+    pub opts: &'a cce_core::Options,
+    /// Forward-only calls may take the fused WGMMA forward ([`DenseConfig::wgmma_forward`]).
+    pub wgmma_forward: bool,
+    /// Split dense's class pass may take the WGMMA `G` epilogue ([`DenseConfig::wgmma_gcols`]).
+    pub wgmma_gcols: bool,
+    /// Split dense's row pass may take the WGMMA lse and `e^{z − m}` epilogue
+    /// ([`DenseConfig::wgmma_rows`]).
+    pub wgmma_rows: bool,
+}
+
+pub(super) type BackendOutputs = (
+    Option<cce_core::ForwardOutput<crate::CudaTensor>>,
+    Option<cce_core::BackwardOutput<crate::CudaTensor>>,
+);
+
+impl DenseEngine {
+    pub(super) fn tensor(&self, shape: Vec<usize>, dtype: DType) -> Result<crate::CudaTensor> {
+        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        // SAFETY: every output tensor is fully written by the call before it is returned.
+        let s =
+            unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| alloc_err(e, bytes))?;
+        crate::CudaTensor::from_slice(s, dtype, shape)
+    }
+
+    pub(super) fn base_stats(
+        &self,
+        call: &BackendCall<'_>,
+        workspace_bytes: u64,
+    ) -> cce_core::CallStats {
+        let p = call.plan;
+        cce_core::CallStats {
+            backend: BACKEND.into(),
+            strategy: p.strategy,
+            plan_reason: p.reason.clone(),
+            n_valid: call.n_valid,
+            tiles_total: p.tile_count(),
+            tiles_visited: 0,
+            tiles_skipped: 0,
+            entries_kept: 0,
+            entries_skipped: 0,
+            dropped_mass_max: 0.0,
+            dropped_mass_mean: 0.0,
+            filter_eps: p.filter.eps,
+            max_dropped_mass: p.filter.max_dropped_mass,
+            workspace_bytes,
+        }
+    }
+
+    /// Forward (`saved` None, `up` None), backward (`saved` Some: the forward's lse and
+    /// `rest_mass`), or both (`saved` None, `up` Some), into output tensors allocated here.
+    pub(crate) fn backend_run(
+        &self,
+        call: &BackendCall<'_>,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+    ) -> Result<BackendOutputs> {
+        use cce_core::TensorMeta;
+        let cfg = call_config(call, up.is_some())?;
+        let mut fwd_t = if saved.is_none() {
+            Some(self.forward_tensors(&cfg)?)
+        } else {
+            None
+        };
+        let mut grads_t = if up.is_some() {
+            Some(self.grad_tensors(&cfg, call.inputs.e.shape().to_vec())?)
+        } else {
+            None
+        };
+        let (fs, bs) = self.run_outputs(
+            call,
+            &cfg,
+            saved,
+            up,
+            fwd_t.as_mut().map(forward_out),
+            grads_t
+                .as_mut()
+                .map_or_else(DenseGradOut::default, grad_out),
+        )?;
+        let fwd = fwd_t
+            .zip(fs)
+            .map(
+                |((loss, lse, rest_mass, entropy, argmax), stats)| cce_core::ForwardOutput {
+                    loss,
+                    lse,
+                    rest_mass,
+                    entropy,
+                    argmax,
+                    stats,
+                },
+            );
+        let bwd = grads_t
+            .zip(bs)
+            .map(|((d_e, d_c, d_bias), stats)| cce_core::BackwardOutput {
+                d_e,
+                d_c,
+                d_bias,
+                stats,
+            });
+        Ok((fwd, bwd))
+    }
+
+    /// As [`DenseEngine::backend_run`], into the caller's buffers (checked for dtype and shape
+    /// by the backend, `crate::backend`); returns the forward's and the backward's statistics.
+    pub(crate) fn backend_run_into(
+        &self,
+        call: &BackendCall<'_>,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+        fwd: Option<DenseForwardOut<'_>>,
+        grads: DenseGradOut<'_>,
+    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
+        let cfg = call_config(call, up.is_some())?;
+        self.run_outputs(call, &cfg, saved, up, fwd, grads)
+    }
+
+    /// The engine's call of `cfg` into the output buffers `fo` (forward) and `go`
+    /// (gradients): the workspace made for the call, the schedule walked, the statistics.
+    fn run_outputs(
+        &self,
+        call: &BackendCall<'_>,
+        cfg: &DenseConfig,
+        saved: Option<cce_core::Saved<'_, crate::CudaTensor>>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+        mut fo: Option<DenseForwardOut<'_>>,
+        mut go: DenseGradOut<'_>,
+    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
+        let dense_up = up.map(|u| dense_upstream(cfg, u)).transpose()?;
+        if let Some(sv) = saved {
+            f32_vec(cfg.n, sv.lse, "lse")?;
+            f32_vec(cfg.n, sv.rest_mass, "rest_mass")?;
+        }
+        let mut ws = DenseWorkspace::new(self, cfg)?;
+        let inputs = DenseInputs {
+            e: call.inputs.e.slice(),
+            c: call.inputs.c.slice(),
+            bias: call.inputs.bias.map(|b| b.slice()),
+            targets: call.classes,
+            n_valid: call.n_valid,
+        };
+        let ws_bytes = ws.bytes() + self.own_bytes();
+        let dstats = match (&mut fo, saved, dense_up.as_ref()) {
+            (Some(fo), None, None) => self.forward(cfg, &mut ws, &inputs, fo)?,
+            (Some(fo), None, Some(u)) => {
+                self.forward_backward(cfg, &mut ws, &inputs, u, fo, &mut go)?
+            }
+            (None, Some(sv), Some(u)) => self.backward(
+                cfg,
+                &mut ws,
+                &inputs,
+                (sv.lse.slice(), sv.rest_mass.slice()),
+                u,
+                &mut go,
+            )?,
+            _ => {
+                return Err(CceError::InvalidOption {
+                    name: "call",
+                    reason: "neither forward nor backward".into(),
+                })
+            }
+        };
+        drop(ws);
+        let fwd = fo.is_some().then(|| {
+            let mut stats = self.base_stats(call, ws_bytes);
+            if let Some(note) = &dstats.forward {
+                stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
+            }
+            stats
+        });
+        let bwd = up
+            .is_some()
+            .then(|| backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, &dstats));
+        Ok((fwd, bwd))
+    }
+
+    /// The forward's output tensors of `cfg`: loss (`[N]` with reduction none, else a
+    /// scalar), lse, `rest_mass`, and entropy, argmax when asked.
+    fn forward_tensors(&self, cfg: &DenseConfig) -> Result<ForwardTensors> {
+        let n = cfg.n;
+        let loss_shape = if cfg.reduction == Reduction::None {
+            vec![n]
+        } else {
+            vec![]
+        };
+        Ok((
+            self.tensor(loss_shape, DType::F32)?,
+            self.tensor(vec![n], DType::F32)?,
+            self.tensor(vec![n], DType::F32)?,
+            if cfg.want_entropy {
+                Some(self.tensor(vec![n], DType::F32)?)
+            } else {
+                None
+            },
+            if cfg.want_argmax {
+                Some(self.tensor(vec![n], DType::I32)?)
+            } else {
+                None
+            },
+        ))
+    }
+
+    /// The gradient tensors `cfg` asks for, in its gradient dtype (`d_e` of `e`'s shape).
+    fn grad_tensors(&self, cfg: &DenseConfig, e_shape: Vec<usize>) -> Result<GradTensors> {
+        let (d, v) = (cfg.d, cfg.v);
+        let gdt = cfg.grad_dtype();
+        Ok((
+            if cfg.compute_d_e {
+                Some(self.tensor(e_shape, gdt)?)
+            } else {
+                None
+            },
+            if cfg.compute_d_c {
+                Some(self.tensor(vec![v, d], gdt)?)
+            } else {
+                None
+            },
+            if cfg.compute_d_c && cfg.has_bias {
+                Some(self.tensor(vec![v], gdt)?)
+            } else {
+                None
+            },
+        ))
+    }
+}
+
+/// The forward's output tensors: loss, lse, `rest_mass`, entropy, argmax.
+type ForwardTensors = (
+    crate::CudaTensor,
+    crate::CudaTensor,
+    crate::CudaTensor,
+    Option<crate::CudaTensor>,
+    Option<crate::CudaTensor>,
+);
+
+/// The gradient tensors: `d_e`, `d_c`, `d_bias`.
+type GradTensors = (
+    Option<crate::CudaTensor>,
+    Option<crate::CudaTensor>,
+    Option<crate::CudaTensor>,
+);
+
+/// The forward's output tensors as the engine's output buffers.
+fn forward_out(t: &mut ForwardTensors) -> DenseForwardOut<'_> {
+    let (loss, lse, rest, ent, am) = t;
+    DenseForwardOut {
+        loss: loss.slice_mut(),
+        lse: lse.slice_mut(),
+        rest: rest.slice_mut(),
+        entropy: ent.as_mut().map(|t| t.slice_mut()),
+        argmax: am.as_mut().map(|t| t.slice_mut()),
+    }
+}
+
+/// The gradient tensors as the engine's output buffers.
+fn grad_out(t: &mut GradTensors) -> DenseGradOut<'_> {
+    let (de, dc, db) = t;
+    DenseGradOut {
+        d_e: de.as_mut().map(|t| t.slice_mut()),
+        d_c: dc.as_mut().map(|t| t.slice_mut()),
+        d_bias: db.as_mut().map(|t| t.slice_mut()),
+    }
+}
+
+/// An f32 vector of `n` values, else `ShapeMismatch` naming `what`.
+fn f32_vec(n: usize, t: &crate::CudaTensor, what: &'static str) -> Result<()> {
+    use cce_core::TensorMeta;
+    if t.dtype() != DType::F32 || t.numel() != n {
+        return Err(CceError::ShapeMismatch {
+            what,
+            expected: format!("[{n}] f32"),
+            got: format!("{:?} {}", t.shape(), t.dtype()),
+        });
+    }
+    Ok(())
+}
+
+/// The engine's upstream gradients of `u`: a scalar `d_loss` with a reduction, per-row
+/// `d_loss` (f32 `[N]`) with none; `d_lse` f32 `[N]`.
+fn dense_upstream<'a>(
+    cfg: &DenseConfig,
+    u: &cce_core::Upstream<'a, crate::CudaTensor>,
+) -> Result<DenseUpstream<'a>> {
+    use cce_core::TensorMeta;
+    let n = cfg.n;
+    let d_loss = match u.d_loss {
+        cce_core::DLoss::Scalar(_) if cfg.reduction == Reduction::None => {
+            return Err(CceError::ShapeMismatch {
+                what: "d_loss",
+                expected: format!("per-row [{n}] f32 for reduction none"),
+                got: "a scalar".into(),
+            });
+        }
+        cce_core::DLoss::Scalar(x) => DenseDLoss::Scalar(x),
+        cce_core::DLoss::PerRow(t) => {
+            if cfg.reduction != Reduction::None {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: format!("a scalar for reduction {:?}", cfg.reduction),
+                    got: format!("{:?}", t.shape()),
+                });
+            }
+            f32_vec(n, t, "d_loss")?;
+            DenseDLoss::PerRow(t.slice())
+        }
+    };
+    if let Some(t) = u.d_lse {
+        f32_vec(n, t, "d_lse")?;
+    }
+    Ok(DenseUpstream {
+        d_loss,
+        d_lse: u.d_lse.map(|t| t.slice()),
+    })
+}
+
+/// A backward's statistics: `base` with what ran before the plan in its reason (the sparse
+/// backward or why it gave way, the row pass, the class pass), and the filter's counts (or,
+/// when nothing was skipped, every tile and entry of both filtered products).
+fn backward_stats(
+    mut stats: cce_core::CallStats,
+    call: &BackendCall<'_>,
+    v: usize,
+    dstats: &DenseStats,
+) -> cce_core::CallStats {
+    let notes: Vec<&str> = [
+        dstats.sparse.as_deref(),
+        dstats.row_pass_note.as_deref(),
+        dstats.class_pass.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !notes.is_empty() {
+        stats.plan_reason = format!("{}; plan: {}", notes.join("; "), stats.plan_reason);
+    }
+    if dstats.filtered {
+        stats.tiles_visited = dstats.tiles_visited;
+        stats.tiles_skipped = dstats.tiles_skipped;
+        stats.entries_kept = dstats.entries_kept;
+        stats.entries_skipped = dstats.entries_skipped;
+        stats.dropped_mass_max = dstats.dropped_mass_max;
+        stats.dropped_mass_mean = dstats.dropped_mass_mean;
+    } else {
+        // Nothing skipped: every tile and entry of both filtered products was computed.
+        let passes = call.plan.filter.filter_e_grad as u64 + call.plan.filter.filter_c_grad as u64;
+        stats.tiles_visited = passes * stats.tiles_total;
+        stats.entries_kept = passes * call.n_valid as u64 * v as u64;
+    }
+    stats
+}
+
+/// The engine's configuration of a call (`backward`: an upstream gradient is given).
+fn call_config(call: &BackendCall<'_>, backward: bool) -> Result<DenseConfig> {
+    let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
+    super::schedule::dense_config(call.plan, call.opts, switches, backward)
+}
+
+/// Device bytes a call of `plan` with `opts` takes beyond its inputs and outputs: the
+/// workspace ([`WorkspaceSizes`]) and the cuBLAS workspace the engine holds. `backward`: a
+/// backward runs in the call; `switches`: (WGMMA forward, class pass, row pass).
+pub(crate) fn workspace_bytes(
+    plan: &cce_core::Plan,
+    opts: &cce_core::Options,
+    switches: (bool, bool, bool),
+    backward: bool,
+) -> Result<u64> {
+    let cfg = super::schedule::dense_config(plan, opts, switches, backward)?;
+    Ok(super::workspace::WorkspaceSizes::of(&cfg).total() + CUBLAS_WORKSPACE_BYTES as u64)
+}

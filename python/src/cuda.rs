@@ -1,0 +1,246 @@
+//! The CUDA arm of `forward` and `backward`: torch's CUDA tensors on torch's current stream.
+//!
+//! Each call builds a [`CudaBackend`] on the stream the package passes
+//! (`torch.cuda.current_stream(device).cuda_stream`, [`CudaBackend::on_raw_stream`]; cheap: the
+//! compiled modules are cached per context for the process) in the device's primary context,
+//! which PyTorch uses too. Inputs are borrowed in place ([`CudaTensor::borrowed`]) and the
+//! outputs are the tensors torch allocated for them (`CudaBackend::forward_into`,
+//! `backward_into`): no copy, and the backend allocates only its workspace (stream-ordered,
+//! freed when the call's buffers drop).
+//!
+//! Host synchronization that remains (the CUDA backend's, `cce_cuda::CudaBackend` docs): the
+//! targets are read back to validate them, and `d_loss` of a mean or sum is read as a host
+//! scalar here. So a call is not yet capturable in a CUDA graph.
+
+use crate::RawTensor;
+use cce_core::CceError as LibError;
+use cce_core::{
+    Backend, CallStats, DLoss, DType, Inputs, Options, Reduction, Saved, TensorMeta, Upstream,
+};
+use cce_cuda::cudarc::driver::{sys::CUstream, CudaContext};
+use cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const WHO: &str = "cut_cross_entropy_rs (cuda)";
+
+/// The primary context of device `ordinal`, retained once for the process.
+fn context(ordinal: usize) -> cce_core::Result<Arc<CudaContext>> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let map = CONTEXTS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map
+        .lock()
+        .map_err(|_| LibError::backend(WHO, "context cache poisoned"))?;
+    if let Some(ctx) = map.get(&ordinal) {
+        return Ok(ctx.clone());
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| LibError::NoDevice {
+        backend: WHO,
+        reason: format!("CUDA device {ordinal}: {e}"),
+    })?;
+    map.insert(ordinal, ctx.clone());
+    Ok(ctx)
+}
+
+/// Where a call runs: torch's current stream of the tensors' device.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TorchStream {
+    /// Device index (`tensor.device.index`).
+    pub ordinal: usize,
+    /// `torch.cuda.current_stream(device).cuda_stream` (a `CUstream`; 0 is the legacy default).
+    pub handle: usize,
+}
+
+impl TorchStream {
+    /// A backend on this stream.
+    ///
+    /// # Safety
+    /// `handle` is a live stream of device `ordinal`'s primary context that outlives the call
+    /// (torch's current stream does).
+    unsafe fn backend(self) -> cce_core::Result<CudaBackend> {
+        let ctx = context(self.ordinal)?;
+        // SAFETY: forwarded from this function's contract; the backend lives for one call.
+        unsafe { CudaBackend::on_raw_stream(&ctx, self.handle as CUstream) }
+    }
+}
+
+/// `t` borrowed in place on `be`'s stream.
+///
+/// # Safety
+/// `t` was read by `raw` from a live, contiguous CUDA tensor of `be`'s device that the caller
+/// holds for the whole call; inputs are not written and outputs not read by anyone else
+/// until the work of the call on torch's current stream has completed (stream order).
+unsafe fn borrow(be: &CudaBackend, t: &RawTensor) -> cce_core::Result<CudaTensor> {
+    // SAFETY: forwarded from this function's contract: `ptr` addresses `numel` elements of
+    // `dtype` in one torch allocation on this device.
+    unsafe { CudaTensor::borrowed(be.stream(), t.ptr as u64, t.dtype, t.shape.clone()) }
+}
+
+/// [`borrow`] of an optional tensor.
+///
+/// # Safety
+/// As [`borrow`].
+unsafe fn borrow_opt(
+    be: &CudaBackend,
+    t: Option<&RawTensor>,
+) -> cce_core::Result<Option<CudaTensor>> {
+    match t {
+        // SAFETY: forwarded from this function's contract.
+        Some(t) => Ok(Some(unsafe { borrow(be, t)? })),
+        None => Ok(None),
+    }
+}
+
+/// The CUDA forward on borrowed tensors (see `run_forward` for the CPU's).
+///
+/// # Safety
+/// Every tensor satisfies [`borrow`]'s contract and `stream` [`TorchStream::backend`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn forward(
+    stream: TorchStream,
+    e: &RawTensor,
+    c: &RawTensor,
+    bias: Option<&RawTensor>,
+    targets: &RawTensor,
+    opts: &Options,
+    outs: [Option<&RawTensor>; 5],
+) -> cce_core::Result<CallStats> {
+    // SAFETY: every block below forwards this function's contract.
+    let be = unsafe { stream.backend()? };
+    // SAFETY: as above.
+    let (e, c, targets) = unsafe { (borrow(&be, e)?, borrow(&be, c)?, borrow(&be, targets)?) };
+    // SAFETY: as above.
+    let bias = unsafe { borrow_opt(&be, bias)? };
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: bias.as_ref(),
+        targets: &targets,
+    };
+    // SAFETY: as above (outputs torch allocated for this call, written only by it).
+    let [loss, lse, rest, ent, arg] = outs;
+    // SAFETY: as above.
+    let (mut loss, mut lse, mut rest) = unsafe {
+        (
+            borrow(&be, req(loss)?)?,
+            borrow(&be, req(lse)?)?,
+            borrow(&be, req(rest)?)?,
+        )
+    };
+    // SAFETY: as above.
+    let (mut ent, mut arg) = unsafe { (borrow_opt(&be, ent)?, borrow_opt(&be, arg)?) };
+    be.forward_into(
+        &inputs,
+        opts,
+        ForwardInto {
+            loss: &mut loss,
+            lse: &mut lse,
+            rest_mass: &mut rest,
+            entropy: ent.as_mut(),
+            argmax: arg.as_mut(),
+        },
+    )
+}
+
+/// A required output (the package always passes it).
+fn req(t: Option<&RawTensor>) -> cce_core::Result<&RawTensor> {
+    t.ok_or_else(|| LibError::backend(WHO, "a required output is missing"))
+}
+
+/// The CUDA backward on borrowed tensors. `d_loss` of a mean or sum is read back as a host
+/// scalar (one synchronization of torch's stream).
+///
+/// # Safety
+/// As [`forward`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn backward(
+    stream: TorchStream,
+    e: &RawTensor,
+    c: &RawTensor,
+    bias: Option<&RawTensor>,
+    targets: &RawTensor,
+    opts: &Options,
+    saved: [&RawTensor; 2],
+    d_loss: &RawTensor,
+    d_lse: Option<&RawTensor>,
+    outs: [Option<&RawTensor>; 3],
+) -> cce_core::Result<CallStats> {
+    // SAFETY: every block below forwards this function's contract.
+    let be = unsafe { stream.backend()? };
+    // SAFETY: as above.
+    let (e, c, targets) = unsafe { (borrow(&be, e)?, borrow(&be, c)?, borrow(&be, targets)?) };
+    // SAFETY: as above.
+    let (bias, d_lse) = unsafe { (borrow_opt(&be, bias)?, borrow_opt(&be, d_lse)?) };
+    // SAFETY: as above.
+    let (lse, rest_mass) = unsafe { (borrow(&be, saved[0])?, borrow(&be, saved[1])?) };
+    // SAFETY: as above.
+    let d_loss = unsafe { borrow(&be, d_loss)? };
+    if d_loss.dtype() != DType::F32 {
+        return Err(LibError::DTypeMismatch {
+            what: "d_loss",
+            expected: "f32".into(),
+            got: d_loss.dtype(),
+        });
+    }
+    let d_loss = match opts.reduction {
+        Reduction::None => DLoss::PerRow(&d_loss),
+        _ => {
+            let host = be.download(&d_loss)?.to_f32_vec();
+            match host.as_slice() {
+                [s] => DLoss::Scalar(*s),
+                _ => {
+                    return Err(LibError::ShapeMismatch {
+                        what: "d_loss",
+                        expected: "a scalar for reduction mean or sum".into(),
+                        got: format!("{} elements", host.len()),
+                    })
+                }
+            }
+        }
+    };
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: bias.as_ref(),
+        targets: &targets,
+    };
+    let upstream = Upstream {
+        d_loss,
+        d_lse: d_lse.as_ref(),
+    };
+    let saved = Saved {
+        lse: &lse,
+        rest_mass: &rest_mass,
+    };
+    let [d_e, d_c, d_bias] = outs;
+    // SAFETY: as above (outputs torch allocated for this call, written only by it).
+    let (mut d_e, mut d_c, mut d_bias) = unsafe {
+        (
+            borrow_opt(&be, d_e)?,
+            borrow_opt(&be, d_c)?,
+            borrow_opt(&be, d_bias)?,
+        )
+    };
+    // d_bias without d_c: the backend computes them together, d_c into a buffer of its own.
+    let mut scratch_d_c = match (&d_c, &d_bias) {
+        (None, Some(_)) => {
+            let gdt = match opts.grad_dtype {
+                cce_core::GradDType::F32 => DType::F32,
+                cce_core::GradDType::Input => c.dtype(),
+            };
+            Some(be.alloc_tensor(c.shape().to_vec(), gdt)?)
+        }
+        _ => None,
+    };
+    be.backward_into(
+        &inputs,
+        opts,
+        saved,
+        &upstream,
+        GradsInto {
+            d_e: d_e.as_mut(),
+            d_c: d_c.as_mut().or(scratch_d_c.as_mut()),
+            d_bias: d_bias.as_mut(),
+        },
+    )
+}

@@ -1,0 +1,115 @@
+"""The CUDA path (skipped without a CUDA device): the same f64 checks as the CPU's on torch's CUDA
+tensors, a non-default current stream, bad inputs raising ``CceError``, torch.compile, and CUDA
+graph capture (expected to fail while the backend still reads the targets back)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_cpu import DTYPES, check, kind_of, make
+
+from cut_cross_entropy_rs import CceError, linear_cross_entropy
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA path runs on the H200")
+
+
+def cuda(*xs):
+    return [None if x is None else x.cuda() for x in xs]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_plain_matches_f64(dtype, reduction):
+    e, c, t, _ = cuda(*make((37,), 64, 301, dtype, ignore=0.2))
+    check(e, c, t, reduction=reduction)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_option_together(dtype):
+    e, c, t, b = cuda(*make((3, 17), 64, 277, dtype, bias=True, ignore=0.1, ignore_index=5))
+    for reduction in ("mean", "sum", "none"):
+        check(e, c, t, b, ignore_index=5, softcap=3.0, reduction=reduction, shift=2, label_smoothing=0.1, z_loss=1e-2)
+
+
+@pytest.mark.parametrize(
+    "n_shape,d,v",
+    [((1,), 1, 1), ((2,), 3, 1), ((63,), 5, 65), ((129,), 7, 1000), ((2, 3, 5), 9, 31), ((300,), 128, 4099)],
+)
+def test_hostile_shapes(n_shape, d, v):
+    e, c, t, b = cuda(*make(n_shape, d, v, bias=True, seed=sum(n_shape) + d + v))
+    check(e, c, t, b)
+    check(e, c, t, b, reduction="none")
+
+
+def test_filtered_bf16_is_close():
+    e, c, t, _ = cuda(*make((256,), 128, 2048, torch.bfloat16, scale=2.0))
+    check(e, c, t, filter_eps="auto")
+
+
+def test_runs_on_the_current_stream():
+    """A non-default current stream: the call is ordered on it, results match the default's."""
+    e, c, t, b = cuda(*make((64,), 64, 500, torch.bfloat16, bias=True))
+    want = linear_cross_entropy(e, c, t, b)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        e1 = e.clone().requires_grad_()
+        got = linear_cross_entropy(e1, c, t, b)
+        got.backward()
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(got, want)
+    assert torch.isfinite(e1.grad).all()
+
+
+def test_bad_inputs_raise():
+    e, c, t, _ = cuda(*make((8,), 16, 40))
+    bad = t.clone()
+    bad[3] = 40
+    with pytest.raises(CceError) as excinfo:
+        linear_cross_entropy(e, c, bad)
+    assert kind_of(excinfo) == "TargetOutOfRange"
+    with pytest.raises(CceError) as excinfo:
+        linear_cross_entropy(e, c.cpu(), t)
+    assert kind_of(excinfo) == "Unsupported"
+    e_nan = e.clone()
+    e_nan[2, 1] = float("nan")
+    with pytest.raises(CceError) as excinfo:
+        linear_cross_entropy(e_nan, c, t)
+    assert kind_of(excinfo) == "NonFinite"
+
+
+def test_torch_compile_fullgraph():
+    e, c, t, b = cuda(*make((2, 33), 64, 300, torch.bfloat16, bias=True, ignore=0.1))
+
+    def step(e, c, t, b):
+        return linear_cross_entropy(e, c, t, b, shift=1) * 2.0
+
+    compiled = torch.compile(step, fullgraph=True)
+    e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
+    l1 = step(e1, c1, t, b)
+    l2 = compiled(e2, c2, t, b)
+    l1.backward()
+    l2.backward()
+    assert torch.equal(l1, l2)
+    assert torch.equal(e1.grad, e2.grad) and torch.equal(c1.grad, c2.grad)
+
+
+@pytest.mark.xfail(reason="the CUDA backend still reads the targets back (a host sync): not capturable", strict=False)
+def test_cuda_graph_capture_and_replay():
+    e, c, t, _ = cuda(*make((64,), 64, 500, torch.bfloat16))
+    e1 = e.clone().requires_grad_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        linear_cross_entropy(e1, c, t).backward()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    e1.grad = None
+    with torch.cuda.graph(g):
+        loss = linear_cross_entropy(e1, c, t)
+        loss.backward()
+    g.replay()
+    torch.cuda.synchronize()
+    want = linear_cross_entropy(e, c, t)
+    assert torch.allclose(loss, want)
