@@ -12,9 +12,9 @@
 //! 2. inputs: candle's `CudaSlice`s viewed at their layout's offset and used in place
 //!    ([`CudaTensor::borrowed_view`]: never copied, never freed by us); u32 targets are cast
 //!    to i64 by candle first (our kernels take i32/i64);
-//! 3. outputs: the loss and the gradients are allocations of our backend on candle's stream,
-//!    handed over to candle without a copy (the byte allocation leaked and re-owned as a typed
-//!    `CudaSlice` of the same stream, which frees it once, when candle drops it);
+//! 3. outputs: the loss and the gradients are allocated by candle (its device, its stream) and
+//!    lent to our backend, which writes them in place ([`CudaBackend::forward_into`],
+//!    [`CudaBackend::backward_into`]): no copy, no second buffer;
 //! 4. the forward keeps the per-row lse and rest mass (`8N` bytes of device memory) in the op;
 //!    the backward recomputes the logits from them, as on the CPU (`cce_candle`'s docs say why
 //!    recompute, not eager). The upstream scalar of a mean/sum is read back (4 bytes).
@@ -24,17 +24,15 @@
 //! README gives the build.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtrMut, DeviceRepr};
 use candle_core::cuda_backend::{CudaDType, CudaDevice};
 use candle_core::op::BackpropOp;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType as CDType, Device, Layout, Shape, Storage,
     Tensor,
 };
-use cut_cross_entropy::cce_cuda::{CudaBackend, CudaTensor};
-use cut_cross_entropy::{
-    Backend, CceError, DLoss, DType, Inputs, Options, Reduction, Saved, TensorMeta, Upstream,
-};
+use cut_cross_entropy::cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+use cut_cross_entropy::{CceError, DLoss, DType, Inputs, Options, Reduction, Saved, Upstream};
 use std::sync::{Arc, Mutex};
 
 pub use cce_candle::{CceCandleError, LceOptions};
@@ -131,8 +129,9 @@ fn borrow(
         // SAFETY: the view holds the tensor's elements (the layout's contiguous range of the
         // storage). Lifetime: candle frees a storage on its device's one stream, the stream
         // this call's work is enqueued on, so a free after the call is ordered after it.
-        // Order: candle wrote the inputs on that same stream. Aliasing: our outputs are fresh
-        // allocations of the backend.
+        // Order: candle wrote the inputs on that same stream. Aliasing: the outputs are fresh
+        // allocations (candle's for the loss and the gradients, the backend's for lse and rest
+        // mass).
         unsafe { CudaTensor::borrowed_view(stream, &view, dtype, dims) }.map_err(cce)
     }
     match dtype {
@@ -144,38 +143,51 @@ fn borrow(
     }
 }
 
-/// One of our output tensors handed to candle as its storage, without a copy.
-fn hand_over(
-    t: CudaTensor,
-    stream: &Arc<CudaStream>,
-    dev: &CudaDevice,
-) -> candle_core::Result<CudaStorage> {
-    let (dtype, n) = (t.dtype(), t.numel());
-    let bytes = t.into_slice().map_err(cce)?;
-    if bytes.len() < n * dtype.size_bytes() {
-        return Err(CceCandleError::Internal("an output smaller than its shape").into());
-    }
-    // Our backend allocated it on `stream` (candle's); from here candle owns it.
-    let ptr = bytes.leak();
-    fn own<T: CudaDType>(
-        stream: &Arc<CudaStream>,
-        ptr: u64,
-        n: usize,
+/// An output buffer allocated by candle on its device (its stream), and the same memory lent to
+/// our backend, which writes every element of it (`forward_into`, `backward_into`).
+struct Output {
+    storage: CudaStorage,
+    lent: CudaTensor,
+}
+
+impl Output {
+    fn new(
         dev: &CudaDevice,
-    ) -> CudaStorage {
-        // SAFETY: `ptr` is a live allocation of at least `n` elements of `T` (checked above)
-        // of `stream`'s context, written by our kernels with `T` values, whose previous owner
-        // gave it up (`leak`): the new slice is its only owner and frees it once.
-        let slice = unsafe { stream.upgrade_device_ptr::<T>(ptr, n) };
-        CudaStorage::wrap_cuda_slice(slice, dev.clone())
+        stream: &Arc<CudaStream>,
+        dtype: DType,
+        numel: usize,
+    ) -> candle_core::Result<Self> {
+        fn alloc<T: CudaDType + DeviceRepr>(
+            dev: &CudaDevice,
+            stream: &Arc<CudaStream>,
+            dtype: DType,
+            numel: usize,
+        ) -> candle_core::Result<Output> {
+            // SAFETY: uninitialized device memory of `numel` elements; our backend overwrites
+            // every element before anything reads it (`ForwardInto`, `GradsInto`: no
+            // accumulation), and on an error the storage is dropped unread.
+            let mut slice = unsafe { dev.alloc::<T>(numel)? };
+            let (ptr, record) = slice.device_ptr_mut(stream);
+            // SAFETY: `ptr` addresses `numel` elements of `T` of one allocation of `stream`'s
+            // context; the allocation lives in `storage` (returned with the lent tensor, and
+            // kept until the call is enqueued; candle frees it later on the same stream, after
+            // the call); nothing else reads or writes it during the call; it aliases no input.
+            let lent =
+                unsafe { CudaTensor::borrowed(stream, ptr, dtype, vec![numel]) }.map_err(cce)?;
+            drop(record);
+            Ok(Output {
+                storage: CudaStorage::wrap_cuda_slice(slice, dev.clone()),
+                lent,
+            })
+        }
+        match dtype {
+            DType::F32 => alloc::<f32>(dev, stream, dtype, numel),
+            DType::F16 => alloc::<half::f16>(dev, stream, dtype, numel),
+            DType::BF16 => alloc::<half::bf16>(dev, stream, dtype, numel),
+            DType::I32 => alloc::<i32>(dev, stream, dtype, numel),
+            DType::I64 => alloc::<i64>(dev, stream, dtype, numel),
+        }
     }
-    Ok(match dtype {
-        DType::F32 => own::<f32>(stream, ptr, n, dev),
-        DType::F16 => own::<half::f16>(stream, ptr, n, dev),
-        DType::BF16 => own::<half::bf16>(stream, ptr, n, dev),
-        DType::I32 => own::<i32>(stream, ptr, n, dev),
-        DType::I64 => own::<i64>(stream, ptr, n, dev),
-    })
 }
 
 fn cuda_storage(s: &Storage) -> candle_core::Result<&CudaStorage> {
@@ -233,13 +245,30 @@ impl CudaLce {
             bias: b_t.as_ref(),
             targets: &t,
         };
-        let out = backend.forward(&inputs, &self.opts).map_err(cce)?;
+        let lead = &e.1.dims()[..e.1.dims().len().saturating_sub(1)];
+        let n = lead.iter().product::<usize>();
         let shape = match self.opts.reduction {
-            Reduction::None => Shape::from(&e.1.dims()[..e.1.dims().len() - 1]),
+            Reduction::None => Shape::from(lead),
             _ => Shape::from(()),
         };
-        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some((out.lse, out.rest_mass));
-        Ok((hand_over(out.loss, &stream, &dev)?, shape))
+        let mut loss = Output::new(&dev, &stream, DType::F32, shape.elem_count())?;
+        let mut lse = backend.alloc_tensor(vec![n], DType::F32).map_err(cce)?;
+        let mut rest = backend.alloc_tensor(vec![n], DType::F32).map_err(cce)?;
+        backend
+            .forward_into(
+                &inputs,
+                &self.opts,
+                ForwardInto {
+                    loss: &mut loss.lent,
+                    lse: &mut lse,
+                    rest_mass: &mut rest,
+                    entropy: None,
+                    argmax: None,
+                },
+            )
+            .map_err(cce)?;
+        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some((lse, rest));
+        Ok((loss.storage, shape))
     }
 
     fn backward(
@@ -302,8 +331,25 @@ impl CudaLce {
             },
             d_lse: None,
         };
-        let out = backend
-            .backward(
+        let grad_out = |want: bool, t: &Tensor| -> candle_core::Result<Option<Output>> {
+            want.then(|| {
+                Output::new(
+                    dev,
+                    &stream,
+                    lib_dtype("gradient", t.dtype())?,
+                    t.elem_count(),
+                )
+            })
+            .transpose()
+        };
+        let mut d_e = grad_out(want_e, e)?;
+        let mut d_c = grad_out(want_c, c)?;
+        let mut d_bias = match bias {
+            Some(b) => grad_out(want_c, b)?,
+            None => None,
+        };
+        backend
+            .backward_into(
                 &inputs,
                 &opts,
                 Saved {
@@ -311,24 +357,28 @@ impl CudaLce {
                     rest_mass: rest,
                 },
                 &upstream,
+                GradsInto {
+                    d_e: d_e.as_mut().map(|o| &mut o.lent),
+                    d_c: d_c.as_mut().map(|o| &mut o.lent),
+                    d_bias: d_bias.as_mut().map(|o| &mut o.lent),
+                },
             )
             .map_err(cce)?;
-        let tensor = |t: CudaTensor, shape: &Shape| -> candle_core::Result<Tensor> {
-            let s = hand_over(t, &stream, dev)?;
-            Ok(Tensor::from_storage(
-                Storage::Cuda(s),
-                shape.clone(),
-                BackpropOp::none(),
-                false,
-            ))
+        let tensor = |o: Option<Output>, like: &Tensor| {
+            o.map(|o| {
+                Tensor::from_storage(
+                    Storage::Cuda(o.storage),
+                    like.shape().clone(),
+                    BackpropOp::none(),
+                    false,
+                )
+            })
         };
-        let d_e = out.d_e.map(|t| tensor(t, e.shape())).transpose()?;
-        let d_c = out.d_c.map(|t| tensor(t, c.shape())).transpose()?;
         let d_bias = match bias {
-            Some(b) => out.d_bias.map(|t| tensor(t, b.shape())).transpose()?,
+            Some(b) => tensor(d_bias, b),
             None => None,
         };
-        Ok((d_e, d_c, d_bias))
+        Ok((tensor(d_e, e), tensor(d_c, c), d_bias))
     }
 }
 
