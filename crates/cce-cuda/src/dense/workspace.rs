@@ -309,7 +309,7 @@ impl WorkspaceSizes {
 }
 
 impl DenseWorkspace {
-    /// Allocate the workspace of `cfg` on the engine's stream ([`WorkspaceSizes::of`]).
+    /// Allocate the workspace of `cfg` on the engine's stream (its sizes: `WorkspaceSizes::of`).
     pub fn new(engine: &DenseEngine, cfg: &DenseConfig) -> Result<Self> {
         let chunk_rows = cfg.effective_chunk_rows();
         let ld = cfg.ld();
