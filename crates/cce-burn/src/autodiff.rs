@@ -118,18 +118,24 @@ where
     fn linear_cross_entropy(
         e: FloatTensor<Self>,
         c: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
         targets: IntTensor<Self>,
         opts: Options,
     ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
         let (e, e_node) = e.into_parts();
         let (c, c_node) = c.into_parts();
-        match bias {
-            Some(b) => {
-                let (b, b_node) = b.into_parts();
-                record::<B, C, 3>([e_node, c_node, b_node], e, c, Some(b), targets, opts)
-            }
-            None => record::<B, C, 2>([e_node, c_node], e, c, None, targets, opts),
-        }
+        record::<B, C, 2>([e_node, c_node], e, c, None, targets, opts)
+    }
+
+    fn linear_cross_entropy_with_bias(
+        e: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        opts: Options,
+    ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
+        let (e, e_node) = e.into_parts();
+        let (c, c_node) = c.into_parts();
+        let (b, b_node) = bias.into_parts();
+        record::<B, C, 3>([e_node, c_node, b_node], e, c, Some(b), targets, opts)
     }
 }

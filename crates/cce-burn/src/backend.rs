@@ -1,6 +1,10 @@
 //! The burn backend extension: one operation, [`LinearCrossEntropyBackend::linear_cross_entropy`],
 //! routed by burn's dispatch to the backend a tensor lives on.
 
+// burn 0.22 deprecates NdArray in favour of Flex; NdArray is still its documented CPU backend
+// for this release and the one the task targets (Flex is a next step: see the README).
+#![allow(deprecated)]
+
 use burn::backend::backend_extension;
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::Backend;
@@ -22,19 +26,57 @@ use cce_core::{CceError, Options};
     Cube: cfg(feature = "wgpu")
 )]
 pub trait LinearCrossEntropyBackend: Backend {
-    /// The loss `CE(e·cᵀ (+ bias, softcap), targets)` under `opts`.
+    /// The loss `CE(e·cᵀ (softcap), targets)` under `opts`.
     ///
-    /// Shapes: `e` `[N, D]`, `c` `[V, D]`, `bias` `[V]` (float, one dtype), `targets` `[N]`
-    /// (integer). Returns `(Some(loss), None)` with the loss `[1]` f32 for mean/sum and `[N]`
-    /// f32 for `Reduction::None`, or `(None, Some(error))` for bad input: burn's extension
-    /// operations cannot return a `Result`, so the error travels as a plain output.
+    /// Shapes: `e` `[N, D]`, `c` `[V, D]` (float, one dtype), `targets` `[N]` (integer).
+    /// Returns `(Some(loss), None)` with the loss `[1]` f32 for mean/sum and `[N]` f32 for
+    /// `Reduction::None`, or `(None, Some(error))` for bad input: burn's extension operations
+    /// cannot return a `Result`, so the error travels as a plain output.
     fn linear_cross_entropy(
         e: FloatTensor<Self>,
         c: FloatTensor<Self>,
-        bias: Option<FloatTensor<Self>>,
         targets: IntTensor<Self>,
         opts: Options,
     ) -> (Option<FloatTensor<Self>>, Option<CceError>);
+
+    /// [`Self::linear_cross_entropy`] with a bias `[V]` (same dtype as `e`) added to the
+    /// logits. (A separate operation: burn 0.22's extension macro routes owned tensors, not
+    /// `Option`s of them.)
+    fn linear_cross_entropy_with_bias(
+        e: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        opts: Options,
+    ) -> (Option<FloatTensor<Self>>, Option<CceError>);
+}
+
+/// The two extension methods of a concrete backend through its [`CceKernels`] forward.
+macro_rules! concrete_extension {
+    ($backend:ty) => {
+        impl LinearCrossEntropyBackend for $backend {
+            fn linear_cross_entropy(
+                e: FloatTensor<Self>,
+                c: FloatTensor<Self>,
+                targets: IntTensor<Self>,
+                opts: Options,
+            ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
+                let (fwd, err) = split(Self::cce_forward(e, c, None, targets, &opts));
+                (fwd.map(|f| f.loss), err)
+            }
+
+            fn linear_cross_entropy_with_bias(
+                e: FloatTensor<Self>,
+                c: FloatTensor<Self>,
+                bias: FloatTensor<Self>,
+                targets: IntTensor<Self>,
+                opts: Options,
+            ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
+                let (fwd, err) = split(Self::cce_forward(e, c, Some(bias), targets, &opts));
+                (fwd.map(|f| f.loss), err)
+            }
+        }
+    };
 }
 
 /// Split a forward result into the extension's `(loss, error)` pair.
@@ -45,27 +87,18 @@ pub(crate) fn split<T>(r: cce_core::Result<T>) -> (Option<T>, Option<CceError>) 
     }
 }
 
+#[cfg(any(feature = "ndarray", feature = "wgpu"))]
+use crate::kernels::CceKernels;
+
 #[cfg(feature = "ndarray")]
 mod ndarray {
     use super::*;
-    use crate::kernels::CceKernels;
     use burn::backend::NdArray;
 
     /// NdArray runs on our CPU reference engine (the trait's provided methods).
     impl CceKernels for NdArray {}
 
-    impl LinearCrossEntropyBackend for NdArray {
-        fn linear_cross_entropy(
-            e: FloatTensor<Self>,
-            c: FloatTensor<Self>,
-            bias: Option<FloatTensor<Self>>,
-            targets: IntTensor<Self>,
-            opts: Options,
-        ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
-            let (fwd, err) = split(Self::cce_forward(e, c, bias, targets, &opts));
-            (fwd.map(|f| f.loss), err)
-        }
-    }
+    concrete_extension!(NdArray);
 }
 
 #[cfg(feature = "wgpu")]
@@ -75,7 +108,7 @@ pub mod cube {
     //! zero-copy next step).
 
     use super::*;
-    use crate::kernels::{host_backward, host_forward, CceForward, CceGrads, CceKernels};
+    use crate::kernels::{host_backward, host_forward, CceForward, CceGrads};
     use burn::backend::Cube;
     use cce_core::Result;
     use cce_reference::CpuBackend;
@@ -129,16 +162,5 @@ pub mod cube {
         }
     }
 
-    impl LinearCrossEntropyBackend for Cube {
-        fn linear_cross_entropy(
-            e: FloatTensor<Self>,
-            c: FloatTensor<Self>,
-            bias: Option<FloatTensor<Self>>,
-            targets: IntTensor<Self>,
-            opts: Options,
-        ) -> (Option<FloatTensor<Self>>, Option<CceError>) {
-            let (fwd, err) = split(Self::cce_forward(e, c, bias, targets, &opts));
-            (fwd.map(|f| f.loss), err)
-        }
-    }
+    concrete_extension!(Cube);
 }

@@ -157,8 +157,7 @@ fn float_from_host<B: Backend>(
 fn f32_to_host(what: &'static str, data: TensorData) -> Result<HostTensor> {
     let shape = data.shape().to_vec();
     let v: Vec<f32> = data
-        .convert_dtype(BurnDType::F32)
-        .into_vec()
+        .try_into_vec_as::<f32>()
         .map_err(|e| CceError::backend(NAME, format!("{what}: {e:?}")))?;
     HostTensor::from_f32(shape, &v, DType::F32)
 }
@@ -167,18 +166,17 @@ fn targets_to_host(data: TensorData) -> Result<HostTensor> {
     let shape = data.shape().to_vec();
     let t = match data.dtype() {
         BurnDType::I32 => HostTensor::from_i32(
-            data.into_vec()
+            data.try_into_vec_as::<i32>()
                 .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
         ),
         BurnDType::I64 => HostTensor::from_i64(
-            data.into_vec()
+            data.try_into_vec_as::<i64>()
                 .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
         ),
         // Other integer dtypes (u8..u64, i8, i16) are widened to i64 (exact for every class
         // index a vocabulary can hold).
         _ => HostTensor::from_i64(
-            data.convert_dtype(BurnDType::I64)
-                .into_vec()
+            data.try_into_vec_as::<i64>()
                 .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
         ),
     };

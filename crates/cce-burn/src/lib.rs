@@ -123,13 +123,22 @@ pub fn try_linear_cross_entropy(
     config: &LinearCrossEntropyConfig,
 ) -> Result<Tensor<1>, CceError> {
     config.options.validate()?;
-    let (loss, err) = <Dispatch as LinearCrossEntropyBackend>::linear_cross_entropy(
+    let (e, c, t, opts) = (
         e.into_dispatch(),
         c.into_dispatch(),
-        config.bias.clone().map(Tensor::into_dispatch),
         targets.into_dispatch(),
         config.options.clone(),
     );
+    let (loss, err) = match &config.bias {
+        Some(b) => <Dispatch as LinearCrossEntropyBackend>::linear_cross_entropy_with_bias(
+            e,
+            c,
+            b.clone().into_dispatch(),
+            t,
+            opts,
+        ),
+        None => <Dispatch as LinearCrossEntropyBackend>::linear_cross_entropy(e, c, t, opts),
+    };
     match (loss, err) {
         (_, Some(err)) => Err(err),
         (Some(loss), None) => Ok(Tensor::from_dispatch(loss)),
