@@ -1,6 +1,8 @@
 //! cce-burn on burn's NdArray backend (CPU), with and without autodiff, against burn's own
 //! materialized loss and gradients in f32.
 #![cfg(feature = "ndarray")]
+// burn 0.22 deprecates NdArray (for Flex); it is the backend under test here.
+#![allow(deprecated)]
 
 mod common;
 
@@ -57,13 +59,12 @@ fn check(cfg: LinearCrossEntropyConfig, t: Vec<i64>, with_bias: bool) {
         (ours, theirs)
     };
     let (ga, gb) = (ours.backward(), theirs.backward());
-    let mut pairs = vec![("d_e", e.grad(&ga), e.grad(&gb)), ("d_c", c.grad(&ga), c.grad(&gb))];
+    let g = |t: Option<Tensor<2>>| to_vec(t.expect("gradient"));
+    let gb1 = |t: Option<Tensor<1>>| to_vec(t.expect("gradient"));
+    assert_close("d_e", &g(e.grad(&ga)), &g(e.grad(&gb)), REL, 1e-7);
+    assert_close("d_c", &g(c.grad(&ga)), &g(c.grad(&gb)), REL, 1e-7);
     if with_bias {
-        pairs.push(("d_bias", b.grad(&ga), b.grad(&gb)));
-    }
-    for (name, a, b) in pairs {
-        let (a, b) = (a.expect("our gradient"), b.expect("burn's gradient"));
-        assert_close(name, &to_vec(a), &to_vec(b), REL, 1e-7);
+        assert_close("d_bias", &gb1(b.grad(&ga)), &gb1(b.grad(&gb)), REL, 1e-7);
     }
 }
 

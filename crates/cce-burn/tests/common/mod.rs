@@ -42,7 +42,7 @@ pub fn int(values: Vec<i64>, device: &Device) -> Tensor<1, Int> {
 }
 
 pub fn to_vec<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+    t.into_data().try_into_vec_as::<f32>().unwrap()
 }
 
 /// burn's own loss on the materialized logits `z = e·cᵀ (+ bias)` (softcap `s·tanh(z/s)`):
