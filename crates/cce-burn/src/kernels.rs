@@ -73,16 +73,7 @@ pub trait CceKernels: Backend {
         d_loss: FloatTensor<Self>,
         opts: &Options,
     ) -> Result<CceGrads<Self>> {
-        host_backward::<Self, _>(
-            &CpuBackend::new(),
-            e,
-            c,
-            bias,
-            targets,
-            saved,
-            d_loss,
-            opts,
-        )
+        host_backward::<Self, _>(&CpuBackend::new(), e, c, bias, targets, saved, d_loss, opts)
     }
 }
 
@@ -147,7 +138,8 @@ fn float_from_host<B: Backend>(
         DType::BF16 => BurnDType::BF16,
         _ => BurnDType::F32,
     };
-    let mut data = TensorData::from_bytes_vec(t.as_bytes().to_vec(), t.shape().to_vec(), burn_dtype);
+    let mut data =
+        TensorData::from_bytes_vec(t.as_bytes().to_vec(), t.shape().to_vec(), burn_dtype);
     if dtype != burn_dtype {
         data = data.convert_dtype(dtype);
     }

@@ -191,12 +191,7 @@ pub fn try_linear_cross_entropy_3d(
     if config.options.shift > 0 && config.options.seq_len.is_none() {
         config.options.seq_len = Some(t);
     }
-    try_linear_cross_entropy(
-        e.reshape([b * t, d]),
-        c,
-        targets.reshape([b * t]),
-        &config,
-    )
+    try_linear_cross_entropy(e.reshape([b * t, d]), c, targets.reshape([b * t]), &config)
 }
 
 /// [`try_linear_cross_entropy_3d`], panicking with the error's message.

@@ -14,7 +14,8 @@ use cce_burn::{
 use common::*;
 
 /// Relative tolerance of losses and gradients (max |diff| over max |reference|) in f32: both
-/// sides round differently (blockwise online softmax vs. burn's log_softmax), measured ≤ 1e-6.
+/// sides round differently (blockwise online softmax vs. burn's log_softmax); measured 3.2e-7
+/// over the 5 training steps.
 const REL: f32 = 2e-5;
 
 fn ad() -> Device {
@@ -49,11 +50,21 @@ fn check(cfg: LinearCrossEntropyConfig, t: Vec<i64>, with_bias: bool) {
         &cfg.options,
     );
     assert_eq!(ours.dims(), theirs.dims());
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 1e-7);
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        REL,
+        1e-7,
+    );
     // A per-row loss is reduced with weights so that every row's gradient is exercised with
     // its own upstream value.
     let (ours, theirs) = if cfg.options.reduction == Reduction::None {
-        let w = float((0..n).map(|i| 0.5 + i as f32 / n as f32).collect(), [n], &device);
+        let w = float(
+            (0..n).map(|i| 0.5 + i as f32 / n as f32).collect(),
+            [n],
+            &device,
+        );
         ((ours * w.clone()).sum(), (theirs * w).sum())
     } else {
         (ours, theirs)
@@ -90,7 +101,11 @@ fn custom_ignore_index() {
 
 #[test]
 fn bias_is_trained() {
-    check(LinearCrossEntropyConfig::new(), targets(24, 50, 5, -100), true);
+    check(
+        LinearCrossEntropyConfig::new(),
+        targets(24, 50, 5, -100),
+        true,
+    );
 }
 
 #[test]
@@ -191,8 +206,20 @@ fn three_d_with_shift() {
         .collect();
     let mut plain = cfg.options.clone();
     plain.shift = 0;
-    let theirs = materialized(e3.clone().reshape([bsz * len, d]), c.clone(), None, &shifted, &plain);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 0.0);
+    let theirs = materialized(
+        e3.clone().reshape([bsz * len, d]),
+        c.clone(),
+        None,
+        &shifted,
+        &plain,
+    );
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        REL,
+        0.0,
+    );
     let (ga, gb) = (ours.backward(), theirs.backward());
     assert_close(
         "d_e",
@@ -218,8 +245,13 @@ fn shape_mismatch() {
     let device = ad();
     let (e, _) = small(&device);
     let c = float(uniform(10 * 9, 2, 0.5), [10, 9], &device);
-    let err = try_linear_cross_entropy(e.clone(), c, int(vec![1, 2, 3, 4], &device), &Default::default())
-        .unwrap_err();
+    let err = try_linear_cross_entropy(
+        e.clone(),
+        c,
+        int(vec![1, 2, 3, 4], &device),
+        &Default::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, CceError::ShapeMismatch { .. }), "{err}");
     // Targets of the wrong length.
     let (e, c) = small(&device);
@@ -229,8 +261,18 @@ fn shape_mismatch() {
     // 3-D: targets not [B, T].
     let e3 = float(uniform(2 * 3 * 8, 1, 1.0), [2, 3, 8], &device);
     let t2 = Tensor::<2, burn::tensor::Int>::zeros([3, 2], &device);
-    let err = try_linear_cross_entropy_3d(e3, small(&device).1, t2, &Default::default()).unwrap_err();
-    assert!(matches!(err, CceError::ShapeMismatch { what: "targets", .. }), "{err}");
+    let err =
+        try_linear_cross_entropy_3d(e3, small(&device).1, t2, &Default::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CceError::ShapeMismatch {
+                what: "targets",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -240,7 +282,15 @@ fn target_out_of_range() {
     let err = try_linear_cross_entropy(e, c, int(vec![1, 10, 3, 4], &device), &Default::default())
         .unwrap_err();
     assert!(
-        matches!(err, CceError::TargetOutOfRange { row: 1, value: 10, vocab_size: 10, .. }),
+        matches!(
+            err,
+            CceError::TargetOutOfRange {
+                row: 1,
+                value: 10,
+                vocab_size: 10,
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -262,9 +312,12 @@ fn all_targets_ignored() {
     let device = ad();
     let (e, c) = small(&device);
     let t = int(vec![-100; 4], &device);
-    let err = try_linear_cross_entropy(e.clone(), c.clone(), t.clone(), &Default::default())
-        .unwrap_err();
-    assert!(matches!(err, CceError::AllTargetsIgnored { n: 4, .. }), "{err}");
+    let err =
+        try_linear_cross_entropy(e.clone(), c.clone(), t.clone(), &Default::default()).unwrap_err();
+    assert!(
+        matches!(err, CceError::AllTargetsIgnored { n: 4, .. }),
+        "{err}"
+    );
     // Sum accepts such a batch: 0.
     let sum = LinearCrossEntropyConfig::new().with_reduction(Reduction::Sum);
     assert_eq!(to_vec(linear_cross_entropy(e, c, t, &sum)), [0.0]);
@@ -276,7 +329,16 @@ fn invalid_option() {
     let (e, c) = small(&device);
     let cfg = LinearCrossEntropyConfig::new().with_label_smoothing(1.5);
     let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &cfg).unwrap_err();
-    assert!(matches!(err, CceError::InvalidOption { name: "label_smoothing", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            CceError::InvalidOption {
+                name: "label_smoothing",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

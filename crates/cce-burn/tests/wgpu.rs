@@ -26,8 +26,8 @@ fn trains_an_lm_head_on_wgpu() {
         return;
     }
     let device = Device::wgpu(DeviceKind::DefaultDevice).autodiff();
-    // burn's wgpu matmul (the materialized reference) and ours differ by f32 rounding.
-    let worst = train_and_match(&device, 1e-4);
+    // Relative tolerance 2e-5 as on NdArray (measured 1.2e-6 on lavapipe).
+    let worst = train_and_match(&device, 2e-5);
     eprintln!("wgpu: worst relative gradient error over 5 SGD steps {worst:e}");
 }
 
@@ -49,13 +49,19 @@ fn bias_and_options_on_wgpu() {
         .with_z_loss(1e-3);
     let ours = linear_cross_entropy(e.clone(), c.clone(), int(t.clone(), &device), &cfg);
     let theirs = materialized(e.clone(), c.clone(), Some(b.clone()), &t, &cfg.options);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), 1e-4, 0.0);
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        2e-5,
+        0.0,
+    );
     let (ga, gb) = (ours.backward(), theirs.backward());
     for (name, a, bb) in [
         ("d_e", e.grad(&ga).map(to_vec), e.grad(&gb).map(to_vec)),
         ("d_c", c.grad(&ga).map(to_vec), c.grad(&gb).map(to_vec)),
         ("d_bias", b.grad(&ga).map(to_vec), b.grad(&gb).map(to_vec)),
     ] {
-        assert_close(name, &a.unwrap(), &bb.unwrap(), 1e-4, 1e-7);
+        assert_close(name, &a.unwrap(), &bb.unwrap(), 2e-5, 1e-7);
     }
 }

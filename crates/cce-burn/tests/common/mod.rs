@@ -155,7 +155,13 @@ pub fn train_and_match(device: &Device, rel: f32) -> f32 {
         ] {
             let (a, b) = (a.expect("our gradient"), b.expect("burn's gradient"));
             assert_eq!(a.dims(), b.dims());
-            let r = assert_close(&format!("step {step} {name}"), &to_vec(a), &to_vec(b), rel, 0.0);
+            let r = assert_close(
+                &format!("step {step} {name}"),
+                &to_vec(a),
+                &to_vec(b),
+                rel,
+                0.0,
+            );
             worst = worst.max(r);
         }
         let pa = GradientsParams::from_grads(ga, &ours);
@@ -163,6 +169,9 @@ pub fn train_and_match(device: &Device, rel: f32) -> f32 {
         ours = opt_ours.step(lr, ours, pa);
         theirs = opt_theirs.step(lr, theirs, pb);
     }
-    assert!(losses[4] < losses[0], "training lowers the loss: {losses:?}");
+    assert!(
+        losses[4] < losses[0],
+        "training lowers the loss: {losses:?}"
+    );
     worst
 }
