@@ -10,7 +10,9 @@ use cce_burn::{linear_cross_entropy, LinearCrossEntropyConfig};
 use common::*;
 
 fn engine_or_skip() -> bool {
-    if cce_burn::cube::wgpu_engine().is_some() {
+    if let Some(w) = cce_burn::cube::wgpu_engine() {
+        let info = w.adapter_info();
+        eprintln!("our kernels on: {} ({:?})", info.name, info.backend);
         return true;
     }
     if std::env::var("CCE_REQUIRE_WGPU").as_deref() == Ok("1") {
