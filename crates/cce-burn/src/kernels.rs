@@ -1,0 +1,326 @@
+//! The concrete (non-autodiff) forward and backward of the loss on a burn backend's primitives.
+//!
+//! This first version moves the tensors through the host: a burn primitive is read into a
+//! [`TensorData`], wrapped as a [`HostTensor`] (no conversion for f32/f16/bf16), run on one of
+//! our engines (the CPU reference, or our WGSL kernels for burn's cubecl backend with the `wgpu`
+//! feature) and the outputs are written back as burn primitives on the input's device.
+
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{try_read_sync, Backend, ExecutionError, TensorMetadata};
+use burn::tensor::{DType as BurnDType, TensorData};
+use cce_core::{
+    Backend as CceBackend, CceError, DLoss, DType, GradDType, HostTensor, Inputs, Options,
+    Reduction, Result, Saved, SideOutputs, TensorMeta, Upstream,
+};
+use cce_reference::CpuBackend;
+
+/// Name used in the errors this crate raises itself.
+pub(crate) const NAME: &str = "cce-burn";
+
+/// What the forward returns: the loss and the two per-row tensors the backward reads.
+#[derive(Debug, Clone)]
+pub struct CceForward<B: Backend> {
+    /// Loss: `[1]` for mean/sum, `[N]` for `Reduction::None`; f32.
+    pub loss: FloatTensor<B>,
+    /// Log-sum-exp per row, `[N]` f32 (nats).
+    pub lse: FloatTensor<B>,
+    /// `1 − p_y` per row without cancellation, `[N]` f32 (0 at ignored rows).
+    pub rest_mass: FloatTensor<B>,
+}
+
+/// Gradients of a backward; `None` where not asked for.
+#[derive(Debug)]
+pub struct CceGrads<B: Backend> {
+    /// `∂L/∂e`, `[N, D]`, dtype of `e`.
+    pub d_e: Option<FloatTensor<B>>,
+    /// `∂L/∂c`, `[V, D]`, dtype of `c`.
+    pub d_c: Option<FloatTensor<B>>,
+    /// `∂L/∂bias`, `[V]`, dtype of the bias.
+    pub d_bias: Option<FloatTensor<B>>,
+}
+
+/// The kernels behind [`crate::LinearCrossEntropyBackend`] on a concrete (non-autodiff) burn
+/// backend: the forward and the backward of arXiv 2411.09009, returning our typed errors.
+///
+/// The provided methods run on the CPU reference engine through host copies; a backend
+/// overrides them to use a faster engine (burn's cubecl backend uses our WGSL kernels with the
+/// `wgpu` feature). Shapes: `e` `[N, D]`, `c` `[V, D]`, `bias` `[V]` (float, one dtype among
+/// f32/f16/bf16, or f64 computed in f32), `targets` `[N]` (any integer dtype).
+pub trait CceKernels: Backend {
+    /// Forward: loss, lse and rest mass. Errors: every input error of
+    /// [`cce_core::Backend::forward`] (`ShapeMismatch`, `DTypeMismatch`, `TargetOutOfRange`,
+    /// `AllTargetsIgnored`, `NonFinite`, ...), `Backend` when a tensor cannot be read.
+    fn cce_forward(
+        e: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        opts: &Options,
+    ) -> Result<CceForward<Self>> {
+        host_forward::<Self, _>(&CpuBackend::new(), e, c, bias, targets, opts)
+    }
+
+    /// Backward from the forward's `lse` and `rest_mass` and the loss's upstream gradient
+    /// `d_loss` (`[1]` for mean/sum, `[N]` for none). Errors: those of
+    /// [`cce_core::Backend::backward`] (`NonFinite { what: "d_loss", .. }` for a NaN upstream).
+    #[allow(clippy::too_many_arguments)]
+    fn cce_backward(
+        e: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+        targets: IntTensor<Self>,
+        saved: CceForward<Self>,
+        d_loss: FloatTensor<Self>,
+        opts: &Options,
+    ) -> Result<CceGrads<Self>> {
+        host_backward::<Self, _>(&CpuBackend::new(), e, c, bias, targets, saved, d_loss, opts)
+    }
+}
+
+/// The options our engines run with: the caller's, without side outputs, with gradients in the
+/// input dtype (burn's optimizers expect a gradient of the parameter's dtype).
+pub(crate) fn engine_options(opts: &Options) -> Options {
+    Options {
+        side_outputs: SideOutputs::default(),
+        grad_dtype: GradDType::Input,
+        ..opts.clone()
+    }
+}
+
+fn read_error(what: &'static str, err: Option<ExecutionError>) -> CceError {
+    match err {
+        Some(e) => CceError::backend(NAME, format!("reading {what} from the device: {e:?}")),
+        None => CceError::Unsupported {
+            backend: NAME,
+            what: format!("synchronous readback of {what} on this platform"),
+        },
+    }
+}
+
+fn read<F>(what: &'static str, fut: F) -> Result<TensorData>
+where
+    F: std::future::Future<Output = std::result::Result<TensorData, ExecutionError>>,
+{
+    match try_read_sync(fut) {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(e)) => Err(read_error(what, Some(e))),
+        None => Err(read_error(what, None)),
+    }
+}
+
+/// A float tensor on the host as one of our dtypes; f64 is narrowed to f32 (returned: the
+/// dtype to give the gradient back in).
+fn float_to_host(what: &'static str, data: TensorData) -> Result<(HostTensor, BurnDType)> {
+    let dtype = data.dtype();
+    let shape = data.shape().to_vec();
+    let (ours, data) = match dtype {
+        BurnDType::F32 => (DType::F32, data),
+        BurnDType::F16 => (DType::F16, data),
+        BurnDType::BF16 => (DType::BF16, data),
+        BurnDType::F64 | BurnDType::Flex32 => (DType::F32, data.convert_dtype(BurnDType::F32)),
+        other => {
+            return Err(CceError::Unsupported {
+                backend: NAME,
+                what: format!("{what} of dtype {other:?} (expected f32, f16, bf16 or f64)"),
+            })
+        }
+    };
+    Ok((HostTensor::from_bytes(shape, ours, data.as_bytes())?, dtype))
+}
+
+fn float_from_host<B: Backend>(
+    t: &HostTensor,
+    dtype: BurnDType,
+    device: &burn::backend::tensor::Device<B>,
+) -> FloatTensor<B> {
+    let burn_dtype = match t.dtype() {
+        DType::F16 => BurnDType::F16,
+        DType::BF16 => BurnDType::BF16,
+        _ => BurnDType::F32,
+    };
+    let mut data =
+        TensorData::from_bytes_vec(t.as_bytes().to_vec(), t.shape().to_vec(), burn_dtype);
+    if dtype != burn_dtype {
+        data = data.convert_dtype(dtype);
+    }
+    B::float_from_data(data, device)
+}
+
+fn f32_to_host(what: &'static str, data: TensorData) -> Result<HostTensor> {
+    let shape = data.shape().to_vec();
+    let v: Vec<f32> = data
+        .try_into_vec_as::<f32>()
+        .map_err(|e| CceError::backend(NAME, format!("{what}: {e:?}")))?;
+    HostTensor::from_f32(shape, &v, DType::F32)
+}
+
+fn targets_to_host(data: TensorData) -> Result<HostTensor> {
+    let shape = data.shape().to_vec();
+    let t = match data.dtype() {
+        BurnDType::I32 => HostTensor::from_i32(
+            data.try_into_vec_as::<i32>()
+                .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
+        ),
+        BurnDType::I64 => HostTensor::from_i64(
+            data.try_into_vec_as::<i64>()
+                .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
+        ),
+        // Other integer dtypes (u8..u64, i8, i16) are widened to i64 (exact for every class
+        // index a vocabulary can hold).
+        _ => HostTensor::from_i64(
+            data.try_into_vec_as::<i64>()
+                .map_err(|e| CceError::backend(NAME, format!("targets: {e:?}")))?,
+        ),
+    };
+    t.reshape(shape)
+}
+
+/// The host tensors of one call, and the dtypes to return gradients in.
+struct HostInputs {
+    e: HostTensor,
+    c: HostTensor,
+    bias: Option<HostTensor>,
+    targets: HostTensor,
+    e_dtype: BurnDType,
+    c_dtype: BurnDType,
+    bias_dtype: Option<BurnDType>,
+}
+
+fn inputs_to_host<B: Backend>(
+    e: FloatTensor<B>,
+    c: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    targets: IntTensor<B>,
+) -> Result<HostInputs> {
+    let (e, e_dtype) = float_to_host("e", read("e", B::float_into_data(e))?)?;
+    let (c, c_dtype) = float_to_host("c", read("c", B::float_into_data(c))?)?;
+    let (bias, bias_dtype) = match bias {
+        Some(b) => {
+            let (b, d) = float_to_host("bias", read("bias", B::float_into_data(b))?)?;
+            (Some(b), Some(d))
+        }
+        None => (None, None),
+    };
+    let targets = targets_to_host(read("targets", B::int_into_data(targets))?)?;
+    Ok(HostInputs {
+        e,
+        c,
+        bias,
+        targets,
+        e_dtype,
+        c_dtype,
+        bias_dtype,
+    })
+}
+
+/// The forward on engine `k` through host copies. Loss `[1]` for mean/sum (burn's scalar
+/// shape), `[N]` for none.
+pub fn host_forward<B: Backend, K: CceBackend>(
+    k: &K,
+    e: FloatTensor<B>,
+    c: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    targets: IntTensor<B>,
+    opts: &Options,
+) -> Result<CceForward<B>> {
+    let device = e.device();
+    let opts = engine_options(opts);
+    let h = inputs_to_host::<B>(e, c, bias, targets)?;
+    let (e_b, c_b, t_b) = (k.upload(&h.e)?, k.upload(&h.c)?, k.upload(&h.targets)?);
+    let bias_b = h.bias.as_ref().map(|b| k.upload(b)).transpose()?;
+    let inputs = Inputs {
+        e: &e_b,
+        c: &c_b,
+        bias: bias_b.as_ref(),
+        targets: &t_b,
+    };
+    let fwd = k.forward(&inputs, &opts)?;
+    let mut loss = k.download(&fwd.loss)?;
+    if loss.shape().is_empty() {
+        loss = loss.reshape(vec![1])?;
+    }
+    let lse = k.download(&fwd.lse)?;
+    let rest_mass = k.download(&fwd.rest_mass)?;
+    Ok(CceForward {
+        loss: float_from_host::<B>(&loss, BurnDType::F32, &device),
+        lse: float_from_host::<B>(&lse, BurnDType::F32, &device),
+        rest_mass: float_from_host::<B>(&rest_mass, BurnDType::F32, &device),
+    })
+}
+
+/// The backward on engine `k` through host copies (see [`CceKernels::cce_backward`]).
+#[allow(clippy::too_many_arguments)]
+pub fn host_backward<B: Backend, K: CceBackend>(
+    k: &K,
+    e: FloatTensor<B>,
+    c: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+    targets: IntTensor<B>,
+    saved: CceForward<B>,
+    d_loss: FloatTensor<B>,
+    opts: &Options,
+) -> Result<CceGrads<B>> {
+    let device = e.device();
+    let opts = engine_options(opts);
+    let h = inputs_to_host::<B>(e, c, bias, targets)?;
+    let lse = f32_to_host("lse", read("lse", B::float_into_data(saved.lse))?)?;
+    let rest = f32_to_host(
+        "rest_mass",
+        read("rest_mass", B::float_into_data(saved.rest_mass))?,
+    )?;
+    let d_loss = f32_to_host("d_loss", read("d_loss", B::float_into_data(d_loss))?)?;
+    let (e_b, c_b, t_b) = (k.upload(&h.e)?, k.upload(&h.c)?, k.upload(&h.targets)?);
+    let bias_b = h.bias.as_ref().map(|b| k.upload(b)).transpose()?;
+    let (lse_b, rest_b) = (k.upload(&lse)?, k.upload(&rest)?);
+    let inputs = Inputs {
+        e: &e_b,
+        c: &c_b,
+        bias: bias_b.as_ref(),
+        targets: &t_b,
+    };
+    let per_row;
+    let d_loss = match opts.reduction {
+        Reduction::None => {
+            per_row = k.upload(&d_loss)?;
+            DLoss::PerRow(&per_row)
+        }
+        Reduction::Mean | Reduction::Sum => {
+            let v = d_loss.to_f32_vec();
+            if v.len() != 1 {
+                return Err(CceError::ShapeMismatch {
+                    what: "d_loss",
+                    expected: "[1]".into(),
+                    got: format!("{:?}", d_loss.shape()),
+                });
+            }
+            DLoss::Scalar(v[0])
+        }
+    };
+    let bwd = k.backward(
+        &inputs,
+        &opts,
+        Saved {
+            lse: &lse_b,
+            rest_mass: &rest_b,
+        },
+        &Upstream {
+            d_loss,
+            d_lse: None,
+        },
+    )?;
+    let back = |t: Option<K::Buffer>, dtype: BurnDType| -> Result<Option<FloatTensor<B>>> {
+        t.map(|t| {
+            let t = k.download(&t)?;
+            Ok(float_from_host::<B>(&t, dtype, &device))
+        })
+        .transpose()
+    };
+    Ok(CceGrads {
+        d_e: back(bwd.d_e, h.e_dtype)?,
+        d_c: back(bwd.d_c, h.c_dtype)?,
+        d_bias: match h.bias_dtype {
+            Some(d) => back(bwd.d_bias, d)?,
+            None => None,
+        },
+    })
+}
