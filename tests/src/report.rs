@@ -163,7 +163,7 @@ impl fmt::Display for CaseReport {
         writeln!(
             f,
             "  rule: |ours-gt| <= |ref-gt| + tau*(|gt| + unit) [+ filter bound]; per row (d_e rows, d_c rows): \
-             ||ours_i-gt_i|| <= ||ref_i-gt_i|| + tau*(||gt_i|| + sum|G_i.|*max||operand row||) + G range [+ filter bound], ours/gt = row norms"
+             ||ours_i-gt_i|| <= tau*(||gt_i|| + sum|G_i.|*max||operand row||) + G range [+ ||ref_i-gt_i|| under a softcap] [+ filter bound], ours/gt = row norms"
         )?;
         for o in &self.outputs {
             write!(
