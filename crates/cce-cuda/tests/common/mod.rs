@@ -2,6 +2,8 @@
 //! conformance judge of MATH.md, and the real fixture.
 #![allow(dead_code)]
 
+pub mod spec;
+
 use cce_core::{CceError, DType, HostTensor};
 use cce_cuda::CudaBackend;
 use rand::{Rng, SeedableRng};
