@@ -401,6 +401,19 @@ fn device_of(all: &[&RawTensor]) -> cce_core::Result<Device> {
     }
 }
 
+/// The gradients a call computes, from the output tensors given (`d_e`, `d_c`, `d_bias`):
+/// `d_bias` needs the `d_c` pass; f32 outputs ask for f32 gradients, else the input dtype.
+fn ask_gradients(o: &mut Options, [d_e, d_c, d_bias]: [&Option<RawTensor>; 3]) {
+    o.compute_d_e = d_e.is_some();
+    o.compute_d_c = d_c.is_some() || d_bias.is_some();
+    let f32_out = d_e.iter().chain(d_c).any(|t| t.dtype == DType::F32);
+    o.grad_dtype = if f32_out {
+        GradDType::F32
+    } else {
+        GradDType::Input
+    };
+}
+
 /// What a build without the `cuda` feature answers for CUDA tensors.
 #[cfg(not(feature = "cuda"))]
 fn cuda_missing() -> LibError {
@@ -591,17 +604,7 @@ fn backward<'py>(
     let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
     let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
     let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
-    o.compute_d_e = d_e_out.is_some();
-    o.compute_d_c = d_c_out.is_some() || d_bias_out.is_some();
-    let out_f32 = d_e_out
-        .iter()
-        .chain(&d_c_out)
-        .any(|t| t.dtype == DType::F32);
-    o.grad_dtype = if out_f32 {
-        GradDType::F32
-    } else {
-        GradDType::Input
-    };
+    ask_gradients(&mut o, [&d_e_out, &d_c_out, &d_bias_out]);
     let mut all = vec![&e, &c, &targets, &lse, &rest_mass, &d_loss];
     all.extend(
         bias.iter()
@@ -788,17 +791,7 @@ fn forward_backward<'py>(
         entropy: entropy_out.is_some(),
         argmax: argmax_out.is_some(),
     };
-    o.compute_d_e = d_e_out.is_some();
-    o.compute_d_c = d_c_out.is_some() || d_bias_out.is_some();
-    let out_f32 = d_e_out
-        .iter()
-        .chain(&d_c_out)
-        .any(|t| t.dtype == DType::F32);
-    o.grad_dtype = if out_f32 {
-        GradDType::F32
-    } else {
-        GradDType::Input
-    };
+    ask_gradients(&mut o, [&d_e_out, &d_c_out, &d_bias_out]);
     let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
     all.extend(
         bias.iter()
