@@ -343,6 +343,7 @@ impl Data {
             bias: self.bias.as_ref(),
             targets: &self.targets,
             n_valid: self.n_valid,
+            device_status: 0,
         }
     }
 }

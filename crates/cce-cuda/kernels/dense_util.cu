@@ -24,9 +24,13 @@ extern "C" __global__ void cce_dense_convert_bf16(const float* src, void* dst, l
     convert_from_f32<2>(src, dst, n);
 }
 
-// out[0] = scale · Σ_i x[i], f64 accumulation in a fixed order. One block of 1024 threads.
+// out[0] = scale · Σ_i x[i], f64 accumulation in a fixed order; with count (the valid rows,
+// u32 on the device: the backend's status), scale / *count instead (0 when *count is 0: the
+// mean over no row). One block of 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) cce_dense_sum_rows(const float* x, int n,
-                                                                     double scale, float* out) {
+                                                                     double scale,
+                                                                     const u32* count,
+                                                                     float* out) {
     __shared__ double sh[1024];
     double s = 0.0;
     for (int i = threadIdx.x; i < n; i += 1024) s += (double)x[i];
@@ -36,7 +40,10 @@ extern "C" __global__ void __launch_bounds__(1024) cce_dense_sum_rows(const floa
         if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[0] = (float)(sh[0] * scale);
+    if (threadIdx.x == 0) {
+        if (count) scale = *count ? scale / (double)*count : 0.0;
+        out[0] = (float)(sh[0] * scale);
+    }
 }
 
 // Filter statistics over rows: out (f64 [5]) = {Σ kept over active rows, Σ dropped over valid

@@ -12,10 +12,12 @@
 use cce_core::CceError;
 
 /// The kernel files, in the order they are concatenated: the backend's own module holds the
-/// device-side data generators only (the loss runs in [`crate::dense`]'s module).
+/// call's device-side preparation and checks (`prepare.cu`) and the data generators (the
+/// loss runs in [`crate::dense`]'s module).
 pub const KERNEL_FILES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("util.cu", include_str!("../kernels/util.cu")),
+    ("prepare.cu", include_str!("../kernels/prepare.cu")),
 ];
 
 /// Every `extern "C"` kernel symbol of the module (loaded at backend construction).
@@ -24,6 +26,11 @@ pub const KERNEL_SYMBOLS: &[&str] = &[
     "cce_fill_randn_f16",
     "cce_fill_randn_bf16",
     "cce_fill_targets",
+    "cce_prepare_targets_i32",
+    "cce_prepare_targets_i64",
+    "cce_prepare_bias_masked",
+    "cce_check_rows_finite",
+    "cce_prepare_finish",
 ];
 
 /// The whole translation unit handed to NVRTC.

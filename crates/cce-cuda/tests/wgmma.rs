@@ -338,6 +338,7 @@ fn wgmma_forward_row_groups() {
             bias: None,
             targets: &t,
             n_valid,
+            device_status: 0,
         };
         let stats = {
             let mut out = DenseForwardOut {

@@ -33,7 +33,7 @@ impl CudaBackend {
         // `CudaSlice` is used on another stream.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(drv)?;
-        Self::build(ctx, stream)
+        Ok(Self::build(ctx, stream)?.with_checks(Checks::Eager))
     }
 
     /// A backend that enqueues all its work on `stream`: a framework's stream (candle's
@@ -45,8 +45,15 @@ impl CudaBackend {
     /// `stream`, in program order. Inputs produced on another stream must be ordered before
     /// the call by the caller (record an event on the producing stream and make `stream` wait
     /// for it); consumers of the outputs on another stream wait for an event recorded on
-    /// `stream` after the call. Some calls still read small results back to the host (the
-    /// prepared targets, statistics) and so wait for `stream` to reach that point.
+    /// `stream` after the call. Checks are [`Checks::Deferred`]: a call reads nothing back
+    /// (the targets are prepared and checked on the device; errors and the device's counts
+    /// wait in [`CudaBackend::status`]), except a filtered call that tries the sparse backward,
+    /// whose choice reads the kept-entry count (skipped while the stream captures a graph).
+    /// [`CudaBackend::with_checks`] with [`Checks::Eager`] reads the checks at every call.
+    ///
+    /// Capturing a call in a CUDA graph: make one call outside the capture first (the first
+    /// call on a context lends the cuBLAS handle and loads the kernels), then capture; the
+    /// call's allocations become the graph's memory nodes.
     ///
     /// Cheap to call per step: the compiled modules are cached per (context, architecture)
     /// for the process ([`crate::device`]); a construction looks up its kernel functions and
@@ -58,7 +65,7 @@ impl CudaBackend {
     pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self> {
         probe()?;
         let ctx = stream.context().clone();
-        Self::build(ctx, stream)
+        Ok(Self::build(ctx, stream)?.with_checks(Checks::Deferred))
     }
 
     /// A backend on a stream owned by other code (PyTorch's
@@ -119,6 +126,9 @@ impl CudaBackend {
             smem_optin as u64,
         );
         let available = limits.strategies.clone();
+        let status = stream
+            .alloc_zeros::<u8>(status::STATUS_BYTES)
+            .map_err(|e| alloc_err(e, status::STATUS_BYTES))?;
         Ok(Self {
             ctx,
             stream,
@@ -136,7 +146,23 @@ impl CudaBackend {
             wgmma_gcols: crate::dense::WGMMA_GCOLS_DEFAULT,
             wgmma_rows: crate::dense::WGMMA_ROWS_DEFAULT,
             engine_switches: CudaSwitches::default(),
+            status,
+            checks: Checks::Eager,
+            last_filtered: AtomicBool::new(false),
         })
+    }
+
+    /// When the calls' device-side checks reach the host ([`Checks`]): at every call
+    /// (`Eager`, one stream synchronization per check point) or when [`CudaBackend::status`]
+    /// is asked (`Deferred`, no host read in a call).
+    pub fn with_checks(mut self, checks: Checks) -> Self {
+        self.checks = checks;
+        self
+    }
+
+    /// The backend's [`Checks`].
+    pub fn checks(&self) -> Checks {
+        self.checks
     }
 
     /// Every switch at once ([`CudaSwitches`]: which paths a call may take, profiling); the

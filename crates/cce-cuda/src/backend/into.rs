@@ -6,7 +6,6 @@
 //! instead, and the engine writes into them: no copy, and no second buffer of the gradients'
 //! size. The checks, the plan and the schedule are those of the trait's calls.
 
-use super::run::dense_call;
 use super::*;
 use crate::dense::{DenseForwardOut, DenseGradOut};
 use cce_core::{CallStats, GradDType, Reduction};
@@ -200,18 +199,26 @@ impl CudaBackend {
         opts: &Options,
         mut out: ForwardInto<'_>,
     ) -> Result<CallStats> {
-        let p = self.prepare(inputs, opts)?;
+        let p = self.prepare(inputs, opts, None)?;
         out.check(&p.problem, opts)?;
-        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
-        let (fs, _) = self.dense_engine()?.backend_run_into(
+        let call = self.dense_call(&p, inputs, opts);
+        let (fs, _, on_device) = self.dense_engine()?.backend_run_into(
             &call,
             None,
             None,
             Some(out.dense()),
             DenseGradOut::default(),
         )?;
-        self.check_finite_lse(inputs, opts, &p, out.lse)?;
-        fs.ok_or_else(|| CceError::backend(BACKEND, "no forward statistics"))
+        let mut fs = fs.ok_or_else(|| CceError::backend(BACKEND, "no forward statistics"))?;
+        self.finish_call(
+            inputs,
+            opts,
+            &p,
+            Some(out.lse),
+            on_device,
+            (Some(&mut fs), None),
+        )?;
+        Ok(fs)
     }
 
     /// [`Backend::backward`] into the caller's buffers (`out`, see [`GradsInto`]). Returns the
@@ -227,13 +234,12 @@ impl CudaBackend {
         upstream: &Upstream<'_, CudaTensor>,
         mut out: GradsInto<'_>,
     ) -> Result<CallStats> {
-        let p = self.prepare(inputs, opts)?;
-        out.check(&p.problem, opts, inputs.bias.is_some())?;
         self.check_owned("lse", saved.lse)?;
         self.check_owned("rest_mass", saved.rest_mass)?;
+        let p = self.prepare(inputs, opts, Some(upstream))?;
+        out.check(&p.problem, opts, inputs.bias.is_some())?;
         saved.check(p.problem.n)?;
-        self.check_upstream(opts, upstream)?;
-        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let call = self.dense_call(&p, inputs, opts);
         let mut own = [None, None, None];
         let grads = grads_dense(
             self,
@@ -243,14 +249,16 @@ impl CudaBackend {
             opts,
             inputs.bias.is_some(),
         )?;
-        let (_, bs) = self.dense_engine()?.backend_run_into(
+        let (_, bs, on_device) = self.dense_engine()?.backend_run_into(
             &call,
             Some(saved),
             Some(upstream),
             None,
             grads,
         )?;
-        bs.ok_or_else(|| CceError::backend(BACKEND, "no backward statistics"))
+        let mut bs = bs.ok_or_else(|| CceError::backend(BACKEND, "no backward statistics"))?;
+        self.finish_call(inputs, opts, &p, None, on_device, (None, Some(&mut bs)))?;
+        Ok(bs)
     }
 
     /// [`Backend::forward_backward`] into the caller's buffers. Returns the forward's and
@@ -265,11 +273,10 @@ impl CudaBackend {
         mut fwd: ForwardInto<'_>,
         mut grads: GradsInto<'_>,
     ) -> Result<(CallStats, CallStats)> {
-        let p = self.prepare(inputs, opts)?;
+        let p = self.prepare(inputs, opts, Some(upstream))?;
         fwd.check(&p.problem, opts)?;
         grads.check(&p.problem, opts, inputs.bias.is_some())?;
-        self.check_upstream(opts, upstream)?;
-        let call = dense_call(&p, inputs, opts, self.wgmma_switches());
+        let call = self.dense_call(&p, inputs, opts);
         let mut own = [None, None, None];
         let dense_grads = grads_dense(
             self,
@@ -279,18 +286,26 @@ impl CudaBackend {
             opts,
             inputs.bias.is_some(),
         )?;
-        let (fs, bs) = self.dense_engine()?.backend_run_into(
+        let (fs, bs, on_device) = self.dense_engine()?.backend_run_into(
             &call,
             None,
             Some(upstream),
             Some(fwd.dense()),
             dense_grads,
         )?;
-        self.check_finite_lse(inputs, opts, &p, fwd.lse)?;
-        match (fs, bs) {
-            (Some(f), Some(b)) => Ok((f, b)),
-            _ => Err(CceError::backend(BACKEND, "no statistics")),
-        }
+        let (mut fs, mut bs) = match (fs, bs) {
+            (Some(f), Some(b)) => (f, b),
+            _ => return Err(CceError::backend(BACKEND, "no statistics")),
+        };
+        self.finish_call(
+            inputs,
+            opts,
+            &p,
+            Some(fwd.lse),
+            on_device,
+            (Some(&mut fs), Some(&mut bs)),
+        )?;
+        Ok((fs, bs))
     }
 
     /// Device bytes a call with these inputs' shapes and `opts` allocates beyond its inputs

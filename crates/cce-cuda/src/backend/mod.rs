@@ -36,8 +36,11 @@ mod checks;
 mod construct;
 mod into;
 mod run;
+mod status;
 
 pub use into::{ForwardInto, GradsInto};
+pub(crate) use status::STATS_OFFSET;
+pub use status::{Checks, DeviceReport, FilterCounts};
 
 use crate::dense::{BackendCall, DenseEngine};
 
@@ -48,9 +51,8 @@ use crate::switches::CudaSwitches;
 use crate::tensor::CudaTensor;
 
 use cce_core::{
-    Backend, BackwardOutput, CceError, DLoss, DType, DeviceLimits, ForwardOutput, HostTensor,
-    Inputs, Options, Plan, PreparedTargets, Problem, Result, Saved, StrategyKind, TensorMeta,
-    Upstream,
+    Backend, BackwardOutput, CallStats, CceError, DLoss, DType, DeviceLimits, ForwardOutput,
+    HostTensor, Inputs, Options, Plan, Problem, Result, Saved, StrategyKind, TensorMeta, Upstream,
 };
 
 use cudarc::driver::sys::{CUdevice_attribute, CUresult};
@@ -61,6 +63,8 @@ use cudarc::driver::{
 };
 
 use std::collections::HashMap;
+
+use std::sync::atomic::AtomicBool;
 
 use std::sync::{Arc, OnceLock};
 
@@ -151,6 +155,12 @@ pub struct CudaBackend {
     engine_switches: CudaSwitches,
     /// Strategies this device supports (`limits.strategies` is the chosen subset).
     available: Vec<StrategyKind>,
+    /// The device status (`status.rs`): each call's checks and counts, the first error.
+    status: CudaSlice<u8>,
+    /// When the device status reaches the host.
+    checks: Checks,
+    /// The last call wrote filter counts into the status.
+    last_filtered: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -171,12 +181,15 @@ fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
     }
 }
 
-/// A call's validated inputs: problem, plan, prepared targets and their device copy.
+/// A call's validated inputs: problem, plan, and the targets prepared on the device.
 struct Prepared {
     problem: Problem,
     plan: Plan,
-    targets: PreparedTargets,
+    /// i32 `[N]`: each row's class, −1 when ignored (`kernels/prepare.cu`).
     classes: CudaSlice<u8>,
-    /// The bias masks some class (a −inf entry).
-    masked: bool,
+    /// f32 `[N]`: a scalar upstream `d_loss` spread over the rows (scaled by the mean's
+    /// count of valid rows on the device); `None` without a backward or with per-row `d_loss`.
+    dl: Option<CudaSlice<u8>>,
+    /// Rows with a valid target, when the status was read ([`Checks::Eager`]).
+    n_valid: Option<usize>,
 }

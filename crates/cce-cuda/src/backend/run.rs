@@ -34,29 +34,44 @@ impl CudaBackend {
         saved: Option<Saved<'_, CudaTensor>>,
         upstream: Option<&Upstream<'_, CudaTensor>>,
     ) -> Result<DenseOutputs> {
-        self.dense_engine()?.backend_run(
-            &dense_call(p, inputs, opts, self.wgmma_switches()),
-            saved,
-            upstream,
-        )
+        let (mut fwd, mut bwd, on_device) =
+            self.dense_engine()?
+                .backend_run(&self.dense_call(p, inputs, opts), saved, upstream)?;
+        let (lse, fs) = match fwd.as_mut() {
+            Some(f) => (Some(&f.lse), Some(&mut f.stats)),
+            None => (None, None),
+        };
+        self.finish_call(
+            inputs,
+            opts,
+            p,
+            lse,
+            on_device,
+            (fs, bwd.as_mut().map(|b| &mut b.stats)),
+        )?;
+        Ok((fwd, bwd))
     }
-}
 
-pub(super) fn dense_call<'a>(
-    p: &'a Prepared,
-    inputs: &'a Inputs<'a, CudaTensor>,
-    opts: &'a Options,
-    (wgmma_forward, wgmma_gcols, wgmma_rows): (bool, bool, bool),
-) -> BackendCall<'a> {
-    BackendCall {
-        plan: &p.plan,
-        n_valid: p.targets.n_valid,
-        classes: &p.classes,
-        inputs,
-        opts,
-        wgmma_forward,
-        wgmma_gcols,
-        wgmma_rows,
+    /// The engine's view of a prepared call.
+    pub(super) fn dense_call<'a>(
+        &self,
+        p: &'a Prepared,
+        inputs: &'a Inputs<'a, CudaTensor>,
+        opts: &'a Options,
+    ) -> BackendCall<'a> {
+        let (wgmma_forward, wgmma_gcols, wgmma_rows) = self.wgmma_switches();
+        BackendCall {
+            plan: &p.plan,
+            n_valid: p.n_valid,
+            classes: &p.classes,
+            dl: p.dl.as_ref(),
+            status: self.status_ptr(),
+            inputs,
+            opts,
+            wgmma_forward,
+            wgmma_gcols,
+            wgmma_rows,
+        }
     }
 }
 
@@ -97,11 +112,9 @@ impl Backend for CudaBackend {
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<CudaTensor>> {
-        let p = self.prepare(inputs, opts)?;
+        let p = self.prepare(inputs, opts, None)?;
         let (fwd, _) = self.run_dense(&p, inputs, opts, None, None)?;
-        let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
-        self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
-        Ok(fwd)
+        fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))
     }
 
     fn backward(
@@ -111,11 +124,10 @@ impl Backend for CudaBackend {
         saved: Saved<'_, CudaTensor>,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<BackwardOutput<CudaTensor>> {
-        let p = self.prepare(inputs, opts)?;
         self.check_owned("lse", saved.lse)?;
         self.check_owned("rest_mass", saved.rest_mass)?;
+        let p = self.prepare(inputs, opts, Some(upstream))?;
         saved.check(p.problem.n)?;
-        self.check_upstream(opts, upstream)?;
         let (_, bwd) = self.run_dense(&p, inputs, opts, Some(saved), Some(upstream))?;
         bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))
     }
@@ -126,13 +138,11 @@ impl Backend for CudaBackend {
         opts: &Options,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<(ForwardOutput<CudaTensor>, BackwardOutput<CudaTensor>)> {
-        let p = self.prepare(inputs, opts)?;
-        self.check_upstream(opts, upstream)?;
+        let p = self.prepare(inputs, opts, Some(upstream))?;
         // One call: the logits are not recomputed between the forward and the backward.
         let (fwd, bwd) = self.run_dense(&p, inputs, opts, None, Some(upstream))?;
         let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
         let bwd = bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))?;
-        self.check_finite_lse(inputs, opts, &p, &fwd.lse)?;
         Ok((fwd, bwd))
     }
 }

@@ -107,6 +107,7 @@ impl DenseEngine {
             CallFacts {
                 scratch: ws.logits.len(),
                 aligned: p.e.is_multiple_of(16) && p.c.is_multiple_of(16),
+                capturing: self.capturing()?,
             },
         );
         let row_args = RowArgs::of_call(cfg, ws.ld, &p)?;
@@ -132,6 +133,9 @@ impl DenseEngine {
             (false, 0)
         };
         stats.filtered = sched.filtering || sparse_used;
+        if let Some(note) = &sched.sparse_note {
+            stats.sparse = Some(note.clone());
+        }
         let forward_done = match sched.forward {
             Some(path) => self.forward_only(cfg, ws, &row_args, &p, path, &sched, &mut stats)?,
             None => false,
@@ -175,12 +179,20 @@ impl DenseEngine {
         }
         if kind.forward() && cfg.reduction != Reduction::None {
             let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
-            self.reduce_loss(cfg, inp.n_valid, p.row_loss, out)?;
+            self.reduce_loss(cfg, inp, p.row_loss, out)?;
         }
         if kind.backward() {
             self.finish_backward(cfg, ws, inp, grads, &p, &sched, sparse_used, &mut stats)?;
         }
         Ok(stats)
+    }
+
+    /// Whether the engine's stream is capturing a CUDA graph (then no step may read the
+    /// device back).
+    fn capturing(&self) -> Result<bool> {
+        use cudarc::driver::sys::CUstreamCaptureStatus as Capture;
+        let status = self.stream.capture_status().map_err(drv)?;
+        Ok(status == Capture::CU_STREAM_CAPTURE_STATUS_ACTIVE)
     }
 
     /// The size checks of every buffer of the call (the kernels trust them) and of the
@@ -496,24 +508,21 @@ impl DenseEngine {
     }
 
     /// The loss reduction: `out` (f32 `[1]`) = the sum of the `N` per-row losses, times
-    /// `1 / n_valid` for a mean.
+    /// `1 / n_valid` for a mean (the count read on the device when `inp.device_status` is set).
     fn reduce_loss(
         &self,
         cfg: &DenseConfig,
-        n_valid: usize,
+        inp: &DenseInputs<'_>,
         row_loss: u64,
         out: u64,
     ) -> Result<()> {
-        let scale = match cfg.reduction {
-            Reduction::Mean if n_valid > 0 => 1.0 / n_valid as f64,
-            Reduction::Mean => 0.0,
-            _ => 1.0,
-        };
+        let (scale, count) = loss_scale(cfg.reduction, inp.n_valid, inp.device_status);
         let n_i = to_i32(cfg.n, "N")?;
         let mut b = self.stream.launch_builder(self.func("cce_dense_sum_rows")?);
-        b.arg(&row_loss).arg(&n_i).arg(&scale).arg(&out);
+        b.arg(&row_loss).arg(&n_i).arg(&scale).arg(&count).arg(&out);
         // SAFETY: matches cce_dense_sum_rows; row_loss holds N f32 written by the forward;
-        // out is the [1] f32 loss (checked).
+        // count is 0 or the status buffer's first word (u32, the valid rows, written by the
+        // prepare kernels earlier on this stream); out is the [1] f32 loss (checked).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (1, 1, 1),
@@ -554,22 +563,29 @@ impl DenseEngine {
             }
         }
         if sched.filtering || sparse_used {
-            self.filter_stats(cfg, ws, inp.n_valid, p, stats)?;
+            self.filter_stats(cfg, ws, inp, p, stats)?;
         }
         Ok(())
     }
 
-    /// `cce_dense_stats` over the rows' kept / dropped counts and the tile flags, read back
-    /// (one host sync) into `stats`.
+    /// `cce_dense_stats` over the rows' kept / dropped counts and the tile flags: into the
+    /// status buffer when `inp.device_status` is set (read there by the backend), else read
+    /// back (one host sync) into `stats`.
     fn filter_stats(
         &self,
         cfg: &DenseConfig,
         ws: &DenseWorkspace,
-        n_valid: usize,
+        inp: &DenseInputs<'_>,
         p: &CallPtrs,
         stats: &mut DenseStats,
     ) -> Result<()> {
-        let stats_ptr = self.ptr(&ws.stats);
+        let n_valid = inp.n_valid;
+        let on_device = inp.device_status != 0;
+        let stats_ptr = if on_device {
+            inp.device_status + crate::backend::STATS_OFFSET as u64
+        } else {
+            self.ptr(&ws.stats)
+        };
         let n_i = to_i32(cfg.n, "N")?;
         let n_flags = (cfg.row_tiles() * cfg.class_tiles()) as i64;
         let mut b = self.stream.launch_builder(self.func("cce_dense_stats")?);
@@ -581,7 +597,8 @@ impl DenseEngine {
             .arg(&n_flags)
             .arg(&stats_ptr);
         // SAFETY: matches cce_dense_stats; kept/dropped/targets hold N values, flags
-        // n_flags u32, stats 8 f64.
+        // n_flags u32, stats 8 f64 (the workspace's, or bytes STATS_OFFSET..+40 of the
+        // backend's 256-byte status buffer).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (1, 1, 1),
@@ -590,6 +607,10 @@ impl DenseEngine {
             })
         }
         .map_err(drv)?;
+        if on_device {
+            stats.stats_on_device = true;
+            return Ok(());
+        }
         let host = self.read_back::<64>(&ws.stats)?;
         let s: Vec<f64> = host
             .chunks_exact(8)
@@ -612,6 +633,18 @@ impl DenseEngine {
             0.0
         };
         Ok(())
+    }
+}
+
+/// The loss reduction's `(scale, count)` for `cce_dense_sum_rows`: with a device status, a
+/// mean's scale 1 divided on the device by the valid rows there (`count` = the status
+/// buffer's first word); else `1 / n_valid` (0 for none) for a mean, 1 for a sum.
+pub(super) fn loss_scale(reduction: Reduction, n_valid: usize, status: u64) -> (f64, u64) {
+    match reduction {
+        Reduction::Mean if status != 0 => (1.0, status),
+        Reduction::Mean if n_valid > 0 => (1.0 / n_valid as f64, 0),
+        Reduction::Mean => (0.0, 0),
+        _ => (1.0, 0),
     }
 }
 

@@ -7,10 +7,14 @@ use super::*;
 pub(crate) struct BackendCall<'a> {
     /// The plan (strategy `ChunkedDense`).
     pub plan: &'a cce_core::Plan,
-    /// Rows with a class.
-    pub n_valid: usize,
+    /// Rows with a class, when the host knows them.
+    pub n_valid: Option<usize>,
     /// Prepared classes, i32 `[N]` (−1 = ignored).
     pub classes: &'a CudaSlice<u8>,
+    /// A scalar upstream `d_loss` spread over the rows, f32 `[N]` (the backend's prepare).
+    pub dl: Option<&'a CudaSlice<u8>>,
+    /// The backend's status buffer ([`DenseInputs::device_status`]).
+    pub status: u64,
     /// The inputs.
     pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
     /// The options.
@@ -24,9 +28,19 @@ pub(crate) struct BackendCall<'a> {
     pub wgmma_rows: bool,
 }
 
+/// A call's outputs, and whether its filter counts went to the backend's status.
 pub(super) type BackendOutputs = (
     Option<cce_core::ForwardOutput<crate::CudaTensor>>,
     Option<cce_core::BackwardOutput<crate::CudaTensor>>,
+    bool,
+);
+
+/// A call's statistics (forward, backward), and whether its filter counts went to the
+/// backend's status.
+pub(crate) type CallStatsPair = (
+    Option<cce_core::CallStats>,
+    Option<cce_core::CallStats>,
+    bool,
 );
 
 impl DenseEngine {
@@ -48,7 +62,7 @@ impl DenseEngine {
             backend: BACKEND.into(),
             strategy: p.strategy,
             plan_reason: p.reason.clone(),
-            n_valid: call.n_valid,
+            n_valid: call.n_valid.unwrap_or(0),
             tiles_total: p.tile_count(),
             tiles_visited: 0,
             tiles_skipped: 0,
@@ -82,7 +96,7 @@ impl DenseEngine {
         } else {
             None
         };
-        let (fs, bs) = self.run_outputs(
+        let (fs, bs, on_device) = self.run_outputs(
             call,
             &cfg,
             saved,
@@ -112,7 +126,7 @@ impl DenseEngine {
                 d_bias,
                 stats,
             });
-        Ok((fwd, bwd))
+        Ok((fwd, bwd, on_device))
     }
 
     /// As [`DenseEngine::backend_run`], into the caller's buffers (checked for dtype and shape
@@ -124,7 +138,7 @@ impl DenseEngine {
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
         fwd: Option<DenseForwardOut<'_>>,
         grads: DenseGradOut<'_>,
-    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
+    ) -> Result<CallStatsPair> {
         let cfg = call_config(call, up.is_some())?;
         self.run_outputs(call, &cfg, saved, up, fwd, grads)
     }
@@ -139,8 +153,8 @@ impl DenseEngine {
         up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
         mut fo: Option<DenseForwardOut<'_>>,
         mut go: DenseGradOut<'_>,
-    ) -> Result<(Option<cce_core::CallStats>, Option<cce_core::CallStats>)> {
-        let dense_up = up.map(|u| dense_upstream(cfg, u)).transpose()?;
+    ) -> Result<CallStatsPair> {
+        let dense_up = up.map(|u| dense_upstream(cfg, u, call.dl)).transpose()?;
         if let Some(sv) = saved {
             f32_vec(cfg.n, sv.lse, "lse")?;
             f32_vec(cfg.n, sv.rest_mass, "rest_mass")?;
@@ -151,7 +165,8 @@ impl DenseEngine {
             c: call.inputs.c.slice(),
             bias: call.inputs.bias.map(|b| b.slice()),
             targets: call.classes,
-            n_valid: call.n_valid,
+            n_valid: call.n_valid.unwrap_or(0),
+            device_status: call.status,
         };
         let ws_bytes = ws.bytes() + self.own_bytes();
         let dstats = match (&mut fo, saved, dense_up.as_ref()) {
@@ -185,7 +200,7 @@ impl DenseEngine {
         let bwd = up
             .is_some()
             .then(|| backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, &dstats));
-        Ok((fwd, bwd))
+        Ok((fwd, bwd, dstats.stats_on_device))
     }
 
     /// The forward's output tensors of `cfg`: loss (`[N]` with reduction none, else a
@@ -289,11 +304,12 @@ fn f32_vec(n: usize, t: &crate::CudaTensor, what: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// The engine's upstream gradients of `u`: a scalar `d_loss` with a reduction, per-row
-/// `d_loss` (f32 `[N]`) with none; `d_lse` f32 `[N]`.
+/// The engine's upstream gradients of `u`: a scalar `d_loss` with a reduction (as `dl`, its
+/// per-row spread, when given), per-row `d_loss` (f32 `[N]`) with none; `d_lse` f32 `[N]`.
 fn dense_upstream<'a>(
     cfg: &DenseConfig,
     u: &cce_core::Upstream<'a, crate::CudaTensor>,
+    dl: Option<&'a CudaSlice<u8>>,
 ) -> Result<DenseUpstream<'a>> {
     use cce_core::TensorMeta;
     let n = cfg.n;
@@ -305,7 +321,10 @@ fn dense_upstream<'a>(
                 got: "a scalar".into(),
             });
         }
-        cce_core::DLoss::Scalar(x) => DenseDLoss::Scalar(x),
+        cce_core::DLoss::Scalar(x) => match dl {
+            Some(rows) => DenseDLoss::PerRow(rows),
+            None => DenseDLoss::Scalar(x),
+        },
         cce_core::DLoss::PerRow(t) => {
             if cfg.reduction != Reduction::None {
                 return Err(CceError::ShapeMismatch {
@@ -358,7 +377,7 @@ fn backward_stats(
         // Nothing skipped: every tile and entry of both filtered products was computed.
         let passes = call.plan.filter.filter_e_grad as u64 + call.plan.filter.filter_c_grad as u64;
         stats.tiles_visited = passes * stats.tiles_total;
-        stats.entries_kept = passes * call.n_valid as u64 * v as u64;
+        stats.entries_kept = passes * call.n_valid.unwrap_or(0) as u64 * v as u64;
     }
     stats
 }

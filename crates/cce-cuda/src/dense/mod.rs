@@ -200,8 +200,12 @@ pub struct DenseInputs<'a> {
     pub bias: Option<&'a CudaSlice<u8>>,
     /// Prepared targets, i32 `[N]`: the class, or −1 for an ignored row (shift applied).
     pub targets: &'a CudaSlice<u8>,
-    /// Rows with a class.
+    /// Rows with a class (used when `device_status` is 0).
     pub n_valid: usize,
+    /// Device address of the backend's status buffer (`kernels/prepare.cu`), or 0. When set,
+    /// a mean's count of valid rows is read there on the device, and the filter statistics
+    /// are written there instead of being read back ([`DenseStats::stats_on_device`]).
+    pub device_status: u64,
 }
 
 /// Upstream gradient of the loss.
@@ -260,6 +264,9 @@ pub struct DenseStats {
     pub row_pass: Option<RowPass>,
     /// Whether entries were skipped (filter on for both gradients).
     pub filtered: bool,
+    /// The filter's counts went to the status buffer ([`DenseInputs::device_status`]): the
+    /// count fields below are 0 and the backend reads the counts there.
+    pub stats_on_device: bool,
     /// Active rows (non-zero upstream gradient).
     pub active_rows: u64,
     /// `(row, class)` entries of active rows computed, summed over the 2 filtered products.

@@ -87,6 +87,8 @@ pub(crate) struct CallFacts {
     pub scratch: usize,
     /// `e` and `c` start on 16-byte boundaries (the WGMMA kernels' TMA loads need it).
     pub aligned: bool,
+    /// The stream is capturing a CUDA graph: no decision may read the device.
+    pub capturing: bool,
 }
 
 /// How a forward-only call computes lse and loss.
@@ -125,6 +127,8 @@ pub(crate) struct Schedule {
     pub filtering: bool,
     /// The plan's sparse backward runs first (filtered split-dense calls with a backward).
     pub try_sparse: bool,
+    /// Why a planned sparse backward is not tried, when it is not.
+    pub sparse_note: Option<String>,
     /// The cluster-fused row kernel: (cluster size, columns per block).
     pub fused: Option<(usize, usize)>,
     /// How the row pass stores `G` for `d_e` (`DenseConfig::g_mode`; 0 without a backward).
@@ -162,6 +166,7 @@ pub(crate) fn schedule(
         None
     };
     let g_mode = if backward { cfg.g_mode() } else { 0 };
+    let sparse_planned = backward && split && cfg.sparse.is_some() && cfg.filtering();
     let (forward, forward_note) = if kind == CallKind::Forward {
         match (
             wgmma_forward_rows(cfg, dev, call.scratch, call.aligned),
@@ -196,7 +201,8 @@ pub(crate) fn schedule(
         kind,
         split,
         filtering,
-        try_sparse: backward && split && cfg.sparse.is_some() && cfg.filtering(),
+        try_sparse: sparse_planned && !call.capturing,
+        sparse_note: (sparse_planned && call.capturing).then(sparse_capture_note),
         fused,
         g_mode,
         c16_copy: g_mode == 2 && cfg.dtype == DType::BF16,
@@ -459,6 +465,14 @@ pub(crate) fn sparse_used_note(kept: u64, n: usize) -> String {
         "sparse backward: {kept} kept entries ({:.1} per row), one logits GEMM",
         kept as f64 / n as f64
     )
+}
+
+/// Why a capturing call skips the planned sparse backward: its choice between the sparse and
+/// the dense products reads the kept-entry count back, which a graph cannot.
+pub(crate) fn sparse_capture_note() -> String {
+    "dense passes: the stream is capturing a CUDA graph, and the sparse backward's choice \
+     reads the kept-entry count on the host"
+        .into()
 }
 
 /// The note of a sparse backward that gave way to the dense passes (`reused`: they start from

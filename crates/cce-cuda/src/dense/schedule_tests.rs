@@ -70,6 +70,7 @@ fn notes(
     let call = CallFacts {
         scratch: cfg.scratch_bytes().max(4),
         aligned: true,
+        capturing: false,
     };
     let s = schedule(&cfg, kind, dev, call);
     let chunk = cfg.effective_chunk_rows();
@@ -545,9 +546,19 @@ fn fallback_reasons() {
     let facts = CallFacts {
         scratch: small.scratch_bytes(),
         aligned: true,
+        capturing: false,
     };
     let s = schedule(&small, CallKind::ForwardBackward, &dev, facts);
     assert!(s.c16_copy && s.g_mode == 2 && s.try_sparse && s.split && !s.filtering);
+    assert!(s.sparse_note.is_none());
+    // A capturing stream: no sparse try (its choice reads the device), and the note says why.
+    let capturing = CallFacts {
+        capturing: true,
+        ..facts
+    };
+    let s = schedule(&small, CallKind::ForwardBackward, &dev, capturing);
+    assert!(!s.try_sparse && s.split);
+    assert_eq!(s.sparse_note, Some(sparse_capture_note()));
     assert_eq!(
         s.row_wgmma,
         Some(Err("f16 G for d_e (the budget's f16 copy of c)"))
