@@ -1,8 +1,9 @@
 """The ``torch.library`` custom ops around the native extension.
 
-Two ops, ``cut_cross_entropy_rs::forward`` and ``cut_cross_entropy_rs::backward``, each with a
-fake (meta) kernel, and the autograd formula linking them, so ``torch.compile`` traces through a
-call (``fullgraph=True``) without running it.
+Three ops, ``cut_cross_entropy_rs::forward``, ``cut_cross_entropy_rs::backward`` and
+``cut_cross_entropy_rs::forward_eager`` (the forward and the gradients in one call), each with a
+fake (meta) kernel, and the autograd formulas of the two forwards, so ``torch.compile`` traces
+through a call (``fullgraph=True``) without running it.
 
 When to compute the gradients, decided by measurement:
 - CUDA tensors, reduction mean or sum, a gradient needed: ``forward_eager`` computes the loss
@@ -12,8 +13,14 @@ When to compute the gradients, decided by measurement:
   the forward then a backward that recomputes took 245 ms filtered on randn and 548 ms
   exact, the fused call 128 ms and 425 ms (``python -m cut_cross_entropy_rs.bench`` and the
   dense bench, same session): one logits GEMM (~100 ms) saved. Its price: ``d_e`` and ``d_c``
-  are held from the forward to the backward (the classifier's size), and a gradient through
-  the returned ``lse`` falls back to the recomputing backward.
+  are held from the forward to the backward (the classifier's size). The backward scales them
+  in place and lets go of them, so autograd owns the returned tensors alone and
+  ``AccumulateGrad`` adopts them as ``.grad`` without a copy (no second gradient-sized buffer).
+  A gradient through the returned ``lse``, a ``create_graph=True`` backward and a second
+  backward through a retained graph (the held gradients are spent) take the recomputing
+  backward instead. On CPU tensors the op runs the CPU backend's forward, then its backward
+  with an upstream gradient of 1 (the package does not choose it there; it keeps the op and its
+  autograd formula testable everywhere).
 - Otherwise (CPU tensors, ``reduction="none"``, no gradient needed): the backward recomputes
   the logits from the saved ``lse`` and ``rest_mass`` (``1 − p_y`` per row, kept without
   cancellation; paper section 4.3). On the CPU backend (N=1024, D=256, V=16384, 2 cores):
@@ -326,29 +333,31 @@ def forward_eager_op(
     argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`forward_op`'s outputs, then ``d_e``, ``d_c``, ``d_bias`` (input dtype; empty when
-    not needed) of the loss with an upstream gradient of 1, from one call that computes the
-    logits once (CUDA tensors, reduction mean or sum)."""
+    not needed) of the loss with an upstream gradient of 1: on CUDA tensors from one call that
+    computes the logits once, on CPU tensors from the CPU backend's forward then backward.
+
+    Under autograd the three gradients belong to the backward, which scales them in place by
+    the upstream gradient and returns them as the gradients of ``e``, ``c`` and ``bias``: a
+    caller must not keep or use them (``linear_cross_entropy`` drops them at once)."""
     o = _options_in(locals())
     loss, lse, rest_mass, ent, arg = _forward_outputs(e, o)
     d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
-    fwd_stats, bwd_stats = _native.forward_backward(
-        e.contiguous(),
-        c.contiguous(),
-        None if bias is None else bias.contiguous(),
-        targets.contiguous(),
-        _native_options(o),
-        loss,
-        lse,
-        rest_mass,
-        ent if o.entropy else None,
-        arg if o.argmax else None,
-        d_e if need_d_e else None,
-        d_c if need_d_c else None,
-        d_bias if need_d_bias and bias is not None else None,
-        stream=_stream(e),
-    )
+    inputs = (e.contiguous(), c.contiguous(), None if bias is None else bias.contiguous(), targets.contiguous())
+    side = (ent if o.entropy else None, arg if o.argmax else None)
+    grads = (d_e if need_d_e else None, d_c if need_d_c else None, d_bias if need_d_bias and bias is not None else None)
+    if e.is_cuda:
+        fwd_stats, bwd_stats = _native.forward_backward(
+            *inputs, _native_options(o), loss, lse, rest_mass, *side, *grads, stream=_stream(e)
+        )
+    else:
+        fwd_stats = _native.forward(*inputs, _native_options(o), loss, lse, rest_mass, *side, stream=0)
+        bwd_stats = None
+        if any(g is not None for g in grads):
+            one = torch.ones((), dtype=torch.float32, device=e.device)
+            bwd_stats = _native.backward(*inputs, _native_options(o), lse, rest_mass, one, None, *grads, stream=0)
     _record(stats_id, "forward", fwd_stats)
-    _record(stats_id, "backward", bwd_stats)
+    if bwd_stats is not None:
+        _record(stats_id, "backward", bwd_stats)
     return loss, lse, rest_mass, ent, arg, d_e, d_c, d_bias
 
 
@@ -361,37 +370,51 @@ def _setup_eager_context(ctx, inputs, output):
     e, c, targets, bias, need_d_e, need_d_c, need_d_bias, stats_id = inputs[:8]
     _, lse, rest_mass, entropy, argmax, d_e, d_c, d_bias = output
     ctx.mark_non_differentiable(rest_mass, entropy, argmax, d_e, d_c, d_bias)
-    ctx.save_for_backward(e, c, targets, bias, lse, rest_mass, d_e, d_c, d_bias)
+    ctx.save_for_backward(e, c, targets, bias, lse, rest_mass)
+    # The gradients are plain attributes, not saved tensors: the backward takes them off ctx
+    # (see ``_take_held``), scales them in place and hands them to autograd.
+    ctx.held = [d_e if need_d_e else None, d_c if need_d_c else None, d_bias if need_d_bias else None]
     ctx.stats_id = stats_id
     ctx.opts = Options(*inputs[8:])
     ctx.has_bias = bias is not None
-    ctx.eager = (need_d_e, need_d_c, need_d_bias)
     ctx.set_materialize_grads(False)
 
 
+def _take_held(ctx, needed: tuple[bool, bool, bool]) -> Optional[list]:
+    """The forward's gradients of ``(e, c, bias)`` if they serve this backward, else None; taken
+    off ``ctx`` in either case, so that a tensor returned from the backward has autograd as its
+    only owner (``AccumulateGrad`` then adopts it as ``.grad`` instead of copying it) and an
+    unused one is freed now. A second backward through a retained graph finds None: the held
+    gradients were scaled in place by the first, and it recomputes."""
+    held, ctx.held = ctx.held, None
+    if held is None or any(n and h is None for n, h in zip(needed, held, strict=True)):
+        return None
+    return [h if n else None for n, h in zip(needed, held, strict=True)]
+
+
 def _eager_backward(ctx, d_loss, d_lse, *_):
-    e, c, targets, bias, lse, rest_mass, d_e, d_c, d_bias = ctx.saved_tensors
-    need_d_e, need_d_c = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    need_d_bias = ctx.has_bias and ctx.needs_input_grad[3]
+    needed = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[3])
+    held = _take_held(ctx, needed)
     none = (None,) * (8 + len(Options._fields))
     if d_loss is None and d_lse is None:
         return none
-    have = ctx.eager
-    if d_lse is not None or (need_d_e and not have[0]) or (need_d_c and not have[1]) or (need_d_bias and not have[2]):
-        # A gradient through the lse, or one the forward did not compute: recompute.
+    if held is None or d_lse is not None or torch.is_grad_enabled():
+        # A gradient through the lse, one the forward did not compute, spent gradients (a
+        # retained graph's second backward) or create_graph=True (whose own backward then raises
+        # as the recomputing path's does): recompute.
+        e, c, targets, bias, lse, rest_mass = ctx.saved_tensors
         if d_loss is None:
             d_loss = lse.new_zeros(())
         d_e, d_c, d_bias = backward_op(
-            e, c, targets, bias, lse, rest_mass, d_loss, d_lse, need_d_e, need_d_c, need_d_bias, ctx.stats_id, *ctx.opts
+            e, c, targets, bias, lse, rest_mass, d_loss, d_lse, *needed, ctx.stats_id, *ctx.opts
         )
+        grads = [g if n else None for n, g in zip(needed, (d_e, d_c, d_bias), strict=True)]
     else:
-        # The forward's gradients are those of an upstream gradient of 1: scale them.
+        # The forward's gradients are those of an upstream gradient of 1: scale them in place,
+        # on the device (no host read of the upstream).
         scale = d_loss.to(torch.float32)
-        d_e = (d_e * scale).to(d_e.dtype) if need_d_e else None
-        d_c = (d_c * scale).to(d_c.dtype) if need_d_c else None
-        d_bias = (d_bias * scale).to(d_bias.dtype) if need_d_bias else None
-    grads = (d_e if need_d_e else None, d_c if need_d_c else None, None, d_bias if need_d_bias else None)
-    return grads + none[4:]
+        grads = [None if h is None else h.mul_(scale) for h in held]
+    return (grads[0], grads[1], None, grads[2]) + none[4:]
 
 
 forward_eager_op.register_autograd(_eager_backward, setup_context=_setup_eager_context)

@@ -1,6 +1,8 @@
 """The CUDA path (skipped without a CUDA device): the same f64 checks as the CPU's on torch's CUDA
-tensors, a non-default current stream, bad inputs raising ``CceError``, torch.compile, and CUDA
-graph capture (expected to fail while the backend still reads the targets back)."""
+tensors, a non-default current stream, bad inputs raising ``CceError``, torch.compile, CUDA graph
+capture (expected to fail while the backend still reads the targets back), and the eager
+gradients of mean and sum (scaled in place, adopted by autograd without a copy, recomputed for a
+retained graph's second backward)."""
 
 from __future__ import annotations
 
@@ -131,11 +133,56 @@ def test_gradient_through_the_lse_recomputes():
         torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-6)
 
 
-def test_eager_gradients_scale_with_the_upstream():
-    e, c, t, _ = cuda(*make((64,), 64, 500, torch.float32))
-    e1, c1 = e.clone().requires_grad_(), c.clone().requires_grad_()
-    (linear_cross_entropy(e1, c1, t, filter_eps=None) * 3.0).backward()
-    e2, c2 = e.clone().requires_grad_(), c.clone().requires_grad_()
-    linear_cross_entropy(e2, c2, t, filter_eps=None).backward()
-    torch.testing.assert_close(e1.grad, 3.0 * e2.grad, rtol=1e-6, atol=0)
-    torch.testing.assert_close(c1.grad, 3.0 * c2.grad, rtol=1e-6, atol=0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 0.5, 3.0])
+def test_eager_gradients_scale_with_the_upstream(dtype, scale):
+    """The forward's gradients (upstream 1), scaled in place by the backward, against the
+    recomputing backward (``return_lse``: a gradient through the lse takes it)."""
+    e, c, t, b = cuda(*make((64,), 64, 500, dtype, bias=True, ignore=0.1))
+    xs = [x.clone().requires_grad_() for x in (e, c, b)]
+    (linear_cross_entropy(xs[0], xs[1], t, xs[2], filter_eps=None) * scale).backward()
+    ys = [x.clone().requires_grad_() for x in (e, c, b)]
+    loss, lse = linear_cross_entropy(ys[0], ys[1], t, ys[2], filter_eps=None, return_lse=True)
+    (loss * scale + 0.0 * lse.sum()).backward()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 * 2.0**-7, atol=1e-6)
+    for x, y in zip(xs, ys, strict=True):
+        torch.testing.assert_close(x.grad, y.grad, **tol)
+
+
+def test_eager_backward_allocates_no_second_copy():
+    """The backward scales the held gradients in place and autograd adopts them as ``.grad``:
+    nothing gradient-sized is allocated during the backward (the held gradients plus a scaled
+    copy would be 12 MiB here)."""
+    e, c, t, b = cuda(*make((4096,), 256, 8192, torch.float32, bias=True))
+    xs = [x.clone().requires_grad_() for x in (e, c, b)]
+    loss = linear_cross_entropy(xs[0], xs[1], t, xs[2], filter_eps=None) * 0.5
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    torch.cuda.synchronize()
+    grad_bytes = sum(x.numel() * x.element_size() for x in xs)
+    assert torch.cuda.max_memory_allocated() - before < grad_bytes // 8
+    assert torch.cuda.memory_allocated() <= before
+
+
+def test_eager_retained_graph_second_backward_recomputes():
+    """The first backward spends the held gradients; a second one through the retained graph
+    recomputes them."""
+    e, c, t, b = cuda(*make((64,), 64, 500, torch.float32, bias=True, ignore=0.1))
+    xs = [x.clone().requires_grad_() for x in (e, c, b)]
+    loss = linear_cross_entropy(xs[0], xs[1], t, xs[2], filter_eps=None) * 0.5
+    first = torch.autograd.grad(loss, xs, retain_graph=True)
+    second = torch.autograd.grad(loss, xs)
+    for f, s in zip(first, second, strict=True):
+        torch.testing.assert_close(s, f, rtol=1e-5, atol=1e-6)
+
+
+def test_eager_double_backward_raises():
+    """``create_graph=True`` takes the recomputing backward, which has no second-order formula."""
+    e, c, t, _ = cuda(*make((32,), 32, 100, torch.float32))
+    e1 = e.clone().requires_grad_()
+    (d_e,) = torch.autograd.grad(linear_cross_entropy(e1, c, t), e1, create_graph=True)
+    assert torch.isfinite(d_e).all()
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        d_e.sum().backward()
