@@ -18,7 +18,7 @@ use cce_core::{
     Backend, CallStats, DLoss, DType, Inputs, Options, Reduction, Saved, TensorMeta, Upstream,
 };
 use cce_cuda::cudarc::driver::{sys::CUstream, CudaContext};
-use cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+use cce_cuda::{Checks, CudaBackend, CudaTensor, ForwardInto, GradsInto};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -52,15 +52,28 @@ pub(crate) struct TorchStream {
 }
 
 impl TorchStream {
-    /// A backend on this stream.
+    /// A backend on this stream. Its checks are eager (a bad input raises at the call, as
+    /// on the CPU), except while the stream captures a CUDA graph: then nothing is read back
+    /// (`Checks::Deferred`), so that the call can be captured.
     ///
     /// # Safety
     /// `handle` is a live stream of device `ordinal`'s primary context that outlives the call
     /// (torch's current stream does).
     unsafe fn backend(self) -> cce_core::Result<CudaBackend> {
+        use cce_cuda::cudarc::driver::sys::CUstreamCaptureStatus as Capture;
         let ctx = context(self.ordinal)?;
         // SAFETY: forwarded from this function's contract; the backend lives for one call.
-        unsafe { CudaBackend::on_raw_stream(&ctx, self.handle as CUstream) }
+        let be = unsafe { CudaBackend::on_raw_stream(&ctx, self.handle as CUstream) }?;
+        let capturing = be
+            .stream()
+            .capture_status()
+            .map_err(|e| LibError::backend(WHO, e))?
+            == Capture::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        Ok(be.with_checks(if capturing {
+            Checks::Deferred
+        } else {
+            Checks::Eager
+        }))
     }
 }
 

@@ -30,7 +30,9 @@ pub mod libs;
 pub mod switches;
 pub mod tensor;
 
-pub use backend::{probe, CudaBackend, ForwardInto, GradsInto, SparseMode};
+pub use backend::{
+    probe, Checks, CudaBackend, DeviceReport, FilterCounts, ForwardInto, GradsInto, SparseMode,
+};
 /// The cudarc this crate is built with (its streams, contexts and slices are what
 /// [`CudaBackend::on_stream`] and [`CudaTensor::borrowed_view`] take).
 pub use cudarc;
