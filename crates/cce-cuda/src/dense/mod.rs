@@ -122,7 +122,7 @@ pub use config::{
     WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
 };
 pub(crate) use glue::{workspace_bytes, BackendCall};
-pub use launch::CUBLAS_WORKSPACE_BYTES;
+pub use launch::{GemmScalars, CUBLAS_WORKSPACE_BYTES};
 pub use workspace::DenseWorkspace;
 pub(crate) use workspace::GColsLayout;
 
