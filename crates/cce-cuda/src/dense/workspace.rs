@@ -216,6 +216,8 @@ pub struct DenseWorkspace {
     pub(super) ld: usize,
     pub(super) logits: CudaSlice<u8>,
     pub(super) tau: CudaSlice<u8>,
+    /// Split dense's power-of-two scales, [`SCALES_BYTES`]: one `ScaleSet` per use (maxima
+    /// and factors, written and read on the device).
     pub(super) scales: CudaSlice<u8>,
     pub(super) dc_acc: Option<CudaSlice<u8>>,
     pub(super) dbias_acc: Option<CudaSlice<u8>>,
