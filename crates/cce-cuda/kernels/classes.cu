@@ -3,9 +3,13 @@
 // rows.cu (src/dense/mod.rs `KERNEL_SOURCE`).
 //
 // Parameters: L f32 [N, ldk] logits of a class chunk (G written over them); lse, rest, tau,
-//   targets and upstream gradients f32 / i32 [N]; details at each kernel.
-// Tiling: grid-stride (scales, conversions); GC_ROWS rows per block (gcols).
-// Thread mapping: one element / row per thread per step; one warp per row in gcols.
+//   targets and upstream gradients f32 / i32 [N]; the power-of-two factors as device pointers
+//   to f32 (a scale set of the workspace's `scales` region, written by
+//   cce_split_scales_finish; null means 1); details at each kernel.
+// Tiling: grid-stride (scales, conversions); one thread (scales_finish); GC_ROWS rows per
+//   block (gcols).
+// Thread mapping: one element / row per thread per step, a factor loaded once per thread
+//   before its loop; one warp per row in gcols.
 
 // ------------------------------------------------------------------------------------------
 // Split dense (Strategy::SplitDense): the class pass
@@ -19,12 +23,14 @@
 //   (c) cuBLAS: d_c[k0:k0+K] = 2^(k−s) · G'ᵀ · E' with E' = f16(2^−k · e) (cce_split_e_to_f16_*,
 //       once per call; e itself for f16/f32 inputs), written in the gradient dtype;
 //   (d) d_bias by cce_dense_colsum_* with scale 2^−s.
-// The scales come from cce_split_scales_* (max |e| and max_i |coefficients of G_i|), read
-// back once per call.
+// The scales come from cce_split_scales_* (max |e| and max_i |coefficients of G_i|) and
+// cce_split_scales_finish, which turns them into the factors 2^−k, 2^s, 2^(k−s), 2^−s in
+// device memory; every consumer reads its factor there (the d_c GEMM its alpha through
+// cuBLAS's device pointer mode), so the scales cost no host sync.
 
 // Parameters: e DT [count]; targets i32 [N]; dl_rows f32 [N] or 0 (→ dl_scalar); dlse f32 [N]
-//   or 0; lse, rest f32 [N]; out u32 [2] (zeroed by the caller) = bits of {max |e|, max_i
-//   g_bound_i}, the bound of |G_ij| (g_coef, g_bound).
+//   or 0; lse, rest f32 [N]; out u32 [2] (words 0, 1 of a scale set, zeroed by the caller) =
+//   bits of {max |e|, max_i g_bound_i}, the bound of |G_ij| (g_coef, g_bound).
 // Tiling: grid-stride over e, then over rows.
 // Thread mapping: one element / row per thread per step; per-block max by warp shuffles, one
 //   atomicMax per warp on the bit pattern (non-negative floats order like their bits: the
@@ -67,32 +73,79 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_scales_bf16(SCALES_P
     split_scales<2>(SCALES_ARGS);
 }
 
-// Parameters: src bf16 [count]; dst f16 [count] = f16(src · scale), scale a power of two that
-//   keeps max |src · scale| ≤ 2^15 (exact for |src · scale| ≥ 2^−14: bf16's 8 significand bits
-//   fit f16's 11). Used for e (class pass) and c (row pass with an f16 c).
-// Tiling / thread mapping: grid-stride, one element per thread per step.
-extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const u16* src, u16* dst,
-                                                                         long long count,
-                                                                         float scale) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
-        dst[i] = f32_to_f16(bf16_to_f32(src[i]) * scale);
+// The exponent k (clamped to ±100) with max · 2^k ≤ 2^top, from the bits u of a max: top −
+// ceil(log2 max), exactly (integer exponent and significand, subnormals included); 0 for a
+// zero, negative or non-finite max. Mirrors scales.rs `pow2_to`, its reference.
+__device__ __forceinline__ int pow2_to_bits(u32 u, int top) {
+    const int ex = (int)((u >> 23) & 0xffu);
+    const u32 m = u & 0x7fffffu;
+    if ((u >> 31) != 0u || ex == 0xff || u == 0u) return 0;
+    const int c = ex != 0 ? ex - 127 + (m != 0u ? 1 : 0)
+                          : (31 - __clz((int)m)) - 149 + ((m & (m - 1u)) != 0u ? 1 : 0);
+    return min(max(top - c, -100), 100);
+}
+// 2^k as f32, exact where representable (subnormals included), +inf above 2^127, 0 below
+// 2^−149. Mirrors scales.rs `pow2f`.
+__device__ __forceinline__ float pow2f(int k) {
+    if (k > 127) return __int_as_float(0x7f800000);
+    if (k >= -126) return __int_as_float((k + 127) << 23);
+    if (k >= -149) return __int_as_float(1 << (k + 149));
+    return 0.0f;
 }
 
-// d_e rows from the f32 product of the row pass: d_e[r, k] = out(tmp[r, k] · rs[r] · cscale),
-//   rs = row_scale (mode 2) or 0 (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16,
-//   2 bf16). Tiling / thread mapping: grid-stride over rows·D, one element per thread.
+// Parameters: set u32 / f32 [8], one scale set of the workspace's `scales` region (scales.rs
+//   `ScaleSet`): reads words 0, 1 (the bits of max |x| and max |G coefficient| that
+//   cce_split_scales_* wrote before it, stream order), writes the f32 factors 2 = 2^kx,
+//   3 = 2^−kx, 4 = 2^kg, 5 = 2^−kg, 6 = 2^(−kx−kg) and 7 = 0.0 (cuBLAS's device-mode beta),
+//   with kx = pow2_to(max |x|, top_x), kg = pow2_to(max |G|, top_g).
+// Tiling / thread mapping: one block of one thread.
+extern "C" __global__ void __launch_bounds__(1) cce_split_scales_finish(u32* set, int top_x,
+                                                                       int top_g) {
+    const int kx = pow2_to_bits(set[0], top_x);
+    const int kg = pow2_to_bits(set[1], top_g);
+    float* f = (float*)set;
+    f[2] = pow2f(kx);
+    f[3] = pow2f(-kx);
+    f[4] = pow2f(kg);
+    f[5] = pow2f(-kg);
+    f[6] = pow2f(-kx - kg);
+    f[7] = 0.0f;
+}
+
+// Parameters: src bf16 [count]; dst f16 [count] = f16(src · *scale), *scale (f32, device; null
+//   = 1) a power of two that keeps max |src · scale| ≤ 2^15 (exact for |src · scale| ≥ 2^−14:
+//   bf16's 8 significand bits fit f16's 11). Used for e (class pass) and c (row pass with an
+//   f16 c).
+// Tiling / thread mapping: grid-stride, one element per thread per step; the scale loaded once
+//   per thread.
+extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const u16* src, u16* dst,
+                                                                         long long count,
+                                                                         const float* scale) {
+    const float s = scale ? *scale : 1.0f;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride)
+        dst[i] = f32_to_f16(bf16_to_f32(src[i]) * s);
+}
+
+// d_e rows from the f32 product of the row pass: d_e[r, k] = out(tmp[r, k] · rs[r] · *cscale),
+//   rs = row_scale (mode 2) or 0 (→ 1), cscale f32 (device: 2^−kc of the f16 copy of c) or
+//   null (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16, 2 bf16).
+// Tiling / thread mapping: grid-stride over rows·D, one element per thread; cscale loaded once
+//   per thread.
 template <int OT>
-__device__ __forceinline__ void split_de_finish(const float* tmp, const float* rs, float cscale,
-                                                void* de, long long rows, int D) {
+__device__ __forceinline__ void split_de_finish(const float* tmp, const float* rs,
+                                                const float* cscale, void* de, long long rows,
+                                                int D) {
+    const float cs = cscale ? *cscale : 1.0f;
     const long long n = rows * D;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float s = (rs ? rs[i / D] : 1.0f) * cscale;
+        float s = (rs ? rs[i / D] : 1.0f) * cs;
         Elem<OT>::store(de, i, tmp[i] * s);
     }
 }
-#define DEF_PARAMS const float *tmp, const float *rs, float cscale, void *de, long long rows, int D
+#define DEF_PARAMS                                                                            \
+    const float *tmp, const float *rs, const float *cscale, void *de, long long rows, int D
 extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_f32(DEF_PARAMS) {
     split_de_finish<0>(tmp, rs, cscale, de, rows, D);
 }
@@ -110,7 +163,8 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_P
 //          ld·4/sizeof(GT);
 //   bias   DT [V] or 0 (indexed k0 + j); targets i32 [N] (global class or −1); lse, rest
 //          (1 − p_y), tau f32 [N] from the row pass; dl_rows / dl_scalar / dlse as in the backward row kernel;
-//   g_scale the power of two G is multiplied by before it is stored.
+//   g_scale f32 (device; null = 1): the power of two G is multiplied by before it is stored,
+//          loaded once per thread.
 // Tiling: GC_ROWS rows per block, one warp per row, the row streamed in steps of 128 columns.
 // Thread mapping: lane l owns the float4 columns 4·l + 128·u of step u (one step loaded
 //   ahead). An f16 store of step u's columns lands on f32 columns [64u, 64u + 64), which the
@@ -127,10 +181,11 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
                                             const float* tau_in, const float* dl_rows,
                                             float dl_scalar,
                                             const float* dlse, float alpha, float lambda,
-                                            float g_scale, int rows) {
+                                            const float* g_scale_p, int rows) {
     const long long r = (long long)blockIdx.x * GC_ROWS + (threadIdx.x >> 5);
     if (r >= rows) return;  // whole warps leave: no block barrier below
     const int lane = threadIdx.x & 31;
+    const float g_scale = g_scale_p ? *g_scale_p : 1.0f;
     float* Lr = L + r * ld;
     const int y = targets[r];
     const float lse = lse_in[r];
@@ -182,7 +237,7 @@ __device__ __forceinline__ void split_gcols(float* L, long long ld, int K, int k
     float *L, long long ld, int K, int k0, int V, const void *bias, float softcap,           \
         const int *targets, const float *lse_in, const float *rest_in, const float *tau_in,  \
         const float *dl_rows, float dl_scalar, const float *dlse, float alpha, float lambda,  \
-        float g_scale, int rows
+        const float *g_scale, int rows
 #define GCOLS_ARGS                                                                            \
     L, ld, K, k0, V, bias, softcap, targets, lse_in, rest_in, tau_in, dl_rows, dl_scalar, dlse, \
         alpha, lambda, g_scale, rows

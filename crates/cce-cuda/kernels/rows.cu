@@ -692,14 +692,16 @@ extern "C" __global__ void __launch_bounds__(TFIX_THREADS) cce_dense_target_fix_
 // ------------------------------------------------------------------------------------------
 // d_bias: column sums of G
 // ------------------------------------------------------------------------------------------
-// Parameters: G (DT, [rows, ldg]); acc f32 [V] += scale · Σ_rows G (fixed row order:
-//   deterministic; scale undoes a power-of-two scaling of G).
+// Parameters: G (DT, [rows, ldg]); acc f32 [V] += *scale · Σ_rows G (fixed row order:
+//   deterministic); scale f32 (device: a power of two undoing the scaling of split dense's
+//   f16 G) or null (→ 1, chunked dense).
 // Tiling: grid.x = ⌈V / COLSUM_THREADS⌉ column blocks.
-// Thread mapping: one column per thread, rows in order; a warp reads 32 consecutive columns.
+// Thread mapping: one column per thread, rows in order; a warp reads 32 consecutive columns;
+//   the scale loaded once per thread.
 #define COLSUM_THREADS 256
 template <int DT>
 __device__ __forceinline__ void dense_colsum(const void* G, long long ldg, int rows, int V,
-                                             float* acc, float scale) {
+                                             float* acc, const float* scale) {
     int j = blockIdx.x * COLSUM_THREADS + threadIdx.x;
     if (j >= V) return;
     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
@@ -711,9 +713,10 @@ __device__ __forceinline__ void dense_colsum(const void* G, long long ldg, int r
         s3 += Elem<DT>::load(G, (long long)(i + 3) * ldg + j);
     }
     for (; i < rows; ++i) s0 += Elem<DT>::load(G, (long long)i * ldg + j);
-    acc[j] += ((s0 + s1) + (s2 + s3)) * scale;
+    acc[j] += ((s0 + s1) + (s2 + s3)) * (scale ? *scale : 1.0f);
 }
-#define COLSUM_PARAMS const void *G, long long ldg, int rows, int V, float *acc, float scale
+#define COLSUM_PARAMS                                                                         \
+    const void *G, long long ldg, int rows, int V, float *acc, const float *scale
 extern "C" __global__ void __launch_bounds__(COLSUM_THREADS) cce_dense_colsum_f32(COLSUM_PARAMS) {
     dense_colsum<0>(G, ldg, rows, V, acc, scale);
 }

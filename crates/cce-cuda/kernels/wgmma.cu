@@ -45,8 +45,9 @@
 //             V (all classes: label smoothing's α/V), tmG: the tensor map of G u16 [N, ldg] (f16;
 //             dims {K, N}, row stride ldg·2 bytes a multiple of 16, box {64, 64}, 128-byte
 //             swizzle), bias, softcap, targets i32 [N] (global class or −1), lse, rest f32 [N],
-//             dl_rows f32 [N] or null (→ dl_scalar), dlse f32 [N] or null, α, λ, g_scale (the
-//             power of two G is stored times), group_m, ordered_epi.
+//             dl_rows f32 [N] or null (→ dl_scalar), dlse f32 [N] or null, α, λ, g_scale f32
+//             (device, the class pass's scale set; null = 1: the power of two G is stored
+//             times, loaded once per thread at the kernel's start), group_m, ordered_epi.
 //
 // Tiling
 //   BM = 128 rows of E, BN = 256 rows of C per CTA tile, BK = 64 (one 128-byte swizzle atom:
@@ -938,13 +939,14 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_C
         const void *bias,                                                                         \
         float softcap, const int *targets, const float *lse, const float *rest,                  \
         const float *dl_rows,                                                                     \
-        float dl_scalar, const float *dlse, float alpha, float lambda, float g_scale,             \
+        float dl_scalar, const float *dlse, float alpha, float lambda, const float *g_scale,     \
         int group_m, int ordered_epi
 #define WG_GCOLS_BODY(DT, F16, CAP)                                                              \
+    const float g_scale_v = g_scale ? *g_scale : 1.0f;                                          \
     const cce_wg::GColsEpi<DT, CAP> epi{&tmG,    N,       K,       k0,  V,       bias,          \
                                         softcap, targets, lse,     rest,    dl_rows, dl_scalar, \
                                         dlse,                                                 \
-                                        alpha,   lambda,  g_scale};                             \
+                                        alpha,   lambda,  g_scale_v};                           \
     (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
     cce_wg::gemm_tiles<F16>(tmE, tmC, N, K, D, group_m, 1, epi);                                \
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()

@@ -37,6 +37,7 @@ fn chunked_kernels_compile_for_sm_90a_and_sm_80() {
         assert_eq!(&cubin[..4], b"\x7fELF");
         for sym in [
             "cce_split_e_to_f16_bf16",
+            "cce_split_scales_finish",
             "cce_dense_bwd_f16s_f16",
             "cce_dense_bwd_f16s_bf16",
             "cce_dense_target_fix_f16",

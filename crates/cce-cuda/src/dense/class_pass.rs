@@ -1,5 +1,6 @@
 //! Split dense's class pass (`kernels/classes.cu`): per chunk of classes, the logits of all
-//! rows, `G` from the saved lse in f16 with one power-of-two scale, `d_c` and `d_bias`.
+//! rows, `G` from the saved lse in f16 with one power-of-two scale, `d_c` and `d_bias`. The
+//! scales stay on the device: the kernels and the `d_c` GEMM read them through pointers.
 
 use super::schedule::ClassPath;
 use super::*;
@@ -102,19 +103,20 @@ impl DenseEngine {
             ldk,
             gdt,
             softcap: cfg.softcap.unwrap_or(0.0),
-            scales: (1.0, 1.0, 1.0),
+            scales: None,
             steps: (0, 0),
             tmp_off,
             wgmma: None,
         };
-        let (ke, kg) = self.class_scales(&x0, ws)?;
-        // E' = f16(2^ke · e) for bf16 inputs.
-        let e_op = if dt == DType::BF16 {
-            let dst = l_ptr + e16_off as u64;
-            self.to_f16(e_ptr, dst, n * d, 2f32.powi(ke))?;
-            dst
-        } else {
-            e_ptr
+        let scales = self.class_scales(&x0, ws)?;
+        // E' = f16(2^ke · e) for bf16 inputs (f16 G: bf16 and f16 inputs).
+        let e_op = match scales {
+            Some(s) if dt == DType::BF16 => {
+                let dst = l_ptr + e16_off as u64;
+                self.to_f16(e_ptr, dst, n * d, s.up_x())?;
+                dst
+            }
+            _ => e_ptr,
         };
         // Classes per chunk, G's row stride (elements of gdt), classes per d_c GEMM: through
         // the WGMMA epilogue its layout's (sub-chunks when the f32 d_c temp of bf16 outputs
@@ -133,8 +135,7 @@ impl DenseEngine {
         };
         let x = ClassCtx {
             e_op,
-            // G's scale 2^kg, the d_c product's 2^(−ke−kg), d_bias's 2^−kg.
-            scales: (2f32.powi(kg), 2f32.powi(-ke - kg), 2f32.powi(-kg)),
+            scales,
             steps: (ldg_step, dc_step),
             wgmma,
             ..x0
@@ -153,16 +154,27 @@ impl DenseEngine {
         Ok(path.note(cfg, kmax))
     }
 
-    /// The class pass's powers of two `(ke, kg)`: max |2^ke · e| ≤ 2^15 (bf16 inputs, for the
-    /// f16 copy of `e`) and max |2^kg · G| ≤ 2^14 (f16 max 65504), from max |e| and the bound
-    /// of |G| over the rows (one launch and read-back); (0, 0) for f32 inputs.
-    fn class_scales(&self, x: &ClassCtx<'_>, ws: &mut DenseWorkspace) -> Result<(i32, i32)> {
+    /// The class pass's powers of two on the device ([`ScaleSet::ClassPass`]): `2^ke` with
+    /// max |2^ke · e| ≤ 2^15 (bf16 inputs, for the f16 copy of `e`; `ke = 0` for f16 inputs)
+    /// and `2^kg` with max |2^kg · G| ≤ 2^14 (f16 max 65504), from max |e| and the bound of
+    /// |G| over the rows (two launches, no host sync), with `2^−kg` and `2^(−ke−kg)`. `None`
+    /// for an f32 `G` (f32 inputs): every factor 1, nothing launched.
+    fn class_scales(
+        &self,
+        x: &ClassCtx<'_>,
+        ws: &mut DenseWorkspace,
+    ) -> Result<Option<DeviceScales>> {
         let (cfg, a) = (x.cfg, &x.a);
         let (n, d, dt) = (cfg.n, cfg.d, cfg.dtype);
-        // max |e| (bf16 inputs: for the scale of its f16 copy) and max |G coefficient|.
+        if x.gdt != DType::F16 {
+            return Ok(None);
+        }
+        // max |e| (bf16 inputs: for the scale of its f16 copy; none else: ke = 0) and max |G
+        // coefficient|.
         let e_count = if dt == DType::BF16 { n * d } else { 0 };
-        let (max_e, max_g) = self.split_scales(
+        let s = self.split_scales(
             ws,
+            ScaleSet::ClassPass,
             (x.e_ptr, dt, e_count),
             n * d,
             Some(ScaleRows {
@@ -178,18 +190,7 @@ impl DenseEngine {
                 v: x.v_i,
             }),
         )?;
-        Ok(if x.gdt == DType::F16 {
-            (
-                if dt == DType::BF16 {
-                    pow2_to(max_e, 15)
-                } else {
-                    0
-                },
-                pow2_to(max_g, 14),
-            )
-        } else {
-            (0, 0)
-        })
+        Ok(Some(s))
     }
 
     /// `G` of classes `k0..k0 + kc` for every row, at the start of the scratch: one WGMMA
@@ -214,7 +215,7 @@ impl DenseEngine {
                 (x.l_ptr, x.steps.0),
                 (x.bias_ptr, x.softcap, x.t_ptr, a.lse, a.rest),
                 (a.dl_rows, a.dl_scalar, a.dlse),
-                (cfg.label_smoothing, cfg.z_loss, x.scales.0),
+                (cfg.label_smoothing, cfg.z_loss, x.g_scale()),
             )?;
             return PhaseTimer::mark(prof, "WGMMA logits + G");
         }
@@ -239,7 +240,7 @@ impl DenseEngine {
             dlse: a.dlse,
             alpha: cfg.label_smoothing,
             lambda: cfg.z_loss,
-            g_scale: x.scales.0,
+            g_scale: x.g_scale(),
             n: x.n_i,
         };
         let launch = LaunchConfig {
@@ -249,7 +250,8 @@ impl DenseEngine {
         };
         // SAFETY: GColsParams is GCOLS_PARAMS; L holds n rows of ldk f32 (ldk a multiple of 8,
         // the workspace 256-byte aligned: 16-byte row starts) written by the GEMM above
-        // (stream order); lse / tau / targets / upstream rows hold N values; bias holds V.
+        // (stream order); lse / tau / targets / upstream rows hold N values; bias holds V;
+        // g_scale is one f32 of ws.scales written by `class_scales` (stream order) or 0.
         unsafe { self.launch_params(&self.stream, f_g, launch, &params) }?;
         PhaseTimer::mark(prof, "G columns")
     }
@@ -268,7 +270,14 @@ impl DenseEngine {
         let (gdt, out_ty) = (x.gdt, cfg.grad_dtype());
         let code = dtype_code(cfg.dtype)?;
         let (ldg_step, dc_step) = x.steps;
-        let alpha = x.scales.1;
+        // alpha = 2^(−ke−kg) and beta = 0 read from the device (f16 G), else 1 and 0.
+        let scalars = match x.scales {
+            Some(s) => GemmScalars::Device {
+                alpha: s.down_xg(),
+                beta: s.zero(),
+            },
+            None => GemmScalars::Host(1.0, 0.0),
+        };
         for s0 in (0..kc).step_by(dc_step) {
             let ks = dc_step.min(kc - s0);
             let g_s = x.l_ptr + (s0 * gdt.size_bytes()) as u64;
@@ -276,13 +285,13 @@ impl DenseEngine {
             if cfg.dc_tmp_bytes() > 0 {
                 let tmp = x.l_ptr + x.tmp_off as u64;
                 let tys = (gdt, gdt, DType::F32);
-                self.gemm_dc((ks, d, n), tys, (x.e_op, g_s, tmp), ldg_step, (alpha, 0.0))?;
+                self.gemm_dc((ks, d, n), tys, (x.e_op, g_s, tmp), ldg_step, scalars)?;
                 // tmp holds ks·d ≤ dc_step·d f32 (at tmp_off, size checked by `class_pass`),
                 // d_c rows k0+s0.. hold ks·d gradient elements.
                 self.convert_f32(code, tmp, dc_k, ks * d)?;
             } else {
                 let tys = (gdt, gdt, out_ty);
-                self.gemm_dc((ks, d, n), tys, (x.e_op, g_s, dc_k), ldg_step, (alpha, 0.0))?;
+                self.gemm_dc((ks, d, n), tys, (x.e_op, g_s, dc_k), ldg_step, scalars)?;
             }
         }
         if cfg.has_bias {
@@ -292,7 +301,7 @@ impl DenseEngine {
                 rows: x.n_i,
                 cols: kc as i32,
                 acc: x.a.d_bias_acc + (k0 * 4) as u64,
-                scale: x.scales.2,
+                scale: x.scales.map_or(0, |s| s.down_g()),
             };
             let launch = LaunchConfig {
                 grid_dim: (kc.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
@@ -301,7 +310,7 @@ impl DenseEngine {
             };
             // SAFETY: ColsumParams is COLSUM_PARAMS; G is n x ldg_step of gdt (written by
             // `class_chunk_g`, stream order), the accumulator holds V f32 (zeroed), offset to
-            // the chunk's kc columns.
+            // the chunk's kc columns; scale is one f32 of ws.scales (stream order) or 0.
             unsafe { self.launch_params(&self.stream, f_colsum, launch, &params) }?;
         }
         Ok(())
@@ -328,14 +337,22 @@ struct ClassCtx<'a> {
     ldk: usize,
     gdt: DType,
     softcap: f32,
-    /// `G`'s scale, the `d_c` product's, `d_bias`'s.
-    scales: (f32, f32, f32),
+    /// The device factors of f16 `G` (`G`'s scale, the `d_c` product's, `d_bias`'s); `None`
+    /// for f32 `G` (factors 1).
+    scales: Option<DeviceScales>,
     /// `G`'s row stride in elements of `gdt`, classes per `d_c` GEMM.
     steps: (usize, usize),
     /// Byte offset of the f32 `d_c` temp in the scratch.
     tmp_off: usize,
     /// The WGMMA pass's map of `e` and kernel name.
     wgmma: Option<(TmaDesc, String)>,
+}
+
+impl ClassCtx<'_> {
+    /// Device address of `G`'s f32 scale `2^kg`, or 0 (the kernels read 1).
+    fn g_scale(&self) -> u64 {
+        self.scales.map_or(0, |s| s.up_g())
+    }
 }
 
 /// `GCOLS_PARAMS` of `cce_split_gcols_*` (`kernels/classes.cu`).
@@ -356,7 +373,8 @@ struct GColsParams {
     dlse: u64,
     alpha: f32,
     lambda: f32,
-    g_scale: f32,
+    /// `const float*`: G's scale in device memory, or 0 (1).
+    g_scale: u64,
     n: i32,
 }
 

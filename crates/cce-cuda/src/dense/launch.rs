@@ -1,5 +1,6 @@
 //! The engine's launch plumbing: error mapping, dtype codes, 32-bit argument checks, the cuBLAS
-//! GEMMs, host read-backs and the per-phase profile timer.
+//! GEMMs (alpha / beta on the host or in device memory), host read-backs and the per-phase
+//! profile timer.
 
 use super::*;
 
@@ -110,6 +111,28 @@ impl PhaseTimer {
     }
 }
 
+/// The `alpha` and `beta` of a GEMM ([`DenseEngine::gemm_with`]): host values, or the device
+/// addresses of f32 values written before on the engine's stream (cuBLAS reads them when the
+/// GEMM runs: no host sync, so a call stays capturable in a CUDA graph).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GemmScalars {
+    /// `(alpha, beta)` on the host (cuBLAS's host pointer mode, its default).
+    Host(f32, f32),
+    /// Device addresses of one f32 each (cuBLAS's device pointer mode for this GEMM only).
+    Device {
+        /// `alpha`'s address.
+        alpha: u64,
+        /// `beta`'s address.
+        beta: u64,
+    },
+}
+
+impl From<(f32, f32)> for GemmScalars {
+    fn from((alpha, beta): (f32, f32)) -> Self {
+        Self::Host(alpha, beta)
+    }
+}
+
 impl DenseEngine {
     /// Column-major `C[m, n] = op(A)·op(B) + beta·C` with f32 compute (cuBLAS's view; the
     /// row-major callers below pass the transposed problem). Arguments are raw device addresses
@@ -120,10 +143,29 @@ impl DenseEngine {
         &self,
         trans_a: bool,
         trans_b: bool,
+        mnk: (usize, usize, usize),
+        a: (u64, DType, usize),
+        b: (u64, DType, usize),
+        (alpha, beta): (f32, f32),
+        c: (u64, DType, usize),
+    ) -> Result<()> {
+        let s = GemmScalars::Host(alpha, beta);
+        self.gemm_with(trans_a, trans_b, mnk, a, b, s, c)
+    }
+
+    /// [`Self::gemm`] with `alpha` and `beta` as [`GemmScalars`]: device addresses switch the
+    /// handle to cuBLAS's device pointer mode for this GEMM and back to host mode after it
+    /// (also when the GEMM fails). The handle is this engine's alone; a call must not run
+    /// concurrently with another GEMM of the same engine (the pointer mode is handle state).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_with(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
         (m, n, k): (usize, usize, usize),
         (a, a_ty, lda): (u64, DType, usize),
         (b, b_ty, ldb): (u64, DType, usize),
-        (alpha, beta): (f32, f32),
+        scalars: GemmScalars,
         (c, c_ty, ldc): (u64, DType, usize),
     ) -> Result<()> {
         let op = |t: bool| {
@@ -133,34 +175,83 @@ impl DenseEngine {
                 cublas_sys::cublasOperation_t::CUBLAS_OP_N
             }
         };
+        // Every fallible conversion before the pointer mode changes: nothing returns early
+        // between the switch to device mode and the switch back.
+        let (m, n, k) = (
+            to_i32(m, "gemm m")?,
+            to_i32(n, "gemm n")?,
+            to_i32(k, "gemm k")?,
+        );
+        let (lda, ldb, ldc) = (
+            to_i32(lda, "gemm lda")?,
+            to_i32(ldb, "gemm ldb")?,
+            to_i32(ldc, "gemm ldc")?,
+        );
+        let (a_ty, b_ty, c_ty) = (cuda_type(a_ty)?, cuda_type(b_ty)?, cuda_type(c_ty)?);
+        let host = match scalars {
+            GemmScalars::Host(alpha, beta) => [alpha, beta],
+            GemmScalars::Device { .. } => [0.0; 2],
+        };
+        let (alpha_p, beta_p, device) = match scalars {
+            GemmScalars::Host(..) => (
+                &host[0] as *const f32 as *const c_void,
+                &host[1] as *const f32 as *const c_void,
+                false,
+            ),
+            GemmScalars::Device { alpha, beta } => {
+                (alpha as *const c_void, beta as *const c_void, true)
+            }
+        };
+        if device {
+            self.pointer_mode(cublas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE)?;
+        }
         // SAFETY: the handle is bound to self.stream; a, b, c are device pointers of live
         // allocations holding at least (ld x cols) elements of their types (checked by the
-        // callers' shapes); alpha and beta are host f32 values (default host pointer mode)
-        // matching the f32 compute type; the output does not alias the inputs.
-        unsafe {
+        // callers' shapes); alpha and beta are f32 (the compute type) on the host (`host`,
+        // alive across the call) in host pointer mode, or device addresses of one f32 each
+        // written before on this stream in device pointer mode (set just above); the output
+        // does not alias the inputs.
+        let r = unsafe {
             cublas_result::gemm_ex(
                 *self.blas.handle(),
                 op(trans_a),
                 op(trans_b),
-                to_i32(m, "gemm m")?,
-                to_i32(n, "gemm n")?,
-                to_i32(k, "gemm k")?,
-                &alpha as *const f32 as *const c_void,
+                m,
+                n,
+                k,
+                alpha_p,
                 a as *const c_void,
-                cuda_type(a_ty)?,
-                to_i32(lda, "gemm lda")?,
+                a_ty,
+                lda,
                 b as *const c_void,
-                cuda_type(b_ty)?,
-                to_i32(ldb, "gemm ldb")?,
-                &beta as *const f32 as *const c_void,
+                b_ty,
+                ldb,
+                beta_p,
                 c as *mut c_void,
-                cuda_type(c_ty)?,
-                to_i32(ldc, "gemm ldc")?,
+                c_ty,
+                ldc,
                 cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| CceError::backend(BACKEND, e))
+        .map_err(|e| CceError::backend(BACKEND, e));
+        if device {
+            let restored =
+                self.pointer_mode(cublas_sys::cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST);
+            r?;
+            restored
+        } else {
+            r
+        }
+    }
+
+    /// Set the cuBLAS handle's pointer mode (how `alpha` / `beta` are passed).
+    fn pointer_mode(&self, mode: cublas_sys::cublasPointerMode_t) -> Result<()> {
+        // SAFETY: the handle is live (held by self.blas) and this engine's alone; the mode
+        // only changes how later calls on it read their scalars.
+        unsafe { cublas_sys::cublasSetPointerMode_v2(*self.blas.handle(), mode) }
+            .result()
+            .map_err(|e| CceError::backend(BACKEND, e))
     }
 
     /// Row-major logits `L[rows, ld] (f32) = E[rows, D] · C[V, D]ᵀ`: column-major
@@ -206,7 +297,7 @@ impl DenseEngine {
 
     /// Row-major `d_c[V, D] = alpha · G[rows, V]ᵀ · E[rows, D] + beta · d_c`: column-major
     /// `d_cᵀ[D, V] = (E as [D, rows]) · op_T(G as [V, rows], stride ldg)`. `dtype` is the type
-    /// of `E`.
+    /// of `E`; `(alpha, beta)` host values (a tuple) or device addresses ([`GemmScalars`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_dc(
         &self,
@@ -214,15 +305,15 @@ impl DenseEngine {
         (dtype, g_ty, acc_ty): (DType, DType, DType),
         (e, g, dc): (u64, u64, u64),
         ldg: usize,
-        (alpha, beta): (f32, f32),
+        scalars: impl Into<GemmScalars>,
     ) -> Result<()> {
-        self.gemm(
+        self.gemm_with(
             false,
             true,
             (d, v, rows),
             (e, dtype, d),
             (g, g_ty, ldg),
-            (alpha, beta),
+            scalars.into(),
             (dc, acc_ty, d),
         )
     }

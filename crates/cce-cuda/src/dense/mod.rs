@@ -7,12 +7,16 @@
 //! scaled per row against an f16 copy of `c` when [`DenseConfig::de_f16`], else in the input
 //! dtype) and then a class pass per chunk of classes over all rows (logits recomputed, `G` from
 //! the saved lse in f16 with one power-of-two scale, `d_c` rows complete against an f16 copy of
-//! `e`); see `classes.cu` "Split dense". On Hopper the class pass's logits and `G` are one WGMMA
-//! kernel whose epilogue writes `G` from the registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`,
-//! `schedule::wgmma_gcols_classes`); elsewhere a cuBLAS logits GEMM then
-//! `cce_split_gcols_*`. On Hopper, a forward-and-backward call with bf16 inputs and bf16 `G`
-//! for `d_e` also runs its row pass without f32 logits (steps 1+2+3' below: `wgmma.cu` (3),
-//! `schedule::wgmma_rows_unfit`). Its dense passes skip nothing when the filter is on.
+//! `e`); see `classes.cu` "Split dense". The power-of-two scales of those f16 operands stay
+//! on the device (`cce_split_scales_*` then `cce_split_scales_finish` into the workspace's
+//! `scales` region, `scales.rs` `ScaleSet`): the kernels read them through pointers and the
+//! `d_c` GEMM its alpha in cuBLAS's device pointer mode, so they cost no host sync. On Hopper
+//! the class pass's logits and `G` are one WGMMA kernel whose epilogue writes `G` from the
+//! registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`, `schedule::wgmma_gcols_classes`);
+//! elsewhere a cuBLAS logits GEMM then `cce_split_gcols_*`. On Hopper, a forward-and-backward
+//! call with bf16 inputs and bf16 `G` for `d_e` also runs its row pass without f32 logits
+//! (steps 1+2+3' below: `wgmma.cu` (3), `schedule::wgmma_rows_unfit`). Its dense passes skip
+//! nothing when the filter is on.
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
 //! ([`DenseEngine`]'s `sparse_backward`; `sparse.cu` "Sparse backward"): per row chunk the
@@ -122,7 +126,7 @@ pub use config::{
     WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
 };
 pub(crate) use glue::{workspace_bytes, BackendCall};
-pub use launch::CUBLAS_WORKSPACE_BYTES;
+pub use launch::{GemmScalars, CUBLAS_WORKSPACE_BYTES};
 pub use workspace::DenseWorkspace;
 pub(crate) use workspace::GColsLayout;
 
@@ -548,6 +552,7 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
         "cce_dense_stats",
         "cce_dense_random_targets",
         "cce_split_e_to_f16_bf16",
+        "cce_split_scales_finish",
         "cce_dense_bwd_f16s_f16",
         "cce_dense_bwd_f16s_bf16",
         "cce_sparse_count",

@@ -343,7 +343,7 @@ impl KernelParams for BwdParams {
     }
 }
 
-/// `COLSUM_PARAMS` of `cce_dense_colsum_*` (`kernels/rows.cu`): `acc[j] += scale · Σ_rows
+/// `COLSUM_PARAMS` of `cce_dense_colsum_*` (`kernels/rows.cu`): `acc[j] += *scale · Σ_rows
 /// G[r, j]` over `cols` columns.
 pub(super) struct ColsumParams {
     pub(super) g: u64,
@@ -351,7 +351,8 @@ pub(super) struct ColsumParams {
     pub(super) rows: i32,
     pub(super) cols: i32,
     pub(super) acc: u64,
-    pub(super) scale: f32,
+    /// `const float*`: the f32 factor in device memory, or 0 (1).
+    pub(super) scale: u64,
 }
 
 impl KernelParams for ColsumParams {
@@ -387,8 +388,9 @@ struct RowPassCtx<'a> {
     f_fwd: &'a CudaFunction,
     f_bwd: &'a CudaFunction,
     f_colsum: &'a CudaFunction,
-    /// `c` for the f16 `d_e` product (the f16 copy of bf16 `c`) and its scale.
-    c_de: (u64, f32),
+    /// `c` for the f16 `d_e` product (the f16 copy of bf16 `c`) and the device address of
+    /// the f32 factor undoing its scale (0: none, 1).
+    c_de: (u64, u64),
     /// f32 `d_e` rows and per-row scales of the f16 `d_e` product.
     tmp: u64,
     rs: u64,
@@ -424,12 +426,13 @@ impl DenseEngine {
             2 => format!("cce_dense_bwd_f16s_{code}"),
             _ => format!("cce_dense_bwd_{code}"),
         })?;
-        // Split dense, f16 G for d_e: c in f16 (bf16 inputs: a copy scaled by 2^kc).
+        // Split dense, f16 G for d_e: c in f16 (bf16 inputs: a copy scaled by 2^kc, its 2^−kc
+        // in device memory).
         let c_de = if sched.c16_copy && !sparse_used {
-            let kc = self.c16_copy(cfg, ws, inp.c, p.ws_base + layout.c16 as u64)?;
-            (p.ws_base + layout.c16 as u64, 2f32.powi(-kc))
+            let down = self.c16_copy(cfg, ws, inp.c, p.ws_base + layout.c16 as u64)?;
+            (p.ws_base + layout.c16 as u64, down)
         } else {
-            (p.c, 1.0f32)
+            (p.c, 0)
         };
         let f_colsum = self.func(&format!("cce_dense_colsum_{code}"))?;
         let wg = match (sched.row_wgmma, chunks.iter().any(|c| !c.2)) {
@@ -687,7 +690,7 @@ impl DenseEngine {
                     rows: ch.rows as i32,
                     cols: x.a.v,
                     acc: p.dbias_acc,
-                    scale: 1.0,
+                    scale: 0,
                 };
                 let cfg_l = LaunchConfig {
                     grid_dim: (v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
@@ -695,7 +698,8 @@ impl DenseEngine {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg of g_ty written by
-                // the row kernel (stream order); the accumulator holds V f32 (zeroed).
+                // the row kernel (stream order); the accumulator holds V f32 (zeroed); scale
+                // 0 (the kernel reads no factor: 1).
                 unsafe { self.launch_params(&self.stream, x.f_colsum, cfg_l, &params) }?;
             }
             PhaseTimer::mark(prof, "d_c GEMM (+ d_bias)")?;

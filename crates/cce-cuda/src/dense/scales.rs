@@ -1,14 +1,101 @@
 //! Small device utilities of the engine: the power-of-two scales of split dense's f16
-//! operands, the f16 copies, the f32 conversions, and the test-data generators.
+//! operands (computed and kept on the device: no host sync), the f16 copies, the f32
+//! conversions, and the test-data generators.
 
 use super::*;
 
-/// The exponent `k` (clamped to ±100) with `max · 2^k ≤ 2^top`; 0 for a zero or non-finite max.
+/// 4-byte words of one [`ScaleSet`] in the workspace's `scales` region.
+pub(super) const SET_WORDS: usize = 8;
+/// Bytes of the workspace's `scales` region: one set per [`ScaleSet`].
+pub(super) const SCALES_BYTES: usize = 2 * SET_WORDS * 4;
+
+/// A set of scale words in the workspace's `scales` region (byte offset `index · 32`), one per
+/// use so that the factors of the row pass's copy of `c` stay valid while the class pass
+/// computes its own. Words (`cce_split_scales_finish`, `classes.cu`): 0, 1 the bits of
+/// max |x| and max |G coefficient| (`cce_split_scales_*`); 2 `2^kx`, 3 `2^−kx`, 4 `2^kg`,
+/// 5 `2^−kg`, 6 `2^(−kx−kg)`, 7 `0.0` (f32), with `kx = pow2_to(max |x|, 15)` and
+/// `kg = pow2_to(max |G|, 14)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ScaleSet {
+    /// The row pass's f16 copy of bf16 `c` (`x = c`, no rows).
+    CCopy = 0,
+    /// The class pass (`x = e` for bf16 inputs, else none; the rows' `G` bound).
+    ClassPass = 1,
+}
+
+impl ScaleSet {
+    /// Byte offset of the set in the `scales` region.
+    pub(super) fn offset(self) -> usize {
+        self as usize * SET_WORDS * 4
+    }
+}
+
+/// Device addresses of a [`ScaleSet`]'s f32 factors, valid once `split_scales` returned (its
+/// kernels run before any later launch on the stream).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct DeviceScales {
+    base: u64,
+}
+
+impl DeviceScales {
+    fn word(self, i: usize) -> u64 {
+        self.base + 4 * i as u64
+    }
+    /// `2^kx`: the f16 copy of `x` is `x` times it.
+    pub(super) fn up_x(self) -> u64 {
+        self.word(2)
+    }
+    /// `2^−kx`: undoes the scale of `x`'s copy.
+    pub(super) fn down_x(self) -> u64 {
+        self.word(3)
+    }
+    /// `2^kg`: `G` is stored times it.
+    pub(super) fn up_g(self) -> u64 {
+        self.word(4)
+    }
+    /// `2^−kg`: undoes the scale of `G` (`d_bias`).
+    pub(super) fn down_g(self) -> u64 {
+        self.word(5)
+    }
+    /// `2^(−kx−kg)`: undoes both (the `d_c` GEMM's alpha).
+    pub(super) fn down_xg(self) -> u64 {
+        self.word(6)
+    }
+    /// `0.0` (the `d_c` GEMM's beta in device pointer mode).
+    pub(super) fn zero(self) -> u64 {
+        self.word(7)
+    }
+}
+
+/// The reference of `cce_split_scales_finish`'s exponent (`classes.cu` `pow2_to_bits`, the same
+/// integer steps): `k = top − ⌈log2 max⌉` clamped to ±100, so that `max · 2^k ≤ 2^top`, from
+/// the exponent and significand bits (exact, subnormals included); 0 for a zero, negative or
+/// non-finite max.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(super) fn pow2_to(max: f32, top: i32) -> i32 {
-    if max > 0.0 && max.is_finite() {
-        (top - max.log2().ceil() as i32).clamp(-100, 100)
+    let u = max.to_bits();
+    let ex = ((u >> 23) & 0xff) as i32;
+    let m = u & 0x7f_ffff;
+    if u >> 31 != 0 || ex == 0xff || u == 0 {
+        return 0;
+    }
+    let ceil_log2 = if ex != 0 {
+        ex - 127 + i32::from(m != 0)
     } else {
-        0
+        (31 - m.leading_zeros() as i32) - 149 + i32::from(!m.is_power_of_two())
+    };
+    (top - ceil_log2).clamp(-100, 100)
+}
+
+/// The reference of `classes.cu` `pow2f`: `2^k` as f32, exact where representable (subnormals
+/// included), +inf above `2^127`, 0 below `2^−149`.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(super) fn pow2f(k: i32) -> f32 {
+    match k {
+        128.. => f32::INFINITY,
+        -126..=127 => f32::from_bits(((k + 127) as u32) << 23),
+        -149..=-127 => f32::from_bits(1u32 << (k + 149)),
+        _ => 0.0,
     }
 }
 
@@ -30,46 +117,45 @@ pub(super) struct ScaleRows {
 
 impl DenseEngine {
     /// Split dense: `dst` (f16 `[V, D]`) = `2^kc · c` for bf16 `c`, with `kc` from max |c| so
-    /// that max |2^kc · c| ≤ 2^15 (one read-back). Returns `kc`.
+    /// that max |2^kc · c| ≤ 2^15, all on the device. Returns the device address of the f32
+    /// `2^−kc` (`cce_split_de_finish_*`'s `cscale`).
     pub(super) fn c16_copy(
         &self,
         cfg: &DenseConfig,
         ws: &mut DenseWorkspace,
         c: &CudaSlice<u8>,
         dst: u64,
-    ) -> Result<i32> {
+    ) -> Result<u64> {
         let count = cfg.v * cfg.d;
-        let max_c = self.abs_max(ws, c, cfg.dtype, count)?;
-        let kc = pow2_to(max_c, 15);
-        self.to_f16(self.ptr(c), dst, count, 2f32.powi(kc))?;
-        Ok(kc)
+        let x = (self.ptr(c), cfg.dtype, count);
+        let s = self.split_scales(ws, ScaleSet::CCopy, x, count, None)?;
+        self.to_f16(self.ptr(c), dst, count, s.up_x())?;
+        Ok(s.down_x())
     }
 
-    /// max |x| over `count` elements of `dtype` (a device reduction and a 4-byte read-back).
-    pub(super) fn abs_max(
-        &self,
-        ws: &mut DenseWorkspace,
-        x: &CudaSlice<u8>,
-        dtype: DType,
-        count: usize,
-    ) -> Result<f32> {
-        let x_ptr = self.ptr(x);
-        Ok(self.split_scales(ws, (x_ptr, dtype, count), count, None)?.0)
-    }
-
-    /// `cce_split_scales_*`: (max |x| over `count` elements of `dtype` at `x`, max |G
-    /// coefficient| over the rows of `rows`, 0 without them). One launch sized for
-    /// `grid_elems` elements and an 8-byte read-back (one host sync).
+    /// `cce_split_scales_*` then `cce_split_scales_finish` into `set` of `ws.scales`: max |x|
+    /// over `count` elements of `dtype` at `x`, max |G coefficient| over the rows of `rows` (0
+    /// without them), and the factors of [`ScaleSet`] from them. One launch sized for
+    /// `grid_elems` elements and a one-thread launch; no host sync.
     pub(super) fn split_scales(
         &self,
         ws: &mut DenseWorkspace,
+        set: ScaleSet,
         (x, dtype, count): (u64, DType, usize),
         grid_elems: usize,
         rows: Option<ScaleRows>,
-    ) -> Result<(f32, f32)> {
-        self.stream.memset_zeros(&mut ws.scales).map_err(drv)?;
-        let scales_ptr = self.ptr(&ws.scales);
-        let count_i = count as i64;
+    ) -> Result<DeviceScales> {
+        if ws.scales.len() < SCALES_BYTES {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "allocated for another configuration".into(),
+            });
+        }
+        let off = set.offset();
+        self.stream
+            .memset_zeros(&mut ws.scales.slice_mut(off..off + 8))
+            .map_err(drv)?;
+        let base = self.ptr(&ws.scales) + off as u64;
         let r = rows.unwrap_or(ScaleRows {
             targets: 0,
             dl_rows: 0,
@@ -85,9 +171,9 @@ impl DenseEngine {
         let f = self.func(&format!("cce_split_scales_{}", dtype_code(dtype)?))?;
         let params = ScalesParams {
             x,
-            count: count_i,
+            count: count as i64,
             rows: r,
-            out: scales_ptr,
+            out: base,
         };
         let launch = LaunchConfig {
             grid_dim: (grid_elems.div_ceil(256 * 8).clamp(1, 132 * 16) as u32, 1, 1),
@@ -96,23 +182,44 @@ impl DenseEngine {
         };
         // SAFETY: ScalesParams is SCALES_PARAMS in classes.cu; x holds `count` elements (the
         // caller's buffer); the row pointers hold N values or are 0 (and N = 0 without rows,
-        // so they are not read); out holds 2 u32 (zeroed).
+        // so they are not read); out holds 2 u32 (the set's first 8 bytes of the 64-byte
+        // region, checked above, zeroed just before).
         unsafe { self.launch_params(&self.stream, f, launch, &params) }?;
-        let host = self.read_back::<8>(&ws.scales)?;
-        let f32_at =
-            |i: usize| f32::from_le_bytes(host[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-        Ok((f32_at(0), f32_at(1)))
+        let params = ScalesFinishParams {
+            set: base,
+            top_x: 15,
+            top_g: 14,
+        };
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: ScalesFinishParams is cce_split_scales_finish's parameter list (u32*, int,
+        // int); set points at SET_WORDS 4-byte words within ws.scales (offset + 32 ≤
+        // SCALES_BYTES ≤ its length, checked above), its maxima written by the launch above
+        // (stream order); one thread.
+        unsafe {
+            self.launch_params(
+                &self.stream,
+                self.func("cce_split_scales_finish")?,
+                one,
+                &params,
+            )
+        }?;
+        Ok(DeviceScales { base })
     }
 
-    /// `dst` (f16) = `src` (bf16) · `scale`, `count` elements.
-    pub(super) fn to_f16(&self, src: u64, dst: u64, count: usize, scale: f32) -> Result<()> {
+    /// `dst` (f16) = `src` (bf16) · `*scale` (a device f32, or 0 for 1), `count` elements.
+    pub(super) fn to_f16(&self, src: u64, dst: u64, count: usize, scale: u64) -> Result<()> {
         let count_i = count as i64;
         let mut b = self
             .stream
             .launch_builder(self.func("cce_split_e_to_f16_bf16")?);
         b.arg(&src).arg(&dst).arg(&count_i).arg(&scale);
-        // SAFETY: matches cce_split_e_to_f16_bf16; src holds count bf16, dst count f16 (a
-        // workspace region sized for it), disjoint.
+        // SAFETY: matches cce_split_e_to_f16_bf16 (u16*, u16*, i64, const float*); src holds
+        // count bf16, dst count f16 (a workspace region sized for it), disjoint; scale is 0 or
+        // one f32 of ws.scales written before on this stream.
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (count.div_ceil(256 * 4).clamp(1, 132 * 32) as u32, 1, 1),
@@ -124,13 +231,14 @@ impl DenseEngine {
         .map(|_| ())
     }
 
-    /// `d_e` rows (`out_ty`) = f32 rows · per-row scale (or 1) · `cscale`.
+    /// `d_e` rows (`out_ty`) = f32 rows · per-row scale (or 1) · `*cscale` (a device f32, or
+    /// 0 for 1).
     pub(super) fn de_finish(
         &self,
         out_ty: DType,
         tmp: u64,
         rs: u64,
-        cscale: f32,
+        cscale: u64,
         de: u64,
         (rows, d): (usize, usize),
     ) -> Result<()> {
@@ -144,8 +252,10 @@ impl DenseEngine {
             .arg(&de)
             .arg(&rows_i)
             .arg(&d_i);
-        // SAFETY: matches DEF_PARAMS; tmp holds rows·d f32 written by the GEMMs above (stream
-        // order), rs rows f32 (or 0), de rows·d elements of out_ty (the chunk's d_e rows).
+        // SAFETY: matches DEF_PARAMS (f32*, f32*, const float*, void*, i64, i32); tmp holds
+        // rows·d f32 written by the GEMMs above (stream order), rs rows f32 (or 0), cscale one
+        // f32 of ws.scales written before on this stream (or 0), de rows·d elements of out_ty
+        // (the chunk's d_e rows).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: ((rows * d).div_ceil(256).clamp(1, 132 * 64) as u32, 1, 1),
@@ -249,6 +359,16 @@ impl DenseEngine {
     }
 }
 
+kernel_params! {
+    /// The parameters of `cce_split_scales_finish` (`kernels/classes.cu`): a [`ScaleSet`]'s
+    /// address and the tops of `kx` and `kg`.
+    ScalesFinishParams {
+        set: u64,
+        top_x: i32,
+        top_g: i32,
+    }
+}
+
 /// `SCALES_PARAMS` of `cce_split_scales_*` (`kernels/classes.cu`): `count` elements at `x`,
 /// the rows of [`ScaleRows`] (in the kernel's order), the two u32 maxima out.
 pub(super) struct ScalesParams {
@@ -274,5 +394,110 @@ impl KernelParams for ScalesParams {
             .arg(&r.n)
             .arg(&r.v)
             .arg(&self.out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `top − ⌈log2 x⌉` clamped, from f64 (exact for every f32: an independent oracle).
+    fn oracle(x: f32, top: i32) -> i32 {
+        if x > 0.0 && x.is_finite() {
+            (top - (x as f64).log2().ceil() as i32).clamp(-100, 100)
+        } else {
+            0
+        }
+    }
+
+    #[test]
+    fn pow2_to_edges() {
+        let mut xs = vec![
+            0.0f32,
+            -0.0,
+            -1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+            f32::from_bits(2),
+            f32::from_bits(3),
+            f32::from_bits(0x7f_ffff),
+            1.0,
+            1.5,
+            65504.0,
+            1e-30,
+            3e38,
+        ];
+        for e in -149..=127 {
+            let p = 2f64.powi(e) as f32;
+            xs.extend([p, p.next_up(), p.next_down(), 3.0 * p]);
+        }
+        for &x in &xs {
+            for top in [14, 15, -5, 120] {
+                let k = pow2_to(x, top);
+                assert_eq!(
+                    k,
+                    oracle(x, top),
+                    "pow2_to({x:e} = {:#x}, {top})",
+                    x.to_bits()
+                );
+                if x > 0.0 && x.is_finite() && k.abs() < 100 {
+                    // The defining bound, and the largest such k.
+                    let scaled = x as f64 * 2f64.powi(k);
+                    assert!(scaled <= 2f64.powi(top), "{x:e} {top} {k}");
+                    assert!(scaled * 2.0 > 2f64.powi(top), "{x:e} {top} {k}");
+                }
+            }
+        }
+        // Exact powers of two, their neighbours, subnormals, the non-finite and zero cases.
+        assert_eq!(pow2_to(1.0, 15), 15);
+        assert_eq!(pow2_to(1.0f32.next_up(), 15), 14);
+        assert_eq!(pow2_to(1.0f32.next_down(), 15), 15);
+        assert_eq!(pow2_to(32768.0, 15), 0);
+        assert_eq!(pow2_to(f32::from_bits(1), 15), 100);
+        assert_eq!(pow2_to(f32::MAX, 15), -100);
+        assert_eq!(pow2_to(2f32.powi(64).next_up(), 14), 14 - 65);
+        for x in [0.0, -0.0, -2.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
+            assert_eq!(pow2_to(x, 14), 0, "{x}");
+        }
+    }
+
+    #[test]
+    fn pow2f_is_exact_two_to_the_k() {
+        for k in -300..300 {
+            let want = 2f64.powi(k) as f32;
+            assert_eq!(pow2f(k).to_bits(), want.to_bits(), "2^{k}");
+        }
+        assert_eq!(pow2f(0), 1.0);
+        assert_eq!(pow2f(-149), f32::from_bits(1));
+        assert_eq!(pow2f(-150), 0.0);
+        assert_eq!(pow2f(128), f32::INFINITY);
+    }
+
+    #[test]
+    fn scale_sets_fit_the_region() {
+        for set in [ScaleSet::CCopy, ScaleSet::ClassPass] {
+            assert_eq!(set.offset() % 32, 0);
+            assert!(set.offset() + SET_WORDS * 4 <= SCALES_BYTES);
+            let s = DeviceScales {
+                base: 4096 + set.offset() as u64,
+            };
+            let words = [
+                s.up_x(),
+                s.down_x(),
+                s.up_g(),
+                s.down_g(),
+                s.down_xg(),
+                s.zero(),
+            ];
+            for (i, w) in words.into_iter().enumerate() {
+                assert_eq!(w, s.base + 4 * (i as u64 + 2));
+            }
+        }
+        assert_ne!(ScaleSet::CCopy.offset(), ScaleSet::ClassPass.offset());
     }
 }

@@ -333,8 +333,9 @@ impl DenseEngine {
 
     /// One launch of `cce_wgmma_gcols[_cap]_*` (`kernels/wgmma.cu`): `G[n, kc]` (f16, row stride
     /// `ldg` elements, at `g`) of classes `k0..k0 + kc` from the logits `E · C_kᵀ` computed in
-    /// registers, the saved lse, the targets and upstream gradients, scaled by `g_scale`;
-    /// persistent grid of at most one block per multiprocessor.
+    /// registers, the saved lse, the targets and upstream gradients, scaled by `*g_scale` (the
+    /// device address of an f32, or 0 for 1); persistent grid of at most one block per
+    /// multiprocessor.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     pub(super) fn launch_wgmma_gcols(
         &self,
@@ -344,7 +345,7 @@ impl DenseEngine {
         (g, ldg): (u64, usize),
         (bias, softcap, targets, lse, rest): (u64, f32, u64, u64, u64),
         (dl_rows, dl_scalar, dlse): (u64, f32, u64),
-        (alpha, lambda, g_scale): (f32, f32, f32),
+        (alpha, lambda, g_scale): (f32, f32, u64),
     ) -> Result<()> {
         let f = self.func(name)?;
         let tiles = n.div_ceil(WGMMA_BM) * kc.div_ceil(WGMMA_BN);
@@ -383,7 +384,8 @@ impl DenseEngine {
         };
         // SAFETY: WgGColsParams is WG_GCOLS_PARAMS in wgmma.cu (two 128-byte tensor maps by
         // value; i32 N, K, D, k0, V; G's tensor map by value; bias, f32 softcap, targets, lse,
-        // rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ, g_scale; i32 group_m, ordered_epi). The
+        // rest; dl_rows, f32 dl_scalar, dlse; f32 α, λ; g_scale (const float*: one f32 of
+        // ws.scales written before on this stream, or 0); i32 group_m, ordered_epi). The
         // maps describe the live [n, D] and [kc, D] 16-bit row-major inputs (16-byte aligned,
         // D % 64 == 0: `schedule::wgmma_gcols_classes`), so TMA reads nothing outside them; G's
         // map is [n, kc] f16 with row stride ldg·2 bytes (ldg ≥ kc a multiple of 8: bytes
@@ -440,7 +442,8 @@ kernel_params! {
         dlse: u64,
         alpha: f32,
         lambda: f32,
-        g_scale: f32,
+        /// `const float*`: `G`'s scale in device memory, or 0 (1).
+        g_scale: u64,
         group_m: i32,
         ordered: i32,
     }

@@ -216,6 +216,8 @@ pub struct DenseWorkspace {
     pub(super) ld: usize,
     pub(super) logits: CudaSlice<u8>,
     pub(super) tau: CudaSlice<u8>,
+    /// Split dense's power-of-two scales, [`SCALES_BYTES`]: one `ScaleSet` per use (maxima
+    /// and factors, written and read on the device).
     pub(super) scales: CudaSlice<u8>,
     pub(super) dc_acc: Option<CudaSlice<u8>>,
     pub(super) dbias_acc: Option<CudaSlice<u8>>,
@@ -264,7 +266,7 @@ impl WorkspaceSizes {
         Self {
             logits: cfg.scratch_bytes(),
             tau: per_row(split),
-            scales: 8,
+            scales: SCALES_BYTES,
             dc_acc: (cfg.compute_d_c && !cfg.grad_f32 && !split).then_some(cfg.v * cfg.d * 4),
             dbias_acc: (cfg.compute_d_c && cfg.has_bias && !cfg.grad_f32).then_some(cfg.v * 4),
             row_loss: cfg.n * 4,
@@ -472,6 +474,18 @@ mod tests {
             assert!(l.tmp_off <= scratch, "{what}: {l:?}");
         }
         l
+    }
+
+    #[test]
+    fn scales_region_holds_every_scale_set() {
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let cfg = split_cfg((129, 128, 5003), dtype, &Options::exact(), None);
+            let sz = WorkspaceSizes::of(&cfg);
+            assert_eq!(sz.scales, SCALES_BYTES);
+            assert!(ScaleSet::ClassPass.offset() + SET_WORDS * 4 <= sz.scales);
+            let without = WorkspaceSizes { scales: 0, ..sz };
+            assert_eq!(sz.total(), without.total() - 4 + SCALES_BYTES as u64);
+        }
     }
 
     #[test]
