@@ -1098,7 +1098,12 @@ fn bench_one(
         workspace_budget_bytes: budget_bytes,
         ..Options::default()
     };
-    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
+    // As the backend plans: within the budget less the cuBLAS workspace.
+    let share = Options {
+        workspace_budget_bytes: cce_cuda::dense::plan_budget(budget_bytes),
+        ..opts.clone()
+    };
+    let plan = Plan::new(problem, &share, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
     cfg.wgmma_forward = args.switches.wgmma_forward;

@@ -60,7 +60,9 @@
 //! forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
 //!
 //! `G` overwrites the logits chunk in place (16-bit `G` has the row stride `2·ld`), so the
-//! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator.
+//! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator. The
+//! backend plans within the budget less the cuBLAS workspace ([`CUBLAS_WORKSPACE_BYTES`],
+//! [`plan_budget`]), so that a call's reported workspace, both together, stays within it.
 //!
 //! Filtering: with the filter on (both `filter_e_grad` and `filter_c_grad`), each active row
 //! gets the exact threshold `τ_i` of [`cce_core::filter`] from a histogram of
@@ -92,6 +94,7 @@
 //! ## Code layout
 //! | file | what |
 //! |---|---|
+//! | `budget.rs` | the budget's decisions: the plan's share beside the cuBLAS workspace |
 //! | `schedule.rs` | every decision of a call from plain data (no CUDA call): the plan and its adjustments, which forward, row pass, class pass, sparse or dense backward, each fallback's reason string |
 //! | `exec.rs` | the executor: buffer checks, the schedule, then the passes in order |
 //! | `config.rs`, `workspace.rs` | [`DenseConfig`], the scratch layouts and byte tallies, [`DenseWorkspace`] |
@@ -104,6 +107,7 @@
 //! | `launch.rs` | errors, cuBLAS GEMMs, typed kernel parameters and their one launch function, the profile timer |
 //! | `glue.rs` | `Backend`-trait calls of [`crate::CudaBackend`] |
 
+mod budget;
 mod class_pass;
 mod config;
 mod exec;
@@ -117,6 +121,7 @@ mod sparse;
 mod wgmma;
 mod workspace;
 
+pub use budget::plan_budget;
 pub use config::{
     DenseConfig, RowPass, CLUSTER_SIZES, WGMMA_FORWARD_DEFAULT, WGMMA_GCOLS_DEFAULT,
     WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,

@@ -13,6 +13,7 @@
 //! when a sparse backward gave way with its first chunk's logits in place
 //! ([`row_pass_note`]).
 
+use super::budget::*;
 use super::*;
 use crate::SparseMode;
 use cce_core::{Plan, Problem, Strategy, StrategyKind};
@@ -588,8 +589,10 @@ pub(crate) struct PlanKnobs {
 }
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
-/// it: chunked dense only for exact bf16 / f32 calls without f32 gradients of bf16 inputs,
-/// then `knobs` applied; each adjustment appends its reason to the plan's.
+/// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
+/// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
+/// adjustment appends its reason to the plan's. A budget too small for the plan is a
+/// `ResourceLimit` against the whole budget, the cuBLAS workspace counted in what is asked.
 pub(crate) fn plan_call(
     problem: &Problem,
     opts: &cce_core::Options,
@@ -622,7 +625,17 @@ pub(crate) fn plan_call(
             "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
         });
     }
-    let mut plan = Plan::new(problem, opts, &limits)?;
+    let budget = opts.workspace_budget_bytes;
+    let share = cce_core::Options {
+        workspace_budget_bytes: plan_budget(budget),
+        ..opts.clone()
+    };
+    let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    plan.reason.push_str(&format!(
+        "; planned within {} B: the budget of {budget} B less the {CUBLAS_WORKSPACE_BYTES} B \
+         cuBLAS workspace",
+        share.workspace_budget_bytes
+    ));
     for note in notes {
         plan.reason.push_str(&format!(" ({note})"));
     }
@@ -693,6 +706,9 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
 /// The engine's configuration of a backend call: the plan's, with the call's WGMMA switches;
 /// a forward-only call (`backward` false) drops the sparse backward (none of its workspace),
 /// a call with a backward the class tiles (none of their buffers).
+///
+/// Errors: `ResourceLimit` when its workspace and the cuBLAS workspace exceed the budget
+/// ([`DenseConfig::check_budget`]; the plan leaves room for it).
 pub(crate) fn dense_config(
     plan: &Plan,
     opts: &cce_core::Options,
@@ -708,6 +724,7 @@ pub(crate) fn dense_config(
     } else {
         cfg.class_forward = None;
     }
+    cfg.check_budget(opts.workspace_budget_bytes)?;
     Ok(cfg)
 }
 

@@ -411,7 +411,7 @@ const EXPECTED: &[(
         (12288, 576, 49152),
         "exact",
         CallKind::Forward,
-        Some("forward: 12 GEMM tile(s) of 12288 rows x 4224 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 13 GEMM tile(s) of 12288 rows x 3840 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -639,4 +639,56 @@ fn sparse_decisions() {
     assert!(dc_zero_by_memset(100, 128256) && !dc_zero_by_memset(128256, 128256));
     assert_eq!(select_threads(256), 256);
     assert_eq!(select_threads(512), SEL_THREADS);
+}
+
+/// The engine's configuration of a bf16 call of `shape` with `opts` as `CudaBackend` makes it
+/// (default knobs and switches), or the error of its plan or budget.
+fn call_cfg(
+    (n, d, v): (usize, usize, usize),
+    opts: &Options,
+    backward: bool,
+) -> Result<DenseConfig> {
+    let problem = Problem {
+        n,
+        d,
+        v,
+        dtype: DType::BF16,
+        has_bias: false,
+        seq_len: n,
+    };
+    let limits = device_limits("test", 140 << 30, 227 << 10);
+    let knobs = PlanKnobs {
+        chunk_cap: None,
+        sparse: SparseMode::Auto,
+        split_de_f16: true,
+    };
+    let plan = plan_call(&problem, opts, &limits, knobs)?;
+    dense_config(&plan, opts, (true, true, true), backward)
+}
+
+#[test]
+fn the_cublas_workspace_counts_in_the_budget() {
+    assert_eq!(plan_budget(512 << 20), 480 << 20);
+    assert_eq!(plan_budget(16), 0);
+    // A budget under the cuBLAS workspace (tests/errors.rs: 16 B): the plan's error, against
+    // the whole budget, the cuBLAS workspace in what it asks.
+    let opts = Options {
+        workspace_budget_bytes: 16,
+        ..Options::default()
+    };
+    match call_cfg((1000, 256, 3000), &opts, true) {
+        Err(CceError::ResourceLimit {
+            resource,
+            requested,
+            max,
+        }) => {
+            assert_eq!(max, 16);
+            assert!(requested > CUBLAS_WORKSPACE_BYTES as u64, "{requested}");
+            assert!(
+                resource.ends_with("cuBLAS workspace beside it"),
+                "{resource}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -73,6 +73,25 @@ impl DenseConfig {
         .max(self.class_forward.map_or(0, |cf| cf.bytes(self.n)))
     }
 
+    /// `ResourceLimit` unless the workspace of this configuration ([`WorkspaceSizes::total`])
+    /// and the cuBLAS workspace ([`CUBLAS_WORKSPACE_BYTES`]) fit `budget` bytes; else their sum
+    /// in bytes, what the call reports as its workspace.
+    pub(crate) fn check_budget(&self, budget: u64) -> Result<u64> {
+        let total = WorkspaceSizes::of(self).total() + CUBLAS_WORKSPACE_BYTES as u64;
+        if total > budget {
+            return Err(CceError::ResourceLimit {
+                resource: format!(
+                    "workspace bytes (the engine's buffers for N = {}, V = {} and the {} B \
+                     cuBLAS workspace)",
+                    self.n, self.v, CUBLAS_WORKSPACE_BYTES
+                ),
+                requested: total,
+                max: budget,
+            });
+        }
+        Ok(total)
+    }
+
     /// Split dense's class pass through the WGMMA `G` epilogue in a scratch buffer of
     /// `scratch` bytes: the f16 copy of `e` ([`DenseConfig::e16_bytes`]) and the f32 `d_c`
     /// temp (bf16 outputs, [`DenseConfig::dc_tmp_bytes`] `> 0`: `dc_classes x D` f32) at its
@@ -377,8 +396,9 @@ mod tests {
     use super::*;
     use cce_core::{DeviceLimits, Options, Plan, Problem, StrategyKind, TileShape};
 
-    /// Split dense's configuration as `cce_bench_dense` plans it (limits of `cuda_limits`), or
-    /// with its chunks capped like `CudaBackend::with_chunk_cap` (the conformance tests).
+    /// Split dense's configuration as `cce_bench_dense` plans it (limits of `cuda_limits`, the
+    /// budget less the cuBLAS workspace), or with its chunks capped like
+    /// `CudaBackend::with_chunk_cap` (the conformance tests).
     fn split_cfg(
         (n, d, v): (usize, usize, usize),
         dtype: DType,
@@ -408,7 +428,11 @@ mod tests {
             strategies: vec![StrategyKind::SplitDense],
             class_forward: true,
         };
-        let mut plan = Plan::new(&problem, opts, &limits).unwrap();
+        let share = Options {
+            workspace_budget_bytes: budget::plan_budget(opts.workspace_budget_bytes),
+            ..opts.clone()
+        };
+        let mut plan = Plan::new(&problem, &share, &limits).unwrap();
         if let (
             Some((rows, classes)),
             cce_core::Strategy::SplitDense {
@@ -586,5 +610,19 @@ mod tests {
         let opts = Options::exact();
         let cfg = split_cfg((129, 128, 5003), DType::BF16, &opts, Some((64, 128)));
         assert_eq!(cfg.gcols_layout(1024), None);
+    }
+
+    #[test]
+    fn a_workspace_over_the_budget_is_a_resource_error() {
+        let opts = Options::exact();
+        let cfg = split_cfg((4096, 256, 50000), DType::BF16, &opts, None);
+        let total = WorkspaceSizes::of(&cfg).total() + CUBLAS_WORKSPACE_BYTES as u64;
+        assert_eq!(cfg.check_budget(total).unwrap(), total);
+        match cfg.check_budget(total - 1) {
+            Err(CceError::ResourceLimit { requested, max, .. }) => {
+                assert_eq!((requested, max), (total, total - 1))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
