@@ -244,12 +244,12 @@ pub(crate) fn wgmma_unfit(
 }
 
 /// Rows per row group of the fused WGMMA forward (`kernels/wgmma.cu`) for `cfg`, with
-/// `scratch` bytes for the float2 partials (`rows x ceil(V / 256)`; all `N` rows when they
-/// fit, else the most multiples of 128 that do). `Err(why)` when it does not apply: switched
-/// off ([`DenseConfig::wgmma_forward`]), not compute capability 9.0, not bf16 / f16, a softcap
-/// above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or argmax, `D` not a multiple of 64,
-/// inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128 rows need
-/// ([`wgmma_unfit`] holds the shared conditions).
+/// `scratch` bytes for the float2 partials ([`forward_group_rows`]: all `N` rows when they
+/// fit, else the fewest even groups of multiples of 128 rows). `Err(why)` when it does not
+/// apply: switched off ([`DenseConfig::wgmma_forward`]), not compute capability 9.0, not bf16
+/// / f16, a softcap above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or argmax, `D` not a
+/// multiple of 64, inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128
+/// rows need ([`wgmma_unfit`] holds the shared conditions).
 pub(crate) fn wgmma_forward_rows(
     cfg: &DenseConfig,
     dev: &DeviceFacts,
@@ -264,12 +264,7 @@ pub(crate) fn wgmma_forward_rows(
     } else if cfg.want_entropy || cfg.want_argmax {
         "entropy / argmax requested"
     } else {
-        let fit = scratch / (v.div_ceil(WGMMA_BN) * 8);
-        let group = if fit >= n {
-            n
-        } else {
-            fit / WGMMA_BM * WGMMA_BM
-        };
+        let group = forward_group_rows(n, v, scratch);
         if group > 0 && i32::try_from(group).is_ok() {
             return Ok(group);
         }
@@ -631,6 +626,17 @@ pub(crate) fn plan_call(
         ..opts.clone()
     };
     let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    if let Some(cf) = plan.forward {
+        // Forward-only calls fit their own tiles within the forward-only cap (`dense_config`);
+        // the call's note names them.
+        plan.reason = plan.reason.replace(
+            &format!("; {cf}"),
+            &format!(
+                "; forward-only calls: class tiles within {} B of workspace",
+                forward_workspace_cap(budget)
+            ),
+        );
+    }
     plan.reason.push_str(&format!(
         "; planned within {} B: the budget of {budget} B less the {CUBLAS_WORKSPACE_BYTES} B \
          cuBLAS workspace",
@@ -704,11 +710,13 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
 }
 
 /// The engine's configuration of a backend call: the plan's, with the call's WGMMA switches;
-/// a forward-only call (`backward` false) drops the sparse backward (none of its workspace),
-/// a call with a backward the class tiles (none of their buffers).
+/// a forward-only call (`backward` false) within [`forward_workspace_cap`]
+/// ([`DenseConfig::forward_only`]: no gradient buffers, no sparse backward), a call with a
+/// backward without the class tiles (none of their buffers).
 ///
 /// Errors: `ResourceLimit` when its workspace and the cuBLAS workspace exceed the budget
-/// ([`DenseConfig::check_budget`]; the plan leaves room for it).
+/// ([`DenseConfig::check_budget`]; the plan leaves room for it, so only where one row of
+/// logits beside the per-row buffers does not fit).
 pub(crate) fn dense_config(
     plan: &Plan,
     opts: &cce_core::Options,
@@ -719,12 +727,14 @@ pub(crate) fn dense_config(
     cfg.wgmma_forward = wgmma_forward;
     cfg.wgmma_gcols = wgmma_gcols;
     cfg.wgmma_rows = wgmma_rows;
-    if !backward {
-        cfg.sparse = None;
-    } else {
+    let budget = opts.workspace_budget_bytes;
+    let cfg = if backward {
         cfg.class_forward = None;
-    }
-    cfg.check_budget(opts.workspace_budget_bytes)?;
+        cfg
+    } else {
+        cfg.forward_only(budget)
+    };
+    cfg.check_budget(budget)?;
     Ok(cfg)
 }
 
