@@ -1099,7 +1099,12 @@ fn bench_one(
         workspace_budget_bytes: budget_bytes,
         ..Options::default()
     };
-    let plan = Plan::new(problem, &opts, &cuda_limits(128, kind))?;
+    // As the backend plans: within the budget less the cuBLAS workspace.
+    let share = Options {
+        workspace_budget_bytes: cce_cuda::dense::plan_budget(budget_bytes),
+        ..opts.clone()
+    };
+    let plan = Plan::new(problem, &share, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
     cfg.row_pass = rp;
     cfg.wgmma_forward = args.switches.wgmma_forward;
@@ -1222,7 +1227,11 @@ fn bench_one(
     let err_de = rel_err(&to_f64(stream, &*de, problem.dtype, n * d)?, &de_exact);
     let err_dc = rel_err(&to_f64(stream, &*dc, problem.dtype, v * d)?, &dc_exact);
     drop((de_exact, dc_exact));
-    // Forward only, and the data's mean softmax entropy (the forward's side output).
+    // Forward only as the backend runs it (its own configuration and workspace within the
+    // forward-only cap, `DenseConfig::forward_only`), and the data's mean softmax entropy (the
+    // forward's side output).
+    let cfg_fwd = cfg_exact.clone().forward_only(budget_bytes);
+    let mut ws_fwd = DenseWorkspace::new(engine, &cfg_fwd)?;
     let mut lse2 = alloc(stream, n * 4)?;
     let mut rest2 = alloc(stream, n * 4)?;
     let mut loss2 = alloc(stream, 4)?;
@@ -1235,15 +1244,15 @@ fn bench_one(
             entropy: None,
             argmax: None,
         };
-        engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?;
+        engine.forward(&cfg_fwd, &mut ws_fwd, &inp, &mut fo)?;
         Ok(())
     })?
     .0;
     // The same forward in the row chunks (what a plan without class tiles does), same run.
     // With the fused WGMMA forward on (`fwd_ms` is then its time), the class tiles with it off
     // too.
-    if cfg_exact.wgmma_forward {
-        let mut cfg_cls = cfg_exact.clone();
+    if cfg_fwd.wgmma_forward {
+        let mut cfg_cls = cfg_fwd.clone();
         cfg_cls.wgmma_forward = false;
         let cls_ms = time_ms(stream, args.warmup, args.iters, || {
             let mut fo = DenseForwardOut {
@@ -1253,7 +1262,7 @@ fn bench_one(
                 entropy: None,
                 argmax: None,
             };
-            engine.forward(&cfg_cls, &mut ws, &inp, &mut fo)?;
+            engine.forward(&cfg_cls, &mut ws_fwd, &inp, &mut fo)?;
             Ok(())
         })?
         .0;
@@ -1261,8 +1270,8 @@ fn bench_one(
             "  forward: {fwd_ms:.2} ms as configured, {cls_ms:.2} ms without the WGMMA forward"
         );
     }
-    if cfg_exact.class_forward.is_some() {
-        let mut cfg_rows = cfg_exact.clone();
+    if cfg_fwd.class_forward.is_some() {
+        let mut cfg_rows = cfg_fwd.clone();
         cfg_rows.class_forward = None;
         cfg_rows.wgmma_forward = false;
         let rows_ms = time_ms(stream, args.warmup, args.iters, || {
@@ -1273,7 +1282,7 @@ fn bench_one(
                 entropy: None,
                 argmax: None,
             };
-            engine.forward(&cfg_rows, &mut ws, &inp, &mut fo)?;
+            engine.forward(&cfg_rows, &mut ws_fwd, &inp, &mut fo)?;
             Ok(())
         })?
         .0;
@@ -1285,7 +1294,9 @@ fn bench_one(
                 entropy: None,
                 argmax: None,
             };
-            engine.forward(&cfg_exact, &mut ws, &inp, &mut fo)?.forward
+            engine
+                .forward(&cfg_fwd, &mut ws_fwd, &inp, &mut fo)?
+                .forward
         };
         println!(
             "  forward: as configured {:.2} ms, row chunks {rows_ms:.2} ms; {}",
@@ -1293,7 +1304,7 @@ fn bench_one(
             note.unwrap_or_default()
         );
     }
-    let mut cfg_ent = cfg_exact.clone();
+    let mut cfg_ent = cfg_fwd.clone();
     cfg_ent.want_entropy = true;
     {
         let mut fo = DenseForwardOut {
@@ -1303,7 +1314,7 @@ fn bench_one(
             entropy: Some(&mut ent),
             argmax: None,
         };
-        engine.forward(&cfg_ent, &mut ws, &inp, &mut fo)?;
+        engine.forward(&cfg_ent, &mut ws_fwd, &inp, &mut fo)?;
     }
     if let Some(note) = &last.sparse {
         println!("  filtered backward: {note}");

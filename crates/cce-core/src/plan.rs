@@ -83,10 +83,6 @@ pub enum Strategy {
 /// tuning bound, not a kernel limit.
 pub const SPLIT_DENSE_MAX_CLASSES: usize = 4096;
 
-/// Device memory a GEMM library keeps for its own use while a dense strategy runs (cuBLAS's
-/// 32 MiB workspace on Hopper); [`Strategy::SplitDense`] plans within the budget less this.
-pub const GEMM_LIBRARY_RESERVE_BYTES: u64 = 32 << 20;
-
 /// A sparse backward tried before [`Strategy::SplitDense`]'s dense backward (module docs).
 ///
 /// Memory: one scratch buffer of `scratch_bytes` (split dense's, grown when that is too small
@@ -514,7 +510,9 @@ fn fit(cap: u64, unit: usize, total: usize) -> usize {
 }
 
 impl Plan {
-    /// Compute the plan.
+    /// Compute the plan within `opts.workspace_budget_bytes` (all of it: a backend whose GEMM
+    /// library holds device memory of its own, such as cuBLAS's workspace, plans with the
+    /// budget less that).
     ///
     /// Errors: `ResourceLimit` when even one tile's chunk does not fit `limits` or the budget;
     /// `InvalidOption` when `limits` lists no strategy.
@@ -620,11 +618,7 @@ impl Plan {
                         0
                     };
                     // Row state as for chunked dense, plus τ_i [N] f32 and a d_bias f32 [V].
-                    let fixed = row_state_bytes(1)
-                        + n as u64 * 4
-                        + v as u64 * 4
-                        + sparse_fixed
-                        + GEMM_LIBRARY_RESERVE_BYTES;
+                    let fixed = row_state_bytes(1) + n as u64 * 4 + v as u64 * 4 + sparse_fixed;
                     let room = budget.saturating_sub(fixed);
                     let dt = problem.dtype;
                     let ld_v = v.div_ceil(8) as u64 * 8;
@@ -1151,7 +1145,12 @@ mod tests {
             StrategyKind::SplitDense,
             StrategyKind::TileOwnership,
         ];
-        let plan = Plan::new(&p, &Options::default(), &limits).unwrap();
+        // The CUDA backend's budget: the default 0.5 GiB less its 32 MiB cuBLAS workspace.
+        let opts = Options {
+            workspace_budget_bytes: (512 << 20) - (32 << 20),
+            ..Options::default()
+        };
+        let plan = Plan::new(&p, &opts, &limits).unwrap();
         let Strategy::SplitDense {
             chunk_rows,
             chunk_classes,
@@ -1160,13 +1159,12 @@ mod tests {
         else {
             panic!("{}", plan.reason)
         };
-        // 0.5 GiB less cuBLAS's 32 MiB: 384 rows of V = 256000 f32 logits (no room for an f16
-        // copy of c); the f16 copy of e (256 MiB) and an f32 d_c chunk beside ~1.4k classes of
-        // N = 32768.
+        // 480 MiB: 384 rows of V = 256000 f32 logits (no room for an f16 copy of c); the f16
+        // copy of e (256 MiB) and an f32 d_c chunk beside ~1.4k classes of N = 32768.
         assert_eq!(chunk_rows, 384);
         assert!(!de_f16);
         assert!((1280..=1792).contains(&chunk_classes), "{chunk_classes}");
-        assert!(plan.workspace_bytes <= 512 << 20);
+        assert!(plan.workspace_bytes <= opts.workspace_budget_bytes);
         // The sparse backward holds the pairs of c/8 data at the seed shape (324 per row).
         let sp = plan.sparse.expect("sparse backward");
         assert!(sp.capacity(sp.probe_rows, 256000) >= 32768 * 324, "{sp}");

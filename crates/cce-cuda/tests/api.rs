@@ -362,6 +362,11 @@ fn outputs_written_into_the_callers_buffers_match_and_the_workspace_is_known_bef
         be.workspace_bytes(&inputs, &opts, false).unwrap(),
         fwd_only.stats.workspace_bytes
     );
+    // Within the budget, the cuBLAS workspace counted; a forward-only call within the
+    // forward-only cap beside it.
+    let cublas = cce_cuda::dense::CUBLAS_WORKSPACE_BYTES as u64;
+    assert!(bs.workspace_bytes <= opts.workspace_budget_bytes, "{bs}");
+    assert!(fwd_only.stats.workspace_bytes <= cce_cuda::dense::FORWARD_WORKSPACE_CAP + cublas);
     // A buffer of the wrong size or dtype, or a side output nobody asked for: typed errors.
     let mut short = be.zeros(vec![n - 1], DType::F32).unwrap();
     let err = be
@@ -386,4 +391,70 @@ fn outputs_written_into_the_callers_buffers_match_and_the_workspace_is_known_bef
         matches!(err, cce_core::CceError::InvalidOption { .. }),
         "{err}"
     );
+}
+
+/// The forward-only workspace at large shapes: within [`cce_cuda::dense::FORWARD_WORKSPACE_CAP`]
+/// beside the cuBLAS workspace (0.44 GiB once at 32768 x 4096 x 256000, queried here without a
+/// call), and a forward-only call whose partials need more than the cap: on sm_90 the fused
+/// WGMMA forward in 2 row groups of 8192 rows, elsewhere the class tiles; its lse against the
+/// forward-and-backward call's.
+#[test]
+fn a_forward_only_call_stays_within_the_forward_cap() {
+    let Some(be) = common::backend("a_forward_only_call_stays_within_the_forward_cap") else {
+        return;
+    };
+    let cap =
+        cce_cuda::dense::FORWARD_WORKSPACE_CAP + cce_cuda::dense::CUBLAS_WORKSPACE_BYTES as u64;
+    let budget = Options::default().workspace_budget_bytes;
+    let (n, d, v) = (32768, 4096, 256000);
+    let e = be.zeros(vec![n, d], DType::BF16).unwrap();
+    let c = be.zeros(vec![v, d], DType::BF16).unwrap();
+    let t = be.zeros(vec![n], DType::I64).unwrap();
+    let seed = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &t,
+    };
+    for opts in [Options::default(), Options::exact()] {
+        let fwd = be.workspace_bytes(&seed, &opts, false).unwrap();
+        let bwd = be.workspace_bytes(&seed, &opts, true).unwrap();
+        eprintln!("{n}x{d}x{v}: forward-only {fwd} B, with a backward {bwd} B");
+        assert!(fwd <= cap && bwd <= budget, "{fwd} {bwd}");
+    }
+    drop((e, c, t));
+    let mut rng = common::seeded();
+    let k = common::random_case(&mut rng, 16384, 64, 256000, DType::BF16, false, 0.0, 4.0);
+    let [e, c, t] = upload_case(&be, &k);
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &t,
+    };
+    let opts = Options::exact();
+    let f = be.forward(&inputs, &opts).unwrap();
+    let reason = &f.stats.plan_reason;
+    eprintln!("16384x64x256000 forward: {reason}");
+    assert_eq!(
+        be.workspace_bytes(&inputs, &opts, false).unwrap(),
+        f.stats.workspace_bytes
+    );
+    assert!(f.stats.workspace_bytes <= cap, "{}", f.stats);
+    if reason.starts_with("forward: WGMMA") {
+        assert!(
+            reason.contains("(2 row group(s) of up to 8192 rows"),
+            "{reason}"
+        );
+    }
+    let (g, _) = be
+        .forward_backward(&inputs, &opts, &Upstream::default())
+        .unwrap();
+    let (a, b) = (f32s(&be, &f.lse), f32s(&be, &g.lse));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0f32, f32::max);
+    assert!(worst <= 1e-4, "lse differs by {worst:e} (relative)");
 }

@@ -310,12 +310,14 @@ impl CudaBackend {
 
     /// Device bytes a call with these inputs' shapes and `opts` allocates beyond its inputs
     /// and outputs: the plan's workspace and the cuBLAS workspace (what
-    /// [`CallStats::workspace_bytes`] reports for the call). `backward`: the call runs a
-    /// backward (`backward`, `forward_backward`); a forward-only call otherwise. Reads no
-    /// tensor's contents (no synchronization).
+    /// [`CallStats::workspace_bytes`] reports for the call), at most
+    /// `opts.workspace_budget_bytes`; for a forward-only call the workspace is at most
+    /// [`crate::dense::FORWARD_WORKSPACE_CAP`] of it. `backward`: the call runs a backward
+    /// (`backward`, `forward_backward`); a forward-only call otherwise. Reads no tensor's
+    /// contents (no synchronization).
     ///
     /// Errors: those of the inputs' shapes, dtypes and options, and `ResourceLimit` when no
-    /// strategy fits the budget.
+    /// strategy fits the budget less the cuBLAS workspace.
     pub fn workspace_bytes(
         &self,
         inputs: &Inputs<'_, CudaTensor>,

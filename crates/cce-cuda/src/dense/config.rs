@@ -28,6 +28,15 @@ pub const WGMMA_SOFTCAP_MAX: f32 = 100.0;
 /// this cap the cuBLAS row pass with the exact factor runs instead.
 pub const WGMMA_ROWS_SOFTCAP_MIN: f32 = 1.0;
 
+/// Bytes of workspace a forward-only call of the backend takes at most (the engine's buffers,
+/// [`crate::dense::DenseWorkspace::bytes`]; the cuBLAS workspace,
+/// [`crate::dense::CUBLAS_WORKSPACE_BYTES`], comes on top), or less where the budget less the
+/// cuBLAS workspace is smaller: 64 MiB. The fused WGMMA forward runs in row groups whose
+/// partials fit it (8 bytes per row and 256 classes: 8192 rows at `V` = 256000), the class
+/// tiles and the row chunks fit it too. Only a problem whose per-row buffers and one row of
+/// logits alone exceed it (millions of rows, or a `V` of millions) takes more.
+pub const FORWARD_WORKSPACE_CAP: u64 = 64 << 20;
+
 /// Cluster sizes the fused kernel is instantiated for.
 pub const CLUSTER_SIZES: [usize; 5] = [1, 2, 4, 8, 16];
 
@@ -93,8 +102,8 @@ pub struct DenseConfig {
     pub row_pass: RowPass,
     /// The plan's sparse backward, tried first in filtered backward calls (split dense only).
     pub sparse: Option<cce_core::SparseBackward>,
-    /// The plan's class tiles of forward-only calls ([`cce_core::ClassForward`]); `None`: the
-    /// row chunks.
+    /// The plan's class tiles of forward-only calls ([`cce_core::ClassForward`]; a backend
+    /// call's fitted within [`FORWARD_WORKSPACE_CAP`]); `None`: the row chunks.
     pub class_forward: Option<cce_core::ClassForward>,
     /// Forward-only calls take the fused WGMMA forward (`kernels/wgmma.cu`) where it applies
     /// (`schedule::wgmma_forward_rows`); else the class tiles or row chunks. Default

@@ -54,7 +54,9 @@
 //! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
 //! row and 256 classes in the scratch; the logits never reach memory), then
 //! `cce_wgmma_lse_combine_*` per row (lse, the target logit as a dot product of `e` and `c`
-//! rows, the loss), in row groups when the partials of all rows do not fit the scratch. It
+//! rows, the loss), in row groups when the partials of all rows do not fit the scratch (a
+//! forward-only call of the backend has at most [`FORWARD_WORKSPACE_CAP`] of workspace:
+//! `budget::forward_group_rows` evens the groups out, 4 of 8192 rows at N 32768, V 256000). It
 //! measured 0.97-1.0x one cuBLAS logits GEMM at N 32768, D 4096, V 256000 (bf16, H200;
 //! `benches/wgmma/NOTES.md`). Elsewhere forward only is steps 1-2,
 //! over the plan's [`cce_core::ClassForward`] tiles when it has them
@@ -64,7 +66,11 @@
 //! forward). [`DenseEngine::forward_backward`] runs 3 GEMMs.
 //!
 //! `G` overwrites the logits chunk in place (16-bit `G` has the row stride `2·ld`), so the
-//! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator.
+//! workspace is the plan's `chunk_rows · V · 4` bytes plus the f32 `d_c` accumulator. The
+//! backend plans within the budget less the cuBLAS workspace ([`CUBLAS_WORKSPACE_BYTES`],
+//! [`plan_budget`]), so that a call's reported workspace, both together, stays within
+//! it; a forward-only call takes no gradient buffers and fits its scratch within
+//! [`FORWARD_WORKSPACE_CAP`] ([`DenseConfig::forward_only`]).
 //!
 //! Filtering: with the filter on (both `filter_e_grad` and `filter_c_grad`), each active row
 //! gets the exact threshold `τ_i` of [`cce_core::filter`] from a histogram of
@@ -96,6 +102,7 @@
 //! ## Code layout
 //! | file | what |
 //! |---|---|
+//! | `budget.rs` | the budget's decisions: the plan's share beside the cuBLAS workspace, the forward-only cap and the sizes within it |
 //! | `schedule.rs` | every decision of a call from plain data (no CUDA call): the plan and its adjustments, which forward, row pass, class pass, sparse or dense backward, each fallback's reason string |
 //! | `exec.rs` | the executor: buffer checks, the schedule, then the passes in order |
 //! | `config.rs`, `workspace.rs` | [`DenseConfig`], the scratch layouts and byte tallies, [`DenseWorkspace`] |
@@ -108,6 +115,7 @@
 //! | `launch.rs` | errors, cuBLAS GEMMs, typed kernel parameters and their one launch function, the profile timer |
 //! | `glue.rs` | `Backend`-trait calls of [`crate::CudaBackend`] |
 
+mod budget;
 mod class_pass;
 mod config;
 mod exec;
@@ -121,9 +129,10 @@ mod sparse;
 mod wgmma;
 mod workspace;
 
+pub use budget::plan_budget;
 pub use config::{
-    DenseConfig, RowPass, CLUSTER_SIZES, WGMMA_FORWARD_DEFAULT, WGMMA_GCOLS_DEFAULT,
-    WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
+    DenseConfig, RowPass, CLUSTER_SIZES, FORWARD_WORKSPACE_CAP, WGMMA_FORWARD_DEFAULT,
+    WGMMA_GCOLS_DEFAULT, WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
 };
 pub(crate) use glue::{workspace_bytes, BackendCall};
 pub use launch::{GemmScalars, CUBLAS_WORKSPACE_BYTES};

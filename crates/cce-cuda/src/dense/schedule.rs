@@ -13,6 +13,7 @@
 //! when a sparse backward gave way with its first chunk's logits in place
 //! ([`row_pass_note`]).
 
+use super::budget::*;
 use super::*;
 use crate::SparseMode;
 use cce_core::{Plan, Problem, Strategy, StrategyKind};
@@ -249,12 +250,12 @@ pub(crate) fn wgmma_unfit(
 }
 
 /// Rows per row group of the fused WGMMA forward (`kernels/wgmma.cu`) for `cfg`, with
-/// `scratch` bytes for the float2 partials (`rows x ceil(V / 256)`; all `N` rows when they
-/// fit, else the most multiples of 128 that do). `Err(why)` when it does not apply: switched
-/// off ([`DenseConfig::wgmma_forward`]), not compute capability 9.0, not bf16 / f16, a softcap
-/// above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or argmax, `D` not a multiple of 64,
-/// inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128 rows need
-/// ([`wgmma_unfit`] holds the shared conditions).
+/// `scratch` bytes for the float2 partials ([`forward_group_rows`]: all `N` rows when they
+/// fit, else the fewest even groups of multiples of 128 rows). `Err(why)` when it does not
+/// apply: switched off ([`DenseConfig::wgmma_forward`]), not compute capability 9.0, not bf16
+/// / f16, a softcap above [`WGMMA_SOFTCAP_MAX`], label smoothing, entropy or argmax, `D` not a
+/// multiple of 64, inputs not 16-byte aligned, sizes past 32 bits, or less scratch than 128
+/// rows need ([`wgmma_unfit`] holds the shared conditions).
 pub(crate) fn wgmma_forward_rows(
     cfg: &DenseConfig,
     dev: &DeviceFacts,
@@ -269,12 +270,7 @@ pub(crate) fn wgmma_forward_rows(
     } else if cfg.want_entropy || cfg.want_argmax {
         "entropy / argmax requested"
     } else {
-        let fit = scratch / (v.div_ceil(WGMMA_BN) * 8);
-        let group = if fit >= n {
-            n
-        } else {
-            fit / WGMMA_BM * WGMMA_BM
-        };
+        let group = forward_group_rows(n, v, scratch);
         if group > 0 && i32::try_from(group).is_ok() {
             return Ok(group);
         }
@@ -602,8 +598,10 @@ pub(crate) struct PlanKnobs {
 }
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
-/// it: chunked dense only for exact bf16 / f32 calls without f32 gradients of bf16 inputs,
-/// then `knobs` applied; each adjustment appends its reason to the plan's.
+/// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
+/// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
+/// adjustment appends its reason to the plan's. A budget too small for the plan is a
+/// `ResourceLimit` against the whole budget, the cuBLAS workspace counted in what is asked.
 pub(crate) fn plan_call(
     problem: &Problem,
     opts: &cce_core::Options,
@@ -636,7 +634,28 @@ pub(crate) fn plan_call(
             "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
         });
     }
-    let mut plan = Plan::new(problem, opts, &limits)?;
+    let budget = opts.workspace_budget_bytes;
+    let share = cce_core::Options {
+        workspace_budget_bytes: plan_budget(budget),
+        ..opts.clone()
+    };
+    let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    if let Some(cf) = plan.forward {
+        // Forward-only calls fit their own tiles within the forward-only cap (`dense_config`);
+        // the call's note names them.
+        plan.reason = plan.reason.replace(
+            &format!("; {cf}"),
+            &format!(
+                "; forward-only calls: class tiles within {} B of workspace",
+                forward_workspace_cap(budget)
+            ),
+        );
+    }
+    plan.reason.push_str(&format!(
+        "; planned within {} B: the budget of {budget} B less the {CUBLAS_WORKSPACE_BYTES} B \
+         cuBLAS workspace",
+        share.workspace_budget_bytes
+    ));
     for note in notes {
         plan.reason.push_str(&format!(" ({note})"));
     }
@@ -705,8 +724,13 @@ fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
 }
 
 /// The engine's configuration of a backend call: the plan's, with the call's WGMMA switches;
-/// a forward-only call (`backward` false) drops the sparse backward (none of its workspace),
-/// a call with a backward the class tiles (none of their buffers).
+/// a forward-only call (`backward` false) within [`forward_workspace_cap`]
+/// ([`DenseConfig::forward_only`]: no gradient buffers, no sparse backward), a call with a
+/// backward without the class tiles (none of their buffers).
+///
+/// Errors: `ResourceLimit` when its workspace and the cuBLAS workspace exceed the budget
+/// ([`DenseConfig::check_budget`]; the plan leaves room for it, so only where one row of
+/// logits beside the per-row buffers does not fit).
 pub(crate) fn dense_config(
     plan: &Plan,
     opts: &cce_core::Options,
@@ -717,11 +741,14 @@ pub(crate) fn dense_config(
     cfg.wgmma_forward = wgmma_forward;
     cfg.wgmma_gcols = wgmma_gcols;
     cfg.wgmma_rows = wgmma_rows;
-    if !backward {
-        cfg.sparse = None;
-    } else {
+    let budget = opts.workspace_budget_bytes;
+    let cfg = if backward {
         cfg.class_forward = None;
-    }
+        cfg
+    } else {
+        cfg.forward_only(budget)
+    };
+    cfg.check_budget(budget)?;
     Ok(cfg)
 }
 

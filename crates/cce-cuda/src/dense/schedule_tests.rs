@@ -112,7 +112,7 @@ const EXPECTED: &[(
         (32768, 4096, 256000),
         "default",
         CallKind::Forward,
-        Some("forward: WGMMA GEMM with the lse in its epilogue (1 row group(s) of up to 32768 rows x 1000 class tile(s) of 256, 132 persistent blocks), a combine pass per row group"),
+        Some("forward: WGMMA GEMM with the lse in its epilogue (4 row group(s) of up to 8192 rows x 1000 class tile(s) of 256, 132 persistent blocks), a combine pass per row group"),
         false,
         None,
         None,
@@ -132,7 +132,7 @@ const EXPECTED: &[(
         (32768, 4096, 256000),
         "exact",
         CallKind::Forward,
-        Some("forward: WGMMA GEMM with the lse in its epilogue (1 row group(s) of up to 32768 rows x 1000 class tile(s) of 256, 132 persistent blocks), a combine pass per row group"),
+        Some("forward: WGMMA GEMM with the lse in its epilogue (4 row group(s) of up to 8192 rows x 1000 class tile(s) of 256, 132 persistent blocks), a combine pass per row group"),
         false,
         None,
         None,
@@ -272,7 +272,7 @@ const EXPECTED: &[(
         (32768, 4096, 256000),
         "default",
         CallKind::Forward,
-        Some("forward: 143 GEMM tile(s) of 32768 rows x 1792 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 1115 GEMM tile(s) of 6656 rows x 1152 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -292,7 +292,7 @@ const EXPECTED: &[(
         (32768, 4096, 256000),
         "exact",
         CallKind::Forward,
-        Some("forward: 143 GEMM tile(s) of 32768 rows x 1792 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 1115 GEMM tile(s) of 6656 rows x 1152 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -312,7 +312,7 @@ const EXPECTED: &[(
         (8192, 2304, 256000),
         "default",
         CallKind::Forward,
-        Some("forward: 34 GEMM tile(s) of 8192 rows x 7552 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 268 GEMM tile(s) of 4096 rows x 1920 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -332,7 +332,7 @@ const EXPECTED: &[(
         (8192, 2304, 256000),
         "exact",
         CallKind::Forward,
-        Some("forward: 34 GEMM tile(s) of 8192 rows x 7552 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 268 GEMM tile(s) of 4096 rows x 1920 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -352,7 +352,7 @@ const EXPECTED: &[(
         (8192, 4096, 128256),
         "default",
         CallKind::Forward,
-        Some("forward: 17 GEMM tile(s) of 8192 rows x 7552 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 134 GEMM tile(s) of 4096 rows x 1920 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -372,7 +372,7 @@ const EXPECTED: &[(
         (8192, 4096, 128256),
         "exact",
         CallKind::Forward,
-        Some("forward: 17 GEMM tile(s) of 8192 rows x 7552 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 134 GEMM tile(s) of 4096 rows x 1920 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -392,7 +392,7 @@ const EXPECTED: &[(
         (12288, 576, 49152),
         "default",
         CallKind::Forward,
-        Some("forward: 10 GEMM tile(s) of 12288 rows x 4992 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 78 GEMM tile(s) of 6144 rows x 1280 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -412,7 +412,7 @@ const EXPECTED: &[(
         (12288, 576, 49152),
         "exact",
         CallKind::Forward,
-        Some("forward: 12 GEMM tile(s) of 12288 rows x 4224 classes through two buffers, row reductions on a second stream"),
+        Some("forward: 78 GEMM tile(s) of 6144 rows x 1280 classes through two buffers, row reductions on a second stream"),
         false,
         None,
         None,
@@ -650,4 +650,133 @@ fn sparse_decisions() {
     assert!(dc_zero_by_memset(100, 128256) && !dc_zero_by_memset(128256, 128256));
     assert_eq!(select_threads(256), 256);
     assert_eq!(select_threads(512), SEL_THREADS);
+}
+
+/// The engine's configuration of a bf16 call of `shape` with `opts` as `CudaBackend` makes it
+/// (default knobs and switches), or the error of its plan or budget.
+fn call_cfg(
+    (n, d, v): (usize, usize, usize),
+    opts: &Options,
+    backward: bool,
+) -> Result<DenseConfig> {
+    let problem = Problem {
+        n,
+        d,
+        v,
+        dtype: DType::BF16,
+        has_bias: false,
+        seq_len: n,
+    };
+    let limits = device_limits("test", 140 << 30, 227 << 10);
+    let knobs = PlanKnobs {
+        chunk_cap: None,
+        sparse: SparseMode::Auto,
+        split_de_f16: true,
+    };
+    let plan = plan_call(&problem, opts, &limits, knobs)?;
+    dense_config(&plan, opts, (true, true, true), backward)
+}
+
+#[test]
+fn bench_shapes_fit_the_forward_cap_and_the_budget() {
+    use super::super::workspace::WorkspaceSizes;
+    let cublas = CUBLAS_WORKSPACE_BYTES as u64;
+    for budget in [512u64 << 20, 64 << 20] {
+        for &(n, d, v) in &SHAPES {
+            for exact in [false, true] {
+                let base = if exact {
+                    Options::exact()
+                } else {
+                    Options::default()
+                };
+                let opts = Options {
+                    workspace_budget_bytes: budget,
+                    ..base
+                };
+                let at = format!("{n}x{d}x{v} exact {exact}, budget {budget} B");
+                let (fwd, bwd) = (
+                    call_cfg((n, d, v), &opts, false),
+                    call_cfg((n, d, v), &opts, true),
+                );
+                if budget == 64 << 20 && n * d != 12288 * 576 {
+                    // 32 MiB beside the cuBLAS workspace hold no class chunk of these N rows:
+                    // a resource error against the whole budget, for every call.
+                    for r in [fwd, bwd] {
+                        match r {
+                            Err(CceError::ResourceLimit { max, .. }) => assert_eq!(max, budget),
+                            other => panic!("{at}: {other:?}"),
+                        }
+                    }
+                    continue;
+                }
+                let (fwd, bwd) = (fwd.unwrap(), bwd.unwrap());
+                let totals = [&fwd, &bwd].map(|c| WorkspaceSizes::of(c).total());
+                assert!(
+                    totals[0] <= forward_workspace_cap(budget),
+                    "{at}: {totals:?}"
+                );
+                assert!(totals[0] <= FORWARD_WORKSPACE_CAP, "{at}: {totals:?}");
+                for t in totals {
+                    assert!(t + cublas <= budget, "{at}: {totals:?}");
+                }
+                // Every forward path fits the forward-only scratch: the WGMMA row groups (4
+                // groups of 8192 rows at V = 256000, N = 32768; else one), the class tiles,
+                // the row chunks.
+                let scratch = fwd.scratch_bytes();
+                let facts = CallFacts {
+                    scratch,
+                    aligned: true,
+                };
+                match schedule(&fwd, CallKind::Forward, &h200(), facts).forward {
+                    Some(ForwardPath::Wgmma { group }) => {
+                        assert!(group * v.div_ceil(WGMMA_BN) * 8 <= scratch, "{at}");
+                        assert_eq!(group, if n == 32768 { 8192 } else { n }, "{at}");
+                    }
+                    other => panic!("{at}: {other:?}"),
+                }
+                match schedule(&fwd, CallKind::Forward, &a100(), facts).forward {
+                    Some(ForwardPath::ClassTiles(cf)) => assert!(cf.bytes(n) <= scratch, "{at}"),
+                    other => panic!("{at}: {other:?}"),
+                }
+                assert!(fwd.effective_chunk_rows() * fwd.ld() * 4 <= scratch, "{at}");
+                eprintln!(
+                    "{at}: forward-only {} B (scratch {scratch} B), with a backward {} B; \
+                     + cuBLAS {} / {} B",
+                    totals[0],
+                    totals[1],
+                    totals[0] + cublas,
+                    totals[1] + cublas
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cublas_workspace_counts_in_the_budget() {
+    assert_eq!(plan_budget(512 << 20), 480 << 20);
+    assert_eq!(plan_budget(16), 0);
+    assert_eq!(forward_workspace_cap(512 << 20), FORWARD_WORKSPACE_CAP);
+    assert_eq!(forward_workspace_cap(80 << 20), 48 << 20);
+    // A budget under the cuBLAS workspace (tests/errors.rs: 16 B): the plan's error, against
+    // the whole budget, the cuBLAS workspace in what it asks.
+    let opts = Options {
+        workspace_budget_bytes: 16,
+        ..Options::default()
+    };
+    match call_cfg((1000, 256, 3000), &opts, true) {
+        Err(CceError::ResourceLimit {
+            resource,
+            requested,
+            max,
+        }) => {
+            assert_eq!(max, 16);
+            assert!(requested > CUBLAS_WORKSPACE_BYTES as u64, "{requested}");
+            assert!(
+                resource.ends_with("cuBLAS workspace beside it"),
+                "{resource}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }

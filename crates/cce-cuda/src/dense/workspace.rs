@@ -52,7 +52,7 @@ impl DenseConfig {
     }
 
     /// Bytes of the workspace's scratch buffer: the row chunk's logits (chunked dense); split
-    /// dense's row pass (`DenseConfig::row_layout`), its class pass (the logits `N x
+    /// dense's row pass (`DenseConfig::row_layout`), its class pass with `d_c` (the logits `N x
     /// ld_classes` f32 and the f32 `d_c` temp each rounded up to 256 bytes, plus the f16 copy
     /// of `e`, so that the WGMMA class pass's layout, `DenseConfig::gcols_layout`, always
     /// holds the chunks of the cuBLAS one) and the sparse backward's pairs (the plan sized
@@ -61,16 +61,69 @@ impl DenseConfig {
     pub fn scratch_bytes(&self) -> usize {
         let al = |x: usize| x.div_ceil(256) * 256;
         if self.chunk_classes.is_some() {
+            let class_pass = if self.compute_d_c {
+                al(self.n * self.ld_classes() * 4) + self.e16_bytes() + al(self.dc_tmp_bytes())
+            } else {
+                0
+            };
             self.row_layout()
                 .end
-                .max(
-                    al(self.n * self.ld_classes() * 4) + self.e16_bytes() + al(self.dc_tmp_bytes()),
-                )
+                .max(class_pass)
                 .max(self.sparse.map_or(0, |sp| sp.scratch_bytes))
         } else {
             self.effective_chunk_rows() * self.ld() * 4
         }
         .max(self.class_forward.map_or(0, |cf| cf.bytes(self.n)))
+    }
+
+    /// The configuration of a forward-only call with a workspace budget of `budget` bytes (as
+    /// the backend runs one): no gradient (no accumulators, no f16 copies of `e` or `c`, no
+    /// sparse backward), and a workspace ([`DenseWorkspace::bytes`]) within
+    /// [`FORWARD_WORKSPACE_CAP`], or the budget less the cuBLAS workspace where that is smaller
+    /// (`cap`). Its scratch holds whichever forward runs within what `cap` leaves beside the
+    /// per-row buffers (`room`): row chunks of the plan's rows at most
+    /// (`budget::forward_chunk_rows`, at least one row), the class tiles
+    /// (`budget::forward_class_tiles`, within the plan's, which a test's chunk cap may have
+    /// shrunk) and so the fused WGMMA forward's row groups, which take what the scratch holds
+    /// (`budget::forward_group_rows`: a row of logits holds the partials of 128 rows). Over
+    /// `cap` only where the per-row buffers and one row of logits exceed it.
+    pub fn forward_only(mut self, budget: u64) -> Self {
+        let cap = budget::forward_workspace_cap(budget);
+        self.compute_d_e = false;
+        self.compute_d_c = false;
+        self.sparse = None;
+        let beside = WorkspaceSizes::of(&self).besides_scratch();
+        let room = usize::try_from(cap.saturating_sub(beside)).unwrap_or(usize::MAX) / 256 * 256;
+        let (n, v) = (self.n, self.v);
+        self.chunk_rows =
+            budget::forward_chunk_rows(n, self.effective_chunk_rows(), self.ld() * 4, room);
+        self.class_forward = self.class_forward.and_then(|planned| {
+            let cf = budget::forward_class_tiles(n, v, self.tile, room)?;
+            Some(cce_core::ClassForward {
+                rows: cf.rows.min(planned.rows),
+                classes: cf.classes.min(planned.classes),
+            })
+        });
+        self
+    }
+
+    /// `ResourceLimit` unless the workspace of this configuration ([`WorkspaceSizes::total`])
+    /// and the cuBLAS workspace ([`CUBLAS_WORKSPACE_BYTES`]) fit `budget` bytes; else their sum
+    /// in bytes, what the call reports as its workspace.
+    pub(crate) fn check_budget(&self, budget: u64) -> Result<u64> {
+        let total = WorkspaceSizes::of(self).total() + CUBLAS_WORKSPACE_BYTES as u64;
+        if total > budget {
+            return Err(CceError::ResourceLimit {
+                resource: format!(
+                    "workspace bytes (the engine's buffers for N = {}, V = {} and the {} B \
+                     cuBLAS workspace)",
+                    self.n, self.v, CUBLAS_WORKSPACE_BYTES
+                ),
+                requested: total,
+                max: budget,
+            });
+        }
+        Ok(total)
     }
 
     /// Split dense's class pass through the WGMMA `G` epilogue in a scratch buffer of
@@ -286,6 +339,11 @@ impl WorkspaceSizes {
         }
     }
 
+    /// Bytes of every buffer but the scratch (each at least 4, as allocated).
+    pub(crate) fn besides_scratch(&self) -> u64 {
+        self.total() - self.logits.max(4) as u64
+    }
+
     /// Total bytes (each buffer at least 4, as allocated).
     pub(crate) fn total(&self) -> u64 {
         let required = [
@@ -379,8 +437,9 @@ mod tests {
     use super::*;
     use cce_core::{DeviceLimits, Options, Plan, Problem, StrategyKind, TileShape};
 
-    /// Split dense's configuration as `cce_bench_dense` plans it (limits of `cuda_limits`), or
-    /// with its chunks capped like `CudaBackend::with_chunk_cap` (the conformance tests).
+    /// Split dense's configuration as `cce_bench_dense` plans it (limits of `cuda_limits`, the
+    /// budget less the cuBLAS workspace), or with its chunks capped like
+    /// `CudaBackend::with_chunk_cap` (the conformance tests).
     fn split_cfg(
         (n, d, v): (usize, usize, usize),
         dtype: DType,
@@ -410,7 +469,11 @@ mod tests {
             strategies: vec![StrategyKind::SplitDense],
             class_forward: true,
         };
-        let mut plan = Plan::new(&problem, opts, &limits).unwrap();
+        let share = Options {
+            workspace_budget_bytes: budget::plan_budget(opts.workspace_budget_bytes),
+            ..opts.clone()
+        };
+        let mut plan = Plan::new(&problem, &share, &limits).unwrap();
         if let (
             Some((rows, classes)),
             cce_core::Strategy::SplitDense {
@@ -564,8 +627,11 @@ mod tests {
                             ..Options::exact()
                         };
                         let cfg = split_cfg((n, d, v), dtype, &opts, cap);
-                        check_layout(&cfg, cfg.scratch_bytes());
-                        seen += 1;
+                        if compute_d_c {
+                            // The class pass runs with d_c only (the scratch holds it then).
+                            check_layout(&cfg, cfg.scratch_bytes());
+                            seen += 1;
+                        }
                     }
                 }
             }
@@ -600,5 +666,102 @@ mod tests {
         let opts = Options::exact();
         let cfg = split_cfg((129, 128, 5003), DType::BF16, &opts, Some((64, 128)));
         assert_eq!(cfg.gcols_layout(1024), None);
+    }
+
+    #[test]
+    fn every_planned_call_fits_its_budget() {
+        // Whatever the backend plans, its calls' workspace and the cuBLAS workspace stay within
+        // the budget (`DenseConfig::check_budget` never refuses a planned call here), and a
+        // forward-only call within the forward-only cap.
+        let limits = schedule::device_limits("test", 140 << 30, 227 << 10);
+        let mut planned = 0;
+        for &(n, d, v) in &[
+            (1, 64, 7),
+            (129, 128, 5003),
+            (300, 576, 600),
+            (161, 64, 1),
+            (1000, 256, 3000),
+            (4096, 256, 50000),
+            (20000, 64, 100000),
+        ] {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                for (grad_dtype, compute_d_e, compute_d_c, exact) in [
+                    (cce_core::GradDType::Input, true, true, false),
+                    (cce_core::GradDType::Input, true, true, true),
+                    (cce_core::GradDType::F32, true, true, true),
+                    (cce_core::GradDType::Input, true, false, false),
+                    (cce_core::GradDType::Input, false, true, true),
+                ] {
+                    for budget in [33u64 << 20, 40 << 20, 64 << 20, 100 << 20, 512 << 20] {
+                        for chunk_cap in [None, Some((64, 128))] {
+                            let base = if exact {
+                                Options::exact()
+                            } else {
+                                Options::default()
+                            };
+                            let opts = Options {
+                                grad_dtype,
+                                compute_d_e,
+                                compute_d_c,
+                                workspace_budget_bytes: budget,
+                                ..base
+                            };
+                            let problem = Problem {
+                                n,
+                                d,
+                                v,
+                                dtype,
+                                has_bias: false,
+                                seq_len: n,
+                            };
+                            let knobs = schedule::PlanKnobs {
+                                chunk_cap,
+                                sparse: crate::SparseMode::Auto,
+                                split_de_f16: true,
+                            };
+                            let at = format!("{n}x{d}x{v} {dtype:?} {opts:?}");
+                            let plan = match schedule::plan_call(&problem, &opts, &limits, knobs) {
+                                Ok(plan) => plan,
+                                Err(CceError::ResourceLimit { max, .. }) => {
+                                    assert_eq!(max, budget, "{at}");
+                                    continue;
+                                }
+                                Err(e) => panic!("{at}: {e}"),
+                            };
+                            planned += 1;
+                            for backward in [false, true] {
+                                let switches = (true, true, true);
+                                let cfg = schedule::dense_config(&plan, &opts, switches, backward)
+                                    .unwrap_or_else(|e| panic!("{at} backward {backward}: {e}"));
+                                let total = WorkspaceSizes::of(&cfg).total();
+                                assert!(total + CUBLAS_WORKSPACE_BYTES as u64 <= budget, "{at}");
+                                if !backward {
+                                    let cap = budget::forward_workspace_cap(budget);
+                                    assert!(total <= cap, "{at}: {total} B");
+                                    if let Some(cf) = cfg.class_forward {
+                                        assert!(cf.bytes(n) <= cfg.scratch_bytes(), "{at}");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(planned > 500, "{planned}");
+    }
+
+    #[test]
+    fn a_workspace_over_the_budget_is_a_resource_error() {
+        let opts = Options::exact();
+        let cfg = split_cfg((4096, 256, 50000), DType::BF16, &opts, None);
+        let total = WorkspaceSizes::of(&cfg).total() + CUBLAS_WORKSPACE_BYTES as u64;
+        assert_eq!(cfg.check_budget(total).unwrap(), total);
+        match cfg.check_budget(total - 1) {
+            Err(CceError::ResourceLimit { requested, max, .. }) => {
+                assert_eq!((requested, max), (total, total - 1))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
