@@ -726,6 +726,7 @@ fn bench_shapes_fit_the_forward_cap_and_the_budget() {
                 let facts = CallFacts {
                     scratch,
                     aligned: true,
+                    capturing: false,
                 };
                 match schedule(&fwd, CallKind::Forward, &h200(), facts).forward {
                     Some(ForwardPath::Wgmma { group }) => {
