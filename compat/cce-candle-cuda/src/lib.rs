@@ -7,8 +7,9 @@
 //! The path (Wijmans et al. 2024, arXiv 2411.09009, on the GPU):
 //! 1. candle's stream: `CudaDevice::cuda_stream()`; our backend runs on it
 //!    ([`CudaBackend::on_stream`]), so the call is ordered after the ops that produced its
-//!    inputs and before those that consume its outputs, with no synchronization (compiled
-//!    kernels are cached per device, so a backend per call is cheap);
+//!    inputs and before those that consume its outputs (compiled kernels are cached per
+//!    device, so a backend per call is cheap); its checks are eager ([`Checks::Eager`]: one
+//!    read of the device status per call), so that a bad target is candle's `Err` at the call;
 //! 2. inputs: candle's `CudaSlice`s viewed at their layout's offset and used in place
 //!    ([`CudaTensor::borrowed_view`]: never copied, never freed by us); u32 targets are cast
 //!    to i64 by candle first (our kernels take i32/i64);
@@ -31,7 +32,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType as CDType, Device, Layout, Shape, Storage,
     Tensor,
 };
-use cut_cross_entropy::cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+use cut_cross_entropy::cce_cuda::{Checks, CudaBackend, CudaTensor, ForwardInto, GradsInto};
 use cut_cross_entropy::{CceError, DLoss, DType, Inputs, Options, Reduction, Saved, Upstream};
 use std::sync::{Arc, Mutex};
 
@@ -231,7 +232,9 @@ impl CudaLce {
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let dev = e.0.device().clone();
         let stream = dev.cuda_stream();
-        let backend = CudaBackend::on_stream(stream.clone()).map_err(cce)?;
+        let backend = CudaBackend::on_stream(stream.clone())
+            .map_err(cce)?
+            .with_checks(Checks::Eager);
         let (ts, tl) = self.targets.storage_and_layout();
         let t = borrow(&stream, "targets", cuda_storage(&ts)?, tl)?;
         let e_t = borrow(&stream, "e", e.0, e.1)?;
@@ -300,7 +303,9 @@ impl CudaLce {
             return Err(CceCandleError::Internal("a CUDA op's input left the device").into());
         };
         let stream = dev.cuda_stream();
-        let backend = CudaBackend::on_stream(stream.clone()).map_err(cce)?;
+        let backend = CudaBackend::on_stream(stream.clone())
+            .map_err(cce)?
+            .with_checks(Checks::Eager);
         let saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
         let Some((lse, rest)) = saved.as_ref() else {
             return Err(CceCandleError::Internal("backward before its forward").into());
