@@ -113,10 +113,13 @@ extern "C" __global__ void cce_check_rows_finite(const float* x, i64 n, const in
 // Writes the sticky record (kind, row, i64 value, f32 value) and the call's context.
 __device__ void record_error(u32* status, u32 kind, i64 row, i64 value, float fvalue, i64 v,
                              i64 ignore_index, i64 n, i64 shift, float label_smoothing) {
+    // 64-bit values as two words (low first): word 37 is not 8-byte aligned.
     status[ST_KIND + 1] = (u32)row;
-    *(i64*)&status[ST_KIND + 2] = value;
+    status[ST_KIND + 2] = (u32)(u64)value;
+    status[ST_KIND + 3] = (u32)((u64)value >> 32);
     status[ST_KIND + 4] = (u32)v;
-    *(i64*)&status[ST_KIND + 5] = ignore_index;
+    status[ST_KIND + 5] = (u32)(u64)ignore_index;
+    status[ST_KIND + 6] = (u32)((u64)ignore_index >> 32);
     status[ST_KIND + 7] = (u32)n;
     status[ST_KIND + 8] = (u32)shift;
     status[ST_KIND + 9] = __float_as_uint(label_smoothing);

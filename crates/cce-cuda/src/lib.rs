@@ -17,10 +17,47 @@
 //! sparse backward are described in [`dense`]. Logits and every accumulation are f32; the
 //! logits are never rounded to the input dtype (more exact than PyTorch's bf16 `e @ c.T`).
 //!
-//! Targets are read back to the host (`4N`/`8N` bytes) to apply `shift` and `ignore_index` and
-//! to report a bad row by index ([`cce_core::PreparedTargets`]); the prepared i32 classes go
-//! back to the device. With `check_finite`, the lse vector (`4N` bytes) is read back after the
-//! forward; only when it holds a NaN/Inf are the inputs read to locate the bad element.
+//! ## Checks and host synchronization
+//! Targets are prepared and checked on the device (`kernels/prepare.cu`: `shift` and
+//! `ignore_index` applied, out-of-range and bias-masked targets, the valid rows, a scalar
+//! upstream spread over the rows, non-finite per-row upstream and lse with `check_finite`);
+//! what the checks find goes to the backend's status buffer. [`Checks::Eager`] (a backend on
+//! its own stream) reads it at each call and fails the call with the typed error, naming the
+//! first bad row as the CPU backend does; [`Checks::Deferred`] (a backend on a caller's
+//! stream) reads nothing in a call: [`CudaBackend::status`] reports the first recorded error or
+//! the last call's valid rows and filter counts. Without a host read a call can be captured in
+//! a CUDA graph; the one read left on the deferred path is the sparse backward's choice
+//! (filtered split-dense calls), which a capturing stream skips for the dense passes.
+//!
+//! ```no_run
+//! # fn main() -> cce_core::Result<()> {
+//! use cce_core::{DType, Inputs, Options, Upstream};
+//! use cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+//! let own = CudaBackend::new(0)?;
+//! let stream = own.context().new_stream().map_err(|e| cce_core::CceError::backend("cuda", e))?;
+//! let be = CudaBackend::on_stream(stream)?; // the training step's stream: deferred checks
+//! let (n, d, v) = (4096, 1024, 32000);
+//! let (e, c) = (be.zeros(vec![n, d], DType::BF16)?, be.zeros(vec![v, d], DType::BF16)?);
+//! let t = be.random_targets(n, v, 0.0, -100, 1)?;
+//! let inputs = Inputs { e: &e, c: &c, bias: None, targets: &t };
+//! let opts = Options::default();
+//! let workspace = be.workspace_bytes(&inputs, &opts, true)?; // known before the call
+//! let mut loss = be.zeros(vec![], DType::F32)?;
+//! let (mut lse, mut rest) = (be.zeros(vec![n], DType::F32)?, be.zeros(vec![n], DType::F32)?);
+//! let (mut d_e, mut d_c) = (be.zeros(vec![n, d], DType::BF16)?, be.zeros(vec![v, d], DType::BF16)?);
+//! let (fs, _bs) = be.forward_backward_into(
+//!     &inputs,
+//!     &opts,
+//!     &Upstream::default(),
+//!     ForwardInto { loss: &mut loss, lse: &mut lse, rest_mass: &mut rest, entropy: None, argmax: None },
+//!     GradsInto { d_e: Some(&mut d_e), d_c: Some(&mut d_c), ..Default::default() },
+//! )?; // enqueued: nothing read back
+//! assert!(fs.workspace_bytes <= workspace);
+//! let report = be.status()?; // waits for the stream: a bad target would be its error here
+//! println!("{} valid rows", report.n_valid);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod backend;
 pub mod dense;
