@@ -38,6 +38,12 @@ fn context(ordinal: usize) -> cce_core::Result<Arc<CudaContext>> {
         backend: WHO,
         reason: format!("CUDA device {ordinal}: {e}"),
     })?;
+    // SAFETY: this `Arc<CudaContext>` is the extension's own handle. Every call enqueues all
+    // its work on one stream (torch's current stream), in program order, and the backend
+    // orders what it shares between streams (its pooled cuBLAS handle) with its own events;
+    // cudarc's per-buffer events would also make a call inside a CUDA graph capture wait on
+    // work recorded outside it, which the driver refuses.
+    unsafe { ctx.disable_event_tracking() };
     map.insert(ordinal, ctx.clone());
     Ok(ctx)
 }

@@ -154,8 +154,12 @@ def test_eager_gradients_scale_with_the_upstream(dtype, scale):
     ys = [x.clone().requires_grad_() for x in (e, c, b)]
     loss, lse = linear_cross_entropy(ys[0], ys[1], t, ys[2], filter_eps=None, return_lse=True)
     (loss * scale + 0.0 * lse.sum()).backward()
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 * 2.0**-7, atol=1e-6)
     for x, y in zip(xs, ys, strict=True):
+        # bf16: the eager path rounds G·1 to bf16 and then scales, the recomputing one rounds
+        # G·scale once; an entry that is a sum of cancelling terms differs by a few bf16 units
+        # of the gradient's largest entries, not of its own.
+        big = y.grad.abs().max().item()
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2 * 2.0**-7, atol=2.0**-7 * big)
         torch.testing.assert_close(x.grad, y.grad, **tol)
 
 

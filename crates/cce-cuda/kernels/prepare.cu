@@ -14,7 +14,8 @@
 //           Sticky record: [32] kind (0 none, 1 target out of range, 2 all targets ignored,
 //           3 target masked, 4 label smoothing over a masked class, 5 / 6 / 7 non-finite lse /
 //           d_loss / d_lse), [33] row, [34..36) i64 value, [36] V, [37..39) i64 ignore_index,
-//           [39] N, [40] shift, [41] f32 label smoothing, [42] f32 value.
+//           [39] N, [40] shift (low word), [41] f32 label smoothing, [42] f32 value, [43] shift
+//           (high word).
 //   raw     the caller's targets, i32 or i64 [N]; classes i32 [N] out (−1: ignored, by
 //           ignore_index, by shift, or a bad value: the loss kernels never see a class
 //           outside [0, V)); bias f32 / f16 / bf16 [V] or null; dl f32 [N] out or null.
@@ -112,7 +113,7 @@ extern "C" __global__ void cce_check_rows_finite(const float* x, i64 n, const in
 
 // Writes the sticky record (kind, row, i64 value, f32 value) and the call's context.
 __device__ void record_error(u32* status, u32 kind, i64 row, i64 value, float fvalue, i64 v,
-                             i64 ignore_index, i64 n, i64 shift, float label_smoothing) {
+                             i64 ignore_index, i64 n, u64 shift, float label_smoothing) {
     // 64-bit values as two words (low first): word 37 is not 8-byte aligned.
     status[ST_KIND + 1] = (u32)row;
     status[ST_KIND + 2] = (u32)(u64)value;
@@ -122,6 +123,7 @@ __device__ void record_error(u32* status, u32 kind, i64 row, i64 value, float fv
     status[ST_KIND + 6] = (u32)((u64)ignore_index >> 32);
     status[ST_KIND + 7] = (u32)n;
     status[ST_KIND + 8] = (u32)shift;
+    status[ST_KIND + 11] = (u32)(shift >> 32);
     status[ST_KIND + 9] = __float_as_uint(label_smoothing);
     status[ST_KIND + 10] = __float_as_uint(fvalue);
     status[ST_KIND] = kind;
@@ -135,7 +137,7 @@ __device__ void record_error(u32* status, u32 kind, i64 row, i64 value, float fv
 extern "C" __global__ void cce_prepare_finish(u32* status, const void* raw, int raw_i64,
                                               const int* classes, const float* lse,
                                               const float* dloss, const float* dlse, i64 n,
-                                              i64 v, i64 ignore_index, i64 shift, int mean,
+                                              i64 v, i64 ignore_index, u64 shift, int mean,
                                               float label_smoothing, float g, float* dl) {
     __shared__ float s;
     if (threadIdx.x == 0) {

@@ -285,7 +285,9 @@ pub(crate) fn pooled_blas(
         });
     let entry = match taken {
         Some(mut e) => {
-            if let Some(ev) = e.ready.take() {
+            // A completed event needs no wait (and a stream capturing a CUDA graph may not
+            // wait on work recorded outside the capture).
+            if let Some(ev) = e.ready.take().filter(|ev| !ev.is_complete()) {
                 stream
                     .wait(&ev)
                     .map_err(|err| CceError::backend(BACKEND, err))?;

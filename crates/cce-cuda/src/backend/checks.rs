@@ -247,7 +247,7 @@ impl CudaBackend {
         let status = self.status_ptr();
         let raw_i64 = a.raw.1 as i32;
         let mean = (opts.reduction == cce_core::Reduction::Mean) as i32;
-        let shift = opts.shift.min(u32::MAX as usize) as i64;
+        let shift = opts.shift as u64;
         // SAFETY: matches cce_prepare_finish; status is the backend's 256-byte buffer, raw N
         // targets of the flagged integer dtype, classes N i32, lse / d_loss / d_lse N f32 or
         // 0 (read only at a row their check flagged), dl N f32 or 0; one block.

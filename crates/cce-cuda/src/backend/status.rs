@@ -92,7 +92,7 @@ pub(super) fn recorded_error(w: &[u32]) -> Option<CceError> {
     let vocab_size = w[KIND + 4] as usize;
     let ignore_index = i64_at(w, KIND + 5);
     let n = w[KIND + 7] as usize;
-    let shift = w[KIND + 8] as usize;
+    let shift = (w[KIND + 8] as u64 | (w[KIND + 11] as u64) << 32) as usize;
     let label_smoothing = f32::from_bits(w[KIND + 9]);
     let fvalue = f32::from_bits(w[KIND + 10]);
     let non_finite = |what| CceError::NonFinite {
@@ -258,6 +258,7 @@ mod tests {
         w[KIND + 6] = ((-100i64) as u64 >> 32) as u32;
         w[KIND + 7] = 8;
         w[KIND + 8] = 1;
+        w[KIND + 11] = 0;
         w[KIND + 9] = 0.1f32.to_bits();
         w[KIND + 10] = f32::NAN.to_bits();
         w
@@ -281,6 +282,13 @@ mod tests {
                 ignore_index: -100,
                 shift: 1,
             }) => {}
+            e => panic!("{e:?}"),
+        }
+        let mut max_shift = record(2, 0, 0);
+        max_shift[KIND + 8] = u32::MAX;
+        max_shift[KIND + 11] = u32::MAX;
+        match recorded_error(&max_shift) {
+            Some(CceError::AllTargetsIgnored { shift, .. }) => assert_eq!(shift, usize::MAX),
             e => panic!("{e:?}"),
         }
         match recorded_error(&record(3, 5, 9)) {
