@@ -243,6 +243,7 @@ pub(crate) unsafe fn backward(
             d_e: d_e.as_mut(),
             d_c: d_c.as_mut(),
             d_bias: d_bias.as_mut(),
+            accumulate: false,
         },
     )
 }
@@ -314,6 +315,7 @@ pub(crate) unsafe fn forward_backward(
             d_e: d_e.as_mut(),
             d_c: d_c.as_mut(),
             d_bias: d_bias.as_mut(),
+            accumulate: false,
         },
     )
 }
