@@ -25,8 +25,8 @@ pub(super) struct ClassPassArgs {
     pub(super) d_c: u64,
     /// f32 `[V]` `d_bias` accumulator (or the f32 output), when a bias is given.
     pub(super) d_bias_acc: u64,
-    /// Add `d_c` to the output's contents (f32 outputs, [`super::schedule::Schedule::accumulate`]):
-    /// the `d_c` GEMMs' beta is 1.
+    /// Add `d_c` to the output's contents (f32 outputs, the schedule's `accumulate`): the
+    /// `d_c` GEMMs' beta is 1.
     pub(super) accumulate: bool,
 }
 
@@ -317,8 +317,8 @@ impl DenseEngine {
             };
             // SAFETY: ColsumParams is COLSUM_PARAMS; G is n x ldg_step of gdt (written by
             // `class_chunk_g`, stream order), the accumulator holds V f32 (zeroed, or the
-            // caller's f32 d_bias when accumulating), offset to
-            // the chunk's kc columns; scale is one f32 of ws.scales (stream order) or 0.
+            // caller's f32 d_bias when accumulating), offset to the chunk's kc columns; scale
+            // is one f32 of ws.scales (stream order) or 0.
             unsafe { self.launch_params(&self.stream, f_colsum, launch, &params) }?;
         }
         Ok(())

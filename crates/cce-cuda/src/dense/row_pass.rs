@@ -704,8 +704,8 @@ impl DenseEngine {
                 };
                 // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg of g_ty written by
                 // the row kernel (stream order); the accumulator holds V f32 (zeroed, or the
-                // caller's f32 d_bias when accumulating); scale
-                // 0 (the kernel reads no factor: 1).
+                // caller's f32 d_bias when accumulating); scale 0 (the kernel reads no factor:
+                // 1).
                 unsafe { self.launch_params(&self.stream, x.f_colsum, cfg_l, &params) }?;
             }
             PhaseTimer::mark(prof, "d_c GEMM (+ d_bias)")?;
