@@ -59,10 +59,11 @@ pub struct GradsInto<'a> {
     /// mixed-precision training). Every buffer given must then be f32: the gradient dtype must
     /// be f32 (`opts.grad_dtype = GradDType::F32`, or f32 inputs), else the call fails with
     /// `InvalidOption` (`accumulate`) before any launch. Buffers the caller does not give are
-    /// not affected (the call's own, zeroed, take those gradients); the statistics are those
-    /// of a call without it. An accumulating call does not try the plan's sparse backward
-    /// (its gather kernels write the gradients rather than add to them): a filtered
-    /// split-dense call runs the dense passes, and its `plan_reason` says so. Default `false`.
+    /// not affected (the call's own, zeroed, take those gradients). An accumulating call does
+    /// not try the plan's sparse backward (its gather kernels write the gradients rather than
+    /// add to them): a filtered split-dense call runs the dense passes, and its `plan_reason`
+    /// says so; its statistics are then those of the dense passes (nothing skipped), else
+    /// those of a call without `accumulate`. Default `false`.
     pub accumulate: bool,
 }
 
