@@ -249,6 +249,7 @@ pub(crate) unsafe fn backward(
             d_e: d_e.as_mut(),
             d_c: d_c.as_mut(),
             d_bias: d_bias.as_mut(),
+            accumulate: false,
         },
     )
 }
@@ -320,6 +321,7 @@ pub(crate) unsafe fn forward_backward(
             d_e: d_e.as_mut(),
             d_c: d_c.as_mut(),
             d_bias: d_bias.as_mut(),
+            accumulate: false,
         },
     )
 }

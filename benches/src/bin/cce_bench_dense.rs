@@ -513,6 +513,7 @@ fn run_case(engine: &DenseEngine, k: &CheckCase, data: &Data, up: &Up, rp: RowPa
             d_e: Some(&mut de),
             d_c: Some(&mut dc),
             d_bias: if k.bias { Some(&mut db) } else { None },
+            accumulate: false,
         };
         engine.forward_backward(
             &cfg,
@@ -819,6 +820,7 @@ fn check(engine: &DenseEngine, stream: &Arc<CudaStream>) -> Res<()> {
                         d_e: Some(&mut de),
                         d_c: Some(&mut dc),
                         d_bias: if k.bias { Some(&mut db) } else { None },
+                        accumulate: false,
                     };
                     engine.backward(
                         &cfg,
@@ -913,7 +915,13 @@ fn bench(
             let dc_f32 = alloc(stream, v * d * 4)?;
             let dcf_p = dc_f32.device_ptr(stream).0;
             let t_de = time_ms(stream, args.warmup, args.iters, || {
-                Ok(engine.gemm_de((v, d, n), (dt, dt, dt), (c_ptr, p, de_p), 2 * ld)?)
+                Ok(engine.gemm_de(
+                    (v, d, n),
+                    (dt, dt, dt),
+                    (c_ptr, p, de_p),
+                    2 * ld,
+                    (1.0, 0.0),
+                )?)
             })?;
             let t_dc = time_ms(stream, args.warmup, args.iters, || {
                 Ok(engine.gemm_dc(
@@ -1148,6 +1156,7 @@ fn bench_one(
             d_e: Some(de),
             d_c: Some(dc),
             d_bias: None,
+            accumulate: false,
         };
         Ok(engine.forward_backward(c, ws, &inp, &up, &mut fo, &mut go)?)
     };

@@ -366,6 +366,7 @@ impl CudaLce {
                     d_e: d_e.as_mut().map(|o| &mut o.lent),
                     d_c: d_c.as_mut().map(|o| &mut o.lent),
                     d_bias: d_bias.as_mut().map(|o| &mut o.lent),
+                    accumulate: false,
                 },
             )
             .map_err(cce)?;

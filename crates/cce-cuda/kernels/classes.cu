@@ -93,11 +93,11 @@ __device__ __forceinline__ float pow2f(int k) {
     return 0.0f;
 }
 
-// Parameters: set u32 / f32 [8], one scale set of the workspace's `scales` region (scales.rs
+// Parameters: set u32 / f32 [9], one scale set of the workspace's `scales` region (scales.rs
 //   `ScaleSet`): reads words 0, 1 (the bits of max |x| and max |G coefficient| that
 //   cce_split_scales_* wrote before it, stream order), writes the f32 factors 2 = 2^kx,
-//   3 = 2^−kx, 4 = 2^kg, 5 = 2^−kg, 6 = 2^(−kx−kg) and 7 = 0.0 (cuBLAS's device-mode beta),
-//   with kx = pow2_to(max |x|, top_x), kg = pow2_to(max |G|, top_g).
+//   3 = 2^−kx, 4 = 2^kg, 5 = 2^−kg, 6 = 2^(−kx−kg), 7 = 0.0 and 8 = 1.0 (cuBLAS's device-mode
+//   beta: overwrite, accumulate), with kx = pow2_to(max |x|, top_x), kg = pow2_to(max |G|, top_g).
 // Tiling / thread mapping: one block of one thread.
 extern "C" __global__ void __launch_bounds__(1) cce_split_scales_finish(u32* set, int top_x,
                                                                        int top_g) {
@@ -110,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(1) cce_split_scales_finish(u32* set
     f[5] = pow2f(-kg);
     f[6] = pow2f(-kx - kg);
     f[7] = 0.0f;
+    f[8] = 1.0f;
 }
 
 // Parameters: src bf16 [count]; dst f16 [count] = f16(src · *scale), *scale (f32, device; null
@@ -129,10 +130,12 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const 
 
 // d_e rows from the f32 product of the row pass: d_e[r, k] = out(tmp[r, k] · rs[r] · *cscale),
 //   rs = row_scale (mode 2) or 0 (→ 1), cscale f32 (device: 2^−kc of the f16 copy of c) or
-//   null (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16, 2 bf16).
+//   null (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16, 2 bf16); accumulate ≠ 0:
+//   d_e[r, k] = out(d_e[r, k] + tmp[r, k] · rs[r] · *cscale) (the caller's gradient
+//   accumulation; the branch is taken once per launch, outside the element loop).
 // Tiling / thread mapping: grid-stride over rows·D, one element per thread; cscale loaded once
 //   per thread.
-template <int OT>
+template <int OT, bool ACC>
 __device__ __forceinline__ void split_de_finish(const float* tmp, const float* rs,
                                                 const float* cscale, void* de, long long rows,
                                                 int D) {
@@ -141,19 +144,27 @@ __device__ __forceinline__ void split_de_finish(const float* tmp, const float* r
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float s = (rs ? rs[i / D] : 1.0f) * cs;
-        Elem<OT>::store(de, i, tmp[i] * s);
+        float x = tmp[i] * s;
+        if (ACC) x += Elem<OT>::load(de, i);
+        Elem<OT>::store(de, i, x);
     }
 }
 #define DEF_PARAMS                                                                            \
-    const float *tmp, const float *rs, const float *cscale, void *de, long long rows, int D
+    const float *tmp, const float *rs, const float *cscale, void *de, long long rows, int D, \
+        int accumulate
+#define DEF_DISPATCH(OT)                                                                      \
+    if (accumulate)                                                                           \
+        split_de_finish<OT, true>(tmp, rs, cscale, de, rows, D);                              \
+    else                                                                                      \
+        split_de_finish<OT, false>(tmp, rs, cscale, de, rows, D)
 extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_f32(DEF_PARAMS) {
-    split_de_finish<0>(tmp, rs, cscale, de, rows, D);
+    DEF_DISPATCH(0);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_f16(DEF_PARAMS) {
-    split_de_finish<1>(tmp, rs, cscale, de, rows, D);
+    DEF_DISPATCH(1);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_split_de_finish_bf16(DEF_PARAMS) {
-    split_de_finish<2>(tmp, rs, cscale, de, rows, D);
+    DEF_DISPATCH(2);
 }
 
 // (b) G of one class chunk, in place.

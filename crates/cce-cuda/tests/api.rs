@@ -339,6 +339,7 @@ fn outputs_written_into_the_callers_buffers_match_and_the_workspace_is_known_bef
                 d_e: Some(&mut d_e),
                 d_c: Some(&mut d_c),
                 d_bias: None,
+                accumulate: false,
             },
         )
         .unwrap();

@@ -60,6 +60,7 @@ impl Outs {
                 d_e: Some(&mut self.d_e),
                 d_c: Some(&mut self.d_c),
                 d_bias: None,
+                accumulate: false,
             },
         )
         .unwrap_or_else(|e| panic!("{e}"));

@@ -33,7 +33,19 @@ pub struct ForwardInto<'a> {
 /// be given only when the options compute it (`opts.compute_d_e`; `opts.compute_d_c`, and a
 /// bias for `d_bias`); one the options compute but the caller does not give (`d_bias` of a
 /// bias the caller does not train, `d_c` when only `d_bias` is wanted) goes to a buffer of
-/// the call's own, freed after it. Every element given is overwritten (no accumulation).
+/// the call's own, freed after it. Every element given is overwritten, unless `accumulate`.
+///
+/// ```no_run
+/// # use cce_core::{DType, GradDType, Inputs, Options, Upstream};
+/// # use cce_cuda::{CudaBackend, CudaTensor, ForwardInto, GradsInto};
+/// # fn step(be: &CudaBackend, inputs: &Inputs<'_, CudaTensor>, fwd: ForwardInto<'_>,
+/// #         c_grad: &mut CudaTensor) -> cce_core::Result<()> {
+/// // Micro-batches of one step add their d_c into one f32 buffer (zeroed once per step).
+/// let opts = Options { grad_dtype: GradDType::F32, compute_d_e: false, ..Options::default() };
+/// let grads = GradsInto { d_c: Some(c_grad), accumulate: true, ..GradsInto::default() };
+/// be.forward_backward_into(inputs, &opts, &Upstream::default(), fwd, grads)?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Default)]
 pub struct GradsInto<'a> {
     /// `∂loss/∂e`.
@@ -42,6 +54,17 @@ pub struct GradsInto<'a> {
     pub d_c: Option<&'a mut CudaTensor>,
     /// `∂loss/∂bias`.
     pub d_bias: Option<&'a mut CudaTensor>,
+    /// Add the call's gradients to the given buffers' current contents instead of
+    /// overwriting them (`buffer += gradient`, the gradient accumulation of micro-batches and
+    /// mixed-precision training). Every buffer given must then be f32: the gradient dtype must
+    /// be f32 (`opts.grad_dtype = GradDType::F32`, or f32 inputs), else the call fails with
+    /// `InvalidOption` (`accumulate`) before any launch. Buffers the caller does not give are
+    /// not affected (the call's own, zeroed, take those gradients). An accumulating call does
+    /// not try the plan's sparse backward (its gather kernels write the gradients rather than
+    /// add to them): a filtered split-dense call runs the dense passes, and its `plan_reason`
+    /// says so; its statistics are then those of the dense passes (nothing skipped), else
+    /// those of a call without `accumulate`. Default `false`.
+    pub accumulate: bool,
 }
 
 /// `ShapeMismatch` unless `t` holds `numel` elements of `dtype` (`what` names it).
@@ -116,9 +139,19 @@ impl ForwardInto<'_> {
 }
 
 impl GradsInto<'_> {
-    /// Check every buffer against the problem and the options.
+    /// Check every buffer against the problem and the options (f32 gradients when
+    /// accumulating).
     fn check(&self, p: &Problem, opts: &Options, has_bias: bool) -> Result<()> {
         let gdt = grad_dtype(p, opts);
+        if self.accumulate && gdt != DType::F32 {
+            return Err(CceError::InvalidOption {
+                name: "accumulate",
+                reason: format!(
+                    "accumulating gradient buffers must be f32 (opts.grad_dtype = \
+                     GradDType::F32); the gradient dtype is {gdt}"
+                ),
+            });
+        }
         let given = |t: &Option<&mut CudaTensor>, what, asked: bool| {
             if t.is_some() && !asked {
                 return presence(what, true, false);
@@ -154,7 +187,8 @@ fn grad_dtype(p: &Problem, opts: &Options) -> DType {
 }
 
 /// The engine's gradient buffers: the caller's, and the call's own for what the options
-/// compute but the caller did not give (`own` holds them for the call).
+/// compute but the caller did not give (`own` holds them for the call; zeroed when the call
+/// accumulates, so that the engine reads no uninitialized memory).
 fn grads_dense<'a>(
     be: &CudaBackend,
     out: &'a mut GradsInto<'_>,
@@ -171,7 +205,11 @@ fn grads_dense<'a>(
     ];
     for (slot, (missing, numel)) in own.iter_mut().zip(wanted) {
         if missing {
-            *slot = Some(be.alloc_tensor(vec![numel], gdt)?);
+            *slot = Some(if out.accumulate {
+                be.zeros(vec![numel], gdt)?
+            } else {
+                be.alloc_tensor(vec![numel], gdt)?
+            });
         }
     }
     let [e_own, c_own, b_own] = own;
@@ -182,6 +220,7 @@ fn grads_dense<'a>(
         d_e: pick(&mut out.d_e, e_own),
         d_c: pick(&mut out.d_c, c_own),
         d_bias: pick(&mut out.d_bias, b_own),
+        accumulate: out.accumulate,
     })
 }
 

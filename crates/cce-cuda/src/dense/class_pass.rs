@@ -25,6 +25,9 @@ pub(super) struct ClassPassArgs {
     pub(super) d_c: u64,
     /// f32 `[V]` `d_bias` accumulator (or the f32 output), when a bias is given.
     pub(super) d_bias_acc: u64,
+    /// Add `d_c` to the output's contents (f32 outputs, the schedule's `accumulate`): the
+    /// `d_c` GEMMs' beta is 1.
+    pub(super) accumulate: bool,
 }
 
 impl DenseEngine {
@@ -36,8 +39,9 @@ impl DenseEngine {
     /// else, per chunk of the plan's classes, a cuBLAS logits GEMM and `cce_split_gcols_*`;
     /// then `d_c` of the chunk's classes by GEMM (through the WGMMA epilogue in sub-chunks of
     /// the layout's `dc_classes` when the f32 temp of bf16 outputs holds fewer classes than a
-    /// chunk), written in the gradient dtype; `d_bias` added to its f32 accumulator (or the
-    /// f32 output, zeroed by the caller). Returns the note of how `G` was computed
+    /// chunk), written in the gradient dtype (added to the f32 output's contents when
+    /// `a.accumulate`); `d_bias` added to its f32 accumulator (or the f32 output, zeroed by
+    /// the caller unless the call accumulates). Returns the note of how `G` was computed
     /// ([`DenseStats::class_pass`]).
     pub(super) fn class_pass(
         &self,
@@ -270,19 +274,22 @@ impl DenseEngine {
         let (gdt, out_ty) = (x.gdt, cfg.grad_dtype());
         let code = dtype_code(cfg.dtype)?;
         let (ldg_step, dc_step) = x.steps;
-        // alpha = 2^(−ke−kg) and beta = 0 read from the device (f16 G), else 1 and 0.
+        // alpha = 2^(−ke−kg) and beta = 0 (1 when accumulating into the f32 output) read from
+        // the device (f16 G), else 1 and 0 (or 1) on the host.
+        let acc = x.a.accumulate;
         let scalars = match x.scales {
             Some(s) => GemmScalars::Device {
                 alpha: s.down_xg(),
-                beta: s.zero(),
+                beta: if acc { s.one() } else { s.zero() },
             },
-            None => GemmScalars::Host(1.0, 0.0),
+            None => GemmScalars::Host(1.0, if acc { 1.0 } else { 0.0 }),
         };
         for s0 in (0..kc).step_by(dc_step) {
             let ks = dc_step.min(kc - s0);
             let g_s = x.l_ptr + (s0 * gdt.size_bytes()) as u64;
             let dc_k = x.a.d_c + ((k0 + s0) * d * out_ty.size_bytes()) as u64;
             if cfg.dc_tmp_bytes() > 0 {
+                // bf16 outputs (never accumulating: `check_grads`): the temp then a convert.
                 let tmp = x.l_ptr + x.tmp_off as u64;
                 let tys = (gdt, gdt, DType::F32);
                 self.gemm_dc((ks, d, n), tys, (x.e_op, g_s, tmp), ldg_step, scalars)?;
@@ -309,8 +316,9 @@ impl DenseEngine {
                 shared_mem_bytes: 0,
             };
             // SAFETY: ColsumParams is COLSUM_PARAMS; G is n x ldg_step of gdt (written by
-            // `class_chunk_g`, stream order), the accumulator holds V f32 (zeroed), offset to
-            // the chunk's kc columns; scale is one f32 of ws.scales (stream order) or 0.
+            // `class_chunk_g`, stream order), the accumulator holds V f32 (zeroed, or the
+            // caller's f32 d_bias when accumulating), offset to the chunk's kc columns; scale
+            // is one f32 of ws.scales (stream order) or 0.
             unsafe { self.launch_params(&self.stream, f_colsum, launch, &params) }?;
         }
         Ok(())

@@ -108,6 +108,7 @@ impl DenseEngine {
                 scratch: ws.logits.len(),
                 aligned: p.e.is_multiple_of(16) && p.c.is_multiple_of(16),
                 capturing: self.capturing()?,
+                accumulate: grads.accumulate,
             },
         );
         let row_args = RowArgs::of_call(cfg, ws.ld, &p)?;
@@ -174,6 +175,7 @@ impl DenseEngine {
                     dlse: p.dlse,
                     d_c: self.opt_ptr(grads.d_c.as_deref()),
                     d_bias_acc: p.dbias_acc,
+                    accumulate: sched.accumulate,
                 },
             )?);
         }
@@ -271,9 +273,19 @@ impl DenseEngine {
         Ok(())
     }
 
-    /// The gradient outputs `cfg` asks for are given and large enough.
+    /// The gradient outputs `cfg` asks for are given and large enough, and f32 when they
+    /// accumulate.
     fn check_grads(&self, cfg: &DenseConfig, grads: &DenseGradOut<'_>) -> Result<()> {
         let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        if grads.accumulate && !cfg.grad_f32 {
+            return Err(CceError::InvalidOption {
+                name: "accumulate",
+                reason: format!(
+                    "accumulating gradients must be f32 (the gradient dtype is {})",
+                    cfg.grad_dtype()
+                ),
+            });
+        }
         let osz = cfg.grad_dtype().size_bytes();
         let missing = |name: &'static str| CceError::InvalidOption {
             name,
@@ -398,7 +410,8 @@ impl DenseEngine {
     }
 
     /// Zero what a backward accumulates into: the filter statistics (filtered calls and
-    /// sparse tries) and the `d_bias` accumulator (or output).
+    /// sparse tries) and the `d_bias` accumulator (or output; not when the call adds to the
+    /// output's contents, [`Schedule::accumulate`]).
     fn zero_backward_state(
         &self,
         ws: &mut DenseWorkspace,
@@ -411,7 +424,7 @@ impl DenseEngine {
             self.stream.memset_zeros(&mut ws.kept).map_err(drv)?;
             self.stream.memset_zeros(&mut ws.dropped).map_err(drv)?;
         }
-        if p.dbias_acc != 0 {
+        if p.dbias_acc != 0 && !sched.accumulate {
             match ws.dbias_acc.as_mut() {
                 Some(a) => self.stream.memset_zeros(a).map_err(drv)?,
                 None => {

@@ -288,6 +288,7 @@ fn grad_out(t: &mut GradTensors) -> DenseGradOut<'_> {
         d_e: de.as_mut().map(|t| t.slice_mut()),
         d_c: dc.as_mut().map(|t| t.slice_mut()),
         d_bias: db.as_mut().map(|t| t.slice_mut()),
+        accumulate: false,
     }
 }
 

@@ -274,8 +274,10 @@ impl DenseEngine {
         )
     }
 
-    /// Row-major `d_e[rows, D] = G[rows, V] · C[V, D]`: column-major
-    /// `d_eᵀ[D, rows] = (C as [D, V]) · (G as [V, rows], stride ldg)`.
+    /// Row-major `d_e[rows, D] = alpha · G[rows, V] · C[V, D] + beta · d_e`: column-major
+    /// `d_eᵀ[D, rows] = (C as [D, V]) · (G as [V, rows], stride ldg)`. `(alpha, beta)` host
+    /// values (a tuple: `(1.0, 0.0)` overwrites, `(1.0, 1.0)` adds) or device addresses
+    /// ([`GemmScalars`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_de(
         &self,
@@ -283,14 +285,15 @@ impl DenseEngine {
         (dtype, g_ty, out_ty): (DType, DType, DType),
         (c, g, de): (u64, u64, u64),
         ldg: usize,
+        scalars: impl Into<GemmScalars>,
     ) -> Result<()> {
-        self.gemm(
+        self.gemm_with(
             false,
             false,
             (d, rows, v),
             (c, dtype, d),
             (g, g_ty, ldg),
-            (1.0, 0.0),
+            scalars.into(),
             (de, out_ty, d),
         )
     }

@@ -95,6 +95,16 @@
 //! is `1 − tanh²(x/s)` from `x` (`cap_grad`, `cap_fast_grad`), never `1 − (z/s)²`, except in
 //! the WGMMA row pass's `G` pass (hence [`WGMMA_ROWS_SOFTCAP_MIN`]).
 //!
+//! Accumulation ([`DenseGradOut::accumulate`], f32 gradients only): every product adds to the
+//! outputs' contents instead of overwriting them. Chunked dense's `d_c` GEMM runs with beta = 1
+//! from its first chunk and its `d_bias` output is not zeroed (`cce_dense_colsum_*` adds); the
+//! `d_e` GEMM of every row chunk runs with beta = 1 (the 16-bit target fix adds in any case),
+//! and split dense's `d_e` from f16 `G` (f32 rows, then scaled) is finished with `+=`
+//! (`cce_split_de_finish_*`'s `accumulate`); split dense's class pass's `d_c` GEMMs read
+//! beta = 1 (on the host, or the scale set's `1.0` word in device pointer mode) and its
+//! `d_bias` colsum adds to the unzeroed output. The sparse backward, whose gather kernels
+//! write the gradients, is not tried (`schedule::sparse_accumulate_note`).
+//!
 //! Everything is deterministic: fixed reduction trees, cuBLAS with a fixed workspace (cuBLAS
 //! GEMMs are run-to-run deterministic on one device and stream unless split-K atomics are
 //! chosen, which cuBLAS does not do by default), the d_c accumulation in chunk order.
@@ -264,6 +274,10 @@ pub struct DenseGradOut<'a> {
     pub d_c: Option<&'a mut CudaSlice<u8>>,
     /// `[V]`, when `compute_d_c` and a bias is given.
     pub d_bias: Option<&'a mut CudaSlice<u8>>,
+    /// Add the gradients to the outputs' contents instead of overwriting them (f32 gradients
+    /// only, [`DenseConfig::grad_f32`], else `InvalidOption`): every product runs with
+    /// beta = 1, `d_bias` is not zeroed first, the sparse backward is not tried.
+    pub accumulate: bool,
 }
 
 /// What a backward did (merged into `CallStats` by the backend).

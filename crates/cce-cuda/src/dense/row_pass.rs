@@ -646,6 +646,8 @@ impl DenseEngine {
         let (d, v, dt) = (cfg.d, cfg.v, cfg.dtype);
         let (g_ty, out_ty) = (cfg.g_dtype(), cfg.grad_dtype());
         let e_r = p.e + (ch.r0 * d * dt.size_bytes()) as u64;
+        // Accumulating calls add every product to the outputs' contents (f32 outputs).
+        let acc = x.sched.accumulate;
         if cfg.compute_d_e {
             // (4) d_e rows of the chunk.
             let de_r = p.d_e + (ch.r0 * d * out_ty.size_bytes()) as u64;
@@ -655,6 +657,7 @@ impl DenseEngine {
                     (dt, g_ty, out_ty),
                     (p.c, p.l_ptr, de_r),
                     ldg_c,
+                    (1.0, if acc { 1.0 } else { 0.0 }),
                 )?;
             } else {
                 // f16 G' (scaled per row) times c in f16 into f32 rows, then
@@ -668,18 +671,20 @@ impl DenseEngine {
                     (1.0, 0.0),
                     (x.tmp, DType::F32, d),
                 )?;
-                self.de_finish(out_ty, x.tmp, x.rs, x.c_de.1, de_r, (ch.rows, d))?;
+                self.de_finish(out_ty, x.tmp, x.rs, x.c_de.1, (de_r, acc), (ch.rows, d))?;
             }
             PhaseTimer::mark(prof, "d_e GEMM")?;
             if dt != DType::F32 {
-                // (4') the target's entry of the 16-bit G, exact in d_e.
+                // (4') the target's entry of the 16-bit G, exact in d_e (an addition to the
+                // rows the product wrote: the same with and without accumulation).
                 self.chunk_target_fix(x, ch, (ld, ldg_c), (e_r, de_r))?;
                 PhaseTimer::mark(prof, "d_e target entry")?;
             }
         }
-        // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass).
+        // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass). The
+        // first chunk overwrites the accumulator unless the call accumulates into the output.
         if cfg.compute_d_c && !x.sched.split {
-            let beta = if ch.index == 0 { 0.0 } else { 1.0 };
+            let beta = if ch.index == 0 && !acc { 0.0 } else { 1.0 };
             let dims = (v, d, ch.rows);
             let tys = (dt, g_ty, DType::F32);
             self.gemm_dc(dims, tys, (e_r, p.l_ptr, p.dc_acc), x.ldg, (1.0, beta))?;
@@ -698,8 +703,9 @@ impl DenseEngine {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg of g_ty written by
-                // the row kernel (stream order); the accumulator holds V f32 (zeroed); scale
-                // 0 (the kernel reads no factor: 1).
+                // the row kernel (stream order); the accumulator holds V f32 (zeroed, or the
+                // caller's f32 d_bias when accumulating); scale 0 (the kernel reads no factor:
+                // 1).
                 unsafe { self.launch_params(&self.stream, x.f_colsum, cfg_l, &params) }?;
             }
             PhaseTimer::mark(prof, "d_c GEMM (+ d_bias)")?;

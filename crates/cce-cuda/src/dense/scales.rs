@@ -5,15 +5,15 @@
 use super::*;
 
 /// 4-byte words of one [`ScaleSet`] in the workspace's `scales` region.
-pub(super) const SET_WORDS: usize = 8;
+pub(super) const SET_WORDS: usize = 9;
 /// Bytes of the workspace's `scales` region: one set per [`ScaleSet`].
 pub(super) const SCALES_BYTES: usize = 2 * SET_WORDS * 4;
 
-/// A set of scale words in the workspace's `scales` region (byte offset `index · 32`), one per
-/// use so that the factors of the row pass's copy of `c` stay valid while the class pass
-/// computes its own. Words (`cce_split_scales_finish`, `classes.cu`): 0, 1 the bits of
-/// max |x| and max |G coefficient| (`cce_split_scales_*`); 2 `2^kx`, 3 `2^−kx`, 4 `2^kg`,
-/// 5 `2^−kg`, 6 `2^(−kx−kg)`, 7 `0.0` (f32), with `kx = pow2_to(max |x|, 15)` and
+/// A set of scale words in the workspace's `scales` region (byte offset `index · 4 ·
+/// SET_WORDS`), one per use so that the factors of the row pass's copy of `c` stay valid while
+/// the class pass computes its own. Words (`cce_split_scales_finish`, `classes.cu`): 0, 1 the
+/// bits of max |x| and max |G coefficient| (`cce_split_scales_*`); 2 `2^kx`, 3 `2^−kx`,
+/// 4 `2^kg`, 5 `2^−kg`, 6 `2^(−kx−kg)`, 7 `0.0`, 8 `1.0` (f32), with `kx = pow2_to(max |x|, 15)` and
 /// `kg = pow2_to(max |G|, 14)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ScaleSet {
@@ -61,9 +61,13 @@ impl DeviceScales {
     pub(super) fn down_xg(self) -> u64 {
         self.word(6)
     }
-    /// `0.0` (the `d_c` GEMM's beta in device pointer mode).
+    /// `0.0` (the `d_c` GEMM's beta in device pointer mode: overwrite).
     pub(super) fn zero(self) -> u64 {
         self.word(7)
+    }
+    /// `1.0` (the `d_c` GEMM's beta in device pointer mode: add to the output's contents).
+    pub(super) fn one(self) -> u64 {
+        self.word(8)
     }
 }
 
@@ -182,7 +186,7 @@ impl DenseEngine {
         };
         // SAFETY: ScalesParams is SCALES_PARAMS in classes.cu; x holds `count` elements (the
         // caller's buffer); the row pointers hold N values or are 0 (and N = 0 without rows,
-        // so they are not read); out holds 2 u32 (the set's first 8 bytes of the 64-byte
+        // so they are not read); out holds 2 u32 (the set's first 8 bytes of the SCALES_BYTES
         // region, checked above, zeroed just before).
         unsafe { self.launch_params(&self.stream, f, launch, &params) }?;
         let params = ScalesFinishParams {
@@ -196,7 +200,7 @@ impl DenseEngine {
             shared_mem_bytes: 0,
         };
         // SAFETY: ScalesFinishParams is cce_split_scales_finish's parameter list (u32*, int,
-        // int); set points at SET_WORDS 4-byte words within ws.scales (offset + 32 ≤
+        // int); set points at SET_WORDS 4-byte words within ws.scales (offset + 4·SET_WORDS ≤
         // SCALES_BYTES ≤ its length, checked above), its maxima written by the launch above
         // (stream order); one thread.
         unsafe {
@@ -232,30 +236,32 @@ impl DenseEngine {
     }
 
     /// `d_e` rows (`out_ty`) = f32 rows · per-row scale (or 1) · `*cscale` (a device f32, or
-    /// 0 for 1).
+    /// 0 for 1); with `accumulate`, added to the rows' contents instead.
     pub(super) fn de_finish(
         &self,
         out_ty: DType,
         tmp: u64,
         rs: u64,
         cscale: u64,
-        de: u64,
+        (de, accumulate): (u64, bool),
         (rows, d): (usize, usize),
     ) -> Result<()> {
         let f = self.func(&format!("cce_split_de_finish_{}", dtype_code(out_ty)?))?;
         let rows_i = rows as i64;
         let d_i = to_i32(d, "D")?;
+        let acc_i = i32::from(accumulate);
         let mut b = self.stream.launch_builder(f);
         b.arg(&tmp)
             .arg(&rs)
             .arg(&cscale)
             .arg(&de)
             .arg(&rows_i)
-            .arg(&d_i);
-        // SAFETY: matches DEF_PARAMS (f32*, f32*, const float*, void*, i64, i32); tmp holds
+            .arg(&d_i)
+            .arg(&acc_i);
+        // SAFETY: matches DEF_PARAMS (f32*, f32*, const float*, void*, i64, i32, i32); tmp holds
         // rows·d f32 written by the GEMMs above (stream order), rs rows f32 (or 0), cscale one
         // f32 of ws.scales written before on this stream (or 0), de rows·d elements of out_ty
-        // (the chunk's d_e rows).
+        // (the chunk's d_e rows; read first when accumulating, the caller's contents).
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: ((rows * d).div_ceil(256).clamp(1, 132 * 64) as u32, 1, 1),
@@ -481,7 +487,7 @@ mod tests {
     #[test]
     fn scale_sets_fit_the_region() {
         for set in [ScaleSet::CCopy, ScaleSet::ClassPass] {
-            assert_eq!(set.offset() % 32, 0);
+            assert_eq!(set.offset() % 4, 0);
             assert!(set.offset() + SET_WORDS * 4 <= SCALES_BYTES);
             let s = DeviceScales {
                 base: 4096 + set.offset() as u64,
@@ -493,6 +499,7 @@ mod tests {
                 s.down_g(),
                 s.down_xg(),
                 s.zero(),
+                s.one(),
             ];
             for (i, w) in words.into_iter().enumerate() {
                 assert_eq!(w, s.base + 4 * (i as u64 + 2));

@@ -90,6 +90,8 @@ pub(crate) struct CallFacts {
     pub aligned: bool,
     /// The stream is capturing a CUDA graph: no decision may read the device.
     pub capturing: bool,
+    /// The gradients are added to the outputs' contents ([`DenseGradOut::accumulate`]).
+    pub accumulate: bool,
 }
 
 /// How a forward-only call computes lse and loss.
@@ -130,6 +132,9 @@ pub(crate) struct Schedule {
     pub try_sparse: bool,
     /// Why a planned sparse backward is not tried, when it is not.
     pub sparse_note: Option<String>,
+    /// The products add to the gradient outputs' contents (f32 outputs): beta = 1 for every
+    /// `d_e` and `d_c` GEMM, `d_e` finished with `+=`, the `d_bias` output not zeroed.
+    pub accumulate: bool,
     /// The cluster-fused row kernel: (cluster size, columns per block).
     pub fused: Option<(usize, usize)>,
     /// How the row pass stores `G` for `d_e` (`DenseConfig::g_mode`; 0 without a backward).
@@ -167,6 +172,7 @@ pub(crate) fn schedule(
         None
     };
     let g_mode = if backward { cfg.g_mode() } else { 0 };
+    let accumulate = backward && call.accumulate;
     let sparse_planned = backward && split && cfg.sparse.is_some() && cfg.filtering();
     let (forward, forward_note) = if kind == CallKind::Forward {
         match (
@@ -202,8 +208,13 @@ pub(crate) fn schedule(
         kind,
         split,
         filtering,
-        try_sparse: sparse_planned && !call.capturing,
-        sparse_note: (sparse_planned && call.capturing).then(sparse_capture_note),
+        try_sparse: sparse_planned && !call.capturing && !accumulate,
+        sparse_note: match (sparse_planned, call.capturing, accumulate) {
+            (true, true, _) => Some(sparse_capture_note()),
+            (true, false, true) => Some(sparse_accumulate_note()),
+            _ => None,
+        },
+        accumulate,
         fused,
         g_mode,
         c16_copy: g_mode == 2 && cfg.dtype == DType::BF16,
@@ -468,6 +479,14 @@ pub(crate) fn sparse_used_note(kept: u64, n: usize) -> String {
 pub(crate) fn sparse_capture_note() -> String {
     "dense passes: the stream is capturing a CUDA graph, and the sparse backward's choice \
      reads the kept-entry count on the host"
+        .into()
+}
+
+/// Why an accumulating call skips the planned sparse backward: its gather kernels write the
+/// gradients (they do not add to them), so the dense passes, which do, run instead.
+pub(crate) fn sparse_accumulate_note() -> String {
+    "dense passes: the call accumulates into the gradient outputs, which the sparse \
+     backward's gather kernels overwrite"
         .into()
 }
 

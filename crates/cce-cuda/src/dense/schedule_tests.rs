@@ -71,6 +71,7 @@ fn notes(
         scratch: cfg.scratch_bytes().max(4),
         aligned: true,
         capturing: false,
+        accumulate: false,
     };
     let s = schedule(&cfg, kind, dev, call);
     let chunk = cfg.effective_chunk_rows();
@@ -547,6 +548,7 @@ fn fallback_reasons() {
         scratch: small.scratch_bytes(),
         aligned: true,
         capturing: false,
+        accumulate: false,
     };
     let s = schedule(&small, CallKind::ForwardBackward, &dev, facts);
     assert!(s.c16_copy && s.g_mode == 2 && s.try_sparse && s.split && !s.filtering);
@@ -559,6 +561,18 @@ fn fallback_reasons() {
     let s = schedule(&small, CallKind::ForwardBackward, &dev, capturing);
     assert!(!s.try_sparse && s.split);
     assert_eq!(s.sparse_note, Some(sparse_capture_note()));
+    // An accumulating call: no sparse try either (its gather kernels overwrite the
+    // gradients), and the note says why; a forward-only call never accumulates.
+    let acc = CallFacts {
+        accumulate: true,
+        ..facts
+    };
+    for kind in [CallKind::ForwardBackward, CallKind::Backward] {
+        let s = schedule(&small, kind, &dev, acc);
+        assert!(s.accumulate && !s.try_sparse && s.split, "{kind:?}");
+        assert_eq!(s.sparse_note, Some(sparse_accumulate_note()), "{kind:?}");
+    }
+    assert!(!schedule(&small, CallKind::Forward, &dev, acc).accumulate);
     assert_eq!(
         s.row_wgmma,
         Some(Err("f16 G for d_e (the budget's f16 copy of c)"))
@@ -727,6 +741,7 @@ fn bench_shapes_fit_the_forward_cap_and_the_budget() {
                     scratch,
                     aligned: true,
                     capturing: false,
+                    accumulate: false,
                 };
                 match schedule(&fwd, CallKind::Forward, &h200(), facts).forward {
                     Some(ForwardPath::Wgmma { group }) => {
