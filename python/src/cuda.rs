@@ -18,6 +18,7 @@ use cce_core::{
     Backend, CallStats, DLoss, DType, Inputs, Options, Reduction, Saved, TensorMeta, Upstream,
 };
 use cce_cuda::cudarc::driver::{sys::CUstream, CudaContext};
+use cce_cuda::device::RelaxedCapture;
 use cce_cuda::{Checks, CudaBackend, CudaTensor, ForwardInto, GradsInto};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -124,6 +125,9 @@ pub(crate) unsafe fn forward(
     opts: &Options,
     outs: [Option<&RawTensor>; 5],
 ) -> cce_core::Result<CallStats> {
+    // Setup calls (kernel loads, the pooled cuBLAS handle's fence) are allowed while torch
+    // captures a graph in its default global mode.
+    let _relaxed = RelaxedCapture::enter()?;
     // SAFETY: every block below forwards this function's contract.
     let be = unsafe { stream.backend()? };
     // SAFETY: as above.
@@ -184,6 +188,9 @@ pub(crate) unsafe fn backward(
     d_lse: Option<&RawTensor>,
     outs: [Option<&RawTensor>; 3],
 ) -> cce_core::Result<CallStats> {
+    // Setup calls (kernel loads, the pooled cuBLAS handle's fence) are allowed while torch
+    // captures a graph in its default global mode.
+    let _relaxed = RelaxedCapture::enter()?;
     // SAFETY: every block below forwards this function's contract.
     let be = unsafe { stream.backend()? };
     // SAFETY: as above.
@@ -271,6 +278,9 @@ pub(crate) unsafe fn forward_backward(
     fwd: [Option<&RawTensor>; 5],
     grads: [Option<&RawTensor>; 3],
 ) -> cce_core::Result<(CallStats, CallStats)> {
+    // Setup calls (kernel loads, the pooled cuBLAS handle's fence) are allowed while torch
+    // captures a graph in its default global mode.
+    let _relaxed = RelaxedCapture::enter()?;
     // SAFETY: every block below forwards this function's contract.
     let be = unsafe { stream.backend()? };
     // SAFETY: as above.

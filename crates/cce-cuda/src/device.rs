@@ -286,11 +286,18 @@ pub(crate) fn pooled_blas(
     let entry = match taken {
         Some(mut e) => {
             // A completed event needs no wait (and a stream capturing a CUDA graph may not
-            // wait on work recorded outside the capture).
-            if let Some(ev) = e.ready.take().filter(|ev| !ev.is_complete()) {
-                stream
-                    .wait(&ev)
-                    .map_err(|err| CceError::backend(BACKEND, err))?;
+            // wait on work recorded outside the capture). The query is a call a capture in
+            // the global mode (PyTorch's default) forbids: made in the relaxed mode.
+            if let Some(ev) = e.ready.take() {
+                let pending = {
+                    let _relaxed = RelaxedCapture::enter()?;
+                    !ev.is_complete()
+                };
+                if pending {
+                    stream
+                        .wait(&ev)
+                        .map_err(|err| CceError::backend(BACKEND, err))?;
+                }
             }
             // SAFETY: the handle is this engine's alone (taken out of the pool), and `stream`
             // waits for the work its previous user enqueued (the event above).
@@ -340,6 +347,37 @@ pub(crate) fn pooled_blas(
     })
 }
 
+/// While alive, this thread's stream-capture mode is relaxed
+/// (`cuThreadExchangeStreamCaptureMode`): calls that a capture in the global or thread-local
+/// mode forbids (a query of an event recorded outside the capture, setup calls such as
+/// loading a kernel) are allowed, as they are outside a capture. Dropping it restores the
+/// thread's previous mode. For a library call made while its caller captures a graph
+/// (PyTorch's `torch.cuda.graph` captures in the global mode).
+pub struct RelaxedCapture {
+    previous: cudarc::driver::sys::CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    /// Relax this thread's capture mode until the guard is dropped. Errors: `Backend` for a
+    /// driver error.
+    pub fn enter() -> Result<Self> {
+        let mut mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid, writable mode value; the call swaps it with the thread's.
+        unsafe { cudarc::driver::sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+            .result()
+            .map_err(|e| CceError::backend(BACKEND, e))?;
+        Ok(Self { previous: mode })
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        let mut mode = self.previous;
+        // SAFETY: as in `enter`; restores the mode this guard replaced.
+        let _ = unsafe { cudarc::driver::sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}
+
 impl PooledBlas {
     /// The cuBLAS handle (on the stream it was lent for).
     pub(crate) fn handle(&self) -> &cudarc::cublas::sys::cublasHandle_t {
@@ -358,11 +396,21 @@ impl Drop for PooledBlas {
         };
         let stream = e.stream.clone();
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        // A handle whose last work cannot be fenced is destroyed instead of pooled.
-        let Ok(ev) = stream.record_event(flags) else {
-            return;
-        };
-        e.ready = Some(ev);
+        // A handle whose last work cannot be fenced is destroyed instead of pooled. Work
+        // captured in a CUDA graph is not fenced (an event recorded in a capture cannot be
+        // queried): it runs when the graph is replayed, and a replay must be ordered with the
+        // library's other calls on the context like any of them.
+        use cudarc::driver::sys::CUstreamCaptureStatus as Capture;
+        match stream.capture_status() {
+            Ok(Capture::CU_STREAM_CAPTURE_STATUS_NONE) => {
+                let Ok(ev) = stream.record_event(flags) else {
+                    return;
+                };
+                e.ready = Some(ev);
+            }
+            Ok(_) => e.ready = None,
+            Err(_) => return,
+        }
         // Point the handle at the legacy default stream while pooled, so that it holds no
         // reference to the caller's stream (a borrowed one may be destroyed meanwhile).
         let idle = stream.context().default_stream();
