@@ -11,11 +11,13 @@ use cce_core::{
     Inputs, Options, PreparedTargets, Problem, Result, Saved, StrategyKind, TensorMeta, TileShape,
     Upstream,
 };
+use interop::{BackwardDest, ForwardDest};
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
 mod backward;
 mod forward;
+pub(crate) mod interop;
 
 /// Kernel configuration: the tile shape of the shaders and how much parallelism to aim for.
 ///
@@ -124,15 +126,21 @@ impl WgpuBackend {
     /// Errors: `NoDevice` when no adapter exists, `Backend` when the device request fails.
     pub fn new() -> Result<Self> {
         let ctx = Arc::new(Context::new()?);
-        let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
-        let cfg = KernelConfig {
+        let cfg = Self::default_config(&ctx.info);
+        Self::check_cfg(&ctx, &cfg)?;
+        Ok(Self { ctx, cfg })
+    }
+
+    /// The default [`KernelConfig`] for an adapter: 64 x 64 tiles; few workgroups and bounded
+    /// loops on CPU adapters (lavapipe).
+    pub(crate) fn default_config(info: &wgpu::AdapterInfo) -> KernelConfig {
+        let cpu = info.device_type == wgpu::DeviceType::Cpu;
+        KernelConfig {
             wg: 8,
             tk: 16,
             target_workgroups: if cpu { 8 } else { 2048 },
             max_loop_iterations: if cpu { 32768 } else { 0 },
-        };
-        Self::check_cfg(&ctx, &cfg)?;
-        Ok(Self { ctx, cfg })
+        }
     }
 
     /// Same device, another kernel configuration. Errors: `ResourceLimit` when the tiles do not
@@ -146,7 +154,7 @@ impl WgpuBackend {
         })
     }
 
-    fn check_cfg(ctx: &Context, cfg: &KernelConfig) -> Result<()> {
+    pub(crate) fn check_cfg(ctx: &Context, cfg: &KernelConfig) -> Result<()> {
         if !(1..=16).contains(&cfg.wg) || !(1..=64).contains(&cfg.tk) || cfg.target_workgroups == 0
         {
             return Err(CceError::InvalidOption {
@@ -484,8 +492,7 @@ impl Backend for WgpuBackend {
         inputs: &Inputs<'_, WgpuTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<WgpuTensor>> {
-        self.ctx
-            .scoped("forward", || self.forward_impl(inputs, opts))
+        self.forward_into(inputs, opts, &ForwardDest::default())
     }
 
     fn backward(
@@ -495,9 +502,7 @@ impl Backend for WgpuBackend {
         saved: Saved<'_, WgpuTensor>,
         upstream: &Upstream<'_, WgpuTensor>,
     ) -> Result<BackwardOutput<WgpuTensor>> {
-        self.ctx.scoped("backward", || {
-            self.backward_impl(inputs, opts, saved, upstream)
-        })
+        self.backward_into(inputs, opts, saved, upstream, &BackwardDest::default())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The backward pass: row state (and the filter's thresholds), `d_e` row-owned, `d_c` and
 //! `d_bias` class-owned, then the filter statistics.
 
+use super::interop::BackwardDest;
 use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
 use crate::pipelines::{flags, Params, ShaderKind};
@@ -19,6 +20,7 @@ impl WgpuBackend {
         opts: &Options,
         saved: Saved<'_, WgpuTensor>,
         upstream: &Upstream<'_, WgpuTensor>,
+        dest: &BackwardDest,
     ) -> Result<BackwardOutput<WgpuTensor>> {
         let lse = saved.lse;
         let prep = self.prepare(inputs, opts)?;
@@ -199,17 +201,18 @@ impl WgpuBackend {
         workspace += counters.size();
 
         let d_e = if want_de {
-            Some(ctx.alloc(inputs.e.shape().to_vec(), out_dtype, "d_e")?)
+            let shape = inputs.e.shape().to_vec();
+            Some(self.grad_out(dest.d_e.as_ref(), shape, out_dtype, "d_e")?)
         } else {
             None
         };
         let d_c = if want_dc {
-            Some(ctx.alloc(vec![v, d], out_dtype, "d_c")?)
+            Some(self.grad_out(dest.d_c.as_ref(), vec![v, d], out_dtype, "d_c")?)
         } else {
             None
         };
         let d_bias = if want_dc && p.has_bias {
-            Some(ctx.alloc(vec![v], out_dtype, "d_bias")?)
+            Some(self.grad_out(dest.d_bias.as_ref(), vec![v], out_dtype, "d_bias")?)
         } else {
             None
         };
@@ -226,6 +229,17 @@ impl WgpuBackend {
 
         let base = self.base_params(&p, opts);
         let mut enc = self.encoder();
+        // Per-row inputs as the passes bind them (views at unaligned offsets copied).
+        let lse = self.row_in(&mut enc, lse, "lse")?;
+        let rest_mass = self.row_in(&mut enc, saved.rest_mass, "rest_mass")?;
+        let dloss_rows = match dloss_rows {
+            Some(b) => Some(self.row_in(&mut enc, b, "d_loss")?),
+            None => None,
+        };
+        let d_lse = match upstream.d_lse {
+            Some(b) => Some(self.row_in(&mut enc, b, "d_lse")?),
+            None => None,
+        };
 
         // 1. Row state (and, with the filter, the threshold pass).
         {
@@ -236,7 +250,7 @@ impl WgpuBackend {
                 if dloss_rows.is_some() {
                     f |= flags::DLOSS_ROWS;
                 }
-                if upstream.d_lse.is_some() {
+                if d_lse.is_some() {
                     f |= flags::DLSE;
                 }
                 if ls_analytic {
@@ -248,12 +262,12 @@ impl WgpuBackend {
                     aux: g_scalar,
                     ..base
                 };
-                let dl = match dloss_rows {
-                    Some(b) => ctx.aligned(&b.buffer, rc.start as u64, rows as u64, 4)?,
+                let dl = match &dloss_rows {
+                    Some(b) => ctx.aligned(b.as_ref(), rc.start as u64, rows as u64, 4)?,
                     None => ctx.whole(&ctx.dummy)?,
                 };
-                let dh = match upstream.d_lse {
-                    Some(b) => ctx.aligned(&b.buffer, rc.start as u64, rows as u64, 4)?,
+                let dh = match &d_lse {
+                    Some(b) => ctx.aligned(b.as_ref(), rc.start as u64, rows as u64, 4)?,
                     None => ctx.whole(&ctx.dummy)?,
                 };
                 self.run(
@@ -263,11 +277,11 @@ impl WgpuBackend {
                     &prm,
                     &[
                         ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?,
-                        ctx.aligned(&lse.buffer, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(lse.as_ref(), rc.start as u64, rows as u64, 4)?,
                         dl,
                         dh,
                         ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?,
-                        ctx.aligned(&saved.rest_mass.buffer, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(rest_mass.as_ref(), rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
                 );
@@ -276,25 +290,15 @@ impl WgpuBackend {
                 let (splits, _) = self.class_splits(plan)?;
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
-                    let (e_b, e_off) = ctx.range(
-                        &inputs.e.buffer,
-                        (rc.start * d) as u64,
-                        (rows * d) as u64,
-                        es,
-                    )?;
+                    let (e_b, e_off) =
+                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                        let (c_b, c_off) = ctx.range(
-                            &inputs.c.buffer,
-                            (cc.start * d) as u64,
-                            (cc.len() * d) as u64,
-                            es,
-                        )?;
+                        let (c_b, c_off) =
+                            ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                         let (b_b, b_off) = match inputs.bias {
-                            Some(b) => {
-                                ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?
-                            }
+                            Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                             None => (ctx.whole(&ctx.dummy)?, 0),
                         };
                         let (per, nsplit, _) = splits[ci];
@@ -350,12 +354,8 @@ impl WgpuBackend {
             };
             if let Some(cs) = &csum {
                 for cc in plan.class_chunks.iter().flat_map(pieces) {
-                    let (c_b, c_off) = ctx.range(
-                        &inputs.c.buffer,
-                        (cc.start * d) as u64,
-                        (cc.len() * d) as u64,
-                        es,
-                    )?;
+                    let (c_b, c_off) =
+                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let prm = Params {
                         n_rows: cc.len() as u32,
                         e_off: c_off,
@@ -375,12 +375,8 @@ impl WgpuBackend {
             if let Some(es_buf) = &esum {
                 for rc in plan.row_chunks.iter().flat_map(pieces) {
                     let rows = rc.len();
-                    let (e_b, e_off) = ctx.range(
-                        &inputs.e.buffer,
-                        (rc.start * d) as u64,
-                        (rows * d) as u64,
-                        es,
-                    )?;
+                    let (e_b, e_off) =
+                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let prm = Params {
                         n_rows: rows as u32,
                         e_off,
@@ -417,23 +413,15 @@ impl WgpuBackend {
                 let rows = rc.len();
                 enc.clear_buffer(&slab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_e");
-                let (e_b, e_off) = ctx.range(
-                    &inputs.e.buffer,
-                    (rc.start * d) as u64,
-                    (rows * d) as u64,
-                    es,
-                )?;
+                let (e_b, e_off) =
+                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                    let (c_b, c_off) = ctx.range(
-                        &inputs.c.buffer,
-                        (cc.start * d) as u64,
-                        (cc.len() * d) as u64,
-                        es,
-                    )?;
+                    let (c_b, c_off) =
+                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
-                        Some(b) => ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?,
+                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
                     };
                     let (per, ns) = de_splits[ci];
@@ -474,7 +462,7 @@ impl WgpuBackend {
                     }
                 }
                 let (o_b, o_off) = ctx.range(
-                    &d_e.buffer,
+                    d_e,
                     (rc.start * d) as u64,
                     (rows * d) as u64,
                     out_dtype.size_bytes() as u64,
@@ -533,24 +521,16 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_c");
-                let (c_b, c_off) = ctx.range(
-                    &inputs.c.buffer,
-                    (cc.start * d) as u64,
-                    (ncls * d) as u64,
-                    es,
-                )?;
+                let (c_b, c_off) =
+                    ctx.range(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
                 let (b_b, b_off) = match inputs.bias {
-                    Some(b) => ctx.range(&b.buffer, cc.start as u64, ncls as u64, es)?,
+                    Some(b) => ctx.range(b, cc.start as u64, ncls as u64, es)?,
                     None => (ctx.whole(&ctx.dummy)?, 0),
                 };
                 for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
-                    let (e_b, e_off) = ctx.range(
-                        &inputs.e.buffer,
-                        (rc.start * d) as u64,
-                        (rows * d) as u64,
-                        es,
-                    )?;
+                    let (e_b, e_off) =
+                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
@@ -599,8 +579,7 @@ impl WgpuBackend {
                     0
                 };
                 let alpha_v = opts.label_smoothing / v as f32;
-                let (o_b, o_off) =
-                    ctx.range(&d_c.buffer, (cc.start * d) as u64, (ncls * d) as u64, osz)?;
+                let (o_b, o_off) = ctx.range(d_c, (cc.start * d) as u64, (ncls * d) as u64, osz)?;
                 let prm = Params {
                     d: d as u32,
                     n_units: u32c(ncls * d, "elements of a chunk")?,
@@ -624,7 +603,7 @@ impl WgpuBackend {
                     Self::grid_1d(units(ncls * d)),
                 );
                 if let Some(db) = &d_bias {
-                    let (o_b, o_off) = ctx.range(&db.buffer, cc.start as u64, ncls as u64, osz)?;
+                    let (o_b, o_off) = ctx.range(db, cc.start as u64, ncls as u64, osz)?;
                     // The bias term reads Σ_i g_i, stored at index D of `esum`.
                     let ev = match &esum {
                         Some(b) => ctx.whole(b)?,

@@ -1,5 +1,6 @@
 //! The forward pass: `fwd_partial` + `fwd_merge` (+ `loss_reduce`) over the plan's chunks.
 
+use super::interop::ForwardDest;
 use super::{dtype_code, tiles, WgpuBackend};
 use crate::buffers::WgpuTensor;
 use crate::pipelines::{flags, Params, ShaderKind};
@@ -11,6 +12,7 @@ impl WgpuBackend {
         &self,
         inputs: &Inputs<'_, WgpuTensor>,
         opts: &Options,
+        dest: &ForwardDest,
     ) -> Result<ForwardOutput<WgpuTensor>> {
         let prep = self.prepare(inputs, opts)?;
         let p = prep.problem;
@@ -25,16 +27,17 @@ impl WgpuBackend {
 
         let part = ctx.raw_buffer((max_rc * stride * 32) as u64, "partials")?;
         let tlogit = ctx.raw_buffer(4 * n as u64, "target logits")?;
-        let lse = ctx.alloc(vec![n], DType::F32, "lse")?;
-        let rest_mass = ctx.alloc(vec![n], DType::F32, "rest mass")?;
-        let loss_rows = ctx.alloc(vec![n], DType::F32, "loss rows")?;
+        let lse = self.row_out(dest.lse.as_ref(), vec![n], "lse")?;
+        let rest_mass = self.row_out(dest.rest_mass.as_ref(), vec![n], "rest_mass")?;
+        let per_row = opts.reduction == Reduction::None;
+        let loss_rows = self.row_out(dest.loss.as_ref().filter(|_| per_row), vec![n], "loss")?;
         let ent = ctx.alloc(vec![n], DType::F32, "entropy")?;
         let amax = ctx.alloc(vec![n], DType::I32, "argmax")?;
         let bad = ctx.upload_bytes(bytemuck::cast_slice(&[u32::MAX; 4]), "bad rows")?;
-        let loss_scalar = if opts.reduction == Reduction::None {
+        let loss_scalar = if per_row {
             None
         } else {
-            Some(ctx.alloc(vec![], DType::F32, "loss")?)
+            Some(self.row_out(dest.loss.as_ref(), vec![], "loss")?)
         };
         let workspace = part.size() + tlogit.size() + 4 * n as u64 * 2;
         let scale = match opts.reduction {
@@ -50,24 +53,16 @@ impl WgpuBackend {
             let n_rc = plan.row_chunks.len();
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
-                let (e_b, e_off) = ctx.range(
-                    &inputs.e.buffer,
-                    (rc.start * d) as u64,
-                    (rows * d) as u64,
-                    es,
-                )?;
+                let (e_b, e_off) =
+                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let tgt_b = ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?;
                 let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
                 let part_b = ctx.whole(&part)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                    let (c_b, c_off) = ctx.range(
-                        &inputs.c.buffer,
-                        (cc.start * d) as u64,
-                        (cc.len() * d) as u64,
-                        es,
-                    )?;
+                    let (c_b, c_off) =
+                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
-                        Some(b) => ctx.range(&b.buffer, cc.start as u64, cc.len() as u64, es)?,
+                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
                     };
                     let (per, nsplit, base) = splits[ci];
@@ -99,7 +94,7 @@ impl WgpuBackend {
                     part_stride: stride as u32,
                     ..self.base_params(&p, opts)
                 };
-                let lr_b = ctx.aligned(&loss_rows.buffer, rc.start as u64, rows as u64, 4)?;
+                let lr_b = ctx.aligned(&loss_rows.work, rc.start as u64, rows as u64, 4)?;
                 self.run(
                     &mut pass,
                     ShaderKind::FwdMerge,
@@ -109,12 +104,12 @@ impl WgpuBackend {
                         part_b,
                         tgt_b,
                         tl_b,
-                        ctx.aligned(&lse.buffer, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&lse.work, rc.start as u64, rows as u64, 4)?,
                         lr_b,
-                        ctx.aligned(&ent.buffer, rc.start as u64, rows as u64, 4)?,
-                        ctx.aligned(&amax.buffer, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&ent, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&amax, rc.start as u64, rows as u64, 4)?,
                         ctx.whole(&bad)?,
-                        ctx.aligned(&rest_mass.buffer, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&rest_mass.work, rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
                 );
@@ -137,11 +132,17 @@ impl WgpuBackend {
                         ShaderKind::LossReduce,
                         dt,
                         &prm,
-                        &[lr_b, ctx.whole(&ls.buffer)?],
+                        &[lr_b, ctx.aligned(&ls.work, 0, 1, 4)?],
                         [1, 1, 1],
                     );
                 }
             }
+        }
+        for out in [&lse, &rest_mass, &loss_rows]
+            .into_iter()
+            .chain(loss_scalar.as_ref())
+        {
+            out.copy_out(&mut enc);
         }
         let back = ctx.submit_and_read(enc, &[(&bad, 0, 16)])?;
         let bad_row = |k: usize| {
@@ -150,7 +151,8 @@ impl WgpuBackend {
         };
         if let Some(row) = bad_row(0).filter(|_| opts.check_finite) {
             let enc = self.encoder();
-            let v = ctx.submit_and_read(enc, &[(&lse.buffer, row as u64 * 4, 4)])?;
+            let v =
+                ctx.submit_and_read(enc, &[(&lse.work.buf, lse.work.offset + row as u64 * 4, 4)])?;
             let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
             return Err(CceError::NonFinite {
                 what: "lse (a NaN or Inf in e, c or bias of this row, or a -inf in e or c)",
@@ -173,9 +175,9 @@ impl WgpuBackend {
             None => loss_rows,
         };
         Ok(ForwardOutput {
-            loss,
-            lse,
-            rest_mass,
+            loss: loss.into_result(),
+            lse: lse.into_result(),
+            rest_mass: rest_mass.into_result(),
             entropy: opts.side_outputs.entropy.then_some(ent),
             argmax: opts.side_outputs.argmax.then_some(amax),
             stats: self.stats(&prep, workspace),
