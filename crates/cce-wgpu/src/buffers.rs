@@ -5,15 +5,19 @@ use cce_core::{CceError, DType, HostTensor, Result, TensorMeta};
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-/// A tensor in device memory: one `wgpu::Buffer` (usages STORAGE | COPY_SRC | COPY_DST),
-/// row-major and contiguous, with its dtype and shape.
+/// A tensor in device memory: a range of one `wgpu::Buffer` (usages STORAGE | COPY_SRC |
+/// COPY_DST), row-major and contiguous, with its dtype and shape.
 ///
 /// Layout: f32/i32 one element per 4 bytes; f16/bf16 two elements per u32 word, element
-/// `2k` in the low half (little endian, the host layout); i64 8 bytes. The buffer size is the
-/// byte size rounded up to a multiple of 4 (at least 4).
+/// `2k` in the low half (little endian, the host layout); i64 8 bytes. The tensor's bytes start
+/// at [`WgpuTensor::offset`] (a multiple of 4) and span the byte size rounded up to a multiple
+/// of 4 (at least 4). A tensor the backend allocated owns its whole buffer (offset 0); a view
+/// ([`crate::WgpuBackend::view`]) is a range of a buffer someone else allocated.
 #[derive(Clone)]
 pub struct WgpuTensor {
-    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) buf: wgpu::Buffer,
+    /// Byte offset of element 0 in `buf`.
+    pub(crate) offset: u64,
     dtype: DType,
     shape: Vec<usize>,
     pub(crate) ctx_id: u64,
@@ -24,7 +28,8 @@ impl std::fmt::Debug for WgpuTensor {
         f.debug_struct("WgpuTensor")
             .field("dtype", &self.dtype)
             .field("shape", &self.shape)
-            .field("bytes", &self.buffer.size())
+            .field("offset", &self.offset)
+            .field("buffer_bytes", &self.buf.size())
             .finish()
     }
 }
@@ -39,9 +44,33 @@ impl TensorMeta for WgpuTensor {
 }
 
 impl WgpuTensor {
-    /// The underlying buffer (for callers that bind it in their own pipelines).
+    /// The underlying buffer (for callers that bind it in their own pipelines); the tensor's
+    /// bytes start at [`WgpuTensor::offset`].
     pub fn buffer(&self) -> &wgpu::Buffer {
-        &self.buffer
+        &self.buf
+    }
+
+    /// Byte offset of element 0 in [`WgpuTensor::buffer`]: 0 for a tensor the backend
+    /// allocated, the view's offset (a multiple of 4) for a view.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// A tensor over `buf` from byte `offset` on, tagged with the context `ctx_id`.
+    pub(crate) fn from_parts(
+        buf: wgpu::Buffer,
+        offset: u64,
+        dtype: DType,
+        shape: Vec<usize>,
+        ctx_id: u64,
+    ) -> Self {
+        Self {
+            buf,
+            offset,
+            dtype,
+            shape,
+            ctx_id,
+        }
     }
 
     /// Data size in bytes (`numel · dtype size`, without the padding to 4).
@@ -59,9 +88,10 @@ impl Context {
     /// shape's size overflows ([`cce_core::checked_bytes`]).
     pub(crate) fn alloc(&self, shape: Vec<usize>, dtype: DType, label: &str) -> Result<WgpuTensor> {
         let size = padded(cce_core::checked_bytes(&shape, dtype)? as u64);
-        let buffer = self.raw_buffer(size, label)?;
+        let buf = self.raw_buffer(size, label)?;
         Ok(WgpuTensor {
-            buffer,
+            buf,
+            offset: 0,
             dtype,
             shape,
             ctx_id: self.id,
@@ -109,9 +139,10 @@ impl Context {
 
     /// Host tensor to device tensor.
     pub(crate) fn upload(&self, host: &HostTensor) -> Result<WgpuTensor> {
-        let buffer = self.upload_bytes(host.as_bytes(), "tensor")?;
+        let buf = self.upload_bytes(host.as_bytes(), "tensor")?;
         Ok(WgpuTensor {
-            buffer,
+            buf,
+            offset: 0,
             dtype: host.dtype(),
             shape: host.shape().to_vec(),
             ctx_id: self.id,
@@ -126,7 +157,7 @@ impl Context {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let bytes = self
-            .submit_and_read(enc, &[(&t.buffer, 0, size)])?
+            .submit_and_read(enc, &[(&t.buf, t.offset, size)])?
             .pop()
             .unwrap_or_default();
         HostTensor::from_bytes(
@@ -147,22 +178,23 @@ impl Context {
         Ok(())
     }
 
-    /// A binding of elements `start .. start + count` (each `elem_bytes`) of `buf`: the offset
+    /// A binding of elements `start .. start + count` (each `elem_bytes`) of `at`: the offset
     /// is aligned down to the storage offset alignment, and the remainder is returned in
     /// elements for the shader to add. Errors: `ResourceLimit` when the range exceeds the
     /// largest storage binding.
     pub(crate) fn range<'a>(
         &self,
-        buf: &'a wgpu::Buffer,
+        at: impl Into<At<'a>>,
         start: u64,
         count: u64,
         elem_bytes: u64,
     ) -> Result<(Bind<'a>, u32)> {
+        let At { buf, offset } = at.into();
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
-        let start_b = start * elem_bytes;
+        let start_b = offset + start * elem_bytes;
         let base = start_b / align * align;
         let residual = (start_b - base) / elem_bytes;
-        let end_b = padded((start + count) * elem_bytes).min(buf.size());
+        let end_b = (offset + padded((start + count) * elem_bytes)).min(buf.size());
         let size = end_b.saturating_sub(base).max(4);
         if size > self.max_binding() {
             return Err(CceError::ResourceLimit {
@@ -185,20 +217,26 @@ impl Context {
     /// start at multiples of the tile rows). Errors: `Backend` if it is not.
     pub(crate) fn aligned<'a>(
         &self,
-        buf: &'a wgpu::Buffer,
+        at: impl Into<At<'a>>,
         start: u64,
         count: u64,
         elem_bytes: u64,
     ) -> Result<Bind<'a>> {
-        let (b, residual) = self.range(buf, start, count, elem_bytes)?;
+        let at = at.into();
+        let (b, residual) = self.range(at, start, count, elem_bytes)?;
         if residual != 0 {
             return Err(backend_err(format!(
                 "binding offset {} not aligned to {} bytes",
-                start * elem_bytes,
+                at.offset + start * elem_bytes,
                 self.limits.min_storage_buffer_offset_alignment
             )));
         }
         Ok(b)
+    }
+
+    /// Whether a binding may start at byte `offset` (the storage offset alignment).
+    pub(crate) fn is_bind_aligned(&self, offset: u64) -> bool {
+        offset.is_multiple_of(self.limits.min_storage_buffer_offset_alignment as u64)
     }
 
     /// The whole buffer.
@@ -215,6 +253,28 @@ impl Context {
             offset: 0,
             size: buf.size(),
         })
+    }
+}
+
+/// Where a tensor's elements start: a buffer and the byte offset of element 0 in it.
+#[derive(Clone, Copy)]
+pub(crate) struct At<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u64,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for At<'a> {
+    fn from(buf: &'a wgpu::Buffer) -> Self {
+        At { buf, offset: 0 }
+    }
+}
+
+impl<'a> From<&'a WgpuTensor> for At<'a> {
+    fn from(t: &'a WgpuTensor) -> Self {
+        At {
+            buf: &t.buf,
+            offset: t.offset,
+        }
     }
 }
 

@@ -35,9 +35,12 @@ pub(crate) struct Context {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     pub pipelines: PipelineCache,
-    /// Set by the device-lost callback.
+    /// Whether this context opened the device (and installed the callbacks below), or borrows
+    /// a device someone else opened ([`Context::borrow`]).
+    pub owns_device: bool,
+    /// Set by the device-lost callback (never, on a borrowed device).
     lost: Arc<Mutex<Option<String>>>,
-    /// Errors that escaped every error scope.
+    /// Errors that escaped every error scope (none are collected on a borrowed device).
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// 256-byte read-only stand-in for absent optional inputs.
     pub dummy: wgpu::Buffer,
@@ -110,13 +113,58 @@ impl Context {
                 un.lock().unwrap().push(e.to_string());
             }));
         }
+        Ok(Self::build(
+            info, device, queue, limits, features, true, lost, uncaptured,
+        ))
+    }
+
+    /// A context on a device and queue someone else opened (a framework's), with the limits
+    /// and features that device was created with. Installs no device-lost or uncaptured-error
+    /// callback: wgpu keeps one of each per device, and the owner's (cubecl's, for burn) must
+    /// stay in place. Errors of our calls are still caught by the error scopes of
+    /// [`Context::scoped`] (thread-local in wgpu, so they see only our thread's work); a lost
+    /// device surfaces as a failed poll or buffer mapping, reported as `Backend` errors.
+    ///
+    /// Errors: `Backend` when the device rejects the context's one small buffer.
+    pub fn borrow(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        let info = device.adapter_info();
+        let limits = device.limits();
+        let features = device.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        let none = Arc::new(Mutex::new(None));
+        let empty = Arc::new(Mutex::new(Vec::new()));
+        // Scoped, so that a failure is ours to report, not the owner's uncaptured handler's.
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let ctx = Self::build(info, device, queue, limits, features, false, none, empty);
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        match v.or(o) {
+            Some(e) => Err(backend_err(format!(
+                "from_device on {}: {e}",
+                ctx.info.name
+            ))),
+            None => Ok(ctx),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        info: wgpu::AdapterInfo,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        limits: wgpu::Limits,
+        features: wgpu::Features,
+        owns_device: bool,
+        lost: Arc<Mutex<Option<String>>>,
+        uncaptured: Arc<Mutex<Vec<String>>>,
+    ) -> Self {
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("dummy"),
             size: 256,
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        Ok(Self {
+        Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             info,
             device,
@@ -124,11 +172,12 @@ impl Context {
             limits,
             features,
             pipelines: PipelineCache::default(),
+            owns_device,
             lost,
             uncaptured,
             dummy,
             call_bytes: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The pipeline of `kind` for dtype code and tile config.

@@ -7,8 +7,9 @@
 //!
 //! | concept | here |
 //! |---|---|
-//! | device buffer | [`WgpuTensor`]: one `wgpu::Buffer` + dtype + shape |
+//! | device buffer | [`WgpuTensor`]: a `wgpu::Buffer` + byte offset + dtype + shape |
 //! | device, queue, pipelines | one context per [`WgpuBackend`], built once, shared by clones |
+//! | a framework's device | [`WgpuBackend::from_device`]; its buffers as [`WgpuBackend::view`]s, outputs written into them by [`WgpuBackend::forward_into`] / [`WgpuBackend::backward_into`] |
 //! | tile shape | [`KernelConfig`] → WGSL `override` constants `WG`, `TK` |
 //! | dtype | WGSL `override DTYPE`: f32, f16 and bf16 all stored as `array<u32>` |
 //! | errors | wgpu error scopes → `CceError::{OutOfMemory, Backend}`; no adapter → `NoDevice` |
@@ -38,6 +39,7 @@ mod buffers;
 mod context;
 mod pipelines;
 
+pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::{KernelConfig, WgpuBackend};
 pub use buffers::WgpuTensor;
 pub use context::WgpuError;

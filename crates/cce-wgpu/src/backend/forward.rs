@@ -1,0 +1,186 @@
+//! The forward pass: `fwd_partial` + `fwd_merge` (+ `loss_reduce`) over the plan's chunks.
+
+use super::interop::ForwardDest;
+use super::{dtype_code, tiles, WgpuBackend};
+use crate::buffers::WgpuTensor;
+use crate::pipelines::{flags, Params, ShaderKind};
+use cce_core::problem::check_masked_targets;
+use cce_core::{CceError, DType, ForwardOutput, Inputs, Options, Reduction, Result};
+
+impl WgpuBackend {
+    pub(super) fn forward_impl(
+        &self,
+        inputs: &Inputs<'_, WgpuTensor>,
+        opts: &Options,
+        dest: &ForwardDest,
+    ) -> Result<ForwardOutput<WgpuTensor>> {
+        let prep = self.prepare(inputs, opts)?;
+        let p = prep.problem;
+        let plan = &prep.plan;
+        let (n, d) = (p.n, p.d);
+        let t = self.t();
+        let dt = dtype_code(p.dtype);
+        let es = p.dtype.size_bytes() as u64;
+        let ctx = &self.ctx;
+        let (splits, stride) = self.class_splits(plan)?;
+        let max_rc = plan.row_chunks.iter().map(|r| r.len()).max().unwrap_or(1);
+
+        let part = ctx.raw_buffer((max_rc * stride * 32) as u64, "partials")?;
+        let tlogit = ctx.raw_buffer(4 * n as u64, "target logits")?;
+        let lse = self.row_out(dest.lse.as_ref(), vec![n], "lse")?;
+        let rest_mass = self.row_out(dest.rest_mass.as_ref(), vec![n], "rest_mass")?;
+        let per_row = opts.reduction == Reduction::None;
+        let loss_rows = self.row_out(dest.loss.as_ref().filter(|_| per_row), vec![n], "loss")?;
+        let ent = ctx.alloc(vec![n], DType::F32, "entropy")?;
+        let amax = ctx.alloc(vec![n], DType::I32, "argmax")?;
+        let bad = ctx.upload_bytes(bytemuck::cast_slice(&[u32::MAX; 4]), "bad rows")?;
+        let loss_scalar = if per_row {
+            None
+        } else {
+            Some(self.row_out(dest.loss.as_ref(), vec![], "loss")?)
+        };
+        let workspace = part.size() + tlogit.size() + 4 * n as u64 * 2;
+        let scale = match opts.reduction {
+            Reduction::Mean if prep.n_valid > 0 => 1.0 / prep.n_valid as f32,
+            // `prepare` has rejected a mean over no valid row (`PreparedTargets::new`).
+            Reduction::Mean => return Err(CceError::all_targets_ignored(n, opts)),
+            _ => 1.0,
+        };
+
+        let mut enc = self.encoder();
+        {
+            let mut pass = Self::pass(&mut enc, "forward");
+            let n_rc = plan.row_chunks.len();
+            for (ri, rc) in plan.row_chunks.iter().enumerate() {
+                let rows = rc.len();
+                let (e_b, e_off) =
+                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                let tgt_b = ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?;
+                let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
+                let part_b = ctx.whole(&part)?;
+                for (ci, cc) in plan.class_chunks.iter().enumerate() {
+                    let (c_b, c_off) =
+                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                    let (b_b, b_off) = match inputs.bias {
+                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
+                        None => (ctx.whole(&ctx.dummy)?, 0),
+                    };
+                    let (per, nsplit, base) = splits[ci];
+                    let prm = Params {
+                        n_rows: rows as u32,
+                        n_cls: cc.len() as u32,
+                        row0: rc.start as u32,
+                        cls0: cc.start as u32,
+                        e_off,
+                        c_off,
+                        b_off,
+                        split_tiles: per as u32,
+                        part_base: base as u32,
+                        part_stride: stride as u32,
+                        ..self.base_params(&p, opts)
+                    };
+                    self.run(
+                        &mut pass,
+                        ShaderKind::FwdPartial,
+                        dt,
+                        &prm,
+                        &[e_b, c_b, b_b, tgt_b, part_b, tl_b],
+                        [nsplit as u32, tiles(rows, t) as u32, 1],
+                    );
+                }
+                let prm = Params {
+                    n_rows: rows as u32,
+                    row0: rc.start as u32,
+                    part_stride: stride as u32,
+                    ..self.base_params(&p, opts)
+                };
+                let lr_b = ctx.aligned(&loss_rows.work, rc.start as u64, rows as u64, 4)?;
+                self.run(
+                    &mut pass,
+                    ShaderKind::FwdMerge,
+                    dt,
+                    &prm,
+                    &[
+                        part_b,
+                        tgt_b,
+                        tl_b,
+                        ctx.aligned(&lse.work, rc.start as u64, rows as u64, 4)?,
+                        lr_b,
+                        ctx.aligned(&ent, rc.start as u64, rows as u64, 4)?,
+                        ctx.aligned(&amax, rc.start as u64, rows as u64, 4)?,
+                        ctx.whole(&bad)?,
+                        ctx.aligned(&rest_mass.work, rc.start as u64, rows as u64, 4)?,
+                    ],
+                    Self::grid_1d(rows),
+                );
+                if let Some(ls) = &loss_scalar {
+                    let mut f = 0;
+                    if ri == 0 {
+                        f |= flags::FIRST;
+                    }
+                    if ri + 1 == n_rc {
+                        f |= flags::LAST;
+                    }
+                    let prm = Params {
+                        n_rows: rows as u32,
+                        flags: f,
+                        aux: scale,
+                        ..Params::default()
+                    };
+                    self.run(
+                        &mut pass,
+                        ShaderKind::LossReduce,
+                        dt,
+                        &prm,
+                        &[lr_b, ctx.aligned(&ls.work, 0, 1, 4)?],
+                        [1, 1, 1],
+                    );
+                }
+            }
+        }
+        for out in [&lse, &rest_mass, &loss_rows]
+            .into_iter()
+            .chain(loss_scalar.as_ref())
+        {
+            out.copy_out(&mut enc);
+        }
+        let back = ctx.submit_and_read(enc, &[(&bad, 0, 16)])?;
+        let bad_row = |k: usize| {
+            let row = u32::from_le_bytes(back[0][4 * k..4 * k + 4].try_into().unwrap());
+            (row != u32::MAX).then_some(row as usize)
+        };
+        if let Some(row) = bad_row(0).filter(|_| opts.check_finite) {
+            let enc = self.encoder();
+            let v =
+                ctx.submit_and_read(enc, &[(&lse.work.buf, lse.work.offset + row as u64 * 4, 4)])?;
+            let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
+            return Err(CceError::NonFinite {
+                what: "lse (a NaN or Inf in e, c or bias of this row, or a -inf in e or c)",
+                index: row,
+                row,
+                // A −inf in e or c leaves a finite lse (the logit passed for a masked one).
+                value: if value.is_finite() {
+                    f32::NEG_INFINITY
+                } else {
+                    value
+                },
+            });
+        }
+        let (masked_target, any_masked) = (bad_row(1), bad_row(2));
+        check_masked_targets(&prep.targets, opts, |i| {
+            (Some(i) == masked_target, Some(i) == any_masked)
+        })?;
+        let loss = match loss_scalar {
+            Some(l) => l,
+            None => loss_rows,
+        };
+        Ok(ForwardOutput {
+            loss: loss.into_result(),
+            lse: lse.into_result(),
+            rest_mass: rest_mass.into_result(),
+            entropy: opts.side_outputs.entropy.then_some(ent),
+            argmax: opts.side_outputs.argmax.then_some(amax),
+            stats: self.stats(&prep, workspace),
+        })
+    }
+}
