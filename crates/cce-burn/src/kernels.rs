@@ -13,9 +13,22 @@ use cce_core::{
     Reduction, Result, Saved, SideOutputs, TensorMeta, Upstream,
 };
 use cce_reference::CpuBackend;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Name used in the errors this crate raises itself.
 pub(crate) const NAME: &str = "cce-burn";
+
+static HOST_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Tensors this process has moved between a burn device and the host for our engines: each
+/// tensor read to the host ([`host_forward`], [`host_backward`]: inputs, saved per-row tensors,
+/// the upstream gradient) and each output written back counts one. The NdArray backend and
+/// `Cube` tensors on unregistered wgpu devices go this way; on a wgpu device registered with
+/// `cube::init_wgpu` / `cube::register_wgpu` the count does not move (what our wgpu engine
+/// reads back itself, the targets and a few status bytes, is not counted).
+pub fn host_copies() -> u64 {
+    HOST_COPIES.load(Ordering::Relaxed)
+}
 
 /// What the forward returns: the loss and the two per-row tensors the backward reads.
 #[derive(Debug, Clone)]
@@ -101,6 +114,7 @@ fn read<F>(what: &'static str, fut: F) -> Result<TensorData>
 where
     F: std::future::Future<Output = std::result::Result<TensorData, ExecutionError>>,
 {
+    HOST_COPIES.fetch_add(1, Ordering::Relaxed);
     match try_read_sync(fut) {
         Some(Ok(d)) => Ok(d),
         Some(Err(e)) => Err(read_error(what, Some(e))),
@@ -138,6 +152,7 @@ fn float_from_host<B: Backend>(
         DType::BF16 => BurnDType::BF16,
         _ => BurnDType::F32,
     };
+    HOST_COPIES.fetch_add(1, Ordering::Relaxed);
     let mut data =
         TensorData::from_bytes_vec(t.as_bytes().to_vec(), t.shape().to_vec(), burn_dtype);
     if dtype != burn_dtype {

@@ -10,6 +10,9 @@
 //! - [`LinearCrossEntropyBackend`]: the burn backend extension (implemented for `NdArray`,
 //!   `Cube` (wgpu) and `Autodiff<B>`), and [`CceKernels`], the forward/backward of a concrete
 //!   backend.
+//! - `cube::init_wgpu` / `cube::register_wgpu` (feature `wgpu`): our kernels on burn's own
+//!   wgpu device and queue, in burn's buffers; [`host_copies`] counts the tensors that went
+//!   through the host instead.
 
 mod autodiff;
 mod backend;
@@ -19,7 +22,7 @@ mod kernels;
 pub use backend::cube;
 pub use backend::LinearCrossEntropyBackend;
 pub use cce_core::{CceError, FilterEps, Options, Reduction};
-pub use kernels::{host_backward, host_forward, CceForward, CceGrads, CceKernels};
+pub use kernels::{host_backward, host_copies, host_forward, CceForward, CceGrads, CceKernels};
 
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
