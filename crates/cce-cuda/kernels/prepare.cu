@@ -8,7 +8,8 @@
 //           and the sticky record (words 32..48, the first error since the host last read it).
 //           Call area: [0] valid rows, [1] first out-of-range target, [2] first row whose
 //           target the bias masks, [3] the bias masks some class, [4] first valid row,
-//           [5] first non-finite lse, [6] first non-finite d_loss, [7] first non-finite d_lse
+//           [5] first non-finite lse, [6] first non-finite d_loss, [7] first non-finite d_lse;
+//           [4] is kept only with a bias (it names label smoothing's masked-class error)
 //           (rows as keys 0xFFFFFFFF − row, atomicMax, 0 = none); bytes 64..104: the filter
 //           statistics (f64 [5], cce_dense_stats).
 //           Sticky record: [32] kind (0 none, 1 target out of range, 2 all targets ignored,
@@ -65,9 +66,13 @@ __device__ __forceinline__ void prepare_targets(const T* raw, i64 n, i64 seq_len
         classes[i] = cls;
         if (cls >= 0) {
             ++valid;
-            atomicMax(&status[ST_FIRST_VALID], row_key(i));
-            if (bias && bias_neg_inf(bias, bias_dt, cls))
-                atomicMax(&status[ST_MASKED_TARGET], row_key(i));
+            // The first valid row names the label-smoothing error, which needs a masking bias:
+            // without a bias no row contends for this word.
+            if (bias) {
+                atomicMax(&status[ST_FIRST_VALID], row_key(i));
+                if (bias_neg_inf(bias, bias_dt, cls))
+                    atomicMax(&status[ST_MASKED_TARGET], row_key(i));
+            }
         }
     }
     // One atomic per warp.
