@@ -24,6 +24,12 @@ struct FinishArgs {
     dl: u64,
 }
 
+/// The launch of a grid-stride prepare or check kernel over `count` rows (or classes): 256
+/// threads a block, at most 1024 blocks.
+fn rows_grid(count: usize) -> LaunchConfig {
+    cfg((count.div_ceil(256).clamp(1, 1024) as u32, 1, 1), 256, 0)
+}
+
 /// The dtype code of the prepare kernels (0 f32, 1 f16, 2 bf16).
 fn dtype_code(dt: DType) -> i32 {
     match dt {
@@ -99,7 +105,7 @@ impl CudaBackend {
             Some(b) => (self.tptr(b), dtype_code(b.dtype())),
             None => (0u64, 0i32),
         };
-        let grid = |count: usize| cfg(((count.div_ceil(256)).clamp(1, 1024) as u32, 1, 1), 256, 0);
+        let grid = rows_grid;
         if bias != 0 {
             // SAFETY: matches cce_prepare_bias_masked; bias holds V elements of its dtype
             // (checked by Problem::new), status is the backend's 256-byte buffer.
@@ -221,7 +227,7 @@ impl CudaBackend {
         classes: u64,
         (lse_rule, slot): (bool, i32),
     ) -> Result<()> {
-        let grid = cfg(((n.div_ceil(256)).clamp(1, 1024) as u32, 1, 1), 256, 0);
+        let grid = rows_grid(n);
         let status = self.status_ptr();
         let rule = lse_rule as i32;
         // SAFETY: matches cce_check_rows_finite; x holds N f32 (a checked upstream array or
