@@ -5,7 +5,9 @@ Wijmans et al. 2024), backed by the cut-cross-entropy Rust library.
 - :class:`LinearCrossEntropy`: Apple CCE's module;
 - :class:`LigerFusedLinearCrossEntropyLoss`: Liger's module (constructor and call);
 - :class:`CceError`: every error of the library (its message, and ``kind``, the variant's name);
-- :class:`CallStats`: what a call did (``return_stats=True``).
+- :class:`CallStats`: what a call did (``return_stats=True``);
+- :func:`status`, :func:`set_checks`: when CUDA calls' input checks reach Python (deferred to
+  :func:`status` by default: no host synchronization in a call; :mod:`.checks`).
 
 The package is named ``cut_cross_entropy_rs`` rather than ``cut_cross_entropy`` so that it
 installs beside Apple's package (the side-by-side benchmark imports both); switching is the
@@ -17,6 +19,7 @@ The work runs in ``torch.library`` custom ops (``cut_cross_entropy_rs::forward``
 
 from ._native import __version__
 from ._ops import CallStats, CceError
+from .checks import get_checks, set_checks, status
 from .functional import linear_cross_entropy
 from .modules import CrossEntropyOutput, LigerFusedLinearCrossEntropyLoss, LinearCrossEntropy
 
@@ -28,4 +31,7 @@ __all__ = [
     "LinearCrossEntropy",
     "linear_cross_entropy",
     "__version__",
+    "get_checks",
+    "set_checks",
+    "status",
 ]

@@ -33,8 +33,11 @@ so that ``torch.compile`` passes them through, symbolic floats included (``dynam
 Device dispatch lives in the native extension: CPU tensors run on the CPU backend, read in
 place; CUDA tensors on the CUDA backend on ``torch.cuda.current_stream()`` of their device, read
 in place (raw device pointers), outputs allocated here with torch so its caching allocator
-accounts for them. What still synchronizes the host on CUDA: the backend reads the targets back
-to validate them, and the backward reads a mean's or sum's upstream gradient as a host scalar.
+accounts for them. Their input checks are deferred (:mod:`.checks`): no call reads the device
+back, except eager checks (``set_checks("eager")``, ``return_stats=True``), and a recomputing
+backward given both an upstream gradient of the lse and a mean's or sum's upstream gradient
+(without the former it asks for the gradients of an upstream gradient of 1 and scales them on
+the device, as the eager path does).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 from torch import Tensor
 
 from . import _native
+from .checks import eager_for
 
 __all__ = ["CceError", "CallStats", "Options", "forward_op", "forward_eager_op", "backward_op"]
 
@@ -191,6 +195,7 @@ def forward_op(
         ent if o.entropy else None,
         arg if o.argmax else None,
         stream=_stream(e),
+        eager=eager_for(stats_id),
     )
     _record(stats_id, "forward", stats)
     return loss, lse, rest_mass, ent, arg
@@ -238,6 +243,14 @@ def backward_op(
     o = _options_in(locals())
     d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
     if need_d_e or need_d_c or (need_d_bias and bias is not None):
+        # A mean's or sum's upstream gradient on CUDA without one of the lse: the gradients of an
+        # upstream gradient of 1, scaled here on the device (the native call reads nothing back).
+        unit = e.is_cuda and o.reduction != "none" and d_lse is None
+        outs = (
+            d_e if need_d_e else None,
+            d_c if need_d_c else None,
+            d_bias if need_d_bias and bias is not None else None,
+        )
         stats = _native.backward(
             e.contiguous(),
             c.contiguous(),
@@ -248,11 +261,16 @@ def backward_op(
             rest_mass.contiguous(),
             d_loss.to(torch.float32).contiguous(),
             None if d_lse is None else d_lse.to(torch.float32).contiguous(),
-            d_e if need_d_e else None,
-            d_c if need_d_c else None,
-            d_bias if need_d_bias and bias is not None else None,
+            *outs,
             stream=_stream(e),
+            unit_d_loss=unit,
+            eager=eager_for(stats_id),
         )
+        if unit:
+            scale = d_loss.to(torch.float32)
+            for g in outs:
+                if g is not None:
+                    g.mul_(scale)
         _record(stats_id, "backward", stats)
     return d_e, d_c, d_bias
 
@@ -347,7 +365,15 @@ def forward_eager_op(
     grads = (d_e if need_d_e else None, d_c if need_d_c else None, d_bias if need_d_bias and bias is not None else None)
     if e.is_cuda:
         fwd_stats, bwd_stats = _native.forward_backward(
-            *inputs, _native_options(o), loss, lse, rest_mass, *side, *grads, stream=_stream(e)
+            *inputs,
+            _native_options(o),
+            loss,
+            lse,
+            rest_mass,
+            *side,
+            *grads,
+            stream=_stream(e),
+            eager=eager_for(stats_id),
         )
     else:
         fwd_stats = _native.forward(*inputs, _native_options(o), loss, lse, rest_mass, *side, stream=0)

@@ -425,10 +425,11 @@ fn cuda_missing() -> LibError {
 
 /// torch's current stream for a call on `device` (ordinal from the tensors).
 #[cfg(feature = "cuda")]
-fn torch_stream(ordinal: usize, stream: usize) -> cuda::TorchStream {
+fn torch_stream(ordinal: usize, stream: usize, eager: bool) -> cuda::TorchStream {
     cuda::TorchStream {
         ordinal,
         handle: stream,
+        eager,
     }
 }
 
@@ -437,7 +438,7 @@ fn torch_stream(ordinal: usize, stream: usize) -> cuda::TorchStream {
 /// (`[N]` i32) into the output tensors; returns the call's statistics as a dict. `opts`: the
 /// options by name (see the package's `_ops.py`).
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, stream=0))]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, stream=0, eager=false))]
 #[allow(clippy::too_many_arguments)]
 fn forward<'py>(
     py: Python<'py>,
@@ -452,6 +453,7 @@ fn forward<'py>(
     entropy_out: Option<&Bound<'py, PyAny>>,
     argmax_out: Option<&Bound<'py, PyAny>>,
     stream: usize,
+    eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
     let e = raw(py, "e", e)?;
@@ -485,7 +487,7 @@ fn forward<'py>(
             // tensors of this call, only written, all on that stream.
             unsafe {
                 cuda::forward(
-                    torch_stream(e.ordinal, stream),
+                    torch_stream(e.ordinal, stream, eager),
                     &e,
                     &c,
                     bias.as_ref(),
@@ -497,7 +499,7 @@ fn forward<'py>(
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = stream;
+            let _ = (stream, eager);
             Err(cuda_missing())
         }
         Device::Cpu => py.detach(|| {
@@ -574,7 +576,7 @@ unsafe fn run_forward(
 /// `d_loss`: a scalar f32 tensor (mean, sum) or `[N]` f32 (reduction none); `d_lse`: `[N]` f32
 /// or None. Gradients are f32 when their output tensor is f32, else the input dtype.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0))]
+#[pyo3(signature = (e, c, bias, targets, opts, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0, unit_d_loss=false, eager=false))]
 #[allow(clippy::too_many_arguments)]
 fn backward<'py>(
     py: Python<'py>,
@@ -591,6 +593,8 @@ fn backward<'py>(
     d_c_out: Option<&Bound<'py, PyAny>>,
     d_bias_out: Option<&Bound<'py, PyAny>>,
     stream: usize,
+    unit_d_loss: bool,
+    eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
     let e = raw(py, "e", e)?;
@@ -620,7 +624,7 @@ fn backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::backward(
-                    torch_stream(e.ordinal, stream),
+                    torch_stream(e.ordinal, stream, eager),
                     &e,
                     &c,
                     bias.as_ref(),
@@ -629,13 +633,14 @@ fn backward<'py>(
                     [&lse, &rest_mass],
                     &d_loss,
                     d_lse.as_ref(),
+                    unit_d_loss,
                     [d_e_out.as_ref(), d_c_out.as_ref(), d_bias_out.as_ref()],
                 )
             }
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = stream;
+            let _ = (stream, eager);
             Err(cuda_missing())
         }
         Device::Cpu => py.detach(|| {
@@ -652,6 +657,7 @@ fn backward<'py>(
                     &rest_mass,
                     &d_loss,
                     d_lse.as_ref(),
+                    unit_d_loss,
                     d_e_out.as_ref(),
                     d_c_out.as_ref(),
                     d_bias_out.as_ref(),
@@ -677,6 +683,7 @@ unsafe fn run_backward(
     rest_mass: &RawTensor,
     d_loss: &RawTensor,
     d_lse: Option<&RawTensor>,
+    unit_d_loss: bool,
     d_e_out: Option<&RawTensor>,
     d_c_out: Option<&RawTensor>,
     d_bias_out: Option<&RawTensor>,
@@ -711,6 +718,7 @@ unsafe fn run_backward(
     }
     let d_loss = match (opts.reduction, d_loss.data()) {
         (Reduction::None, _) => DLoss::PerRow(&d_loss),
+        _ if unit_d_loss => DLoss::Scalar(1.0),
         (_, HostSlice::F32([s])) => DLoss::Scalar(*s),
         _ => {
             return Err(LibError::ShapeMismatch {
@@ -755,7 +763,7 @@ unsafe fn run_backward(
 /// an upstream gradient of 1, which the package's autograd formula scales by the real upstream
 /// gradient (reductions mean and sum). Returns the forward's and the backward's statistics.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0))]
+#[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0, eager=false))]
 #[allow(clippy::too_many_arguments)]
 fn forward_backward<'py>(
     py: Python<'py>,
@@ -773,6 +781,7 @@ fn forward_backward<'py>(
     d_c_out: Option<&Bound<'py, PyAny>>,
     d_bias_out: Option<&Bound<'py, PyAny>>,
     stream: usize,
+    eager: bool,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let mut o = options(opts)?;
     let e = raw(py, "e", e)?;
@@ -808,7 +817,7 @@ fn forward_backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::forward_backward(
-                    torch_stream(e.ordinal, stream),
+                    torch_stream(e.ordinal, stream, eager),
                     &e,
                     &c,
                     bias.as_ref(),
@@ -827,7 +836,7 @@ fn forward_backward<'py>(
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = stream;
+            let _ = (stream, eager);
             Err(cuda_missing())
         }
         Device::Cpu => Err(LibError::Unsupported {
@@ -840,6 +849,48 @@ fn forward_backward<'py>(
     Ok((stats_dict(py, &fs)?, stats_dict(py, &bs)?))
 }
 
+/// The device status of CUDA device `device` (`cce_cuda::CudaBackend::status` of every stream
+/// the package ran a call on): raises the first error a deferred call recorded since the last
+/// read (then cleared), else returns what the device knows of the last call on `stream`
+/// (`{"n_valid": int, "filter": None or {"kept", "dropped_sum", "dropped_max",
+/// "tiles_visited", "active_rows"}}`), or None when no call ran there. Synchronizes those
+/// streams. A build without the `cuda` feature raises `Unsupported`.
+#[pyfunction]
+#[pyo3(signature = (device, stream=0))]
+fn status<'py>(
+    py: Python<'py>,
+    device: usize,
+    stream: usize,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    #[cfg(feature = "cuda")]
+    {
+        let report = guarded(py, || py.detach(|| cuda::status(device, stream)))?;
+        let Some(r) = report else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("n_valid", r.n_valid)?;
+        match r.filter {
+            Some(f) => {
+                let fd = PyDict::new(py);
+                fd.set_item("kept", f.kept)?;
+                fd.set_item("dropped_sum", f.dropped_sum)?;
+                fd.set_item("dropped_max", f.dropped_max)?;
+                fd.set_item("tiles_visited", f.tiles_visited)?;
+                fd.set_item("active_rows", f.active_rows)?;
+                d.set_item("filter", fd)?;
+            }
+            None => d.set_item("filter", py.None())?,
+        }
+        Ok(Some(d))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, stream);
+        Err(to_py(py, cuda_missing()))
+    }
+}
+
 /// The native module `cut_cross_entropy_rs._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -847,6 +898,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(forward_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(status, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

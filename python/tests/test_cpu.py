@@ -506,3 +506,28 @@ def test_retained_graph_backward_twice():
     first = e1.grad.clone()
     loss.backward()
     close(e1.grad, 2 * first, 0, "d_e twice")
+
+
+def test_checks_setting():
+    """The checks mode of CUDA calls: deferred by default, eager on request, any other value a
+    ValueError; the CPU device has no deferred status (its calls raise at the call)."""
+    assert cce.get_checks() == "deferred"
+    with pytest.raises(ValueError):
+        cce.set_checks("sometimes")
+    cce.set_checks("eager")
+    try:
+        assert cce.get_checks() == "eager"
+        # CPU calls are checked at the call in either mode.
+        e, c, t, _ = make((4,), 8, 10)
+        bad = t.clone()
+        bad[1] = 10
+        with pytest.raises(cce.CceError):
+            cce.linear_cross_entropy(e, c, bad)
+    finally:
+        cce.set_checks("deferred")
+    e, c, t, _ = make((4,), 8, 10)
+    bad = t.clone()
+    bad[1] = 10
+    with pytest.raises(cce.CceError):
+        cce.linear_cross_entropy(e, c, bad)
+    assert cce.status("cpu") is None

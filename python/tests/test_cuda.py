@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from test_cpu import DTYPES, check, kind_of, make
 
-from cut_cross_entropy_rs import CceError, linear_cross_entropy
+from cut_cross_entropy_rs import CceError, get_checks, linear_cross_entropy, set_checks, status
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA path runs on the H200")
 
@@ -64,21 +64,54 @@ def test_runs_on_the_current_stream():
     assert torch.isfinite(e1.grad).all()
 
 
-def test_bad_inputs_raise():
+def test_bad_inputs_are_deferred_to_status():
+    """By default nothing is read back at a call: a bad target makes the loss NaN (and every later
+    loss on the stream while the error is unread), status() raises the library's typed error
+    and clears it; a host-side error (a CPU tensor among CUDA ones) still raises at the call."""
+    assert get_checks() == "deferred"
     e, c, t, _ = cuda(*make((8,), 16, 40))
     bad = t.clone()
     bad[3] = 40
+    assert torch.isnan(linear_cross_entropy(e, c, bad))
+    assert torch.isnan(linear_cross_entropy(e, c, t))
     with pytest.raises(CceError) as excinfo:
-        linear_cross_entropy(e, c, bad)
+        status()
     assert kind_of(excinfo) == "TargetOutOfRange"
+    report = status()
+    assert report is not None and report["n_valid"] == 8
+    assert torch.isfinite(linear_cross_entropy(e, c, t))
     with pytest.raises(CceError) as excinfo:
         linear_cross_entropy(e, c.cpu(), t)
     assert kind_of(excinfo) == "Unsupported"
-    e_nan = e.clone()
-    e_nan[2, 1] = float("nan")
-    with pytest.raises(CceError) as excinfo:
-        linear_cross_entropy(e_nan, c, t)
-    assert kind_of(excinfo) == "NonFinite"
+    assert status(torch.device("cpu")) is None
+
+
+def test_bad_inputs_raise_with_eager_checks():
+    e, c, t, _ = cuda(*make((8,), 16, 40))
+    bad = t.clone()
+    bad[3] = 40
+    set_checks("eager")
+    try:
+        with pytest.raises(CceError) as excinfo:
+            linear_cross_entropy(e, c, bad)
+        assert kind_of(excinfo) == "TargetOutOfRange"
+        e_nan = e.clone()
+        e_nan[2, 1] = float("nan")
+        with pytest.raises(CceError) as excinfo:
+            linear_cross_entropy(e_nan, c, t)
+        assert kind_of(excinfo) == "NonFinite"
+    finally:
+        set_checks("deferred")
+    # The eager call read and cleared its error: nothing is left for status().
+    assert status() is not None
+
+
+def test_return_stats_reads_the_device_counts():
+    """Statistics need the device's counts: a call with return_stats=True is eager."""
+    e, c, t, _ = cuda(*make((16,), 32, 100, ignore=0.25, seed=7))
+    n_valid = int((t != -100).sum())
+    _, stats = linear_cross_entropy(e, c, t, return_stats=True)
+    assert stats["forward"]["n_valid"] == n_valid
 
 
 def test_torch_compile_fullgraph():

@@ -24,12 +24,19 @@ extern "C" __global__ void cce_dense_convert_bf16(const float* src, void* dst, l
     convert_from_f32<2>(src, dst, n);
 }
 
-// out[0] = scale · Σ_i x[i], f64 accumulation in a fixed order; with count (the valid rows,
-// u32 on the device: the backend's status), scale / *count instead (0 when *count is 0: the
-// mean over no row). One block of 1024 threads.
+// Word of the backend's status that holds the sticky record's kind (src/backend/status.rs,
+// kernels/prepare.cu): nonzero while a failed check is unread by the host.
+#define SUM_ROWS_STATUS_KIND 32
+
+// out[0] = scale · Σ_i x[i], f64 accumulation in a fixed order. With status (the backend's
+// device status, u32 [64]): by_count divides by its first word (the valid rows; 0 when it is
+// 0: the mean over no row), and a nonzero sticky record (a check of this call or an earlier one
+// failed and the host has not read it: Checks::Deferred) makes the loss NaN. One block of
+// 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) cce_dense_sum_rows(const float* x, int n,
                                                                      double scale,
-                                                                     const u32* count,
+                                                                     const u32* status,
+                                                                     int by_count,
                                                                      float* out) {
     __shared__ double sh[1024];
     double s = 0.0;
@@ -41,8 +48,14 @@ extern "C" __global__ void __launch_bounds__(1024) cce_dense_sum_rows(const floa
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        if (count) scale = *count ? scale / (double)*count : 0.0;
-        out[0] = (float)(sh[0] * scale);
+        float loss;
+        if (status && status[SUM_ROWS_STATUS_KIND] != 0) {
+            loss = __int_as_float(0x7FC00000);
+        } else {
+            if (status && by_count) scale = status[0] ? scale / (double)status[0] : 0.0;
+            loss = (float)(sh[0] * scale);
+        }
+        out[0] = loss;
     }
 }
 

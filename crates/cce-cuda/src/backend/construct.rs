@@ -160,6 +160,12 @@ impl CudaBackend {
         self
     }
 
+    /// [`CudaBackend::with_checks`] on a backend in place (a backend kept for many calls, whose
+    /// caller chooses per call).
+    pub fn set_checks(&mut self, checks: Checks) {
+        self.checks = checks;
+    }
+
     /// The backend's [`Checks`].
     pub fn checks(&self) -> Checks {
         self.checks

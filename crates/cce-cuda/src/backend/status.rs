@@ -36,7 +36,10 @@ pub enum Checks {
     Eager,
     /// No call reads the device: the checks run on the device, a failed one records its error
     /// (the first since the last read) in the backend's status, and the loss kernels never
-    /// read past a buffer (a bad target is treated as ignored). [`CudaBackend::status`] reads
+    /// read past a buffer (a bad target is treated as ignored); while the status holds an
+    /// error the host has not read, a mean or sum loss is NaN (that call's and every later
+    /// one's, so that a failed check is never a silent wrong loss; per-row losses of
+    /// `Reduction::None` are not marked). [`CudaBackend::status`] reads
     /// the status: the recorded error, or the last call's valid rows and filter counts. The
     /// statistics a call returns carry 0 for those device-side counts. Calls can be captured
     /// in a CUDA graph. The default of a backend on a caller's stream

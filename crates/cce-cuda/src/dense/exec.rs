@@ -529,12 +529,22 @@ impl DenseEngine {
         row_loss: u64,
         out: u64,
     ) -> Result<()> {
-        let (scale, count) = loss_scale(cfg.reduction, inp.n_valid, inp.device_status);
+        let LossScale {
+            scale,
+            status,
+            by_count,
+        } = loss_scale(cfg.reduction, inp.n_valid, inp.device_status);
+        let by_count = i32::from(by_count);
         let n_i = to_i32(cfg.n, "N")?;
         let mut b = self.stream.launch_builder(self.func("cce_dense_sum_rows")?);
-        b.arg(&row_loss).arg(&n_i).arg(&scale).arg(&count).arg(&out);
+        b.arg(&row_loss)
+            .arg(&n_i)
+            .arg(&scale)
+            .arg(&status)
+            .arg(&by_count)
+            .arg(&out);
         // SAFETY: matches cce_dense_sum_rows; row_loss holds N f32 written by the forward;
-        // count is 0 or the status buffer's first word (u32, the valid rows, written by the
+        // status is 0 or the backend's status buffer (u32 [64], its words written by the
         // prepare kernels earlier on this stream); out is the [1] f32 loss (checked).
         unsafe {
             b.launch(LaunchConfig {
@@ -649,15 +659,31 @@ impl DenseEngine {
     }
 }
 
-/// The loss reduction's `(scale, count)` for `cce_dense_sum_rows`: with a device status, a
-/// mean's scale 1 divided on the device by the valid rows there (`count` = the status
-/// buffer's first word); else `1 / n_valid` (0 for none) for a mean, 1 for a sum.
-pub(super) fn loss_scale(reduction: Reduction, n_valid: usize, status: u64) -> (f64, u64) {
-    match reduction {
-        Reduction::Mean if status != 0 => (1.0, status),
-        Reduction::Mean if n_valid > 0 => (1.0 / n_valid as f64, 0),
-        Reduction::Mean => (0.0, 0),
-        _ => (1.0, 0),
+/// The arguments of `cce_dense_sum_rows`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct LossScale {
+    /// Factor of the sum of the per-row losses.
+    pub scale: f64,
+    /// The backend's device status buffer, 0 for none: the kernel then also makes the loss NaN
+    /// while the status holds an unread error (`Checks::Deferred`).
+    pub status: u64,
+    /// Divide by the status's valid rows on the device (a mean with a device status).
+    pub by_count: bool,
+}
+
+/// The loss reduction's arguments: with a device status, a mean's scale 1 divided on the
+/// device by the valid rows there; else `1 / n_valid` (0 for none) for a mean, 1 for a sum.
+pub(super) fn loss_scale(reduction: Reduction, n_valid: usize, status: u64) -> LossScale {
+    let (scale, by_count) = match reduction {
+        Reduction::Mean if status != 0 => (1.0, true),
+        Reduction::Mean if n_valid > 0 => (1.0 / n_valid as f64, false),
+        Reduction::Mean => (0.0, false),
+        _ => (1.0, false),
+    };
+    LossScale {
+        scale,
+        status,
+        by_count,
     }
 }
 
@@ -690,5 +716,43 @@ pub(super) fn row_chunks(
             .collect()
     } else {
         fresh(0).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mean_with_a_device_status_divides_on_the_device() {
+        let s = loss_scale(Reduction::Mean, 0, 0x1000);
+        assert_eq!(
+            s,
+            LossScale {
+                scale: 1.0,
+                status: 0x1000,
+                by_count: true
+            }
+        );
+        // A sum still passes the status: a recorded error makes its loss NaN.
+        let s = loss_scale(Reduction::Sum, 0, 0x1000);
+        assert_eq!((s.scale, s.status, s.by_count), (1.0, 0x1000, false));
+    }
+
+    #[test]
+    fn without_a_device_status_the_host_count_scales() {
+        assert_eq!(loss_scale(Reduction::Mean, 4, 0).scale, 0.25);
+        assert_eq!(loss_scale(Reduction::Mean, 0, 0).scale, 0.0);
+        assert_eq!(loss_scale(Reduction::Sum, 4, 0).scale, 1.0);
+        assert!(!loss_scale(Reduction::Mean, 4, 0).by_count);
+    }
+
+    #[test]
+    fn row_chunks_keep_a_reused_probe_chunk_first() {
+        assert_eq!(
+            row_chunks(10, 4, 10, 3),
+            vec![(0, 3, true), (3, 4, false), (7, 3, false)]
+        );
+        assert_eq!(row_chunks(5, 4, 5, 0), vec![(0, 4, false), (4, 1, false)]);
     }
 }
