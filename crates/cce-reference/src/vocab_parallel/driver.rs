@@ -48,6 +48,9 @@ pub struct RankBackward {
     pub stats: CallStats,
     /// This shard's own statistics (its share of the bound, its dropped mass).
     pub shard_stats: CallStats,
+    /// `[N]` probability mass (`Σ g0`) the filter skipped per row, summed over the shards
+    /// (`≤ max_dropped_mass`; 0 where nothing was skipped).
+    pub dropped: Vec<f64>,
 }
 
 /// Runs a vocabulary-parallel call on one rank: the CPU shard primitives ([`CpuShard`]) and
@@ -203,6 +206,7 @@ impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
             d_bias: local.d_bias,
             stats,
             shard_stats: local.stats,
+            dropped: agreed[..n].to_vec(),
         })
     }
 

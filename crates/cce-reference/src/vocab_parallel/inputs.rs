@@ -29,8 +29,8 @@ pub(crate) struct ShardInputs<'a> {
 /// Validate the inputs of `shard`: `e` `[N, D]` (or `[..., T, D]`) and `targets` `[N]` of
 /// the whole batch, `c` `[v1 − v0, D]` and `bias` `[v1 − v0]` of the shard.
 ///
-/// Errors: those of [`Problem::new`] on these shapes; `ShapeMismatch` when `c` does not have
-/// the shard's rows; `ResourceLimit` for `N` or the padded vocabulary past 32-bit indices;
+/// Errors: `ShapeMismatch` when `c` does not have the shard's rows; those of [`Problem::new`]
+/// on these shapes; `ResourceLimit` for `N` or the padded vocabulary past 32-bit indices;
 /// those of [`PreparedTargets::new`] against `V` (a target in the padding is
 /// `TargetOutOfRange`).
 pub(crate) fn prepare<'a, T: HostRead>(
@@ -39,6 +39,22 @@ pub(crate) fn prepare<'a, T: HostRead>(
     opts: &Options,
     tile: TileShape,
 ) -> Result<ShardInputs<'a>> {
+    // The shard's rows first: a `c` of the wrong rows would otherwise be reported as a bias
+    // that does not fit it.
+    let cs = inputs.c.shape();
+    if cs.len() == 2 && cs[0] != shard.len() {
+        return Err(CceError::ShapeMismatch {
+            what: "c (rows of the shard)",
+            expected: format!(
+                "[{}, {}] (shard [{}, {}))",
+                shard.len(),
+                cs[1],
+                shard.start(),
+                shard.end()
+            ),
+            got: format!("{cs:?}"),
+        });
+    }
     let local = Problem::new(
         inputs.e,
         inputs.c,
@@ -46,19 +62,6 @@ pub(crate) fn prepare<'a, T: HostRead>(
         inputs.targets,
         opts,
     )?;
-    if local.v != shard.len() {
-        return Err(CceError::ShapeMismatch {
-            what: "c (rows of the shard)",
-            expected: format!(
-                "[{}, {}] (shard [{}, {}))",
-                shard.len(),
-                local.d,
-                shard.start(),
-                shard.end()
-            ),
-            got: format!("{:?}", inputs.c.shape()),
-        });
-    }
     check_index_limits(local.n, shard.end())?;
     let problem = Problem {
         v: shard.vocab_size(),
