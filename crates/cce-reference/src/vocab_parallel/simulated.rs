@@ -169,11 +169,11 @@ impl SimulatedVocabParallel {
     }
 }
 
-/// The error of a failed step: the first rank's own error (not a peer's report of it), in
-/// rank order.
-fn first_error<T>(results: Vec<Result<T>>) -> Result<T> {
+/// Every rank's result, or the error of the failed step: the first rank's own error (not a
+/// peer's report of it), in rank order.
+fn all_ranks<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
     let mut first_peer = None;
-    let mut first_ok = None;
+    let mut ok = Vec::with_capacity(results.len());
     for r in results {
         match r {
             Err(CceError::VocabParallel(
@@ -182,15 +182,12 @@ fn first_error<T>(results: Vec<Result<T>>) -> Result<T> {
                 first_peer.get_or_insert(e);
             }
             Err(e) => return Err(e),
-            Ok(x) => {
-                first_ok.get_or_insert(x);
-            }
+            Ok(x) => ok.push(x),
         }
     }
-    match (first_peer, first_ok) {
-        (Some(e), _) => Err(e.into()),
-        (None, Some(x)) => Ok(x),
-        (None, None) => Err(VocabParallelError::NoShards { vocab_size: 0 }.into()),
+    match first_peer {
+        Some(e) => Err(e.into()),
+        None => Ok(ok),
     }
 }
 
@@ -243,7 +240,10 @@ impl Backend for SimulatedVocabParallel {
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<HostTensor>> {
-        let f = first_error(self.forward_ranks(inputs, opts)?)?;
+        let f = all_ranks(self.forward_ranks(inputs, opts)?)?
+            .into_iter()
+            .next()
+            .ok_or(VocabParallelError::NoShards { vocab_size: 0 })?;
         Ok(f.output)
     }
 
@@ -255,16 +255,15 @@ impl Backend for SimulatedVocabParallel {
         upstream: &Upstream<'_, HostTensor>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let (layout, ranks) = self.backward_ranks(inputs, opts, saved, upstream)?;
-        if ranks.iter().any(|r| r.is_err()) {
-            first_error(ranks)?;
-            unreachable!("first_error returns the error of a failed step");
-        }
-        let ranks: Vec<RankBackward> = ranks.into_iter().collect::<Result<_>>()?;
+        let ranks = all_ranks(ranks)?;
         let d = inputs.c.shape()[1];
         let v = layout.vocab_size();
         let d_c: Vec<Option<HostTensor>> = ranks.iter().map(|r| r.d_c.clone()).collect();
         let d_bias: Vec<Option<HostTensor>> = ranks.iter().map(|r| r.d_bias.clone()).collect();
-        let first = ranks.into_iter().next().expect("at least one rank");
+        let first = ranks
+            .into_iter()
+            .next()
+            .ok_or(VocabParallelError::NoShards { vocab_size: v })?;
         Ok(BackwardOutput {
             d_e: first.d_e,
             d_c: concat_real(&layout, &d_c, d, vec![v, d])?,
