@@ -11,10 +11,14 @@
 //! **Never run**: this module is compiled (`cargo check -p cce-cuda --features nccl`) but has
 //! not been executed on any machine; no multi-GPU host was available when it was written. What
 //! it relies on, unverified here: cudarc 0.19's `nccl::Comm` (`from_rank`, `from_devices`,
-//! `all_reduce_in_place`, `all_gather`), NCCL ≥ 2.30's ABI (cudarc's `nccl` feature), `libnccl`
-//! loadable at run time (`libnccl.so.2`), and one thread (or process) per rank: NCCL
-//! collectives of several ranks issued from one thread without `ncclGroupStart`/`End` deadlock.
-//! Run with `NCCL_NVLS_ENABLE=0` on shared hosts (NVLink multicast).
+//! `all_reduce_in_place`, `all_gather`), NCCL ≥ 2.30's ABI (cudarc's `nccl` feature), libnccl
+//! loadable at run time by a name cudarc tries (`libnccl.so`; NCCL installs `libnccl.so.2`, so
+//! a link is needed, which the constructors' `NoDevice` error says), and one thread (or
+//! process) per rank: NCCL collectives of several ranks issued from one thread without
+//! `ncclGroupStart`/`End` deadlock. Run with `NCCL_NVLS_ENABLE=0` on shared hosts (NVLink
+//! multicast). What did run: with `libnccl.so` linked to the `nvidia-nccl-cu13` 2.28.9 wheel
+//! and no GPU, the library loads and `from_devices(vec![])` returns without a panic
+//! (`tests/nccl.rs`); the bindings are 2.30's, the calls used here exist in both.
 //!
 //! Determinism: NCCL gives every rank the same result bits of an all-reduce, in an order that
 //! depends on the topology and algorithm; the driver relies on the former only for `d_e`.
@@ -31,24 +35,44 @@ pub struct NcclComm {
     comm: Comm,
 }
 
-/// The file names `libnccl` is looked up by (Linux).
-const NCCL_LIBRARIES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
+/// The names cudarc 0.19 loads libnccl by at run time (Linux; `get_lib_name_candidates`, the
+/// ones a libnccl can carry). NCCL's own soname, `libnccl.so.2`, is not among them.
+const CUDARC_NCCL_NAMES: [&str; 7] = [
+    "libnccl.so",
+    "libnccl.so.13",
+    "libnccl.so.12",
+    "libnccl.so.11",
+    "libnccl.so.10",
+    "libnccl.so.9",
+    "libnccl.so.1",
+];
 
-/// `NoDevice` unless `libnccl` can be loaded (cudarc panics at the first NCCL call otherwise).
+/// Whether the dynamic loader finds `name`.
+fn loadable(name: &str) -> bool {
+    // SAFETY: loading libnccl runs only its initializers, which have no preconditions; no
+    // symbol is resolved or called, and the handle is closed at once.
+    unsafe { libloading::Library::new(name) }.is_ok()
+}
+
+/// `NoDevice` unless libnccl can be loaded by a name cudarc tries (cudarc panics at the first
+/// NCCL call otherwise).
 fn check_library() -> Result<()> {
-    let found = NCCL_LIBRARIES.into_iter().any(|name| {
-        // SAFETY: loading libnccl runs only its initializers, which have no preconditions; no
-        // symbol is resolved or called, and the handle is closed at once.
-        unsafe { libloading::Library::new(name) }.is_ok()
-    });
-    if found {
-        Ok(())
-    } else {
-        Err(CceError::NoDevice {
-            backend: "nccl",
-            reason: format!("none of {NCCL_LIBRARIES:?} could be loaded"),
-        })
+    if CUDARC_NCCL_NAMES.into_iter().any(loadable) {
+        return Ok(());
     }
+    let reason = if loadable("libnccl.so.2") {
+        format!(
+            "libnccl.so.2 is installed, but cudarc loads libnccl by the names \
+             {CUDARC_NCCL_NAMES:?}: put a link libnccl.so -> libnccl.so.2 in a folder of \
+             LD_LIBRARY_PATH"
+        )
+    } else {
+        format!("none of {CUDARC_NCCL_NAMES:?} (nor libnccl.so.2) could be loaded")
+    };
+    Err(CceError::NoDevice {
+        backend: "nccl",
+        reason,
+    })
 }
 
 /// An NCCL error as `CceError::Backend` (the NCCL result code's name as its message).

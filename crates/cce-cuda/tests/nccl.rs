@@ -22,9 +22,13 @@ fn driver_over_nccl<'c>(
 #[test]
 fn no_libnccl_is_no_device_and_no_stream_is_no_rank() {
     match NcclComm::from_devices(Vec::new()) {
-        Err(CceError::NoDevice { backend: "nccl", .. }) => {}
+        Err(CceError::NoDevice {
+            backend: "nccl", ..
+        }) => {}
         Ok(comms) => assert!(comms.is_empty()),
-        Err(CceError::Backend { backend: "nccl", .. }) => {}
+        Err(CceError::Backend {
+            backend: "nccl", ..
+        }) => {}
         Err(other) => panic!("{other:?}"),
     }
 }
