@@ -64,7 +64,9 @@ pub struct RankBackward {
 /// as failed, and returns its own error; the others return
 /// `VocabParallelError::PeerFailed` naming it, so no rank waits for one that has stopped
 /// (this needs the ranks to agree on `N`, the rows of `e`, which the collective's length
-/// depends on).
+/// depends on). Every rank passes the same `e`, targets and options: the targets are checked
+/// (a digest travels with the partials), the options are not (a rank with another
+/// `compute_d_e` would skip the `d_e` all-reduce the others wait in).
 #[derive(Debug)]
 pub struct RankDriver<'c, C: ?Sized> {
     comm: &'c C,
