@@ -140,6 +140,10 @@ pub enum CceError {
         /// Which input.
         what: &'static str,
     },
+    /// Shards of a vocabulary-parallel call that do not tile the vocabulary, ranks that
+    /// disagree, or a peer rank that failed or left ([`crate::vocab_parallel`]).
+    #[error("vocabulary-parallel: {0}")]
+    VocabParallel(#[from] crate::vocab_parallel::VocabParallelError),
     /// An error reported by the backend's runtime (driver, compiler, validation).
     #[error("{backend} error: {source}")]
     Backend {

@@ -80,6 +80,8 @@
 //! - [`stats`]: what a call did (the answer to "why is this call slow").
 //! - [`backend`]: the trait all backends implement.
 //! - [`error`]: the typed errors.
+//! - [`vocab_parallel`]: a vocabulary split over the ranks of a tensor-parallel group: shards,
+//!   partials, their merge, the communicator trait.
 
 pub mod backend;
 pub mod dtype;
@@ -91,6 +93,7 @@ pub mod problem;
 pub mod stats;
 pub mod tensor;
 pub mod tolerance;
+pub mod vocab_parallel;
 
 pub use backend::{
     Backend, BackwardOutput, DLoss, ForwardBackward, ForwardOutput, Inputs, Saved, Upstream,

@@ -64,6 +64,8 @@ pub mod dense;
 pub mod device;
 pub mod kernels;
 pub mod libs;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod switches;
 pub mod tensor;
 

@@ -103,7 +103,7 @@ fn prepare<'a, T: HostRead>(
 }
 
 /// `out[m, n] = a[m, k] · b[n, k]ᵀ`, f64, row-major `a`, `b` and `out`.
-fn dgemm(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], out: &mut [f64]) {
+pub(crate) fn dgemm(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], out: &mut [f64]) {
     if m == 0 || n == 0 {
         return;
     }
@@ -132,7 +132,7 @@ fn dgemm(m: usize, k: usize, n: usize, a: &[f64], b: &[f64], out: &mut [f64]) {
 
 /// `out[m, n] (+)= a[m, k] · b[k, n]` with explicit strides, f32.
 #[allow(clippy::too_many_arguments)]
-fn sgemm(
+pub(crate) fn sgemm(
     m: usize,
     k: usize,
     n: usize,
@@ -230,7 +230,7 @@ impl Prepared<'_> {
 /// `z = s·tanh(x/s)`. Only finite logits are capped: one that overflowed f32 stays infinite,
 /// so the lse check reports the overflow (capped, it would be a silent ±s), and a −inf
 /// (masked) logit stays masked.
-fn cap(x: f32, s: f32) -> f32 {
+pub(crate) fn cap(x: f32, s: f32) -> f32 {
     if x.is_finite() {
         s * (x / s).tanh()
     } else {
@@ -241,7 +241,7 @@ fn cap(x: f32, s: f32) -> f32 {
 /// `dz/dx = 1 − tanh²(x/s)` as `4w/(1 + w)²`, `w = e^{−2|x/s|}` (f64): `1 − (z/s)²` would
 /// cancel once `|x/s|` is large (small caps); this keeps full relative accuracy. 0 at a −inf
 /// logit.
-fn dcap(x: f32, s: f32) -> f32 {
+pub(crate) fn dcap(x: f32, s: f32) -> f32 {
     let w = (-2.0 * (x as f64 / s as f64).abs()).exp();
     (4.0 * w / ((1.0 + w) * (1.0 + w))) as f32
 }

@@ -5,6 +5,8 @@
 //! - [`blocked`]: a multi-threaded CPU backend that follows the blocking plan and the filter rule
 //!   of `cce-core` exactly, so plan and filter bugs fail without a GPU.
 //! - [`view`]: borrowed host tensors, read by the CPU backend in place.
+//! - [`vocab_parallel`]: a vocabulary split over ranks: one shard's primitives on the CPU, an
+//!   in-process communicator, the driver of one rank.
 
 pub mod naive;
 
@@ -15,3 +17,4 @@ pub use blocked::CpuBackend;
 pub mod view;
 
 pub use view::{HostRead, HostSlice, HostView};
+pub mod vocab_parallel;
