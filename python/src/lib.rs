@@ -51,6 +51,7 @@ fn kind(err: &LibError) -> &'static str {
         LibError::ShapeMismatch { .. } => "ShapeMismatch",
         LibError::DTypeMismatch { .. } => "DTypeMismatch",
         LibError::TargetOutOfRange { .. } => "TargetOutOfRange",
+        LibError::TargetMasked { .. } => "TargetMasked",
         LibError::AllTargetsIgnored { .. } => "AllTargetsIgnored",
         LibError::NonFinite { .. } => "NonFinite",
         LibError::EmptyInput { .. } => "EmptyInput",
@@ -61,6 +62,7 @@ fn kind(err: &LibError) -> &'static str {
         LibError::NoDevice { .. } => "NoDevice",
         LibError::ForeignBuffer { .. } => "ForeignBuffer",
         LibError::Backend { .. } => "Backend",
+        LibError::VocabParallel(_) => "VocabParallel",
         _ => "Other",
     }
 }
