@@ -5,7 +5,7 @@
 //! ```text
 //! cce-bench-wgpu [--shapes gemma2,seed] [--data c/8,randn,lm] [--reps 3] [--deadline-s 240]
 //!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl]
-//!                [--configs 8:16,8:32]
+//!                [--configs 8:16,8:32,8:16:checked]
 //! ```
 //! (clap: `--help` lists the options with their defaults.)
 //! Data: `randn` (e, c ~ N(0, 1)) and `c/8` (c scaled by 1/8) generated here with uniform
@@ -14,7 +14,15 @@
 //! FLOP: one logits GEMM is `2·N·V·D`. The forward executes 1; the backward executes 1 per
 //! threshold pass (filter on) plus 2 per pass over the kept fraction of tiles (d_e and d_c).
 //! "floor rate" divides the 3-GEMM floor (1 for forward only) by the time; "executed rate"
-//! divides the FLOP actually executed.
+//! divides the FLOP actually executed. Rates print in TFLOP/s, or GFLOP/s below 1 TFLOP/s
+//! (CPU adapters such as lavapipe).
+//! `--ab` times every config of `--configs` in alternation instead (one call of each per
+//! round, so that a shared, noisy machine slows them alike) and prints per config the median
+//! wall time and process CPU time (all threads, from /proc/self/stat: the work of a CPU
+//! adapter's threads, less sensitive to other processes than wall time) with the ratio to the
+//! first config.
+//! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
+//! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 
 use cut_cross_entropy::cce_wgpu::WgpuBackend;
 use cut_cross_entropy::{
@@ -31,9 +39,11 @@ struct Args {
     dtype: DType,
     peak: f64,
     exact: bool,
+    ab: bool,
     out: Option<String>,
-    /// Kernel configs `wg:tk` to compare on the first forward; the fastest is kept.
-    configs: Vec<(u32, u32)>,
+    /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
+    /// is kept.
+    configs: Vec<(u32, u32, bool)>,
 }
 
 /// Command line (formats in the module docs).
@@ -64,10 +74,13 @@ struct Cli {
     /// Exact mode (filter off) instead of the default filter.
     #[arg(long)]
     exact: bool,
+    /// Time the configs of --configs in alternation (A/B) instead of keeping the fastest.
+    #[arg(long)]
+    ab: bool,
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk`, comma list, compared on the first forward.
+    /// Kernel configs `wg:tk[:checked]`, comma list, compared on the first forward.
     #[arg(long)]
     configs: Option<String>,
 }
@@ -80,12 +93,16 @@ fn parse() -> Result<Args, String> {
         Some(c) => c
             .split(',')
             .map(|c| {
-                let (w, t) = c
-                    .split_once(':')
-                    .ok_or_else(|| format!("--configs {c:?}: want wg:tk"))?;
+                let parts: Vec<&str> = c.split(':').collect();
+                let (w, t, checked) = match parts[..] {
+                    [w, t] => (w, t, false),
+                    [w, t, "checked"] => (w, t, true),
+                    _ => return Err(format!("--configs {c:?}: want wg:tk or wg:tk:checked")),
+                };
                 Ok((
                     w.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
                     t.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
+                    checked,
                 ))
             })
             .collect::<Result<Vec<_>, String>>()?,
@@ -105,6 +122,7 @@ fn parse() -> Result<Args, String> {
             .map_err(|e| format!("--dtype {:?}: {e}", cli.dtype))?,
         peak: cli.peak_tflops,
         exact: cli.exact,
+        ab: cli.ab,
         out: cli.out,
         configs,
     })
@@ -167,6 +185,99 @@ fn sync_ms(b: &WgpuBackend, f: impl FnOnce()) -> f64 {
     f();
     b.synchronize().unwrap();
     t.elapsed().as_secs_f64() * 1e3
+}
+
+/// CPU time of this process (user + system, all threads) in ms, from /proc/self/stat
+/// (`None` where it cannot be read).
+fn process_cpu_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // Linux reports in USER_HZ, 100 on every supported architecture.
+    Some(ticks * 10.0)
+}
+
+/// Wall and process CPU ms of `f`, synchronized before and after.
+fn timed(b: &WgpuBackend, f: impl FnOnce()) -> (f64, f64) {
+    b.synchronize().unwrap();
+    let c0 = process_cpu_ms().unwrap_or(f64::NAN);
+    let ms = sync_ms(b, f);
+    (ms, process_cpu_ms().unwrap_or(f64::NAN) - c0)
+}
+
+/// `--ab`: the configs of `--configs` timed in alternation, forward then forward+backward.
+fn ab(
+    b: &WgpuBackend,
+    args: &Args,
+    inputs: &Inputs<'_, cut_cross_entropy::cce_wgpu::WgpuTensor>,
+    opts: &Options,
+    label: &str,
+) {
+    let backends: Vec<(String, WgpuBackend)> = args
+        .configs
+        .iter()
+        .filter_map(|&(wg, tk, runtime_checks)| {
+            let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
+                wg,
+                tk,
+                runtime_checks,
+                ..b.config()
+            };
+            let name = format!("{wg}:{tk}{}", if runtime_checks { ":checked" } else { "" });
+            match b.with_config(cfg) {
+                Ok(bc) => Some((name, bc)),
+                Err(e) => {
+                    println!("  config {name}: {e}");
+                    None
+                }
+            }
+        })
+        .collect();
+    type Call<'a> = &'a dyn Fn(&WgpuBackend);
+    let passes: [(&str, Call<'_>); 2] = [
+        ("forward", &|bc: &WgpuBackend| {
+            bc.forward(inputs, opts).unwrap();
+        }),
+        ("fwd+bwd", &|bc: &WgpuBackend| {
+            bc.forward_backward(inputs, opts, &Upstream::default())
+                .unwrap();
+        }),
+    ];
+    for (pass, call) in passes {
+        let mut wall = vec![Vec::new(); backends.len()];
+        let mut cpu = vec![Vec::new(); backends.len()];
+        for r in 0..=args.reps {
+            for (k, (name, bc)) in backends.iter().enumerate() {
+                let (w, c) = timed(bc, || call(bc));
+                println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
+                if r > 0 {
+                    wall[k].push(w);
+                    cpu[k].push(c);
+                }
+            }
+        }
+        let (w0, c0) = (median(wall[0].clone()), median(cpu[0].clone()));
+        for (k, (name, _)) in backends.iter().enumerate() {
+            let (w, c) = (median(wall[k].clone()), median(cpu[k].clone()));
+            println!(
+                "| {label} | {pass} | {name} | {w:.1} ms wall ({:.3}x) | {c:.0} ms cpu ({:.3}x) | median of {} |",
+                w / w0,
+                c / c0,
+                args.reps
+            );
+        }
+    }
+}
+
+/// A rate in FLOP/s as text: TFLOP/s, or GFLOP/s below 1 TFLOP/s.
+fn rate(flop_per_s: f64) -> String {
+    if flop_per_s >= 1e12 {
+        format!("{:.2} TFLOP/s", flop_per_s / 1e12)
+    } else {
+        format!("{:.3} GFLOP/s", flop_per_s / 1e9)
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -266,17 +377,29 @@ fn main() {
             } else {
                 Options::default()
             };
+            if args.ab {
+                ab(
+                    &b,
+                    &args,
+                    &inputs,
+                    &opts,
+                    &format!("{sname} {n}x{d}x{v} {data}"),
+                );
+                continue;
+            }
             if !tuned {
                 tuned = true;
                 let mut best = (f64::MAX, b.config());
-                for &(wg, tk) in &args.configs {
+                for &(wg, tk, runtime_checks) in &args.configs {
                     let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
                         wg,
                         tk,
+                        runtime_checks,
                         ..b.config()
                     };
+                    let checks = if runtime_checks { " checked" } else { "" };
                     let Ok(bc) = b.with_config(cfg) else {
-                        println!("  config {wg}:{tk}: not supported here");
+                        println!("  config {wg}:{tk}{checks}: not supported here");
                         continue;
                     };
                     let mut t = f64::MAX;
@@ -285,8 +408,11 @@ fn main() {
                             bc.forward(&inputs, &opts).unwrap();
                         });
                     }
-                    println!("  config wg {wg} tk {tk}: forward {t:.1} ms");
-                    table.push(format!("| {sname} | {data} | forward, config wg {wg} tk {tk} | {t:.1} ms | {:.2} TFLOP/s | | tuning |", gemm / (t * 1e-3) / 1e12));
+                    println!("  config wg {wg} tk {tk}{checks}: forward {t:.1} ms");
+                    table.push(format!(
+                        "| {sname} | {data} | forward, config wg {wg} tk {tk}{checks} | {t:.1} ms | {} | | tuning |",
+                        rate(gemm / (t * 1e-3))
+                    ));
                     if t < best.0 {
                         best = (t, cfg);
                     }
@@ -317,7 +443,8 @@ fn main() {
             let f_ms = median(fwd_ms.clone());
             let f_rate = gemm / (f_ms * 1e-3) / 1e12;
             let row = format!(
-                "| {sname} {n}x{d}x{v} | {data} | forward | {f_ms:.1} ms | {f_rate:.2} TFLOP/s | {:.1}% | 1 GEMM |",
+                "| {sname} {n}x{d}x{v} | {data} | forward | {f_ms:.1} ms | {} | {:.1}% | 1 GEMM |",
+                rate(f_rate * 1e12),
                 100.0 * f_rate / args.peak
             );
             println!("{row}");
@@ -360,8 +487,10 @@ fn main() {
             let floor_rate = 3.0 * gemm / (fb * 1e-3) / 1e12;
             let exec_rate = executed / (fb * 1e-3) / 1e12;
             let row = format!(
-                "| {sname} {n}x{d}x{v} | {data} | fwd+bwd {mode} | {fb:.1} ms | {exec_rate:.2} TFLOP/s executed ({:.1}% of peak); floor rate {floor_rate:.2} | {:.1}% | {:.0}% tiles kept, dropped mass max {:.1e} |",
+                "| {sname} {n}x{d}x{v} | {data} | fwd+bwd {mode} | {fb:.1} ms | {} executed ({:.1}% of peak); floor rate {} | {:.1}% | {:.0}% tiles kept, dropped mass max {:.1e} |",
+                rate(exec_rate * 1e12),
                 100.0 * exec_rate / args.peak,
+                rate(floor_rate * 1e12),
                 100.0 * floor_rate / args.peak,
                 100.0 * kept,
                 st.dropped_mass_max

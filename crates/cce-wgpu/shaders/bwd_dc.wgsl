@@ -15,6 +15,11 @@
 // Thread mapping
 //   As gemm.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
 //   columns d0 + tx*8.. of the slice.
+// Bounds
+//   slab[w*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x, with
+//   slab_stride >= n_cls*D; bslab[w*n_cls + j] only for j < n_cls (both host-checked against
+//   the grid and binding); bred[(tx*8 + jj)*WG + ty] below 8*WG*WG; the rest as gemm.wgsl and
+//   grad.wgsl.
 
 @group(0) @binding(8) var<storage, read_write> bslab: array<f32>;
 

@@ -13,6 +13,10 @@
 // Thread mapping
 //   As gemm.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
 //   columns d0 + tx*8.. of the slice.
+// Bounds
+//   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with
+//   slab_stride >= n_rows*D (host-checked against the grid and binding); Gs[(tx*8 + jj)*2WG
+//   + 2ty + 1] below 16*WG*WG; e, c, bias and the rest as gemm.wgsl and grad.wgsl.
 
 @compute @workgroup_size(WG, WG, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

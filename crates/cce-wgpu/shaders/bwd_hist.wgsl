@@ -15,6 +15,10 @@
 //   `hist` at the end (integer sums: order-independent, deterministic).
 // Thread mapping
 //   As gemm.wgsl.
+// Bounds
+//   rs[r] and hist[r*N_BINS + b] only for r < n_rows, b < N_BINS; edges[k] with k < N_BINS
+//   (bin_of's loops keep 0 <= k <= N_BINS − 1); sh[(ty*8 + i)*N_BINS + k] below
+//   8*WG*N_BINS.
 
 @group(0) @binding(4) var<storage, read> rs: array<RowState>;
 @group(0) @binding(5) var<storage, read> edges: array<f32>;
@@ -27,7 +31,8 @@ fn bin_of(g0: f32) -> u32 {
         return N_BINS - 1u;
     }
     let kf = clamp(floor(-4.0 * log2(g0 / P.eps)), 0.0, f32(N_BINS - 1u));
-    var k = u32(kf);
+    // The min keeps edges[] in bounds whatever the float conversion gives.
+    var k = min(u32(kf), N_BINS - 1u);
     while k > 0u && g0 >= edges[k] {
         k -= 1u;
     }

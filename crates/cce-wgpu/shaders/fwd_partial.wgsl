@@ -17,6 +17,10 @@
 //   threads of a row in fixed order at the end (deterministic, no atomics).
 // Thread mapping
 //   As gemm.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile.
+// Bounds
+//   tgt[r], tlogit[r] and part[r*part_stride + part_base + split] only for r < n_rows, with
+//   split = workgroup_id.x < part_stride − part_base (host-checked); red[rl*WG + k] with
+//   rl < TILE = 8*WG, k < WG.
 
 @group(0) @binding(4) var<storage, read> tgt: array<i32>;
 @group(0) @binding(5) var<storage, read_write> part: array<Part>;

@@ -15,6 +15,11 @@
 //   ty*8 .. ty*8+7 and classes tx*8 .. tx*8+7, held in `acc` as acc[2*i + jj/4][jj % 4] for
 //   row ty*8+i, class tx*8+jj (f32 accumulation); `acc` is a function-local `Acc` passed by
 //   pointer.
+// Bounds
+//   e: word_of(e_off + r*D + k) only for r < n_rows, k < D (the staging guards), so below
+//   the binding's e_off + n_rows*D elements; c likewise with j < n_cls; bias: word_of(b_off + j)
+//   only with FLAG_BIAS and j < n_cls. As/Bs: (k*TILE + m)/4 with k < TK, m < TILE, below
+//   TK*TILE/4 = TK*WG*2. acc: indices 2i + jj/4 < 16 for i, jj < 8.
 
 override WG: u32 = 8u;
 override TK: u32 = 16u;

@@ -13,6 +13,10 @@
 //   the A operand [k][m] of the second product (see the including shader).
 // Thread mapping
 //   As gemm.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj).
+// Bounds
+//   rs[r] and dropped[r] only for r < n_rows; counters[slot*4 + 0..3] with slot = slot_base
+//   + workgroup index, below slot_base + grid size (host-checked against the binding); Gs
+//   below 16*WG*WG (see the including shader).
 //
 // G_ij = (a p_ij − c) off the target, gy at it, times dz/dx = 1 − tanh²(x_ij/s) under softcap
 // (`dcap`, from the uncapped logit x) (MATH.md, "Backward"); g0 = p off the target, g0y at it

@@ -1,6 +1,7 @@
 //! `WgpuBackend`: the `cce_core::Backend` implementation; the passes are in `forward` and
 //! `backward`.
 
+use crate::bounds::{check_dispatch, ROW_STATE_BYTES};
 use crate::buffers::{Bind, Ctx, WgpuTensor};
 use crate::context::{Context, BACKEND};
 use crate::pipelines::{flags, Params, ShaderKind};
@@ -38,6 +39,11 @@ pub struct KernelConfig {
     /// iterations (gallivm's loop limiter), so on CPU adapters the work of a workgroup is
     /// bounded and split over more workgroups. Default 32768 on CPU adapters, 0 on GPUs.
     pub max_loop_iterations: u32,
+    /// Whether shader modules keep wgpu's runtime checks (index clamping, loop counters,
+    /// integer-division guards). Default false: the kernels' indexing is proven in bounds and
+    /// every dispatch's bindings are validated on the host (the argument is in the crate's
+    /// `bounds` module); true is for comparing the two and for debugging.
+    pub runtime_checks: bool,
 }
 
 impl KernelConfig {
@@ -75,9 +81,6 @@ impl std::fmt::Debug for WgpuBackend {
             .finish()
     }
 }
-
-/// Bytes of one `RowState` (common.wgsl).
-const ROW_STATE_BYTES: u64 = 48;
 
 fn dtype_code(d: DType) -> u32 {
     match d {
@@ -140,6 +143,7 @@ impl WgpuBackend {
             tk: 16,
             target_workgroups: if cpu { 8 } else { 2048 },
             max_loop_iterations: if cpu { 32768 } else { 0 },
+            runtime_checks: false,
         }
     }
 
@@ -271,7 +275,9 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Record one dispatch: binding 0 = `params`, then `binds` in order.
+    /// Record one dispatch: binding 0 = `params`, then `binds` in order. Errors: `Backend`
+    /// when a binding is smaller than the shader may access with these `params` and `grid`
+    /// ([`check_dispatch`]: an internal invariant broken, refused rather than dispatched).
     fn run(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -280,12 +286,20 @@ impl WgpuBackend {
         params: &Params,
         binds: &[Bind<'_>],
         grid: [u32; 3],
-    ) {
+    ) -> Result<()> {
         if grid.contains(&0) {
-            return;
+            return Ok(());
         }
+        let sizes: Vec<u64> = binds.iter().map(|b| b.size).collect();
+        check_dispatch(kind, dt, params, grid, &sizes)
+            .map_err(|e| crate::context::backend_err(format!("dispatch refused: {e}")))?;
         let dev = &self.ctx.device;
-        let pipe = self.ctx.pipeline(kind, dt, self.cfg.wg, self.cfg.tk);
+        let pipe = self.ctx.pipeline(
+            kind,
+            dt,
+            (self.cfg.wg, self.cfg.tk),
+            self.cfg.runtime_checks,
+        );
         let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
             contents: bytemuck::bytes_of(params),
@@ -304,6 +318,7 @@ impl WgpuBackend {
         pass.set_pipeline(&pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
     }
 
     /// A 1-D grid of `units` threads in workgroups of 64 (folded into y past 65535 groups).

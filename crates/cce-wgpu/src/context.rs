@@ -1,5 +1,6 @@
 //! The device context: adapter, device, queue, pipeline cache, error handling and readback.
 
+use crate::bounds::MAX_BINDING_BYTES;
 use crate::pipelines::{PipelineCache, ShaderKind};
 use cce_core::{CceError, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -180,22 +181,25 @@ impl Context {
         }
     }
 
-    /// The pipeline of `kind` for dtype code and tile config.
+    /// The pipeline of `kind` for dtype code and tile config `(wg, tk)`, with wgpu's
+    /// runtime checks when `checked`.
     pub fn pipeline(
         &self,
         kind: ShaderKind,
         dtype: u32,
-        wg: u32,
-        tk: u32,
+        tile: (u32, u32),
+        checked: bool,
     ) -> wgpu::ComputePipeline {
-        self.pipelines.get(&self.device, kind, dtype, wg, tk)
+        self.pipelines.get(&self.device, kind, dtype, tile, checked)
     }
 
-    /// Largest storage binding in bytes.
+    /// Largest storage binding in bytes: the adapter's, capped at
+    /// [`MAX_BINDING_BYTES`] so that shader indices fit u32.
     pub fn max_binding(&self) -> u64 {
         self.limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size)
+            .min(MAX_BINDING_BYTES)
     }
 
     /// Run `f` inside out-of-memory, validation and internal error scopes, so that any wgpu

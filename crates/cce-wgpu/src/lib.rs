@@ -28,6 +28,15 @@
 //! Work is cut into row and class chunks by the plan so that no binding exceeds the adapter's
 //! `max_storage_buffer_binding_size`. Results are deterministic for a given device and config.
 //!
+//! ## Trusted shader modules
+//! Shader modules are created with `create_shader_module_trusted` and none of wgpu's runtime
+//! checks (index clamping, loop counters, integer-division guards), which cost time in the
+//! inner loops. Every storage access of every shader is guarded by the chunk's sizes or bounded
+//! by the dispatch's uniforms (each shader's header, "Bounds"), and before each dispatch the
+//! host checks every bound range against the largest byte the shader may touch with those
+//! uniforms, refusing the dispatch with a `Backend` error otherwise. Bindings stay below
+//! 4 GiB, so 32-bit indices do not wrap. [`KernelConfig::runtime_checks`] restores the checks.
+//!
 //! ## dtypes
 //! f32, f16 and bf16 inputs are read as packed u32 words (`unpack2x16float` for f16, shifts
 //! for bf16), so neither `SHADER_F16` nor a bf16 type is required; logits and every
@@ -35,6 +44,7 @@
 //! `Options::grad_dtype`), rounded to nearest even.
 
 mod backend;
+mod bounds;
 mod buffers;
 mod context;
 mod pipelines;

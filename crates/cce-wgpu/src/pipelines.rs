@@ -3,6 +3,10 @@
 //! Every shader is `common.wgsl` + (for the tiled passes) `gemm.wgsl` (+ `grad.wgsl`) + its own
 //! file, concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
 //! through `PipelineCompilationOptions::constants` (no string templates).
+//!
+//! Modules are created without wgpu's runtime checks unless the kernel configuration asks
+//! for them ([`runtime_checks`]); the argument that the kernels stay in bounds without them
+//! is in the `bounds` module.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -168,38 +172,59 @@ pub struct Params {
     pub pad3: f32,
 }
 
-/// Pipeline key: shader, dtype code, workgroup side, depth step.
-type Key = (ShaderKind, u32, u32, u32);
+/// The runtime checks wgpu compiles into a module: all of them when `checked`, else none
+/// (no index clamping, no loop counters, no integer-division guards; the ray-query and
+/// mesh-shader checks concern stages these shaders do not use).
+pub fn runtime_checks(checked: bool) -> wgpu::ShaderRuntimeChecks {
+    if checked {
+        wgpu::ShaderRuntimeChecks::checked()
+    } else {
+        wgpu::ShaderRuntimeChecks::unchecked()
+    }
+}
+
+/// Pipeline key: shader, dtype code, workgroup side, depth step, runtime checks.
+type Key = (ShaderKind, u32, u32, u32, bool);
 
 /// Shader modules and compute pipelines, built once per device and reused.
 #[derive(Default)]
 pub struct PipelineCache {
-    modules: Mutex<HashMap<ShaderKind, wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<(ShaderKind, bool), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
 }
 
 impl PipelineCache {
-    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk` (built on first use).
+    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk`, from a module with
+    /// wgpu's runtime checks when `checked` (built on first use).
     pub fn get(
         &self,
         device: &wgpu::Device,
         kind: ShaderKind,
         dtype_code: u32,
-        wg: u32,
-        tk: u32,
+        (wg, tk): (u32, u32),
+        checked: bool,
     ) -> wgpu::ComputePipeline {
-        let key = (kind, dtype_code, wg, tk);
+        let key = (kind, dtype_code, wg, tk, checked);
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return p.clone();
         }
         let module = {
             let mut mods = self.modules.lock().unwrap();
-            mods.entry(kind)
+            mods.entry((kind, checked))
                 .or_insert_with(|| {
-                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    let desc = wgpu::ShaderModuleDescriptor {
                         label: Some(kind.name()),
                         source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(kind.source())),
-                    })
+                    };
+                    // SAFETY: without runtime checks a shader must not index out of bounds,
+                    // loop forever or divide an integer by zero. Every storage access of these
+                    // shaders is guarded or bounded by the dispatch's `Params`, which
+                    // `bounds::check_dispatch` validates against the bound ranges before each
+                    // dispatch; indices fit u32 because bindings are capped below 4 GiB; loop
+                    // bounds are chunk sizes below 2^31 with steps of 1..=1024; divisors are
+                    // constants, the overrides validated >= 1 by `WgpuBackend::check_cfg`, or
+                    // `P.d` checked >= 1 (the `bounds` module docs give the full argument).
+                    unsafe { device.create_shader_module_trusted(desc, runtime_checks(checked)) }
                 })
                 .clone()
         };
@@ -217,5 +242,18 @@ impl PipelineCache {
         });
         self.pipelines.lock().unwrap().insert(key, pipeline.clone());
         pipeline
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchecked_modules_drop_the_checks_that_cost_time() {
+        let off = runtime_checks(false);
+        assert!(!off.bounds_checks && !off.force_loop_bounding && !off.int_div_checks);
+        let on = runtime_checks(true);
+        assert!(on.bounds_checks && on.force_loop_bounding && on.int_div_checks);
     }
 }

@@ -59,7 +59,7 @@ fn every_shader_file_opens_with_its_doc_block() {
             .take_while(|l| l.starts_with("//"))
             .collect::<Vec<_>>()
             .join("\n");
-        for word in ["Parameters", "Tiling", "Thread mapping"] {
+        for word in ["Parameters", "Tiling", "Thread mapping", "Bounds"] {
             assert!(
                 head.contains(word),
                 "{} does not open with a '{word}' section",

@@ -284,7 +284,7 @@ impl WgpuBackend {
                         ctx.aligned(rest_mass.as_ref(), rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
-                );
+                )?;
             }
             if let Some(hist) = &hist {
                 let (splits, _) = self.class_splits(plan)?;
@@ -321,7 +321,7 @@ impl WgpuBackend {
                             &prm,
                             &[e_b, c_b, b_b, rs_b, ctx.whole(&edges_b)?, h_b],
                             [nsplit as u32, tiles(rows, t) as u32, 1],
-                        );
+                        )?;
                     }
                     let delta_fixed =
                         (rule.max_dropped_mass as f64 * FIXED_POINT_ONE).floor() as u64;
@@ -337,7 +337,7 @@ impl WgpuBackend {
                         &prm,
                         &[h_b, ctx.whole(&edges_b)?, rs_b],
                         Self::grid_1d(rows),
-                    );
+                    )?;
                 }
             }
             // Column sums for analytic label smoothing, over pieces of at most `piece` rows
@@ -369,7 +369,7 @@ impl WgpuBackend {
                         &prm,
                         &[c_b, ctx.whole(&ctx.dummy)?, ctx.whole(cs)?],
                         Self::grid_1d(d + 1),
-                    );
+                    )?;
                 }
             }
             if let Some(es_buf) = &esum {
@@ -394,7 +394,7 @@ impl WgpuBackend {
                             ctx.whole(es_buf)?,
                         ],
                         Self::grid_1d(d + 1),
-                    );
+                    )?;
                 }
             }
         }
@@ -458,7 +458,7 @@ impl WgpuBackend {
                                 ctx.whole(&counters)?,
                             ],
                             [nw as u32, tiles(rows, t) as u32, 1],
-                        );
+                        )?;
                     }
                 }
                 let (o_b, o_off) = ctx.range(
@@ -499,7 +499,7 @@ impl WgpuBackend {
                         o_b,
                     ],
                     Self::grid_1d(units),
-                );
+                )?;
             }
         }
 
@@ -568,7 +568,7 @@ impl WgpuBackend {
                                 ctx.whole(&bslab)?,
                             ],
                             [nw as u32, tiles(ncls, t) as u32, 1],
-                        );
+                        )?;
                     }
                 }
                 let osz = out_dtype.size_bytes() as u64;
@@ -601,7 +601,7 @@ impl WgpuBackend {
                     &prm,
                     &[ctx.whole(&slab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
                     Self::grid_1d(units(ncls * d)),
-                );
+                )?;
                 if let Some(db) = &d_bias {
                     let (o_b, o_off) = ctx.range(db, cc.start as u64, ncls as u64, osz)?;
                     // The bias term reads Σ_i g_i, stored at index D of `esum`.
@@ -627,7 +627,7 @@ impl WgpuBackend {
                         &prm,
                         &[ctx.whole(&bslab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
                         Self::grid_1d(units(ncls)),
-                    );
+                    )?;
                 }
             }
         }
@@ -654,7 +654,7 @@ impl WgpuBackend {
                         ctx.whole(&stat)?,
                     ],
                     [1, 1, 1],
-                );
+                )?;
             }
         }
         let ranges: Vec<(&wgpu::Buffer, u64, u64)> = if report {

@@ -86,7 +86,7 @@ impl WgpuBackend {
                         &prm,
                         &[e_b, c_b, b_b, tgt_b, part_b, tl_b],
                         [nsplit as u32, tiles(rows, t) as u32, 1],
-                    );
+                    )?;
                 }
                 let prm = Params {
                     n_rows: rows as u32,
@@ -112,7 +112,7 @@ impl WgpuBackend {
                         ctx.aligned(&rest_mass.work, rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
-                );
+                )?;
                 if let Some(ls) = &loss_scalar {
                     let mut f = 0;
                     if ri == 0 {
@@ -134,7 +134,7 @@ impl WgpuBackend {
                         &prm,
                         &[lr_b, ctx.aligned(&ls.work, 0, 1, 4)?],
                         [1, 1, 1],
-                    );
+                    )?;
                 }
             }
         }
