@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cce-bench-wgpu [--shapes gemma2,seed] [--data c/8,randn,lm] [--reps 3] [--deadline-s 240]
-//!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl]
+//!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl] [--ab]
+//!                [--adapter-report]
 //!                [--configs 8:16,8:32,8:16:checked]
 //! ```
 //! (clap: `--help` lists the options with their defaults.)
@@ -40,6 +41,7 @@ struct Args {
     peak: f64,
     exact: bool,
     ab: bool,
+    adapter_report: bool,
     out: Option<String>,
     /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
     /// is kept.
@@ -77,6 +79,9 @@ struct Cli {
     /// Time the configs of --configs in alternation (A/B) instead of keeping the fastest.
     #[arg(long)]
     ab: bool,
+    /// Print the adapter report (features, limits, cooperative-matrix configurations) and exit.
+    #[arg(long)]
+    adapter_report: bool,
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
@@ -123,6 +128,7 @@ fn parse() -> Result<Args, String> {
         peak: cli.peak_tflops,
         exact: cli.exact,
         ab: cli.ab,
+        adapter_report: cli.adapter_report,
         out: cli.out,
         configs,
     })
@@ -295,6 +301,10 @@ fn main() {
     };
     let start = Instant::now();
     let mut b = WgpuBackend::new().expect("wgpu backend");
+    if args.adapter_report {
+        print!("{}", b.adapter_report());
+        return;
+    }
     let mut tuned = args.configs.is_empty();
     let info = b.adapter_info();
     println!(

@@ -99,6 +99,9 @@ pub(crate) fn extent(
     let workgroups = grid[0] as u64;
     let e = || float_bytes(dtype, p.e_off as u64 + rows * d);
     let c = || float_bytes(dtype, p.c_off as u64 + cls * d);
+    // gemm.wgsl binds e and c as vec4<u32>: whole 16-byte units.
+    let e16 = || e().div_ceil(16) * 16;
+    let c16 = || c().div_ceil(16) * 16;
     let bias = || {
         if has(flags::BIAS) {
             float_bytes(dtype, p.b_off as u64 + cls)
@@ -119,8 +122,8 @@ pub(crate) fn extent(
         Ok(4 * workgroups * p.slab_stride as u64)
     };
     let gemm = |b: u32| match b {
-        1 => Some(e()),
-        2 => Some(c()),
+        1 => Some(e16()),
+        2 => Some(c16()),
         3 => Some(bias()),
         _ => None,
     };
@@ -279,14 +282,16 @@ mod tests {
             c_off: 1,
             ..fwd(10, 7, 5)
         };
+        // Whole 16-byte units: 53 and 18 words.
         assert_eq!(
             extent(ShaderKind::FwdPartial, 0, &p, [2, 1, 1], 1),
-            Ok(4 * 53)
+            Ok(4 * 56)
         );
         assert_eq!(
             extent(ShaderKind::FwdPartial, 2, &p, [2, 1, 1], 2),
-            Ok(4 * 18)
+            Ok(4 * 20)
         );
+        assert_eq!(extent(ShaderKind::WSum, 2, &p, [2, 1, 1], 1), Ok(4 * 27));
         // No bias flag: the dummy binding is never read.
         assert_eq!(extent(ShaderKind::FwdPartial, 0, &p, [2, 1, 1], 3), Ok(0));
         let pb = Params {
@@ -360,16 +365,16 @@ mod tests {
     #[test]
     fn a_binding_smaller_than_its_extent_is_refused() {
         let p = fwd(10, 7, 5);
-        let sizes = [200, 140, 4, 40, 32 * 40, 40];
+        let sizes = [208, 144, 4, 40, 32 * 40, 40];
         assert_eq!(
             check_dispatch(ShaderKind::FwdPartial, 0, &p, [4, 1, 1], &sizes),
             Ok(())
         );
-        let short = [196, 140, 4, 40, 32 * 40, 40];
+        let short = [192, 144, 4, 40, 32 * 40, 40];
         let err = check_dispatch(ShaderKind::FwdPartial, 0, &p, [4, 1, 1], &short).unwrap_err();
         assert!(err.contains("binding 1 (e)"), "{err}");
         assert!(check_dispatch(ShaderKind::FwdPartial, 0, &p, [4, 1, 1], &sizes[..5]).is_err());
-        let huge = [MAX_BINDING_BYTES + 4, 140, 4, 40, 32 * 40, 40];
+        let huge = [MAX_BINDING_BYTES + 16, 144, 4, 40, 32 * 40, 40];
         assert!(check_dispatch(ShaderKind::FwdPartial, 0, &p, [4, 1, 1], &huge).is_err());
     }
 

@@ -36,6 +36,8 @@ pub(crate) struct Context {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     pub pipelines: PipelineCache,
+    /// The adapter the device was opened on (`None` on a borrowed device).
+    pub adapter: Option<wgpu::Adapter>,
     /// Whether this context opened the device (and installed the callbacks below), or borrows
     /// a device someone else opened ([`Context::borrow`]).
     pub owns_device: bool,
@@ -114,9 +116,11 @@ impl Context {
                 un.lock().unwrap().push(e.to_string());
             }));
         }
-        Ok(Self::build(
+        let mut ctx = Self::build(
             info, device, queue, limits, features, true, lost, uncaptured,
-        ))
+        );
+        ctx.adapter = Some(adapter);
+        Ok(ctx)
     }
 
     /// A context on a device and queue someone else opened (a framework's), with the limits
@@ -173,6 +177,7 @@ impl Context {
             limits,
             features,
             pipelines: PipelineCache::default(),
+            adapter: None,
             owns_device,
             lost,
             uncaptured,

@@ -46,11 +46,13 @@
 mod backend;
 mod bounds;
 mod buffers;
+mod config;
 mod context;
 mod pipelines;
 
 pub use backend::interop::{BackwardDest, ForwardDest};
-pub use backend::{KernelConfig, WgpuBackend};
+pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
+pub use config::KernelConfig;
 pub use context::WgpuError;
 pub use pipelines::ShaderKind;

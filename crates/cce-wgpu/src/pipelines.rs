@@ -114,7 +114,8 @@ impl ShaderKind {
     }
 }
 
-/// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl).
+/// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl and
+/// gemm.wgsl).
 pub mod flags {
     /// Softcap on.
     pub const SOFTCAP: u32 = 1;
@@ -136,6 +137,10 @@ pub mod flags {
     pub const WEIGHTED: u32 = 256;
     /// First chunk of a reduction.
     pub const FIRST: u32 = 512;
+    /// Panel loads of e read four elements at a time (gemm.wgsl `FLAG_VEC_E`).
+    pub const VEC_E: u32 = 1024;
+    /// Panel loads of c read four elements at a time (gemm.wgsl `FLAG_VEC_C`).
+    pub const VEC_C: u32 = 2048;
 }
 
 /// The uniform block of every shader (`struct Params` in common.wgsl, same field order).

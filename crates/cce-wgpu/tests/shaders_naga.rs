@@ -20,7 +20,7 @@ fn every_shader_validates_with_its_overrides() {
                 )
             });
         for dtype in 0..3u32 {
-            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 4)] {
+            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 8), (8, 4)] {
                 let constants: naga::back::PipelineConstants = kind
                     .constants(dtype, wg, tk)
                     .into_iter()

@@ -24,6 +24,7 @@ impl WgpuBackend {
     ) -> Result<BackwardOutput<WgpuTensor>> {
         let lse = saved.lse;
         let prep = self.prepare(inputs, opts)?;
+        let inputs = &prep.inputs(inputs);
         let p = prep.problem;
         let plan = &prep.plan;
         let rule: FilterRule = plan.filter;
@@ -291,12 +292,16 @@ impl WgpuBackend {
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
                     let (e_b, e_off) =
-                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                        ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                        let (c_b, c_off) =
-                            ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        let (c_b, c_off) = ctx.range_vec(
+                            inputs.c,
+                            (cc.start * d) as u64,
+                            (cc.len() * d) as u64,
+                            es,
+                        )?;
                         let (b_b, b_off) = match inputs.bias {
                             Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                             None => (ctx.whole(&ctx.dummy)?, 0),
@@ -414,12 +419,12 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_e");
                 let (e_b, e_off) =
-                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) =
-                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
                         Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
@@ -522,7 +527,7 @@ impl WgpuBackend {
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_c");
                 let (c_b, c_off) =
-                    ctx.range(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
+                    ctx.range_vec(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
                 let (b_b, b_off) = match inputs.bias {
                     Some(b) => ctx.range(b, cc.start as u64, ncls as u64, es)?,
                     None => (ctx.whole(&ctx.dummy)?, 0),
@@ -530,7 +535,7 @@ impl WgpuBackend {
                 for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
                     let (e_b, e_off) =
-                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                        ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];

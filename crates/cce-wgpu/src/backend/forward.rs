@@ -15,6 +15,7 @@ impl WgpuBackend {
         dest: &ForwardDest,
     ) -> Result<ForwardOutput<WgpuTensor>> {
         let prep = self.prepare(inputs, opts)?;
+        let inputs = &prep.inputs(inputs);
         let p = prep.problem;
         let plan = &prep.plan;
         let (n, d) = (p.n, p.d);
@@ -54,13 +55,13 @@ impl WgpuBackend {
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
                 let (e_b, e_off) =
-                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let tgt_b = ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?;
                 let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
                 let part_b = ctx.whole(&part)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) =
-                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
                         Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
