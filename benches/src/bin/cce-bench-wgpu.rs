@@ -5,7 +5,7 @@
 //! ```text
 //! cce-bench-wgpu [--shapes gemma2,seed] [--data c/8,randn,lm] [--reps 3] [--deadline-s 240]
 //!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl] [--ab]
-//!                [--adapter-report]
+//!                [--adapter-report] [--softcap 30] [--target-workgroups 2048]
 //!                [--configs 8:16,8:32,8:16:checked]
 //! ```
 //! (clap: `--help` lists the options with their defaults.)
@@ -42,6 +42,8 @@ struct Args {
     exact: bool,
     ab: bool,
     adapter_report: bool,
+    softcap: Option<f32>,
+    target_workgroups: Option<u32>,
     out: Option<String>,
     /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
     /// is kept.
@@ -82,6 +84,12 @@ struct Cli {
     /// Print the adapter report (features, limits, cooperative-matrix configurations) and exit.
     #[arg(long)]
     adapter_report: bool,
+    /// Softcap of the logits (e.g. 30 for Gemma 2), none by default.
+    #[arg(long)]
+    softcap: Option<f32>,
+    /// KernelConfig::target_workgroups for every config (the adapter's default otherwise).
+    #[arg(long)]
+    target_workgroups: Option<u32>,
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
@@ -129,6 +137,8 @@ fn parse() -> Result<Args, String> {
         exact: cli.exact,
         ab: cli.ab,
         adapter_report: cli.adapter_report,
+        softcap: cli.softcap,
+        target_workgroups: cli.target_workgroups,
         out: cli.out,
         configs,
     })
@@ -305,6 +315,13 @@ fn main() {
         print!("{}", b.adapter_report());
         return;
     }
+    if let Some(tw) = args.target_workgroups {
+        let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
+            target_workgroups: tw,
+            ..b.config()
+        };
+        b = b.with_config(cfg).expect("--target-workgroups");
+    }
     let mut tuned = args.configs.is_empty();
     let info = b.adapter_info();
     println!(
@@ -382,10 +399,13 @@ fn main() {
                 bias: None,
                 targets: &ybuf,
             };
-            let opts = if args.exact {
-                Options::exact()
-            } else {
-                Options::default()
+            let opts = Options {
+                softcap: args.softcap,
+                ..if args.exact {
+                    Options::exact()
+                } else {
+                    Options::default()
+                }
             };
             if args.ab {
                 ab(
@@ -459,10 +479,23 @@ fn main() {
             );
             println!("{row}");
             table.push(row);
+            let cfg = b.config();
+            let json_head = format!(
+                "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"softcap\":{},\"config\":\"{}:{}{}\",\"target_workgroups\":{},\"forward_ms\":{f_ms:.3},\"forward_tflops\":{f_rate:.3}",
+                args.dtype,
+                args.softcap.map_or("null".into(), |s| s.to_string()),
+                cfg.wg,
+                cfg.tk,
+                if cfg.runtime_checks { ":checked" } else { "" },
+                cfg.target_workgroups,
+            );
             // Forward + backward.
             let left = args.deadline_s - start.elapsed().as_secs_f64();
             if left < 6.0 * f_ms / 1e3 + 10.0 {
                 println!("  forward+backward: skipped, deadline");
+                if let Some(f) = out.as_mut() {
+                    writeln!(f, "{json_head}}}").unwrap();
+                }
                 continue;
             }
             let mut fb_ms = Vec::new();
@@ -486,6 +519,9 @@ fn main() {
             println!("{st}");
             if fb_ms.is_empty() {
                 println!("  forward+backward: only the warm-up fitted the deadline");
+                if let Some(f) = out.as_mut() {
+                    writeln!(f, "{json_head}}}").unwrap();
+                }
                 continue;
             }
             let fb = median(fb_ms);
@@ -510,8 +546,8 @@ fn main() {
             if let Some(f) = out.as_mut() {
                 writeln!(
                     f,
-                    "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"forward_ms\":{f_ms:.3},\"fwd_bwd_ms\":{fb:.3},\"tiles_kept\":{kept:.4},\"forward_tflops\":{f_rate:.3},\"fwd_bwd_exec_tflops\":{exec_rate:.3},\"fwd_bwd_floor_tflops\":{floor_rate:.3}}}",
-                    args.dtype
+                    "{json_head},\"fwd_bwd_ms\":{fb:.3},\"tiles_kept\":{kept:.4},\"dropped_mass_max\":{:.3e},\"fwd_bwd_exec_tflops\":{exec_rate:.3},\"fwd_bwd_floor_tflops\":{floor_rate:.3}}}",
+                    st.dropped_mass_max
                 )
                 .unwrap();
             }
