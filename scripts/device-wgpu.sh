@@ -27,7 +27,11 @@
 #           c/8 and randn, bf16, filtered (default options) and exact: forward and
 #           forward+backward, TFLOP/s and the ratio to the CUDA backend (figures below);
 #   seed    32768 x 4096 x 256000, c/8, bf16, exact and filtered;
-#   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32.
+#   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32;
+#   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
+#           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
+#           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
+#           8192 x 4096 x 128256, c/8 exact, FMA against cooperative matrix in alternation.
 # Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
 # 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
 # the JSON lines of every phase run so far, scripts/device-wgpu-summary.py: TFLOP/s, share of
@@ -61,10 +65,14 @@ for line in sys.stdin:
   }
   stage_tests "-p cce-wgpu" conformance conformance interop interop shaders_naga shaders_naga
   stage_tests "-p cce-conformance --features wgpu --test wgpu" wgpu suite
+  # The cooperative-matrix forward (cargo feature coop-matrix): its own test and bench builds.
+  stage_tests "-p cce-wgpu --features coop-matrix" conformance conformance-coop
+  cargo build --release -p cce-benches --features wgpu-coop --bin cce-bench-wgpu
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/cce-bench-wgpu-coop"
   cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/"
   strip "$DEVBIN"/conformance "$DEVBIN"/interop "$DEVBIN"/shaders_naga "$DEVBIN"/suite \
-    "$DEVBIN"/cce-bench-wgpu
+    "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
   rm -f "$DEVBIN"/gl/*
   if ! (cd "$DEVBIN/gl" && apt-get download libvulkan1); then
     echo "apt-get download failed: copying the installed loader instead"
@@ -79,7 +87,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop]" >&2
   exit 2
 fi
 
@@ -122,7 +130,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes; do
+  for k in report tests sweep bench seed dtypes coop; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -194,4 +202,18 @@ if [[ $PHASES == *dtypes* ]]; then
   bench dtypes-f16 --shapes gemma2 --data c/8 --dtype f16 --reps 2 --exact
   bench dtypes-f32 --shapes gemma2 --data c/8 --dtype f32 --reps 2 --exact
   status[dtypes]=${status[dtypes-f16]:-}${status[dtypes-f32]:-}
+fi
+
+if [[ $PHASES == *coop* ]]; then
+  C=$D/cce-bench-wgpu-coop
+  timeout 60 "$C" --adapter-report 2>&1 | tee "$OUT/adapter-coop.txt"
+  ok=PASS
+  timeout 200 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
+  grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -20
+  for shape in gemma2 llama3; do
+    timeout 140 "$C" --shapes $shape --data c/8 --dtype f16 --exact --ab --reps 2 \
+      --deadline-s 120 --configs 8:16:fma,8:16:coop >"$OUT/coop-$shape.log" 2>&1
+    grep -E "^\| " "$OUT/coop-$shape.log"
+  done
+  status[coop]="tests $ok; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
 fi

@@ -24,8 +24,10 @@
 //! first config.
 //! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
+//! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
+//! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
 
-use cut_cross_entropy::cce_wgpu::WgpuBackend;
+use cut_cross_entropy::cce_wgpu::{KernelConfig, WgpuBackend};
 use cut_cross_entropy::{
     Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
@@ -47,7 +49,7 @@ struct Args {
     out: Option<String>,
     /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
     /// is kept.
-    configs: Vec<(u32, u32, bool)>,
+    configs: Vec<ConfigSpec>,
 }
 
 /// Command line (formats in the module docs).
@@ -93,9 +95,74 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked]`, comma list, compared on the first forward.
+    /// Kernel configs `wg:tk[:checked][:fma|:coop]`, comma list, compared on the first forward.
     #[arg(long)]
     configs: Option<String>,
+}
+
+/// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
+/// `:fma` / `:coop` (the cooperative-matrix forward off / on; it runs only where the backend
+/// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it).
+#[derive(Clone, Copy, Debug)]
+struct ConfigSpec {
+    wg: u32,
+    tk: u32,
+    checked: bool,
+    coop: Option<bool>,
+}
+
+impl ConfigSpec {
+    fn parse(c: &str) -> Result<Self, String> {
+        let bad =
+            |why: String| format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop])");
+        let mut parts = c.split(':');
+        let mut num = |what: &str| -> Result<u32, String> {
+            parts
+                .next()
+                .ok_or_else(|| bad(format!("no {what}")))?
+                .parse()
+                .map_err(|e| bad(format!("{what}: {e}")))
+        };
+        let (wg, tk) = (num("wg")?, num("tk")?);
+        let mut spec = ConfigSpec {
+            wg,
+            tk,
+            checked: false,
+            coop: None,
+        };
+        for flag in parts {
+            match flag {
+                "checked" => spec.checked = true,
+                "fma" => spec.coop = Some(false),
+                "coop" => spec.coop = Some(true),
+                other => return Err(bad(format!("unknown flag {other:?}"))),
+            }
+        }
+        Ok(spec)
+    }
+
+    fn apply(&self, base: KernelConfig) -> KernelConfig {
+        KernelConfig {
+            wg: self.wg,
+            tk: self.tk,
+            runtime_checks: self.checked,
+            cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
+            ..base
+        }
+    }
+
+    fn name(&self) -> String {
+        let mut n = format!("{}:{}", self.wg, self.tk);
+        if self.checked {
+            n += ":checked";
+        }
+        match self.coop {
+            Some(true) => n += ":coop",
+            Some(false) => n += ":fma",
+            None => {}
+        }
+        n
+    }
 }
 
 fn parse() -> Result<Args, String> {
@@ -105,19 +172,7 @@ fn parse() -> Result<Args, String> {
         None => vec![],
         Some(c) => c
             .split(',')
-            .map(|c| {
-                let parts: Vec<&str> = c.split(':').collect();
-                let (w, t, checked) = match parts[..] {
-                    [w, t] => (w, t, false),
-                    [w, t, "checked"] => (w, t, true),
-                    _ => return Err(format!("--configs {c:?}: want wg:tk or wg:tk:checked")),
-                };
-                Ok((
-                    w.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
-                    t.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
-                    checked,
-                ))
-            })
+            .map(ConfigSpec::parse)
             .collect::<Result<Vec<_>, String>>()?,
     };
     let shapes = list(&cli.shapes);
@@ -227,6 +282,7 @@ fn timed(b: &WgpuBackend, f: impl FnOnce()) -> (f64, f64) {
 fn ab(
     b: &WgpuBackend,
     args: &Args,
+    start: Instant,
     inputs: &Inputs<'_, cut_cross_entropy::cce_wgpu::WgpuTensor>,
     opts: &Options,
     label: &str,
@@ -234,15 +290,9 @@ fn ab(
     let backends: Vec<(String, WgpuBackend)> = args
         .configs
         .iter()
-        .filter_map(|&(wg, tk, runtime_checks)| {
-            let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
-                wg,
-                tk,
-                runtime_checks,
-                ..b.config()
-            };
-            let name = format!("{wg}:{tk}{}", if runtime_checks { ":checked" } else { "" });
-            match b.with_config(cfg) {
+        .filter_map(|spec| {
+            let name = spec.name();
+            match b.with_config(spec.apply(b.config())) {
                 Ok(bc) => Some((name, bc)),
                 Err(e) => {
                     println!("  config {name}: {e}");
@@ -262,9 +312,14 @@ fn ab(
         }),
     ];
     for (pass, call) in passes {
+        if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
+            println!("| {label} | {pass} | skipped, deadline |");
+            continue;
+        }
         let mut wall = vec![Vec::new(); backends.len()];
         let mut cpu = vec![Vec::new(); backends.len()];
         for r in 0..=args.reps {
+            let round = Instant::now();
             for (k, (name, bc)) in backends.iter().enumerate() {
                 let (w, c) = timed(bc, || call(bc));
                 println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
@@ -273,6 +328,17 @@ fn ab(
                     cpu[k].push(c);
                 }
             }
+            // Another round (and the other pass) must fit the deadline; the warm-up round,
+            // which compiles the pipelines, does not predict the others.
+            let left = args.deadline_s - start.elapsed().as_secs_f64();
+            if left < 5.0 || (r > 0 && left < 3.0 * round.elapsed().as_secs_f64() + 5.0) {
+                println!("  {pass}: deadline after round {r}");
+                break;
+            }
+        }
+        if wall.iter().any(|w| w.is_empty()) {
+            println!("| {label} | {pass} | only the warm-up round fitted the deadline |");
+            continue;
         }
         let (w0, c0) = (median(wall[0].clone()), median(cpu[0].clone()));
         for (k, (name, _)) in backends.iter().enumerate() {
@@ -281,7 +347,7 @@ fn ab(
                 "| {label} | {pass} | {name} | {w:.1} ms wall ({:.3}x) | {c:.0} ms cpu ({:.3}x) | median of {} |",
                 w / w0,
                 c / c0,
-                args.reps
+                wall[k].len()
             );
         }
     }
@@ -411,6 +477,7 @@ fn main() {
                 ab(
                     &b,
                     &args,
+                    start,
                     &inputs,
                     &opts,
                     &format!("{sname} {n}x{d}x{v} {data}"),
@@ -420,16 +487,11 @@ fn main() {
             if !tuned {
                 tuned = true;
                 let mut best = (f64::MAX, b.config());
-                for &(wg, tk, runtime_checks) in &args.configs {
-                    let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
-                        wg,
-                        tk,
-                        runtime_checks,
-                        ..b.config()
-                    };
-                    let checks = if runtime_checks { " checked" } else { "" };
+                for spec in &args.configs {
+                    let cfg = spec.apply(b.config());
+                    let name = spec.name();
                     let Ok(bc) = b.with_config(cfg) else {
-                        println!("  config {wg}:{tk}{checks}: not supported here");
+                        println!("  config {name}: not supported here");
                         continue;
                     };
                     let mut t = f64::MAX;
@@ -438,9 +500,9 @@ fn main() {
                             bc.forward(&inputs, &opts).unwrap();
                         });
                     }
-                    println!("  config wg {wg} tk {tk}{checks}: forward {t:.1} ms");
+                    println!("  config {name}: forward {t:.1} ms");
                     table.push(format!(
-                        "| {sname} | {data} | forward, config wg {wg} tk {tk}{checks} | {t:.1} ms | {} | | tuning |",
+                        "| {sname} | {data} | forward, config {name} | {t:.1} ms | {} | | tuning |",
                         rate(gemm / (t * 1e-3))
                     ));
                     if t < best.0 {
@@ -481,12 +543,13 @@ fn main() {
             table.push(row);
             let cfg = b.config();
             let json_head = format!(
-                "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"softcap\":{},\"config\":\"{}:{}{}\",\"target_workgroups\":{},\"forward_ms\":{f_ms:.3},\"forward_tflops\":{f_rate:.3}",
+                "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"softcap\":{},\"config\":\"{}:{}{}{}\",\"target_workgroups\":{},\"forward_ms\":{f_ms:.3},\"forward_tflops\":{f_rate:.3}",
                 args.dtype,
                 args.softcap.map_or("null".into(), |s| s.to_string()),
                 cfg.wg,
                 cfg.tk,
                 if cfg.runtime_checks { ":checked" } else { "" },
+                if cfg.cooperative_matrix { ":coop" } else { "" },
                 cfg.target_workgroups,
             );
             // Forward + backward.

@@ -1,7 +1,7 @@
 // bwd_dc.wgsl: backward, class-owned pass: d_c = Gᵀ · E and d_bias = Σ_i G_ij in f32 slabs.
 //
 // Parameters
-//   bindings 0-3: see gemm.wgsl; 4-7: see grad.wgsl.
+//   bindings 0-3: see tile_io.wgsl; 4-7: see grad.wgsl.
 //   `slab`  [n_slabs, n_cls, D] f32: slab w accumulates, for the classes of the chunk, Σ over
 //           the row tiles of the splits run in workgroup column w (split split_base + w of
 //           each wave) of G_tileᵀ · E_tile (read-modify-write, one owner per dispatch).
@@ -14,7 +14,7 @@
 //   the TILE rows in TK steps (E panels double buffered in Bs, grad.wgsl's `prod_slice`),
 //   added to the slab.
 // Thread mapping
-//   As gemm.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
+//   As tile_io.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x, with

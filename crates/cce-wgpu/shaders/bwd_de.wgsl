@@ -1,7 +1,7 @@
 // bwd_de.wgsl: backward, row-owned pass: d_e = G · C accumulated in f32 slabs.
 //
 // Parameters
-//   bindings 0-3: see gemm.wgsl; 4-7: see grad.wgsl.
+//   bindings 0-3: see tile_io.wgsl; 4-7: see grad.wgsl.
 //   `slab` [n_slabs, n_rows, D] f32: slab w accumulates, for the rows of the chunk, Σ over the
 //          class tiles of the splits run in workgroup column w (split split_base + w of each
 //          wave) of G_tile · C_tile (read-modify-write, one owner per element per dispatch).
@@ -12,7 +12,7 @@
 //   over the TILE classes in TK steps (C panels double buffered in Bs, grad.wgsl's
 //   `prod_slice`), added to the slab.
 // Thread mapping
-//   As gemm.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
+//   As tile_io.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with

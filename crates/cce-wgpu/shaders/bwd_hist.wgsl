@@ -3,7 +3,7 @@
 // (masked) logit has g0 = 0 and adds nothing.
 //
 // Parameters
-//   bindings 0-3: see gemm.wgsl. P.eps = resolved filter_eps (> 0).
+//   bindings 0-3: see tile_io.wgsl. P.eps = resolved filter_eps (> 0).
 //   binding 4 `rs`    [n_rows] RowState: y, lse, active of each row (bwd_prep.wgsl).
 //   binding 5 `edges` [N_BINS] f32: bin upper edges eps·2^(−k/4), computed on the host
 //                     exactly as cce_core::filter::FilterRule::edge.
@@ -14,7 +14,7 @@
 //   TILE x N_BINS histogram in workgroup memory with u32 atomics and adds its non-zero bins to
 //   `hist` at the end (integer sums: order-independent, deterministic).
 // Thread mapping
-//   As gemm.wgsl; the row states of the tile are loaded once into `rst` by threads
+//   As tile_io.wgsl; the row states of the tile are loaded once into `rst` by threads
 //   li, li + WG*WG, ...
 // Bounds
 //   rs[r] and hist[r*N_BINS + b] only for r < n_rows, b < N_BINS; edges[k] with k < N_BINS

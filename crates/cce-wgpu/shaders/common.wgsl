@@ -6,7 +6,7 @@
 //   Element offsets (`e_off`, `c_off`, `b_off`, `out_off`) are in elements of the bound
 //   buffer's dtype, relative to the (256-byte aligned) start of the binding.
 // Tiling
-//   None here (see gemm.wgsl).
+//   None here (see tile_io.wgsl and gemm.wgsl).
 // Thread mapping
 //   None here.
 // Bounds

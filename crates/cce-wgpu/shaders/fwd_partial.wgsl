@@ -1,7 +1,7 @@
 // fwd_partial.wgsl: forward pass, online log-sum-exp over the class tiles of one split.
 //
 // Parameters
-//   bindings 0-3: see gemm.wgsl (params, e, c, bias of the current row/class chunk).
+//   bindings 0-3: see tile_io.wgsl (params, e, c, bias of the current row/class chunk).
 //   binding 4 `tgt`    [n_rows] i32: prepared target class of each row (global index), -1 ignored.
 //   binding 5 `part`   [n_rows, part_stride] Part (common.wgsl), read_write: per (row, split)
 //                      the online log-sum-exp state and argmax; column `part_base + split`.
@@ -18,7 +18,7 @@
 //   running state in `rows` (workgroup memory, so no thread keeps state for 8 rows in
 //   registers). Deterministic, no atomics.
 // Thread mapping
-//   As gemm.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; the owner
+//   As tile_io.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; the owner
 //   of tile row rl is thread rl mod WG*WG (rows rl = li, li + WG*WG, ...).
 // Bounds
 //   tgt[r], tlogit[r] and part[r*part_stride + part_base + split] only for r < n_rows, with
@@ -118,9 +118,9 @@ fn put_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, r_base: u32,
     red[rl * WG + tx] = st;
 }
 
-@compute @workgroup_size(WG, WG, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
+// The pass for workgroup `wid`, invocation `lid` (index `li`); the entry point is
+// fwd_main.wgsl's (FMA logits) or logits_coop.wgsl's (cooperative-matrix logits).
+fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let t = tile();
     var acc: Acc;
     let tx = lid.x;

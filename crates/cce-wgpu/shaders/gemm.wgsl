@@ -1,19 +1,10 @@
-// gemm.wgsl: the logits tile and the panel machinery shared by the forward, threshold and
-// backward shaders (prepended after common.wgsl).
+// gemm.wgsl: the logits tile by f32 FMA through double-buffered workgroup panels, shared by
+// the forward, threshold and backward shaders (prepended after common.wgsl and tile_io.wgsl).
 //
 // Parameters
-//   binding 1 `e_buf`: e rows of the row chunk, [n_rows, D] row-major, dtype DTYPE, starting at
-//                      element `P.e_off`; bound as vec4<u32> (the host rounds the binding up to
-//                      whole 16-byte units).
-//   binding 2 `c_buf`: c rows of the class chunk, [n_cls, D] row-major, from element `P.c_off`,
-//                      likewise.
-//   binding 3 `b_buf`: bias of the class chunk, [n_cls], from element `P.b_off` (FLAG_BIAS).
-//   FLAG_VEC_E / FLAG_VEC_C: e / c are read four elements per load (one vec4<u32> for f32,
-//   half of one for f16/bf16); the host sets them when D and the element offset are multiples
-//   of 4 (`vec_loads` in src/backend.rs), else each element is read alone.
+//   Bindings and flags of tile_io.wgsl; override TK.
 // Tiling
-//   A logits tile is TILE x TILE (rows x classes), TILE = 8 * WG (override WG, default 8, so
-//   64 x 64). The depth loop walks D in panels of TK (override, a multiple of 4 dividing TILE,
+//   The depth loop walks D in panels of TK (override, a multiple of 4 dividing TILE,
 //   default 16) through workgroup memory, double buffered: while the panel in half `buf` of
 //   As/Bs is multiplied out, the next panel is loaded from global memory into registers
 //   (raw words, `Pref`), then decoded and stored into the other half; one barrier per panel.
@@ -22,127 +13,22 @@
 //   the logits' row panels, along the D slice for the backward's column panels); thread li
 //   loads groups li + s*WG*WG for s < NG = 2*TK/WG (an integer <= MAXG, host-checked).
 // Thread mapping
-//   WG x WG threads; thread (tx, ty) = local_invocation_id.xy owns the 8 x 8 micro-tile of rows
-//   ty*8 .. ty*8+7 and classes tx*8 .. tx*8+7, held in `acc` as acc[2*i + jj/4][jj % 4] for
-//   row ty*8+i, class tx*8+jj (f32 accumulation); `acc` is a function-local `Acc` passed by
-//   pointer and indexed only by constants (the epilogues take one row's two vec4 at a time),
-//   so that drivers keep it in registers.
+//   As tile_io.wgsl; `outer` adds one depth step of the thread's 8 x 8 micro-tile.
 // Bounds
-//   e: words of elements e_off + r*D + k only for r < n_rows, k < D (`nv` counts the valid
-//   elements of a group; a vec4 load only when all four are valid), so below the binding's
-//   e_off + n_rows*D elements rounded up to 16 bytes; c likewise with j < n_cls; bias:
-//   word_of(b_off + j) only with FLAG_BIAS and j < n_cls. As/Bs: ((buf*TK + k)*TILE + m)/4
-//   with buf < 2, k < TK, m < TILE, below 2*TK*TILE/4 = 4*TK*WG. Pref: index s < NG <= MAXG.
-//   acc: constant indices < 16.
+//   Groups are valid (`nv` > 0) only for source rows in the chunk and columns < D, and read
+//   through tile_io.wgsl's `load4`. As/Bs: ((buf*TK + k)*TILE + m)/4 with buf < 2, k < TK,
+//   m < TILE, below 2*TK*TILE/4 = 4*TK*WG. Pref: index s < NG <= MAXG.
 
-override WG: u32 = 8u;
 override TK: u32 = 16u;
-const MT: u32 = 8u;
 // Groups of four elements one thread loads per panel.
 override NG: u32 = 2u * TK / WG;
 // Register room for a thread's groups of one panel (NG <= MAXG, host-checked).
 const MAXG: u32 = 8u;
 
-const FLAG_VEC_E: u32 = 1024u;
-const FLAG_VEC_C: u32 = 2048u;
-
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> e_buf: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> c_buf: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> b_buf: array<u32>;
-
 var<workgroup> As: array<vec4<f32>, 4u * TK * WG>;
 var<workgroup> Bs: array<vec4<f32>, 4u * TK * WG>;
-// The thread's 8 x 8 micro-tile (a function-local variable of each entry point, passed by
-// pointer).
-alias Acc = array<vec4<f32>, 16>;
 // Raw words of a thread's groups of one panel: word x of group s holds element x.
 alias Pref = array<vec4<u32>, MAXG>;
-
-fn tile() -> u32 {
-    return WG * MT;
-}
-
-// Bias of class `j` of the chunk (0 without bias).
-fn ld_bias(j: u32) -> f32 {
-    if !has_flag(FLAG_BIAS) {
-        return 0.0;
-    }
-    let k = j + P.b_off;
-    return decode(b_buf[word_of(k)], k);
-}
-
-// Bias of the classes j0 .. j0+7 of the chunk (0 past n_cls), as two vec4.
-fn ld_bias8(j0: u32) -> array<vec4<f32>, 2> {
-    var lo = vec4<f32>(0.0);
-    var hi = vec4<f32>(0.0);
-    if has_flag(FLAG_BIAS) {
-        for (var x = 0u; x < 4u; x++) {
-            if j0 + x < P.n_cls {
-                lo[x] = ld_bias(j0 + x);
-            }
-            if j0 + 4u + x < P.n_cls {
-                hi[x] = ld_bias(j0 + 4u + x);
-            }
-        }
-    }
-    return array<vec4<f32>, 2>(lo, hi);
-}
-
-// Entry x < 8 of the pair (lo, hi).
-fn pick8(lo: vec4<f32>, hi: vec4<f32>, x: u32) -> f32 {
-    return select(hi, lo, x < 4u)[x & 3u];
-}
-
-// One source of the panels: e (`is_e`) or c.
-fn src_word(is_e: bool, w: u32) -> u32 {
-    if is_e {
-        return e_buf[w >> 2u][w & 3u];
-    }
-    return c_buf[w >> 2u][w & 3u];
-}
-
-fn src_quad(is_e: bool, q: u32) -> vec4<u32> {
-    if is_e {
-        return e_buf[q];
-    }
-    return c_buf[q];
-}
-
-fn src_off(is_e: bool) -> u32 {
-    return select(P.c_off, P.e_off, is_e);
-}
-
-fn src_vec(is_e: bool) -> bool {
-    return has_flag(select(FLAG_VEC_C, FLAG_VEC_E, is_e));
-}
-
-// Raw words of elements i .. i+3 of a source, of which the first `nv` exist (word 0, which
-// decodes to 0.0, for the others).
-fn load4(is_e: bool, i: u32, nv: u32) -> vec4<u32> {
-    if nv == 0u {
-        return vec4<u32>(0u);
-    }
-    if nv == 4u && src_vec(is_e) {
-        if DTYPE == 0u {
-            return src_quad(is_e, i >> 2u);
-        }
-        let q = src_quad(is_e, i >> 3u);
-        let h = select(q.xy, q.zw, (i & 4u) != 0u);
-        return vec4<u32>(h.x, h.x, h.y, h.y);
-    }
-    var w = vec4<u32>(0u);
-    for (var x = 0u; x < nv; x++) {
-        w[x] = src_word(is_e, word_of(i + x));
-    }
-    return w;
-}
-
-// Elements i .. i+3 from their raw words.
-fn decode4(w: vec4<u32>, i: u32) -> vec4<f32> {
-    return vec4<f32>(decode(w.x, i), decode(w.y, i + 1u), decode(w.z, i + 2u),
-                     decode(w.w, i + 3u));
-}
 
 // A group: element index of its first element in the source binding, valid elements, and
 // its place in the panel (k: depth row, m: first tile column of the four).
@@ -229,12 +115,6 @@ fn put_cols_b(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: 
     for (var s = 0u; s < NG; s++) {
         let gr = cols_group(is_e, j_base, n_src, d0, li + s * WG * WG);
         Bs[((buf * TK + gr.k) * t + gr.m) >> 2u] = decode4((*pf)[s], gr.i);
-    }
-}
-
-fn zero_acc(acc: ptr<function, Acc>) {
-    for (var i = 0u; i < 16u; i++) {
-        (*acc)[i] = vec4<f32>(0.0);
     }
 }
 

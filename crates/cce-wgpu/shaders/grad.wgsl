@@ -1,5 +1,5 @@
 // grad.wgsl: G tiles for the backward passes (prepended to bwd_de.wgsl and bwd_dc.wgsl after
-// gemm.wgsl).
+// tile_io.wgsl and gemm.wgsl).
 //
 // Parameters
 //   binding 4 `rs`       [n_rows] RowState: per-row coefficients and threshold (bwd_prep/tau).
@@ -14,7 +14,7 @@
 //   `prod_slice` multiplies by TILE-wide slices of D of e or c, staged in TK panels through
 //   Bs (double buffered, as gemm.wgsl's logits).
 // Thread mapping
-//   As gemm.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); the row states of
+//   As tile_io.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); the row states of
 //   the row tile are loaded once per tile into `rst` by threads li, li + WG*WG, ...
 // Bounds
 //   rs[r] and dropped[r] only for r < n_rows; counters[slot*4 + 0..3] with slot = slot_base

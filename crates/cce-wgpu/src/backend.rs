@@ -226,6 +226,18 @@ impl WgpuBackend {
             l.max_storage_buffer_binding_size,
             self.cfg
         );
+        s += &format!(
+            "cooperative-matrix forward: {}\n",
+            if !cfg!(feature = "coop-matrix") {
+                "not compiled in (cargo feature coop-matrix)"
+            } else if !ctx.coop {
+                "compiled in, not usable on this adapter"
+            } else if self.cfg.cooperative_matrix {
+                "on for f16 inputs"
+            } else {
+                "usable, off in the config"
+            }
+        );
         match coop {
             None => s += "cooperative_matrix_properties: (borrowed device, no adapter)\n",
             Some(v) if v.is_empty() => s += "cooperative_matrix_properties: none\n",

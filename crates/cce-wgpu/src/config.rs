@@ -33,6 +33,11 @@ pub struct KernelConfig {
     /// every dispatch's bindings are validated on the host (crate docs, "Trusted shader
     /// modules"); true is for comparing the two and for debugging.
     pub runtime_checks: bool,
+    /// Whether the forward computes its logits tiles by cooperative matrices where it can
+    /// (f16 inputs, 64 x 64 tiles, an adapter that offers them, the cargo feature
+    /// `coop-matrix`; crate docs, "Cooperative matrix"). Default: on when that feature is
+    /// compiled in.
+    pub cooperative_matrix: bool,
 }
 
 /// Register room for one thread's groups of a panel (`MAXG` in gemm.wgsl).
@@ -56,6 +61,7 @@ impl KernelConfig {
             target_workgroups: if cpu { 8 } else { 2048 },
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
+            cooperative_matrix: cfg!(feature = "coop-matrix"),
         };
         if base.workgroup_bytes() <= max_workgroup_bytes as u64 {
             base
@@ -142,6 +148,40 @@ pub(crate) fn vec_loads(d: usize, elem_off: u32) -> bool {
     d.is_multiple_of(4) && elem_off.is_multiple_of(4)
 }
 
+/// Workgroup memory of the cooperative-matrix forward (logits_coop.wgsl's f16 panels and f32
+/// tile, fwd_partial.wgsl's row reduction), in bytes, at 64 x 64 tiles.
+pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4 + 64 * 8 * 32 + 64 * 36;
+
+/// Whether an adapter can run logits_coop.wgsl: the cargo feature compiled in, the device
+/// features it needs (cooperative matrix, f16, subgroups), subgroups exactly 32 wide (two per
+/// 64-invocation workgroup), a 16 x 16 x 16 f16 x f16 -> f32 configuration listed, and room for
+/// its workgroup memory.
+pub(crate) fn coop_capable(
+    features: wgpu::Features,
+    configs: &[wgpu::CooperativeMatrixProperties],
+    subgroup_sizes: (u32, u32),
+    max_workgroup_bytes: u32,
+) -> bool {
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP;
+    cfg!(feature = "coop-matrix")
+        && features.contains(need)
+        && subgroup_sizes == (32, 32)
+        && COOP_WORKGROUP_BYTES <= max_workgroup_bytes as u64
+        && configs.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
+/// Whether a forward call runs the cooperative-matrix logits: asked for, possible on the
+/// adapter, f16 inputs (staged as f16 exactly; bf16 and f32 would be rounded), 64 x 64 tiles.
+pub(crate) fn use_cooperative_matrix(cfg: &KernelConfig, capable: bool, dtype_code: u32) -> bool {
+    cfg.cooperative_matrix && capable && dtype_code == 1 && cfg.wg == 8
+}
+
 /// The `VEC_E` / `VEC_C` flags of a tiled shader's dispatch ([`vec_loads`] of each source).
 pub(crate) fn panel_load_flags(p: &Params) -> u32 {
     let d = p.d as usize;
@@ -166,6 +206,7 @@ mod tests {
             target_workgroups: 8,
             max_loop_iterations: 0,
             runtime_checks: false,
+            cooperative_matrix: false,
         }
     }
 
@@ -225,6 +266,46 @@ mod tests {
         assert_eq!((cpu.wg, cpu.tk, cpu.target_workgroups), (8, 8, 8));
         assert!(cpu.workgroup_bytes() <= 32 << 10);
         assert_eq!(cpu.shape_error(), None);
+    }
+
+    #[test]
+    fn cooperative_matrix_only_for_f16_on_capable_adapters() {
+        let on = KernelConfig {
+            cooperative_matrix: true,
+            ..cfg(8, 16)
+        };
+        assert!(use_cooperative_matrix(&on, true, 1));
+        assert!(!use_cooperative_matrix(&on, true, 2));
+        assert!(!use_cooperative_matrix(&on, false, 1));
+        assert!(!use_cooperative_matrix(&cfg(8, 16), true, 1));
+        let wide = KernelConfig { wg: 4, ..on };
+        assert!(!use_cooperative_matrix(&wide, true, 1));
+        let f16_f32 = wgpu::CooperativeMatrixProperties {
+            m_size: 16,
+            n_size: 16,
+            k_size: 16,
+            ab_type: wgpu::CooperativeScalarType::F16,
+            cr_type: wgpu::CooperativeScalarType::F32,
+            saturating_accumulation: false,
+        };
+        let all = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP;
+        let capable = coop_capable(all, &[f16_f32], (32, 32), 48 << 10);
+        assert_eq!(capable, cfg!(feature = "coop-matrix"));
+        let f16_f16 = wgpu::CooperativeMatrixProperties {
+            cr_type: wgpu::CooperativeScalarType::F16,
+            ..f16_f32
+        };
+        assert!(!coop_capable(all, &[f16_f16], (32, 32), 48 << 10));
+        assert!(!coop_capable(all, &[f16_f32], (16, 64), 48 << 10));
+        assert!(!coop_capable(
+            wgpu::Features::SHADER_F16,
+            &[f16_f32],
+            (32, 32),
+            48 << 10
+        ));
+        assert!(!coop_capable(all, &[f16_f32], (32, 32), 32 << 10));
     }
 
     #[test]

@@ -37,6 +37,15 @@
 //! uniforms, refusing the dispatch with a `Backend` error otherwise. Bindings stay below
 //! 4 GiB, so 32-bit indices do not wrap. [`KernelConfig::runtime_checks`] restores the checks.
 //!
+//! ## Cooperative matrix
+//! With the cargo feature `coop-matrix` (off by default: wgpu's and naga's support is
+//! experimental), the backend requests `EXPERIMENTAL_COOPERATIVE_MATRIX` where the adapter
+//! offers it, and the forward of f16 inputs computes its logits tiles with 16 x 16 x 16
+//! f16 x f16 -> f32 cooperative matrices (logits_coop.wgsl) on adapters with 32-wide subgroups
+//! that list that configuration; everything else, and every other dtype, keeps the f32 FMA
+//! kernels. [`KernelConfig::cooperative_matrix`] turns it off per backend;
+//! [`WgpuBackend::adapter_report`] says whether it is in use.
+//!
 //! ## dtypes
 //! f32, f16 and bf16 inputs are read as packed u32 words (`unpack2x16float` for f16, shifts
 //! for bf16), so neither `SHADER_F16` nor a bf16 type is required; logits and every

@@ -1,7 +1,7 @@
 //! Shader sources, the uniform `Params` block and the pipeline cache.
 //!
-//! Every shader is `common.wgsl` + (for the tiled passes) `gemm.wgsl` (+ `grad.wgsl`) + its own
-//! file, concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
+//! Every shader is `common.wgsl` + (for the tiled passes) `tile_io.wgsl` + `gemm.wgsl`
+//! (+ `grad.wgsl`) + its own file(s), concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
 //! through `PipelineCompilationOptions::constants` (no string templates).
 //!
 //! Modules are created without wgpu's runtime checks unless the kernel configuration asks
@@ -23,6 +23,9 @@ macro_rules! shader {
 pub enum ShaderKind {
     /// Forward partials (online log-sum-exp per split).
     FwdPartial,
+    /// Forward partials with the logits tile by cooperative matrices (f16 inputs; used only
+    /// with the cargo feature `coop-matrix` on adapters that offer it).
+    FwdPartialCoop,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -47,8 +50,9 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 11] = [
+    pub const ALL: [ShaderKind; 12] = [
         ShaderKind::FwdPartial,
+        ShaderKind::FwdPartialCoop,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -64,22 +68,55 @@ impl ShaderKind {
     /// Full WGSL source (common prelude included).
     pub fn source(self) -> &'static str {
         match self {
-            ShaderKind::FwdPartial => shader!("common.wgsl", "gemm.wgsl", "fwd_partial.wgsl"),
+            ShaderKind::FwdPartial => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "fwd_partial.wgsl",
+                "fwd_main.wgsl"
+            ),
+            // The `enable` directives of logits_coop.wgsl must open the module.
+            ShaderKind::FwdPartialCoop => shader!(
+                "logits_coop.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "fwd_partial.wgsl"
+            ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
             ShaderKind::BwdPrep => shader!("common.wgsl", "bwd_prep.wgsl"),
-            ShaderKind::BwdHist => shader!("common.wgsl", "gemm.wgsl", "bwd_hist.wgsl"),
+            ShaderKind::BwdHist => {
+                shader!("common.wgsl", "tile_io.wgsl", "gemm.wgsl", "bwd_hist.wgsl")
+            }
             ShaderKind::BwdTau => shader!("common.wgsl", "bwd_tau.wgsl"),
-            ShaderKind::BwdDe => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_de.wgsl"),
-            ShaderKind::BwdDc => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_dc.wgsl"),
+            ShaderKind::BwdDe => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "grad.wgsl",
+                "bwd_de.wgsl"
+            ),
+            ShaderKind::BwdDc => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "grad.wgsl",
+                "bwd_dc.wgsl"
+            ),
             ShaderKind::Finalize => shader!("common.wgsl", "finalize.wgsl"),
             ShaderKind::WSum => shader!("common.wgsl", "wsum.wgsl"),
             ShaderKind::StatReduce => shader!("common.wgsl", "stat_reduce.wgsl"),
         }
     }
 
-    /// Whether the shader includes gemm.wgsl (and so has the `WG`, `TK` overrides).
+    /// Whether the shader computes logits tiles (includes tile_io.wgsl: the `WG` override,
+    /// e and c bound as vec4).
     pub fn is_tiled(self) -> bool {
+        self.has_panels() || self == ShaderKind::FwdPartialCoop
+    }
+
+    /// Whether the shader includes gemm.wgsl (the FMA panels: the `TK` override).
+    pub fn has_panels(self) -> bool {
         matches!(
             self,
             ShaderKind::FwdPartial | ShaderKind::BwdHist | ShaderKind::BwdDe | ShaderKind::BwdDc
@@ -90,6 +127,7 @@ impl ShaderKind {
     pub fn name(self) -> &'static str {
         match self {
             ShaderKind::FwdPartial => "fwd_partial",
+            ShaderKind::FwdPartialCoop => "fwd_partial_coop",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -103,11 +141,14 @@ impl ShaderKind {
         }
     }
 
-    /// Override constants of a pipeline: `DTYPE` always, `WG` and `TK` for tiled shaders.
+    /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders, `TK` for
+    /// those with FMA panels.
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
             c.push(("WG", wg as f64));
+        }
+        if self.has_panels() {
             c.push(("TK", tk as f64));
         }
         c

@@ -1,5 +1,6 @@
 //! CPU-only: every shader parses and validates with naga, also after its override constants
-//! are applied for each dtype and a few tile configurations.
+//! are applied for each dtype and a few tile configurations, and translates to SPIR-V (the
+//! cooperative-matrix shader included, which no CI adapter runs).
 
 use cce_wgpu::ShaderKind;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -26,7 +27,7 @@ fn every_shader_validates_with_its_overrides() {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
-                naga::back::pipeline_constants::process_overrides(
+                let (m, i) = naga::back::pipeline_constants::process_overrides(
                     &module,
                     &info,
                     Some((naga::ShaderStage::Compute, "main")),
@@ -34,7 +35,21 @@ fn every_shader_validates_with_its_overrides() {
                 )
                 .unwrap_or_else(|e| {
                     panic!(
-                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e}",
+                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e:?}",
+                        kind.name()
+                    )
+                });
+                let stage = naga::back::spv::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: "main".into(),
+                };
+                let options = naga::back::spv::Options {
+                    lang_version: (1, 3),
+                    ..Default::default()
+                };
+                naga::back::spv::write_vec(&m, &i, &options, Some(&stage)).unwrap_or_else(|e| {
+                    panic!(
+                        "{}: SPIR-V dtype {dtype} wg {wg} tk {tk}: {e:?}",
                         kind.name()
                     )
                 });

@@ -3,6 +3,7 @@
 use super::interop::ForwardDest;
 use super::{dtype_code, tiles, WgpuBackend};
 use crate::buffers::WgpuTensor;
+use crate::config::use_cooperative_matrix;
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::problem::check_masked_targets;
 use cce_core::{CceError, DType, ForwardOutput, Inputs, Options, Reduction, Result};
@@ -48,6 +49,11 @@ impl WgpuBackend {
             _ => 1.0,
         };
 
+        let fwd_kind = if use_cooperative_matrix(&self.cfg, ctx.coop, dt) {
+            ShaderKind::FwdPartialCoop
+        } else {
+            ShaderKind::FwdPartial
+        };
         let mut enc = self.encoder();
         {
             let mut pass = Self::pass(&mut enc, "forward");
@@ -82,7 +88,7 @@ impl WgpuBackend {
                     };
                     self.run(
                         &mut pass,
-                        ShaderKind::FwdPartial,
+                        fwd_kind,
                         dt,
                         &prm,
                         &[e_b, c_b, b_b, tgt_b, part_b, tl_b],
