@@ -4,8 +4,9 @@
 //!
 //! ```text
 //! cce-bench-wgpu [--shapes gemma2,seed] [--data c/8,randn,lm] [--reps 3] [--deadline-s 240]
-//!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl]
-//!                [--configs 8:16,8:32]
+//!                [--dtype bf16] [--peak-tflops 67] [--exact] [--out results.jsonl] [--ab]
+//!                [--adapter-report] [--softcap 30] [--target-workgroups 2048]
+//!                [--configs 8:16,8:32,8:16:checked]
 //! ```
 //! (clap: `--help` lists the options with their defaults.)
 //! Data: `randn` (e, c ~ N(0, 1)) and `c/8` (c scaled by 1/8) generated here with uniform
@@ -14,9 +15,19 @@
 //! FLOP: one logits GEMM is `2·N·V·D`. The forward executes 1; the backward executes 1 per
 //! threshold pass (filter on) plus 2 per pass over the kept fraction of tiles (d_e and d_c).
 //! "floor rate" divides the 3-GEMM floor (1 for forward only) by the time; "executed rate"
-//! divides the FLOP actually executed.
+//! divides the FLOP actually executed. Rates print in TFLOP/s, or GFLOP/s below 1 TFLOP/s
+//! (CPU adapters such as lavapipe).
+//! `--ab` times every config of `--configs` in alternation instead (one call of each per
+//! round, so that a shared, noisy machine slows them alike) and prints per config the median
+//! wall time and process CPU time (all threads, from /proc/self/stat: the work of a CPU
+//! adapter's threads, less sensitive to other processes than wall time) with the ratio to the
+//! first config.
+//! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
+//! checks, loop bounding); without the suffix they are built trusted (the backend's default).
+//! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
+//! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
 
-use cut_cross_entropy::cce_wgpu::WgpuBackend;
+use cut_cross_entropy::cce_wgpu::{KernelConfig, WgpuBackend};
 use cut_cross_entropy::{
     Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
@@ -31,9 +42,14 @@ struct Args {
     dtype: DType,
     peak: f64,
     exact: bool,
+    ab: bool,
+    adapter_report: bool,
+    softcap: Option<f32>,
+    target_workgroups: Option<u32>,
     out: Option<String>,
-    /// Kernel configs `wg:tk` to compare on the first forward; the fastest is kept.
-    configs: Vec<(u32, u32)>,
+    /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
+    /// is kept.
+    configs: Vec<ConfigSpec>,
 }
 
 /// Command line (formats in the module docs).
@@ -64,12 +80,89 @@ struct Cli {
     /// Exact mode (filter off) instead of the default filter.
     #[arg(long)]
     exact: bool,
+    /// Time the configs of --configs in alternation (A/B) instead of keeping the fastest.
+    #[arg(long)]
+    ab: bool,
+    /// Print the adapter report (features, limits, cooperative-matrix configurations) and exit.
+    #[arg(long)]
+    adapter_report: bool,
+    /// Softcap of the logits (e.g. 30 for Gemma 2), none by default.
+    #[arg(long)]
+    softcap: Option<f32>,
+    /// KernelConfig::target_workgroups for every config (the adapter's default otherwise).
+    #[arg(long)]
+    target_workgroups: Option<u32>,
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk`, comma list, compared on the first forward.
+    /// Kernel configs `wg:tk[:checked][:fma|:coop]`, comma list, compared on the first forward.
     #[arg(long)]
     configs: Option<String>,
+}
+
+/// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
+/// `:fma` / `:coop` (the cooperative-matrix forward off / on; it runs only where the backend
+/// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it).
+#[derive(Clone, Copy, Debug)]
+struct ConfigSpec {
+    wg: u32,
+    tk: u32,
+    checked: bool,
+    coop: Option<bool>,
+}
+
+impl ConfigSpec {
+    fn parse(c: &str) -> Result<Self, String> {
+        let bad =
+            |why: String| format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop])");
+        let mut parts = c.split(':');
+        let mut num = |what: &str| -> Result<u32, String> {
+            parts
+                .next()
+                .ok_or_else(|| bad(format!("no {what}")))?
+                .parse()
+                .map_err(|e| bad(format!("{what}: {e}")))
+        };
+        let (wg, tk) = (num("wg")?, num("tk")?);
+        let mut spec = ConfigSpec {
+            wg,
+            tk,
+            checked: false,
+            coop: None,
+        };
+        for flag in parts {
+            match flag {
+                "checked" => spec.checked = true,
+                "fma" => spec.coop = Some(false),
+                "coop" => spec.coop = Some(true),
+                other => return Err(bad(format!("unknown flag {other:?}"))),
+            }
+        }
+        Ok(spec)
+    }
+
+    fn apply(&self, base: KernelConfig) -> KernelConfig {
+        KernelConfig {
+            wg: self.wg,
+            tk: self.tk,
+            runtime_checks: self.checked,
+            cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
+            ..base
+        }
+    }
+
+    fn name(&self) -> String {
+        let mut n = format!("{}:{}", self.wg, self.tk);
+        if self.checked {
+            n += ":checked";
+        }
+        match self.coop {
+            Some(true) => n += ":coop",
+            Some(false) => n += ":fma",
+            None => {}
+        }
+        n
+    }
 }
 
 fn parse() -> Result<Args, String> {
@@ -79,15 +172,7 @@ fn parse() -> Result<Args, String> {
         None => vec![],
         Some(c) => c
             .split(',')
-            .map(|c| {
-                let (w, t) = c
-                    .split_once(':')
-                    .ok_or_else(|| format!("--configs {c:?}: want wg:tk"))?;
-                Ok((
-                    w.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
-                    t.parse().map_err(|e| format!("--configs {c:?}: {e}"))?,
-                ))
-            })
+            .map(ConfigSpec::parse)
             .collect::<Result<Vec<_>, String>>()?,
     };
     let shapes = list(&cli.shapes);
@@ -105,6 +190,10 @@ fn parse() -> Result<Args, String> {
             .map_err(|e| format!("--dtype {:?}: {e}", cli.dtype))?,
         peak: cli.peak_tflops,
         exact: cli.exact,
+        ab: cli.ab,
+        adapter_report: cli.adapter_report,
+        softcap: cli.softcap,
+        target_workgroups: cli.target_workgroups,
         out: cli.out,
         configs,
     })
@@ -169,6 +258,110 @@ fn sync_ms(b: &WgpuBackend, f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+/// CPU time of this process (user + system, all threads) in ms, from /proc/self/stat
+/// (`None` where it cannot be read).
+fn process_cpu_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // Linux reports in USER_HZ, 100 on every supported architecture.
+    Some(ticks * 10.0)
+}
+
+/// Wall and process CPU ms of `f`, synchronized before and after.
+fn timed(b: &WgpuBackend, f: impl FnOnce()) -> (f64, f64) {
+    b.synchronize().unwrap();
+    let c0 = process_cpu_ms().unwrap_or(f64::NAN);
+    let ms = sync_ms(b, f);
+    (ms, process_cpu_ms().unwrap_or(f64::NAN) - c0)
+}
+
+/// `--ab`: the configs of `--configs` timed in alternation, forward then forward+backward.
+fn ab(
+    b: &WgpuBackend,
+    args: &Args,
+    start: Instant,
+    inputs: &Inputs<'_, cut_cross_entropy::cce_wgpu::WgpuTensor>,
+    opts: &Options,
+    label: &str,
+) {
+    let backends: Vec<(String, WgpuBackend)> = args
+        .configs
+        .iter()
+        .filter_map(|spec| {
+            let name = spec.name();
+            match b.with_config(spec.apply(b.config())) {
+                Ok(bc) => Some((name, bc)),
+                Err(e) => {
+                    println!("  config {name}: {e}");
+                    None
+                }
+            }
+        })
+        .collect();
+    type Call<'a> = &'a dyn Fn(&WgpuBackend);
+    let passes: [(&str, Call<'_>); 2] = [
+        ("forward", &|bc: &WgpuBackend| {
+            bc.forward(inputs, opts).unwrap();
+        }),
+        ("fwd+bwd", &|bc: &WgpuBackend| {
+            bc.forward_backward(inputs, opts, &Upstream::default())
+                .unwrap();
+        }),
+    ];
+    for (pass, call) in passes {
+        if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
+            println!("| {label} | {pass} | skipped, deadline |");
+            continue;
+        }
+        let mut wall = vec![Vec::new(); backends.len()];
+        let mut cpu = vec![Vec::new(); backends.len()];
+        for r in 0..=args.reps {
+            let round = Instant::now();
+            for (k, (name, bc)) in backends.iter().enumerate() {
+                let (w, c) = timed(bc, || call(bc));
+                println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
+                if r > 0 {
+                    wall[k].push(w);
+                    cpu[k].push(c);
+                }
+            }
+            // Another round (and the other pass) must fit the deadline; the warm-up round,
+            // which compiles the pipelines, does not predict the others.
+            let left = args.deadline_s - start.elapsed().as_secs_f64();
+            if left < 5.0 || (r > 0 && left < 3.0 * round.elapsed().as_secs_f64() + 5.0) {
+                println!("  {pass}: deadline after round {r}");
+                break;
+            }
+        }
+        if wall.iter().any(|w| w.is_empty()) {
+            println!("| {label} | {pass} | only the warm-up round fitted the deadline |");
+            continue;
+        }
+        let (w0, c0) = (median(wall[0].clone()), median(cpu[0].clone()));
+        for (k, (name, _)) in backends.iter().enumerate() {
+            let (w, c) = (median(wall[k].clone()), median(cpu[k].clone()));
+            println!(
+                "| {label} | {pass} | {name} | {w:.1} ms wall ({:.3}x) | {c:.0} ms cpu ({:.3}x) | median of {} |",
+                w / w0,
+                c / c0,
+                wall[k].len()
+            );
+        }
+    }
+}
+
+/// A rate in FLOP/s as text: TFLOP/s, or GFLOP/s below 1 TFLOP/s.
+fn rate(flop_per_s: f64) -> String {
+    if flop_per_s >= 1e12 {
+        format!("{:.2} TFLOP/s", flop_per_s / 1e12)
+    } else {
+        format!("{:.3} GFLOP/s", flop_per_s / 1e9)
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -184,6 +377,17 @@ fn main() {
     };
     let start = Instant::now();
     let mut b = WgpuBackend::new().expect("wgpu backend");
+    if args.adapter_report {
+        print!("{}", b.adapter_report());
+        return;
+    }
+    if let Some(tw) = args.target_workgroups {
+        let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
+            target_workgroups: tw,
+            ..b.config()
+        };
+        b = b.with_config(cfg).expect("--target-workgroups");
+    }
     let mut tuned = args.configs.is_empty();
     let info = b.adapter_info();
     println!(
@@ -261,22 +465,33 @@ fn main() {
                 bias: None,
                 targets: &ybuf,
             };
-            let opts = if args.exact {
-                Options::exact()
-            } else {
-                Options::default()
+            let opts = Options {
+                softcap: args.softcap,
+                ..if args.exact {
+                    Options::exact()
+                } else {
+                    Options::default()
+                }
             };
+            if args.ab {
+                ab(
+                    &b,
+                    &args,
+                    start,
+                    &inputs,
+                    &opts,
+                    &format!("{sname} {n}x{d}x{v} {data}"),
+                );
+                continue;
+            }
             if !tuned {
                 tuned = true;
                 let mut best = (f64::MAX, b.config());
-                for &(wg, tk) in &args.configs {
-                    let cfg = cut_cross_entropy::cce_wgpu::KernelConfig {
-                        wg,
-                        tk,
-                        ..b.config()
-                    };
+                for spec in &args.configs {
+                    let cfg = spec.apply(b.config());
+                    let name = spec.name();
                     let Ok(bc) = b.with_config(cfg) else {
-                        println!("  config {wg}:{tk}: not supported here");
+                        println!("  config {name}: not supported here");
                         continue;
                     };
                     let mut t = f64::MAX;
@@ -285,8 +500,11 @@ fn main() {
                             bc.forward(&inputs, &opts).unwrap();
                         });
                     }
-                    println!("  config wg {wg} tk {tk}: forward {t:.1} ms");
-                    table.push(format!("| {sname} | {data} | forward, config wg {wg} tk {tk} | {t:.1} ms | {:.2} TFLOP/s | | tuning |", gemm / (t * 1e-3) / 1e12));
+                    println!("  config {name}: forward {t:.1} ms");
+                    table.push(format!(
+                        "| {sname} | {data} | forward, config {name} | {t:.1} ms | {} | | tuning |",
+                        rate(gemm / (t * 1e-3))
+                    ));
                     if t < best.0 {
                         best = (t, cfg);
                     }
@@ -317,15 +535,30 @@ fn main() {
             let f_ms = median(fwd_ms.clone());
             let f_rate = gemm / (f_ms * 1e-3) / 1e12;
             let row = format!(
-                "| {sname} {n}x{d}x{v} | {data} | forward | {f_ms:.1} ms | {f_rate:.2} TFLOP/s | {:.1}% | 1 GEMM |",
+                "| {sname} {n}x{d}x{v} | {data} | forward | {f_ms:.1} ms | {} | {:.1}% | 1 GEMM |",
+                rate(f_rate * 1e12),
                 100.0 * f_rate / args.peak
             );
             println!("{row}");
             table.push(row);
+            let cfg = b.config();
+            let json_head = format!(
+                "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"softcap\":{},\"config\":\"{}:{}{}{}\",\"target_workgroups\":{},\"forward_ms\":{f_ms:.3},\"forward_tflops\":{f_rate:.3}",
+                args.dtype,
+                args.softcap.map_or("null".into(), |s| s.to_string()),
+                cfg.wg,
+                cfg.tk,
+                if cfg.runtime_checks { ":checked" } else { "" },
+                if cfg.cooperative_matrix { ":coop" } else { "" },
+                cfg.target_workgroups,
+            );
             // Forward + backward.
             let left = args.deadline_s - start.elapsed().as_secs_f64();
             if left < 6.0 * f_ms / 1e3 + 10.0 {
                 println!("  forward+backward: skipped, deadline");
+                if let Some(f) = out.as_mut() {
+                    writeln!(f, "{json_head}}}").unwrap();
+                }
                 continue;
             }
             let mut fb_ms = Vec::new();
@@ -349,6 +582,9 @@ fn main() {
             println!("{st}");
             if fb_ms.is_empty() {
                 println!("  forward+backward: only the warm-up fitted the deadline");
+                if let Some(f) = out.as_mut() {
+                    writeln!(f, "{json_head}}}").unwrap();
+                }
                 continue;
             }
             let fb = median(fb_ms);
@@ -360,8 +596,10 @@ fn main() {
             let floor_rate = 3.0 * gemm / (fb * 1e-3) / 1e12;
             let exec_rate = executed / (fb * 1e-3) / 1e12;
             let row = format!(
-                "| {sname} {n}x{d}x{v} | {data} | fwd+bwd {mode} | {fb:.1} ms | {exec_rate:.2} TFLOP/s executed ({:.1}% of peak); floor rate {floor_rate:.2} | {:.1}% | {:.0}% tiles kept, dropped mass max {:.1e} |",
+                "| {sname} {n}x{d}x{v} | {data} | fwd+bwd {mode} | {fb:.1} ms | {} executed ({:.1}% of peak); floor rate {} | {:.1}% | {:.0}% tiles kept, dropped mass max {:.1e} |",
+                rate(exec_rate * 1e12),
                 100.0 * exec_rate / args.peak,
+                rate(floor_rate * 1e12),
                 100.0 * floor_rate / args.peak,
                 100.0 * kept,
                 st.dropped_mass_max
@@ -371,8 +609,8 @@ fn main() {
             if let Some(f) = out.as_mut() {
                 writeln!(
                     f,
-                    "{{\"shape\":\"{sname}\",\"n\":{n},\"d\":{d},\"v\":{v},\"data\":\"{data}\",\"dtype\":\"{}\",\"mode\":\"{mode}\",\"forward_ms\":{f_ms:.3},\"fwd_bwd_ms\":{fb:.3},\"tiles_kept\":{kept:.4},\"forward_tflops\":{f_rate:.3},\"fwd_bwd_exec_tflops\":{exec_rate:.3},\"fwd_bwd_floor_tflops\":{floor_rate:.3}}}",
-                    args.dtype
+                    "{json_head},\"fwd_bwd_ms\":{fb:.3},\"tiles_kept\":{kept:.4},\"dropped_mass_max\":{:.3e},\"fwd_bwd_exec_tflops\":{exec_rate:.3},\"fwd_bwd_floor_tflops\":{floor_rate:.3}}}",
+                    st.dropped_mass_max
                 )
                 .unwrap();
             }

@@ -21,6 +21,9 @@
 //   None: one thread per row.
 // Thread mapping
 //   global_invocation_id.x = row of the chunk; 64 threads per workgroup.
+// Bounds
+//   Per-row arrays at r < n_rows (guard); dloss and dlse only under their flags (otherwise
+//   the binding is a 256-byte stand-in that is never read).
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> tgt: array<i32>;

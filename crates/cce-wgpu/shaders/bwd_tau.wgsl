@@ -11,6 +11,9 @@
 //   k.. is ≤ δ, else 0 (skip nothing).
 // Thread mapping
 //   global_invocation_id.x = row of the chunk; 64 threads per workgroup.
+// Bounds
+//   hist[r*N_BINS + k] and rs[r] for r < n_rows (guard), k < N_BINS; edges[best] only when
+//   best < N_BINS.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> hist: array<u32>;

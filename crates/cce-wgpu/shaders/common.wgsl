@@ -6,9 +6,14 @@
 //   Element offsets (`e_off`, `c_off`, `b_off`, `out_off`) are in elements of the bound
 //   buffer's dtype, relative to the (256-byte aligned) start of the binding.
 // Tiling
-//   None here (see gemm.wgsl).
+//   None here (see tile_io.wgsl and gemm.wgsl).
 // Thread mapping
 //   None here.
+// Bounds
+//   No storage access here. Workgroup and storage arrays of every shader are indexed as its
+//   own header states; the host checks each binding against the extent the shader may touch
+//   (src/bounds.rs) before every dispatch, so modules are created without wgpu's runtime
+//   checks.
 //
 // dtype override `DTYPE`: 0 = f32 (one element per u32 word), 1 = f16, 2 = bf16 (two elements
 // per u32 word, element 2k in the low half). Storage buffers of floats are `array<u32>` for all

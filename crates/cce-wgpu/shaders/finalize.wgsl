@@ -17,6 +17,10 @@
 //   threads touch the same word; chunk boundaries fall on even elements.
 // Thread mapping
 //   global_invocation_id.x + 65535*64*global_invocation_id.y = unit (element or word).
+// Bounds
+//   slab[s*slab_stride + idx] with s < n_slabs, idx < n_units; vec_in[e_off + idx % d] and
+//   rs[idx / d] only under FLAG_LS_ANALYTIC (d >= 1, host-checked); out[out_off + u] (f32) or
+//   out[out_off/2 + u] (16-bit, out_off even, host-checked) for units below n_units.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> slab: array<f32>;

@@ -25,6 +25,9 @@
 //   None: one thread per row; partials merged in column order (deterministic).
 // Thread mapping
 //   global_invocation_id.x = row of the chunk; 64 threads per workgroup.
+// Bounds
+//   Per-row arrays at r < n_rows (guard); part[r*part_stride + k] with k < part_stride;
+//   bad[0..2] of 4 words.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> part: array<Part>;

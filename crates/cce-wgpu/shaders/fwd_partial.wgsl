@@ -1,7 +1,7 @@
 // fwd_partial.wgsl: forward pass, online log-sum-exp over the class tiles of one split.
 //
 // Parameters
-//   bindings 0-3: see gemm.wgsl (params, e, c, bias of the current row/class chunk).
+//   bindings 0-3: see tile_io.wgsl (params, e, c, bias of the current row/class chunk).
 //   binding 4 `tgt`    [n_rows] i32: prepared target class of each row (global index), -1 ignored.
 //   binding 5 `part`   [n_rows, part_stride] Part (common.wgsl), read_write: per (row, split)
 //                      the online log-sum-exp state and argmax; column `part_base + split`.
@@ -12,22 +12,115 @@
 // whose every logit is masked gives s = 0, never NaN; `mk` records it.
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
-//   [s*split_tiles, (s+1)*split_tiles) of the chunk; each thread keeps an online
-//   (max, sum, ...) state per row over its own 8 classes of every tile, merged across the WG
-//   threads of a row in fixed order at the end (deterministic, no atomics).
+//   [s*split_tiles, (s+1)*split_tiles) of the chunk. Per tile, each thread reduces each of its
+//   8 rows over its own 8 classes into a Part (max, Σ exp(z − max), ...) in `red`; after a
+//   barrier the owner of each row merges the WG Parts of the row, in tx order, into the row's
+//   running state in `rows` (workgroup memory, so no thread keeps state for 8 rows in
+//   registers). Deterministic, no atomics.
 // Thread mapping
-//   As gemm.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile.
+//   As tile_io.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; the owner
+//   of tile row rl is thread rl mod WG*WG (rows rl = li, li + WG*WG, ...).
+// Bounds
+//   tgt[r], tlogit[r] and part[r*part_stride + part_base + split] only for r < n_rows, with
+//   split = workgroup_id.x < part_stride − part_base (host-checked); red[rl*WG + tx] with
+//   rl < TILE = 8*WG, tx < WG; rows[rl] and ys[rl] with rl < TILE.
 
 @group(0) @binding(4) var<storage, read> tgt: array<i32>;
 @group(0) @binding(5) var<storage, read_write> part: array<Part>;
 @group(0) @binding(6) var<storage, read_write> tlogit: array<f32>;
 
-// Per (row of tile, tx): the thread's state.
+// Per (tile row, tx): the thread's Part of the current tile.
 var<workgroup> red: array<Part, 8u * WG * WG>;
+// Per tile row: the running state over the tiles so far.
+var<workgroup> rows: array<Part, 8u * WG>;
+// Per tile row: its target (global class), -1 for none or past the chunk.
+var<workgroup> ys: array<i32, 8u * WG>;
 
-@compute @workgroup_size(WG, WG, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
+fn part_empty() -> Part {
+    return Part(NEG_BIG, 0.0, 0.0, 0.0, NEG_BIG, NO_INDEX, 0.0, 0u);
+}
+
+// Merge of two Parts (b after a: ties of the argmax go to the lower class).
+fn merge(a: Part, b: Part) -> Part {
+    let m = max(a.m, b.m);
+    let fa = exp(a.m - m);
+    let fb = exp(b.m - m);
+    var av = a.av;
+    var ai = a.ai;
+    if b.av > av || (b.av == av && b.ai < ai) {
+        av = b.av;
+        ai = b.ai;
+    }
+    return Part(m, a.s * fa + b.s * fb, a.w * fa + b.w * fb, a.sz + b.sz, av, ai,
+                a.r * fa + b.r * fb, a.mk | b.mk);
+}
+
+// The Part of tile row `rl` (chunk row r) over the thread's 8 classes: logits (lo, hi), bias
+// (b_lo, b_hi), the first of the 8 classes global index gj0, `n_ok` of them in the chunk.
+// Writes the target logit when the row's target is among them.
+fn row_part(lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, rl: u32, r: u32,
+            gj0: u32, n_ok: u32) -> Part {
+    var st = part_empty();
+    let y = ys[rl];
+    var z_lo = vec4<f32>(0.0);
+    var z_hi = vec4<f32>(0.0);
+    var used = 0u;
+    for (var jj = 0u; jj < n_ok; jj++) {
+        let x = pick8(lo, hi, jj) + pick8(b_lo, b_hi, jj);
+        let z = cap(x);
+        let gj = gj0 + jj;
+        if i32(gj) == y {
+            tlogit[r] = z;
+        }
+        if is_neg_inf(z) {
+            st.mk |= MASK_ANY;
+            if !is_neg_inf(pick8(b_lo, b_hi, jj)) {
+                st.mk |= MASK_NOT_BIAS;
+            }
+            continue;
+        }
+        if jj < 4u {
+            z_lo[jj] = z;
+        } else {
+            z_hi[jj - 4u] = z;
+        }
+        used |= 1u << jj;
+        st.sz += z;
+        if z > st.av {
+            st.av = z;
+            st.ai = gj;
+        }
+        st.m = max(st.m, z);
+    }
+    for (var jj = 0u; jj < n_ok; jj++) {
+        if (used & (1u << jj)) != 0u {
+            let z = pick8(z_lo, z_hi, jj);
+            let ez = exp(z - st.m);
+            st.s += ez;
+            st.w += ez * z;
+            if i32(gj0 + jj) != y {
+                st.r += ez;
+            }
+        }
+    }
+    return st;
+}
+
+// row_part of micro-tile row i (a constant at every call, so `acc` is indexed by constants).
+fn put_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, r_base: u32, tx: u32,
+           ty: u32, gj0: u32, n_ok: u32) {
+    let rl = ty * 8u + i;
+    let r = r_base + rl;
+    var st = part_empty();
+    if r < P.n_rows {
+        st = row_part((*acc)[2u * i], (*acc)[2u * i + 1u], b[0], b[1], rl, r, gj0, n_ok);
+    }
+    red[rl * WG + tx] = st;
+}
+
+// The pass for workgroup `wid`, invocation `lid` (index `li`); the entry point is
+// fwd_main.wgsl's (FMA logits) or logits_coop.wgsl's (cooperative-matrix logits).
+fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let t = tile();
     var acc: Acc;
     let tx = lid.x;
@@ -38,127 +131,47 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let ct0 = split * P.split_tiles;
     let ct1 = min(ct0 + P.split_tiles, n_ct);
 
-    var y: array<i32, 8>;
-    var m: array<f32, 8>;
-    var s: array<f32, 8>;
-    var w: array<f32, 8>;
-    var sz: array<f32, 8>;
-    var amv: array<f32, 8>;
-    var ami: array<u32, 8>;
-    var rr: array<f32, 8>;
-    var mk: array<u32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let r = r_base + ty * 8u + i;
-        y[i] = -1;
+    for (var rl = li; rl < t; rl += WG * WG) {
+        let r = r_base + rl;
+        ys[rl] = -1;
         if r < P.n_rows {
-            y[i] = tgt[r];
+            ys[rl] = tgt[r];
         }
-        m[i] = NEG_BIG;
-        s[i] = 0.0;
-        w[i] = 0.0;
-        sz[i] = 0.0;
-        amv[i] = NEG_BIG;
-        ami[i] = NO_INDEX;
-        rr[i] = 0.0;
-        mk[i] = 0u;
+        rows[rl] = part_empty();
     }
+    workgroupBarrier();
 
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
         logits_tile(&acc, r_base, c_base, tx, ty, li);
-        var bias: array<f32, 8>;
-        var ok: array<bool, 8>;
-        for (var jj = 0u; jj < 8u; jj++) {
-            let j = c_base + tx * 8u + jj;
-            ok[jj] = j < P.n_cls;
-            bias[jj] = 0.0;
-            if ok[jj] {
-                bias[jj] = ld_bias(j);
+        let j0 = c_base + tx * 8u;
+        let b = ld_bias8(j0);
+        let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
+        let gj0 = P.cls0 + j0;
+        put_row(&acc, 0u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 1u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 2u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 3u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 4u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 5u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 6u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(&acc, 7u, b, r_base, tx, ty, gj0, n_ok);
+        workgroupBarrier();
+        for (var rl = li; rl < t; rl += WG * WG) {
+            var st = rows[rl];
+            for (var k = 0u; k < WG; k++) {
+                st = merge(st, red[rl * WG + k]);
             }
+            rows[rl] = st;
         }
-        for (var i = 0u; i < 8u; i++) {
-            let r = r_base + ty * 8u + i;
-            var z: array<f32, 8>;
-            var use_z: array<bool, 8>;
-            var lm = NEG_BIG;
-            for (var jj = 0u; jj < 8u; jj++) {
-                use_z[jj] = false;
-                if ok[jj] {
-                    let zz = cap(acc_get(&acc, i, jj) + bias[jj]);
-                    z[jj] = zz;
-                    let gj = P.cls0 + c_base + tx * 8u + jj;
-                    if i32(gj) == y[i] && r < P.n_rows {
-                        tlogit[r] = zz;
-                    }
-                    if is_neg_inf(zz) {
-                        mk[i] |= MASK_ANY;
-                        if !is_neg_inf(bias[jj]) {
-                            mk[i] |= MASK_NOT_BIAS;
-                        }
-                        continue;
-                    }
-                    use_z[jj] = true;
-                    sz[i] += zz;
-                    if zz > amv[i] {
-                        amv[i] = zz;
-                        ami[i] = gj;
-                    }
-                    lm = max(lm, zz);
-                }
-            }
-            if lm > m[i] {
-                let f = exp(m[i] - lm);
-                s[i] *= f;
-                w[i] *= f;
-                rr[i] *= f;
-                m[i] = lm;
-            }
-            for (var jj = 0u; jj < 8u; jj++) {
-                if use_z[jj] {
-                    let ez = exp(z[jj] - m[i]);
-                    s[i] += ez;
-                    w[i] += ez * z[jj];
-                    if i32(P.cls0 + c_base + tx * 8u + jj) != y[i] {
-                        rr[i] += ez;
-                    }
-                }
-            }
-        }
+        // The next tile's epilogue writes `red` after logits_tile's barriers.
     }
 
-    for (var i = 0u; i < 8u; i++) {
-        let rl = ty * 8u + i;
-        red[rl * WG + tx] = Part(m[i], s[i], w[i], sz[i], amv[i], ami[i], rr[i], mk[i]);
-    }
     workgroupBarrier();
     for (var rl = li; rl < t; rl += WG * WG) {
         let r = r_base + rl;
         if r < P.n_rows {
-            var bm = NEG_BIG;
-            for (var k = 0u; k < WG; k++) {
-                bm = max(bm, red[rl * WG + k].m);
-            }
-            var bs = 0.0;
-            var bw = 0.0;
-            var bsz = 0.0;
-            var av = NEG_BIG;
-            var ai = NO_INDEX;
-            var br = 0.0;
-            var bmk = 0u;
-            for (var k = 0u; k < WG; k++) {
-                let st = red[rl * WG + k];
-                let f = exp(st.m - bm);
-                bs += st.s * f;
-                bw += st.w * f;
-                br += st.r * f;
-                bmk |= st.mk;
-                bsz += st.sz;
-                if st.av > av || (st.av == av && st.ai < ai) {
-                    av = st.av;
-                    ai = st.ai;
-                }
-            }
-            part[r * P.part_stride + P.part_base + split] = Part(bm, bs, bw, bsz, av, ai, br, bmk);
+            part[r * P.part_stride + P.part_base + split] = rows[rl];
         }
     }
 }

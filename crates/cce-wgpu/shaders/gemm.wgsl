@@ -1,126 +1,120 @@
-// gemm.wgsl: the logits tile shared by the forward, threshold and backward shaders
-// (prepended after common.wgsl).
+// gemm.wgsl: the logits tile by f32 FMA through double-buffered workgroup panels, shared by
+// the forward, threshold and backward shaders (prepended after common.wgsl and tile_io.wgsl).
 //
 // Parameters
-//   binding 1 `e_buf`: e rows of the row chunk, [n_rows, D] row-major, dtype DTYPE, starting at
-//                      element `P.e_off`.
-//   binding 2 `c_buf`: c rows of the class chunk, [n_cls, D] row-major, from element `P.c_off`.
-//   binding 3 `b_buf`: bias of the class chunk, [n_cls], from element `P.b_off` (FLAG_BIAS).
+//   Bindings and flags of tile_io.wgsl; override TK.
 // Tiling
-//   A logits tile is TILE x TILE (rows x classes), TILE = 8 * WG (override WG, default 8, so
-//   64 x 64). The depth loop walks D in steps of TK (override, default 16) through workgroup
-//   memory: As[k][row] and Bs[k][class] panels of TK x TILE f32, stored as vec4.
+//   The depth loop walks D in panels of TK (override, a multiple of 4 dividing TILE,
+//   default 16) through workgroup memory, double buffered: while the panel in half `buf` of
+//   As/Bs is multiplied out, the next panel is loaded from global memory into registers
+//   (raw words, `Pref`), then decoded and stored into the other half; one barrier per panel.
+//   Panel layout: As[buf][k][m] (k < TK, m < TILE, four m per vec4), Bs likewise.
+//   A panel is TILE*TK/4 groups of four consecutive elements of one source row (along D for
+//   the logits' row panels, along the D slice for the backward's column panels); thread li
+//   loads groups li + s*WG*WG for s < NG = 2*TK/WG (an integer <= MAXG, host-checked).
 // Thread mapping
-//   WG x WG threads; thread (tx, ty) = local_invocation_id.xy owns the 8 x 8 micro-tile of rows
-//   ty*8 .. ty*8+7 and classes tx*8 .. tx*8+7, held in `acc` as acc[2*i + jj/4][jj % 4] for
-//   row ty*8+i, class tx*8+jj (f32 accumulation); `acc` is a function-local `Acc` passed by
-//   pointer.
+//   As tile_io.wgsl; `outer` adds one depth step of the thread's 8 x 8 micro-tile.
+// Bounds
+//   Groups are valid (`nv` > 0) only for source rows in the chunk and columns < D, and read
+//   through tile_io.wgsl's `load4`. As/Bs: ((buf*TK + k)*TILE + m)/4 with buf < 2, k < TK,
+//   m < TILE, below 2*TK*TILE/4 = 4*TK*WG. Pref: index s < NG <= MAXG.
 
-override WG: u32 = 8u;
 override TK: u32 = 16u;
-const MT: u32 = 8u;
+// Groups of four elements one thread loads per panel.
+override NG: u32 = 2u * TK / WG;
+// Register room for a thread's groups of one panel (NG <= MAXG, host-checked).
+const MAXG: u32 = 8u;
 
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> e_buf: array<u32>;
-@group(0) @binding(2) var<storage, read> c_buf: array<u32>;
-@group(0) @binding(3) var<storage, read> b_buf: array<u32>;
+var<workgroup> As: array<vec4<f32>, 4u * TK * WG>;
+var<workgroup> Bs: array<vec4<f32>, 4u * TK * WG>;
+// Raw words of a thread's groups of one panel: word x of group s holds element x.
+alias Pref = array<vec4<u32>, MAXG>;
 
-var<workgroup> As: array<vec4<f32>, TK * WG * 2u>;
-var<workgroup> Bs: array<vec4<f32>, TK * WG * 2u>;
-// The thread's 8 x 8 micro-tile (a function-local variable of each entry point, passed by
-// pointer, so that drivers keep it in registers).
-alias Acc = array<vec4<f32>, 16>;
-
-fn tile() -> u32 {
-    return WG * MT;
+// A group: element index of its first element in the source binding, valid elements, and
+// its place in the panel (k: depth row, m: first tile column of the four).
+struct Grp {
+    i: u32,
+    nv: u32,
+    k: u32,
+    m: u32,
 }
 
-fn ld_e(i: u32) -> f32 {
-    let j = i + P.e_off;
-    return decode(e_buf[word_of(j)], j);
-}
-
-fn ld_c(i: u32) -> f32 {
-    let j = i + P.c_off;
-    return decode(c_buf[word_of(j)], j);
-}
-
-// Bias of class `j` of the chunk (0 without bias).
-fn ld_bias(j: u32) -> f32 {
-    if !has_flag(FLAG_BIAS) {
-        return 0.0;
+// Group g of a row panel: source rows base.. (n_src of them exist), depth k0..; the group is
+// tile row m = g / (TK/4), depths k0 + 4q .. +3 with q = g % (TK/4). In the panel it fills
+// column m of depth rows 4q .. 4q+3.
+fn rows_group(is_e: bool, base: u32, n_src: u32, k0: u32, g: u32) -> Grp {
+    let m = g / (TK / 4u);
+    let k = 4u * (g % (TK / 4u));
+    let col = k0 + k;
+    var nv = 0u;
+    if base + m < n_src && col < P.d {
+        nv = min(P.d - col, 4u);
     }
-    let k = j + P.b_off;
-    return decode(b_buf[word_of(k)], k);
+    return Grp(src_off(is_e) + (base + m) * P.d + col, nv, k, m);
 }
 
-// As[k][m] = e[r_base + m][k0 + k] (0 outside the chunk).
-fn stage_a_rows_e(r_base: u32, k0: u32, li: u32) {
+// Group g of a column panel: source rows j_base + k for k < TK (n_src exist), columns
+// d0 + 4q .. +3 of the D slice with k = g / (TILE/4), q = g % (TILE/4). In the panel it fills
+// columns 4q .. 4q+3 of depth row k.
+fn cols_group(is_e: bool, j_base: u32, n_src: u32, d0: u32, g: u32) -> Grp {
+    let t4 = 2u * WG;
+    let k = g / t4;
+    let m = 4u * (g % t4);
+    let col = d0 + m;
+    var nv = 0u;
+    if j_base + k < n_src && col < P.d {
+        nv = min(P.d - col, 4u);
+    }
+    return Grp(src_off(is_e) + (j_base + k) * P.d + col, nv, k, m);
+}
+
+fn fetch_rows(pf: ptr<function, Pref>, is_e: bool, base: u32, n_src: u32, k0: u32, li: u32) {
+    for (var s = 0u; s < NG; s++) {
+        let gr = rows_group(is_e, base, n_src, k0, li + s * WG * WG);
+        (*pf)[s] = load4(is_e, gr.i, gr.nv);
+    }
+}
+
+fn fetch_cols(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32, li: u32) {
+    for (var s = 0u; s < NG; s++) {
+        let gr = cols_group(is_e, j_base, n_src, d0, li + s * WG * WG);
+        (*pf)[s] = load4(is_e, gr.i, gr.nv);
+    }
+}
+
+// Store a row panel of e into As[buf] (transposed: depth-major).
+fn put_rows_a(pf: ptr<function, Pref>, base: u32, n_src: u32, k0: u32, li: u32, buf: u32) {
     let t = tile();
-    let nthreads = WG * WG;
-    for (var f = li; f < TK * t; f += nthreads) {
-        let k = f % TK;
-        let m = f / TK;
-        let r = r_base + m;
-        var v = 0.0;
-        if r < P.n_rows && k0 + k < P.d {
-            v = ld_e(r * P.d + k0 + k);
+    for (var s = 0u; s < NG; s++) {
+        let gr = rows_group(true, base, n_src, k0, li + s * WG * WG);
+        let v = decode4((*pf)[s], gr.i);
+        for (var x = 0u; x < 4u; x++) {
+            let f = (buf * TK + gr.k + x) * t + gr.m;
+            As[f >> 2u][f & 3u] = v[x];
         }
-        As[(k * t + m) / 4u][m & 3u] = v;
     }
 }
 
-// Bs[k][m] = c[c_base + m][k0 + k] (0 outside the chunk).
-fn stage_b_rows_c(c_base: u32, k0: u32, li: u32) {
+// Store a row panel of c into Bs[buf] (transposed: depth-major).
+fn put_rows_b(pf: ptr<function, Pref>, base: u32, n_src: u32, k0: u32, li: u32, buf: u32) {
     let t = tile();
-    let nthreads = WG * WG;
-    for (var f = li; f < TK * t; f += nthreads) {
-        let k = f % TK;
-        let m = f / TK;
-        let j = c_base + m;
-        var v = 0.0;
-        if j < P.n_cls && k0 + k < P.d {
-            v = ld_c(j * P.d + k0 + k);
+    for (var s = 0u; s < NG; s++) {
+        let gr = rows_group(false, base, n_src, k0, li + s * WG * WG);
+        let v = decode4((*pf)[s], gr.i);
+        for (var x = 0u; x < 4u; x++) {
+            let f = (buf * TK + gr.k + x) * t + gr.m;
+            Bs[f >> 2u][f & 3u] = v[x];
         }
-        Bs[(k * t + m) / 4u][m & 3u] = v;
     }
 }
 
-// Bs[k][m] = c[j_base + k][d0 + m] for k < TK (0 outside).
-fn stage_b_cols_c(j_base: u32, d0: u32, li: u32) {
+// Store a column panel of e (`is_e`) or c into Bs[buf] (as it lies: one vec4 per group).
+fn put_cols_b(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32, li: u32,
+              buf: u32) {
     let t = tile();
-    let nthreads = WG * WG;
-    for (var f = li; f < TK * t; f += nthreads) {
-        let m = f % t;
-        let k = f / t;
-        let j = j_base + k;
-        var v = 0.0;
-        if j < P.n_cls && d0 + m < P.d {
-            v = ld_c(j * P.d + d0 + m);
-        }
-        Bs[(k * t + m) / 4u][m & 3u] = v;
-    }
-}
-
-// Bs[k][m] = e[r_base + k][d0 + m] for k < TK (0 outside).
-fn stage_b_cols_e(r_base: u32, d0: u32, li: u32) {
-    let t = tile();
-    let nthreads = WG * WG;
-    for (var f = li; f < TK * t; f += nthreads) {
-        let m = f % t;
-        let k = f / t;
-        let r = r_base + k;
-        var v = 0.0;
-        if r < P.n_rows && d0 + m < P.d {
-            v = ld_e(r * P.d + d0 + m);
-        }
-        Bs[(k * t + m) / 4u][m & 3u] = v;
-    }
-}
-
-fn zero_acc(acc: ptr<function, Acc>) {
-    for (var i = 0u; i < 16u; i++) {
-        (*acc)[i] = vec4<f32>(0.0);
+    for (var s = 0u; s < NG; s++) {
+        let gr = cols_group(is_e, j_base, n_src, d0, li + s * WG * WG);
+        Bs[((buf * TK + gr.k) * t + gr.m) >> 2u] = decode4((*pf)[s], gr.i);
     }
 }
 
@@ -144,31 +138,40 @@ fn outer(acc: ptr<function, Acc>, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b
     (*acc)[15] = fma(vec4<f32>(a1.w), b1, (*acc)[15]);
 }
 
-// acc += As^T Bs over one TK panel.
-fn mma_panel(acc: ptr<function, Acc>, tx: u32, ty: u32) {
+// acc += As[buf]^T Bs[buf] over one TK panel.
+fn mma_panel(acc: ptr<function, Acc>, buf: u32, tx: u32, ty: u32) {
     let t4 = 2u * WG;
     for (var k = 0u; k < TK; k++) {
-        outer(acc, As[k * t4 + 2u * ty], As[k * t4 + 2u * ty + 1u], Bs[k * t4 + 2u * tx], Bs[k * t4 + 2u * tx + 1u]);
+        let o = (buf * TK + k) * t4;
+        outer(acc, As[o + 2u * ty], As[o + 2u * ty + 1u], Bs[o + 2u * tx], Bs[o + 2u * tx + 1u]);
     }
 }
 
-// acc = logits (without bias) of rows r_base.. x classes c_base.. of the chunk.
+// acc = logits (without bias) of rows r_base.. x classes c_base.. of the chunk. Starts by
+// writing As/Bs (the caller's earlier reads of them are behind a barrier) and ends with a
+// barrier.
 fn logits_tile(acc: ptr<function, Acc>, r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) {
     zero_acc(acc);
+    var pa: Pref;
+    var pb: Pref;
+    fetch_rows(&pa, true, r_base, P.n_rows, 0u, li);
+    fetch_rows(&pb, false, c_base, P.n_cls, 0u, li);
+    put_rows_a(&pa, r_base, P.n_rows, 0u, li, 0u);
+    put_rows_b(&pb, c_base, P.n_cls, 0u, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
     for (var k0 = 0u; k0 < P.d; k0 += TK) {
-        stage_a_rows_e(r_base, k0, li);
-        stage_b_rows_c(c_base, k0, li);
+        let more = k0 + TK < P.d;
+        if more {
+            fetch_rows(&pa, true, r_base, P.n_rows, k0 + TK, li);
+            fetch_rows(&pb, false, c_base, P.n_cls, k0 + TK, li);
+        }
+        mma_panel(acc, buf, tx, ty);
+        if more {
+            put_rows_a(&pa, r_base, P.n_rows, k0 + TK, li, buf ^ 1u);
+            put_rows_b(&pb, c_base, P.n_cls, k0 + TK, li, buf ^ 1u);
+        }
         workgroupBarrier();
-        mma_panel(acc, tx, ty);
-        workgroupBarrier();
+        buf ^= 1u;
     }
-}
-
-// Entry (i, jj) of the thread's micro-tile.
-fn acc_get(acc: ptr<function, Acc>, i: u32, jj: u32) -> f32 {
-    return (*acc)[2u * i + jj / 4u][jj & 3u];
-}
-
-fn acc_set(acc: ptr<function, Acc>, i: u32, jj: u32, v: f32) {
-    (*acc)[2u * i + jj / 4u][jj & 3u] = v;
 }

@@ -1,5 +1,5 @@
 // grad.wgsl: G tiles for the backward passes (prepended to bwd_de.wgsl and bwd_dc.wgsl after
-// gemm.wgsl).
+// tile_io.wgsl and gemm.wgsl).
 //
 // Parameters
 //   binding 4 `rs`       [n_rows] RowState: per-row coefficients and threshold (bwd_prep/tau).
@@ -10,9 +10,18 @@
 //                        kept, entries skipped), slot = slot_base + workgroup index.
 // Tiling
 //   The G tile is TILE x TILE f32 in workgroup memory `Gs` (16 KiB at TILE = 64), laid out as
-//   the A operand [k][m] of the second product (see the including shader).
+//   the A operand [k][m] of the second product (see the including shader), which
+//   `prod_slice` multiplies by TILE-wide slices of D of e or c, staged in TK panels through
+//   Bs (double buffered, as gemm.wgsl's logits).
 // Thread mapping
-//   As gemm.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj).
+//   As tile_io.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); the row states of
+//   the row tile are loaded once per tile into `rst` by threads li, li + WG*WG, ...
+// Bounds
+//   rs[r] and dropped[r] only for r < n_rows; counters[slot*4 + 0..3] with slot = slot_base
+//   + workgroup index, below slot_base + grid size (host-checked against the binding);
+//   rst[rl] with rl < TILE; Gs[(k0 + k)*2WG + 2ty + 1] with k0 + k < TILE (TK divides TILE,
+//   host-checked), below 16*WG*WG; Bs and the panel loads as gemm.wgsl; slab as the
+//   including shader.
 //
 // G_ij = (a p_ij − c) off the target, gy at it, times dz/dx = 1 − tanh²(x_ij/s) under softcap
 // (`dcap`, from the uncapped logit x) (MATH.md, "Backward"); g0 = p off the target, g0y at it
@@ -27,74 +36,145 @@
 @group(0) @binding(7) var<storage, read_write> counters: array<u32>;
 
 var<workgroup> Gs: array<vec4<f32>, 16u * WG * WG>;
+// Row state of the current row tile (inactive past the chunk).
+var<workgroup> rst: array<RowState, 8u * WG>;
 var<workgroup> flag_a: atomic<u32>;
 var<workgroup> flag_u: u32;
 var<workgroup> cnt: array<atomic<u32>, 4>;
 
 // Per-thread scratch of a G tile (function-local in the entry point, passed by pointer).
 struct Scratch {
-    st: array<RowState, 8>,  // rows ty*8 + i of the current row tile
-    g0sum: array<f32, 8>,    // Σ g0 of the row's entries in the thread's 8 classes
-    n_ent: u32,              // entries (active row, valid class) of the thread
+    g0_lo: vec4<f32>,  // Σ g0 of micro-tile rows 0..3 over the thread's 8 classes
+    g0_hi: vec4<f32>,  // rows 4..7
+    n_ent: u32,        // entries (active row, valid class) of the thread
 }
 
-// Rows r_base + ty*8 + i of the chunk into `st` (inactive past the end).
-fn load_rows(sc: ptr<function, Scratch>, r_base: u32, ty: u32) {
-    for (var i = 0u; i < 8u; i++) {
-        let r = r_base + ty * 8u + i;
+// Row states of rows r_base.. of the chunk into `rst`, by threads li, li + WG*WG, ... The
+// caller orders this after every read of the previous rows and before the next (barriers).
+fn load_rows(r_base: u32, li: u32) {
+    for (var rl = li; rl < tile(); rl += WG * WG) {
+        let r = r_base + rl;
         if r < P.n_rows {
-            (*sc).st[i] = rs[r];
+            rst[rl] = rs[r];
         } else {
-            (*sc).st[i] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
+            rst[rl] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
         }
     }
 }
 
-// Replace the logits in acc by G; returns whether this thread needs the tile.
-fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, tx: u32) -> bool {
+// Replace micro-tile row i (a constant at every call) of acc by G; returns whether the row
+// needs the tile.
+fn grad_row(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, i: u32,
+            b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> bool {
+    let st = rst[ty * 8u + i];
+    let lo = (*acc)[2u * i];
+    let hi = (*acc)[2u * i + 1u];
+    var g_lo = vec4<f32>(0.0);
+    var g_hi = vec4<f32>(0.0);
     var need = false;
-    (*sc).n_ent = 0u;
-    for (var i = 0u; i < 8u; i++) {
-        (*sc).g0sum[i] = 0.0;
-    }
-    let filtering = has_flag(FLAG_FILTER);
-    for (var jj = 0u; jj < 8u; jj++) {
-        let j = c_base + tx * 8u + jj;
-        let valid_c = j < P.n_cls;
-        var bias = 0.0;
-        if valid_c {
-            bias = ld_bias(j);
-        }
-        let gj = i32(P.cls0 + j);
-        for (var i = 0u; i < 8u; i++) {
+    var g0sum = 0.0;
+    if st.live != 0u {
+        let filtering = has_flag(FLAG_FILTER);
+        for (var jj = 0u; jj < n_ok; jj++) {
+            (*sc).n_ent += 1u;
+            let x = pick8(lo, hi, jj) + pick8(b[0], b[1], jj);
+            let z = cap(x);
             var g = 0.0;
-            let s = (*sc).st[i];
-            if valid_c && s.live != 0u {
-                (*sc).n_ent += 1u;
-                let x = acc_get(acc, i, jj) + bias;
-                let z = cap(x);
-                var g0 = 0.0;
-                if !is_neg_inf(z) {
-                    let p = exp(z - s.lse);
-                    g0 = p;
-                    g = s.a * p - s.c;
-                    if gj == s.y {
-                        g0 = s.g0y;
-                        g = s.gy;
-                    }
-                    if has_flag(FLAG_SOFTCAP) {
-                        g *= dcap(x);
-                    }
+            var g0 = 0.0;
+            if !is_neg_inf(z) {
+                let p = exp(z - st.lse);
+                g0 = p;
+                g = st.a * p - st.c;
+                if i32(gj0 + jj) == st.y {
+                    g0 = st.g0y;
+                    g = st.gy;
                 }
-                if !filtering || g0 >= s.tau {
-                    need = true;
+                if has_flag(FLAG_SOFTCAP) {
+                    g *= dcap(x);
                 }
-                (*sc).g0sum[i] += g0;
             }
-            acc_set(acc, i, jj, g);
+            if !filtering || g0 >= st.tau {
+                need = true;
+            }
+            g0sum += g0;
+            if jj < 4u {
+                g_lo[jj] = g;
+            } else {
+                g_hi[jj - 4u] = g;
+            }
         }
+    }
+    (*acc)[2u * i] = g_lo;
+    (*acc)[2u * i + 1u] = g_hi;
+    if i < 4u {
+        (*sc).g0_lo[i] = g0sum;
+    } else {
+        (*sc).g0_hi[i - 4u] = g0sum;
     }
     return need;
+}
+
+// Replace the logits in acc by G (classes c_base + tx*8 .. of the chunk); returns whether
+// this thread needs the tile.
+fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, tx: u32,
+             ty: u32) -> bool {
+    (*sc).n_ent = 0u;
+    let j0 = c_base + tx * 8u;
+    let b = ld_bias8(j0);
+    let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
+    let gj0 = P.cls0 + j0;
+    var need = grad_row(acc, sc, 0u, b, ty, gj0, n_ok);
+    need = grad_row(acc, sc, 1u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 2u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 3u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 4u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 5u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 6u, b, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 7u, b, ty, gj0, n_ok) || need;
+    return need;
+}
+
+// acc = Σ_k Gs[k][m] · X[j_base + k][d0 + n] over the TILE rows k of Gs (m: the thread's
+// rows ty*8.., n: its columns tx*8.. of the D slice at d0), X = e (`is_e`) or c with n_src
+// rows in the chunk; the X panels double buffered through Bs as in logits_tile. Gs must be
+// written before the call (the first barrier here orders it); ends with a barrier.
+fn prod_slice(acc: ptr<function, Acc>, is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32,
+              ty: u32, li: u32) {
+    let t = tile();
+    let t4 = 2u * WG;
+    zero_acc(acc);
+    var pb: Pref;
+    fetch_cols(&pb, is_e, j_base, n_src, d0, li);
+    put_cols_b(&pb, is_e, j_base, n_src, d0, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < t; k0 += TK) {
+        let more = k0 + TK < t;
+        if more {
+            fetch_cols(&pb, is_e, j_base + k0 + TK, n_src, d0, li);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let ka = (k0 + k) * t4 + 2u * ty;
+            let kb = (buf * TK + k) * t4 + 2u * tx;
+            outer(acc, Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
+        }
+        if more {
+            put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);
+        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+}
+
+// slab[base + n0 + jj] += micro-tile row i (a constant at every call) for n0 + jj < D.
+fn add_row(acc: ptr<function, Acc>, i: u32, base: u32, n0: u32) {
+    let lo = (*acc)[2u * i];
+    let hi = (*acc)[2u * i + 1u];
+    for (var jj = 0u; jj < 8u; jj++) {
+        if n0 + jj < P.d {
+            slab[base + n0 + jj] += pick8(lo, hi, jj);
+        }
+    }
 }
 
 // Workgroup-uniform OR of `need`.

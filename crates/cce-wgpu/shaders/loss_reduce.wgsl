@@ -12,6 +12,8 @@
 //   tree in workgroup memory (deterministic).
 // Thread mapping
 //   local_invocation_index = t.
+// Bounds
+//   loss_rows[r] for r < n_rows (loop bound); out[0]; sh[t + h] below 256 (t < h <= 128).
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> loss_rows: array<f32>;

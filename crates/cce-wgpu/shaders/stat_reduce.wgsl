@@ -10,6 +10,9 @@
 //   One workgroup of 256 threads, strided rows then a fixed tree (deterministic).
 // Thread mapping
 //   local_invocation_index = t.
+// Bounds
+//   dropped[r], tgt[r] for r < n_rows (loop bound); out[0..1]; smax/ssum[t] and [t + h] below
+//   256 (h <= 128 only for t < h).
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> dropped: array<u32>;

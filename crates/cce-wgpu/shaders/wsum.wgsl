@@ -12,6 +12,9 @@
 //   None; each thread walks its column over the chunk's rows in order (deterministic).
 // Thread mapping
 //   global_invocation_id.x = column d (d = D: the sum of weights).
+// Bounds
+//   x at e_off + r*D + d for r < n_rows, d < D; rs[r] only with FLAG_WEIGHTED; out[d] for
+//   d <= D (guard), out holding D + 1 floats.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> x_buf: array<u32>;

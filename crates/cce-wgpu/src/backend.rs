@@ -1,10 +1,11 @@
 //! `WgpuBackend`: the `cce_core::Backend` implementation; the passes are in `forward` and
 //! `backward`.
 
+use crate::bounds::{check_dispatch, ROW_STATE_BYTES};
 use crate::buffers::{Bind, Ctx, WgpuTensor};
+use crate::config::{panel_load_flags, KernelConfig};
 use crate::context::{Context, BACKEND};
 use crate::pipelines::{flags, Params, ShaderKind};
-use cce_core::filter::N_BINS;
 use cce_core::plan::Plan;
 use cce_core::{
     Backend, BackwardOutput, CallStats, CceError, DType, DeviceLimits, ForwardOutput, HostTensor,
@@ -18,44 +19,6 @@ use wgpu::util::DeviceExt;
 mod backward;
 mod forward;
 pub(crate) mod interop;
-
-/// Kernel configuration: the tile shape of the shaders and how much parallelism to aim for.
-///
-/// A logits tile is `8·wg x 8·wg` (rows x classes); workgroups have `wg x wg` threads, each
-/// owning an 8 x 8 micro-tile; the depth (`D`) loop steps by `tk`. These become the WGSL
-/// override constants `WG` and `TK`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelConfig {
-    /// Threads per tile side (tile side = 8·wg). Default 8 (64 x 64 tiles).
-    pub wg: u32,
-    /// Depth step along `D` staged through workgroup memory. Default 16.
-    pub tk: u32,
-    /// Workgroups a pass aims to launch (the split count along the other dimension follows).
-    /// Default 2048 on GPUs, 8 on CPU adapters.
-    pub target_workgroups: u32,
-    /// Upper bound on the loop iterations (all loops together) one shader invocation runs,
-    /// 0 for none. llvmpipe/lavapipe silently cuts an invocation's loops short after 65535
-    /// iterations (gallivm's loop limiter), so on CPU adapters the work of a workgroup is
-    /// bounded and split over more workgroups. Default 32768 on CPU adapters, 0 on GPUs.
-    pub max_loop_iterations: u32,
-}
-
-impl KernelConfig {
-    /// Side of a logits tile (rows = classes).
-    pub fn tile(&self) -> usize {
-        8 * self.wg as usize
-    }
-
-    /// Workgroup memory of the largest shader in bytes (bwd_dc: panels, G tile, bias tree).
-    pub fn workgroup_bytes(&self) -> u64 {
-        let t = self.tile() as u64;
-        let panels = 2 * self.tk as u64 * t * 4;
-        let hist = t * N_BINS as u64 * 4;
-        let g = t * t * 4 + t * self.wg as u64 * 4 + 64;
-        let red = t * self.wg as u64 * 32;
-        panels + hist.max(g).max(red)
-    }
-}
 
 /// The wgpu backend. Construction opens one device (the best adapter; `CCE_WGPU_ADAPTER`
 /// selects by name) and keeps it, its queue and the compiled pipelines for every later call.
@@ -75,9 +38,6 @@ impl std::fmt::Debug for WgpuBackend {
             .finish()
     }
 }
-
-/// Bytes of one `RowState` (common.wgsl).
-const ROW_STATE_BYTES: u64 = 48;
 
 fn dtype_code(d: DType) -> u32 {
     match d {
@@ -118,6 +78,22 @@ struct Prepared {
     n_valid: usize,
     /// The prepared targets on the host (to name a masked target's class).
     targets: PreparedTargets,
+    /// Copies of `e` / `c` for views that cannot be bound in 16-byte units where they are
+    /// ([`WgpuTensor::vec_bindable`]).
+    e_copy: Option<WgpuTensor>,
+    c_copy: Option<WgpuTensor>,
+}
+
+impl Prepared {
+    /// The call's inputs with `e` and `c` replaced by their copies where made.
+    fn inputs<'a>(&'a self, inputs: &Inputs<'a, WgpuTensor>) -> Inputs<'a, WgpuTensor> {
+        Inputs {
+            e: self.e_copy.as_ref().unwrap_or(inputs.e),
+            c: self.c_copy.as_ref().unwrap_or(inputs.c),
+            bias: inputs.bias,
+            targets: inputs.targets,
+        }
+    }
 }
 
 impl WgpuBackend {
@@ -126,26 +102,23 @@ impl WgpuBackend {
     /// Errors: `NoDevice` when no adapter exists, `Backend` when the device request fails.
     pub fn new() -> Result<Self> {
         let ctx = Arc::new(Context::new()?);
-        let cfg = Self::default_config(&ctx.info);
+        let cfg = Self::default_config(&ctx);
         Self::check_cfg(&ctx, &cfg)?;
         Ok(Self { ctx, cfg })
     }
 
-    /// The default [`KernelConfig`] for an adapter: 64 x 64 tiles; few workgroups and bounded
-    /// loops on CPU adapters (lavapipe).
-    pub(crate) fn default_config(info: &wgpu::AdapterInfo) -> KernelConfig {
-        let cpu = info.device_type == wgpu::DeviceType::Cpu;
-        KernelConfig {
-            wg: 8,
-            tk: 16,
-            target_workgroups: if cpu { 8 } else { 2048 },
-            max_loop_iterations: if cpu { 32768 } else { 0 },
-        }
+    /// The default [`KernelConfig`] for a context's adapter and limits
+    /// ([`KernelConfig::for_adapter`]).
+    pub(crate) fn default_config(ctx: &Context) -> KernelConfig {
+        KernelConfig::for_adapter(
+            ctx.info.device_type,
+            ctx.limits.max_compute_workgroup_storage_size,
+        )
     }
 
     /// Same device, another kernel configuration. Errors: `ResourceLimit` when the tiles do not
-    /// fit the adapter's workgroup limits; `InvalidOption` for `wg` not in 1..=16 or `tk` not in
-    /// 1..=64.
+    /// fit the adapter's workgroup limits; `InvalidOption` for a shape the shaders cannot run
+    /// ([`KernelConfig::shape_error`]).
     pub fn with_config(&self, cfg: KernelConfig) -> Result<Self> {
         Self::check_cfg(&self.ctx, &cfg)?;
         Ok(Self {
@@ -155,11 +128,10 @@ impl WgpuBackend {
     }
 
     pub(crate) fn check_cfg(ctx: &Context, cfg: &KernelConfig) -> Result<()> {
-        if !(1..=16).contains(&cfg.wg) || !(1..=64).contains(&cfg.tk) || cfg.target_workgroups == 0
-        {
+        if let Some(reason) = cfg.shape_error() {
             return Err(CceError::InvalidOption {
                 name: "KernelConfig",
-                reason: format!("wg in 1..=16, tk in 1..=64, target_workgroups > 0; got {cfg:?}"),
+                reason: format!("{reason} ({cfg:?})"),
             });
         }
         let wgb = cfg.workgroup_bytes();
@@ -215,6 +187,86 @@ impl WgpuBackend {
         self.ctx.features.contains(wgpu::Features::SHADER_F16)
     }
 
+    /// A report of the adapter for benchmark logs: name, backend, driver, device type, the
+    /// features the shaders could use (subgroups with their sizes, f16, cooperative matrix),
+    /// the device's workgroup limits, the kernel configuration, and every cooperative-matrix
+    /// configuration the adapter lists (`M x N x K`, input and accumulator types; Vulkan:
+    /// `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`, subgroup scope, as wgpu keeps
+    /// them). A backend on a borrowed device ([`WgpuBackend::from_device`]) has no adapter
+    /// at hand and reports the device's features instead.
+    pub fn adapter_report(&self) -> String {
+        let ctx = &self.ctx;
+        let i = &ctx.info;
+        let mut s = format!(
+            "adapter: {} ({:?}, {:?}, driver {} {})\n",
+            i.name, i.backend, i.device_type, i.driver, i.driver_info
+        );
+        let (features, coop) = match &ctx.adapter {
+            Some(a) => (a.features(), Some(a.cooperative_matrix_properties())),
+            None => (ctx.device.features(), None),
+        };
+        for (name, f) in [
+            ("SUBGROUP", wgpu::Features::SUBGROUP),
+            ("SHADER_F16", wgpu::Features::SHADER_F16),
+            (
+                "EXPERIMENTAL_COOPERATIVE_MATRIX",
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            ),
+        ] {
+            s += &format!("feature {name}: {}\n", features.contains(f));
+        }
+        let l = &ctx.limits;
+        s += &format!(
+            "subgroup sizes: {}..={}\nworkgroup storage: {} bytes, invocations: {}, \
+             storage binding: {} bytes\nconfig: {:?}\n",
+            i.subgroup_min_size,
+            i.subgroup_max_size,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            l.max_storage_buffer_binding_size,
+            self.cfg
+        );
+        s += &format!(
+            "cooperative-matrix forward: {}\n",
+            if !cfg!(feature = "coop-matrix") {
+                "not compiled in (cargo feature coop-matrix)"
+            } else if !ctx.coop {
+                "compiled in, not usable on this adapter"
+            } else if self.cfg.cooperative_matrix {
+                "on for f16 inputs"
+            } else {
+                "usable, off in the config"
+            }
+        );
+        match coop {
+            None => s += "cooperative_matrix_properties: (borrowed device, no adapter)\n",
+            Some(v) if v.is_empty() => s += "cooperative_matrix_properties: none\n",
+            Some(v) => {
+                s += &format!(
+                    "cooperative_matrix_properties: {} configurations\n",
+                    v.len()
+                );
+                for p in v {
+                    s += &format!(
+                        "  {}x{}x{} {:?} x {:?} -> {:?}{}\n",
+                        p.m_size,
+                        p.n_size,
+                        p.k_size,
+                        p.ab_type,
+                        p.ab_type,
+                        p.cr_type,
+                        if p.saturating_accumulation {
+                            " (saturating)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+        }
+        s
+    }
+
     /// Block until all submitted work is done (for timing). Errors: `Backend`.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.wait()
@@ -232,27 +284,14 @@ impl WgpuBackend {
         }
     }
 
-    /// Loop iterations per thread of one depth step of the logits tile (two staging loops,
-    /// the TK-step product, the step itself).
-    fn step_iters(&self) -> usize {
-        let t = self.t();
-        let wg2 = (self.cfg.wg * self.cfg.wg) as usize;
-        let tk = self.cfg.tk as usize;
-        2 * (tk * t).div_ceil(wg2) + tk + 1
-    }
-
     /// Loop iterations per thread of one forward / threshold tile.
     fn fwd_iters(&self, d: usize) -> usize {
-        d.div_ceil(self.cfg.tk as usize) * self.step_iters() + 256
+        self.cfg.fwd_iters(d)
     }
 
-    /// Loop iterations per thread of one backward tile (logits, G, the d_e or d_c product).
+    /// Loop iterations per thread of one backward tile.
     fn bwd_iters(&self, d: usize) -> usize {
-        let t = self.t();
-        let tk = self.cfg.tk as usize;
-        let slices = d.div_ceil(t);
-        let per_slice = t.div_ceil(tk) * (self.step_iters() - tk) + t.div_ceil(tk) * tk + 128;
-        self.fwd_iters(d) + slices * per_slice + 128
+        self.cfg.bwd_iters(d)
     }
 
     /// `Unsupported` when one tile alone exceeds the adapter's loop budget.
@@ -271,7 +310,9 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// Record one dispatch: binding 0 = `params`, then `binds` in order.
+    /// Record one dispatch: binding 0 = `params`, then `binds` in order. Errors: `Backend`
+    /// when a binding is smaller than the shader may access with these `params` and `grid`
+    /// ([`check_dispatch`]: an internal invariant broken, refused rather than dispatched).
     fn run(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -280,12 +321,25 @@ impl WgpuBackend {
         params: &Params,
         binds: &[Bind<'_>],
         grid: [u32; 3],
-    ) {
+    ) -> Result<()> {
         if grid.contains(&0) {
-            return;
+            return Ok(());
         }
+        let mut params = *params;
+        if kind.is_tiled() {
+            params.flags |= panel_load_flags(&params);
+        }
+        let params = &params;
+        let sizes: Vec<u64> = binds.iter().map(|b| b.size).collect();
+        check_dispatch(kind, dt, params, grid, &sizes)
+            .map_err(|e| crate::context::backend_err(format!("dispatch refused: {e}")))?;
         let dev = &self.ctx.device;
-        let pipe = self.ctx.pipeline(kind, dt, self.cfg.wg, self.cfg.tk);
+        let pipe = self.ctx.pipeline(
+            kind,
+            dt,
+            (self.cfg.wg, self.cfg.tk),
+            self.cfg.runtime_checks,
+        );
         let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
             contents: bytemuck::bytes_of(params),
@@ -304,6 +358,7 @@ impl WgpuBackend {
         pass.set_pipeline(&pipe);
         pass.set_bind_group(0, &bg, &[]);
         pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        Ok(())
     }
 
     /// A 1-D grid of `units` threads in workgroups of 64 (folded into y past 65535 groups).
@@ -366,7 +421,28 @@ impl WgpuBackend {
             tgt,
             n_valid: prepared.n_valid,
             targets: prepared,
+            e_copy: self.vec_copy(inputs.e, "e copy")?,
+            c_copy: self.vec_copy(inputs.c, "c copy")?,
         })
+    }
+
+    /// A copy of `t` in a buffer of its own when it cannot be bound in 16-byte units where it
+    /// lies (recorded and submitted now, so ordered before the call's passes), else `None`.
+    fn vec_copy(&self, t: &WgpuTensor, label: &str) -> Result<Option<WgpuTensor>> {
+        if t.vec_bindable() {
+            return Ok(None);
+        }
+        let copy = self.ctx.alloc(t.shape().to_vec(), t.dtype(), label)?;
+        let mut enc = self.encoder();
+        enc.copy_buffer_to_buffer(
+            &t.buf,
+            t.offset,
+            &copy.buf,
+            0,
+            crate::buffers::padded(t.size_bytes()),
+        );
+        self.ctx.queue.submit([enc.finish()]);
+        Ok(Some(copy))
     }
 
     fn base_flags(&self, p: &Problem, opts: &Options) -> u32 {

@@ -77,17 +77,31 @@ impl WgpuTensor {
     pub fn size_bytes(&self) -> u64 {
         self.numel() as u64 * self.dtype.size_bytes() as u64
     }
+
+    /// Whether the tensor's bytes rounded up to a 16-byte boundary lie in its buffer, so that
+    /// any range of it can be bound as `array<vec4<u32>>` ([`Context::range_vec`]); always
+    /// true for tensors the backend allocated, false only for a view that ends within the
+    /// last 16 bytes of a buffer whose size is not a multiple of 16.
+    pub(crate) fn vec_bindable(&self) -> bool {
+        padded16(self.offset + self.size_bytes()) <= self.buf.size()
+    }
 }
 
 pub(crate) fn padded(bytes: u64) -> u64 {
     bytes.div_ceil(4).max(1) * 4
 }
 
+/// `bytes` rounded up to whole 16-byte units (at least one): the size of every buffer the
+/// backend allocates, so that any range of one can be bound as `array<vec4<u32>>`.
+pub(crate) fn padded16(bytes: u64) -> u64 {
+    bytes.div_ceil(16).max(1) * 16
+}
+
 impl Context {
     /// A zero-filled device tensor. Errors: `ResourceLimit` past `max_buffer_size` or when the
     /// shape's size overflows ([`cce_core::checked_bytes`]).
     pub(crate) fn alloc(&self, shape: Vec<usize>, dtype: DType, label: &str) -> Result<WgpuTensor> {
-        let size = padded(cce_core::checked_bytes(&shape, dtype)? as u64);
+        let size = padded16(cce_core::checked_bytes(&shape, dtype)? as u64);
         let buf = self.raw_buffer(size, label)?;
         Ok(WgpuTensor {
             buf,
@@ -121,7 +135,7 @@ impl Context {
 
     /// Upload host bytes into a new buffer.
     pub(crate) fn upload_bytes(&self, bytes: &[u8], label: &str) -> Result<wgpu::Buffer> {
-        let size = padded(bytes.len() as u64);
+        let size = padded16(bytes.len() as u64);
         let buffer = self.raw_buffer(size, label)?;
         if !bytes.is_empty() {
             let whole = bytes.len() / 4 * 4;
@@ -196,6 +210,48 @@ impl Context {
         let residual = (start_b - base) / elem_bytes;
         let end_b = (offset + padded((start + count) * elem_bytes)).min(buf.size());
         let size = end_b.saturating_sub(base).max(4);
+        if size > self.max_binding() {
+            return Err(CceError::ResourceLimit {
+                resource: "bytes of one wgpu storage binding".into(),
+                requested: size,
+                max: self.max_binding(),
+            });
+        }
+        Ok((
+            Bind {
+                buf,
+                offset: base,
+                size,
+            },
+            residual as u32,
+        ))
+    }
+
+    /// Like [`Context::range`], for a binding read as `array<vec4<u32>>` (gemm.wgsl's e and
+    /// c): the start aligned to 16 bytes as well and the size rounded up to whole 16-byte
+    /// units, so that every element of the range lies in a vec4 of the binding. Errors:
+    /// `ResourceLimit` past the largest binding; `Backend` when the rounded range passes the
+    /// buffer's end (the backend copies such a tensor first, [`WgpuTensor::vec_bindable`]).
+    pub(crate) fn range_vec<'a>(
+        &self,
+        at: impl Into<At<'a>>,
+        start: u64,
+        count: u64,
+        elem_bytes: u64,
+    ) -> Result<(Bind<'a>, u32)> {
+        let At { buf, offset } = at.into();
+        let align = (self.limits.min_storage_buffer_offset_alignment as u64).max(16);
+        let start_b = offset + start * elem_bytes;
+        let base = start_b / align * align;
+        let residual = (start_b - base) / elem_bytes;
+        let end_b = padded16(offset + (start + count) * elem_bytes);
+        if end_b > buf.size() {
+            return Err(backend_err(format!(
+                "a 16-byte binding of bytes {start_b}..{end_b} passes the buffer's end ({})",
+                buf.size()
+            )));
+        }
+        let size = end_b - base;
         if size > self.max_binding() {
             return Err(CceError::ResourceLimit {
                 resource: "bytes of one wgpu storage binding".into(),

@@ -1,5 +1,7 @@
 //! The device context: adapter, device, queue, pipeline cache, error handling and readback.
 
+use crate::bounds::MAX_BINDING_BYTES;
+use crate::config::coop_capable;
 use crate::pipelines::{PipelineCache, ShaderKind};
 use cce_core::{CceError, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +37,10 @@ pub(crate) struct Context {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     pub pipelines: PipelineCache,
+    /// The adapter the device was opened on (`None` on a borrowed device).
+    pub adapter: Option<wgpu::Adapter>,
+    /// Whether the device can run the cooperative-matrix forward (`config::coop_capable`).
+    pub coop: bool,
     /// Whether this context opened the device (and installed the callbacks below), or borrows
     /// a device someone else opened ([`Context::borrow`]).
     pub owns_device: bool,
@@ -87,14 +93,25 @@ impl Context {
             },
         })?;
         let info = adapter.get_info();
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        if cfg!(feature = "coop-matrix") {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
+        let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: wgpu's experimental features may hold implementation bugs (the
+            // token's docs); this one is requested only when the caller compiled in the
+            // off-by-default `coop-matrix` feature, and is used only by logits_coop.wgsl.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("cce-wgpu"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -113,9 +130,17 @@ impl Context {
                 un.lock().unwrap().push(e.to_string());
             }));
         }
-        Ok(Self::build(
+        let mut ctx = Self::build(
             info, device, queue, limits, features, true, lost, uncaptured,
-        ))
+        );
+        ctx.coop = coop_capable(
+            features,
+            &adapter.cooperative_matrix_properties(),
+            (ctx.info.subgroup_min_size, ctx.info.subgroup_max_size),
+            ctx.limits.max_compute_workgroup_storage_size,
+        );
+        ctx.adapter = Some(adapter);
+        Ok(ctx)
     }
 
     /// A context on a device and queue someone else opened (a framework's), with the limits
@@ -172,6 +197,8 @@ impl Context {
             limits,
             features,
             pipelines: PipelineCache::default(),
+            adapter: None,
+            coop: false,
             owns_device,
             lost,
             uncaptured,
@@ -180,22 +207,25 @@ impl Context {
         }
     }
 
-    /// The pipeline of `kind` for dtype code and tile config.
+    /// The pipeline of `kind` for dtype code and tile config `(wg, tk)`, with wgpu's
+    /// runtime checks when `checked`.
     pub fn pipeline(
         &self,
         kind: ShaderKind,
         dtype: u32,
-        wg: u32,
-        tk: u32,
+        tile: (u32, u32),
+        checked: bool,
     ) -> wgpu::ComputePipeline {
-        self.pipelines.get(&self.device, kind, dtype, wg, tk)
+        self.pipelines.get(&self.device, kind, dtype, tile, checked)
     }
 
-    /// Largest storage binding in bytes.
+    /// Largest storage binding in bytes: the adapter's, capped at
+    /// [`MAX_BINDING_BYTES`] so that shader indices fit u32.
     pub fn max_binding(&self) -> u64 {
         self.limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size)
+            .min(MAX_BINDING_BYTES)
     }
 
     /// Run `f` inside out-of-memory, validation and internal error scopes, so that any wgpu

@@ -28,6 +28,24 @@
 //! Work is cut into row and class chunks by the plan so that no binding exceeds the adapter's
 //! `max_storage_buffer_binding_size`. Results are deterministic for a given device and config.
 //!
+//! ## Trusted shader modules
+//! Shader modules are created with `create_shader_module_trusted` and none of wgpu's runtime
+//! checks (index clamping, loop counters, integer-division guards), which cost time in the
+//! inner loops. Every storage access of every shader is guarded by the chunk's sizes or bounded
+//! by the dispatch's uniforms (each shader's header, "Bounds"), and before each dispatch the
+//! host checks every bound range against the largest byte the shader may touch with those
+//! uniforms, refusing the dispatch with a `Backend` error otherwise. Bindings stay below
+//! 4 GiB, so 32-bit indices do not wrap. [`KernelConfig::runtime_checks`] restores the checks.
+//!
+//! ## Cooperative matrix
+//! With the cargo feature `coop-matrix` (off by default: wgpu's and naga's support is
+//! experimental), the backend requests `EXPERIMENTAL_COOPERATIVE_MATRIX` where the adapter
+//! offers it, and the forward of f16 inputs computes its logits tiles with 16 x 16 x 16
+//! f16 x f16 -> f32 cooperative matrices (logits_coop.wgsl) on adapters with 32-wide subgroups
+//! that list that configuration; everything else, and every other dtype, keeps the f32 FMA
+//! kernels. [`KernelConfig::cooperative_matrix`] turns it off per backend;
+//! [`WgpuBackend::adapter_report`] says whether it is in use.
+//!
 //! ## dtypes
 //! f32, f16 and bf16 inputs are read as packed u32 words (`unpack2x16float` for f16, shifts
 //! for bf16), so neither `SHADER_F16` nor a bf16 type is required; logits and every
@@ -35,12 +53,15 @@
 //! `Options::grad_dtype`), rounded to nearest even.
 
 mod backend;
+mod bounds;
 mod buffers;
+mod config;
 mod context;
 mod pipelines;
 
 pub use backend::interop::{BackwardDest, ForwardDest};
-pub use backend::{KernelConfig, WgpuBackend};
+pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
+pub use config::KernelConfig;
 pub use context::WgpuError;
 pub use pipelines::ShaderKind;

@@ -1,8 +1,12 @@
 //! Shader sources, the uniform `Params` block and the pipeline cache.
 //!
-//! Every shader is `common.wgsl` + (for the tiled passes) `gemm.wgsl` (+ `grad.wgsl`) + its own
-//! file, concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
+//! Every shader is `common.wgsl` + (for the tiled passes) `tile_io.wgsl` + `gemm.wgsl`
+//! (+ `grad.wgsl`) + its own file(s), concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
 //! through `PipelineCompilationOptions::constants` (no string templates).
+//!
+//! Modules are created without wgpu's runtime checks unless the kernel configuration asks
+//! for them ([`runtime_checks`]); the argument that the kernels stay in bounds without them
+//! is in the `bounds` module.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -19,6 +23,9 @@ macro_rules! shader {
 pub enum ShaderKind {
     /// Forward partials (online log-sum-exp per split).
     FwdPartial,
+    /// Forward partials with the logits tile by cooperative matrices (f16 inputs; used only
+    /// with the cargo feature `coop-matrix` on adapters that offer it).
+    FwdPartialCoop,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -43,8 +50,9 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 11] = [
+    pub const ALL: [ShaderKind; 12] = [
         ShaderKind::FwdPartial,
+        ShaderKind::FwdPartialCoop,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -60,22 +68,55 @@ impl ShaderKind {
     /// Full WGSL source (common prelude included).
     pub fn source(self) -> &'static str {
         match self {
-            ShaderKind::FwdPartial => shader!("common.wgsl", "gemm.wgsl", "fwd_partial.wgsl"),
+            ShaderKind::FwdPartial => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "fwd_partial.wgsl",
+                "fwd_main.wgsl"
+            ),
+            // The `enable` directives of logits_coop.wgsl must open the module.
+            ShaderKind::FwdPartialCoop => shader!(
+                "logits_coop.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "fwd_partial.wgsl"
+            ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
             ShaderKind::BwdPrep => shader!("common.wgsl", "bwd_prep.wgsl"),
-            ShaderKind::BwdHist => shader!("common.wgsl", "gemm.wgsl", "bwd_hist.wgsl"),
+            ShaderKind::BwdHist => {
+                shader!("common.wgsl", "tile_io.wgsl", "gemm.wgsl", "bwd_hist.wgsl")
+            }
             ShaderKind::BwdTau => shader!("common.wgsl", "bwd_tau.wgsl"),
-            ShaderKind::BwdDe => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_de.wgsl"),
-            ShaderKind::BwdDc => shader!("common.wgsl", "gemm.wgsl", "grad.wgsl", "bwd_dc.wgsl"),
+            ShaderKind::BwdDe => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "grad.wgsl",
+                "bwd_de.wgsl"
+            ),
+            ShaderKind::BwdDc => shader!(
+                "common.wgsl",
+                "tile_io.wgsl",
+                "gemm.wgsl",
+                "grad.wgsl",
+                "bwd_dc.wgsl"
+            ),
             ShaderKind::Finalize => shader!("common.wgsl", "finalize.wgsl"),
             ShaderKind::WSum => shader!("common.wgsl", "wsum.wgsl"),
             ShaderKind::StatReduce => shader!("common.wgsl", "stat_reduce.wgsl"),
         }
     }
 
-    /// Whether the shader includes gemm.wgsl (and so has the `WG`, `TK` overrides).
+    /// Whether the shader computes logits tiles (includes tile_io.wgsl: the `WG` override,
+    /// e and c bound as vec4).
     pub fn is_tiled(self) -> bool {
+        self.has_panels() || self == ShaderKind::FwdPartialCoop
+    }
+
+    /// Whether the shader includes gemm.wgsl (the FMA panels: the `TK` override).
+    pub fn has_panels(self) -> bool {
         matches!(
             self,
             ShaderKind::FwdPartial | ShaderKind::BwdHist | ShaderKind::BwdDe | ShaderKind::BwdDc
@@ -86,6 +127,7 @@ impl ShaderKind {
     pub fn name(self) -> &'static str {
         match self {
             ShaderKind::FwdPartial => "fwd_partial",
+            ShaderKind::FwdPartialCoop => "fwd_partial_coop",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -99,18 +141,22 @@ impl ShaderKind {
         }
     }
 
-    /// Override constants of a pipeline: `DTYPE` always, `WG` and `TK` for tiled shaders.
+    /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders, `TK` for
+    /// those with FMA panels.
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
             c.push(("WG", wg as f64));
+        }
+        if self.has_panels() {
             c.push(("TK", tk as f64));
         }
         c
     }
 }
 
-/// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl).
+/// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl and
+/// gemm.wgsl).
 pub mod flags {
     /// Softcap on.
     pub const SOFTCAP: u32 = 1;
@@ -132,6 +178,10 @@ pub mod flags {
     pub const WEIGHTED: u32 = 256;
     /// First chunk of a reduction.
     pub const FIRST: u32 = 512;
+    /// Panel loads of e read four elements at a time (gemm.wgsl `FLAG_VEC_E`).
+    pub const VEC_E: u32 = 1024;
+    /// Panel loads of c read four elements at a time (gemm.wgsl `FLAG_VEC_C`).
+    pub const VEC_C: u32 = 2048;
 }
 
 /// The uniform block of every shader (`struct Params` in common.wgsl, same field order).
@@ -168,38 +218,59 @@ pub struct Params {
     pub pad3: f32,
 }
 
-/// Pipeline key: shader, dtype code, workgroup side, depth step.
-type Key = (ShaderKind, u32, u32, u32);
+/// The runtime checks wgpu compiles into a module: all of them when `checked`, else none
+/// (no index clamping, no loop counters, no integer-division guards; the ray-query and
+/// mesh-shader checks concern stages these shaders do not use).
+pub fn runtime_checks(checked: bool) -> wgpu::ShaderRuntimeChecks {
+    if checked {
+        wgpu::ShaderRuntimeChecks::checked()
+    } else {
+        wgpu::ShaderRuntimeChecks::unchecked()
+    }
+}
+
+/// Pipeline key: shader, dtype code, workgroup side, depth step, runtime checks.
+type Key = (ShaderKind, u32, u32, u32, bool);
 
 /// Shader modules and compute pipelines, built once per device and reused.
 #[derive(Default)]
 pub struct PipelineCache {
-    modules: Mutex<HashMap<ShaderKind, wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<(ShaderKind, bool), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
 }
 
 impl PipelineCache {
-    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk` (built on first use).
+    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk`, from a module with
+    /// wgpu's runtime checks when `checked` (built on first use).
     pub fn get(
         &self,
         device: &wgpu::Device,
         kind: ShaderKind,
         dtype_code: u32,
-        wg: u32,
-        tk: u32,
+        (wg, tk): (u32, u32),
+        checked: bool,
     ) -> wgpu::ComputePipeline {
-        let key = (kind, dtype_code, wg, tk);
+        let key = (kind, dtype_code, wg, tk, checked);
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return p.clone();
         }
         let module = {
             let mut mods = self.modules.lock().unwrap();
-            mods.entry(kind)
+            mods.entry((kind, checked))
                 .or_insert_with(|| {
-                    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    let desc = wgpu::ShaderModuleDescriptor {
                         label: Some(kind.name()),
                         source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(kind.source())),
-                    })
+                    };
+                    // SAFETY: without runtime checks a shader must not index out of bounds,
+                    // loop forever or divide an integer by zero. Every storage access of these
+                    // shaders is guarded or bounded by the dispatch's `Params`, which
+                    // `bounds::check_dispatch` validates against the bound ranges before each
+                    // dispatch; indices fit u32 because bindings are capped below 4 GiB; loop
+                    // bounds are chunk sizes below 2^31 with steps of 1..=1024; divisors are
+                    // constants, the overrides validated >= 1 by `WgpuBackend::check_cfg`, or
+                    // `P.d` checked >= 1 (the `bounds` module docs give the full argument).
+                    unsafe { device.create_shader_module_trusted(desc, runtime_checks(checked)) }
                 })
                 .clone()
         };
@@ -217,5 +288,18 @@ impl PipelineCache {
         });
         self.pipelines.lock().unwrap().insert(key, pipeline.clone());
         pipeline
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unchecked_modules_drop_the_checks_that_cost_time() {
+        let off = runtime_checks(false);
+        assert!(!off.bounds_checks && !off.force_loop_bounding && !off.int_div_checks);
+        let on = runtime_checks(true);
+        assert!(on.bounds_checks && on.force_loop_bounding && on.int_div_checks);
     }
 }

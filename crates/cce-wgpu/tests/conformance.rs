@@ -734,6 +734,55 @@ fn deterministic_and_partial_outputs() {
 }
 
 #[test]
+fn trusted_modules_give_the_bits_of_checked_ones() {
+    // Modules without wgpu's runtime checks (the default) and with them compute the same
+    // arithmetic: any difference would be an index the checks clamped, i.e. out of bounds.
+    let Some(b) = backend() else { return };
+    let checked = b
+        .with_config(cce_wgpu::KernelConfig {
+            runtime_checks: true,
+            ..b.config()
+        })
+        .unwrap();
+    assert!(!b.config().runtime_checks);
+    for (n, d, v, dt) in [(65, 40, 129, BF16), (33, 19, 255, F16), (70, 33, 150, F32)] {
+        let mut rng = Rng::new(n as u64);
+        let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), dt).unwrap();
+        let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.5), dt).unwrap();
+        let bias = HostTensor::from_f32(vec![v], &rng.normals(v, 0.5), dt).unwrap();
+        let y = HostTensor::from_i64((0..n as i64).map(|i| (i * 5) % v as i64).collect());
+        let (eb, cb, bb, yb) = (
+            b.upload(&e).unwrap(),
+            b.upload(&c).unwrap(),
+            b.upload(&bias).unwrap(),
+            b.upload(&y).unwrap(),
+        );
+        let inputs = Inputs {
+            e: &eb,
+            c: &cb,
+            bias: Some(&bb),
+            targets: &yb,
+        };
+        let run = |be: &WgpuBackend| {
+            let (f, g) = be
+                .forward_backward(&inputs, &Options::default(), &Upstream::default())
+                .unwrap();
+            [
+                be.download(&f.loss).unwrap(),
+                be.download(&f.lse).unwrap(),
+                be.download(g.d_e.as_ref().unwrap()).unwrap(),
+                be.download(g.d_c.as_ref().unwrap()).unwrap(),
+                be.download(g.d_bias.as_ref().unwrap()).unwrap(),
+            ]
+        };
+        assert!(
+            run(b) == run(&checked),
+            "{n}x{d}x{v} {dt}: trusted != checked"
+        );
+    }
+}
+
+#[test]
 fn bad_inputs_are_typed_errors() {
     let Some(b) = backend() else { return };
     let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();

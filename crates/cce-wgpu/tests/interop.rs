@@ -333,6 +333,64 @@ fn views_at_unaligned_offsets_read_and_write_in_place() {
     assert_eq!(errors.load(Ordering::SeqCst), 0);
 }
 
+/// `e` and `c` as views that end at the end of buffers whose sizes are not multiples of 16
+/// bytes: the shaders bind them in 16-byte units, so the backend reads them through copies,
+/// with the results of tensors it allocated.
+#[test]
+fn views_ending_off_a_16_byte_boundary_give_the_same_results() {
+    let Some(b) = own() else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        let x = data(dtype);
+        let opts = options(Reduction::Mean);
+        let tail_view = |t: &HostTensor, off: u64| -> WgpuTensor {
+            let bytes = t.as_bytes();
+            let size = off + bytes.len() as u64;
+            assert!(!size.is_multiple_of(16) && size.is_multiple_of(4));
+            let buf = b.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("tail"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            b.queue().write_buffer(&buf, off, bytes);
+            b.view(&buf, off, t.dtype(), t.shape().to_vec()).unwrap()
+        };
+        let (e, c) = (tail_view(&x.e, 4), tail_view(&x.c, 8));
+        let up = |t: &HostTensor| b.upload(t).unwrap();
+        let (bias, y) = (up(&x.bias), up(&x.y));
+        let inputs = Inputs {
+            e: &e,
+            c: &c,
+            bias: Some(&bias),
+            targets: &y,
+        };
+        let (fwd, bwd) = b
+            .forward_backward(&inputs, &opts, &Upstream::default())
+            .unwrap();
+        let down = |t: &WgpuTensor| b.download(t).unwrap().as_bytes().to_vec();
+        let mut outs = vec![down(&fwd.loss), down(&fwd.lse), down(&fwd.rest_mass)];
+        outs.extend([bwd.d_e, bwd.d_c, bwd.d_bias].map(|t| down(&t.unwrap())));
+        let plain = {
+            let (e, c) = (up(&x.e), up(&x.c));
+            let inputs = Inputs {
+                e: &e,
+                c: &c,
+                bias: Some(&bias),
+                targets: &y,
+            };
+            let (fwd, bwd) = b
+                .forward_backward(&inputs, &opts, &Upstream::default())
+                .unwrap();
+            let mut o = vec![down(&fwd.loss), down(&fwd.lse), down(&fwd.rest_mass)];
+            o.extend([bwd.d_e, bwd.d_c, bwd.d_bias].map(|t| down(&t.unwrap())));
+            o
+        };
+        assert_same(&format!("tail views, {dtype}"), &plain, &outs);
+    }
+}
+
 #[test]
 fn bad_views_and_destinations_are_typed_errors() {
     let Some(b) = own() else { return };

@@ -1,5 +1,6 @@
 //! CPU-only: every shader parses and validates with naga, also after its override constants
-//! are applied for each dtype and a few tile configurations.
+//! are applied for each dtype and a few tile configurations, and translates to SPIR-V (the
+//! cooperative-matrix shader included, which no CI adapter runs).
 
 use cce_wgpu::ShaderKind;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
@@ -20,13 +21,13 @@ fn every_shader_validates_with_its_overrides() {
                 )
             });
         for dtype in 0..3u32 {
-            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 4)] {
+            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 8), (8, 4)] {
                 let constants: naga::back::PipelineConstants = kind
                     .constants(dtype, wg, tk)
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))
                     .collect();
-                naga::back::pipeline_constants::process_overrides(
+                let (m, i) = naga::back::pipeline_constants::process_overrides(
                     &module,
                     &info,
                     Some((naga::ShaderStage::Compute, "main")),
@@ -34,7 +35,21 @@ fn every_shader_validates_with_its_overrides() {
                 )
                 .unwrap_or_else(|e| {
                     panic!(
-                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e}",
+                        "{}: overrides dtype {dtype} wg {wg} tk {tk}: {e:?}",
+                        kind.name()
+                    )
+                });
+                let stage = naga::back::spv::PipelineOptions {
+                    shader_stage: naga::ShaderStage::Compute,
+                    entry_point: "main".into(),
+                };
+                let options = naga::back::spv::Options {
+                    lang_version: (1, 3),
+                    ..Default::default()
+                };
+                naga::back::spv::write_vec(&m, &i, &options, Some(&stage)).unwrap_or_else(|e| {
+                    panic!(
+                        "{}: SPIR-V dtype {dtype} wg {wg} tk {tk}: {e:?}",
                         kind.name()
                     )
                 });
@@ -59,7 +74,7 @@ fn every_shader_file_opens_with_its_doc_block() {
             .take_while(|l| l.starts_with("//"))
             .collect::<Vec<_>>()
             .join("\n");
-        for word in ["Parameters", "Tiling", "Thread mapping"] {
+        for word in ["Parameters", "Tiling", "Thread mapping", "Bounds"] {
             assert!(
                 head.contains(word),
                 "{} does not open with a '{word}' section",

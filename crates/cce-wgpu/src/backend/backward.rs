@@ -24,6 +24,7 @@ impl WgpuBackend {
     ) -> Result<BackwardOutput<WgpuTensor>> {
         let lse = saved.lse;
         let prep = self.prepare(inputs, opts)?;
+        let inputs = &prep.inputs(inputs);
         let p = prep.problem;
         let plan = &prep.plan;
         let rule: FilterRule = plan.filter;
@@ -284,19 +285,23 @@ impl WgpuBackend {
                         ctx.aligned(rest_mass.as_ref(), rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
-                );
+                )?;
             }
             if let Some(hist) = &hist {
                 let (splits, _) = self.class_splits(plan)?;
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
                     let (e_b, e_off) =
-                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                        ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                        let (c_b, c_off) =
-                            ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        let (c_b, c_off) = ctx.range_vec(
+                            inputs.c,
+                            (cc.start * d) as u64,
+                            (cc.len() * d) as u64,
+                            es,
+                        )?;
                         let (b_b, b_off) = match inputs.bias {
                             Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                             None => (ctx.whole(&ctx.dummy)?, 0),
@@ -321,7 +326,7 @@ impl WgpuBackend {
                             &prm,
                             &[e_b, c_b, b_b, rs_b, ctx.whole(&edges_b)?, h_b],
                             [nsplit as u32, tiles(rows, t) as u32, 1],
-                        );
+                        )?;
                     }
                     let delta_fixed =
                         (rule.max_dropped_mass as f64 * FIXED_POINT_ONE).floor() as u64;
@@ -337,7 +342,7 @@ impl WgpuBackend {
                         &prm,
                         &[h_b, ctx.whole(&edges_b)?, rs_b],
                         Self::grid_1d(rows),
-                    );
+                    )?;
                 }
             }
             // Column sums for analytic label smoothing, over pieces of at most `piece` rows
@@ -369,7 +374,7 @@ impl WgpuBackend {
                         &prm,
                         &[c_b, ctx.whole(&ctx.dummy)?, ctx.whole(cs)?],
                         Self::grid_1d(d + 1),
-                    );
+                    )?;
                 }
             }
             if let Some(es_buf) = &esum {
@@ -394,7 +399,7 @@ impl WgpuBackend {
                             ctx.whole(es_buf)?,
                         ],
                         Self::grid_1d(d + 1),
-                    );
+                    )?;
                 }
             }
         }
@@ -414,12 +419,12 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_e");
                 let (e_b, e_off) =
-                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) =
-                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
                         Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
@@ -458,7 +463,7 @@ impl WgpuBackend {
                                 ctx.whole(&counters)?,
                             ],
                             [nw as u32, tiles(rows, t) as u32, 1],
-                        );
+                        )?;
                     }
                 }
                 let (o_b, o_off) = ctx.range(
@@ -499,7 +504,7 @@ impl WgpuBackend {
                         o_b,
                     ],
                     Self::grid_1d(units),
-                );
+                )?;
             }
         }
 
@@ -522,7 +527,7 @@ impl WgpuBackend {
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = Self::pass(&mut enc, "d_c");
                 let (c_b, c_off) =
-                    ctx.range(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
+                    ctx.range_vec(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
                 let (b_b, b_off) = match inputs.bias {
                     Some(b) => ctx.range(b, cc.start as u64, ncls as u64, es)?,
                     None => (ctx.whole(&ctx.dummy)?, 0),
@@ -530,7 +535,7 @@ impl WgpuBackend {
                 for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
                     let (e_b, e_off) =
-                        ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                        ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
@@ -568,7 +573,7 @@ impl WgpuBackend {
                                 ctx.whole(&bslab)?,
                             ],
                             [nw as u32, tiles(ncls, t) as u32, 1],
-                        );
+                        )?;
                     }
                 }
                 let osz = out_dtype.size_bytes() as u64;
@@ -601,7 +606,7 @@ impl WgpuBackend {
                     &prm,
                     &[ctx.whole(&slab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
                     Self::grid_1d(units(ncls * d)),
-                );
+                )?;
                 if let Some(db) = &d_bias {
                     let (o_b, o_off) = ctx.range(db, cc.start as u64, ncls as u64, osz)?;
                     // The bias term reads Σ_i g_i, stored at index D of `esum`.
@@ -627,7 +632,7 @@ impl WgpuBackend {
                         &prm,
                         &[ctx.whole(&bslab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
                         Self::grid_1d(units(ncls)),
-                    );
+                    )?;
                 }
             }
         }
@@ -654,7 +659,7 @@ impl WgpuBackend {
                         ctx.whole(&stat)?,
                     ],
                     [1, 1, 1],
-                );
+                )?;
             }
         }
         let ranges: Vec<(&wgpu::Buffer, u64, u64)> = if report {

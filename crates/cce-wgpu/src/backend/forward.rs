@@ -3,6 +3,7 @@
 use super::interop::ForwardDest;
 use super::{dtype_code, tiles, WgpuBackend};
 use crate::buffers::WgpuTensor;
+use crate::config::use_cooperative_matrix;
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::problem::check_masked_targets;
 use cce_core::{CceError, DType, ForwardOutput, Inputs, Options, Reduction, Result};
@@ -15,6 +16,7 @@ impl WgpuBackend {
         dest: &ForwardDest,
     ) -> Result<ForwardOutput<WgpuTensor>> {
         let prep = self.prepare(inputs, opts)?;
+        let inputs = &prep.inputs(inputs);
         let p = prep.problem;
         let plan = &prep.plan;
         let (n, d) = (p.n, p.d);
@@ -47,6 +49,11 @@ impl WgpuBackend {
             _ => 1.0,
         };
 
+        let fwd_kind = if use_cooperative_matrix(&self.cfg, ctx.coop, dt) {
+            ShaderKind::FwdPartialCoop
+        } else {
+            ShaderKind::FwdPartial
+        };
         let mut enc = self.encoder();
         {
             let mut pass = Self::pass(&mut enc, "forward");
@@ -54,13 +61,13 @@ impl WgpuBackend {
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
                 let (e_b, e_off) =
-                    ctx.range(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
+                    ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let tgt_b = ctx.aligned(&prep.tgt, rc.start as u64, rows as u64, 4)?;
                 let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
                 let part_b = ctx.whole(&part)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
                     let (c_b, c_off) =
-                        ctx.range(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
                     let (b_b, b_off) = match inputs.bias {
                         Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
                         None => (ctx.whole(&ctx.dummy)?, 0),
@@ -81,12 +88,12 @@ impl WgpuBackend {
                     };
                     self.run(
                         &mut pass,
-                        ShaderKind::FwdPartial,
+                        fwd_kind,
                         dt,
                         &prm,
                         &[e_b, c_b, b_b, tgt_b, part_b, tl_b],
                         [nsplit as u32, tiles(rows, t) as u32, 1],
-                    );
+                    )?;
                 }
                 let prm = Params {
                     n_rows: rows as u32,
@@ -112,7 +119,7 @@ impl WgpuBackend {
                         ctx.aligned(&rest_mass.work, rc.start as u64, rows as u64, 4)?,
                     ],
                     Self::grid_1d(rows),
-                );
+                )?;
                 if let Some(ls) = &loss_scalar {
                     let mut f = 0;
                     if ri == 0 {
@@ -134,7 +141,7 @@ impl WgpuBackend {
                         &prm,
                         &[lr_b, ctx.aligned(&ls.work, 0, 1, 4)?],
                         [1, 1, 1],
-                    );
+                    )?;
                 }
             }
         }

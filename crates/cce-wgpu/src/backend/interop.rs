@@ -129,7 +129,7 @@ impl WgpuBackend {
     /// ```
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         let ctx = Arc::new(Context::borrow(device, queue)?);
-        let cfg = Self::default_config(&ctx.info);
+        let cfg = Self::default_config(&ctx);
         Self::check_cfg(&ctx, &cfg)?;
         Ok(Self { ctx, cfg })
     }

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# wgpu device runner (issue 21): the wgpu backend on the H200 through NVIDIA's Vulkan driver.
+#
+#   scripts/device-wgpu.sh build          # here (no GPU needed): build, strip and stage
+#   scripts/device-wgpu.sh run [PHASES]   # on the device machine, from the repository root
+#
+# build: the release benchmark `cce-bench-wgpu` and the test executables (cce-wgpu's
+# conformance, interop and shaders_naga; the workspace suite's wgpu arm as `suite`), stripped,
+# into $DEVBIN (default .devbin/wgpu of this checkout; .devbin/ is in .gitignore), with the
+# Vulkan loader in $DEVBIN/gl: the H200 machine has NVIDIA's Vulkan driver (its ICD) but no
+# loader (libvulkan.so.1), so Debian's libvulkan1 .deb is carried (`apt-get download`; where
+# that fails, the loader installed here is copied). Then call the device tool from the same
+# checkout with carry [".devbin/wgpu"] and command
+#   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
+#   "... run seed": each phase fits the device tool's 10 minutes per command).
+#
+# run: PHASES is a comma list of
+#   report  nvidia-smi and the adapter report: features (SUBGROUP, SHADER_F16,
+#           EXPERIMENTAL_COOPERATIVE_MATRIX), subgroup sizes, workgroup limits, the kernel
+#           configuration and `adapter.cooperative_matrix_properties()`;
+#   tests   naga validation, cce-wgpu's conformance and interop tests, the workspace suite;
+#   sweep   kernel configurations in alternation (--ab) at 8192 x 2304 x 256000 c/8 exact:
+#           8:16 (the default on 48 KiB devices), 8:8, 8:4 and 8:16 with wgpu's runtime checks
+#           (the trusted modules' gain); SWEEP_CONFIGS overrides the list; then 8:16 with
+#           8192 workgroups instead of 2048 (the wave tail);
+#   bench   8192 x 2304 x 256000 (softcap 30, as the CUDA figures) and 8192 x 4096 x 128256,
+#           c/8 and randn, bf16, filtered (default options) and exact: forward and
+#           forward+backward, TFLOP/s and the ratio to the CUDA backend (figures below);
+#   seed    32768 x 4096 x 256000, c/8, bf16, exact and filtered;
+#   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32;
+#   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
+#           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
+#           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
+#           8192 x 4096 x 128256, c/8 exact, FMA against cooperative matrix in alternation.
+# Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
+# 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
+# the JSON lines of every phase run so far, scripts/device-wgpu-summary.py: TFLOP/s, share of
+# the fp32 peak, ratios to the CUDA backend and the cuBLAS GEMM of BENCHMARKS.md's session 12
+# run on the same machine) is printed last.
+set -uo pipefail
+
+DEVBIN=${DEVBIN:-.devbin/wgpu}
+mode=${1:-}
+
+if [ "$mode" = build ]; then
+  set -e
+  cd "$(dirname "$0")/.."
+  mkdir -p "$DEVBIN/gl"
+  stage_tests() { # $1: cargo args; then pairs of (test target name, staged name)
+    local args=$1
+    shift
+    # shellcheck disable=SC2086
+    cargo test --release $args --no-run --message-format=json 2>/dev/null |
+      python3 -c '
+import json, sys, shutil, os
+dst, pairs = sys.argv[1], dict(zip(sys.argv[2::2], sys.argv[3::2]))
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        name = m["target"]["name"]
+        if name in pairs:
+            shutil.copy(m["executable"], os.path.join(dst, pairs[name]))
+            print("staged", pairs[name])
+' "$DEVBIN" "$@"
+  }
+  stage_tests "-p cce-wgpu" conformance conformance interop interop shaders_naga shaders_naga
+  stage_tests "-p cce-conformance --features wgpu --test wgpu" wgpu suite
+  # The cooperative-matrix forward (cargo feature coop-matrix): its own test and bench builds.
+  stage_tests "-p cce-wgpu --features coop-matrix" conformance conformance-coop
+  cargo build --release -p cce-benches --features wgpu-coop --bin cce-bench-wgpu
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/cce-bench-wgpu-coop"
+  cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/"
+  strip "$DEVBIN"/conformance "$DEVBIN"/interop "$DEVBIN"/shaders_naga "$DEVBIN"/suite \
+    "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
+  rm -f "$DEVBIN"/gl/*
+  if ! (cd "$DEVBIN/gl" && apt-get download libvulkan1); then
+    echo "apt-get download failed: copying the installed loader instead"
+    cp -L /usr/lib/x86_64-linux-gnu/libvulkan.so.1 "$DEVBIN/gl/"
+  fi
+  cp scripts/device-wgpu.sh "$DEVBIN/"
+  # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
+  pwd >"$DEVBIN/build_root"
+  du -ch "$DEVBIN"/* | tail -1
+  ls -la "$DEVBIN" "$DEVBIN/gl"
+  exit 0
+fi
+
+if [ "$mode" != run ]; then
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop]" >&2
+  exit 2
+fi
+
+case $DEVBIN in
+  /*) D=$DEVBIN ;;
+  *) D=$PWD/$DEVBIN ;;
+esac
+OUT=${OUT:-/tmp/cce-out}
+mkdir -p "$OUT"
+PHASES=${2:-report,tests}
+B=$D/cce-bench-wgpu
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} CCE_REQUIRE_WGPU=1 RUST_BACKTRACE=1
+export CCE_DATA_DIR=$PWD/data
+if [ -f "$D/build_root" ]; then
+  root=$(cat "$D/build_root")
+  if [ ! -e "$root/data" ]; then
+    mkdir -p "$root/crates/cce-data" && ln -sfn "$PWD/data" "$root/data"
+  fi
+fi
+
+# The Vulkan loader: the carried .deb unpacked under $D/gl/root (no root needed), or the
+# carried library itself.
+for f in "$D"/gl/*.deb; do
+  [ -e "$f" ] && dpkg -x "$f" "$D/gl/root"
+done
+export LD_LIBRARY_PATH="$D/gl/root/usr/lib/x86_64-linux-gnu:$D/gl:${LD_LIBRARY_PATH:-}"
+# NVIDIA's ICD manifest: where the driver's installation left none, point the loader at the
+# driver's library directly.
+if ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+  lib=$(ldconfig -p | awk '/libGLX_nvidia.so.0/ {print $NF; exit}')
+  if [ -n "$lib" ]; then
+    printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' \
+      "$lib" >"$OUT/nvidia_icd.json"
+    export VK_DRIVER_FILES="$OUT/nvidia_icd.json" VK_ICD_FILENAMES="$OUT/nvidia_icd.json"
+    echo "no NVIDIA ICD manifest installed: using $lib"
+  fi
+fi
+
+declare -A status
+summary() {
+  echo
+  echo "==== summary ===="
+  for k in report tests sweep bench seed dtypes coop; do
+    [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
+  done
+  # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
+  if ls "$OUT"/bench-*.jsonl >/dev/null 2>&1; then
+    python3 scripts/device-wgpu-summary.py "$OUT"/bench-*.jsonl ||
+      echo "(no python3: see $OUT/bench-*.jsonl)"
+  fi
+}
+trap summary EXIT
+
+bench() { # $1: name of the log; the rest: benchmark arguments
+  local name=$1
+  shift
+  # shellcheck disable=SC2086
+  timeout 590 "$B" --deadline-s 540 --out "$OUT/bench-$name.jsonl" "$@" ${BENCH_ARGS:-} \
+    >"$OUT/bench-$name.log" 2>&1
+  local rc=$?
+  grep -E "^\| |^adapter|using|config wg" "$OUT/bench-$name.log" | tail -30
+  status[$name]="${status[$name]:-}rc=$rc "
+}
+
+if [[ $PHASES == *report* ]]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
+    --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout 60 "$B" --adapter-report 2>&1 | tee "$OUT/adapter.txt"
+  status[report]=$(grep -q "^adapter:" "$OUT/adapter.txt" && echo ok || echo FAIL)
+fi
+
+if [[ $PHASES == *tests* ]]; then
+  ok=1
+  for t in shaders_naga conformance interop suite; do
+    echo "==== $t ===="
+    # shaders_naga: the validation test only (the header test reads the source tree).
+    filter=$([ $t = shaders_naga ] && echo validates)
+    # shellcheck disable=SC2086
+    if ! timeout 300 "$D/$t" $filter --test-threads=4 >>"$OUT/tests.log" 2>&1; then ok=0; fi
+  done
+  grep -E "^test |test result|panicked|skipping" "$OUT/tests.log" | tail -40
+  status[tests]=$([ $ok = 1 ] && echo PASS || echo FAIL)
+fi
+
+if [[ $PHASES == *sweep* ]]; then
+  timeout 400 "$B" --shapes gemma2 --data c/8 --exact --ab --reps 3 --deadline-s 360 \
+    --configs "${SWEEP_CONFIGS:-8:16,8:8,8:4,8:16:checked}" >"$OUT/sweep.log" 2>&1
+  status[sweep]="rc=$? "
+  grep -E "^\| |^adapter" "$OUT/sweep.log"
+  # More workgroups than the default 2048 (2.6 rounds of ~790 resident ones: a 14% tail).
+  timeout 180 "$B" --shapes gemma2 --data c/8 --exact --ab --reps 3 --deadline-s 150 \
+    --configs 8:16 --target-workgroups 8192 >"$OUT/sweep-8192.log" 2>&1
+  status[sweep]+="rc=$?"
+  grep -E "^\| " "$OUT/sweep-8192.log"
+fi
+
+if [[ $PHASES == *bench* ]]; then
+  bench gemma2-filtered --shapes gemma2 --data c/8,randn --softcap 30 --reps 3
+  bench gemma2-exact --shapes gemma2 --data c/8,randn --softcap 30 --reps 3 --exact
+  bench llama3-filtered --shapes llama3 --data c/8,randn --reps 3
+  bench llama3-exact --shapes llama3 --data c/8,randn --reps 3 --exact
+  status[bench]=${status[gemma2-filtered]:-}${status[gemma2-exact]:-}${status[llama3-filtered]:-}${status[llama3-exact]:-}
+fi
+
+if [[ $PHASES == *seed* ]]; then
+  bench seed-exact --shapes seed --data c/8 --reps 2 --exact
+  bench seed-filtered --shapes seed --data c/8 --reps 2
+  status[seed]=${status[seed-exact]:-}${status[seed-filtered]:-}
+fi
+
+if [[ $PHASES == *dtypes* ]]; then
+  bench dtypes-f16 --shapes gemma2 --data c/8 --dtype f16 --reps 2 --exact
+  bench dtypes-f32 --shapes gemma2 --data c/8 --dtype f32 --reps 2 --exact
+  status[dtypes]=${status[dtypes-f16]:-}${status[dtypes-f32]:-}
+fi
+
+if [[ $PHASES == *coop* ]]; then
+  C=$D/cce-bench-wgpu-coop
+  timeout 60 "$C" --adapter-report 2>&1 | tee "$OUT/adapter-coop.txt"
+  ok=PASS
+  timeout 200 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
+  grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -20
+  for shape in gemma2 llama3; do
+    timeout 140 "$C" --shapes $shape --data c/8 --dtype f16 --exact --ab --reps 2 \
+      --deadline-s 120 --configs 8:16:fma,8:16:coop >"$OUT/coop-$shape.log" 2>&1
+    grep -E "^\| " "$OUT/coop-$shape.log"
+  done
+  status[coop]="tests $ok; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
+fi
