@@ -18,7 +18,7 @@ mod autodiff;
 mod backend;
 mod kernels;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use backend::cube;
 pub use backend::LinearCrossEntropyBackend;
 pub use cce_core::{CceError, FilterEps, Options, Reduction};
