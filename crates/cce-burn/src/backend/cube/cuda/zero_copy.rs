@@ -37,12 +37,12 @@
 use crate::backend::cube::{CubeInputs, Forward, Grads, Saved};
 use crate::kernels::{engine_options, NAME};
 use burn::tensor::DType as BurnDType;
-use burn_cubecl::cubecl::cuda::CudaRuntime;
 use burn_cubecl::cubecl::future::block_on;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cce_core::{CceError, DLoss, DType, Inputs, Options, Reduction, Result, Upstream};
 use cce_cuda::{required_alignment, Checks, CudaBackend, CudaTensor, ForwardInto, GradsInto};
+use cubecl_cuda::CudaRuntime;
 use cubecl_runtime::runtime::Runtime;
 use std::any::Any;
 
