@@ -9,10 +9,10 @@
 //! (`CudaTensor::borrowed`): no cudarc object crosses from cubecl to us (both are built on the
 //! one cudarc 0.19.10 of the lock, but cubecl's driver handles are private to its server).
 //! Outputs (loss, lse, rest mass, gradients) are allocated through cubecl, so burn owns them,
-//! and lent the same way; our kernels write them in place. No tensor is copied, except an input
-//! that is not contiguous (`into_contiguous`) or whose address lacks the alignment our kernels
-//! load with (16 bytes for floats; a device copy through cubecl, never for cubecl's own
-//! allocations, which are aligned to 512 bytes).
+//! and lent the same way; our kernels write them in place. No tensor is copied, except on the
+//! device an input that is not contiguous (`into_contiguous`; cubecl's default layout pads the
+//! rows of some widths) or whose address lacks the alignment our kernels load with (16 bytes
+//! for floats; never for cubecl's own allocations, which are aligned to 512 bytes).
 //!
 //! Streams and host synchronizations. cubecl 0.11 runs each thread's work on a non-blocking
 //! stream it creates and keeps private: neither the `CUstream` nor an event on it is
