@@ -1,7 +1,7 @@
 //! burn's cubecl backend (`Cube`, the one type behind `burn::backend::Wgpu` and
 //! `burn::backend::Cuda`): each call is routed by the device its tensors live on.
 //!
-//! - A wgpu device registered here ([`init_wgpu`], [`register_wgpu`], feature `wgpu`): our
+//! - A wgpu device registered here (`init_wgpu`, `register_wgpu`, feature `wgpu`): our
 //!   WGSL kernels on burn's own device and queue, in burn's buffers (the `wgpu` module).
 //! - A CUDA device (feature `cuda`): our CUDA kernels in burn's buffers, on a stream of ours
 //!   ordered against cubecl's by two host synchronizations (the `cuda` module).
