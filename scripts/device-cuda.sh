@@ -240,7 +240,7 @@ if [[ $PHASES == *burn* ]]; then
     else
       status[burn]=FAIL
     fi
-    grep -E "^test |test result|panicked|cuda|skipped|LLVM" "$OUT/burn.log" | tail -40
+    grep -E "^test |test result|panicked|^cuda|skipped|LLVM" "$OUT/burn.log" | tail -40
   else
     status[burn]="not staged ($D/burn-cuda; scripts/device-cuda.sh build burn)"
   fi
