@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA device runner for cce-cuda (issue 5).
 #
-#   scripts/device-cuda.sh build        # here (no GPU needed): build, strip and stage binaries
+#   scripts/device-cuda.sh build [burn] # here (no GPU needed): build, strip and stage binaries
 #   scripts/device-cuda.sh run [PHASES] # on the device machine, from the repository root
 #
 # build: `cargo test --release -p cce-cuda --no-run --message-format=json` gives the test
@@ -16,8 +16,16 @@
 #   when the binaries were staged elsewhere), or copy this script
 #   into .devbin/cuda and run it from there when the checkout's copy is older).
 #
-# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench (default
-# tests,suite,sanitize,bench); "suite" is the workspace conformance suite (cce-conformance);
+# build burn: only cce-burn's CUDA test (crates/cce-burn/tests/cuda.rs, burn's CUDA backend),
+# also the last step of a full build. cce-burn is its own workspace (target dir $BURN_TARGET_DIR,
+# default target/burn), built in the dev profile (its dependencies at opt-level 2) with
+# `--features cuda,cubecl-cuda/cpp` (burn's own kernels compiled by NVRTC) and DOCS_RS=1, which
+# makes cubecl-llvm's build skip the LLVM bundle it would download; the test binary links
+# scripts/cubecl-llvm-stub.sh's stubs in LLVM's place. Staged as burn-cuda.gz (gzipped: the
+# carried tree's 64 MiB), unzipped by `run`.
+#
+# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench,burn (default
+# tests,suite,sanitize,bench,burn); "burn" is cce-burn's CUDA test; "suite" is the workspace conformance suite (cce-conformance);
 # BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"), TEST_FILTER a
 # test-name filter to the tests phase (e.g. "wgmma_"). Logs go to
 # $OUT (at most 8 files come back); a summary table is printed last.
@@ -26,11 +34,42 @@ set -uo pipefail
 DEVBIN=${DEVBIN:-/work/main/.devbin/cuda}
 mode=${1:-}
 
+# cce-burn's CUDA test binary, staged as $DEVBIN/burn-cuda.gz (see the header).
+build_burn() {
+  local target=${BURN_TARGET_DIR:-target/burn}
+  local manifest=crates/cce-burn/Cargo.toml
+  local features=cuda,cubecl-cuda/cpp
+  # Every dependency's rlib (a library links nothing, so LLVM's symbols are not needed yet).
+  DOCS_RS=1 CARGO_TARGET_DIR=$target cargo build --manifest-path $manifest --locked \
+    --features $features --lib
+  scripts/cubecl-llvm-stub.sh "$target/debug/deps" "$target/libcce_llvm_stub.a"
+  rm -f "$DEVBIN/burn-cuda" "$DEVBIN/burn-cuda.gz"
+  DOCS_RS=1 CARGO_TARGET_DIR=$target cargo rustc --manifest-path $manifest --locked \
+    --features $features --test cuda --message-format=json \
+    -- -C link-arg="$PWD/$target/libcce_llvm_stub.a" |
+    python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        shutil.copy(m["executable"], os.path.join(sys.argv[1], "burn-cuda"))
+        print("staged burn-cuda")
+' "$DEVBIN"
+  strip "$DEVBIN/burn-cuda"
+  gzip -f "$DEVBIN/burn-cuda"
+  cp scripts/device-cuda.sh "$DEVBIN/"
+  ls -la "$DEVBIN/burn-cuda.gz"
+}
+
 if [ "$mode" = build ]; then
   set -e
   cd "$(dirname "$0")/.."
   export LD_LIBRARY_PATH=/opt/cuda-pip/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   mkdir -p "$DEVBIN/kcache"
+  if [ "${2:-}" = burn ]; then
+    build_burn
+    exit 0
+  fi
   rm -f "$DEVBIN"/kcache/*
   cargo test --release -p cce-cuda --no-run --message-format=json 2>/dev/null |
     python3 -c '
@@ -75,13 +114,14 @@ for line in sys.stdin:
   cp scripts/device-cuda.sh "$DEVBIN/"
   # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
   pwd >"$DEVBIN/build_root"
+  build_burn
   du -ch "$DEVBIN"/* "$DEVBIN"/kcache/* | tail -1
   ls -la "$DEVBIN" "$DEVBIN/kcache"
   exit 0
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [tests,suite,large,sanitize,bench]" >&2
+  echo "usage: $0 build [burn] | run [tests,suite,large,sanitize,dense,bench,burn]" >&2
   exit 2
 fi
 
@@ -89,7 +129,7 @@ fi
 D=${DEVBIN:-.devbin/cuda}
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
-PHASES=${2:-tests,suite,sanitize,bench}
+PHASES=${2:-tests,suite,sanitize,bench,burn}
 export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1 CCE_DATA_DIR=$PWD/data
 # Make the build checkout's data/ path (compiled into cce-data) point at this copy's data/.
 if [ -f "$D/build_root" ]; then
@@ -99,7 +139,7 @@ if [ -f "$D/build_root" ]; then
   fi
 fi
 # The build gzips the kernel caches (see build); unzip them once here.
-for f in "$D"/kcache/*.cubin.gz; do
+for f in "$D"/kcache/*.cubin.gz "$D"/burn-cuda.gz; do
   [ -e "$f" ] && gunzip -f "$f"
 done
 declare -A status
@@ -107,7 +147,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite fuzz large memcheck racecheck dense bench; do
+  for k in tests suite fuzz large memcheck racecheck dense bench burn; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -182,4 +222,26 @@ if [[ $PHASES == *bench* ]]; then
   rc=$?
   cat "$OUT/bench.md" 2>/dev/null || tail -20 "$OUT/bench.log"
   status[bench]="rc=$rc"
+fi
+
+if [[ $PHASES == *burn* ]]; then
+  if [ -x "$D/burn-cuda" ]; then
+    # cubecl-cuda's NVRTC compile of burn's own kernels takes CUDA's headers from CUDA_PATH
+    # (else /usr/local/cuda); our backend needs libcublas.
+    if [ -z "${CUDA_PATH:-}" ] && command -v nvcc >/dev/null; then
+      CUDA_PATH=$(dirname "$(dirname "$(command -v nvcc)")")
+      export CUDA_PATH
+    fi
+    for p in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      [ -e "$p/libcublas.so.13" ] && export LD_LIBRARY_PATH="$p:${LD_LIBRARY_PATH:-}"
+    done
+    if timeout 400 "$D/burn-cuda" --test-threads=1 --nocapture >"$OUT/burn.log" 2>&1; then
+      status[burn]=PASS
+    else
+      status[burn]=FAIL
+    fi
+    grep -E "^test |test result|panicked|^cuda|skipped|LLVM" "$OUT/burn.log" | tail -40
+  else
+    status[burn]="not staged ($D/burn-cuda; scripts/device-cuda.sh build burn)"
+  fi
 fi

@@ -6,7 +6,7 @@
 #![allow(deprecated)]
 // Without a backend feature the generated dispatch routes to no backend and uses nothing.
 #![cfg_attr(
-    not(any(feature = "ndarray", feature = "wgpu")),
+    not(any(feature = "ndarray", feature = "wgpu", feature = "cuda")),
     allow(unused_variables, unused_macros, dead_code)
 )]
 
@@ -18,8 +18,8 @@ use cce_core::{CceError, Options};
 /// A burn backend that computes the fused linear cross-entropy (arXiv 2411.09009) without
 /// materializing the `N x V` logits.
 ///
-/// Implemented for burn's `NdArray` (feature `ndarray`), burn's cubecl backend `Cube` (feature
-/// `wgpu`) and `Autodiff<B>` of either (a hand-written backward: see the `autodiff` module). The
+/// Implemented for burn's `NdArray` (feature `ndarray`), burn's cubecl backend `Cube` (features
+/// `wgpu` and `cuda`: its wgpu and CUDA devices) and `Autodiff<B>` of either (a hand-written backward: see the `autodiff` module). The
 /// `#[backend_extension]` attribute generates the implementation for burn's `Dispatch`, which
 /// routes a call to the backend its tensors live on; calling it on a backend not listed here
 /// (e.g. burn's `Flex`) panics in that routing.
@@ -28,7 +28,7 @@ use cce_core::{CceError, Options};
 #[backend_extension(
     Autodiff,
     NdArray: cfg(feature = "ndarray"),
-    Cube: cfg(feature = "wgpu")
+    Cube: cfg(any(feature = "wgpu", feature = "cuda"))
 )]
 pub trait LinearCrossEntropyBackend: Backend {
     /// The loss `CE(e·cᵀ (softcap), targets)` under `opts`.
@@ -92,7 +92,7 @@ pub(crate) fn split<T>(r: cce_core::Result<T>) -> (Option<T>, Option<CceError>) 
     }
 }
 
-#[cfg(any(feature = "ndarray", feature = "wgpu"))]
+#[cfg(any(feature = "ndarray", feature = "wgpu", feature = "cuda"))]
 use crate::kernels::CceKernels;
 
 #[cfg(feature = "ndarray")]
@@ -106,5 +106,5 @@ mod ndarray {
     concrete_extension!(NdArray);
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;

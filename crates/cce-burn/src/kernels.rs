@@ -1,9 +1,11 @@
 //! The concrete (non-autodiff) forward and backward of the loss on a burn backend's primitives.
 //!
-//! This first version moves the tensors through the host: a burn primitive is read into a
+//! The path through the host, which every backend can take: a burn primitive is read into a
 //! [`TensorData`], wrapped as a [`HostTensor`] (no conversion for f32/f16/bf16), run on one of
-//! our engines (the CPU reference, or our WGSL kernels for burn's cubecl backend with the `wgpu`
-//! feature) and the outputs are written back as burn primitives on the input's device.
+//! our engines (the CPU reference; for burn's cubecl backend our WGSL kernels or our CUDA
+//! backend, with the `wgpu` or `cuda` feature) and the outputs are written back as burn
+//! primitives on the input's device. burn's cubecl backend overrides it with its in-place paths
+//! (`crate::cube`) where they apply.
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{try_read_sync, Backend, ExecutionError, TensorMetadata};
@@ -22,10 +24,12 @@ static HOST_COPIES: AtomicU64 = AtomicU64::new(0);
 
 /// Tensors this process has moved between a burn device and the host for our engines: each
 /// tensor read to the host ([`host_forward`], [`host_backward`]: inputs, saved per-row tensors,
-/// the upstream gradient) and each output written back counts one. The NdArray backend and
-/// `Cube` tensors on unregistered wgpu devices go this way; on a wgpu device registered with
-/// `cube::init_wgpu` / `cube::register_wgpu` the count does not move (what our wgpu engine
-/// reads back itself, the targets and a few status bytes, is not counted).
+/// the upstream gradient) and each output written back counts one. The NdArray backend,
+/// `Cube` tensors on unregistered wgpu devices and `Cube` tensors the in-place paths do not
+/// take (burn's `fusion`, mixed dtypes, other integer targets) go this way; on a wgpu device
+/// registered with `cube::init_wgpu` / `cube::register_wgpu` and on a CUDA device the count does
+/// not move (what our engines read back themselves, the targets and a few status bytes on wgpu,
+/// a 256-byte status and a 4-byte upstream scalar on CUDA, is not counted).
 pub fn host_copies() -> u64 {
     HOST_COPIES.load(Ordering::Relaxed)
 }
@@ -57,7 +61,7 @@ pub struct CceGrads<B: Backend> {
 ///
 /// The provided methods run on the CPU reference engine through host copies; a backend
 /// overrides them to use a faster engine (burn's cubecl backend uses our WGSL kernels with the
-/// `wgpu` feature). Shapes: `e` `[N, D]`, `c` `[V, D]`, `bias` `[V]` (float, one dtype among
+/// `wgpu` feature and our CUDA kernels with the `cuda` feature). Shapes: `e` `[N, D]`, `c` `[V, D]`, `bias` `[V]` (float, one dtype among
 /// f32/f16/bf16, or f64 computed in f32), `targets` `[N]` (any integer dtype).
 pub trait CceKernels: Backend {
     /// Forward: loss, lse and rest mass. Errors: every input error of

@@ -8,17 +8,19 @@
 //! - [`LinearCrossEntropyConfig`]: bias, reduction, ignore_index, softcap, label smoothing,
 //!   z-loss and every other field of our [`Options`]; exact gradients by default.
 //! - [`LinearCrossEntropyBackend`]: the burn backend extension (implemented for `NdArray`,
-//!   `Cube` (wgpu) and `Autodiff<B>`), and [`CceKernels`], the forward/backward of a concrete
-//!   backend.
+//!   `Cube` (its wgpu and CUDA devices) and `Autodiff<B>`), and [`CceKernels`], the
+//!   forward/backward of a concrete backend.
 //! - `cube::init_wgpu` / `cube::register_wgpu` (feature `wgpu`): our kernels on burn's own
-//!   wgpu device and queue, in burn's buffers; [`host_copies`] counts the tensors that went
-//!   through the host instead.
+//!   wgpu device and queue, in burn's buffers.
+//! - `cube::cuda_ready` / `cube::cuda_host_syncs` (feature `cuda`): our CUDA kernels in burn's
+//!   CUDA buffers; whether they take a device, and the host synchronizations they made.
+//! - [`host_copies`] counts the tensors that went through the host instead.
 
 mod autodiff;
 mod backend;
 mod kernels;
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use backend::cube;
 pub use backend::LinearCrossEntropyBackend;
 pub use cce_core::{CceError, FilterEps, Options, Reduction};
@@ -109,7 +111,7 @@ impl LinearCrossEntropyConfig {
 ///
 /// Shapes and dtypes: `e` `[N, D]` and `c` `[V, D]` float (f32, f16, bf16; f64 is computed in
 /// f32), `targets` `[N]` integer in `[0, V)` or `ignore_index`, all on one device of a backend
-/// implementing [`LinearCrossEntropyBackend`] (NdArray, wgpu, autodiff of either). Returns the
+/// implementing [`LinearCrossEntropyBackend`] (NdArray, wgpu, CUDA, autodiff of any). Returns the
 /// loss as f32: `[1]` for mean/sum, `[N]` for `Reduction::None`. Gradients reach `e`, `c` and
 /// the bias when they require grad.
 ///

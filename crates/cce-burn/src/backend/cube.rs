@@ -1,111 +1,69 @@
-//! burn's cubecl backend (`Cube`, the type behind `burn::backend::Wgpu`) and our WGSL kernels.
+//! burn's cubecl backend (`Cube`, the one type behind `burn::backend::Wgpu` and
+//! `burn::backend::Cuda`): each call is routed by the device its tensors live on.
 //!
-//! On a wgpu device registered here ([`init_wgpu`], [`register_wgpu`]) our kernels run on
-//! burn's own device and queue, reading burn's buffers and writing their outputs into buffers
-//! burn allocated (the `zero_copy` module). burn 0.22 creates a device's wgpu handles inside
-//! cubecl's runtime and keeps them private there (cubecl-wgpu's `WgpuServer` holds them; its
-//! client hands out buffers, `get_resource`, but not the device or queue), so they are only
-//! reachable when the runtime is brought up through `WgpuOptions::init_with_setup`, which
-//! returns them: that is what registration does. On any other wgpu device (e.g.
-//! `Device::wgpu(DeviceKind::DefaultDevice)` created lazily by a tensor operation) the tensors
-//! go through the host to our kernels on our own device ([`wgpu_engine`]), counted by
-//! [`crate::host_copies`].
+//! - A wgpu device registered here (`init_wgpu`, `register_wgpu`, feature `wgpu`): our
+//!   WGSL kernels on burn's own device and queue, in burn's buffers (the `wgpu` module).
+//! - A CUDA device (feature `cuda`): our CUDA kernels in burn's buffers, on a stream of ours
+//!   ordered against cubecl's by two host synchronizations (the `cuda` module).
+//! - Anything else, and tensors the in-place paths do not take (burn's `fusion` feature, whose
+//!   tensors are not `CubeTensor`s; f64; mixed devices or dtypes; targets other than i32/i64):
+//!   through the host to our engine for that kind of device (our CUDA backend on its own
+//!   stream, our wgpu engine on its own device, else the CPU reference), counted by
+//!   [`crate::host_copies`].
 
 use super::*;
 use crate::kernels::{host_backward, host_forward, CceForward, CceGrads, NAME};
-use burn::backend::{Cube, DispatchDevice};
-use burn::tensor::wgpu::{WgpuOptions, WgpuSetup};
-use burn::tensor::{DType as BurnDType, Device};
+use burn::backend::{Cube, TensorMetadata};
+use burn::tensor::DType as BurnDType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeDevice;
 use cce_core::Result;
 use cce_reference::CpuBackend;
-use cce_wgpu::WgpuBackend;
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
-mod zero_copy;
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "wgpu")]
+mod wgpu;
 
-static ENGINE: OnceLock<Option<WgpuBackend>> = OnceLock::new();
+#[cfg(feature = "cuda")]
+pub use self::cuda::{cuda_host_syncs, cuda_ready};
+#[cfg(feature = "wgpu")]
+pub use self::wgpu::{init_wgpu, register_wgpu, registered_engine, wgpu_engine};
 
-/// Our engines on burn's registered wgpu devices, by cubecl device.
-static REGISTERED: OnceLock<Mutex<HashMap<CubeDevice, WgpuBackend>>> = OnceLock::new();
-
-fn registered() -> std::sync::MutexGuard<'static, HashMap<CubeDevice, WgpuBackend>> {
-    // A poisoned lock only means a panic elsewhere while it was held; the map stays valid.
-    REGISTERED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+/// The forward's outputs as burn tensors on the inputs' device.
+pub(crate) struct Forward {
+    pub loss: CubeTensor,
+    pub lse: CubeTensor,
+    pub rest_mass: CubeTensor,
 }
 
-/// Our wgpu engine on its own device, created on first use (one per process): the engine of
-/// `Cube` tensors on wgpu devices not registered here (through host copies); `None` when no
-/// wgpu adapter is usable, in which case such tensors run on the CPU reference engine.
-pub fn wgpu_engine() -> Option<&'static WgpuBackend> {
-    ENGINE.get_or_init(|| WgpuBackend::new().ok()).as_ref()
+/// The forward's per-row outputs as the backward reads them.
+pub(crate) struct Saved {
+    pub lse: CubeTensor,
+    pub rest_mass: CubeTensor,
 }
 
-/// Bring up burn's wgpu runtime with `options` (`Device::wgpu_options()`, with any memory or
-/// task settings) and register our kernels on its device and queue: `linear_cross_entropy`
-/// on tensors of the returned device (or of its `.autodiff()`) then reads and writes burn's
-/// buffers in place, with no host copy.
-///
-/// Call it before any tensor is created on the selected device kind: burn initializes a
-/// device's runtime once, lazily on first use.
-///
-/// Errors: `Backend` when burn cannot initialize the runtime (already initialized, no adapter:
-/// burn's `WgpuInitError` message), and those of [`register_wgpu`].
-///
-/// ```no_run
-/// use burn::tensor::{DType as BurnDType, Device};
-/// let device = cce_burn::cube::init_wgpu(Device::wgpu_options())?.autodiff();
-/// # Ok::<(), cce_burn::CceError>(())
-/// ```
-pub fn init_wgpu(options: WgpuOptions) -> Result<Device> {
-    let (device, setup) = options
-        .init_with_setup()
-        .map_err(|e| CceError::backend(NAME, format!("initializing burn's wgpu device: {e}")))?;
-    register_wgpu(&device, &setup)?;
-    Ok(device)
-}
-
-/// Register our kernels on the wgpu device and queue behind burn's `device`: `setup` is what
-/// `WgpuOptions::init_with_setup` returned with it (or the setup given to
-/// `WgpuOptions::setup`). Registering a device again replaces its engine.
-///
-/// Installs no wgpu callback on the device (cubecl's device-lost and uncaptured-error
-/// handlers stay; see `cce_wgpu::WgpuBackend::from_device`).
-///
-/// Errors: `InvalidOption` when `device` is not a wgpu device of burn's cubecl backend;
-/// those of `WgpuBackend::from_device` (limits that do not fit our tiles).
-pub fn register_wgpu(device: &Device, setup: &WgpuSetup) -> Result<()> {
-    let cube = cube_device(device).ok_or_else(|| CceError::InvalidOption {
-        name: "device",
-        reason: format!("{device:?} is not a wgpu device of burn's cubecl backend"),
-    })?;
-    let engine = WgpuBackend::from_device(setup.device.clone(), setup.queue.clone())?;
-    registered().insert(cube, engine);
-    Ok(())
-}
-
-/// Our engine on burn's `device` when it was registered ([`init_wgpu`], [`register_wgpu`]).
-pub fn registered_engine(device: &Device) -> Option<WgpuBackend> {
-    let cube = cube_device(device)?;
-    registered().get(&cube).cloned()
-}
-
-/// The cubecl wgpu device behind a burn device (autodiff or not).
-fn cube_device(device: &Device) -> Option<CubeDevice> {
-    match device.as_dispatch().clone().inner() {
-        DispatchDevice::Cube(d @ CubeDevice::Wgpu(_)) => Some(d),
-        _ => None,
+impl Saved {
+    /// The saved tensors and the upstream gradient of a backward as `CubeTensor`s.
+    fn new(saved: CceForward<Cube>, d_loss: FloatTensor<Cube>) -> Result<(Self, CubeTensor)> {
+        let saved = Self {
+            lse: to_cube(saved.lse)?,
+            rest_mass: to_cube(saved.rest_mass)?,
+        };
+        Ok((saved, to_cube(d_loss)?))
     }
 }
 
+/// The backward's gradients; `None` where not asked for.
+pub(crate) struct Grads {
+    pub d_e: Option<CubeTensor>,
+    pub d_c: Option<CubeTensor>,
+    pub d_bias: Option<CubeTensor>,
+}
+
 /// `a` as a `B`, when they are one type: `Cube`'s primitives are `CubeTensor`s unless burn's
-/// `fusion` feature wraps them (then `None`, and the host path is taken).
+/// `fusion` feature wraps them.
 fn same<A: 'static, B: 'static>(a: A) -> Option<B> {
     let mut slot = Some(a);
     (&mut slot as &mut dyn Any)
@@ -119,14 +77,28 @@ fn unfused() -> bool {
         && TypeId::of::<IntTensor<Cube>>() == TypeId::of::<CubeTensor>()
 }
 
-/// The engine registered for the device of `floats` and `targets`, when the zero-copy path
-/// takes them: plain `CubeTensor`s on one registered device, floats of f32, f16 or bf16 (one
-/// dtype, as our kernels need; per-row and upstream tensors f32) and i32 or i64 targets. Any
-/// other case (f64, quantized, mixed devices) takes the host path, which converts.
-fn engine_for(
+fn lost() -> CceError {
+    CceError::backend(NAME, "a Cube tensor is not a CubeTensor")
+}
+
+/// A `Cube` primitive (float or int) as the `CubeTensor` it is when [`unfused`].
+fn to_cube<T: 'static>(t: T) -> Result<CubeTensor> {
+    same::<T, CubeTensor>(t).ok_or_else(lost)
+}
+
+/// A `CubeTensor` as a `Cube` primitive.
+fn from_cube<T: 'static>(t: CubeTensor) -> Result<T> {
+    same::<CubeTensor, T>(t).ok_or_else(lost)
+}
+
+/// The cubecl device of `floats` and `targets` when an in-place path takes them: plain
+/// `CubeTensor`s on one device, floats of f32, f16 or bf16 (one dtype, as our kernels need;
+/// those flagged per-row, the saved lse and rest mass and the upstream gradient, f32), not
+/// quantized, and i32 or i64 targets. `None` sends the call through the host, which converts.
+fn in_place_device(
     floats: &[(&FloatTensor<Cube>, bool)],
     targets: &IntTensor<Cube>,
-) -> Option<WgpuBackend> {
+) -> Option<CubeDevice> {
     if !unfused() {
         return None;
     }
@@ -148,11 +120,73 @@ fn engine_for(
     if &y.device != device || !matches!(y.dtype, BurnDType::I32 | BurnDType::I64) {
         return None;
     }
-    registered().get(device).cloned()
+    Some(device.clone())
 }
 
-fn lost() -> CceError {
-    CceError::backend(NAME, "a Cube tensor is not a CubeTensor")
+/// The inputs of one call as `CubeTensor`s.
+pub(crate) struct CubeInputs {
+    pub e: CubeTensor,
+    pub c: CubeTensor,
+    pub bias: Option<CubeTensor>,
+    pub targets: CubeTensor,
+}
+
+impl CubeInputs {
+    fn new(
+        e: FloatTensor<Cube>,
+        c: FloatTensor<Cube>,
+        bias: Option<FloatTensor<Cube>>,
+        targets: IntTensor<Cube>,
+    ) -> Result<Self> {
+        Ok(Self {
+            e: to_cube(e)?,
+            c: to_cube(c)?,
+            bias: bias.map(to_cube).transpose()?,
+            targets: to_cube(targets)?,
+        })
+    }
+}
+
+fn forward_back(f: Forward) -> Result<CceForward<Cube>> {
+    Ok(CceForward {
+        loss: from_cube(f.loss)?,
+        lse: from_cube(f.lse)?,
+        rest_mass: from_cube(f.rest_mass)?,
+    })
+}
+
+fn grads_back(g: Grads) -> Result<CceGrads<Cube>> {
+    let back = |t: Option<CubeTensor>| t.map(from_cube).transpose();
+    Ok(CceGrads {
+        d_e: back(g.d_e)?,
+        d_c: back(g.d_c)?,
+        d_bias: back(g.d_bias)?,
+    })
+}
+
+/// Which engine takes a call through the host, by the device kind of `e`.
+enum HostEngine {
+    #[cfg(feature = "cuda")]
+    Cuda(std::sync::Arc<std::sync::Mutex<cce_cuda::CudaBackend>>),
+    #[cfg(feature = "wgpu")]
+    Wgpu(&'static cce_wgpu::WgpuBackend),
+    Cpu,
+}
+
+fn host_engine(device: &CubeDevice) -> HostEngine {
+    match device {
+        #[cfg(feature = "cuda")]
+        CubeDevice::Cuda(d) => match cuda::kept(d.index) {
+            Some(be) => HostEngine::Cuda(be),
+            None => HostEngine::Cpu,
+        },
+        #[cfg(feature = "wgpu")]
+        CubeDevice::Wgpu(_) => match wgpu_engine() {
+            Some(w) => HostEngine::Wgpu(w),
+            None => HostEngine::Cpu,
+        },
+        _ => HostEngine::Cpu,
+    }
 }
 
 impl CceKernels for Cube {
@@ -165,21 +199,34 @@ impl CceKernels for Cube {
     ) -> Result<CceForward<Self>> {
         let mut floats = vec![(&e, false), (&c, false)];
         floats.extend(bias.as_ref().map(|b| (b, false)));
-        if let Some(engine) = engine_for(&floats, &targets) {
-            let cast = |t| same::<FloatTensor<Self>, CubeTensor>(t).ok_or_else(lost);
-            let bias = bias.map(cast).transpose()?;
-            let targets = same::<IntTensor<Self>, CubeTensor>(targets).ok_or_else(lost)?;
-            let f = zero_copy::forward(&engine, cast(e)?, cast(c)?, bias, targets, opts)?;
-            let back = |t| same::<CubeTensor, FloatTensor<Self>>(t).ok_or_else(lost);
-            return Ok(CceForward {
-                loss: back(f.loss)?,
-                lse: back(f.lse)?,
-                rest_mass: back(f.rest_mass)?,
-            });
+        let device = in_place_device(&floats, &targets);
+        match device {
+            #[cfg(feature = "cuda")]
+            Some(CubeDevice::Cuda(d)) => {
+                if let Some(be) = cuda::kept(d.index) {
+                    let inputs = CubeInputs::new(e, c, bias, targets)?;
+                    return forward_back(cuda::forward(&be, inputs, opts)?);
+                }
+            }
+            #[cfg(feature = "wgpu")]
+            Some(ref d @ CubeDevice::Wgpu(_)) => {
+                if let Some(engine) = wgpu::registered(d) {
+                    let inputs = CubeInputs::new(e, c, bias, targets)?;
+                    return forward_back(wgpu::zero_copy::forward(&engine, inputs, opts)?);
+                }
+            }
+            _ => {}
         }
-        match wgpu_engine() {
-            Some(w) => host_forward::<Self, _>(w, e, c, bias, targets, opts),
-            None => host_forward::<Self, _>(&CpuBackend::new(), e, c, bias, targets, opts),
+        match host_engine(&e.device()) {
+            #[cfg(feature = "cuda")]
+            HostEngine::Cuda(be) => cuda::through_host(&be, |be| {
+                host_forward::<Self, _>(be, e, c, bias, targets, opts)
+            }),
+            #[cfg(feature = "wgpu")]
+            HostEngine::Wgpu(w) => host_forward::<Self, _>(w, e, c, bias, targets, opts),
+            HostEngine::Cpu => {
+                host_forward::<Self, _>(&CpuBackend::new(), e, c, bias, targets, opts)
+            }
         }
     }
 
@@ -199,29 +246,38 @@ impl CceKernels for Cube {
             (&saved.rest_mass, true),
             (&d_loss, true),
         ]);
-        if let Some(engine) = engine_for(&floats, &targets) {
-            let cast = |t| same::<FloatTensor<Self>, CubeTensor>(t).ok_or_else(lost);
-            let bias = bias.map(cast).transpose()?;
-            let targets = same::<IntTensor<Self>, CubeTensor>(targets).ok_or_else(lost)?;
-            let saved = zero_copy::Saved {
-                lse: cast(saved.lse)?,
-                rest_mass: cast(saved.rest_mass)?,
-            };
-            let (e, c, d_loss) = (cast(e)?, cast(c)?, cast(d_loss)?);
-            let g = zero_copy::backward(&engine, e, c, bias, targets, saved, d_loss, opts)?;
-            let back = |t: Option<CubeTensor>| {
-                t.map(|t| same::<CubeTensor, FloatTensor<Self>>(t).ok_or_else(lost))
-                    .transpose()
-            };
-            return Ok(CceGrads {
-                d_e: back(g.d_e)?,
-                d_c: back(g.d_c)?,
-                d_bias: back(g.d_bias)?,
-            });
+        let device = in_place_device(&floats, &targets);
+        match device {
+            #[cfg(feature = "cuda")]
+            Some(CubeDevice::Cuda(d)) => {
+                if let Some(be) = cuda::kept(d.index) {
+                    let inputs = CubeInputs::new(e, c, bias, targets)?;
+                    let (saved, d_loss) = Saved::new(saved, d_loss)?;
+                    return grads_back(cuda::backward(&be, inputs, saved, d_loss, opts)?);
+                }
+            }
+            #[cfg(feature = "wgpu")]
+            Some(ref d @ CubeDevice::Wgpu(_)) => {
+                if let Some(engine) = wgpu::registered(d) {
+                    let inputs = CubeInputs::new(e, c, bias, targets)?;
+                    let (saved, d_loss) = Saved::new(saved, d_loss)?;
+                    return grads_back(wgpu::zero_copy::backward(
+                        &engine, inputs, saved, d_loss, opts,
+                    )?);
+                }
+            }
+            _ => {}
         }
-        match wgpu_engine() {
-            Some(w) => host_backward::<Self, _>(w, e, c, bias, targets, saved, d_loss, opts),
-            None => host_backward::<Self, _>(
+        match host_engine(&e.device()) {
+            #[cfg(feature = "cuda")]
+            HostEngine::Cuda(be) => cuda::through_host(&be, |be| {
+                host_backward::<Self, _>(be, e, c, bias, targets, saved, d_loss, opts)
+            }),
+            #[cfg(feature = "wgpu")]
+            HostEngine::Wgpu(w) => {
+                host_backward::<Self, _>(w, e, c, bias, targets, saved, d_loss, opts)
+            }
+            HostEngine::Cpu => host_backward::<Self, _>(
                 &CpuBackend::new(),
                 e,
                 c,

@@ -17,6 +17,7 @@
 //! (`ManagedResource`) are held for the whole call: cubecl neither frees, reuses nor relocates
 //! an allocation while one is held.
 
+use crate::backend::cube::{CubeInputs, Forward, Grads, Saved};
 use crate::kernels::{engine_options, NAME};
 use burn::tensor::DType as BurnDType;
 use burn_cubecl::cubecl::wgpu::{AutoCompiler, WgpuServer};
@@ -33,26 +34,6 @@ type Server = WgpuServer<AutoCompiler>;
 /// The storage of a tensor (cubecl's `ManagedResource<WgpuResource>`, a type cubecl does not
 /// re-export), held while our kernels use it.
 type Held = Box<dyn std::any::Any>;
-
-/// The forward's outputs, burn tensors on the inputs' device.
-pub(super) struct Forward {
-    pub loss: CubeTensor,
-    pub lse: CubeTensor,
-    pub rest_mass: CubeTensor,
-}
-
-/// The forward's per-row outputs as the backward reads them.
-pub(super) struct Saved {
-    pub lse: CubeTensor,
-    pub rest_mass: CubeTensor,
-}
-
-/// The backward's gradients; `None` where not asked for.
-pub(super) struct Grads {
-    pub d_e: Option<CubeTensor>,
-    pub d_c: Option<CubeTensor>,
-    pub d_bias: Option<CubeTensor>,
-}
 
 fn ours(dtype: BurnDType) -> Result<DType> {
     match dtype {
@@ -126,15 +107,18 @@ fn contiguous(t: CubeTensor) -> CubeTensor {
 }
 
 /// [`crate::CceKernels::cce_forward`] in burn's buffers.
-pub(super) fn forward(
+pub(in crate::backend::cube) fn forward(
     engine: &WgpuBackend,
-    e: CubeTensor,
-    c: CubeTensor,
-    bias: Option<CubeTensor>,
-    targets: CubeTensor,
+    inputs: CubeInputs,
     opts: &Options,
 ) -> Result<Forward> {
     let opts = engine_options(opts);
+    let CubeInputs {
+        e,
+        c,
+        bias,
+        targets,
+    } = inputs;
     let (e, c, targets) = (contiguous(e), contiguous(c), contiguous(targets));
     let bias = bias.map(contiguous);
     let mut v = Views {
@@ -173,18 +157,20 @@ pub(super) fn forward(
 }
 
 /// [`crate::CceKernels::cce_backward`] in burn's buffers.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn backward(
+pub(in crate::backend::cube) fn backward(
     engine: &WgpuBackend,
-    e: CubeTensor,
-    c: CubeTensor,
-    bias: Option<CubeTensor>,
-    targets: CubeTensor,
+    inputs: CubeInputs,
     saved: Saved,
     d_loss: CubeTensor,
     opts: &Options,
 ) -> Result<Grads> {
     let opts = engine_options(opts);
+    let CubeInputs {
+        e,
+        c,
+        bias,
+        targets,
+    } = inputs;
     let (e, c, targets) = (contiguous(e), contiguous(c), contiguous(targets));
     let bias = bias.map(contiguous);
     let (lse, rest_mass, d_loss) = (
