@@ -6,6 +6,8 @@ Wijmans et al. 2024), backed by the cut-cross-entropy Rust library.
 - :class:`LigerFusedLinearCrossEntropyLoss`: Liger's module (constructor and call);
 - :class:`CceError`: every error of the library (its message, and ``kind``, the variant's name);
 - :class:`CallStats`: what a call did (``return_stats=True``);
+- :class:`VocabParallelOptions`: the vocabulary sharded over a ``torch.distributed`` group
+  (Apple CCE's names; :mod:`.vocab_parallel`);
 - :func:`status`, :func:`set_checks`: when CUDA calls' input checks reach Python (deferred to
   :func:`status` by default: no host synchronization in a call; :mod:`.checks`).
 
@@ -22,6 +24,7 @@ from ._ops import CallStats, CceError
 from .checks import get_checks, set_checks, status
 from .functional import linear_cross_entropy
 from .modules import CrossEntropyOutput, LigerFusedLinearCrossEntropyLoss, LinearCrossEntropy
+from .vocab_parallel import VocabParallelOptions
 
 __all__ = [
     "CallStats",
@@ -29,6 +32,7 @@ __all__ = [
     "CrossEntropyOutput",
     "LigerFusedLinearCrossEntropyLoss",
     "LinearCrossEntropy",
+    "VocabParallelOptions",
     "linear_cross_entropy",
     "__version__",
     "get_checks",

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ._ops import CceError, Options, forward_eager_op, forward_op, new_stats
+from .vocab_parallel import vocab_parallel_call
 
 __all__ = ["linear_cross_entropy"]
 
@@ -122,7 +123,10 @@ def linear_cross_entropy(
     :param filter_e_grad: Apply the filter to the gradient of ``e``.
     :param filter_c_grad: Apply the filter to the gradients of ``c`` and ``bias``.
     :param impl: Accepted for compatibility with Apple's CCE and ignored (there is one).
-    :param vocab_parallel_options: Must be None (vocabulary parallelism is not supported here).
+    :param vocab_parallel_options: None, or a :class:`VocabParallelOptions`: ``c`` and ``bias``
+        hold this rank's classes ``[start, stop)`` of a vocabulary sharded over a
+        ``torch.distributed`` group; the loss and lse are those of the whole vocabulary, the
+        gradient of ``e`` is summed over the ranks (CPU tensors; :mod:`.vocab_parallel`).
     :param label_smoothing: Label smoothing in ``[0, 1)``.
     :param z_loss: Weight of ``lse²`` added to each row's loss (Liger's ``lse_square_scale``).
     :param max_dropped_mass: Per-row bound on the probability mass the filter may skip.
@@ -136,8 +140,8 @@ def linear_cross_entropy(
     :raises CceError: every invalid input or option, with the library's message and ``kind``.
     """
     del accum_e_fp32, accum_c_fp32, impl
-    if vocab_parallel_options is not None:
-        raise _error("Unsupported", "vocab_parallel_options is not supported by cut_cross_entropy_rs")
+    if vocab_parallel_options is not None and return_stats:
+        raise _error("Unsupported", "return_stats=True with vocab_parallel_options is not supported")
     if reduction not in ("mean", "sum", "none"):
         raise _error("InvalidOption", f"invalid option reduction: unknown reduction '{reduction}' (none, mean, sum)")
     shift = int(shift)
@@ -156,7 +160,12 @@ def linear_cross_entropy(
         deterministic,
         check_finite,
     )
-    loss, lse, _, _, stats = _call(e, c, targets, bias, opts, return_stats)
+    if vocab_parallel_options is not None:
+        loss, lse = vocab_parallel_call(e, c, targets, bias, opts, vocab_parallel_options)
+        loss, lse = _shaped(e, opts, loss, lse)
+        stats = None
+    else:
+        loss, lse, _, _, stats = _call(e, c, targets, bias, opts, return_stats)
     out: list[Any] = [loss]
     if return_lse:
         out.append(lse)
@@ -190,6 +199,13 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         loss, lse, _, entropy, argmax, *_ = forward_eager_op(e, c, targets, bias, *needs, stats_id, *opts)
     else:
         loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)
+    loss, lse = _shaped(e, opts, loss, lse)
+    return loss, lse, entropy, argmax, stats
+
+
+def _shaped(e: Tensor, opts: Options, loss: Tensor, lse: Tensor) -> tuple[Tensor, Tensor]:
+    """The ops' flat loss and lse in the shape of ``e.shape[:-1]`` (the loss a scalar unless
+    ``reduction="none"``)."""
     reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape
     if reduction == "none":
@@ -197,5 +213,4 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         if shift > 0 and len(batch) >= 1 and shift < batch[-1]:
             # The pair (t, t + shift) is reported at the target's position, as Apple's CCE does.
             loss = torch.nn.functional.pad(loss[..., : batch[-1] - shift], (shift, 0))
-    lse = lse.view(batch)
-    return loss, lse, entropy, argmax, stats
+    return loss, lse.view(batch)

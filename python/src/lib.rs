@@ -34,6 +34,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod vocab_parallel;
 
 pyo3::create_exception!(
     cut_cross_entropy_rs,
@@ -711,25 +712,7 @@ unsafe fn run_backward(
         Some(t) => Some(unsafe { t.view()? }),
         None => None,
     };
-    if d_loss.data().dtype() != DType::F32 {
-        return Err(LibError::DTypeMismatch {
-            what: "d_loss",
-            expected: "f32".into(),
-            got: d_loss.data().dtype(),
-        });
-    }
-    let d_loss = match (opts.reduction, d_loss.data()) {
-        (Reduction::None, _) => DLoss::PerRow(&d_loss),
-        _ if unit_d_loss => DLoss::Scalar(1.0),
-        (_, HostSlice::F32([s])) => DLoss::Scalar(*s),
-        _ => {
-            return Err(LibError::ShapeMismatch {
-                what: "d_loss",
-                expected: "a scalar for reduction mean or sum".into(),
-                got: format!("{} elements", d_loss.data().len()),
-            })
-        }
-    };
+    let d_loss = d_loss_of(opts, &d_loss, unit_d_loss)?;
     let inputs = Inputs {
         e: &e,
         c: &c,
@@ -764,6 +747,36 @@ unsafe fn run_backward(
 /// forward's outputs as in `forward`, and `d_e`, `d_c`, `d_bias` (those given) of the loss with
 /// an upstream gradient of 1, which the package's autograd formula scales by the real upstream
 /// gradient (reductions mean and sum). Returns the forward's and the backward's statistics.
+/// The loss gradient of a backward from the `d_loss` tensor: per row for reduction none, else
+/// the scalar (1 when `unit_d_loss`: the caller scales the gradients itself).
+///
+/// Errors: `DTypeMismatch` unless f32; `ShapeMismatch` for a non-scalar under mean or sum.
+fn d_loss_of<'a, 'b>(
+    opts: &Options,
+    d_loss: &'a HostView<'b>,
+    unit_d_loss: bool,
+) -> cce_core::Result<DLoss<'a, HostView<'b>>> {
+    if d_loss.data().dtype() != DType::F32 {
+        return Err(LibError::DTypeMismatch {
+            what: "d_loss",
+            expected: "f32".into(),
+            got: d_loss.data().dtype(),
+        });
+    }
+    Ok(match (opts.reduction, d_loss.data()) {
+        (Reduction::None, _) => DLoss::PerRow(d_loss),
+        _ if unit_d_loss => DLoss::Scalar(1.0),
+        (_, HostSlice::F32([s])) => DLoss::Scalar(*s),
+        _ => {
+            return Err(LibError::ShapeMismatch {
+                what: "d_loss",
+                expected: "a scalar for reduction mean or sum".into(),
+                got: format!("{} elements", d_loss.data().len()),
+            })
+        }
+    })
+}
+
 #[pyfunction]
 #[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0, eager=false))]
 #[allow(clippy::too_many_arguments)]
@@ -901,6 +914,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(forward_backward, m)?)?;
     m.add_function(wrap_pyfunction!(status, m)?)?;
+    m.add_function(wrap_pyfunction!(vocab_parallel::vp_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(vocab_parallel::vp_backward, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

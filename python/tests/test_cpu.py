@@ -365,7 +365,7 @@ BAD = {
     "max_dropped_mass": (lambda *a: a, dict(max_dropped_mass=2.0), "InvalidOption"),
     "reduction": (lambda *a: a, dict(reduction="avg"), "InvalidOption"),
     "shift negative": (lambda *a: a, dict(shift=-1), "InvalidOption"),
-    "vocab parallel": (lambda *a: a, dict(vocab_parallel_options=object()), "Unsupported"),
+    "vocab parallel options": (lambda *a: a, dict(vocab_parallel_options=object()), "InvalidOption"),
 }
 
 
