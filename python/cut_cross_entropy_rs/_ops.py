@@ -245,7 +245,15 @@ def backward_op(
     if need_d_e or need_d_c or (need_d_bias and bias is not None):
         # A mean's or sum's upstream gradient on CUDA without one of the lse: the gradients of an
         # upstream gradient of 1, scaled here on the device (the native call reads nothing back).
-        unit = e.is_cuda and o.reduction != "none" and d_lse is None
+        # Not with eager checks (the native call checks the real upstream for NaN/Inf) nor for
+        # float16 (the unit gradients would be rounded to f16 before a loss scaler's factor).
+        unit = (
+            e.is_cuda
+            and o.reduction != "none"
+            and d_lse is None
+            and e.dtype != torch.float16
+            and not eager_for(stats_id)
+        )
         outs = (
             d_e if need_d_e else None,
             d_c if need_d_c else None,

@@ -193,9 +193,11 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         e, c = e.to(dtype), c.to(dtype)
         bias = None if bias is None else bias.to(dtype)
     needs = [torch.is_grad_enabled() and x is not None and x.requires_grad for x in (e, c, bias)]
-    if e.device.type == "cuda" and opts.reduction != "none" and any(needs):
+    if e.device.type == "cuda" and opts.reduction != "none" and any(needs) and e.dtype != torch.float16:
         # The gradients in the same call as the loss (the logits computed once), scaled by the
-        # upstream gradient in the backward: see ``_ops``.
+        # upstream gradient in the backward: see ``_ops``. Not for float16: gradients of an
+        # upstream of 1 held in f16 lose what a loss scaler's factor (applied later) would have
+        # lifted above f16's range, so f16 calls recompute with the real upstream.
         loss, lse, _, entropy, argmax, *_ = forward_eager_op(e, c, targets, bias, *needs, stats_id, *opts)
     else:
         loss, lse, _, entropy, argmax = forward_op(e, c, targets, bias, stats_id, *opts)

@@ -83,9 +83,11 @@ fn kept() -> &'static Mutex<HashMap<(usize, usize), Kept>> {
     KEPT.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// `m` locked. A panic while it was held (caught by the extension and raised as an `Internal`
+/// error) leaves it poisoned; the data stays usable (a kept backend holds no half-made state
+/// between calls), so the lock is taken anyway rather than failing every later call.
 fn lock<T>(m: &Mutex<T>) -> cce_core::Result<std::sync::MutexGuard<'_, T>> {
-    m.lock()
-        .map_err(|_| LibError::backend(WHO, "backend cache poisoned"))
+    Ok(m.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// Whether `be`'s stream is capturing a CUDA graph.
@@ -159,7 +161,22 @@ pub(crate) fn status(ordinal: usize, handle: usize) -> cce_core::Result<Option<D
         .map(|(k, v)| (*k, v.clone()))
         .collect();
     all.sort_by_key(|(k, _)| k.1);
+    // A graph captured on one stream may be replayed on another: with no stream capturing,
+    // the whole device is waited for first, so that every replay's record has landed. A
+    // stream that captures is skipped (nothing may be enqueued into its graph).
+    let mut live = Vec::with_capacity(all.len());
     for (key, be) in all {
+        let capturing = capturing(&*lock(&be)?)?;
+        if !capturing {
+            live.push((key, be));
+        }
+    }
+    if live.len() == lock(kept())?.iter().filter(|(k, _)| k.0 == ordinal).count() {
+        // Best effort: a stream without a kept backend may be capturing, which forbids a
+        // context-wide wait; each kept stream is then still waited for by its status read.
+        let _ = context(ordinal)?.synchronize();
+    }
+    for (key, be) in live {
         let report = lock(&be)?.status()?;
         if key.1 == handle {
             mine = Some(report);

@@ -306,9 +306,33 @@ pub(crate) fn pooled_blas(
             e
         }
         None => {
+            // A handle made while `stream` captures a CUDA graph (a caller's first call on its
+            // capture stream): its creation and workspace must stay outside the graph, since
+            // the pool lends them to later calls. The workspace is then allocated on a stream
+            // of its own (a stream-ordered allocation on the capturing stream would become a
+            // memory node of the graph, remapped by its replays) and waited for; cuBLAS's own
+            // setup allocations are allowed by the relaxed capture mode.
+            use cudarc::driver::sys::CUstreamCaptureStatus as Capture;
+            let capturing = !matches!(
+                stream.capture_status(),
+                Ok(Capture::CU_STREAM_CAPTURE_STATUS_NONE)
+            );
+            let _relaxed = if capturing {
+                Some(RelaxedCapture::enter()?)
+            } else {
+                None
+            };
+            let alloc_stream = if capturing {
+                stream
+                    .context()
+                    .new_stream()
+                    .map_err(|e| CceError::backend(BACKEND, e))?
+            } else {
+                stream.clone()
+            };
             let blas = cudarc::cublas::CudaBlas::new(stream.clone()).map_err(blas_err)?;
             // SAFETY: cuBLAS only uses the workspace as scratch; it writes before it reads.
-            let ws = unsafe { stream.alloc::<u8>(ws_bytes) }.map_err(|e| {
+            let ws = unsafe { alloc_stream.alloc::<u8>(ws_bytes) }.map_err(|e| {
                 if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                     CceError::OutOfMemory {
                         backend: BACKEND,
@@ -318,7 +342,14 @@ pub(crate) fn pooled_blas(
                     CceError::backend(BACKEND, e)
                 }
             })?;
-            let ws_ptr = ws.device_ptr(stream).0;
+            if capturing {
+                alloc_stream
+                    .synchronize()
+                    .map_err(|e| CceError::backend(BACKEND, e))?;
+            }
+            // The pointer read on the allocating stream: no wait of `stream` on an event
+            // recorded outside its capture.
+            let ws_ptr = ws.device_ptr(&alloc_stream).0;
             BlasEntry {
                 blas,
                 stream: stream.clone(),

@@ -51,11 +51,14 @@ impl CudaBackend {
     }
 
     /// The problem and the plan of a call: buffer ownership, shapes, dtypes and options
-    /// checked, the strategy planned (`crate::dense::schedule::plan_call`). Reads no tensor.
+    /// checked, the strategy planned (`crate::dense::schedule::plan_call`, from the sparse
+    /// tries so far: `crate::dense::sparse_memory`; `call`: a call about to run, which counts
+    /// towards the next try, else a query). Reads no tensor.
     pub(super) fn plan(
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
+        call: bool,
     ) -> Result<(Problem, Plan)> {
         self.check_owned("e", inputs.e)?;
         self.check_owned("c", inputs.c)?;
@@ -70,10 +73,24 @@ impl CudaBackend {
             inputs.targets,
             opts,
         )?;
+        let key = crate::dense::sparse_memory::SparseKey::new(
+            (problem.n, problem.d, problem.v),
+            problem.dtype,
+            problem.has_bias,
+            opts.softcap,
+            &cce_core::FilterRule::resolve(opts, problem.dtype),
+        );
+        // A poisoned lock (a panic while recording) only loses the history.
+        let sparse_expected = match self.sparse_memory.lock() {
+            Ok(mut m) if call => m.plan_call(&key),
+            Ok(m) => m.expects_sparse(&key),
+            Err(_) => true,
+        };
         let knobs = crate::dense::schedule::PlanKnobs {
             chunk_cap: self.chunk_cap,
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
+            sparse_expected,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;
         Ok((problem, plan))
@@ -94,7 +111,7 @@ impl CudaBackend {
         opts: &Options,
         upstream: Option<&Upstream<'_, CudaTensor>>,
     ) -> Result<Prepared> {
-        let (problem, plan) = self.plan(inputs, opts)?;
+        let (problem, plan) = self.plan(inputs, opts, true)?;
         let rows = self.upstream_rows(opts, upstream)?;
         let n = problem.n;
         let classes = self.alloc_raw(n * 4)?;

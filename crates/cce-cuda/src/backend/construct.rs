@@ -149,6 +149,7 @@ impl CudaBackend {
             status,
             checks: Checks::Eager,
             last_filtered: AtomicBool::new(false),
+            sparse_memory: Default::default(),
         })
     }
 

@@ -363,7 +363,7 @@ impl CudaBackend {
         opts: &Options,
         backward: bool,
     ) -> Result<u64> {
-        let (_, plan) = self.plan(inputs, opts)?;
+        let (_, plan) = self.plan(inputs, opts, false)?;
         crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)
     }
 

@@ -161,6 +161,9 @@ pub struct CudaBackend {
     checks: Checks,
     /// The last call wrote filter counts into the status.
     last_filtered: AtomicBool,
+    /// What the last sparse try of each call key did (recorded by the dense engine): a
+    /// filtered call whose last try gave way is planned as the exact call.
+    sparse_memory: Arc<std::sync::Mutex<crate::dense::sparse_memory::SparseMemory>>,
 }
 
 impl std::fmt::Debug for CudaBackend {

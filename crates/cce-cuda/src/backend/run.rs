@@ -8,7 +8,9 @@ impl CudaBackend {
         if let Some(e) = self.dense.get() {
             return Ok(e);
         }
-        let engine = DenseEngine::new(self.stream.clone())?.with_switches(self.engine_switches);
+        let engine = DenseEngine::new(self.stream.clone())?
+            .with_switches(self.engine_switches)
+            .with_sparse_memory(self.sparse_memory.clone());
         // A concurrent first call may have won the race; either engine is equivalent.
         let _ = self.dense.set(engine);
         self.dense

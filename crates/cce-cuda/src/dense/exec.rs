@@ -475,7 +475,9 @@ impl DenseEngine {
             delta_fixed,
             tile: tile_args(cfg)?,
         };
-        Ok(match self.sparse_backward(cfg, ws, row_args, &sa)? {
+        let outcome = self.sparse_backward(cfg, ws, row_args, &sa)?;
+        self.record_sparse(cfg, outcome.is_err());
+        Ok(match outcome {
             Ok(kept) => {
                 stats.sparse = Some(schedule::sparse_used_note(kept, cfg.n));
                 (true, 0)

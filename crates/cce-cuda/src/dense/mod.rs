@@ -136,6 +136,7 @@ mod row_pass;
 mod scales;
 pub(crate) mod schedule;
 mod sparse;
+pub(crate) mod sparse_memory;
 mod wgmma;
 mod workspace;
 
@@ -335,6 +336,9 @@ pub struct DenseEngine {
     row_stream: std::sync::OnceLock<Arc<CudaStream>>,
     /// Profiling and the sparse backward's tuning ([`DenseEngine::with_switches`]).
     switches: crate::CudaSwitches,
+    /// Where each sparse try's outcome is recorded (shared with the backend, which plans the
+    /// next call from it: [`sparse_memory`]).
+    sparse_memory: Arc<std::sync::Mutex<sparse_memory::SparseMemory>>,
 }
 
 impl std::fmt::Debug for DenseEngine {
@@ -397,6 +401,7 @@ impl DenseEngine {
             facts,
             row_stream: std::sync::OnceLock::new(),
             switches: crate::CudaSwitches::default(),
+            sparse_memory: Default::default(),
         })
     }
 
@@ -413,6 +418,31 @@ impl DenseEngine {
     pub fn with_switches(mut self, switches: crate::CudaSwitches) -> Self {
         self.switches = switches;
         self
+    }
+
+    /// The engine recording its sparse tries' outcomes into `memory` (the backend's, which
+    /// plans the next calls from it).
+    pub(crate) fn with_sparse_memory(
+        mut self,
+        memory: Arc<std::sync::Mutex<sparse_memory::SparseMemory>>,
+    ) -> Self {
+        self.sparse_memory = memory;
+        self
+    }
+
+    /// Record a sparse try of `cfg`'s key: `gave_way` when it gave way to the dense passes.
+    pub(crate) fn record_sparse(&self, cfg: &DenseConfig, gave_way: bool) {
+        let key = sparse_memory::SparseKey::new(
+            (cfg.n, cfg.d, cfg.v),
+            cfg.dtype,
+            cfg.has_bias,
+            cfg.softcap,
+            &cfg.filter,
+        );
+        // A poisoned lock (a panic while recording) only loses the history.
+        if let Ok(mut m) = self.sparse_memory.lock() {
+            m.record(key, gave_way);
+        }
     }
 
     /// The stream every operation runs on.

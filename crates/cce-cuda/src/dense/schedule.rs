@@ -614,19 +614,36 @@ pub(crate) struct PlanKnobs {
     pub sparse: SparseMode,
     /// Split dense's `d_e` may use f16 `G` (false: bf16 `G`).
     pub split_de_f16: bool,
+    /// The backend's memory expects the sparse backward to run to the end
+    /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
+    /// filtered call under [`SparseMode::Auto`] is then planned as an exact call would be.
+    pub sparse_expected: bool,
 }
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
 /// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
 /// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
-/// adjustment appends its reason to the plan's. A budget too small for the plan is a
-/// `ResourceLimit` against the whole budget, the cuBLAS workspace counted in what is asked.
+/// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
+/// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Auto`]) gets the plan of
+/// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
+/// against the whole budget, the cuBLAS workspace counted in what is asked.
 pub(crate) fn plan_call(
     problem: &Problem,
     opts: &cce_core::Options,
     limits: &cce_core::DeviceLimits,
     knobs: PlanKnobs,
 ) -> Result<Plan> {
+    let exact_opts;
+    let as_exact = as_exact_call(problem, opts, knobs);
+    let opts = if as_exact {
+        exact_opts = cce_core::Options {
+            filter_eps: cce_core::FilterEps::Off,
+            ..opts.clone()
+        };
+        &exact_opts
+    } else {
+        opts
+    };
     // Chunked dense rounds G to the input dtype for both products: on real data
     // that costs d_c 0.13% against the original filter's 0.05% (docs/perf-log.md), and f16
     // G under a mean is subnormal; so filtered and f16 calls skip it. Split dense keeps
@@ -701,7 +718,30 @@ pub(crate) fn plan_call(
                 .push_str(" (d_e from bf16 G: with_split_de_f16(false))");
         }
     }
+    if as_exact {
+        plan.reason.push_str(&as_exact_note());
+    }
     Ok(plan)
+}
+
+/// A filtered call is planned as the exact call would be: the last sparse backward of its key
+/// gave way ([`super::sparse_memory`]), and the backend uses the plan's sparse backward as
+/// planned ([`SparseMode::Auto`]). Then no probe runs, and chunked dense is taken where the
+/// budget holds it, as for an exact call (its dense GEMMs gain nothing from skipped entries,
+/// so the filter's permission goes unused: nothing is dropped).
+pub(crate) fn as_exact_call(problem: &Problem, opts: &cce_core::Options, knobs: PlanKnobs) -> bool {
+    knobs.sparse == SparseMode::Auto
+        && !knobs.sparse_expected
+        && cce_core::FilterRule::resolve(opts, problem.dtype).enabled
+}
+
+/// The reason a filtered call was planned as an exact one.
+pub(crate) fn as_exact_note() -> String {
+    format!(
+        " (planned as the exact call, nothing skipped: the last sparse backward of this shape \
+         gave way, so the next {} calls of it take no probe)",
+        super::sparse_memory::RETRY_AFTER
+    )
 }
 
 /// Shrink the chunks of a dense plan to at most `rows` x `classes` (whole tiles).

@@ -718,6 +718,7 @@ mod tests {
                                 chunk_cap,
                                 sparse: crate::SparseMode::Auto,
                                 split_de_f16: true,
+                                sparse_expected: true,
                             };
                             let at = format!("{n}x{d}x{v} {dtype:?} {opts:?}");
                             let plan = match schedule::plan_call(&problem, &opts, &limits, knobs) {
