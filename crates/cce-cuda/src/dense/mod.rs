@@ -126,6 +126,7 @@
 //! | `glue.rs` | `Backend`-trait calls of [`crate::CudaBackend`] |
 
 mod budget;
+mod call_plan;
 mod class_pass;
 mod config;
 mod exec;

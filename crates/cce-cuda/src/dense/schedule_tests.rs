@@ -2,7 +2,8 @@
 //! default options (512 MiB budget): which paths they take and the reason strings they report.
 
 use super::*;
-use cce_core::Options;
+use crate::SparseMode;
+use cce_core::{Options, Problem};
 
 /// An H200 as the engine sees it: compute capability 9.0, 132 multiprocessors, 227 KiB of
 /// shared memory per block.
@@ -798,99 +799,4 @@ fn the_cublas_workspace_counts_in_the_budget() {
         }
         other => panic!("{other:?}"),
     }
-}
-
-/// The plan of a bf16 call of `shape` with `opts` as `CudaBackend` makes it, with the sparse
-/// mode and the backend's memory of the last sparse try given.
-fn plan_with(
-    (n, d, v): (usize, usize, usize),
-    opts: &Options,
-    sparse: SparseMode,
-    sparse_expected: bool,
-) -> Plan {
-    let problem = Problem {
-        n,
-        d,
-        v,
-        dtype: DType::BF16,
-        has_bias: false,
-        seq_len: n,
-    };
-    let limits = device_limits("test", 140 << 30, 227 << 10);
-    let knobs = PlanKnobs {
-        chunk_cap: None,
-        sparse,
-        split_de_f16: true,
-        sparse_expected,
-    };
-    plan_call(&problem, opts, &limits, knobs).unwrap()
-}
-
-#[test]
-fn a_filtered_call_after_a_give_way_takes_the_exact_plan() {
-    let filtered = Options::default();
-    let exact = Options::exact();
-    let sixteen_gib = Options {
-        workspace_budget_bytes: 16 << 30,
-        ..Options::default()
-    };
-    let sixteen_gib_exact = Options {
-        workspace_budget_bytes: 16 << 30,
-        ..Options::exact()
-    };
-    // The real-row shape (chunked dense fits the default budget), the seed shape at the
-    // default budget (split dense either way) and with 16 GiB (chunked dense fits).
-    for (shape, f, x) in [
-        ((12288, 576, 49152), &filtered, &exact),
-        ((32768, 4096, 256000), &filtered, &exact),
-        ((32768, 4096, 256000), &sixteen_gib, &sixteen_gib_exact),
-    ] {
-        let first = plan_with(shape, f, SparseMode::Auto, true);
-        assert!(
-            first.sparse.is_some(),
-            "{shape:?}: no history, the sparse try is planned"
-        );
-        assert!(
-            matches!(first.strategy, Strategy::SplitDense { .. }),
-            "{shape:?}"
-        );
-        let after = plan_with(shape, f, SparseMode::Auto, false);
-        let exact_plan = plan_with(shape, x, SparseMode::Auto, true);
-        assert_eq!(after.strategy, exact_plan.strategy, "{shape:?}");
-        assert_eq!(after.row_chunks, exact_plan.row_chunks, "{shape:?}");
-        assert_eq!(after.class_chunks, exact_plan.class_chunks, "{shape:?}");
-        assert!(after.sparse.is_none() && !after.filter.enabled, "{shape:?}");
-        assert!(
-            after.reason.ends_with(&as_exact_note()),
-            "{shape:?}: {}",
-            after.reason
-        );
-        // Nothing is skipped on the dense path either.
-        let cfg = dense_config(&after, f, (true, true, true), true).unwrap();
-        assert!(!cfg.filtering(), "{shape:?}");
-    }
-    assert!(matches!(
-        plan_with((12288, 576, 49152), &filtered, SparseMode::Auto, false).strategy,
-        Strategy::ChunkedDense { .. }
-    ));
-}
-
-#[test]
-fn the_memory_leaves_exact_calls_and_the_bench_modes_alone() {
-    let shape = (12288, 576, 49152);
-    // SparseMode::Off benches filtered split dense; Always forces the try: no memory there.
-    for mode in [SparseMode::Off, SparseMode::Always] {
-        let p = plan_with(shape, &Options::default(), mode, false);
-        assert!(p.filter.enabled, "{mode:?}");
-        assert!(
-            matches!(p.strategy, Strategy::SplitDense { .. }),
-            "{mode:?}"
-        );
-        assert!(!p.reason.contains("planned as the exact call"), "{mode:?}");
-    }
-    let exact = plan_with(shape, &Options::exact(), SparseMode::Auto, false);
-    assert_eq!(
-        exact,
-        plan_with(shape, &Options::exact(), SparseMode::Auto, true)
-    );
 }

@@ -1,0 +1,289 @@
+//! The plan of a backend call: `cce_core::plan` within the budget less the cuBLAS workspace,
+//! then the backend's adjustments (its knobs, and the exact call's plan for a filtered call
+//! whose last sparse try gave way: [`super::sparse_memory`]), each with its reason appended to
+//! the plan's. Pure: no CUDA call.
+
+use super::budget::*;
+use super::*;
+use crate::SparseMode;
+use cce_core::{Plan, Problem, Strategy, StrategyKind};
+
+/// The backend's knobs that change a plan (tests and benches: [`crate::CudaBackend`]'s
+/// `with_chunk_cap`, `with_sparse`, `with_split_de_f16`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PlanKnobs {
+    /// Cap of the dense strategies' chunks (rows, classes).
+    pub chunk_cap: Option<(usize, usize)>,
+    /// How the plan's sparse backward is used.
+    pub sparse: SparseMode,
+    /// Split dense's `d_e` may use f16 `G` (false: bf16 `G`).
+    pub split_de_f16: bool,
+    /// The backend's memory expects the sparse backward to run to the end
+    /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
+    /// filtered call under [`SparseMode::Auto`] is then planned as an exact call would be.
+    pub sparse_expected: bool,
+}
+
+/// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
+/// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
+/// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
+/// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
+/// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Auto`]) gets the plan of
+/// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
+/// against the whole budget, the cuBLAS workspace counted in what is asked.
+pub(crate) fn plan_call(
+    problem: &Problem,
+    opts: &cce_core::Options,
+    limits: &cce_core::DeviceLimits,
+    knobs: PlanKnobs,
+) -> Result<Plan> {
+    let exact_opts;
+    let as_exact = as_exact_call(problem, opts, knobs);
+    let opts = if as_exact {
+        exact_opts = cce_core::Options {
+            filter_eps: cce_core::FilterEps::Off,
+            ..opts.clone()
+        };
+        &exact_opts
+    } else {
+        opts
+    };
+    // Chunked dense rounds G to the input dtype for both products: on real data
+    // that costs d_c 0.13% against the original filter's 0.05% (docs/perf-log.md), and f16
+    // G under a mean is subnormal; so filtered and f16 calls skip it. Split dense keeps
+    // f16 G for d_c in every dtype.
+    let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
+    let mut limits = limits.clone();
+    let mut notes = Vec::new();
+    // bf16 inputs with f32 gradients asked: split dense's f16 G (11 significand bits, so a
+    // confident row's d_e and d_c rows keep 1e-3) instead of chunked dense's bf16 G (8).
+    let f32_grads_of_bf16 =
+        problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
+    if limits.strategies.contains(&StrategyKind::ChunkedDense)
+        && (filtered || problem.dtype == DType::F16 || f32_grads_of_bf16)
+    {
+        limits
+            .strategies
+            .retain(|k| *k != StrategyKind::ChunkedDense);
+        if limits.strategies.is_empty() {
+            limits.strategies.push(StrategyKind::SplitDense);
+        }
+        notes.push(if f32_grads_of_bf16 {
+            "chunked-dense is not used for f32 gradients of bf16 inputs (its products use bf16 G)"
+        } else {
+            "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
+        });
+    }
+    let budget = opts.workspace_budget_bytes;
+    let share = cce_core::Options {
+        workspace_budget_bytes: plan_budget(budget),
+        ..opts.clone()
+    };
+    let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    if let Some(cf) = plan.forward {
+        // Forward-only calls fit their own tiles within the forward-only cap (`dense_config`);
+        // the call's note names them.
+        plan.reason = plan.reason.replace(
+            &format!("; {cf}"),
+            &format!(
+                "; forward-only calls: class tiles within {} B of workspace",
+                forward_workspace_cap(budget)
+            ),
+        );
+    }
+    plan.reason.push_str(&format!(
+        "; planned within {} B: the budget of {budget} B less the {CUBLAS_WORKSPACE_BYTES} B \
+         cuBLAS workspace",
+        share.workspace_budget_bytes
+    ));
+    for note in notes {
+        plan.reason.push_str(&format!(" ({note})"));
+    }
+    if let Some((cap_rows, cap_classes)) = knobs.chunk_cap {
+        cap_plan_chunks(&mut plan, cap_rows, cap_classes);
+    }
+    match (knobs.sparse, plan.sparse.as_mut()) {
+        (SparseMode::Off, Some(_)) => {
+            plan.sparse = None;
+            plan.reason
+                .push_str(" (sparse backward off: with_sparse(SparseMode::Off))");
+        }
+        (SparseMode::Always, Some(sp)) => {
+            sp.max_mean_kept = problem.v;
+            plan.reason
+                .push_str(" (sparse backward at any density: with_sparse(SparseMode::Always))");
+        }
+        _ => {}
+    }
+    if let Strategy::SplitDense { de_f16, .. } = &mut plan.strategy {
+        if *de_f16 && !knobs.split_de_f16 && problem.dtype == DType::BF16 {
+            *de_f16 = false;
+            plan.reason
+                .push_str(" (d_e from bf16 G: with_split_de_f16(false))");
+        }
+    }
+    if as_exact {
+        plan.reason.push_str(&as_exact_note());
+    }
+    Ok(plan)
+}
+
+/// A filtered call is planned as the exact call would be: the last sparse backward of its key
+/// gave way ([`super::sparse_memory`]), and the backend uses the plan's sparse backward as
+/// planned ([`SparseMode::Auto`]). Then no probe runs, and chunked dense is taken where the
+/// budget holds it, as for an exact call (its dense GEMMs gain nothing from skipped entries,
+/// so the filter's permission goes unused: nothing is dropped).
+pub(crate) fn as_exact_call(problem: &Problem, opts: &cce_core::Options, knobs: PlanKnobs) -> bool {
+    knobs.sparse == SparseMode::Auto
+        && !knobs.sparse_expected
+        && cce_core::FilterRule::resolve(opts, problem.dtype).enabled
+}
+
+/// The reason a filtered call was planned as an exact one.
+pub(crate) fn as_exact_note() -> String {
+    format!(
+        " (planned as the exact call, nothing skipped: the last sparse backward of this shape \
+         gave way, so the next {} calls of it take no probe)",
+        super::sparse_memory::RETRY_AFTER
+    )
+}
+
+/// Shrink the chunks of a dense plan to at most `rows` x `classes` (whole tiles).
+fn cap_plan_chunks(plan: &mut Plan, rows: usize, classes: usize) {
+    let (n, v) = (plan.problem.n, plan.problem.v);
+    let chunks = |total: usize, c: usize| -> Vec<std::ops::Range<usize>> {
+        (0..total.div_ceil(c))
+            .map(|i| i * c..((i + 1) * c).min(total))
+            .collect()
+    };
+    match &mut plan.strategy {
+        Strategy::ChunkedDense { chunk_rows } => {
+            *chunk_rows = (*chunk_rows).min(rows);
+            plan.row_chunks = chunks(n, *chunk_rows);
+        }
+        Strategy::SplitDense {
+            chunk_rows,
+            chunk_classes,
+            ..
+        } => {
+            *chunk_rows = (*chunk_rows).min(rows);
+            *chunk_classes = (*chunk_classes).min(classes);
+            plan.row_chunks = chunks(n, *chunk_rows);
+            plan.class_chunks = chunks(v, *chunk_classes);
+            if let Some(sp) = plan.sparse.as_mut() {
+                sp.max_rows = sp.max_rows.min(rows).max(sp.probe_rows);
+            }
+        }
+        Strategy::TileOwnership => return,
+    }
+    if let Some(cf) = plan.forward.as_mut() {
+        // rows and classes are whole tiles, so the tiles keep the plan's alignment.
+        cf.rows = cf.rows.min(rows);
+        cf.classes = cf.classes.min(classes);
+    }
+    plan.reason.push_str(&format!(
+        " (chunks capped at {rows} rows, {classes} classes)"
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::schedule::{dense_config, device_limits};
+    use super::*;
+    use cce_core::Options;
+
+    /// The plan of a bf16 call of `shape` with `opts` as `CudaBackend` makes it, with the sparse
+    /// mode and the backend's memory of the last sparse try given.
+    fn plan_with(
+        (n, d, v): (usize, usize, usize),
+        opts: &Options,
+        sparse: SparseMode,
+        sparse_expected: bool,
+    ) -> Plan {
+        let problem = Problem {
+            n,
+            d,
+            v,
+            dtype: DType::BF16,
+            has_bias: false,
+            seq_len: n,
+        };
+        let limits = device_limits("test", 140 << 30, 227 << 10);
+        let knobs = PlanKnobs {
+            chunk_cap: None,
+            sparse,
+            split_de_f16: true,
+            sparse_expected,
+        };
+        plan_call(&problem, opts, &limits, knobs).unwrap()
+    }
+
+    #[test]
+    fn a_filtered_call_after_a_give_way_takes_the_exact_plan() {
+        let filtered = Options::default();
+        let exact = Options::exact();
+        let sixteen_gib = Options {
+            workspace_budget_bytes: 16 << 30,
+            ..Options::default()
+        };
+        let sixteen_gib_exact = Options {
+            workspace_budget_bytes: 16 << 30,
+            ..Options::exact()
+        };
+        // The real-row shape (chunked dense fits the default budget), the seed shape at the
+        // default budget (split dense either way) and with 16 GiB (chunked dense fits).
+        for (shape, f, x) in [
+            ((12288, 576, 49152), &filtered, &exact),
+            ((32768, 4096, 256000), &filtered, &exact),
+            ((32768, 4096, 256000), &sixteen_gib, &sixteen_gib_exact),
+        ] {
+            let first = plan_with(shape, f, SparseMode::Auto, true);
+            assert!(
+                first.sparse.is_some(),
+                "{shape:?}: no history, the sparse try is planned"
+            );
+            assert!(
+                matches!(first.strategy, Strategy::SplitDense { .. }),
+                "{shape:?}"
+            );
+            let after = plan_with(shape, f, SparseMode::Auto, false);
+            let exact_plan = plan_with(shape, x, SparseMode::Auto, true);
+            assert_eq!(after.strategy, exact_plan.strategy, "{shape:?}");
+            assert_eq!(after.row_chunks, exact_plan.row_chunks, "{shape:?}");
+            assert_eq!(after.class_chunks, exact_plan.class_chunks, "{shape:?}");
+            assert!(after.sparse.is_none() && !after.filter.enabled, "{shape:?}");
+            assert!(
+                after.reason.ends_with(&as_exact_note()),
+                "{shape:?}: {}",
+                after.reason
+            );
+            // Nothing is skipped on the dense path either.
+            let cfg = dense_config(&after, f, (true, true, true), true).unwrap();
+            assert!(!cfg.filtering(), "{shape:?}");
+        }
+        assert!(matches!(
+            plan_with((12288, 576, 49152), &filtered, SparseMode::Auto, false).strategy,
+            Strategy::ChunkedDense { .. }
+        ));
+    }
+
+    #[test]
+    fn the_memory_leaves_exact_calls_and_the_bench_modes_alone() {
+        let shape = (12288, 576, 49152);
+        // SparseMode::Off benches filtered split dense; Always forces the try: no memory there.
+        for mode in [SparseMode::Off, SparseMode::Always] {
+            let p = plan_with(shape, &Options::default(), mode, false);
+            assert!(p.filter.enabled, "{mode:?}");
+            assert!(
+                matches!(p.strategy, Strategy::SplitDense { .. }),
+                "{mode:?}"
+            );
+            assert!(!p.reason.contains("planned as the exact call"), "{mode:?}");
+        }
+        let exact = plan_with(shape, &Options::exact(), SparseMode::Auto, false);
+        assert_eq!(
+            exact,
+            plan_with(shape, &Options::exact(), SparseMode::Auto, true)
+        );
+    }
+}
