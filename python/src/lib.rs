@@ -21,10 +21,7 @@
 //! (its caching allocator): see the `cuda` module for what still synchronizes.
 
 use cce_core::CceError as LibError;
-use cce_core::{
-    CallStats, DLoss, DType, FilterEps, GradDType, HostData, HostTensor, Inputs, Options,
-    Reduction, Saved, SideOutputs, Upstream,
-};
+use cce_core::{CallStats, DLoss, DType, FilterEps, HostData, HostTensor, Options, Reduction};
 use cce_reference::{CpuBackend, HostSlice, HostView};
 use half::{bf16, f16};
 use pyo3::exceptions::PyException;
@@ -32,9 +29,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod args;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod vocab_parallel;
+
+use args::{ForwardArgs, GradArgs, InputArgs, SavedArgs};
 
 pyo3::create_exception!(
     cut_cross_entropy_rs,
@@ -404,19 +404,6 @@ fn device_of(all: &[&RawTensor]) -> cce_core::Result<Device> {
     }
 }
 
-/// The gradients a call computes, from the output tensors given (`d_e`, `d_c`, `d_bias`):
-/// `d_bias` needs the `d_c` pass; f32 outputs ask for f32 gradients, else the input dtype.
-fn ask_gradients(o: &mut Options, [d_e, d_c, d_bias]: [&Option<RawTensor>; 3]) {
-    o.compute_d_e = d_e.is_some();
-    o.compute_d_c = d_c.is_some() || d_bias.is_some();
-    let f32_out = d_e.iter().chain(d_c).any(|t| t.dtype == DType::F32);
-    o.grad_dtype = if f32_out {
-        GradDType::F32
-    } else {
-        GradDType::Input
-    };
-}
-
 /// What a build without the `cuda` feature answers for CUDA tensors.
 #[cfg(not(feature = "cuda"))]
 fn cuda_missing() -> LibError {
@@ -459,44 +446,30 @@ fn forward<'py>(
     eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
-    let e = raw(py, "e", e)?;
-    let c = raw(py, "c", c)?;
-    let bias = raw_opt(py, "bias", bias)?;
-    let targets = raw(py, "targets", targets)?;
-    let loss_out = raw(py, "loss (output)", loss_out)?;
-    let lse_out = raw(py, "lse (output)", lse_out)?;
-    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
-    let entropy_out = raw_opt(py, "entropy (output)", entropy_out)?;
-    let argmax_out = raw_opt(py, "argmax (output)", argmax_out)?;
-    o.side_outputs = SideOutputs {
-        entropy: entropy_out.is_some(),
-        argmax: argmax_out.is_some(),
-    };
-    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
-    all.extend(bias.iter().chain(&entropy_out).chain(&argmax_out));
+    let inp = InputArgs::read(py, e, c, bias, targets)?;
+    let outs = ForwardArgs::read(
+        py,
+        [loss_out, lse_out, rest_mass_out],
+        [entropy_out, argmax_out],
+    )?;
+    outs.ask(&mut o);
+    let all = [inp.tensors(), outs.tensors()].concat();
     let stats = guarded(py, || match device_of(&all)? {
         #[cfg(feature = "cuda")]
         Device::Cuda => py.detach(|| {
-            let outs = [
-                Some(&loss_out),
-                Some(&lse_out),
-                Some(&rest_mass_out),
-                entropy_out.as_ref(),
-                argmax_out.as_ref(),
-            ];
             // SAFETY: every RawTensor was read by `raw` from a CUDA tensor of one device that
             // the caller holds for the whole call, and `stream` is torch's current stream of
             // that device (the package passes it); inputs are only read and the outputs, fresh
             // tensors of this call, only written, all on that stream.
             unsafe {
                 cuda::forward(
-                    torch_stream(e.ordinal, stream, eager),
-                    &e,
-                    &c,
-                    bias.as_ref(),
-                    &targets,
+                    torch_stream(inp.e.ordinal, stream, eager),
+                    &inp.e,
+                    &inp.c,
+                    inp.bias.as_ref(),
+                    &inp.targets,
                     &o,
-                    outs,
+                    outs.refs(),
                 )
             }
         }),
@@ -509,20 +482,7 @@ fn forward<'py>(
             // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for
             // the whole call; inputs are only read and the outputs, fresh tensors the package
             // allocated for this call, are only written here.
-            unsafe {
-                run_forward(
-                    &e,
-                    &c,
-                    bias.as_ref(),
-                    &targets,
-                    &o,
-                    &loss_out,
-                    &lse_out,
-                    &rest_mass_out,
-                    entropy_out.as_ref(),
-                    argmax_out.as_ref(),
-                )
-            }
+            unsafe { run_forward(&inp, &outs, &o) }
         }),
     })?;
     stats_dict(py, &stats)
@@ -532,45 +492,16 @@ fn forward<'py>(
 ///
 /// # Safety
 /// Every tensor satisfies [`RawTensor::view`]'s and [`RawTensor::write`]'s contracts.
-#[allow(clippy::too_many_arguments)]
 unsafe fn run_forward(
-    e: &RawTensor,
-    c: &RawTensor,
-    bias: Option<&RawTensor>,
-    targets: &RawTensor,
+    inp: &InputArgs,
+    outs: &ForwardArgs,
     opts: &Options,
-    loss_out: &RawTensor,
-    lse_out: &RawTensor,
-    rest_mass_out: &RawTensor,
-    entropy_out: Option<&RawTensor>,
-    argmax_out: Option<&RawTensor>,
 ) -> cce_core::Result<CallStats> {
-    // SAFETY: forwarded from this function's contract (so are the blocks below).
-    let (e, c, targets) = unsafe { (e.view()?, c.view()?, targets.view()?) };
-    let bias = match bias {
-        // SAFETY: as above.
-        Some(b) => Some(unsafe { b.view()? }),
-        None => None,
-    };
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: bias.as_ref(),
-        targets: &targets,
-    };
-    let out = CpuBackend::new().forward_host(&inputs, opts)?;
+    // SAFETY: forwarded from this function's contract (so is the write below).
+    let views = unsafe { inp.views()? };
+    let out = CpuBackend::new().forward_host(&views.inputs(), opts)?;
     // SAFETY: as above.
-    unsafe {
-        loss_out.write(&out.loss)?;
-        lse_out.write(&out.lse)?;
-        rest_mass_out.write(&out.rest_mass)?;
-        if let (Some(dst), Some(src)) = (entropy_out, &out.entropy) {
-            dst.write(src)?;
-        }
-        if let (Some(dst), Some(src)) = (argmax_out, &out.argmax) {
-            dst.write(src)?;
-        }
-    }
+    unsafe { outs.write(&out)? };
     Ok(out.stats)
 }
 
@@ -600,26 +531,11 @@ fn backward<'py>(
     eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
-    let e = raw(py, "e", e)?;
-    let c = raw(py, "c", c)?;
-    let bias = raw_opt(py, "bias", bias)?;
-    let targets = raw(py, "targets", targets)?;
-    let lse = raw(py, "lse", lse)?;
-    let rest_mass = raw(py, "rest_mass", rest_mass)?;
-    let d_loss = raw(py, "d_loss", d_loss)?;
-    let d_lse = raw_opt(py, "d_lse", d_lse)?;
-    let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
-    let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
-    let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
-    ask_gradients(&mut o, [&d_e_out, &d_c_out, &d_bias_out]);
-    let mut all = vec![&e, &c, &targets, &lse, &rest_mass, &d_loss];
-    all.extend(
-        bias.iter()
-            .chain(&d_lse)
-            .chain(&d_e_out)
-            .chain(&d_c_out)
-            .chain(&d_bias_out),
-    );
+    let inp = InputArgs::read(py, e, c, bias, targets)?;
+    let sv = SavedArgs::read(py, [lse, rest_mass, d_loss], d_lse)?;
+    let grads = GradArgs::read(py, [d_e_out, d_c_out, d_bias_out])?;
+    grads.ask(&mut o);
+    let all = [inp.tensors(), sv.tensors(), grads.tensors()].concat();
     let stats = guarded(py, || match device_of(&all)? {
         #[cfg(feature = "cuda")]
         Device::Cuda => py.detach(|| {
@@ -627,17 +543,17 @@ fn backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::backward(
-                    torch_stream(e.ordinal, stream, eager),
-                    &e,
-                    &c,
-                    bias.as_ref(),
-                    &targets,
+                    torch_stream(inp.e.ordinal, stream, eager),
+                    &inp.e,
+                    &inp.c,
+                    inp.bias.as_ref(),
+                    &inp.targets,
                     &o,
-                    [&lse, &rest_mass],
-                    &d_loss,
-                    d_lse.as_ref(),
+                    [&sv.lse, &sv.rest_mass],
+                    &sv.d_loss,
+                    sv.d_lse.as_ref(),
                     unit_d_loss,
-                    [d_e_out.as_ref(), d_c_out.as_ref(), d_bias_out.as_ref()],
+                    grads.refs(),
                 )
             }
         }),
@@ -647,25 +563,8 @@ fn backward<'py>(
             Err(cuda_missing())
         }
         Device::Cpu => py.detach(|| {
-            // SAFETY: as in `forward`: CPU tensors the caller holds for the whole call, inputs
-            // only read, outputs (fresh tensors of this call) only written.
-            unsafe {
-                run_backward(
-                    &e,
-                    &c,
-                    bias.as_ref(),
-                    &targets,
-                    &o,
-                    &lse,
-                    &rest_mass,
-                    &d_loss,
-                    d_lse.as_ref(),
-                    unit_d_loss,
-                    d_e_out.as_ref(),
-                    d_c_out.as_ref(),
-                    d_bias_out.as_ref(),
-                )
-            }
+            // SAFETY: as in `forward`'s CPU arm.
+            unsafe { run_backward(&inp, &sv, &grads, &o, unit_d_loss) }
         }),
     })?;
     stats_dict(py, &stats)
@@ -675,78 +574,26 @@ fn backward<'py>(
 ///
 /// # Safety
 /// Every tensor satisfies [`RawTensor::view`]'s and [`RawTensor::write`]'s contracts.
-#[allow(clippy::too_many_arguments)]
 unsafe fn run_backward(
-    e: &RawTensor,
-    c: &RawTensor,
-    bias: Option<&RawTensor>,
-    targets: &RawTensor,
+    inp: &InputArgs,
+    sv: &SavedArgs,
+    grads: &GradArgs,
     opts: &Options,
-    lse: &RawTensor,
-    rest_mass: &RawTensor,
-    d_loss: &RawTensor,
-    d_lse: Option<&RawTensor>,
     unit_d_loss: bool,
-    d_e_out: Option<&RawTensor>,
-    d_c_out: Option<&RawTensor>,
-    d_bias_out: Option<&RawTensor>,
 ) -> cce_core::Result<CallStats> {
-    // SAFETY: forwarded from this function's contract (so are the blocks below).
-    let (e, c, targets, lse, rest_mass, d_loss) = unsafe {
-        (
-            e.view()?,
-            c.view()?,
-            targets.view()?,
-            lse.view()?,
-            rest_mass.view()?,
-            d_loss.view()?,
-        )
-    };
-    let bias = match bias {
-        // SAFETY: as above.
-        Some(b) => Some(unsafe { b.view()? }),
-        None => None,
-    };
-    let d_lse = match d_lse {
-        // SAFETY: as above.
-        Some(t) => Some(unsafe { t.view()? }),
-        None => None,
-    };
-    let d_loss = d_loss_of(opts, &d_loss, unit_d_loss)?;
-    let inputs = Inputs {
-        e: &e,
-        c: &c,
-        bias: bias.as_ref(),
-        targets: &targets,
-    };
-    let upstream = Upstream {
-        d_loss,
-        d_lse: d_lse.as_ref(),
-    };
-    let saved = Saved {
-        lse: &lse,
-        rest_mass: &rest_mass,
-    };
-    let out = CpuBackend::new().backward_host(&inputs, opts, saved, &upstream)?;
+    // SAFETY: forwarded from this function's contract (so is the write below).
+    let (views, saved) = unsafe { (inp.views()?, sv.views()?) };
+    let out = CpuBackend::new().backward_host(
+        &views.inputs(),
+        opts,
+        saved.saved(),
+        &saved.upstream(opts, unit_d_loss)?,
+    )?;
     // SAFETY: as above.
-    unsafe {
-        for (dst, src) in [
-            (d_e_out, &out.d_e),
-            (d_c_out, &out.d_c),
-            (d_bias_out, &out.d_bias),
-        ] {
-            if let (Some(dst), Some(src)) = (dst, src) {
-                dst.write(src)?;
-            }
-        }
-    }
+    unsafe { grads.write([&out.d_e, &out.d_c, &out.d_bias])? };
     Ok(out.stats)
 }
 
-/// Forward and backward in one call (CUDA tensors; the logits are computed once): the
-/// forward's outputs as in `forward`, and `d_e`, `d_c`, `d_bias` (those given) of the loss with
-/// an upstream gradient of 1, which the package's autograd formula scales by the real upstream
-/// gradient (reductions mean and sum). Returns the forward's and the backward's statistics.
 /// The loss gradient of a backward from the `d_loss` tensor: per row for reduction none, else
 /// the scalar (1 when `unit_d_loss`: the caller scales the gradients itself).
 ///
@@ -777,6 +624,10 @@ fn d_loss_of<'a, 'b>(
     })
 }
 
+/// Forward and backward in one call (CUDA tensors; the logits are computed once): the
+/// forward's outputs as in `forward`, and `d_e`, `d_c`, `d_bias` (those given) of the loss with
+/// an upstream gradient of 1, which the package's autograd formula scales by the real upstream
+/// gradient (reductions mean and sum). Returns the forward's and the backward's statistics.
 #[pyfunction]
 #[pyo3(signature = (e, c, bias, targets, opts, loss_out, lse_out, rest_mass_out, entropy_out=None, argmax_out=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0, eager=false))]
 #[allow(clippy::too_many_arguments)]
@@ -799,32 +650,16 @@ fn forward_backward<'py>(
     eager: bool,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let mut o = options(opts)?;
-    let e = raw(py, "e", e)?;
-    let c = raw(py, "c", c)?;
-    let bias = raw_opt(py, "bias", bias)?;
-    let targets = raw(py, "targets", targets)?;
-    let loss_out = raw(py, "loss (output)", loss_out)?;
-    let lse_out = raw(py, "lse (output)", lse_out)?;
-    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
-    let entropy_out = raw_opt(py, "entropy (output)", entropy_out)?;
-    let argmax_out = raw_opt(py, "argmax (output)", argmax_out)?;
-    let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
-    let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
-    let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
-    o.side_outputs = SideOutputs {
-        entropy: entropy_out.is_some(),
-        argmax: argmax_out.is_some(),
-    };
-    ask_gradients(&mut o, [&d_e_out, &d_c_out, &d_bias_out]);
-    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
-    all.extend(
-        bias.iter()
-            .chain(&entropy_out)
-            .chain(&argmax_out)
-            .chain(&d_e_out)
-            .chain(&d_c_out)
-            .chain(&d_bias_out),
-    );
+    let inp = InputArgs::read(py, e, c, bias, targets)?;
+    let outs = ForwardArgs::read(
+        py,
+        [loss_out, lse_out, rest_mass_out],
+        [entropy_out, argmax_out],
+    )?;
+    let grads = GradArgs::read(py, [d_e_out, d_c_out, d_bias_out])?;
+    outs.ask(&mut o);
+    grads.ask(&mut o);
+    let all = [inp.tensors(), outs.tensors(), grads.tensors()].concat();
     let (fs, bs) = guarded(py, || match device_of(&all)? {
         #[cfg(feature = "cuda")]
         Device::Cuda => py.detach(|| {
@@ -832,20 +667,14 @@ fn forward_backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::forward_backward(
-                    torch_stream(e.ordinal, stream, eager),
-                    &e,
-                    &c,
-                    bias.as_ref(),
-                    &targets,
+                    torch_stream(inp.e.ordinal, stream, eager),
+                    &inp.e,
+                    &inp.c,
+                    inp.bias.as_ref(),
+                    &inp.targets,
                     &o,
-                    [
-                        Some(&loss_out),
-                        Some(&lse_out),
-                        Some(&rest_mass_out),
-                        entropy_out.as_ref(),
-                        argmax_out.as_ref(),
-                    ],
-                    [d_e_out.as_ref(), d_c_out.as_ref(), d_bias_out.as_ref()],
+                    outs.refs(),
+                    grads.refs(),
                 )
             }
         }),

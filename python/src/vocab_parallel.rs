@@ -13,12 +13,10 @@
 //! `comm.all_gather(t)` (the ranks' tensors concatenated in rank order), `t` a 1-D CPU tensor
 //! of float32 or float64. A Python exception there becomes `CceError` of kind `Backend`.
 
-use super::{
-    ask_gradients, d_loss_of, guarded, options, raw, raw_opt, stats_dict, to_py, Device, RawTensor,
-};
+use super::args::{ForwardArgs, GradArgs, InputArgs, SavedArgs};
+use super::{guarded, options, stats_dict, to_py, Device, RawTensor};
 use cce_core::vocab_parallel::{Communicator, ReduceOp, VocabShard};
 use cce_core::CceError as LibError;
-use cce_core::{Inputs, Saved, Upstream};
 use cce_reference::vocab_parallel::RankDriver;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -212,41 +210,19 @@ pub(crate) fn vp_forward<'py>(
     rest_mass_out: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let o = options(opts)?;
-    let e = raw(py, "e", e)?;
-    let c = raw(py, "c", c)?;
-    let bias = raw_opt(py, "bias", bias)?;
-    let targets = raw(py, "targets", targets)?;
-    let loss_out = raw(py, "loss (output)", loss_out)?;
-    let lse_out = raw(py, "lse (output)", lse_out)?;
-    let rest_mass_out = raw(py, "rest_mass (output)", rest_mass_out)?;
+    let inp = InputArgs::read(py, e, c, bias, targets)?;
+    let outs = ForwardArgs::read(py, [loss_out, lse_out, rest_mass_out], [None, None])?;
     let comm = PyComm::new(comm)?;
-    let mut all = vec![&e, &c, &targets, &loss_out, &lse_out, &rest_mass_out];
-    all.extend(bias.iter());
     let stats = guarded(py, || {
-        cpu_only(&all)?;
-        let shard = shard_of(&c, vocab_size, start)?;
+        cpu_only(&[inp.tensors(), outs.tensors()].concat())?;
+        let shard = shard_of(&inp.c, vocab_size, start)?;
         // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for the
         // whole call; inputs are only read and the outputs, fresh tensors the package allocated
-        // for this call, are only written here.
-        let (ev, cv, tv) = unsafe { (e.view()?, c.view()?, targets.view()?) };
-        let bv = match &bias {
-            // SAFETY: as above.
-            Some(b) => Some(unsafe { b.view()? }),
-            None => None,
-        };
-        let inputs = Inputs {
-            e: &ev,
-            c: &cv,
-            bias: bv.as_ref(),
-            targets: &tv,
-        };
-        let fwd = RankDriver::from_shard(&comm, shard).forward(&inputs, &o)?;
+        // for this call, are only written here (so is the write below).
+        let views = unsafe { inp.views()? };
+        let fwd = RankDriver::from_shard(&comm, shard).forward(&views.inputs(), &o)?;
         // SAFETY: as above.
-        unsafe {
-            loss_out.write(&fwd.output.loss)?;
-            lse_out.write(&fwd.output.lse)?;
-            rest_mass_out.write(&fwd.output.rest_mass)?;
-        }
+        unsafe { outs.write(&fwd.output)? };
         Ok(fwd.shard_stats)
     })?;
     stats_dict(py, &stats)
@@ -282,80 +258,24 @@ pub(crate) fn vp_backward<'py>(
     d_bias_out: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
-    let e = raw(py, "e", e)?;
-    let c = raw(py, "c", c)?;
-    let bias = raw_opt(py, "bias", bias)?;
-    let targets = raw(py, "targets", targets)?;
-    let lse = raw(py, "lse", lse)?;
-    let rest_mass = raw(py, "rest_mass", rest_mass)?;
-    let d_loss = raw(py, "d_loss", d_loss)?;
-    let d_lse = raw_opt(py, "d_lse", d_lse)?;
-    let d_e_out = raw_opt(py, "d_e (output)", d_e_out)?;
-    let d_c_out = raw_opt(py, "d_c (output)", d_c_out)?;
-    let d_bias_out = raw_opt(py, "d_bias (output)", d_bias_out)?;
-    ask_gradients(&mut o, [&d_e_out, &d_c_out, &d_bias_out]);
+    let inp = InputArgs::read(py, e, c, bias, targets)?;
+    let sv = SavedArgs::read(py, [lse, rest_mass, d_loss], d_lse)?;
+    let grads = GradArgs::read(py, [d_e_out, d_c_out, d_bias_out])?;
+    grads.ask(&mut o);
     let comm = PyComm::new(comm)?;
-    let mut all = vec![&e, &c, &targets, &lse, &rest_mass, &d_loss];
-    all.extend(
-        bias.iter()
-            .chain(&d_lse)
-            .chain(&d_e_out)
-            .chain(&d_c_out)
-            .chain(&d_bias_out),
-    );
     let stats = guarded(py, || {
-        cpu_only(&all)?;
-        let shard = shard_of(&c, vocab_size, start)?;
-        // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for the
-        // whole call; inputs are only read, and the outputs, fresh tensors the package
-        // allocated for this call, only written (so are the blocks below).
-        let (ev, cv, tv, lv, rv, dv) = unsafe {
-            (
-                e.view()?,
-                c.view()?,
-                targets.view()?,
-                lse.view()?,
-                rest_mass.view()?,
-                d_loss.view()?,
-            )
-        };
-        let bv = match &bias {
-            // SAFETY: as above.
-            Some(b) => Some(unsafe { b.view()? }),
-            None => None,
-        };
-        let d_lse_v = match &d_lse {
-            // SAFETY: as above.
-            Some(t) => Some(unsafe { t.view()? }),
-            None => None,
-        };
-        let inputs = Inputs {
-            e: &ev,
-            c: &cv,
-            bias: bv.as_ref(),
-            targets: &tv,
-        };
-        let upstream = Upstream {
-            d_loss: d_loss_of(&o, &dv, false)?,
-            d_lse: d_lse_v.as_ref(),
-        };
-        let saved = Saved {
-            lse: &lv,
-            rest_mass: &rv,
-        };
-        let out = RankDriver::from_shard(&comm, shard).backward(&inputs, &o, saved, &upstream)?;
+        cpu_only(&[inp.tensors(), sv.tensors(), grads.tensors()].concat())?;
+        let shard = shard_of(&inp.c, vocab_size, start)?;
+        // SAFETY: as in `vp_forward` (so is the write below).
+        let (views, saved) = unsafe { (inp.views()?, sv.views()?) };
+        let out = RankDriver::from_shard(&comm, shard).backward(
+            &views.inputs(),
+            &o,
+            saved.saved(),
+            &saved.upstream(&o, false)?,
+        )?;
         // SAFETY: as above.
-        unsafe {
-            for (dst, src) in [
-                (&d_e_out, &out.d_e),
-                (&d_c_out, &out.d_c),
-                (&d_bias_out, &out.d_bias),
-            ] {
-                if let (Some(dst), Some(src)) = (dst, src) {
-                    dst.write(src)?;
-                }
-            }
-        }
+        unsafe { grads.write([&out.d_e, &out.d_c, &out.d_bias])? };
         Ok(out.stats)
     })?;
     stats_dict(py, &stats)
