@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA device runner for cce-cuda (issue 5).
 #
-#   scripts/device-cuda.sh build [burn] # here (no GPU needed): build, strip and stage binaries
+#   scripts/device-cuda.sh build [burn|python] # here (no GPU needed): build, strip and stage binaries
 #   scripts/device-cuda.sh run [PHASES] # on the device machine, from the repository root
 #
 # build: `cargo test --release -p cce-cuda --no-run --message-format=json` gives the test
@@ -24,8 +24,14 @@
 # scripts/cubecl-llvm-stub.sh's stubs in LLVM's place. Staged as burn-cuda.gz (gzipped: the
 # carried tree's 64 MiB), unzipped by `run`.
 #
-# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench,burn (default
-# tests,suite,sanitize,bench,burn); "burn" is cce-burn's CUDA test; "suite" is the workspace conformance suite (cce-conformance);
+# build python: the PyTorch package's wheel (maturin on PATH, e.g. a venv with maturin 1.16 and
+# ziglang: python/README.md), staged in $DEVBIN/py, also the last step of a full build.
+#
+# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench,burn,python (default
+# tests,suite,sanitize,bench,burn,python); "burn" is cce-burn's CUDA test; "python" installs the
+# staged wheel into /tmp/cce-site (no network: --no-index --no-deps, beside the machine's torch)
+# and runs the package's pytest suite (its CUDA tests, graph capture and torch.compile
+# included) with the kernel cache of this bundle; "suite" is the workspace conformance suite (cce-conformance);
 # BENCH_ARGS passes arguments to cce-bench-cuda (e.g. "--filter llama3 --reps 3"), TEST_FILTER a
 # test-name filter to the tests phase (e.g. "wgmma_"). Logs go to
 # $OUT (at most 8 files come back); a summary table is printed last.
@@ -61,6 +67,14 @@ for line in sys.stdin:
   ls -la "$DEVBIN/burn-cuda.gz"
 }
 
+# The PyTorch package's wheel, staged as $DEVBIN/py/*.whl.
+build_python() {
+  rm -rf "$DEVBIN/py"
+  mkdir -p "$DEVBIN/py"
+  maturin build --release --zig --compatibility manylinux_2_28 -m python/Cargo.toml -o "$DEVBIN/py"
+  ls -la "$DEVBIN/py"
+}
+
 if [ "$mode" = build ]; then
   set -e
   cd "$(dirname "$0")/.."
@@ -68,6 +82,10 @@ if [ "$mode" = build ]; then
   mkdir -p "$DEVBIN/kcache"
   if [ "${2:-}" = burn ]; then
     build_burn
+    exit 0
+  fi
+  if [ "${2:-}" = python ]; then
+    build_python
     exit 0
   fi
   rm -f "$DEVBIN"/kcache/*
@@ -115,13 +133,14 @@ for line in sys.stdin:
   # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
   pwd >"$DEVBIN/build_root"
   build_burn
+  build_python
   du -ch "$DEVBIN"/* "$DEVBIN"/kcache/* | tail -1
   ls -la "$DEVBIN" "$DEVBIN/kcache"
   exit 0
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build [burn] | run [tests,suite,large,sanitize,dense,bench,burn]" >&2
+  echo "usage: $0 build [burn|python] | run [tests,suite,large,sanitize,dense,bench,burn,python]" >&2
   exit 2
 fi
 
@@ -129,7 +148,7 @@ fi
 D=${DEVBIN:-.devbin/cuda}
 OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
-PHASES=${2:-tests,suite,sanitize,bench,burn}
+PHASES=${2:-tests,suite,sanitize,bench,burn,python}
 export CCE_CUDA_CACHE_DIR=$D/kcache CCE_REQUIRE_CUDA=1 RUST_BACKTRACE=1 CCE_DATA_DIR=$PWD/data
 # Make the build checkout's data/ path (compiled into cce-data) point at this copy's data/.
 if [ -f "$D/build_root" ]; then
@@ -147,7 +166,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite fuzz large memcheck racecheck dense bench burn; do
+  for k in tests suite fuzz large memcheck racecheck dense bench burn python; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -243,5 +262,27 @@ if [[ $PHASES == *burn* ]]; then
     grep -E "^test |test result|panicked|^cuda|skipped|LLVM" "$OUT/burn.log" | tail -40
   else
     status[burn]="not staged ($D/burn-cuda; scripts/device-cuda.sh build burn)"
+  fi
+fi
+
+if [[ $PHASES == *python* ]]; then
+  whl=$(ls "$D"/py/*.whl 2>/dev/null | head -1)
+  if [ -n "$whl" ]; then
+    for p in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      [ -e "$p/libcublas.so.13" ] && export LD_LIBRARY_PATH="$p:${LD_LIBRARY_PATH:-}"
+    done
+    rm -rf /tmp/cce-site
+    python3 -m pip install -q --no-index --no-deps --target /tmp/cce-site "$whl" >"$OUT/python.log" 2>&1
+    # From the repository root with the installed package first on the path (the source
+    # folder python/cut_cross_entropy_rs is not importable from here).
+    if PYTHONPATH=/tmp/cce-site timeout 500 python3 -m pytest -q -p no:cacheprovider python/tests \
+      >>"$OUT/python.log" 2>&1; then
+      status[python]=PASS
+    else
+      status[python]=FAIL
+    fi
+    grep -E "passed|failed|FAILED|Error" "$OUT/python.log" | tail -25
+  else
+    status[python]="not staged ($D/py; scripts/device-cuda.sh build python)"
   fi
 fi
