@@ -109,12 +109,27 @@ def _bad_tiling(rank: int, world: int):
     return None
 
 
+def _bad_rank(rank: int, world: int):
+    """The last rank's e holds a NaN: it raises NonFinite, every other rank VocabParallel (the
+    peer that failed is named; nobody waits for it)."""
+    e, c, _, targets = _inputs(CASES[0])
+    if rank == world - 1:
+        e[3, 5] = float("nan")
+    start, stop = partition_vocab(c.shape[0], rank, world)
+    try:
+        linear_cross_entropy(e, c[start:stop], targets, vocab_parallel_options=VocabParallelOptions(start, stop))
+    except CceError as err:
+        return err.kind
+    return None
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         results = [_run_case(rank, world, case) for case in CASES]
         bad = _bad_tiling(rank, world) if world > 1 else None
-        torch.save(dict(results=results, bad=bad), os.path.join(out_dir, f"rank{rank}.pt"))
+        bad_rank = _bad_rank(rank, world)
+        torch.save(dict(results=results, bad=bad, bad_rank=bad_rank), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -182,6 +197,11 @@ def test_shards_that_do_not_tile_raise_on_every_rank(ranks):
     if world == 1:
         pytest.skip("needs two ranks")
     assert [o["bad"] for o in outs] == ["VocabParallel"] * world
+
+
+def test_a_failing_rank_is_named_and_nobody_hangs(ranks):
+    world, outs = ranks
+    assert [o["bad_rank"] for o in outs] == ["VocabParallel"] * (world - 1) + ["NonFinite"]
 
 
 def test_options_checked_before_any_collective():
