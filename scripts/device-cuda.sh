@@ -49,10 +49,12 @@ build_burn() {
   DOCS_RS=1 CARGO_TARGET_DIR=$target cargo build --manifest-path $manifest --locked \
     --features $features --lib
   scripts/cubecl-llvm-stub.sh "$target/debug/deps" "$target/libcce_llvm_stub.a"
+  local stub="$target/libcce_llvm_stub.a"
+  [[ $stub == /* ]] || stub="$PWD/$stub"
   rm -f "$DEVBIN/burn-cuda" "$DEVBIN/burn-cuda.gz"
   DOCS_RS=1 CARGO_TARGET_DIR=$target cargo rustc --manifest-path $manifest --locked \
     --features $features --test cuda --message-format=json \
-    -- -C link-arg="$PWD/$target/libcce_llvm_stub.a" |
+    -- -C link-arg="$stub" |
     python3 -c '
 import json, sys, shutil, os
 for line in sys.stdin:

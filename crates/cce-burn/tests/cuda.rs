@@ -180,49 +180,49 @@ fn targets_of_another_integer_dtype_go_through_the_host() {
     assert_close("d_e", &a.unwrap(), &b.unwrap(), REL, 1e-6);
 }
 
-// ---- Bad input: one test per typed error, on the in-place path (the checks run on the device
-// and reach the call through our backend's status) unless the test says otherwise.
-
-fn small(device: &Device) -> (Tensor<2>, Tensor<2>) {
-    (
-        float(uniform(4 * 8, 1, 1.0), [4, 8], device),
-        float(uniform(10 * 8, 2, 0.5), [10, 8], device),
-    )
-}
+// ---- Bad input: one test per typed error (common/errors.rs), on the in-place path (the checks run
+// on the device and reach the call through our backend's status) unless the test says otherwise.
 
 #[test]
 fn shape_mismatch() {
     let _serial = lock();
     let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let (e, _) = small(&device);
-    let c = float(uniform(10 * 9, 2, 0.5), [10, 9], &device);
-    let err = try_linear_cross_entropy(
-        e.clone(),
-        c,
-        int(vec![1, 2, 3, 4], &device),
-        &Default::default(),
-    )
-    .unwrap_err();
-    assert!(matches!(err, CceError::ShapeMismatch { .. }), "{err}");
-    let (e, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3], &device), &Default::default())
-        .unwrap_err();
-    assert!(matches!(err, CceError::ShapeMismatch { .. }), "{err}");
-    let e3 = float(uniform(2 * 3 * 8, 1, 1.0), [2, 3, 8], &device);
-    let t2 = Tensor::<2, Int>::zeros([3, 2], &device);
-    let err =
-        try_linear_cross_entropy_3d(e3, small(&device).1, t2, &Default::default()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::ShapeMismatch {
-                what: "targets",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    errors::shape_mismatch(&device.autodiff());
+}
+
+#[test]
+fn target_out_of_range() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    errors::target_out_of_range(&device.autodiff());
+}
+
+#[test]
+fn non_finite_input() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    errors::non_finite_input(&device.autodiff());
+}
+
+#[test]
+fn all_targets_ignored() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    errors::all_targets_ignored(&device.autodiff());
+}
+
+#[test]
+fn invalid_option() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    errors::invalid_option(&device.autodiff());
+}
+
+#[test]
+fn plain_function_panics_with_the_message() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    errors::plain_function_panics_with_the_message(&device.autodiff());
 }
 
 #[test]
@@ -230,7 +230,7 @@ fn dtype_mismatch_through_the_host() {
     let _serial = lock();
     let Some(device) = device() else { return };
     let device = device.autodiff();
-    let (e, c) = small(&device);
+    let (e, c) = errors::small(&device);
     // Mixed dtypes are not the in-place path's: the host path's engine (our backend) refuses.
     let (r, copies, _) = counted(|| {
         try_linear_cross_entropy(
@@ -243,102 +243,4 @@ fn dtype_mismatch_through_the_host() {
     let err = r.unwrap_err();
     assert!(matches!(err, CceError::DTypeMismatch { .. }), "{err}");
     assert!(copies > 0, "the host path was taken");
-}
-
-#[test]
-fn target_out_of_range() {
-    let _serial = lock();
-    let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let (e, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 10, 3, 4], &device), &Default::default())
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::TargetOutOfRange {
-                row: 1,
-                value: 10,
-                vocab_size: 10,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    // The error was read and cleared: the next call is fine.
-    let (e, c) = small(&device);
-    let ok = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &Default::default());
-    assert!(to_vec(ok.unwrap())[0].is_finite());
-}
-
-#[test]
-fn non_finite_input() {
-    let _serial = lock();
-    let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let mut ev = uniform(4 * 8, 1, 1.0);
-    ev[9] = f32::NAN;
-    let e = float(ev, [4, 8], &device);
-    let (_, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &Default::default())
-        .unwrap_err();
-    assert!(matches!(err, CceError::NonFinite { .. }), "{err}");
-}
-
-#[test]
-fn all_targets_ignored() {
-    let _serial = lock();
-    let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let (e, c) = small(&device);
-    let t = int(vec![-100; 4], &device);
-    let err =
-        try_linear_cross_entropy(e.clone(), c.clone(), t.clone(), &Default::default()).unwrap_err();
-    assert!(
-        matches!(err, CceError::AllTargetsIgnored { n: 4, .. }),
-        "{err}"
-    );
-    let sum = LinearCrossEntropyConfig::new().with_reduction(Reduction::Sum);
-    assert_eq!(to_vec(linear_cross_entropy(e, c, t, &sum)), [0.0]);
-}
-
-#[test]
-fn invalid_option() {
-    let _serial = lock();
-    let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let (e, c) = small(&device);
-    let cfg = LinearCrossEntropyConfig::new().with_label_smoothing(1.5);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &cfg).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::InvalidOption {
-                name: "label_smoothing",
-                ..
-            }
-        ),
-        "{err}"
-    );
-}
-
-#[test]
-fn plain_function_panics_with_the_message() {
-    let _serial = lock();
-    let Some(device) = device() else { return };
-    let device = device.autodiff();
-    let (e, c) = small(&device);
-    let y = int(vec![1, 10, 3, 4], &device);
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        linear_cross_entropy(e, c, y, &Default::default())
-    }));
-    let payload = r.expect_err("a panic");
-    let msg = payload
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        msg.starts_with("linear_cross_entropy: target out of range at row 1"),
-        "{msg}"
-    );
 }

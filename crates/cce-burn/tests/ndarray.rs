@@ -8,8 +8,7 @@ mod common;
 
 use burn::tensor::{Device, Tensor};
 use cce_burn::{
-    linear_cross_entropy, linear_cross_entropy_3d, try_linear_cross_entropy,
-    try_linear_cross_entropy_3d, CceError, LinearCrossEntropyConfig, Reduction,
+    linear_cross_entropy, linear_cross_entropy_3d, LinearCrossEntropyConfig, Reduction,
 };
 use common::*;
 
@@ -230,121 +229,34 @@ fn three_d_with_shift() {
     );
 }
 
-// ---- Bad input: one test per typed error. `try_*` returns the error; the plain functions
-// panic with `linear_cross_entropy: <message>`.
-
-fn small(device: &Device) -> (Tensor<2>, Tensor<2>) {
-    (
-        float(uniform(4 * 8, 1, 1.0), [4, 8], device),
-        float(uniform(10 * 8, 2, 0.5), [10, 8], device),
-    )
-}
+// ---- Bad input: one test per typed error (common/errors.rs).
 
 #[test]
 fn shape_mismatch() {
-    let device = ad();
-    let (e, _) = small(&device);
-    let c = float(uniform(10 * 9, 2, 0.5), [10, 9], &device);
-    let err = try_linear_cross_entropy(
-        e.clone(),
-        c,
-        int(vec![1, 2, 3, 4], &device),
-        &Default::default(),
-    )
-    .unwrap_err();
-    assert!(matches!(err, CceError::ShapeMismatch { .. }), "{err}");
-    // Targets of the wrong length.
-    let (e, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3], &device), &Default::default())
-        .unwrap_err();
-    assert!(matches!(err, CceError::ShapeMismatch { .. }), "{err}");
-    // 3-D: targets not [B, T].
-    let e3 = float(uniform(2 * 3 * 8, 1, 1.0), [2, 3, 8], &device);
-    let t2 = Tensor::<2, burn::tensor::Int>::zeros([3, 2], &device);
-    let err =
-        try_linear_cross_entropy_3d(e3, small(&device).1, t2, &Default::default()).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::ShapeMismatch {
-                what: "targets",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    errors::shape_mismatch(&ad());
 }
 
 #[test]
 fn target_out_of_range() {
-    let device = ad();
-    let (e, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 10, 3, 4], &device), &Default::default())
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::TargetOutOfRange {
-                row: 1,
-                value: 10,
-                vocab_size: 10,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    errors::target_out_of_range(&ad());
 }
 
 #[test]
 fn non_finite_input() {
-    let device = ad();
-    let mut ev = uniform(4 * 8, 1, 1.0);
-    ev[9] = f32::NAN;
-    let e = float(ev, [4, 8], &device);
-    let (_, c) = small(&device);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &Default::default())
-        .unwrap_err();
-    assert!(matches!(err, CceError::NonFinite { .. }), "{err}");
+    errors::non_finite_input(&ad());
 }
 
 #[test]
 fn all_targets_ignored() {
-    let device = ad();
-    let (e, c) = small(&device);
-    let t = int(vec![-100; 4], &device);
-    let err =
-        try_linear_cross_entropy(e.clone(), c.clone(), t.clone(), &Default::default()).unwrap_err();
-    assert!(
-        matches!(err, CceError::AllTargetsIgnored { n: 4, .. }),
-        "{err}"
-    );
-    // Sum accepts such a batch: 0.
-    let sum = LinearCrossEntropyConfig::new().with_reduction(Reduction::Sum);
-    assert_eq!(to_vec(linear_cross_entropy(e, c, t, &sum)), [0.0]);
+    errors::all_targets_ignored(&ad());
 }
 
 #[test]
 fn invalid_option() {
-    let device = ad();
-    let (e, c) = small(&device);
-    let cfg = LinearCrossEntropyConfig::new().with_label_smoothing(1.5);
-    let err = try_linear_cross_entropy(e, c, int(vec![1, 2, 3, 4], &device), &cfg).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CceError::InvalidOption {
-                name: "label_smoothing",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    errors::invalid_option(&ad());
 }
 
 #[test]
-#[should_panic(expected = "linear_cross_entropy: target out of range at row 1")]
 fn plain_function_panics_with_the_message() {
-    let device = ad();
-    let (e, c) = small(&device);
-    let _ = linear_cross_entropy(e, c, int(vec![1, 10, 3, 4], &device), &Default::default());
+    errors::plain_function_panics_with_the_message(&ad());
 }

@@ -1,6 +1,8 @@
 //! Shared helpers: deterministic data, burn's own materialized loss, comparisons.
 #![allow(dead_code)]
 
+pub mod errors;
+
 use burn::module::{Module, Param};
 use burn::optim::{GradientsParams, SgdConfig};
 use burn::tensor::{activation, Device, Int, Tensor, TensorData};
