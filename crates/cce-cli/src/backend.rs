@@ -56,6 +56,24 @@ pub fn open(name: &str) -> CliResult<Opened> {
     Ok(Opened::plain(backend_by_name(name)?))
 }
 
+/// `k` ranks simulated as threads on the CPU, each with its shard of the vocabulary
+/// ([`cut_cross_entropy::SimulatedVocabParallel`]); `backend` must be `cpu`.
+///
+/// Errors: another backend named.
+pub fn vocab_parallel(backend: &str, k: usize) -> CliResult<Opened> {
+    if backend != "cpu" {
+        return Err(crate::error::CliError::msg(format!(
+            "--vocab-parallel {k}: the ranks are simulated on the CPU; drop --backend {backend}"
+        )));
+    }
+    Ok(Opened {
+        backend: Box::new(cut_cross_entropy::SimulatedVocabParallel::new(k)),
+        description: format!(
+            "cpu-vocab-parallel ({k} ranks as threads, the vocabulary split evenly)"
+        ),
+    })
+}
+
 /// `wgpu (<adapter>)`, and on a CPU adapter (wgpu's `DeviceType::Cpu`: lavapipe / llvmpipe,
 /// SwiftShader) `wgpu (<adapter>, a software <api> driver: CPU speed)`.
 #[cfg(feature = "wgpu")]

@@ -289,6 +289,12 @@ pub struct RunArgs {
     /// speed), which auto also picks on a machine without a GPU.
     #[arg(long, default_value = "cpu", value_parser = clap::builder::PossibleValuesParser::new(BACKEND_NAMES))]
     pub backend: String,
+    /// Split the vocabulary over K ranks simulated as threads (`--backend cpu` only): each rank
+    /// computes its shard's partial forward and gradients, one all-gather merges the rows, an
+    /// all-reduce sums d_e; the outputs are the whole call's (the vocabulary-parallel
+    /// primitives of a tensor-parallel group, checked here on one machine).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub vocab_parallel: Option<u16>,
     /// dtype of e, c and bias for the call. Default: the file's when e and c share a float
     /// dtype, else f32 (the real fixture: f32, which keeps its Q8_0 head exact).
     #[arg(long, value_enum)]

@@ -45,7 +45,10 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     let crate::backend::Opened {
         backend,
         description,
-    } = crate::backend::open(&args.backend)?;
+    } = match args.vocab_parallel {
+        Some(k) => crate::backend::vocab_parallel(&args.backend, k.into())?,
+        None => crate::backend::open(&args.backend)?,
+    };
     let loaded = input::load(&args.input)?;
     let ds = &loaded.ds;
     // The library pairs rows with targets within the sequences of a [..., T, D] e; --n that
@@ -412,7 +415,8 @@ fn memory_lines(
     rss: Option<&RssDuring>,
     backend: &str,
 ) -> Vec<String> {
-    let cpu = backend == "cpu";
+    // The CPU backend, or its vocabulary-parallel simulation (`cpu-vocab-parallel`).
+    let cpu = backend.starts_with("cpu");
     let mut lines = vec![format!(
         "memory     peak RSS {} (process VmHWM{}); inputs {} in {}",
         rss.map(|r| r.process_peak)
@@ -468,7 +472,7 @@ fn print_stats(title: &str, s: &CallStats) {
     for line in s.to_string().lines() {
         // The CPU backend reports the plan's workspace, not an allocation (`memory_lines`).
         match line.strip_prefix("workspace ") {
-            Some(rest) if s.backend == "cpu" => {
+            Some(rest) if s.backend.starts_with("cpu") => {
                 outln!(
                     "  plan workspace    {} (the plan's figure, not an allocation on cpu: see memory)",
                     rest.trim_start()

@@ -442,3 +442,42 @@ fn strategy_label_names_the_rows_of_a_short_problem() {
         assert!(!line.contains("64 rows"), "{line}");
     }
 }
+
+#[test]
+fn vocab_parallel_ranks_give_the_single_device_call() {
+    // Real rows over 3 ranks (V = 49152, 16384 classes each), judged against the f64 oracle.
+    let out = ok(&["run", "--vocab-parallel", "3", "--n", "128", "--check"]);
+    assert!(
+        out.contains("cpu-vocab-parallel (3 ranks as threads"),
+        "{out}"
+    );
+    assert!(out.contains("verdict: pass"), "{out}");
+    // A file with a bias, V = 700 over 4 ranks, every option that changes the merge.
+    let dir = tempfile::tempdir().unwrap();
+    let f = small_file(dir.path(), true);
+    let out = ok(&[
+        "run",
+        "--input",
+        s(&f),
+        "--vocab-parallel",
+        "4",
+        "--softcap",
+        "20",
+        "--label-smoothing",
+        "0.1",
+        "--z-loss",
+        "1e-3",
+        "--shift",
+        "1",
+        "--seq-len",
+        "16",
+        "--entropy",
+        "--argmax",
+        "--check",
+    ]);
+    assert!(out.contains("verdict: pass"), "{out}");
+    fails(
+        &["run", "--vocab-parallel", "2", "--backend", "wgpu"],
+        &["--vocab-parallel 2: the ranks are simulated on the CPU"],
+    );
+}

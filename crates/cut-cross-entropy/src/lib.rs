@@ -9,6 +9,10 @@
 //! name at run time ([`backend_by_name`]).
 
 pub use cce_core::*;
+/// The vocabulary-parallel call on the CPU: `k` ranks as threads behind the [`Backend`] trait,
+/// one rank's driver over any [`vocab_parallel::Communicator`], the in-process communicator
+/// (`cce_reference::vocab_parallel`; the math and the wire format: [`vocab_parallel`]).
+pub use cce_reference::vocab_parallel::{RankDriver, SimulatedVocabParallel, ThreadComm};
 pub use cce_reference::{naive, CpuBackend, Oracle, OracleDLoss, Precision};
 
 #[cfg(feature = "cuda")]
