@@ -24,6 +24,10 @@ pub struct SwitchArgs {
     /// Run the sparse backward's forward rows separately instead of in its selection pass.
     #[arg(long)]
     pub separate_sparse_forward: bool,
+    /// Remember a sparse try that gave way: the next calls of the key run as the exact call
+    /// (`cce_cuda::SparseMode::Remember`).
+    #[arg(long)]
+    pub remember_give_way: bool,
 }
 
 #[cfg(feature = "cuda-dense")]
@@ -37,6 +41,11 @@ impl SwitchArgs {
             wgmma_rows: !self.no_wgmma_rows,
             sparse_select_threads: self.select_threads,
             sparse_fold_forward: !self.separate_sparse_forward,
+            sparse: if self.remember_give_way {
+                cce_cuda::SparseMode::Remember
+            } else {
+                cce_cuda::SparseMode::Auto
+            },
             ..Default::default()
         }
     }

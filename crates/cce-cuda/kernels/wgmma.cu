@@ -2,7 +2,7 @@
 // registers: one persistent main loop (`gemm_tiles`, TMA + mbarrier pipeline, warp-specialized)
 // and three epilogues. (1) The fused forward of forward-only dense calls: each 128 x 256 tile
 // of Z reduced to per-row (max, Σexp) (`LseEpi`, `cce_wgmma_lse[_x]_*`), then one combine pass
-// per row to lse, z_y and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G
+// per row to lse and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G
 // of a class chunk from the saved lse, written as f16 (`GColsEpi`, `cce_wgmma_gcols[_cap]_*`).
 // (3) Split dense's row pass of a forward-and-backward call (bf16): (1) that also stores each
 // q = e^{z − m_tile} as f16 (`cce_wgmma_lseq[_x]_bf16`), the combine, then G = cp·q·e^{m_tile −
@@ -25,15 +25,20 @@
 //   partial   float2 [N, n_tiles], n_tiles = ceil(V / 256): partial[r·n_tiles + j] = (m, s),
 //             m = max_{c in tile j, c < V, c ≠ y_r} z[r, c], s = Σ_{same c} exp(z[r, c] − m)
 //             (the target left out: rest = 1 − p_y without cancellation; (−inf, 0) for a tile
-//             with no other unmasked column); targets i32 [N] of the launch's rows.
+//             with no other unmasked column); targets i32 [N] of the launch's rows;
+//             zy_tile f32 [N]: the target's logit z[r, y] (after bias and softcap), written
+//             by the one thread whose tile column is y (rows with y < 0: not written).
 //   group_m   row tiles per group of the grouped tile order (16); ordered_epi: 1 (consumers take
 //             turns in the epilogue; the measured best), 0 (lockstep).
 //   bias, softcap  (lse_x, combine, gcols) bias DT [V] or null; softcap ≤ 0 off. The _x / _cap
-//             epilogues compute z = cap_fast(x + bias); the combine's target logit uses cap_z.
+//             epilogues compute z = cap_fast(x + bias); the combine's own target logit (zy_in
+//             null) uses cap_z.
 //   combine   (cce_wgmma_lse_combine_*): partial, N, n_tiles, E, C, D, targets i32 [N]
 //             (−1 ignored), λ, V, lse_out f32 [N], rest_out f32 [N] (1 − p_y, 0 at ignored rows),
-//             loss_out f32 [N], bias, softcap, zy_out f32 [N] or null (the capped target logit,
-//             0 for ignored rows), all of the row group.
+//             loss_out f32 [N], bias, softcap, zy_in f32 [N] (the lse epilogue's zy_tile: the
+//             loss's lse − z_y then cancels the rounding common to the row's tensor-core
+//             logits; may be lse_out itself: each row's is read before its lse is written) or
+//             null (z_y computed here), all of the row group.
 //   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then tmQ: the tensor map
 //             of Q u16 [N, ldq] (f16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
 //             box {64, 64}, 128-byte swizzle), written by TMA stores.
@@ -84,8 +89,9 @@
 //   qrows:   one warp per (row, 256-column tile), lane l the tile's columns 8l..8l+7 (16-byte
 //                load and store); grid (rows, ceil(n_tiles / 8)), 256 threads.
 //   combine: one warp per row (8 rows per 256-thread block): lse = M + log Σ_j s_j e^{m_j − M}
-//                over the row's partials; z_y = Σ_k e[r, k]·c[y, k] in f32 (each lane 2 values
-//                per step of 64, a fixed shuffle tree: deterministic); lane 0 writes lse, loss.
+//                over the row's partials; z_y from zy_in, or (null) Σ_k e[r, k]·c[y, k] in
+//                f32 (each lane 2 values per step of 64, a fixed shuffle tree: deterministic);
+//                lane 0 writes lse, loss.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -524,6 +530,7 @@ struct LseEpi {
     const void* bias;
     float softcap;
     const int* targets;
+    float* zy_tile;
     const TmaDesc* tmQ = nullptr;
     __device__ __forceinline__ void operator()(float* d, int mt, int nt, int cw, int warp,
                                                int lane) const {
@@ -564,10 +571,12 @@ struct LseEpi {
             }
         }
         // The row's target column leaves the tile's (max, Σexp) and q (the combine adds it from
-        // z_y, qrows_g computes its G from rest = 1 − p_y): set to −inf by the one thread that
-        // holds it (a divergent branch, rarely taken). Out of the max too, so that a confident
-        // row's other q keep their precision (relative to the largest of them, not to the
-        // target's e^{z_y − m} ≈ 1).
+        // z_y, qrows_g computes its G from rest = 1 − p_y): the one thread that holds it writes
+        // its logit to zy_tile[r] (the combine's z_y: from the same tensor-core sum as the
+        // other logits, so that lse − z_y cancels their common rounding), then sets it to −inf
+        // (a divergent branch, rarely taken). Out of the max too, so that a confident row's
+        // other q keep their precision (relative to the largest of them, not to the target's
+        // e^{z_y − m} ≈ 1).
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = r0 + 8 * h;
@@ -577,7 +586,10 @@ struct LseEpi {
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        if (8 * j + e == rel) d[4 * j + 2 * h + e] = NEG_INF;
+                        if (8 * j + e == rel) {
+                            zy_tile[r] = d[4 * j + 2 * h + e];
+                            d[4 * j + 2 * h + e] = NEG_INF;
+                        }
                     }
                 }
             }
@@ -631,8 +643,9 @@ template <bool F16, bool EXT>
 __device__ __forceinline__ void gemm_lse(const TmaDesc& tmE, const TmaDesc& tmC, int N, int V,
                                          int D, float2* __restrict__ partial, int group_m,
                                          int ordered_epi, const void* bias, float softcap,
-                                         const int* targets) {
-    const LseEpi<F16 ? 1 : 2, EXT> epi{partial, N, V, (V + BN - 1) / BN, bias, softcap, targets};
+                                         const int* targets, float* zy_tile) {
+    const LseEpi<F16 ? 1 : 2, EXT> epi{partial, N,       V,       (V + BN - 1) / BN,
+                                       bias,    softcap, targets, zy_tile};
     gemm_tiles<F16>(tmE, tmC, N, V, D, group_m, ordered_epi, epi);
 }
 
@@ -746,17 +759,18 @@ struct GColsEpi {
 };
 
 // One warp per row: (max, Σexp without the target) from the row's partials (as the benchmark's
-// lse_combine_kernel; a tile of masked columns is (−inf, 0) and adds 0), the target logit
+// lse_combine_kernel; a tile of masked columns is (−inf, 0) and adds 0), the target logit z_y
+// from zy[r] (the lse epilogue's tile value, after bias and softcap; zy non-null) or else
 // z_y = Σ_k e[r, k]·c[y, k] (f32, fixed order), then the row's forward outputs
 // (write_row_outputs: lse, rest = 1 − p_y, loss; no label smoothing, no entropy / argmax).
 template <int DT>
 __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, int N, int n_tiles,
                                             const u16* __restrict__ e, const u16* __restrict__ c,
                                             int D, const int* __restrict__ targets, float lambda,
-                                            int V, float* __restrict__ lse_out,
+                                            int V, float* lse_out,
                                             float* __restrict__ rest_out,
                                             float* __restrict__ loss_out, const void* bias,
-                                            float softcap, float* __restrict__ zy_out) {
+                                            float softcap, const float* zy_in) {
     const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -774,7 +788,9 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
     const int y = targets[row];
     float zy = 0.0f;
-    if (y >= 0) {  // warp-uniform
+    if (y >= 0 && zy_in != nullptr) {
+        zy = zy_in[row];
+    } else if (y >= 0) {  // warp-uniform
         // D is even (a multiple of 64), so each row is a whole number of 4-byte pairs.
         const u32* er = reinterpret_cast<const u32*>(e + static_cast<size_t>(row) * D);
         const u32* cr = reinterpret_cast<const u32*>(c + static_cast<size_t>(y) * D);
@@ -796,7 +812,6 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
     if (lane == 0) {
         write_row_outputs(row, y, M, s, zy, 0.0f, 0.0f, 0x7fffffff, 0.0f, lambda, V, lse_out,
                           rest_out, loss_out, nullptr, nullptr);
-        if (zy_out != nullptr) zy_out[row] = zy;
     }
 }
 
@@ -873,35 +888,35 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
 #define WG_LSE_PARAMS                                                                            \
     const __grid_constant__ cce_wg::TmaDesc tmE, const __grid_constant__ cce_wg::TmaDesc tmC,     \
         int N, int V, int D, float2 *partial, int group_m, int ordered_epi, const void *bias,     \
-        float softcap, const int *targets
+        float softcap, const int *targets, float *zy_tile
 #define WG_COMBINE_PARAMS                                                                        \
     const float2 *partial, int N, int n_tiles, const u16 *e, const u16 *c, int D,                 \
         const int *targets, float lambda, int V, float *lse_out, float *rest_out,                \
-        float *loss_out, const void *bias, float softcap, float *zy_out
+        float *loss_out, const void *bias, float softcap, const float *zy_in
 
 // cce_wgmma_lse_*: no bias, no softcap (bias / softcap ignored); cce_wgmma_lse_x_*: either.
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_bf16(WG_LSE_PARAMS) {
     cce_wg::gemm_lse<false, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
-                              targets);
+                              targets, zy_tile);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_f16(WG_LSE_PARAMS) {
     cce_wg::gemm_lse<true, false>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
-                              targets);
+                              targets, zy_tile);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_bf16(WG_LSE_PARAMS) {
     cce_wg::gemm_lse<false, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
-                              targets);
+                              targets, zy_tile);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lse_x_f16(WG_LSE_PARAMS) {
     cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
-                              targets);
+                              targets, zy_tile);
 }
 // Split dense's row pass (bf16 only): the lse epilogue that also stores f16 q (`LseEpi`, QS),
 // then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
 #define WG_LSEQ_PARAMS WG_LSE_PARAMS, const __grid_constant__ cce_wg::TmaDesc tmQ
 #define WG_LSEQ_BODY(EXT)                                                                        \
     const cce_wg::LseEpi<2, EXT, true> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
-                                           bias,    softcap, targets, &tmQ};                     \
+                                           bias,    softcap, targets, zy_tile, &tmQ};            \
     (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
     cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, 1, epi);                              \
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()
@@ -926,11 +941,11 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_cap_bf16(WG_
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, rest_out, loss_out,
-                           bias, softcap, zy_out);
+                           bias, softcap, zy_in);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_f16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<1>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, rest_out, loss_out,
-                           bias, softcap, zy_out);
+                           bias, softcap, zy_in);
 }
 
 #define WG_GCOLS_PARAMS                                                                          \

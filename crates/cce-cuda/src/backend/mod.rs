@@ -127,6 +127,14 @@ pub enum SparseMode {
     /// At any density: gives way only when the pairs do not fit (tests on small shapes,
     /// where every row keeps more than `V / 256` entries).
     Always,
+    /// As [`SparseMode::Auto`], and the backend remembers a try that gave way: the next calls
+    /// of the same key (shape, dtype, bias, softcap, filter) are planned as the exact call
+    /// (no probe, chunked dense where the budget holds it; `dense/sparse_memory.rs`), which
+    /// spares them the probe's cost on data where the sparse backward does not pay. Opt-in:
+    /// consecutive calls of one key then take different paths, so their gradients differ at
+    /// the gradient dtype's rounding (a run is not bitwise repeatable, and a captured CUDA
+    /// graph may hold another path than the eager calls around it).
+    Remember,
 }
 
 /// The CUDA backend (module docs of the crate).

@@ -20,7 +20,7 @@ pub(crate) struct PlanKnobs {
     pub split_de_f16: bool,
     /// The backend's memory expects the sparse backward to run to the end
     /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
-    /// filtered call under [`SparseMode::Auto`] is then planned as an exact call would be.
+    /// filtered call under [`SparseMode::Remember`] is then planned as an exact call would be.
     pub sparse_expected: bool,
 }
 
@@ -28,7 +28,7 @@ pub(crate) struct PlanKnobs {
 /// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
 /// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
 /// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
-/// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Auto`]) gets the plan of
+/// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Remember`]) gets the plan of
 /// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
 /// against the whole budget, the cuBLAS workspace counted in what is asked.
 pub(crate) fn plan_call(
@@ -129,12 +129,13 @@ pub(crate) fn plan_call(
 }
 
 /// A filtered call is planned as the exact call would be: the last sparse backward of its key
-/// gave way ([`super::sparse_memory`]), and the backend uses the plan's sparse backward as
-/// planned ([`SparseMode::Auto`]). Then no probe runs, and chunked dense is taken where the
+/// gave way ([`super::sparse_memory`]), and the backend remembers give-ways
+/// ([`SparseMode::Remember`]; [`SparseMode::Auto`], the default, keeps every call of a key on
+/// one path). Then no probe runs, and chunked dense is taken where the
 /// budget holds it, as for an exact call (its dense GEMMs gain nothing from skipped entries,
 /// so the filter's permission goes unused: nothing is dropped).
 pub(crate) fn as_exact_call(problem: &Problem, opts: &cce_core::Options, knobs: PlanKnobs) -> bool {
-    knobs.sparse == SparseMode::Auto
+    knobs.sparse == SparseMode::Remember
         && !knobs.sparse_expected
         && cce_core::FilterRule::resolve(opts, problem.dtype).enabled
 }
@@ -237,7 +238,7 @@ mod tests {
             ((32768, 4096, 256000), &filtered, &exact),
             ((32768, 4096, 256000), &sixteen_gib, &sixteen_gib_exact),
         ] {
-            let first = plan_with(shape, f, SparseMode::Auto, true);
+            let first = plan_with(shape, f, SparseMode::Remember, true);
             assert!(
                 first.sparse.is_some(),
                 "{shape:?}: no history, the sparse try is planned"
@@ -246,7 +247,7 @@ mod tests {
                 matches!(first.strategy, Strategy::SplitDense { .. }),
                 "{shape:?}"
             );
-            let after = plan_with(shape, f, SparseMode::Auto, false);
+            let after = plan_with(shape, f, SparseMode::Remember, false);
             let exact_plan = plan_with(shape, x, SparseMode::Auto, true);
             assert_eq!(after.strategy, exact_plan.strategy, "{shape:?}");
             assert_eq!(after.row_chunks, exact_plan.row_chunks, "{shape:?}");
@@ -262,7 +263,7 @@ mod tests {
             assert!(!cfg.filtering(), "{shape:?}");
         }
         assert!(matches!(
-            plan_with((12288, 576, 49152), &filtered, SparseMode::Auto, false).strategy,
+            plan_with((12288, 576, 49152), &filtered, SparseMode::Remember, false).strategy,
             Strategy::ChunkedDense { .. }
         ));
     }
@@ -270,8 +271,9 @@ mod tests {
     #[test]
     fn the_memory_leaves_exact_calls_and_the_bench_modes_alone() {
         let shape = (12288, 576, 49152);
-        // SparseMode::Off benches filtered split dense; Always forces the try: no memory there.
-        for mode in [SparseMode::Off, SparseMode::Always] {
+        // SparseMode::Off benches filtered split dense; Always forces the try; Auto (the
+        // default) keeps every call of a key on one path: no memory there.
+        for mode in [SparseMode::Off, SparseMode::Always, SparseMode::Auto] {
             let p = plan_with(shape, &Options::default(), mode, false);
             assert!(p.filter.enabled, "{mode:?}");
             assert!(
@@ -280,10 +282,10 @@ mod tests {
             );
             assert!(!p.reason.contains("planned as the exact call"), "{mode:?}");
         }
-        let exact = plan_with(shape, &Options::exact(), SparseMode::Auto, false);
+        let exact = plan_with(shape, &Options::exact(), SparseMode::Remember, false);
         assert_eq!(
             exact,
-            plan_with(shape, &Options::exact(), SparseMode::Auto, true)
+            plan_with(shape, &Options::exact(), SparseMode::Remember, true)
         );
     }
 }

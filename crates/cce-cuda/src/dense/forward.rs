@@ -13,7 +13,8 @@ impl DenseEngine {
     /// The fused WGMMA forward of a forward-only call (`kernels/wgmma.cu`), `group` rows at a
     /// time (`schedule::wgmma_forward_rows`): per row group `cce_wgmma_lse_*` (the logits
     /// GEMM with the per-tile (max, Σexp) in its epilogue, float2 partials at `base`), then
-    /// `cce_wgmma_lse_combine_*` (lse, the target logit, the loss rows of `a`), all on the
+    /// `cce_wgmma_lse_combine_*` (lse and the loss rows of `a` from the partials and the
+    /// epilogue's target logits, which wait in the group's lse rows), all on the
     /// engine's stream. Its note is the schedule's (`schedule::wgmma_forward_note`).
     pub(super) fn forward_wgmma(
         &self,
@@ -42,7 +43,9 @@ impl DenseEngine {
             let rows_i = to_i32(rows, "rows")?;
             let e_r = e + (r0 * d * esz) as u64;
             let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
-            let t_r = a.rows_at(r0).0;
+            // The epilogue writes each row's target logit into its lse slot; the combine reads
+            // it there before writing the lse.
+            let (t_r, zy) = (a.rows_at(r0).0, a.rows_at(r0).1);
             let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
             let grid = tiles.min(self.facts.sm_count.max(1)) as u32;
             let params = LseParams {
@@ -57,6 +60,7 @@ impl DenseEngine {
                 bias: a.bias,
                 softcap: a.softcap,
                 targets: t_r,
+                zy_tile: zy,
             };
             let launch = LaunchConfig {
                 grid_dim: (grid, 1, 1),
@@ -66,19 +70,21 @@ impl DenseEngine {
             // SAFETY: LseParams is WG_LSE_PARAMS in wgmma.cu (two 128-byte tensor maps by
             // value, then i32 N, V, D, the float2 partials, i32 group_m, ordered_epi, the bias
             // (V values of the input dtype, checked by `run`, or 0), f32 softcap and the
-            // group's `rows` i32 targets); the maps describe live [rows, D] / [V, D] 16-bit
-            // row-major buffers (sizes checked by `run`, addresses 16-byte aligned and D a
-            // multiple of 64, checked by `schedule::wgmma_forward_rows`), so TMA reads nothing
-            // outside them; the partials (rows x n_tiles float2) fit the scratch at `base`
+            // group's `rows` i32 targets, its `rows` f32 lse rows for the target logits); the
+            // maps describe live
+            // [rows, D] / [V, D] 16-bit row-major buffers (sizes checked by `run`, addresses
+            // 16-byte aligned and D a multiple of 64, checked by
+            // `schedule::wgmma_forward_rows`), so TMA reads nothing outside them; the partials
+            // (rows x n_tiles float2) fit the scratch at `base`
             // (`schedule::wgmma_forward_rows`); 384 threads and WGMMA_SMEM_BYTES of dynamic
             // shared memory, the attribute set at construction; grid ≤ the tile count, so
             // every CTA has a tile.
             unsafe { self.launch_params(&self.stream, f_lse, launch, &params) }?;
-            // SAFETY: the partials at `base` hold the group's rows x n_tiles, written by the
-            // launch above (stream order); e_r and c are the live bf16 / f16 inputs (checked by
-            // `run`), the row arrays of `a` hold N values; no z_y output.
+            // SAFETY: the partials at `base` hold the group's rows x n_tiles and zy (its lse
+            // rows) its target logits, written by the launch above (stream order); e_r and c are the live
+            // bf16 / f16 inputs (checked by `run`), the row arrays of `a` hold N values.
             unsafe {
-                self.launch_combine(f_comb, base, (r0, rows, n_tiles), (e_r, c, d), a, 0)?;
+                self.launch_combine(f_comb, base, (r0, rows, n_tiles), (e_r, c, d), a, zy)?;
             }
         }
         Ok(())

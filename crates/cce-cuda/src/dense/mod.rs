@@ -53,8 +53,8 @@
 //! of steps 1-2: `cce_wgmma_lse_*` (`kernels/wgmma.cu`), a persistent TMA + WGMMA GEMM whose
 //! epilogue reduces each 128 x 256 tile of logits to per-row (max, Σexp) partials (8 bytes per
 //! row and 256 classes in the scratch; the logits never reach memory), then
-//! `cce_wgmma_lse_combine_*` per row (lse, the target logit as a dot product of `e` and `c`
-//! rows, the loss), in row groups when the partials of all rows do not fit the scratch (a
+//! `cce_wgmma_lse_combine_*` per row (lse and the loss, the target logit from the same
+//! epilogue: the one thread holding its column writes it), in row groups when the partials of all rows do not fit the scratch (a
 //! forward-only call of the backend has at most [`FORWARD_WORKSPACE_CAP`] of workspace:
 //! `budget::forward_group_rows` evens the groups out, 4 of 8192 rows at N 32768, V 256000). It
 //! measured 0.97-1.0x one cuBLAS logits GEMM at N 32768, D 4096, V 256000 (bf16, H200;

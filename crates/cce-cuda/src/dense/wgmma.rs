@@ -113,6 +113,7 @@ impl DenseEngine {
                 bias: a.bias,
                 softcap: a.softcap,
                 targets: t_r,
+                zy_tile: zy,
             },
             tm_q,
         };
@@ -125,15 +126,15 @@ impl DenseEngine {
         // tensor map by value); the maps describe live [rows, D] / [V, D] bf16 row-major
         // buffers (sizes checked by `run`, 16-byte aligned, D a multiple of 64:
         // `schedule::wgmma_rows_unfit`), so TMA reads nothing outside them; q's map ([rows, V]
-        // f16, row stride ld·2 bytes, ld ≥ V) and the partials (rows x n_tiles float2) lie in
-        // the chunk's logits region (checked above), and TMA stores write nothing outside the
-        // map; 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute
+        // f16, row stride ld·2 bytes, ld ≥ V), the partials (rows x n_tiles float2) and zy
+        // (rows f32, the target logits) lie in the chunk's logits region (checked above), and
+        // TMA stores write nothing outside the map; 384 threads and WGMMA_SMEM_OUT_BYTES of dynamic shared memory, the attribute
         // set at construction; grid ≤ the tile count, so every CTA has a tile.
         unsafe { self.launch_params(&self.stream, f_lse, launch, &params) }?;
         PhaseTimer::mark(prof, "WGMMA logits + lse partials + q")?;
-        // SAFETY: the partials hold rows x n_tiles float2, written by the launch above (stream
-        // order); e_r and c are the live bf16 inputs (checked by `run`), the row arrays of `a`
-        // hold N values; zy holds `rows` f32 in the chunk's region (checked above).
+        // SAFETY: the partials and the target logits zy (`rows` f32 in the chunk's region,
+        // checked above) were written by the launch above (stream order); e_r and c are the
+        // live bf16 inputs (checked by `run`), the row arrays of `a` hold N values.
         unsafe {
             self.launch_combine(f_comb, partial, (r0, rows, n_tiles), (e_r, c, d), a, zy)?;
         }
@@ -179,16 +180,17 @@ impl DenseEngine {
     }
 
     /// One launch of `cce_wgmma_lse_combine_*` (`f`) over rows `r0..r0 + rows` (one warp per
-    /// row): lse from the float2 partials at `partial` (`rows x n_tiles`), the target logit as
-    /// the dot product of the rows of `e_r` (the group's first row) and `c` (`d` columns), the
-    /// lse and loss rows of `a` at row `r0`, and the target logits into `zy` (`rows` f32) or
-    /// nowhere (0).
+    /// row): lse from the float2 partials at `partial` (`rows x n_tiles`), the target logit
+    /// from `zy` (`rows` f32: the lse epilogue's, so that `lse − z_y` cancels the rounding the
+    /// row's tensor-core logits share) or, where `zy` is 0, as the dot product of the rows of
+    /// `e_r` (the group's first row) and `c` (`d` columns), then the lse and loss rows of `a`
+    /// at row `r0`.
     ///
     /// # Safety
-    /// `partial` must hold the rows' partials, written before on the engine's stream; `e_r`
-    /// (`rows x d`) and `c` (`V x d`) live 16-bit inputs of `f`'s dtype with `d` even; the
-    /// per-row arrays of `a` hold at least `r0 + rows` values, its bias `V` or 0; `zy` 0 or
-    /// `rows` writable f32.
+    /// `partial` must hold the rows' partials and `zy` (unless 0) their target logits, written
+    /// before on the engine's stream; `e_r` (`rows x d`) and `c` (`V x d`) live 16-bit inputs
+    /// of `f`'s dtype with `d` even; the per-row arrays of `a` hold at least `r0 + rows`
+    /// values, its bias `V` or 0.
     pub(super) unsafe fn launch_combine(
         &self,
         f: &CudaFunction,
@@ -236,7 +238,8 @@ impl DenseEngine {
         // SAFETY: CombineParams is WG_COMBINE_PARAMS in wgmma.cu; the buffers are as the
         // caller guarantees (this function's contract): partials of `rows` rows, e_r rows x d
         // and c V x d 16-bit values (4-byte aligned: d even), targets (class < V or −1), lse
-        // and loss rows offset to r0 with `rows` more, bias V values or 0, zy 0 or `rows` f32.
+        // and loss rows offset to r0 with `rows` more, bias V values or 0, zy 0 or `rows` f32
+        // written before.
         unsafe { self.launch_params(&self.stream, f, launch, &params) }
     }
 
@@ -464,6 +467,8 @@ kernel_params! {
         bias: u64,
         softcap: f32,
         targets: u64,
+        /// `float*`: the target logits of the group's rows (`rows` f32).
+        zy_tile: u64,
     }
 }
 
