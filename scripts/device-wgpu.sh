@@ -8,9 +8,9 @@
 # conformance, interop and shaders_naga; the workspace suite's wgpu arm as `suite`), stripped,
 # into $DEVBIN (default .devbin/wgpu of this checkout; .devbin/ is in .gitignore), with the
 # Vulkan loader in $DEVBIN/gl: the H200 machine has NVIDIA's Vulkan driver (its ICD) but no
-# loader (libvulkan.so.1), so Debian's libvulkan1 .deb is carried (`apt-get download`; where
-# that fails, the loader installed here is copied). Then call the device tool from the same
-# checkout with carry [".devbin/wgpu"] and command
+# loader (libvulkan.so.1), so Debian's libvulkan1 .deb is carried with glvnd's (`apt-get
+# download`; where that fails, the loader installed here is copied); `run` unpacks them
+# into /. Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
 #   "... run seed": each phase fits the device tool's 10 minutes per command).
 #
@@ -74,7 +74,10 @@ for line in sys.stdin:
   strip "$DEVBIN"/conformance "$DEVBIN"/interop "$DEVBIN"/shaders_naga "$DEVBIN"/suite \
     "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
   rm -f "$DEVBIN"/gl/*
-  if ! (cd "$DEVBIN/gl" && apt-get download libvulkan1); then
+  # The loader and glvnd's dispatch libraries, which NVIDIA's libGLX_nvidia (the Vulkan ICD)
+  # needs: without them the loader finds the ICD but no vkCreateInstance (seen on the H200).
+  if ! (cd "$DEVBIN/gl" && apt-get download libvulkan1 libglvnd0 libegl1 libopengl0 libgl1 \
+    libglx0 libgles2); then
     echo "apt-get download failed: copying the installed loader instead"
     cp -L /usr/lib/x86_64-linux-gnu/libvulkan.so.1 "$DEVBIN/gl/"
   fi
@@ -108,15 +111,20 @@ if [ -f "$D/build_root" ]; then
   fi
 fi
 
-# The Vulkan loader: the carried .deb unpacked under $D/gl/root (no root needed), or the
-# carried library itself.
+# The Vulkan loader: the carried .deb unpacked into / as root (the device tool's advice; a
+# loader under LD_LIBRARY_PATH alone found no adapter on the H200), else under $D/gl/root.
 for f in "$D"/gl/*.deb; do
-  [ -e "$f" ] && dpkg -x "$f" "$D/gl/root"
+  [ -e "$f" ] || continue
+  if [ "$(id -u)" = 0 ]; then dpkg -x "$f" / && ldconfig; else dpkg -x "$f" "$D/gl/root"; fi
 done
 export LD_LIBRARY_PATH="$D/gl/root/usr/lib/x86_64-linux-gnu:$D/gl:${LD_LIBRARY_PATH:-}"
-# NVIDIA's ICD manifest: where the driver's installation left none, point the loader at the
-# driver's library directly.
-if ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
+# NVIDIA's ICD manifest: the driver's own where the machine has one (/usr/local/nvidia on the
+# H200 machines), else one written here that points at the driver's library.
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -e "$icd" ]; then
+  export VK_DRIVER_FILES=$icd VK_ICD_FILENAMES=$icd
+  echo "NVIDIA ICD manifest: $icd"
+elif ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&1; then
   lib=$(ldconfig -p | awk '/libGLX_nvidia.so.0/ {print $NF; exit}')
   if [ -n "$lib" ]; then
     printf '{"file_format_version":"1.0.0","ICD":{"library_path":"%s","api_version":"1.3.0"}}\n' \
@@ -125,6 +133,7 @@ if ! ls /usr/share/vulkan/icd.d/nvidia* /etc/vulkan/icd.d/nvidia* >/dev/null 2>&
     echo "no NVIDIA ICD manifest installed: using $lib"
   fi
 fi
+{ ldconfig -p | grep -i vulkan; ls /usr/local/nvidia/share/vulkan/icd.d 2>&1; } >"$OUT/vulkan-env.txt" 2>&1
 
 declare -A status
 summary() {

@@ -50,14 +50,15 @@ impl KernelConfig {
     }
 
     /// The default configuration for an adapter of type `device` whose workgroups may hold
-    /// `max_workgroup_bytes`: 64 x 64 tiles with the deepest panel (`tk` 16, else 8) that fits
-    /// (16 needs 37 KiB, 8 needs 30 KiB: 8 on 32 KiB devices such as lavapipe and Apple GPUs);
+    /// `max_workgroup_bytes`: 64 x 64 tiles with 8-deep panels (30 KiB; on the H200 through
+    /// Vulkan `tk` 8 ran the forward at 8192 x 2304 x 256000 in 0.855x and forward+backward in
+    /// 0.924x the time of `tk` 16, BENCHMARKS.md "wgpu"), 4-deep where even that does not fit;
     /// few workgroups and bounded loops on CPU adapters (lavapipe).
     pub fn for_adapter(device: wgpu::DeviceType, max_workgroup_bytes: u32) -> Self {
         let cpu = device == wgpu::DeviceType::Cpu;
         let base = KernelConfig {
             wg: 8,
-            tk: 16,
+            tk: 8,
             target_workgroups: if cpu { 8 } else { 2048 },
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
@@ -66,7 +67,7 @@ impl KernelConfig {
         if base.workgroup_bytes() <= max_workgroup_bytes as u64 {
             base
         } else {
-            KernelConfig { tk: 8, ..base }
+            KernelConfig { tk: 4, ..base }
         }
     }
 
@@ -261,7 +262,7 @@ mod tests {
     #[test]
     fn the_default_panel_depth_follows_the_workgroup_memory() {
         let gpu = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 48 << 10);
-        assert_eq!((gpu.wg, gpu.tk, gpu.max_loop_iterations), (8, 16, 0));
+        assert_eq!((gpu.wg, gpu.tk, gpu.max_loop_iterations), (8, 8, 0));
         let cpu = KernelConfig::for_adapter(wgpu::DeviceType::Cpu, 32 << 10);
         assert_eq!((cpu.wg, cpu.tk, cpu.target_workgroups), (8, 8, 8));
         assert!(cpu.workgroup_bytes() <= 32 << 10);

@@ -734,6 +734,60 @@ fn deterministic_and_partial_outputs() {
 }
 
 #[test]
+fn unbounded_loops_split_label_smoothing_sums_like_bounded_ones() {
+    // A GPU's configuration bounds no shader loop (`max_loop_iterations` 0): the label
+    // smoothing column sums then run over whole row chunks. A row chunk that does not start at
+    // row 0 once overflowed its piece's end there (an empty binding on the H200). Both
+    // configurations must give the same outputs, up to the order of the sums.
+    let Some(b) = backend() else { return };
+    let unbounded = b
+        .with_config(cce_wgpu::KernelConfig {
+            max_loop_iterations: 0,
+            ..b.config()
+        })
+        .unwrap();
+    let (n, d, v) = (200, 37, 333);
+    let mut rng = Rng::new(7);
+    let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), F16).unwrap();
+    let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.5), F16).unwrap();
+    let y = HostTensor::from_i64((0..n as i64).map(|i| (i * 7) % v as i64).collect());
+    let (eb, cb, yb) = (
+        b.upload(&e).unwrap(),
+        b.upload(&c).unwrap(),
+        b.upload(&y).unwrap(),
+    );
+    let inputs = Inputs {
+        e: &eb,
+        c: &cb,
+        bias: None,
+        targets: &yb,
+    };
+    let opts = Options {
+        workspace_budget_bytes: 40 << 10,
+        label_smoothing: 0.1,
+        reduction: Reduction::Sum,
+        ..Options::exact()
+    };
+    let run = |be: &WgpuBackend| {
+        let (f, g) = be
+            .forward_backward(&inputs, &opts, &Upstream::default())
+            .unwrap();
+        assert!(
+            g.stats.plan_reason.contains("2 row chunk"),
+            "{}",
+            g.stats.plan_reason
+        );
+        [f64s(be, &f.loss), f64s(be, g.d_e.as_ref().unwrap())]
+    };
+    let (x, w) = (run(&unbounded), run(b));
+    for (name, (a, r)) in ["loss", "d_e"].iter().zip(x.iter().zip(&w)) {
+        let scale = r.iter().fold(1e-30f64, |m, q| m.max(q.abs()));
+        let worst = a.iter().zip(r).fold(0f64, |m, (p, q)| m.max((p - q).abs()));
+        assert!(worst <= 1e-3 * scale, "{name}: {worst:e} of {scale:e}");
+    }
+}
+
+#[test]
 fn trusted_modules_give_the_bits_of_checked_ones() {
     // Modules without wgpu's runtime checks (the default) and with them compute the same
     // arithmetic: any difference would be an index the checks clamped, i.e. out of bounds.

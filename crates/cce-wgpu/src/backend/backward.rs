@@ -354,7 +354,7 @@ impl WgpuBackend {
             let pieces = |r: &Range<usize>| -> Vec<Range<usize>> {
                 (r.start..r.end)
                     .step_by(piece.min(r.len()).max(1))
-                    .map(|s| s..(s + piece).min(r.end))
+                    .map(|s| s..s.saturating_add(piece).min(r.end))
                     .collect()
             };
             if let Some(cs) = &csum {
