@@ -45,7 +45,7 @@ impl DenseEngine {
             let tm_e = self.tensor_map(cfg.dtype, e_r, rows, d, WGMMA_BM)?;
             // The epilogue writes each row's target logit into its lse slot; the combine reads
             // it there before writing the lse.
-            let (t_r, zy) = (a.rows_at(r0).0, a.rows_at(r0).1);
+            let (t_r, zy, _, _, _, _) = a.rows_at(r0);
             let tiles = rows.div_ceil(WGMMA_BM) * n_tiles;
             let grid = tiles.min(self.facts.sm_count.max(1)) as u32;
             let params = LseParams {
