@@ -713,3 +713,68 @@ fn sanitizer_smoke() {
         }
     }
 }
+
+/// Every output of `a` and `b` has the same bytes (`what` names the call in the message).
+fn assert_same_bytes(be: &CudaBackend, a: &CudaTensor, b: &CudaTensor, what: &str) {
+    let (ha, hb) = (be.download(a).unwrap(), be.download(b).unwrap());
+    assert!(ha.as_bytes() == hb.as_bytes(), "{what}: the bytes differ");
+}
+
+#[test]
+fn a_filtered_call_whose_sparse_backward_gives_way_runs_as_the_exact_call() {
+    let Some(be) =
+        backend("a_filtered_call_whose_sparse_backward_gives_way_runs_as_the_exact_call")
+    else {
+        return;
+    };
+    use cce_core::Strategy;
+    let mut rng = seeded();
+    // Flat rows (logit std 1): the probe keeps most entries and the sparse backward gives way.
+    // The exact call of these shapes runs chunked dense (bf16 and f32 gradients in the input
+    // dtype), so the filtered call runs again on that plan: the same bytes as the exact call,
+    // nothing dropped, and its statistics say why.
+    for dtype in [DType::F32, DType::BF16] {
+        for (n, d, v, bias, softcap) in [
+            (600, 64, 4099, false, None),
+            (333, 37, 5003, true, Some(30.0)),
+        ] {
+            let case = random_case(&mut rng, n, d, v, dtype, bias, 0.1, 1.0);
+            let opts = Options {
+                softcap,
+                ..Default::default()
+            };
+            let exact = Options {
+                filter_eps: FilterEps::Off,
+                ..opts.clone()
+            };
+            let dev = DeviceCase::new(&be, &case);
+            let up = Upstream::default();
+            let (fo, g) = be.forward_backward(&dev.inputs(), &opts, &up).unwrap();
+            let (fx, gx) = be.forward_backward(&dev.inputs(), &exact, &up).unwrap();
+            let s = &g.stats;
+            let what = format!("{dtype} {n}x{d}x{v} bias {bias} softcap {softcap:?}");
+            assert!(
+                matches!(s.strategy, Strategy::ChunkedDense { .. }),
+                "{what}\n{s}"
+            );
+            assert!(
+                s.plan_reason.contains("sparse backward gave way"),
+                "{what}\n{s}"
+            );
+            assert_eq!(s.dropped_mass_max, 0.0, "{what}\n{s}");
+            assert_eq!(s.entries_skipped, 0, "{what}\n{s}");
+            for (a, b, name) in [
+                (&fo.loss, &fx.loss, "loss"),
+                (&fo.lse, &fx.lse, "lse"),
+                (g.d_e.as_ref().unwrap(), gx.d_e.as_ref().unwrap(), "d_e"),
+                (g.d_c.as_ref().unwrap(), gx.d_c.as_ref().unwrap(), "d_c"),
+            ] {
+                assert_same_bytes(&be, a, b, &format!("{what} {name}"));
+            }
+            if let (Some(a), Some(b)) = (g.d_bias.as_ref(), gx.d_bias.as_ref()) {
+                assert_same_bytes(&be, a, b, &format!("{what} d_bias"));
+            }
+            eprintln!("{what}: {s}");
+        }
+    }
+}

@@ -318,6 +318,7 @@ fn wgmma_forward_row_groups() {
             wgmma_forward: true,
             wgmma_gcols: true,
             wgmma_rows: true,
+            stop_on_give_way: false,
         };
         let mut ws = DenseWorkspace::new(&engine, &cfg).unwrap();
         let (e, c) = (upload(&be, &case.e), upload(&be, &case.c));

@@ -2,6 +2,7 @@
 //! bias?), the upstream gradients, a non-finite lse located in the inputs.
 
 use super::*;
+use crate::dense::schedule::PlanKnobs;
 
 /// Per-row upstream arrays the device checks (device addresses, 0 = none).
 #[derive(Clone, Copy, Default)]
@@ -59,7 +60,7 @@ impl CudaBackend {
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
         call: bool,
-    ) -> Result<(Problem, Plan)> {
+    ) -> Result<(Problem, Plan, PlanKnobs)> {
         self.check_owned("e", inputs.e)?;
         self.check_owned("c", inputs.c)?;
         self.check_owned("targets", inputs.targets)?;
@@ -86,14 +87,14 @@ impl CudaBackend {
             Ok(m) => m.expects_sparse(&key),
             Err(_) => true,
         };
-        let knobs = crate::dense::schedule::PlanKnobs {
+        let knobs = PlanKnobs {
             chunk_cap: self.chunk_cap,
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
             sparse_expected,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;
-        Ok((problem, plan))
+        Ok((problem, plan, knobs))
     }
 
     /// A call's problem and plan, and its targets prepared on the device
@@ -111,7 +112,9 @@ impl CudaBackend {
         opts: &Options,
         upstream: Option<&Upstream<'_, CudaTensor>>,
     ) -> Result<Prepared> {
-        let (problem, plan) = self.plan(inputs, opts, true)?;
+        let (problem, plan, knobs) = self.plan(inputs, opts, true)?;
+        let give_way =
+            crate::dense::schedule::give_way_plan(&problem, opts, &self.limits, knobs, &plan)?;
         let rows = self.upstream_rows(opts, upstream)?;
         let n = problem.n;
         let classes = self.alloc_raw(n * 4)?;
@@ -196,6 +199,7 @@ impl CudaBackend {
         Ok(Prepared {
             problem,
             plan,
+            give_way,
             classes,
             dl: dl.map(|x| x.1),
             n_valid,

@@ -363,8 +363,21 @@ impl CudaBackend {
         opts: &Options,
         backward: bool,
     ) -> Result<u64> {
-        let (_, plan) = self.plan(inputs, opts, false)?;
-        crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)
+        let (problem, plan, knobs) = self.plan(inputs, opts, false)?;
+        let first = crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)?;
+        // A call whose sparse backward gives way frees its workspace before the exact plan's
+        // is made: the larger of the two is what the call takes.
+        let give_way =
+            crate::dense::schedule::give_way_plan(&problem, opts, &self.limits, knobs, &plan)?;
+        Ok(match (give_way, backward) {
+            (Some((p, o)), true) => first.max(crate::dense::workspace_bytes(
+                &p,
+                &o,
+                self.wgmma_switches(),
+                true,
+            )?),
+            _ => first,
+        })
     }
 
     /// The WGMMA switches of a call: (forward, class pass, row pass).

@@ -196,6 +196,9 @@ fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
 struct Prepared {
     problem: Problem,
     plan: Plan,
+    /// The plan (and options) the call switches to when its sparse backward gives way
+    /// (`crate::dense::schedule::give_way_plan`).
+    give_way: Option<(Plan, Options)>,
     /// i32 `[N]`: each row's class, −1 when ignored (`kernels/prepare.cu`).
     classes: CudaSlice<u8>,
     /// f32 `[N]`: a scalar upstream `d_loss` spread over the rows (scaled by the mean's

@@ -64,6 +64,7 @@ impl CudaBackend {
         let (wgmma_forward, wgmma_gcols, wgmma_rows) = self.wgmma_switches();
         BackendCall {
             plan: &p.plan,
+            give_way: p.give_way.as_ref().map(|(plan, o)| (plan, o)),
             n_valid: p.n_valid,
             classes: &p.classes,
             dl: p.dl.as_ref(),

@@ -140,6 +140,51 @@ pub(crate) fn as_exact_call(problem: &Problem, opts: &cce_core::Options, knobs: 
         && cce_core::FilterRule::resolve(opts, problem.dtype).enabled
 }
 
+/// The plan a filtered call switches to when its sparse backward gives way (the probe's first
+/// chunk keeps too many entries per row, or the pairs outgrow their capacity), with the
+/// options it runs under (the filter off): the exact call's plan, when that plan is chunked
+/// dense and the filtered plan is not. Chunked dense is the faster dense path where the
+/// budget holds it, but filtered calls do not take it (its products use `G` in the input
+/// dtype), so without this a filtered call that gave way ran split dense, slower than the
+/// exact call of the same inputs (real rows: 8.81 ms against 6.97 ms, docs/perf-log.md). The
+/// switch reads the probe's verdict within the call: calls with the same inputs take the
+/// same path (no state is kept between calls, unlike [`SparseMode::Remember`]). `None`: no
+/// sparse try is planned, or the exact call would run the same strategy, so the dense passes
+/// go on from the probe's chunk as before.
+pub(crate) fn give_way_plan(
+    problem: &Problem,
+    opts: &cce_core::Options,
+    limits: &cce_core::DeviceLimits,
+    knobs: PlanKnobs,
+    plan: &Plan,
+) -> Result<Option<(Plan, cce_core::Options)>> {
+    if plan.sparse.is_none() || knobs.sparse == SparseMode::Off {
+        return Ok(None);
+    }
+    let exact_opts = cce_core::Options {
+        filter_eps: cce_core::FilterEps::Off,
+        ..opts.clone()
+    };
+    let knobs = PlanKnobs {
+        sparse_expected: true,
+        ..knobs
+    };
+    let mut exact = plan_call(problem, &exact_opts, limits, knobs)?;
+    let switches = matches!(exact.strategy, Strategy::ChunkedDense { .. })
+        && !matches!(plan.strategy, Strategy::ChunkedDense { .. });
+    if !switches {
+        return Ok(None);
+    }
+    exact.reason.push_str(GIVE_WAY_NOTE);
+    Ok(Some((exact, exact_opts)))
+}
+
+/// The plan reason's note of a filtered call run as the exact call after its sparse backward
+/// gave way.
+pub(crate) const GIVE_WAY_NOTE: &str = " (the exact call's plan, run after the filtered call's \
+     sparse backward gave way: chunked dense is faster than split dense here, and nothing is \
+     dropped)";
+
 /// The reason a filtered call was planned as an exact one.
 pub(crate) fn as_exact_note() -> String {
     format!(
@@ -266,6 +311,68 @@ mod tests {
             plan_with((12288, 576, 49152), &filtered, SparseMode::Remember, false).strategy,
             Strategy::ChunkedDense { .. }
         ));
+    }
+
+    /// The give-way plan of a bf16 call of `shape` with `opts`, under `sparse`.
+    fn give_way_with(
+        (n, d, v): (usize, usize, usize),
+        opts: &Options,
+        sparse: SparseMode,
+    ) -> Option<(Plan, Options)> {
+        let problem = Problem {
+            n,
+            d,
+            v,
+            dtype: DType::BF16,
+            has_bias: false,
+            seq_len: n,
+        };
+        let limits = device_limits("test", 140 << 30, 227 << 10);
+        let knobs = PlanKnobs {
+            chunk_cap: None,
+            sparse,
+            split_de_f16: true,
+            sparse_expected: true,
+        };
+        let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
+        give_way_plan(&problem, opts, &limits, knobs, &plan).unwrap()
+    }
+
+    #[test]
+    fn a_filtered_call_that_gives_way_switches_to_chunked_dense_where_the_exact_call_takes_it() {
+        let sixteen_gib = Options {
+            workspace_budget_bytes: 16 << 30,
+            ..Options::default()
+        };
+        let sixteen_gib_exact = Options {
+            workspace_budget_bytes: 16 << 30,
+            ..Options::exact()
+        };
+        for (shape, f, x) in [
+            ((12288, 576, 49152), &Options::default(), &Options::exact()),
+            ((32768, 4096, 256000), &sixteen_gib, &sixteen_gib_exact),
+        ] {
+            for mode in [SparseMode::Auto, SparseMode::Always, SparseMode::Remember] {
+                let (plan, opts) = give_way_with(shape, f, mode)
+                    .unwrap_or_else(|| panic!("{shape:?} {mode:?}: no give-way plan"));
+                let exact = plan_with(shape, x, SparseMode::Auto, true);
+                assert!(matches!(plan.strategy, Strategy::ChunkedDense { .. }));
+                assert_eq!(plan.strategy, exact.strategy, "{shape:?} {mode:?}");
+                assert_eq!(plan.row_chunks, exact.row_chunks, "{shape:?} {mode:?}");
+                assert!(plan.sparse.is_none() && !plan.filter.enabled);
+                assert!(plan.reason.ends_with(GIVE_WAY_NOTE), "{}", plan.reason);
+                assert_eq!(opts.filter_eps, cce_core::FilterEps::Off);
+                let cfg = dense_config(&plan, &opts, (true, true, true), true).unwrap();
+                assert!(!cfg.filtering());
+            }
+        }
+        // Split dense either way (the seed at 0.5 GiB): the dense passes go on from the
+        // probe's chunk. No sparse try (Off, exact calls): nothing to give way.
+        assert!(
+            give_way_with((32768, 4096, 256000), &Options::default(), SparseMode::Auto).is_none()
+        );
+        assert!(give_way_with((12288, 576, 49152), &Options::default(), SparseMode::Off).is_none());
+        assert!(give_way_with((12288, 576, 49152), &Options::exact(), SparseMode::Auto).is_none());
     }
 
     #[test]

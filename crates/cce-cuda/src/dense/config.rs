@@ -120,6 +120,10 @@ pub struct DenseConfig {
     /// (`schedule::wgmma_rows_unfit`); else a cuBLAS f32 logits GEMM and the forward and
     /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`].
     pub wgmma_rows: bool,
+    /// A sparse backward that gives way ends the call instead of handing its rows to the dense
+    /// passes ([`DenseStats::gave_way_stop`]): the caller runs the call again on the exact
+    /// call's plan (`schedule::give_way_plan`). False unless the backend has such a plan.
+    pub stop_on_give_way: bool,
 }
 
 impl DenseConfig {
@@ -172,6 +176,7 @@ impl DenseConfig {
             wgmma_forward: WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: WGMMA_GCOLS_DEFAULT,
             wgmma_rows: WGMMA_ROWS_DEFAULT,
+            stop_on_give_way: false,
         })
     }
 

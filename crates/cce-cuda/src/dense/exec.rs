@@ -133,6 +133,10 @@ impl DenseEngine {
         } else {
             (false, 0)
         };
+        if sched.try_sparse && !sparse_used && cfg.stop_on_give_way {
+            stats.gave_way_stop = true;
+            return Ok(stats);
+        }
         stats.filtered = sched.filtering || sparse_used;
         if let Some(note) = &sched.sparse_note {
             stats.sparse = Some(note.clone());
@@ -481,6 +485,10 @@ impl DenseEngine {
             Ok(kept) => {
                 stats.sparse = Some(schedule::sparse_used_note(kept, cfg.n));
                 (true, 0)
+            }
+            Err((why, _)) if cfg.stop_on_give_way => {
+                stats.sparse = Some(schedule::sparse_gave_way_stop_note(&why));
+                (false, 0)
             }
             Err((why, rows)) => {
                 let reuse =

@@ -5,8 +5,11 @@ use super::*;
 /// A validated `CudaBackend` call handed to the engine (the backend has checked shapes,
 /// dtypes, buffer ownership and targets, and made the plan).
 pub(crate) struct BackendCall<'a> {
-    /// The plan (strategy `ChunkedDense`).
+    /// The plan (strategy `ChunkedDense` or `SplitDense`).
     pub plan: &'a cce_core::Plan,
+    /// The plan and options the call runs again with when its sparse backward gives way
+    /// ([`super::schedule::give_way_plan`]).
+    pub give_way: Option<(&'a cce_core::Plan, &'a cce_core::Options)>,
     /// Rows with a class, when the host knows them.
     pub n_valid: Option<usize>,
     /// Prepared classes, i32 `[N]` (−1 = ignored).
@@ -144,7 +147,10 @@ impl DenseEngine {
     }
 
     /// The engine's call of `cfg` into the output buffers `fo` (forward) and `go`
-    /// (gradients): the workspace made for the call, the schedule walked, the statistics.
+    /// (gradients): the workspace made for the call, the schedule walked, the statistics. A
+    /// call whose sparse backward gave way ([`DenseStats::gave_way_stop`]) runs again on its
+    /// give-way plan ([`BackendCall::give_way`]) after its workspace is freed; its statistics
+    /// are the second run's, with the first's sparse note.
     fn run_outputs(
         &self,
         call: &BackendCall<'_>,
@@ -154,11 +160,53 @@ impl DenseEngine {
         mut fo: Option<DenseForwardOut<'_>>,
         mut go: DenseGradOut<'_>,
     ) -> Result<CallStatsPair> {
-        let dense_up = up.map(|u| dense_upstream(cfg, u, call.dl)).transpose()?;
-        if let Some(sv) = saved {
-            f32_vec(cfg.n, sv.lse, "lse")?;
-            f32_vec(cfg.n, sv.rest_mass, "rest_mass")?;
+        let saved = saved.map(|sv| (sv.lse, sv.rest_mass));
+        if let Some((lse, rest_mass)) = saved {
+            f32_vec(cfg.n, lse, "lse")?;
+            f32_vec(cfg.n, rest_mass, "rest_mass")?;
         }
+        let (first, first_bytes) = self.run_engine(call, cfg, saved, up, &mut fo, &mut go)?;
+        if !first.gave_way_stop {
+            return Ok(self.call_stats(call, cfg, up.is_some(), fo.is_some(), &first, first_bytes));
+        }
+        let (plan, opts) = call.give_way.ok_or_else(|| {
+            CceError::backend(
+                BACKEND,
+                "the sparse backward stopped without a give-way plan",
+            )
+        })?;
+        let exact = BackendCall {
+            plan,
+            opts,
+            give_way: None,
+            ..*call
+        };
+        let exact_cfg = call_config(&exact, up.is_some())?;
+        let (mut dstats, bytes) =
+            self.run_engine(&exact, &exact_cfg, saved, up, &mut fo, &mut go)?;
+        dstats.sparse = first.sparse;
+        Ok(self.call_stats(
+            &exact,
+            &exact_cfg,
+            up.is_some(),
+            fo.is_some(),
+            &dstats,
+            bytes.max(first_bytes),
+        ))
+    }
+
+    /// One run of the engine for `call` (its workspace made, used and freed): its statistics
+    /// and the bytes it held beyond inputs and outputs.
+    fn run_engine(
+        &self,
+        call: &BackendCall<'_>,
+        cfg: &DenseConfig,
+        saved: Option<(&crate::CudaTensor, &crate::CudaTensor)>,
+        up: Option<&cce_core::Upstream<'_, crate::CudaTensor>>,
+        fo: &mut Option<DenseForwardOut<'_>>,
+        go: &mut DenseGradOut<'_>,
+    ) -> Result<(DenseStats, u64)> {
+        let dense_up = up.map(|u| dense_upstream(cfg, u, call.dl)).transpose()?;
         let mut ws = DenseWorkspace::new(self, cfg)?;
         let inputs = DenseInputs {
             e: call.inputs.e.slice(),
@@ -169,18 +217,16 @@ impl DenseEngine {
             device_status: call.status,
         };
         let ws_bytes = ws.bytes() + self.own_bytes();
-        let dstats = match (&mut fo, saved, dense_up.as_ref()) {
+        let dstats = match (fo, saved, dense_up.as_ref()) {
             (Some(fo), None, None) => self.forward(cfg, &mut ws, &inputs, fo)?,
-            (Some(fo), None, Some(u)) => {
-                self.forward_backward(cfg, &mut ws, &inputs, u, fo, &mut go)?
-            }
-            (None, Some(sv), Some(u)) => self.backward(
+            (Some(fo), None, Some(u)) => self.forward_backward(cfg, &mut ws, &inputs, u, fo, go)?,
+            (None, Some((lse, rest_mass)), Some(u)) => self.backward(
                 cfg,
                 &mut ws,
                 &inputs,
-                (sv.lse.slice(), sv.rest_mass.slice()),
+                (lse.slice(), rest_mass.slice()),
                 u,
-                &mut go,
+                go,
             )?,
             _ => {
                 return Err(CceError::InvalidOption {
@@ -190,17 +236,30 @@ impl DenseEngine {
             }
         };
         drop(ws);
-        let fwd = fo.is_some().then(|| {
+        Ok((dstats, ws_bytes))
+    }
+
+    /// A call's statistics from its engine run's: the forward's (`forward`: one ran), the
+    /// backward's (`backward`), and whether the filter counts went to the backend's status.
+    fn call_stats(
+        &self,
+        call: &BackendCall<'_>,
+        cfg: &DenseConfig,
+        backward: bool,
+        forward: bool,
+        dstats: &DenseStats,
+        ws_bytes: u64,
+    ) -> CallStatsPair {
+        let fwd = forward.then(|| {
             let mut stats = self.base_stats(call, ws_bytes);
             if let Some(note) = &dstats.forward {
                 stats.plan_reason = format!("{note}; plan: {}", stats.plan_reason);
             }
             stats
         });
-        let bwd = up
-            .is_some()
-            .then(|| backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, &dstats));
-        Ok((fwd, bwd, dstats.stats_on_device))
+        let bwd =
+            backward.then(|| backward_stats(self.base_stats(call, ws_bytes), call, cfg.v, dstats));
+        (fwd, bwd, dstats.stats_on_device)
     }
 
     /// The forward's output tensors of `cfg`: loss (`[N]` with reduction none, else a
@@ -386,7 +445,9 @@ fn backward_stats(
 /// The engine's configuration of a call (`backward`: an upstream gradient is given).
 fn call_config(call: &BackendCall<'_>, backward: bool) -> Result<DenseConfig> {
     let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
-    super::schedule::dense_config(call.plan, call.opts, switches, backward)
+    let mut cfg = super::schedule::dense_config(call.plan, call.opts, switches, backward)?;
+    cfg.stop_on_give_way = call.give_way.is_some();
+    Ok(cfg)
 }
 
 /// Device bytes a call of `plan` with `opts` takes beyond its inputs and outputs: the

@@ -319,6 +319,9 @@ pub struct DenseStats {
     /// How split dense's row pass of a forward-and-backward call computed the logits, the lse
     /// and `G` (the WGMMA epilogue, or why not).
     pub row_pass_note: Option<String>,
+    /// The sparse backward gave way and the call stopped there
+    /// ([`DenseConfig::stop_on_give_way`]): nothing it wrote is an output.
+    pub gave_way_stop: bool,
 }
 
 /// The compiled kernels, the cuBLAS handle and its workspace, on one stream.

@@ -17,7 +17,7 @@ use super::budget::*;
 use super::*;
 use cce_core::{Plan, StrategyKind};
 
-pub(crate) use super::call_plan::{plan_call, PlanKnobs};
+pub(crate) use super::call_plan::{give_way_plan, plan_call, PlanKnobs};
 
 /// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
 /// rows and select apart rather than folded (`cce_sparse_select_fwd_*`). Rows keeping more
@@ -502,6 +502,12 @@ pub(crate) fn sparse_gave_way_note(why: &str, reused: bool) -> String {
             ""
         }
     )
+}
+
+/// The note of a sparse backward that gave way in a call that then runs again on the exact
+/// call's plan ([`super::call_plan::give_way_plan`]).
+pub(crate) fn sparse_gave_way_stop_note(why: &str) -> String {
+    format!("the sparse backward gave way ({why}), so the call ran again on the exact call's plan")
 }
 
 /// Whether the sparse backward's first chunk may reuse its logits in the dense passes: they
