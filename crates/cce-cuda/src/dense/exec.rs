@@ -195,7 +195,7 @@ impl DenseEngine {
 
     /// Whether the engine's stream is capturing a CUDA graph (then no step may read the
     /// device back).
-    fn capturing(&self) -> Result<bool> {
+    pub(super) fn capturing(&self) -> Result<bool> {
         use cudarc::driver::sys::CUstreamCaptureStatus as Capture;
         let status = self.stream.capture_status().map_err(drv)?;
         Ok(status == Capture::CU_STREAM_CAPTURE_STATUS_ACTIVE)

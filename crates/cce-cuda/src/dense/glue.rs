@@ -150,7 +150,8 @@ impl DenseEngine {
     /// (gradients): the workspace made for the call, the schedule walked, the statistics. A
     /// call whose sparse backward gave way ([`DenseStats::gave_way_stop`]) runs again on its
     /// give-way plan ([`BackendCall::give_way`]) after its workspace is freed; its statistics
-    /// are the second run's, with the first's sparse note.
+    /// are the second run's, with the first's sparse note. A call with a give-way plan and a
+    /// backward runs that plan from the start while its stream captures a CUDA graph.
     fn run_outputs(
         &self,
         call: &BackendCall<'_>,
@@ -165,10 +166,19 @@ impl DenseEngine {
             f32_vec(cfg.n, lse, "lse")?;
             f32_vec(cfg.n, rest_mass, "rest_mass")?;
         }
-        let (first, first_bytes) = self.run_engine(call, cfg, saved, up, &mut fo, &mut go)?;
-        if !first.gave_way_stop {
-            return Ok(self.call_stats(call, cfg, up.is_some(), fo.is_some(), &first, first_bytes));
-        }
+        // A captured call cannot read the sparse backward's verdict: it runs the plan a call
+        // that is not captured takes when the sparse backward gives way.
+        let captured = call.give_way.is_some() && up.is_some() && self.capturing()?;
+        let (first_note, first_bytes) = if captured {
+            (Some(super::schedule::give_way_capture_note()), 0)
+        } else {
+            let (first, bytes) = self.run_engine(call, cfg, saved, up, &mut fo, &mut go)?;
+            if !first.gave_way_stop {
+                let forward = fo.is_some();
+                return Ok(self.call_stats(call, cfg, up.is_some(), forward, &first, bytes));
+            }
+            (first.sparse, bytes)
+        };
         let (plan, opts) = call.give_way.ok_or_else(|| {
             CceError::backend(
                 BACKEND,
@@ -184,7 +194,7 @@ impl DenseEngine {
         let exact_cfg = call_config(&exact, up.is_some())?;
         let (mut dstats, bytes) =
             self.run_engine(&exact, &exact_cfg, saved, up, &mut fo, &mut go)?;
-        dstats.sparse = first.sparse;
+        dstats.sparse = first_note;
         Ok(self.call_stats(
             &exact,
             &exact_cfg,

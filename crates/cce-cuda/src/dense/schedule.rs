@@ -483,6 +483,16 @@ pub(crate) fn sparse_capture_note() -> String {
         .into()
 }
 
+/// Why a capturing filtered call runs on the exact call's plan from the start: a call that is
+/// not captured would run it after its sparse backward gave way
+/// ([`super::call_plan::give_way_plan`]), and the capture cannot read that verdict.
+pub(crate) fn give_way_capture_note() -> String {
+    "the stream is capturing a CUDA graph, where the sparse backward's choice (it reads the \
+     kept-entry count on the host) cannot run, so the call ran on the exact call's plan, which \
+     a call that is not captured takes when the sparse backward gives way"
+        .into()
+}
+
 /// Why an accumulating call skips the planned sparse backward: its gather kernels write the
 /// gradients (they do not add to them), so the dense passes, which do, run instead.
 pub(crate) fn sparse_accumulate_note() -> String {
