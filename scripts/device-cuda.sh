@@ -99,7 +99,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("conformance", "wgmma", "errors", "large", "api", "numerics", "capture", "accumulate"):
+        if name in ("conformance", "wgmma", "errors", "large", "api", "numerics", "capture", "accumulate", "vocab_parallel"):
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
@@ -178,7 +178,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 
 if [[ $PHASES == *tests* ]]; then
   ok=1
-  for t in errors numerics conformance wgmma api capture accumulate; do
+  for t in errors numerics conformance wgmma api capture accumulate vocab_parallel; do
     echo "==== $t ===="
     # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
     # shellcheck disable=SC2086

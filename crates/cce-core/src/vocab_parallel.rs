@@ -76,12 +76,16 @@ pub mod comm;
 pub mod error;
 pub mod filter_split;
 pub mod merge;
+pub mod over_backend;
 pub mod partial;
+pub mod primitives;
 pub mod shard;
 
 pub use comm::{Communicator, ReduceOp};
 pub use error::VocabParallelError;
 pub use filter_split::{shard_filter_rule, split_dropped_mass};
 pub use merge::{merge_forward, MergedForward, MergedRow, RankPartial};
+pub use over_backend::{BackendShard, ShardRows};
 pub use partial::{PartialHeader, RowPartial};
+pub use primitives::{ShardBackward, ShardForward, ShardPrimitives};
 pub use shard::{check_tiling, ShardLayout, VocabShard};

@@ -1,5 +1,6 @@
 //! A [`Communicator`] over NCCL (feature `nccl`), for the vocabulary-parallel driver
-//! (`cce_reference::vocab_parallel::RankDriver`) with one rank per GPU.
+//! (`cce_reference::vocab_parallel::RankDriver`) with one rank per GPU; the CUDA shard
+//! primitives are `cce_core::vocab_parallel::BackendShard` over `CudaBackend`.
 //!
 //! Each collective is host-staged: the host slice is copied to a device buffer on the
 //! communicator's stream, reduced or gathered there by NCCL (`ncclAllReduce`,

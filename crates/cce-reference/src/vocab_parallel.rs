@@ -60,16 +60,20 @@ mod driver;
 mod entry;
 mod forward;
 mod inputs;
+mod over_backend;
 mod simulated;
 mod thread_comm;
 
-pub use backward::ShardBackward;
+pub use cce_core::vocab_parallel::{ShardBackward, ShardForward, ShardPrimitives};
 pub use driver::{RankBackward, RankDriver, RankForward};
-pub use forward::ShardForward;
+pub use over_backend::{simulate_over_backends, SimulatedCall};
 pub use simulated::{SimulatedLayout, SimulatedVocabParallel};
 pub use thread_comm::ThreadComm;
 
+use crate::view::HostRead;
 use cce_core::plan::{DeviceLimits, TileShape};
+use cce_core::vocab_parallel::VocabShard;
+use cce_core::{HostTensor, Inputs, Options, Result, Saved, Upstream};
 
 /// The CPU primitives of one vocabulary shard, with the logits tile they work on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,3 +106,33 @@ impl CpuShard {
         self.tile
     }
 }
+
+impl<T: HostRead, S: HostRead, U: HostRead> ShardPrimitives<T, S, U> for CpuShard {
+    type Grad = HostTensor;
+
+    /// [`CpuShard::forward`].
+    fn shard_forward(
+        &self,
+        inputs: &Inputs<'_, T>,
+        shard: &VocabShard,
+        opts: &Options,
+    ) -> Result<ShardForward> {
+        self.forward(inputs, shard, opts)
+    }
+
+    /// [`CpuShard::backward`].
+    fn shard_backward(
+        &self,
+        inputs: &Inputs<'_, T>,
+        shard: &VocabShard,
+        opts: &Options,
+        saved: Saved<'_, S>,
+        upstream: &Upstream<'_, U>,
+    ) -> Result<ShardBackward> {
+        self.backward(inputs, shard, opts, saved, upstream)
+    }
+}
+
+/// The composed shard primitives ([`cce_core::vocab_parallel::BackendShard`]) over the
+/// unsharded CPU backend, through the host (what the tests check the composition with).
+impl cce_core::vocab_parallel::ShardRows for crate::CpuBackend {}

@@ -254,6 +254,7 @@ fn check(dr: &Draw) -> Result<(), TestCaseError> {
             bwd[0].d_e.as_ref().map(|t| t.as_bytes().to_vec())
         );
         prop_assert_eq!(&b.dropped, &bwd[0].dropped);
+        prop_assert!(b.dropped.is_some());
     }
     let sbwd = cpu
         .backward(&inputs, opts, single.saved(), &upstream)
@@ -331,8 +332,12 @@ fn check(dr: &Draw) -> Result<(), TestCaseError> {
         })
         .collect();
     let delta = rule.max_dropped_mass as f64;
-    let dropped: Vec<f64> = bwd[0].dropped.iter().map(|m| m + delta).collect();
-    for &m in &bwd[0].dropped {
+    let per_row = bwd[0]
+        .dropped
+        .as_ref()
+        .expect("the CPU shard reports dropped mass per row");
+    let dropped: Vec<f64> = per_row.iter().map(|m| m + delta).collect();
+    for &m in per_row {
         prop_assert!(
             m <= delta * (1.0 + 1e-9) + 1e-15,
             "dropped {m} over {delta}"

@@ -36,6 +36,7 @@ mod checks;
 mod construct;
 mod into;
 mod run;
+mod shard_rows;
 mod status;
 
 pub use into::{ForwardInto, GradsInto};

@@ -294,6 +294,19 @@ impl DenseEngine {
         Ok(())
     }
 
+    /// [`DenseEngine::convert_f32`] to `dtype` (f32, f16 or bf16) for callers outside the
+    /// engine. The caller guarantees `src` holds `count` f32 and `dst` `count` elements of
+    /// `dtype`. Errors: `Unsupported` for another dtype; `Backend` for a failed launch.
+    pub(crate) fn convert_f32_to(
+        &self,
+        dtype: DType,
+        src: u64,
+        dst: u64,
+        count: usize,
+    ) -> Result<()> {
+        self.convert_f32(super::launch::dtype_code(dtype)?, src, dst, count)
+    }
+
     /// Fill `x` (`n` elements of `dtype`) with `mean + std·N(0, 1)` from a counter-based hash
     /// of `(seed, index)` (benches and tests).
     pub fn fill_randn(

@@ -8,36 +8,13 @@ use crate::blocked::sgemm;
 use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
 use cce_core::problem::{check_masked_targets, check_upstream_finite};
-use cce_core::stats::CallStats;
-use cce_core::vocab_parallel::{shard_filter_rule, VocabShard};
+use cce_core::vocab_parallel::{shard_filter_rule, ShardBackward, VocabShard};
 use cce_core::{
-    CceError, DLoss, DType, GradDType, HostTensor, Inputs, Options, PreparedTargets, Reduction,
-    Result, Saved, Upstream,
+    CceError, DLoss, DType, GradDType, HostTensor, Inputs, Options, Reduction, Result, Saved,
+    Upstream,
 };
 use rayon::prelude::*;
 use std::ops::Range;
-
-/// What one shard's backward gives.
-#[derive(Debug)]
-pub struct ShardBackward {
-    /// This shard's part of `d_e`, `[N·D]` f32 (row-major, the shape of `e` flattened), to be
-    /// summed over the ranks: `Σ_{j ∈ shard} G_ij c_j` (and the shard's part of label
-    /// smoothing's rank-1 term). `None` unless `compute_d_e`.
-    pub d_e_partial: Option<Vec<f32>>,
-    /// `d_c` of the shard's classes, `[v1 − v0, D]` in the gradient dtype: final, no
-    /// collective; the padding rows are 0. `None` unless `compute_d_c`.
-    pub d_c: Option<HostTensor>,
-    /// `d_bias` of the shard's classes, `[v1 − v0]`, padding entries 0. `None` without a bias
-    /// or unless `compute_d_c`.
-    pub d_bias: Option<HostTensor>,
-    /// `[N]` probability mass (`Σ g0`) the shard's filter skipped per row: the driver sums it
-    /// over the ranks for the row's total (`≤ max_dropped_mass`).
-    pub dropped: Vec<f64>,
-    /// What the shard did: its tiles, its share of the filter bound, its own dropped mass.
-    pub stats: CallStats,
-    /// The prepared targets of the batch (which rows have one).
-    pub targets: PreparedTargets,
-}
 
 impl CpuShard {
     /// The backward of `shard` from the merged forward (MATH.md "Backward" on the shard's
@@ -529,7 +506,7 @@ fn finish(p: &ShardInputs, opts: &Options, raw: Raw) -> Result<ShardBackward> {
         } else {
             None
         },
-        dropped: raw.dropped,
+        dropped: Some(raw.dropped),
         stats,
         targets: p.targets.clone(),
     })

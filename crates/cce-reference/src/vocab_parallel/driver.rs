@@ -1,15 +1,15 @@
-//! The whole vocabulary-parallel call on one rank: the shard's CPU primitives joined by the
-//! collectives of a [`Communicator`].
+//! The whole vocabulary-parallel call on one rank: the shard's primitives
+//! ([`ShardPrimitives`]: the CPU reference's [`CpuShard`] by default, any backend's through
+//! [`cce_core::vocab_parallel::BackendShard`]) joined by the collectives of a
+//! [`Communicator`].
 
-use super::backward::{dropped_summary, ShardBackward};
-use super::forward::ShardForward;
+use super::backward::dropped_summary;
 use super::CpuShard;
-use crate::view::HostRead;
 use cce_core::stats::CallStats;
 use cce_core::vocab_parallel::partial::{decode, encode, encode_failure, wire_len};
 use cce_core::vocab_parallel::{
-    merge_forward, Communicator, MergedForward, RankPartial, ReduceOp, ShardLayout,
-    VocabParallelError, VocabShard,
+    merge_forward, Communicator, MergedForward, RankPartial, ReduceOp, ShardBackward, ShardForward,
+    ShardLayout, ShardPrimitives, VocabParallelError, VocabShard,
 };
 use cce_core::{
     CceError, DType, FilterRule, ForwardOutput, GradDType, HostTensor, Inputs, Options, Result,
@@ -30,34 +30,40 @@ pub struct RankForward {
     pub shard_stats: CallStats,
 }
 
-/// The backward of one rank.
+/// The backward of one rank. `G`: the shard gradients' buffer type (the primitives'
+/// [`ShardPrimitives::Grad`]).
 #[derive(Debug)]
-pub struct RankBackward {
+pub struct RankBackward<G = HostTensor> {
     /// `d_e` `[N, D]` (the shape of `e`), summed over the ranks (the same on every rank), in
     /// the gradient dtype; `None` unless `compute_d_e`.
     pub d_e: Option<HostTensor>,
     /// `d_c` of this rank's classes `[v1 − v0, D]` (padding rows 0); `None` unless
     /// `compute_d_c`.
-    pub d_c: Option<HostTensor>,
+    pub d_c: Option<G>,
     /// `d_bias` of this rank's classes `[v1 − v0]`; `None` without a bias or unless
     /// `compute_d_c`.
-    pub d_bias: Option<HostTensor>,
+    pub d_bias: Option<G>,
     /// The whole call: tiles and entries summed over the ranks, the dropped mass per row
     /// summed over the shards (its max and mean over valid rows, `≤ max_dropped_mass`), the
-    /// unsharded filter settings.
+    /// unsharded filter settings. When some rank's primitives know only their own maximum
+    /// and mean ([`ShardBackward::dropped`] `None`), the mean is still exact (a sum of means
+    /// over the same valid rows) and the maximum is the sum of the shards' maxima, an upper
+    /// bound of the largest row's total.
     pub stats: CallStats,
     /// This shard's own statistics (its share of the bound, its dropped mass).
     pub shard_stats: CallStats,
     /// `[N]` probability mass (`Σ g0`) the filter skipped per row, summed over the shards
-    /// (`≤ max_dropped_mass`; 0 where nothing was skipped).
-    pub dropped: Vec<f64>,
+    /// (`≤ max_dropped_mass`; 0 where nothing was skipped); `None` when some rank's
+    /// primitives do not report it per row.
+    pub dropped: Option<Vec<f64>>,
 }
 
-/// Runs a vocabulary-parallel call on one rank: the CPU shard primitives ([`CpuShard`]) and
-/// the collectives of `comm`. Every rank of the group runs the same calls.
+/// Runs a vocabulary-parallel call on one rank: the shard primitives `P` ([`CpuShard`] unless
+/// [`RankDriver::with_primitives`] sets others) and the collectives of `comm`. Every rank of
+/// the group runs the same calls.
 ///
 /// Collectives per call: the forward one all-gather of `k·(7 + 8N)` f64; the backward one
-/// all-reduce of `N + k + 5` f64 (dropped mass per row, a failure flag per rank, counters)
+/// all-reduce of `N + k + 8` f64 (dropped mass per row, a failure flag per rank, counters)
 /// and, with `compute_d_e`, one all-reduce of `N·D` f32 (`d_e`).
 ///
 /// A rank whose own inputs are bad still takes part in the step's first collective, flagged
@@ -68,10 +74,10 @@ pub struct RankBackward {
 /// (a digest travels with the partials), the options are not (a rank with another
 /// `compute_d_e` would skip the `d_e` all-reduce the others wait in).
 #[derive(Debug)]
-pub struct RankDriver<'c, C: ?Sized> {
+pub struct RankDriver<'c, C: ?Sized, P = CpuShard> {
     comm: &'c C,
     shard: VocabShard,
-    cpu: CpuShard,
+    prims: P,
 }
 
 impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
@@ -95,13 +101,30 @@ impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
         Self {
             comm,
             shard,
-            cpu: CpuShard::new(),
+            prims: CpuShard::new(),
         }
     }
 
     /// The same driver with other CPU primitives (e.g. another tile shape).
     pub fn with_cpu(self, cpu: CpuShard) -> Self {
-        Self { cpu, ..self }
+        Self { prims: cpu, ..self }
+    }
+}
+
+impl<'c, C: Communicator + ?Sized, P> RankDriver<'c, C, P> {
+    /// The same driver over other shard primitives (e.g.
+    /// [`cce_core::vocab_parallel::BackendShard`] over a GPU backend).
+    pub fn with_primitives<Q>(self, prims: Q) -> RankDriver<'c, C, Q> {
+        RankDriver {
+            comm: self.comm,
+            shard: self.shard,
+            prims,
+        }
+    }
+
+    /// The shard primitives.
+    pub fn primitives(&self) -> &P {
+        &self.prims
     }
 
     /// This rank's shard.
@@ -109,20 +132,23 @@ impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
         self.shard
     }
 
-    /// Forward: this shard's partial ([`CpuShard::forward`]), the all-gather, the merge
+    /// Forward: this shard's partial ([`ShardPrimitives::shard_forward`]), the all-gather, the merge
     /// ([`merge_forward`]). `inputs`: `e` and `targets` of the whole batch (identical on every
     /// rank), `c` and `bias` of this shard.
     ///
-    /// Errors: this shard's own errors ([`CpuShard::forward`]); those of [`merge_forward`]
+    /// Errors: this shard's own errors ([`ShardPrimitives::shard_forward`]); those of [`merge_forward`]
     /// (shards that do not tile the vocabulary, ranks that disagree or failed, masked targets,
     /// overflow); the communicator's.
-    pub fn forward<T: HostRead>(
+    pub fn forward<T: TensorMeta>(
         &self,
         inputs: &Inputs<'_, T>,
         opts: &Options,
-    ) -> Result<RankForward> {
+    ) -> Result<RankForward>
+    where
+        P: ShardPrimitives<T>,
+    {
         let n = rows_of(inputs);
-        let local = self.cpu.forward(inputs, &self.shard, opts);
+        let local = self.prims.shard_forward(inputs, &self.shard, opts);
         let msg = match &local {
             Ok(f) => encode(&f.header(), &f.rows),
             Err(_) => encode_failure(n),
@@ -147,23 +173,26 @@ impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
     }
 
     /// Backward from the merged `lse` and `rest_mass` of [`RankDriver::forward`] (the same
-    /// inputs and options): this shard's gradients ([`CpuShard::backward`]), the agreement
-    /// all-reduce, and the `d_e` all-reduce.
+    /// inputs and options): this shard's gradients ([`ShardPrimitives::shard_backward`]), the
+    /// agreement all-reduce, and the `d_e` all-reduce.
     ///
-    /// Errors: this shard's own errors ([`CpuShard::backward`]); `PeerFailed` when another
+    /// Errors: this shard's own errors ([`ShardPrimitives::shard_backward`]); `PeerFailed` when another
     /// rank's failed; `NonFinite` when the summed `d_e` overflows under `check_finite`; the
     /// communicator's.
-    pub fn backward<T: HostRead, S: HostRead, U: HostRead>(
+    pub fn backward<T: TensorMeta, S, U>(
         &self,
         inputs: &Inputs<'_, T>,
         opts: &Options,
         saved: Saved<'_, S>,
         upstream: &Upstream<'_, U>,
-    ) -> Result<RankBackward> {
+    ) -> Result<RankBackward<P::Grad>>
+    where
+        P: ShardPrimitives<T, S, U>,
+    {
         let n = rows_of(inputs);
         let local = self
-            .cpu
-            .backward(inputs, &self.shard, opts, saved, upstream);
+            .prims
+            .shard_backward(inputs, &self.shard, opts, saved, upstream);
         let mut agreed = agreement_buffer(&local, n, self.comm.rank(), self.comm.size());
         let reduced = self.comm.all_reduce_f64(&mut agreed, ReduceOp::Sum);
         let local = local?;
@@ -208,22 +237,31 @@ impl<'c, C: Communicator + ?Sized> RankDriver<'c, C> {
             d_bias: local.d_bias,
             stats,
             shard_stats: local.stats,
-            dropped: agreed[..n].to_vec(),
+            dropped: (agreed[n + self.comm.size() + 7] == 0.0).then(|| agreed[..n].to_vec()),
         })
     }
 
     /// [`RankDriver::forward`] then [`RankDriver::backward`] from its saved outputs.
-    pub fn forward_backward<T: HostRead, U: HostRead>(
+    pub fn forward_backward<T: TensorMeta, U>(
         &self,
         inputs: &Inputs<'_, T>,
         opts: &Options,
         upstream: &Upstream<'_, U>,
-    ) -> Result<(RankForward, RankBackward)> {
+    ) -> Result<RankCall<GradOf<P, T, U>>>
+    where
+        P: ShardPrimitives<T> + ShardPrimitives<T, HostTensor, U>,
+    {
         let fwd = self.forward(inputs, opts)?;
         let bwd = self.backward(inputs, opts, fwd.output.saved(), upstream)?;
         Ok((fwd, bwd))
     }
 }
+
+/// The gradient buffers of primitives `P` whose backward reads host-saved buffers.
+type GradOf<P, T, U> = <P as ShardPrimitives<T, HostTensor, U>>::Grad;
+
+/// A rank's forward and backward.
+type RankCall<G> = (RankForward, RankBackward<G>);
 
 /// Rows `N` as the shapes tell (the product of `e`'s leading dimensions, else the targets'
 /// length), for the length of a failing rank's message.
@@ -238,13 +276,21 @@ fn rows_of<T: TensorMeta>(inputs: &Inputs<'_, T>) -> usize {
 }
 
 /// `[dropped mass per row (N) | failure flag per rank (k) | tiles visited, tiles skipped,
-/// entries kept, entries skipped, tiles total]`, this rank's contribution to the sum.
-fn agreement_buffer(local: &Result<ShardBackward>, n: usize, rank: usize, k: usize) -> Vec<f64> {
-    let mut buf = vec![0.0f64; n + k + 5];
+/// entries kept, entries skipped, tiles total, dropped-mass maximum, dropped-mass mean, ranks
+/// without per-row dropped mass]`, this rank's contribution to the sum.
+fn agreement_buffer<G>(
+    local: &Result<ShardBackward<G>>,
+    n: usize,
+    rank: usize,
+    k: usize,
+) -> Vec<f64> {
+    let mut buf = vec![0.0f64; n + k + 8];
     match local {
         Ok(b) => {
-            let len = b.dropped.len().min(n);
-            buf[..len].copy_from_slice(&b.dropped[..len]);
+            if let Some(dropped) = &b.dropped {
+                let len = dropped.len().min(n);
+                buf[..len].copy_from_slice(&dropped[..len]);
+            }
             let s = &b.stats;
             buf[n + k..].copy_from_slice(&[
                 s.tiles_visited as f64,
@@ -252,6 +298,9 @@ fn agreement_buffer(local: &Result<ShardBackward>, n: usize, rank: usize, k: usi
                 s.entries_kept as f64,
                 s.entries_skipped as f64,
                 s.tiles_total as f64,
+                s.dropped_mass_max,
+                s.dropped_mass_mean,
+                f64::from(u8::from(b.dropped.is_none())),
             ]);
         }
         Err(_) => buf[n + rank] = 1.0,
@@ -260,8 +309,8 @@ fn agreement_buffer(local: &Result<ShardBackward>, n: usize, rank: usize, k: usi
 }
 
 /// The whole call's backward statistics from the summed agreement buffer.
-fn merged_backward_stats<T: TensorMeta>(
-    local: &ShardBackward,
+fn merged_backward_stats<T: TensorMeta, G>(
+    local: &ShardBackward<G>,
     summed: &[f64],
     n: usize,
     k: usize,
@@ -270,9 +319,13 @@ fn merged_backward_stats<T: TensorMeta>(
 ) -> CallStats {
     let rule = FilterRule::resolve(opts, inputs.e.dtype());
     let counters = &summed[n + k..];
-    let (max, mean) = dropped_summary(&summed[..n], &local.targets.classes);
+    let (max, mean) = if counters[7] == 0.0 {
+        dropped_summary(&summed[..n], &local.targets.classes)
+    } else {
+        (counters[5], counters[6])
+    };
     CallStats {
-        backend: format!("cpu vocab-parallel ({k} ranks)"),
+        backend: format!("{} vocab-parallel ({k} ranks)", shard_backend(&local.stats)),
         plan_reason: format!("{k} vocabulary shards; {}", local.stats.plan_reason),
         tiles_visited: counters[0] as u64,
         tiles_skipped: counters[1] as u64,
@@ -285,6 +338,11 @@ fn merged_backward_stats<T: TensorMeta>(
         max_dropped_mass: rule.max_dropped_mass,
         ..local.stats.clone()
     }
+}
+
+/// The name of a shard's backend in its statistics (`cpu (vocab shard)` -> `cpu`).
+fn shard_backend(stats: &CallStats) -> &str {
+    stats.backend.split(' ').next().unwrap_or("cpu")
 }
 
 /// The gradients' dtype.

@@ -5,38 +5,9 @@ use super::CpuShard;
 use crate::view::HostRead;
 use cce_core::plan::Strategy;
 use cce_core::stats::CallStats;
-use cce_core::vocab_parallel::partial::targets_digest;
-use cce_core::vocab_parallel::{shard_filter_rule, PartialHeader, RowPartial, VocabShard};
-use cce_core::{Inputs, Options, PreparedTargets, Result};
+use cce_core::vocab_parallel::{shard_filter_rule, RowPartial, ShardForward, VocabShard};
+use cce_core::{Inputs, Options, Result};
 use rayon::prelude::*;
-
-/// What one shard's partial forward gives: a [`RowPartial`] per row, and what the merge
-/// checks it against.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShardForward {
-    /// The shard.
-    pub shard: VocabShard,
-    /// `[N]` partials over the shard's real classes.
-    pub rows: Vec<RowPartial>,
-    /// The prepared targets of the batch (shift and `ignore_index` applied; the same on every
-    /// rank).
-    pub targets: PreparedTargets,
-    /// What the shard did (its tiles, its share of the filter bound).
-    pub stats: CallStats,
-}
-
-impl ShardForward {
-    /// The header this shard sends with its rows ([`cce_core::vocab_parallel::partial`]).
-    pub fn header(&self) -> PartialHeader {
-        PartialHeader {
-            failed: false,
-            shard: Some(self.shard),
-            rows: self.rows.len(),
-            n_valid: self.targets.n_valid,
-            targets_digest: targets_digest(&self.targets),
-        }
-    }
-}
 
 impl CpuShard {
     /// The partial forward of `shard` (MATH.md "Forward", restricted to the shard's real
