@@ -337,7 +337,7 @@ impl WgpuBackend {
         let pipe = self.ctx.pipeline(
             kind,
             dt,
-            (self.cfg.wg, self.cfg.tk),
+            (self.cfg.wg, self.cfg.tk, self.cfg.main_loop),
             self.cfg.runtime_checks,
         );
         let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {

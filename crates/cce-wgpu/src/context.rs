@@ -207,13 +207,13 @@ impl Context {
         }
     }
 
-    /// The pipeline of `kind` for dtype code and tile config `(wg, tk)`, with wgpu's
-    /// runtime checks when `checked`.
+    /// The pipeline of `kind` for dtype code and tile config `(wg, tk, main loop)`, with
+    /// wgpu's runtime checks when `checked`.
     pub fn pipeline(
         &self,
         kind: ShaderKind,
         dtype: u32,
-        tile: (u32, u32),
+        tile: (u32, u32, crate::config::MainLoop),
         checked: bool,
     ) -> wgpu::ComputePipeline {
         self.pipelines.get(&self.device, kind, dtype, tile, checked)

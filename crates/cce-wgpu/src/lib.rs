@@ -62,6 +62,6 @@ mod pipelines;
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
-pub use config::KernelConfig;
+pub use config::{default_shapes, KernelConfig, MainLoop};
 pub use context::WgpuError;
 pub use pipelines::ShaderKind;
