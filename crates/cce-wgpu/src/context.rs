@@ -52,6 +52,8 @@ pub(crate) struct Context {
     pub dummy: wgpu::Buffer,
     /// Bytes allocated since the current call's error scopes were pushed.
     pub call_bytes: AtomicU64,
+    /// Timestamps while profiling is on (`crate::profile`).
+    pub profiler: Mutex<Option<crate::profile::Profiler>>,
 }
 
 /// Adapter choice: `CCE_WGPU_ADAPTER` (substring of the adapter name) if set, else the first
@@ -93,7 +95,11 @@ impl Context {
             },
         })?;
         let info = adapter.get_info();
-        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        // Timestamps only serve the opt-in profiling (`crate::profile`).
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         if cfg!(feature = "coop-matrix") {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -204,6 +210,7 @@ impl Context {
             uncaptured,
             dummy,
             call_bytes: AtomicU64::new(0),
+            profiler: Mutex::new(None),
         }
     }
 

@@ -58,6 +58,7 @@ mod buffers;
 mod config;
 mod context;
 mod pipelines;
+mod profile;
 
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
@@ -65,3 +66,4 @@ pub use buffers::WgpuTensor;
 pub use config::{default_shapes, KernelConfig, MainLoop};
 pub use context::WgpuError;
 pub use pipelines::ShaderKind;
+pub use profile::PassTime;
