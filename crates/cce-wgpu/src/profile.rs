@@ -64,10 +64,7 @@ impl Profiler {
 
     /// Resolve the recorded pairs (their work submitted before), read them back and clear.
     /// Errors: `Backend` when the read-back fails.
-    pub(crate) fn take(
-        &mut self,
-        ctx: &crate::context::Context,
-    ) -> Result<(Vec<PassTime>, u64)> {
+    pub(crate) fn take(&mut self, ctx: &crate::context::Context) -> Result<(Vec<PassTime>, u64)> {
         let n = 2 * self.labels.len() as u32;
         let dropped = std::mem::take(&mut self.dropped);
         if n == 0 {
