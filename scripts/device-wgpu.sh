@@ -28,6 +28,12 @@
 #           forward+backward, TFLOP/s and the ratio to the CUDA backend (figures below);
 #   seed    32768 x 4096 x 256000, c/8, bf16, exact and filtered;
 #   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32;
+#   speed   issue 21's A/B of the logits main loops at 8192 x 2304 x 256000 c/8 exact bf16:
+#           8:8:scalar (session 15's default), 8:16:quad (session 16's GPU default) and
+#           8:16:scalar, forward and forward+backward in alternation, then one call of each with
+#           GPU timestamps per shader (--profile); SPEED_CONFIGS overrides the list; its
+#           deadline is what is left of 520 s since the script started, so that
+#           "run tests,speed" fits one 9-minute device call; its table prints last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -90,7 +96,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed]" >&2
   exit 2
 fi
 
@@ -139,13 +145,18 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop; do
+  for k in report tests sweep bench seed dtypes coop speed; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
   if ls "$OUT"/bench-*.jsonl >/dev/null 2>&1; then
     python3 scripts/device-wgpu-summary.py "$OUT"/bench-*.jsonl ||
       echo "(no python3: see $OUT/bench-*.jsonl)"
+  fi
+  if [ -f "$OUT/speed.log" ]; then
+    echo
+    echo "==== speed: main loops A/B (wall medians, then GPU time per shader) ===="
+    grep -E "^\| " "$OUT/speed.log"
   fi
 }
 trap summary EXIT
@@ -211,6 +222,19 @@ if [[ $PHASES == *dtypes* ]]; then
   bench dtypes-f16 --shapes gemma2 --data c/8 --dtype f16 --reps 2 --exact
   bench dtypes-f32 --shapes gemma2 --data c/8 --dtype f32 --reps 2 --exact
   status[dtypes]=${status[dtypes-f16]:-}${status[dtypes-f32]:-}
+fi
+
+if [[ $PHASES == *speed* ]]; then
+  left=$((520 - SECONDS))
+  if [ $left -lt 60 ]; then
+    status[speed]="skipped: ${left} s left"
+  else
+    timeout $((left + 20)) "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 2 \
+      --deadline-s $left --configs "${SPEED_CONFIGS:-8:8:scalar,8:16:quad,8:16:scalar}" \
+      ${BENCH_ARGS:-} >"$OUT/speed.log" 2>&1
+    status[speed]="rc=$? (deadline ${left} s)"
+    grep -E "^adapter|round|deadline" "$OUT/speed.log" | tail -20
+  fi
 fi
 
 if [[ $PHASES == *coop* ]]; then

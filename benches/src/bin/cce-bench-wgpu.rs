@@ -26,8 +26,13 @@
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
 //! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
+//! `:quad` / `:scalar` pick the main loop of the FMA logits tile (`MainLoop`; quad needs
+//! tk = 2·wg, e.g. `8:16:quad`); without either, the adapter's default for that shape.
+//! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
+//! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
+//! per compute pass) and prints the GPU time per shader.
 
-use cut_cross_entropy::cce_wgpu::{KernelConfig, WgpuBackend};
+use cut_cross_entropy::cce_wgpu::{KernelConfig, MainLoop, WgpuBackend};
 use cut_cross_entropy::{
     Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
@@ -50,6 +55,8 @@ struct Args {
     /// Kernel configs `(wg, tk, runtime checks)` to compare on the first forward; the fastest
     /// is kept.
     configs: Vec<ConfigSpec>,
+    /// GPU timestamps per shader after the A/B rounds.
+    profile: bool,
 }
 
 /// Command line (formats in the module docs).
@@ -95,9 +102,13 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop]`, comma list, compared on the first forward.
+    /// Kernel configs `wg:tk[:checked][:fma|:coop][:quad|:scalar]`, comma list, compared on
+    /// the first forward.
     #[arg(long)]
     configs: Option<String>,
+    /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
@@ -109,12 +120,14 @@ struct ConfigSpec {
     tk: u32,
     checked: bool,
     coop: Option<bool>,
+    main_loop: Option<MainLoop>,
 }
 
 impl ConfigSpec {
     fn parse(c: &str) -> Result<Self, String> {
-        let bad =
-            |why: String| format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop])");
+        let bad = |why: String| {
+            format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar])")
+        };
         let mut parts = c.split(':');
         let mut num = |what: &str| -> Result<u32, String> {
             parts
@@ -129,12 +142,15 @@ impl ConfigSpec {
             tk,
             checked: false,
             coop: None,
+            main_loop: None,
         };
         for flag in parts {
             match flag {
                 "checked" => spec.checked = true,
                 "fma" => spec.coop = Some(false),
                 "coop" => spec.coop = Some(true),
+                "quad" => spec.main_loop = Some(MainLoop::Quad),
+                "scalar" => spec.main_loop = Some(MainLoop::Scalar),
                 other => return Err(bad(format!("unknown flag {other:?}"))),
             }
         }
@@ -147,6 +163,15 @@ impl ConfigSpec {
             tk: self.tk,
             runtime_checks: self.checked,
             cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
+            // Without a choice: the quad loop where the shape allows it and the adapter's
+            // default has it, else the scalar loop.
+            main_loop: self.main_loop.unwrap_or(
+                if base.main_loop == MainLoop::Quad && self.tk == 2 * self.wg {
+                    MainLoop::Quad
+                } else {
+                    MainLoop::Scalar
+                },
+            ),
             ..base
         }
     }
@@ -160,6 +185,10 @@ impl ConfigSpec {
             Some(true) => n += ":coop",
             Some(false) => n += ":fma",
             None => {}
+        }
+        if let Some(ml) = self.main_loop {
+            n += ":";
+            n += ml.name();
         }
         n
     }
@@ -196,6 +225,7 @@ fn parse() -> Result<Args, String> {
         target_workgroups: cli.target_workgroups,
         out: cli.out,
         configs,
+        profile: cli.profile,
     })
 }
 
@@ -349,6 +379,53 @@ fn ab(
                 c / c0,
                 wall[k].len()
             );
+        }
+        if args.profile {
+            profile(&backends, label, pass, call, args, start);
+        }
+    }
+}
+
+/// `--profile`: one call of `call` per config with GPU timestamps, printed per shader.
+fn profile(
+    backends: &[(String, WgpuBackend)],
+    label: &str,
+    pass: &str,
+    call: &dyn Fn(&WgpuBackend),
+    args: &Args,
+    start: Instant,
+) {
+    for (name, bc) in backends {
+        if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
+            println!("  profile {pass} {name}: skipped, deadline");
+            continue;
+        }
+        if !bc.set_profiling(true) {
+            println!("  profile: the adapter offers no TIMESTAMP_QUERY");
+            return;
+        }
+        let _ = bc.take_pass_times();
+        let ms = sync_ms(bc, || call(bc));
+        let times = bc.take_pass_times();
+        bc.set_profiling(false);
+        match times {
+            Ok((times, dropped)) => {
+                let gpu: f64 = times.iter().map(|t| t.ms).sum();
+                let parts: Vec<String> = times
+                    .iter()
+                    .map(|t| format!("{} {:.1} ms ({}x)", t.label, t.ms, t.count))
+                    .collect();
+                println!(
+                    "| {label} | {pass} profile | {name} | {ms:.1} ms wall, {gpu:.1} ms GPU | {} |{}",
+                    parts.join(", "),
+                    if dropped > 0 {
+                        format!(" {dropped} pairs not recorded |")
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+            Err(e) => println!("  profile {pass} {name}: {e}"),
         }
     }
 }

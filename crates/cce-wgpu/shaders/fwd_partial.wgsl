@@ -106,14 +106,15 @@ fn row_part(lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, rl: 
     return st;
 }
 
-// row_part of micro-tile row i (a constant at every call, so `acc` is indexed by constants).
-fn put_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, r_base: u32, tx: u32,
+// row_part of micro-tile row i, whose logits (lo, hi) the caller passes by value (so no
+// pointer to `acc` crosses a call made more than once).
+fn put_row(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, r_base: u32, tx: u32,
            ty: u32, gj0: u32, n_ok: u32) {
     let rl = ty * 8u + i;
     let r = r_base + rl;
     var st = part_empty();
     if r < P.n_rows {
-        st = row_part((*acc)[2u * i], (*acc)[2u * i + 1u], b[0], b[1], rl, r, gj0, n_ok);
+        st = row_part(lo, hi, b[0], b[1], rl, r, gj0, n_ok);
     }
     red[rl * WG + tx] = st;
 }
@@ -148,14 +149,14 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         let b = ld_bias8(j0);
         let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
         let gj0 = P.cls0 + j0;
-        put_row(&acc, 0u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 1u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 2u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 3u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 4u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 5u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 6u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(&acc, 7u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[0], acc[1], 0u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[2], acc[3], 1u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[4], acc[5], 2u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[6], acc[7], 3u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[8], acc[9], 4u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[10], acc[11], 5u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[12], acc[13], 6u, b, r_base, tx, ty, gj0, n_ok);
+        put_row(acc[14], acc[15], 7u, b, r_base, tx, ty, gj0, n_ok);
         workgroupBarrier();
         for (var rl = li; rl < t; rl += WG * WG) {
             var st = rows[rl];

@@ -1,5 +1,7 @@
-// gemm.wgsl: the logits tile by f32 FMA through double-buffered workgroup panels, shared by
-// the forward, threshold and backward shaders (prepended after common.wgsl and tile_io.wgsl).
+// gemm.wgsl: the double-buffered workgroup panels of the f32 FMA products, shared by the
+// forward, threshold and backward shaders (prepended after common.wgsl and tile_io.wgsl);
+// the logits tile's main loop follows in logits_scalar.wgsl or logits_quad.wgsl (the
+// configuration's `MainLoop`).
 //
 // Parameters
 //   Bindings and flags of tile_io.wgsl; override TK.
@@ -82,32 +84,6 @@ fn fetch_cols(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: 
     }
 }
 
-// Store a row panel of e into As[buf] (transposed: depth-major).
-fn put_rows_a(pf: ptr<function, Pref>, base: u32, n_src: u32, k0: u32, li: u32, buf: u32) {
-    let t = tile();
-    for (var s = 0u; s < NG; s++) {
-        let gr = rows_group(true, base, n_src, k0, li + s * WG * WG);
-        let v = decode4((*pf)[s], gr.i);
-        for (var x = 0u; x < 4u; x++) {
-            let f = (buf * TK + gr.k + x) * t + gr.m;
-            As[f >> 2u][f & 3u] = v[x];
-        }
-    }
-}
-
-// Store a row panel of c into Bs[buf] (transposed: depth-major).
-fn put_rows_b(pf: ptr<function, Pref>, base: u32, n_src: u32, k0: u32, li: u32, buf: u32) {
-    let t = tile();
-    for (var s = 0u; s < NG; s++) {
-        let gr = rows_group(false, base, n_src, k0, li + s * WG * WG);
-        let v = decode4((*pf)[s], gr.i);
-        for (var x = 0u; x < 4u; x++) {
-            let f = (buf * TK + gr.k + x) * t + gr.m;
-            Bs[f >> 2u][f & 3u] = v[x];
-        }
-    }
-}
-
 // Store a column panel of e (`is_e`) or c into Bs[buf] (as it lies: one vec4 per group).
 fn put_cols_b(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32, li: u32,
               buf: u32) {
@@ -136,42 +112,4 @@ fn outer(acc: ptr<function, Acc>, a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b
     (*acc)[13] = fma(vec4<f32>(a1.z), b1, (*acc)[13]);
     (*acc)[14] = fma(vec4<f32>(a1.w), b0, (*acc)[14]);
     (*acc)[15] = fma(vec4<f32>(a1.w), b1, (*acc)[15]);
-}
-
-// acc += As[buf]^T Bs[buf] over one TK panel.
-fn mma_panel(acc: ptr<function, Acc>, buf: u32, tx: u32, ty: u32) {
-    let t4 = 2u * WG;
-    for (var k = 0u; k < TK; k++) {
-        let o = (buf * TK + k) * t4;
-        outer(acc, As[o + 2u * ty], As[o + 2u * ty + 1u], Bs[o + 2u * tx], Bs[o + 2u * tx + 1u]);
-    }
-}
-
-// acc = logits (without bias) of rows r_base.. x classes c_base.. of the chunk. Starts by
-// writing As/Bs (the caller's earlier reads of them are behind a barrier) and ends with a
-// barrier.
-fn logits_tile(acc: ptr<function, Acc>, r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) {
-    zero_acc(acc);
-    var pa: Pref;
-    var pb: Pref;
-    fetch_rows(&pa, true, r_base, P.n_rows, 0u, li);
-    fetch_rows(&pb, false, c_base, P.n_cls, 0u, li);
-    put_rows_a(&pa, r_base, P.n_rows, 0u, li, 0u);
-    put_rows_b(&pb, c_base, P.n_cls, 0u, li, 0u);
-    workgroupBarrier();
-    var buf = 0u;
-    for (var k0 = 0u; k0 < P.d; k0 += TK) {
-        let more = k0 + TK < P.d;
-        if more {
-            fetch_rows(&pa, true, r_base, P.n_rows, k0 + TK, li);
-            fetch_rows(&pb, false, c_base, P.n_cls, k0 + TK, li);
-        }
-        mma_panel(acc, buf, tx, ty);
-        if more {
-            put_rows_a(&pa, r_base, P.n_rows, k0 + TK, li, buf ^ 1u);
-            put_rows_b(&pb, c_base, P.n_cls, k0 + TK, li, buf ^ 1u);
-        }
-        workgroupBarrier();
-        buf ^= 1u;
-    }
 }

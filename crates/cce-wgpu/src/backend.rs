@@ -337,7 +337,7 @@ impl WgpuBackend {
         let pipe = self.ctx.pipeline(
             kind,
             dt,
-            (self.cfg.wg, self.cfg.tk),
+            (self.cfg.wg, self.cfg.tk, self.cfg.main_loop),
             self.cfg.runtime_checks,
         );
         let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -357,7 +357,19 @@ impl WgpuBackend {
         });
         pass.set_pipeline(&pipe);
         pass.set_bind_group(0, &bg, &[]);
-        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        let mut prof = self.ctx.profiler.lock().unwrap();
+        match prof
+            .as_mut()
+            .filter(|p| p.per_dispatch)
+            .and_then(|p| p.next(kind.name()))
+        {
+            Some((set, q)) => {
+                pass.write_timestamp(set, q);
+                pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                pass.write_timestamp(set, q + 1);
+            }
+            None => pass.dispatch_workgroups(grid[0], grid[1], grid[2]),
+        }
         Ok(())
     }
 
@@ -377,11 +389,59 @@ impl WgpuBackend {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("cce") })
     }
 
-    fn pass<'e>(enc: &'e mut wgpu::CommandEncoder, label: &str) -> wgpu::ComputePass<'e> {
+    /// A compute pass; with profiling on and timestamps per pass (not per dispatch), its
+    /// begin and end write a pair labelled `label` (`crate::profile`).
+    fn pass<'e>(
+        &self,
+        enc: &'e mut wgpu::CommandEncoder,
+        label: &'static str,
+    ) -> wgpu::ComputePass<'e> {
+        let mut prof = self.ctx.profiler.lock().unwrap();
+        let pair = prof
+            .as_mut()
+            .filter(|p| !p.per_dispatch)
+            .and_then(|p| p.next(label));
+        let timestamp_writes = pair.map(|(set, q)| wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(q),
+            end_of_pass_write_index: Some(q + 1),
+        });
         enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(label),
-            timestamp_writes: None,
+            timestamp_writes,
         })
+    }
+
+    /// Turn GPU timestamps on or off (`on`): per dispatch where the device has
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES`, else per compute pass with `TIMESTAMP_QUERY`, read by
+    /// [`WgpuBackend::take_pass_times`]. For benchmarks, one calling thread at a time; shared
+    /// by every backend on this device. Returns whether timestamps are available (false:
+    /// the device lacks `TIMESTAMP_QUERY`, and nothing is recorded).
+    pub fn set_profiling(&self, on: bool) -> bool {
+        let f = self.ctx.features;
+        let mut prof = self.ctx.profiler.lock().unwrap();
+        if !on || !f.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            *prof = None;
+            return on && prof.is_some();
+        }
+        if prof.is_none() {
+            let inside = f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+            *prof = Some(crate::profile::Profiler::new(&self.ctx.device, inside));
+        }
+        true
+    }
+
+    /// The GPU time per label (shader name per dispatch, or pass label) of the work recorded
+    /// since profiling was turned on or since the last call, and the pairs not recorded
+    /// because the query set was full ([`crate::profile`]); clears them. Empty while
+    /// profiling is off. Waits for the submitted work. Errors: `Backend` on a failed
+    /// read-back.
+    pub fn take_pass_times(&self) -> Result<(Vec<crate::PassTime>, u64)> {
+        let mut prof = self.ctx.profiler.lock().unwrap();
+        match prof.as_mut() {
+            Some(p) => p.take(&self.ctx),
+            None => Ok((Vec::new(), 0)),
+        }
     }
 
     /// Validate inputs, read back and prepare targets, compute the plan.

@@ -28,7 +28,11 @@
 //!    `finalize.wgsl` (checked `>= 1` here whenever the shader divides by it).
 //! 5. **Workgroup and function-local arrays** are indexed by local invocation ids, loop
 //!    counters with constant bounds, and the overrides, in ranges stated in each shader's
-//!    header; their sizes are derived from the same overrides.
+//!    header; their sizes are derived from the same overrides. Both main loops of the logits
+//!    tile (logits_scalar.wgsl, logits_quad.wgsl) read e and c only through tile_io.wgsl's
+//!    guarded `load4`, so their storage extents are the same; the quad loop's panel indices
+//!    hold for `tk = 2·wg` only, which `KernelConfig::shape_error` enforces and the config
+//!    tests enumerate (`quad_panel_indices_stay_in_the_panels`).
 //!
 //! The hostile-shape tests (`tests/conformance.rs`) run every pass at edge sizes (1 x 1 x 1,
 //! sizes one past a tile, odd `D`, odd element offsets of 16-bit views) against the f64

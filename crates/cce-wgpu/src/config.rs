@@ -5,6 +5,29 @@
 use crate::pipelines::{flags, Params};
 use cce_core::filter::N_BINS;
 
+/// How the FMA shaders stage the logits tile's operands (the main loop over `D`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MainLoop {
+    /// logits_scalar.wgsl: each thread loads `2·tk / wg` groups of four elements per operand
+    /// and panel and stores them transposed one element at a time; any shape
+    /// [`KernelConfig::shape_error`] accepts.
+    Scalar,
+    /// logits_quad.wgsl: each thread loads one 4 x 4 block per operand and panel (four vec4),
+    /// transposes it in registers and stores four vec4 into bank-conflict-free slots; needs
+    /// `tk = 2·wg` (one block per thread).
+    Quad,
+}
+
+impl MainLoop {
+    /// Short name (`scalar`, `quad`), as the benchmark's `--configs` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MainLoop::Scalar => "scalar",
+            MainLoop::Quad => "quad",
+        }
+    }
+}
+
 /// Kernel configuration: the tile shape of the shaders and how much parallelism to aim for.
 ///
 /// A logits tile is `8·wg x 8·wg` (rows x classes); workgroups have `wg x wg` threads, each
@@ -23,6 +46,9 @@ pub struct KernelConfig {
     /// Workgroups a pass aims to launch (the split count along the other dimension follows).
     /// Default 2048 on GPUs, 8 on CPU adapters.
     pub target_workgroups: u32,
+    /// How the logits tile's operands are staged ([`MainLoop`]). Default: `Quad` on GPUs
+    /// where its 16-deep panels fit, `Scalar` elsewhere ([`KernelConfig::for_adapter`]).
+    pub main_loop: MainLoop,
     /// Upper bound on the loop iterations (all loops together) one shader invocation runs,
     /// 0 for none. llvmpipe/lavapipe silently cuts an invocation's loops short after 65535
     /// iterations (gallivm's loop limiter), so on CPU adapters the work of a workgroup is
@@ -50,25 +76,25 @@ impl KernelConfig {
     }
 
     /// The default configuration for an adapter of type `device` whose workgroups may hold
-    /// `max_workgroup_bytes`: 64 x 64 tiles with 8-deep panels (30 KiB; on the H200 through
-    /// Vulkan `tk` 8 ran the forward at 8192 x 2304 x 256000 in 0.855x and forward+backward in
-    /// 0.924x the time of `tk` 16, BENCHMARKS.md "wgpu"), 4-deep where even that does not fit;
-    /// few workgroups and bounded loops on CPU adapters (lavapipe).
+    /// `max_workgroup_bytes`: the first of [`default_shapes`] that fits; few workgroups and
+    /// bounded loops on CPU adapters (lavapipe).
     pub fn for_adapter(device: wgpu::DeviceType, max_workgroup_bytes: u32) -> Self {
         let cpu = device == wgpu::DeviceType::Cpu;
-        let base = KernelConfig {
-            wg: 8,
-            tk: 8,
+        let shapes = default_shapes(cpu);
+        let with = |&(wg, tk, main_loop): &(u32, u32, MainLoop)| KernelConfig {
+            wg,
+            tk,
+            main_loop,
             target_workgroups: if cpu { 8 } else { 2048 },
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
         };
-        if base.workgroup_bytes() <= max_workgroup_bytes as u64 {
-            base
-        } else {
-            KernelConfig { tk: 4, ..base }
-        }
+        shapes
+            .iter()
+            .map(with)
+            .find(|c| c.workgroup_bytes() <= max_workgroup_bytes as u64)
+            .unwrap_or_else(|| with(shapes.last().expect("default_shapes is not empty")))
     }
 
     /// Groups of four elements one thread loads per panel (`NG` in gemm.wgsl), when the
@@ -100,6 +126,11 @@ impl KernelConfig {
                 2 * tk
             ));
         }
+        if self.main_loop == MainLoop::Quad && tk != 2 * wg {
+            return Some(format!(
+                "the quad main loop needs tk = 2·wg (one 4 x 4 block per thread), got {wg}:{tk}"
+            ));
+        }
         if self.target_workgroups == 0 {
             return Some("target_workgroups = 0".into());
         }
@@ -120,7 +151,9 @@ impl KernelConfig {
     }
 
     /// Loop iterations per thread of one depth panel of the logits tile: loading and storing
-    /// two operands' groups (four scalar loads each at most) and the TK-step product.
+    /// two operands' groups (four scalar loads each at most) and the TK-step product. An
+    /// upper bound for both main loops: the quad loop's 8 row loads of at most 4 scalar
+    /// loads each stay below `20·ng` since it runs only with `ng = 2·tk / wg = 4`.
     fn step_iters(&self) -> usize {
         let ng = self.panel_groups() as usize;
         20 * ng + self.tk as usize + 1
@@ -139,6 +172,24 @@ impl KernelConfig {
         let ng = self.panel_groups() as usize;
         let per_slice = (t.div_ceil(tk) + 1) * (10 * ng + tk + 1) + 128;
         self.fwd_iters(d) + d.div_ceil(t) * per_slice + 128
+    }
+}
+
+/// The default `(wg, tk, main loop)` candidates, best first, of a GPU or a CPU adapter
+/// (`cpu`); [`KernelConfig::for_adapter`] takes the first whose workgroup memory fits. GPUs:
+/// the quad loop at 64 x 64 tiles and 16-deep panels (34.6 KiB), then the scalar loop 8-deep
+/// (on the H200 through Vulkan, session 15: `8:8` ran the forward at 8192 x 2304 x 256000 in
+/// 0.855x the time of `8:16`), then 4-deep. CPU adapters keep the scalar loop 8-deep (the
+/// lavapipe timings of the tests, docs/perf-log.md session 16).
+pub fn default_shapes(cpu: bool) -> &'static [(u32, u32, MainLoop)] {
+    if cpu {
+        &[(8, 8, MainLoop::Scalar), (8, 4, MainLoop::Scalar)]
+    } else {
+        &[
+            (8, 16, MainLoop::Quad),
+            (8, 8, MainLoop::Scalar),
+            (8, 4, MainLoop::Scalar),
+        ]
     }
 }
 
@@ -204,6 +255,7 @@ mod tests {
         KernelConfig {
             wg,
             tk,
+            main_loop: MainLoop::Scalar,
             target_workgroups: 8,
             max_loop_iterations: 0,
             runtime_checks: false,
@@ -260,9 +312,70 @@ mod tests {
     }
 
     #[test]
+    fn the_quad_loop_needs_one_block_per_thread() {
+        let quad = |wg, tk| KernelConfig {
+            main_loop: MainLoop::Quad,
+            ..cfg(wg, tk)
+        };
+        for (wg, tk) in [(8, 16), (4, 8), (2, 4), (16, 32)] {
+            assert_eq!(quad(wg, tk).shape_error(), None, "{wg}:{tk}");
+            // One 4 x 4 block per thread and operand: (TILE/4) * (TK/4) blocks.
+            let blocks = (quad(wg, tk).tile() as u32 / 4) * (tk / 4);
+            assert_eq!(blocks, wg * wg, "{wg}:{tk}");
+        }
+        for (wg, tk) in [(8, 8), (8, 32), (4, 4)] {
+            assert!(quad(wg, tk).shape_error().is_some(), "{wg}:{tk}");
+        }
+    }
+
+    #[test]
+    fn quad_panel_indices_stay_in_the_panels() {
+        // logits_quad.wgsl's stores and reads, enumerated: every index below 4*TK*WG, every
+        // slot of a depth row written exactly once per panel.
+        for wg in [2u32, 4, 8, 16] {
+            let tk = 2 * wg;
+            let (s, len) = (2 * wg, 4 * tk * wg);
+            for buf in 0..2 {
+                let mut hits = vec![0u32; len as usize];
+                for li in 0..wg * wg {
+                    let (mb, kb) = (li % s, li / s);
+                    let o = (buf * tk + 4 * kb) * s + (mb & 1) * wg + (mb >> 1);
+                    for x in 0..4 {
+                        let at = o + x * s;
+                        assert!(at < len, "{wg} {li} {x}");
+                        hits[at as usize] += 1;
+                    }
+                }
+                let half = &hits[(buf * len / 2) as usize..((buf + 1) * len / 2) as usize];
+                assert!(half.iter().all(|&h| h == 1), "wg {wg} buf {buf}");
+                for k in 0..tk {
+                    for t in 0..wg {
+                        let o = (buf * tk + k) * s;
+                        assert!(o + wg + t < len);
+                    }
+                }
+            }
+            // The two quads of thread t are slots t and WG + t.
+            for t in 0..wg {
+                let slot = |q: u32| (q & 1) * wg + (q >> 1);
+                assert_eq!((slot(2 * t), slot(2 * t + 1)), (t, wg + t));
+            }
+        }
+    }
+
+    #[test]
     fn the_default_panel_depth_follows_the_workgroup_memory() {
         let gpu = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 48 << 10);
-        assert_eq!((gpu.wg, gpu.tk, gpu.max_loop_iterations), (8, 8, 0));
+        assert_eq!(
+            (gpu.wg, gpu.tk, gpu.main_loop, gpu.max_loop_iterations),
+            (8, 16, MainLoop::Quad, 0)
+        );
+        assert_eq!(gpu.shape_error(), None);
+        let small = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 32 << 10);
+        assert_eq!(
+            (small.wg, small.tk, small.main_loop),
+            (8, 8, MainLoop::Scalar)
+        );
         let cpu = KernelConfig::for_adapter(wgpu::DeviceType::Cpu, 32 << 10);
         assert_eq!((cpu.wg, cpu.tk, cpu.target_workgroups), (8, 8, 8));
         assert!(cpu.workgroup_bytes() <= 32 << 10);

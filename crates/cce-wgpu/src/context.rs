@@ -52,6 +52,8 @@ pub(crate) struct Context {
     pub dummy: wgpu::Buffer,
     /// Bytes allocated since the current call's error scopes were pushed.
     pub call_bytes: AtomicU64,
+    /// Timestamps while profiling is on (`crate::profile`).
+    pub profiler: Mutex<Option<crate::profile::Profiler>>,
 }
 
 /// Adapter choice: `CCE_WGPU_ADAPTER` (substring of the adapter name) if set, else the first
@@ -93,7 +95,11 @@ impl Context {
             },
         })?;
         let info = adapter.get_info();
-        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+        // Timestamps only serve the opt-in profiling (`crate::profile`).
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         if cfg!(feature = "coop-matrix") {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
@@ -204,16 +210,17 @@ impl Context {
             uncaptured,
             dummy,
             call_bytes: AtomicU64::new(0),
+            profiler: Mutex::new(None),
         }
     }
 
-    /// The pipeline of `kind` for dtype code and tile config `(wg, tk)`, with wgpu's
-    /// runtime checks when `checked`.
+    /// The pipeline of `kind` for dtype code and tile config `(wg, tk, main loop)`, with
+    /// wgpu's runtime checks when `checked`.
     pub fn pipeline(
         &self,
         kind: ShaderKind,
         dtype: u32,
-        tile: (u32, u32),
+        tile: (u32, u32, crate::config::MainLoop),
         checked: bool,
     ) -> wgpu::ComputePipeline {
         self.pipelines.get(&self.device, kind, dtype, tile, checked)

@@ -58,10 +58,12 @@ mod buffers;
 mod config;
 mod context;
 mod pipelines;
+mod profile;
 
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
-pub use config::KernelConfig;
+pub use config::{default_shapes, KernelConfig, MainLoop};
 pub use context::WgpuError;
 pub use pipelines::ShaderKind;
+pub use profile::PassTime;

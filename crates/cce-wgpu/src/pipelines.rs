@@ -1,7 +1,8 @@
 //! Shader sources, the uniform `Params` block and the pipeline cache.
 //!
-//! Every shader is `common.wgsl` + (for the tiled passes) `tile_io.wgsl` + `gemm.wgsl`
-//! (+ `grad.wgsl`) + its own file(s), concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
+//! Every shader is `common.wgsl` + (for the tiled passes) `tile_io.wgsl` + `gemm.wgsl` + the
+//! logits main loop (`logits_scalar.wgsl` or `logits_quad.wgsl`) (+ `grad.wgsl`) + its own
+//! file(s), concatenated at compile time. Tile shape and dtype are WGSL `override` constants set
 //! through `PipelineCompilationOptions::constants` (no string templates).
 //!
 //! Modules are created without wgpu's runtime checks unless the kernel configuration asks
@@ -11,6 +12,8 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use crate::config::MainLoop;
 
 macro_rules! shader {
     ($($f:literal),+) => {
@@ -65,16 +68,30 @@ impl ShaderKind {
         ShaderKind::StatReduce,
     ];
 
-    /// Full WGSL source (common prelude included).
+    /// Full WGSL source (common prelude included) with the default main loop of the logits
+    /// tile ([`MainLoop::Scalar`]); [`ShaderKind::source_with`] picks it.
     pub fn source(self) -> &'static str {
+        self.source_with(MainLoop::Scalar)
+    }
+
+    /// Full WGSL source with `main_loop`'s logits tile (logits_scalar.wgsl or
+    /// logits_quad.wgsl after gemm.wgsl; shaders without FMA panels ignore it).
+    pub fn source_with(self, main_loop: MainLoop) -> &'static str {
+        // The FMA-tiled shaders: common, tile_io, gemm, the main loop, then their own files.
+        macro_rules! tiled {
+            ($($f:literal),+) => {
+                match main_loop {
+                    MainLoop::Scalar => shader!(
+                        "common.wgsl", "tile_io.wgsl", "gemm.wgsl", "logits_scalar.wgsl", $($f),+
+                    ),
+                    MainLoop::Quad => shader!(
+                        "common.wgsl", "tile_io.wgsl", "gemm.wgsl", "logits_quad.wgsl", $($f),+
+                    ),
+                }
+            };
+        }
         match self {
-            ShaderKind::FwdPartial => shader!(
-                "common.wgsl",
-                "tile_io.wgsl",
-                "gemm.wgsl",
-                "fwd_partial.wgsl",
-                "fwd_main.wgsl"
-            ),
+            ShaderKind::FwdPartial => tiled!("fwd_partial.wgsl", "fwd_main.wgsl"),
             // The `enable` directives of logits_coop.wgsl must open the module.
             ShaderKind::FwdPartialCoop => shader!(
                 "logits_coop.wgsl",
@@ -85,24 +102,10 @@ impl ShaderKind {
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
             ShaderKind::BwdPrep => shader!("common.wgsl", "bwd_prep.wgsl"),
-            ShaderKind::BwdHist => {
-                shader!("common.wgsl", "tile_io.wgsl", "gemm.wgsl", "bwd_hist.wgsl")
-            }
+            ShaderKind::BwdHist => tiled!("bwd_hist.wgsl"),
             ShaderKind::BwdTau => shader!("common.wgsl", "bwd_tau.wgsl"),
-            ShaderKind::BwdDe => shader!(
-                "common.wgsl",
-                "tile_io.wgsl",
-                "gemm.wgsl",
-                "grad.wgsl",
-                "bwd_de.wgsl"
-            ),
-            ShaderKind::BwdDc => shader!(
-                "common.wgsl",
-                "tile_io.wgsl",
-                "gemm.wgsl",
-                "grad.wgsl",
-                "bwd_dc.wgsl"
-            ),
+            ShaderKind::BwdDe => tiled!("grad.wgsl", "bwd_de.wgsl"),
+            ShaderKind::BwdDc => tiled!("grad.wgsl", "bwd_dc.wgsl"),
             ShaderKind::Finalize => shader!("common.wgsl", "finalize.wgsl"),
             ShaderKind::WSum => shader!("common.wgsl", "wsum.wgsl"),
             ShaderKind::StatReduce => shader!("common.wgsl", "stat_reduce.wgsl"),
@@ -229,38 +232,47 @@ pub fn runtime_checks(checked: bool) -> wgpu::ShaderRuntimeChecks {
     }
 }
 
-/// Pipeline key: shader, dtype code, workgroup side, depth step, runtime checks.
-type Key = (ShaderKind, u32, u32, u32, bool);
+/// Pipeline key: shader, dtype code, workgroup side, depth step, main loop, runtime checks.
+type Key = (ShaderKind, u32, u32, u32, MainLoop, bool);
 
 /// Shader modules and compute pipelines, built once per device and reused.
 #[derive(Default)]
 pub struct PipelineCache {
-    modules: Mutex<HashMap<(ShaderKind, bool), wgpu::ShaderModule>>,
+    modules: Mutex<HashMap<(ShaderKind, MainLoop, bool), wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
 }
 
 impl PipelineCache {
-    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk`, from a module with
-    /// wgpu's runtime checks when `checked` (built on first use).
+    /// The pipeline for `kind` specialized to `dtype_code`, `wg`, `tk`, with `main_loop`'s
+    /// logits tile, from a module with wgpu's runtime checks when `checked` (built on first
+    /// use).
     pub fn get(
         &self,
         device: &wgpu::Device,
         kind: ShaderKind,
         dtype_code: u32,
-        (wg, tk): (u32, u32),
+        (wg, tk, main_loop): (u32, u32, MainLoop),
         checked: bool,
     ) -> wgpu::ComputePipeline {
-        let key = (kind, dtype_code, wg, tk, checked);
+        // Shaders without FMA panels have one source: one module and pipeline for both loops.
+        let main_loop = if kind.has_panels() {
+            main_loop
+        } else {
+            MainLoop::Scalar
+        };
+        let key = (kind, dtype_code, wg, tk, main_loop, checked);
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return p.clone();
         }
         let module = {
             let mut mods = self.modules.lock().unwrap();
-            mods.entry((kind, checked))
+            mods.entry((kind, main_loop, checked))
                 .or_insert_with(|| {
                     let desc = wgpu::ShaderModuleDescriptor {
                         label: Some(kind.name()),
-                        source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(kind.source())),
+                        source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(
+                            kind.source_with(main_loop),
+                        )),
                     };
                     // SAFETY: without runtime checks a shader must not index out of bounds,
                     // loop forever or divide an integer by zero. Every storage access of these

@@ -90,6 +90,8 @@ struct Case {
     workgroups: Option<u32>,
     /// Rows aimed at their target: `e_i = aim · c_{y_i} + 0.1 · e_i` (p_target rounds to 1).
     aim: Option<f32>,
+    /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels).
+    main_loop: Option<cce_wgpu::MainLoop>,
 }
 
 impl Case {
@@ -117,6 +119,7 @@ impl Case {
             hot_classes: None,
             workgroups: None,
             aim: None,
+            main_loop: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -183,17 +186,22 @@ fn f64s(b: &WgpuBackend, t: &cce_wgpu::WgpuTensor) -> Vec<f64> {
 /// Run one case through forward and backward and judge every output.
 fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
     let owned;
-    let b = match case.workgroups {
-        Some(w) => {
-            owned = b
-                .with_config(cce_wgpu::KernelConfig {
-                    target_workgroups: w,
-                    ..b.config()
-                })
-                .unwrap();
-            &owned
+    let b = if case.workgroups.is_some() || case.main_loop.is_some() {
+        let mut cfg = b.config();
+        if let Some(w) = case.workgroups {
+            cfg.target_workgroups = w;
         }
-        None => b,
+        if let Some(ml) = case.main_loop {
+            cfg.main_loop = ml;
+        }
+        owned = if case.main_loop == Some(cce_wgpu::MainLoop::Quad) {
+            quad(b, cfg)
+        } else {
+            b.with_config(cfg).unwrap()
+        };
+        &owned
+    } else {
+        b
     };
     let mut rng = Rng::new(seed);
     let (n, d, v, dt) = (case.n, case.d, case.v, case.dtype);
@@ -399,9 +407,23 @@ fn run_all(cases: &[Case]) {
 
 use DType::{BF16, F16, F32};
 
-#[test]
-fn hostile_shapes() {
-    run_all(&[
+/// `b` with the quad main loop on `cfg`: 64 x 64 tiles and 16-deep panels where they fit,
+/// else 32 x 32 and 8-deep (lavapipe's 32 KiB of workgroup memory).
+fn quad(b: &WgpuBackend, cfg: cce_wgpu::KernelConfig) -> WgpuBackend {
+    let with = |wg, tk| {
+        b.with_config(cce_wgpu::KernelConfig {
+            wg,
+            tk,
+            main_loop: cce_wgpu::MainLoop::Quad,
+            ..cfg
+        })
+    };
+    with(8, 16).or_else(|_| with(4, 8)).unwrap()
+}
+
+/// Edge sizes of every pass: tiles plus one, odd D, 16-bit dtypes, bias, long loops.
+fn hostile_cases() -> Vec<Case> {
+    vec![
         Case::new("1x1x1", 1, 1, 1, F32),
         Case::new("252x123x507 f32 bias", 252, 123, 507, F32).with(|c| c.bias = true),
         Case::new("252x123x507 f16 bias", 252, 123, 507, F16).with(|c| c.bias = true),
@@ -418,7 +440,22 @@ fn hostile_shapes() {
             c.workgroups = Some(1);
             c.opts.label_smoothing = 0.1;
         }),
-    ]);
+    ]
+}
+
+#[test]
+fn hostile_shapes() {
+    run_all(&hostile_cases());
+}
+
+#[test]
+fn hostile_shapes_quad_main_loop() {
+    // The quad main loop (the default on GPUs) on lavapipe, whose default is the scalar one.
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Quad)))
+        .collect();
+    run_all(&cases);
 }
 
 #[test]
@@ -791,48 +828,52 @@ fn unbounded_loops_split_label_smoothing_sums_like_bounded_ones() {
 fn trusted_modules_give_the_bits_of_checked_ones() {
     // Modules without wgpu's runtime checks (the default) and with them compute the same
     // arithmetic: any difference would be an index the checks clamped, i.e. out of bounds.
-    let Some(b) = backend() else { return };
-    let checked = b
-        .with_config(cce_wgpu::KernelConfig {
-            runtime_checks: true,
-            ..b.config()
-        })
-        .unwrap();
-    assert!(!b.config().runtime_checks);
-    for (n, d, v, dt) in [(65, 40, 129, BF16), (33, 19, 255, F16), (70, 33, 150, F32)] {
-        let mut rng = Rng::new(n as u64);
-        let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), dt).unwrap();
-        let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.5), dt).unwrap();
-        let bias = HostTensor::from_f32(vec![v], &rng.normals(v, 0.5), dt).unwrap();
-        let y = HostTensor::from_i64((0..n as i64).map(|i| (i * 5) % v as i64).collect());
-        let (eb, cb, bb, yb) = (
-            b.upload(&e).unwrap(),
-            b.upload(&c).unwrap(),
-            b.upload(&bias).unwrap(),
-            b.upload(&y).unwrap(),
-        );
-        let inputs = Inputs {
-            e: &eb,
-            c: &cb,
-            bias: Some(&bb),
-            targets: &yb,
-        };
-        let run = |be: &WgpuBackend| {
-            let (f, g) = be
-                .forward_backward(&inputs, &Options::default(), &Upstream::default())
-                .unwrap();
-            [
-                be.download(&f.loss).unwrap(),
-                be.download(&f.lse).unwrap(),
-                be.download(g.d_e.as_ref().unwrap()).unwrap(),
-                be.download(g.d_c.as_ref().unwrap()).unwrap(),
-                be.download(g.d_bias.as_ref().unwrap()).unwrap(),
-            ]
-        };
-        assert!(
-            run(b) == run(&checked),
-            "{n}x{d}x{v} {dt}: trusted != checked"
-        );
+    let Some(b0) = backend() else { return };
+    assert!(!b0.config().runtime_checks);
+    let quad = quad(b0, b0.config());
+    for b in [b0, &quad] {
+        let checked = b
+            .with_config(cce_wgpu::KernelConfig {
+                runtime_checks: true,
+                ..b.config()
+            })
+            .unwrap();
+        for (n, d, v, dt) in [(65, 40, 129, BF16), (33, 19, 255, F16), (70, 33, 150, F32)] {
+            let mut rng = Rng::new(n as u64);
+            let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), dt).unwrap();
+            let c = HostTensor::from_f32(vec![v, d], &rng.normals(v * d, 0.5), dt).unwrap();
+            let bias = HostTensor::from_f32(vec![v], &rng.normals(v, 0.5), dt).unwrap();
+            let y = HostTensor::from_i64((0..n as i64).map(|i| (i * 5) % v as i64).collect());
+            let (eb, cb, bb, yb) = (
+                b.upload(&e).unwrap(),
+                b.upload(&c).unwrap(),
+                b.upload(&bias).unwrap(),
+                b.upload(&y).unwrap(),
+            );
+            let inputs = Inputs {
+                e: &eb,
+                c: &cb,
+                bias: Some(&bb),
+                targets: &yb,
+            };
+            let run = |be: &WgpuBackend| {
+                let (f, g) = be
+                    .forward_backward(&inputs, &Options::default(), &Upstream::default())
+                    .unwrap();
+                [
+                    be.download(&f.loss).unwrap(),
+                    be.download(&f.lse).unwrap(),
+                    be.download(g.d_e.as_ref().unwrap()).unwrap(),
+                    be.download(g.d_c.as_ref().unwrap()).unwrap(),
+                    be.download(g.d_bias.as_ref().unwrap()).unwrap(),
+                ]
+            };
+            assert!(
+                run(b) == run(&checked),
+                "{n}x{d}x{v} {dt} {:?}: trusted != checked",
+                b.config().main_loop
+            );
+        }
     }
 }
 

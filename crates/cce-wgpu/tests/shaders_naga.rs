@@ -2,13 +2,19 @@
 //! are applied for each dtype and a few tile configurations, and translates to SPIR-V (the
 //! cooperative-matrix shader included, which no CI adapter runs).
 
-use cce_wgpu::ShaderKind;
+use cce_wgpu::{MainLoop, ShaderKind};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 #[test]
 fn every_shader_validates_with_its_overrides() {
-    for kind in ShaderKind::ALL {
-        let src = kind.source();
+    let sources = ShaderKind::ALL.iter().flat_map(|&k| {
+        [MainLoop::Scalar, MainLoop::Quad]
+            .into_iter()
+            .filter(move |&ml| ml == MainLoop::Scalar || k.has_panels())
+            .map(move |ml| (k, ml))
+    });
+    for (kind, main_loop) in sources {
+        let src = kind.source_with(main_loop);
         let module = naga::front::wgsl::parse_str(src)
             .unwrap_or_else(|e| panic!("{}: parse error\n{}", kind.name(), e.emit_to_string(src)));
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -21,7 +27,11 @@ fn every_shader_validates_with_its_overrides() {
                 )
             });
         for dtype in 0..3u32 {
-            for (wg, tk) in [(8u32, 16u32), (4, 8), (16, 8), (8, 4)] {
+            let shapes: &[(u32, u32)] = match main_loop {
+                MainLoop::Scalar => &[(8, 16), (4, 8), (16, 8), (8, 4)],
+                MainLoop::Quad => &[(8, 16), (4, 8), (16, 32)],
+            };
+            for &(wg, tk) in shapes {
                 let constants: naga::back::PipelineConstants = kind
                     .constants(dtype, wg, tk)
                     .into_iter()

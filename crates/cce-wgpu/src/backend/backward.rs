@@ -244,7 +244,7 @@ impl WgpuBackend {
 
         // 1. Row state (and, with the filter, the threshold pass).
         {
-            let mut pass = Self::pass(&mut enc, "backward prep");
+            let mut pass = self.pass(&mut enc, "backward prep");
             for rc in &plan.row_chunks {
                 let rows = rc.len();
                 let mut f = 0;
@@ -417,7 +417,7 @@ impl WgpuBackend {
             for rc in &plan.row_chunks {
                 let rows = rc.len();
                 enc.clear_buffer(&slab, 0, None);
-                let mut pass = Self::pass(&mut enc, "d_e");
+                let mut pass = self.pass(&mut enc, "d_e");
                 let (e_b, e_off) =
                     ctx.range_vec(inputs.e, (rc.start * d) as u64, (rows * d) as u64, es)?;
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
@@ -525,7 +525,7 @@ impl WgpuBackend {
                 let ncls = cc.len();
                 enc.clear_buffer(&slab, 0, None);
                 enc.clear_buffer(&bslab, 0, None);
-                let mut pass = Self::pass(&mut enc, "d_c");
+                let mut pass = self.pass(&mut enc, "d_c");
                 let (c_b, c_off) =
                     ctx.range_vec(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
                 let (b_b, b_off) = match inputs.bias {
@@ -640,7 +640,7 @@ impl WgpuBackend {
         // 4. Statistics.
         let report = filter_e || filter_c;
         if report {
-            let mut pass = Self::pass(&mut enc, "stats");
+            let mut pass = self.pass(&mut enc, "stats");
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
                 let prm = Params {

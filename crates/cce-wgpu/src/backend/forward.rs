@@ -56,7 +56,7 @@ impl WgpuBackend {
         };
         let mut enc = self.encoder();
         {
-            let mut pass = Self::pass(&mut enc, "forward");
+            let mut pass = self.pass(&mut enc, "forward");
             let n_rc = plan.row_chunks.len();
             for (ri, rc) in plan.row_chunks.iter().enumerate() {
                 let rows = rc.len();
