@@ -177,19 +177,16 @@ impl KernelConfig {
 
 /// The default `(wg, tk, main loop)` candidates, best first, of a GPU or a CPU adapter
 /// (`cpu`); [`KernelConfig::for_adapter`] takes the first whose workgroup memory fits. GPUs:
-/// the quad loop at 64 x 64 tiles and 16-deep panels (34.6 KiB), then the scalar loop 8-deep
-/// (on the H200 through Vulkan, session 15: `8:8` ran the forward at 8192 x 2304 x 256000 in
-/// 0.855x the time of `8:16`), then 4-deep. CPU adapters keep the scalar loop 8-deep (the
-/// lavapipe timings of the tests, docs/perf-log.md session 16).
+/// the scalar loop 8-deep, then 4-deep (on the H200 through Vulkan, 8192 x 2304 x 256000 c/8:
+/// `8:8` ran the forward in 0.855x the time of `8:16` in session 15, and in 0.863x the time of
+/// the quad loop `8:16:quad` in session 16, docs/perf-log.md). The quad loop stays selectable
+/// (`KernelConfig::main_loop`). CPU adapters keep the scalar loop 8-deep (the lavapipe timings
+/// of the tests).
 pub fn default_shapes(cpu: bool) -> &'static [(u32, u32, MainLoop)] {
     if cpu {
         &[(8, 8, MainLoop::Scalar), (8, 4, MainLoop::Scalar)]
     } else {
-        &[
-            (8, 16, MainLoop::Quad),
-            (8, 8, MainLoop::Scalar),
-            (8, 4, MainLoop::Scalar),
-        ]
+        &[(8, 8, MainLoop::Scalar), (8, 4, MainLoop::Scalar)]
     }
 }
 
@@ -368,13 +365,13 @@ mod tests {
         let gpu = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 48 << 10);
         assert_eq!(
             (gpu.wg, gpu.tk, gpu.main_loop, gpu.max_loop_iterations),
-            (8, 16, MainLoop::Quad, 0)
+            (8, 8, MainLoop::Scalar, 0)
         );
         assert_eq!(gpu.shape_error(), None);
-        let small = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 32 << 10);
+        let small = KernelConfig::for_adapter(wgpu::DeviceType::DiscreteGpu, 16 << 10);
         assert_eq!(
             (small.wg, small.tk, small.main_loop),
-            (8, 8, MainLoop::Scalar)
+            (8, 4, MainLoop::Scalar)
         );
         let cpu = KernelConfig::for_adapter(wgpu::DeviceType::Cpu, 32 << 10);
         assert_eq!((cpu.wg, cpu.tk, cpu.target_workgroups), (8, 8, 8));
