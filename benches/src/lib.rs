@@ -28,6 +28,10 @@ pub struct SwitchArgs {
     /// (`cce_cuda::SparseMode::Remember`).
     #[arg(long)]
     pub remember_give_way: bool,
+    /// Map the workspace again on every call (the stream's pool) instead of keeping it in the
+    /// engine's own pool (`cce_cuda::CudaSwitches::keep_workspace` off).
+    #[arg(long)]
+    pub no_keep_workspace: bool,
 }
 
 #[cfg(feature = "cuda-dense")]
@@ -41,6 +45,7 @@ impl SwitchArgs {
             wgmma_rows: !self.no_wgmma_rows,
             sparse_select_threads: self.select_threads,
             sparse_fold_forward: !self.separate_sparse_forward,
+            keep_workspace: !self.no_keep_workspace,
             sparse: if self.remember_give_way {
                 cce_cuda::SparseMode::Remember
             } else {

@@ -38,6 +38,11 @@ pub struct CudaSwitches {
     /// The sparse backward of a forward-and-backward call folds the forward rows into its
     /// selection pass where it can. Default `true`; `false` runs them separately (benchmarks).
     pub sparse_fold_forward: bool,
+    /// The dense engine allocates its workspace from its own memory pool, which keeps the
+    /// memory mapped between calls (at most the largest workspace of one call; freed when the
+    /// backend is dropped) instead of mapping it again on each call. Default `true`; `false`
+    /// takes the stream's pool, which returns freed memory at each synchronization.
+    pub keep_workspace: bool,
 }
 
 impl Default for CudaSwitches {
@@ -51,6 +56,7 @@ impl Default for CudaSwitches {
             profile: false,
             sparse_select_threads: SPARSE_SELECT_THREADS,
             sparse_fold_forward: true,
+            keep_workspace: true,
         }
     }
 }

@@ -459,3 +459,39 @@ fn a_forward_only_call_stays_within_the_forward_cap() {
         .fold(0f32, f32::max);
     assert!(worst <= 1e-4, "lse differs by {worst:e} (relative)");
 }
+
+#[test]
+fn a_kept_workspace_gives_the_bits_of_a_fresh_one_and_is_reused() {
+    let Some(own) = common::backend("a_kept_workspace_gives_the_bits_of_a_fresh_one") else {
+        return;
+    };
+    let k = case();
+    let [e, c, t] = upload_case(&own, &k);
+    let fresh = CudaBackend::new(0)
+        .unwrap()
+        .with_switches(cce_cuda::CudaSwitches {
+            keep_workspace: false,
+            ..Default::default()
+        });
+    let want = run(&fresh, &e, &c, &t);
+    // The default keeps the workspace in the engine's pool: the first call fills it, the next
+    // ones reuse it (with the sparse probe's and the dense passes' layouts in between).
+    assert!(own.switches().keep_workspace);
+    for call in 0..3 {
+        assert_same(
+            &format!("kept workspace, call {call}"),
+            &run(&own, &e, &c, &t),
+            &want,
+        );
+    }
+    let (free_before, _) = cudarc::driver::result::mem_get_info().unwrap();
+    run(&own, &e, &c, &t);
+    own.synchronize().unwrap();
+    let (free_after, _) = cudarc::driver::result::mem_get_info().unwrap();
+    // Nothing more is reserved by a call once the pool holds its workspace (outputs freed).
+    assert!(
+        free_after + (64 << 20) >= free_before,
+        "a call with a kept workspace reserved {} more bytes",
+        free_before.saturating_sub(free_after)
+    );
+}

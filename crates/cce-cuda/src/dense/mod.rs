@@ -133,6 +133,7 @@ mod exec;
 mod forward;
 mod glue;
 mod launch;
+mod pool;
 mod row_pass;
 mod scales;
 pub(crate) mod schedule;
@@ -343,6 +344,9 @@ pub struct DenseEngine {
     /// Where each sparse try's outcome is recorded (shared with the backend, which plans the
     /// next call from it: [`sparse_memory`]).
     sparse_memory: Arc<std::sync::Mutex<sparse_memory::SparseMemory>>,
+    /// The workspace's memory pool ([`pool`]), made by the first call that uses it; `None`
+    /// inside where the device has no stream-ordered allocator (the stream's pool is used).
+    pool: std::sync::OnceLock<Option<pool::WorkspacePool>>,
 }
 
 impl std::fmt::Debug for DenseEngine {
@@ -406,6 +410,7 @@ impl DenseEngine {
             row_stream: std::sync::OnceLock::new(),
             switches: crate::CudaSwitches::default(),
             sparse_memory: Default::default(),
+            pool: std::sync::OnceLock::new(),
         })
     }
 
@@ -422,6 +427,27 @@ impl DenseEngine {
     pub fn with_switches(mut self, switches: crate::CudaSwitches) -> Self {
         self.switches = switches;
         self
+    }
+
+    /// `bytes` of uninitialized workspace memory on the engine's stream: from the engine's pool
+    /// ([`pool`], made on first use) with [`crate::CudaSwitches::keep_workspace`] outside a
+    /// CUDA graph capture, else from the stream's.
+    pub(super) fn alloc_workspace(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        let own = if self.switches.keep_workspace && !self.capturing()? {
+            if self.pool.get().is_none() {
+                // A concurrent first call may have set it; either pool is equivalent.
+                let _ = self.pool.set(pool::WorkspacePool::new(&self.ctx)?);
+            }
+            self.pool.get().and_then(Option::as_ref)
+        } else {
+            None
+        };
+        match own {
+            Some(p) => p.alloc(&self.stream, bytes),
+            // SAFETY: the caller writes every byte before reading it (DenseWorkspace::new).
+            None => unsafe { self.stream.alloc::<u8>(bytes) },
+        }
+        .map_err(|e| alloc_err(e, bytes))
     }
 
     /// The engine recording its sparse tries' outcomes into `memory` (the backend's, which

@@ -378,9 +378,9 @@ impl DenseWorkspace {
         let mut alloc = |n: usize| -> Result<CudaSlice<u8>> {
             let n = n.max(4);
             bytes += n as u64;
-            // SAFETY: every byte of a workspace buffer is written on the device before it is
-            // read (logits by the GEMM, accumulators zeroed per call, row state by kernels).
-            unsafe { engine.stream.alloc::<u8>(n) }.map_err(|e| alloc_err(e, n))
+            // Every byte of a workspace buffer is written on the device before it is read
+            // (logits by the GEMM, accumulators zeroed per call, row state by kernels).
+            engine.alloc_workspace(n)
         };
         let logits = alloc(sz.logits)?;
         let tau = alloc(sz.tau)?;
