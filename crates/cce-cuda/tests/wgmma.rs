@@ -742,3 +742,112 @@ fn wgmma_row_pass() {
         "entropy: {re}"
     );
 }
+
+/// Chunked dense's row pass through the WGMMA epilogue (lse partials and f16 `e^{z − m}`,
+/// then `G` in place, which both the `d_e` and the accumulating `d_c` GEMM read): next to the
+/// cuBLAS row pass of the same inputs (switch off), every gradient, several row chunks
+/// (cap 64 rows), bias and softcap; then options judged against the f64 oracle.
+#[test]
+fn wgmma_row_pass_in_chunked_dense() {
+    use cce_core::StrategyKind::ChunkedDense;
+    let Some(be) = backend("wgmma_row_pass_in_chunked_dense") else {
+        return;
+    };
+    let expected = epilogue_expected(&be, "wgmma_row_pass_in_chunked_dense");
+    let make = |on: bool| {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[ChunkedDense])
+            .unwrap()
+            .with_chunk_cap(64, 128)
+            .unwrap()
+            .with_wgmma_rows(on)
+    };
+    let (on, off) = (make(true), make(false));
+    let mut rng = seeded();
+    // |x − y| ≤ tol · max |y| elementwise.
+    let close_max = |what: &str, a: &[f64], b: &[f64], tol: f64| {
+        assert_eq!(a.len(), b.len(), "{what}: length");
+        let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= tol * scale,
+                "{what}: [{i}] {x} vs {y} (max {scale})"
+            );
+        }
+    };
+    for (i, &(n, d, v)) in [
+        (1, 64, 7),
+        (129, 128, 5003),
+        (300, 576, 600),
+        (130, 64, 257),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let bias = i % 2 == 1;
+        let mut case = random_case(&mut rng, n, d, v, DType::BF16, bias, 0.1, 3.0);
+        let mut ts = case.targets.to_i64_vec().unwrap();
+        if ts.iter().all(|&y| y < 0) {
+            ts[0] = rng.random_range(0..v as i64);
+            case.targets = HostTensor::from_i64(ts);
+        }
+        let opts = Options {
+            softcap: [None, Some(30.0), None, Some(8.0)][i],
+            z_loss: if i == 2 { 1e-2 } else { 0.0 },
+            ..Options::exact()
+        };
+        let what = |o: &str| format!("bf16 {n}x{d}x{v} {opts:?}: {o}");
+        let run = |be: &CudaBackend| {
+            let dev = DeviceCase::new(be, &case);
+            let (f, g) = be
+                .forward_backward(&dev.inputs(), &opts, &Upstream::default())
+                .unwrap_or_else(|err| panic!("{}: {err}", what("forward_backward")));
+            let db = g.d_bias.as_ref().map(|t| to_f64(be, t));
+            (
+                g.stats.plan_reason.clone(),
+                [
+                    to_f64(be, &f.lse),
+                    to_f64(be, &f.loss),
+                    to_f64(be, g.d_e.as_ref().unwrap()),
+                    to_f64(be, g.d_c.as_ref().unwrap()),
+                ],
+                db,
+            )
+        };
+        let (reason, got, db) = run(&on);
+        assert!(
+            reason.contains("chunked-dense"),
+            "{}: {reason}",
+            what("strategy")
+        );
+        assert_eq!(
+            reason.contains("row pass: WGMMA GEMM with the lse partials"),
+            expected,
+            "{}: {reason}",
+            what("plan_reason")
+        );
+        let (reason_off, want, db_off) = run(&off);
+        assert!(
+            reason_off.contains("row pass: cuBLAS f32 logits"),
+            "{}: {reason_off}",
+            what("switch off")
+        );
+        close_rows(&what("lse"), &got[0], &want[0], 1e-5);
+        close_rows(&what("loss"), &got[1], &want[1], 1e-4);
+        // Both round G to bf16 once; q's f16 rounding (2⁻¹²) and the summation order differ.
+        close_max(&what("d_e"), &got[2], &want[2], 2e-2);
+        close_max(&what("d_c"), &got[3], &want[3], 2e-2);
+        if let (Some(a), Some(b)) = (db, db_off) {
+            close_max(&what("d_bias"), &a, &b, 2e-2);
+        }
+        let vs = variants(n, d, v, DType::BF16);
+        let count = vs.len();
+        for (j, mut sp) in vs.into_iter().enumerate() {
+            if (0..3).any(|k| (i + k * 5) % count == j) {
+                sp.opts.side_outputs = SideOutputs::default();
+                eprintln!("{}", check(&on, &mut rng, &sp));
+            }
+        }
+    }
+}

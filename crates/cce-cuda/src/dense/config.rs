@@ -114,8 +114,9 @@ pub struct DenseConfig {
     /// (`schedule::wgmma_gcols_classes`); else a cuBLAS logits GEMM and `cce_split_gcols_*`.
     /// Default [`WGMMA_GCOLS_DEFAULT`].
     pub wgmma_gcols: bool,
-    /// Split dense's row pass of a forward-and-backward call computes the logits in a WGMMA
-    /// GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then `G` in place
+    /// The dense row pass (split or chunked dense) of a forward-and-backward call computes the
+    /// logits in a WGMMA GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then
+    /// `G` in place (chunked dense's `d_c` GEMM reads that `G` too)
     /// (`cce_wgmma_lseq*`, `cce_wgmma_qrows_g*`), where it applies
     /// (`schedule::wgmma_rows_unfit`); else a cuBLAS f32 logits GEMM and the forward and
     /// backward row kernels. Default [`WGMMA_ROWS_DEFAULT`].

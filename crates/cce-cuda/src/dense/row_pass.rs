@@ -687,11 +687,11 @@ impl DenseEngine {
             let beta = if ch.index == 0 && !acc { 0.0 } else { 1.0 };
             let dims = (v, d, ch.rows);
             let tys = (dt, g_ty, DType::F32);
-            self.gemm_dc(dims, tys, (e_r, p.l_ptr, p.dc_acc), x.ldg, (1.0, beta))?;
+            self.gemm_dc(dims, tys, (e_r, p.l_ptr, p.dc_acc), ldg_c, (1.0, beta))?;
             if cfg.has_bias {
                 let params = ColsumParams {
                     g: p.l_ptr,
-                    ldg: x.ldg as i64,
+                    ldg: ldg_c as i64,
                     rows: ch.rows as i32,
                     cols: x.a.v,
                     acc: p.dbias_acc,

@@ -193,7 +193,7 @@ pub(crate) fn schedule(
     } else {
         (None, None)
     };
-    let row_wgmma = (split && kind == CallKind::ForwardBackward).then(|| {
+    let row_wgmma = (kind == CallKind::ForwardBackward).then(|| {
         match wgmma_rows_unfit(cfg, dev, g_mode, call.aligned) {
             None => Ok(()),
             Some(why) => Err(why),
@@ -291,7 +291,7 @@ pub(crate) fn wgmma_forward_rows(
     Err(why.to_string())
 }
 
-/// Why split dense's row pass cannot take the WGMMA epilogue (`cce_wgmma_lseq*` and
+/// Why the dense row pass (split or chunked dense) cannot take the WGMMA epilogue (`cce_wgmma_lseq*` and
 /// `cce_wgmma_qrows_g*`, [`DenseConfig::wgmma_rows`]) for `cfg` with the row pass's `G` mode
 /// `g_mode`; `None` when it can. Besides [`wgmma_unfit`]'s conditions: bf16 inputs only (f16
 /// `G` would round twice), a softcap of at least [`WGMMA_ROWS_SOFTCAP_MIN`], `G` in the input

@@ -267,7 +267,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        None,
+        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (7 chunk(s) of up to 1920 rows, no f32 logits in memory)"),
         None,
     ),
     (
@@ -427,7 +427,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        None,
+        Some("row pass: cuBLAS f32 logits, forward and backward row kernels (no WGMMA epilogue: not compute capability 9.0)"),
         None,
     ),
 ];
