@@ -4,8 +4,9 @@
 // of Z reduced to per-row (max, Σexp) (`LseEpi`, `cce_wgmma_lse[_x]_*`), then one combine pass
 // per row to lse and the loss (`cce_wgmma_lse_combine_*`). (2) Split dense's class pass: G
 // of a class chunk from the saved lse, written as f16 (`GColsEpi`, `cce_wgmma_gcols[_cap]_*`).
-// (3) Split dense's row pass of a forward-and-backward call (bf16): (1) that also stores each
-// q = e^{z − m_tile} as f16 (`cce_wgmma_lseq[_x]_bf16`), the combine, then G = cp·q·e^{m_tile −
+// (3) The dense row pass of a forward-and-backward call (split and chunked dense, bf16): (1)
+// that also stores each q = e^{z − m_tile} as bf16 (`cce_wgmma_lseq[_x]_bf16`), the combine,
+// then G = cp·q·e^{m_tile −
 // lse} − cy·[c = y] in place as bf16 (`cce_wgmma_qrows_g[_cap]_bf16`, a memory-bound pass):
 // 2 + 2 + 2 bytes per logit instead of cuBLAS's f32 logits read twice (4 + 4 + 4 + 2).
 // Appended to the dense kernel files (same NVRTC module: it uses dense_common.cu's typedefs u16 / u32 / u64,
@@ -40,7 +41,7 @@
 //             logits; may be lse_out itself: each row's is read before its lse is written) or
 //             null (z_y computed here), all of the row group.
 //   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then tmQ: the tensor map
-//             of Q u16 [N, ldq] (f16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
+//             of Q u16 [N, ldq] (bf16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
 //             box {64, 64}, 128-byte swizzle), written by TMA stores.
 //   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
 //             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N]
@@ -478,6 +479,8 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
 // overwrites a buffer in flight. Needs ordered epilogues and OUT_OFFSET + OUT_BYTES of
 // dynamic shared memory past the 1024-byte aligned base; the kernel's thread 0 of each
 // consumer waits for completion before it exits (`bulk_wait_all`).
+// BF: the values as bf16 instead (same layout).
+template <bool BF = false>
 __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tmO, int row0,
                                                int col0, int cw, int warp, int lane) {
     extern __shared__ __align__(1024) unsigned char cce_wg_smem[];
@@ -493,9 +496,15 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             u32 pk;
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
-                : "=r"(pk)
-                : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+            if (BF) {
+                asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n"
+                    : "=r"(pk)
+                    : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+            } else {
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;\n"
+                    : "=r"(pk)
+                    : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
+            }
             const u32 addr = box + (rl + 8 * h) * 128 + chunk;
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pk) : "memory");
         }
@@ -514,15 +523,14 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
 // (row, tile) in partial [N, n_tiles].
 // EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
-// QS (split dense's row pass, `cce_wgmma_lseq[_x]_*`): also each q = e^{z − m} (m the row's
-// max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as f16 into Q [N, ldq] (the
-// tensor map tmQ), the very ex2 values Σexp adds, through `store_f16_tile` (TMA stores: no
-// column ≥ V, no row ≥ N); `cce_wgmma_qrows_g*` turns them into G once the lse is known.
-// Precision: q ≥ 2⁻¹⁴ keeps 11 bits (under bf16 G's 8); smaller q (an entry e^{-9.7} below its
-// tile's largest) keeps an absolute 2⁻²⁵ of that largest entry's p (f16 subnormals), and
-// under 2⁻²⁵ it is 0: per row at most 256·2⁻²⁵ Σ_j p_max,j ≤ 2⁻¹⁷ of |cp| in L1, against bf16
-// G's own rounding of ~2⁻⁸·|cp|. So d_e is as close as with bf16 G from f32 logits, while the
-// tiniest entries of G are individually coarser.
+// QS (the dense row pass, `cce_wgmma_lseq[_x]_*`): also each q = e^{z − m} (m the row's max
+// over the tile, so q ∈ [0, 1] and the tile's largest is 1) as bf16 into Q [N, ldq] (the
+// tensor map tmQ), the very ex2 values Σexp adds, through `store_f16_tile<true>` (TMA stores:
+// no column ≥ V, no row ≥ N); `cce_wgmma_qrows_g*` turns them into G once the lse is known.
+// Precision: every q keeps bf16's 8 bits, down to f32's range, so each entry of G is within
+// two bf16 roundings of cp·p (G itself is bf16). f16 q (11 bits, but subnormal below 2⁻¹⁴)
+// kept d_e as close but lost the tiny entries that make a rarely seen class's d_c row in
+// chunked dense (docs/perf-log.md, session 16).
 template <int DT, bool EXT, bool QS = false>
 struct LseEpi {
     float2* partial;
@@ -625,7 +633,7 @@ struct LseEpi {
                 d[4 * j + 3] = q11;
             }
         }
-        if (QS) store_f16_tile(d, tmQ, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
+        if (QS) store_f16_tile<true>(d, tmQ, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
         float s0 = s0a + s0b, s1 = s1a + s1b;
         s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
         s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
@@ -815,8 +823,8 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
     }
 }
 
-// Split dense's row pass after `cce_wgmma_lseq[_x]_*` and the combine: G of each row, from the
-// f16 q = e^{z − m_j} of column tile j (m_j = partial[r·n_tiles + j].x) and the row's lse:
+// The dense row pass after `cce_wgmma_lseq[_x]_*` and the combine: G of each row, from the
+// bf16 q = e^{z − m_j} of column tile j (m_j = partial[r·n_tiles + j].x) and the row's lse:
 // p = q·e^{m_j − lse}, G = cp·p (g_coef with α = 0: no label smoothing), written
 // in place over q as bf16 (same row stride ldq). CAP (softcap s > 0): times 1 − (z/s)², z =
 // m_j + ln q clamped to [−s, s] (q = 0 gives z = −s and G = 0: such an entry's p is under
@@ -859,7 +867,7 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int col = c0 + 2 * k + e;
-            const float qv = f16_to_f32(static_cast<u16>(e == 0 ? (w[k] & 0xffffu) : (w[k] >> 16)));
+            const float qv = bf16_to_f32(static_cast<u16>(e == 0 ? (w[k] & 0xffffu) : (w[k] >> 16)));
             float gv = f * qv;
             if (CAP) {
                 float z = fmaf(__log2f(qv), LN2, m);
@@ -911,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
     cce_wg::gemm_lse<true, true>(tmE, tmC, N, V, D, partial, group_m, ordered_epi, bias, softcap,
                               targets, zy_tile);
 }
-// Split dense's row pass (bf16 only): the lse epilogue that also stores f16 q (`LseEpi`, QS),
+// The dense row pass (bf16 only): the lse epilogue that also stores bf16 q (`LseEpi`, QS),
 // then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
 #define WG_LSEQ_PARAMS WG_LSE_PARAMS, const __grid_constant__ cce_wg::TmaDesc tmQ
 #define WG_LSEQ_BODY(EXT)                                                                        \

@@ -11,8 +11,8 @@ pub const WGMMA_FORWARD_DEFAULT: bool = true;
 /// applies ([`DenseConfig::wgmma_gcols`], [`crate::CudaSwitches::wgmma_gcols`]).
 pub const WGMMA_GCOLS_DEFAULT: bool = true;
 
-/// Whether split dense's row pass in a forward-and-backward call takes the WGMMA GEMM with the
-/// lse partials and f16 `e^{z − m}` in its epilogue where it applies
+/// Whether the dense row pass (split or chunked dense) of a forward-and-backward call takes the WGMMA GEMM with the
+/// lse partials and bf16 `e^{z − m}` in its epilogue where it applies
 /// ([`DenseConfig::wgmma_rows`], `schedule::wgmma_rows_unfit`,
 /// [`crate::CudaSwitches::wgmma_rows`]).
 pub const WGMMA_ROWS_DEFAULT: bool = true;
@@ -23,7 +23,7 @@ pub const WGMMA_ROWS_DEFAULT: bool = true;
 pub const WGMMA_SOFTCAP_MAX: f32 = 100.0;
 
 /// Smallest softcap split dense's WGMMA row pass takes: its `G` pass (`cce_wgmma_qrows_g_cap_*`)
-/// forms the softcap factor `1 − (z/s)²` from `z` rebuilt from the f16 `e^{z − max}`, which has
+/// forms the softcap factor `1 − (z/s)²` from `z` rebuilt from the bf16 `e^{z − max}`, which has
 /// no relative accuracy once `|x|` is many times `s` (the factor is then ~`4e^{−2|x|/s}`); under
 /// this cap the cuBLAS row pass with the exact factor runs instead.
 pub const WGMMA_ROWS_SOFTCAP_MIN: f32 = 1.0;
@@ -115,7 +115,7 @@ pub struct DenseConfig {
     /// Default [`WGMMA_GCOLS_DEFAULT`].
     pub wgmma_gcols: bool,
     /// The dense row pass (split or chunked dense) of a forward-and-backward call computes the
-    /// logits in a WGMMA GEMM whose epilogue writes the lse partials and f16 `e^{z − m}`, then
+    /// logits in a WGMMA GEMM whose epilogue writes the lse partials and bf16 `e^{z − m}`, then
     /// `G` in place (chunked dense's `d_c` GEMM reads that `G` too)
     /// (`cce_wgmma_lseq*`, `cce_wgmma_qrows_g*`), where it applies
     /// (`schedule::wgmma_rows_unfit`); else a cuBLAS f32 logits GEMM and the forward and

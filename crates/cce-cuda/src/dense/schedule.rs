@@ -308,9 +308,9 @@ pub(crate) fn wgmma_rows_unfit(
         return Some(why);
     }
     Some(if cfg.dtype != DType::BF16 {
-        "f16 inputs (f16 G from f16 e^(z - max) would round twice)"
+        "f16 inputs (the G pass writes bf16 G)"
     } else if cfg.softcap.is_some_and(|s| s < WGMMA_ROWS_SOFTCAP_MIN) {
-        "softcap under 1 (the G pass's softcap factor comes from the f16 e^(z - max), which \
+        "softcap under 1 (the G pass's softcap factor comes from the bf16 e^(z - max), which \
          loses its relative accuracy where |x| is many times the cap)"
     } else if g_mode != 0 {
         "f16 G for d_e (the budget's f16 copy of c)"
@@ -423,7 +423,7 @@ pub(crate) fn row_pass_note(
 ) -> String {
     match verdict {
         Ok(()) => format!(
-            "row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its \
+            "row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its \
              epilogue, then G in place ({wg_chunks} chunk(s) of up to {rows} rows, no f32 \
              logits in memory)"
         ),

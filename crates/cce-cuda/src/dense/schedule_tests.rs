@@ -127,7 +127,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         true,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (86 chunk(s) of up to 384 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (86 chunk(s) of up to 384 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (91 chunk(s) of up to 2816 classes, d_c in sub-chunks of up to 1408 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -147,7 +147,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (86 chunk(s) of up to 384 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (86 chunk(s) of up to 384 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (84 chunk(s) of up to 3072 classes, d_c in sub-chunks of up to 1536 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -167,7 +167,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         true,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (22 chunk(s) of up to 384 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (22 chunk(s) of up to 384 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (19 chunk(s) of up to 13824 classes, d_c in sub-chunks of up to 13824 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -187,7 +187,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (22 chunk(s) of up to 384 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (22 chunk(s) of up to 384 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (19 chunk(s) of up to 13824 classes, d_c in sub-chunks of up to 13824 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -207,7 +207,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         true,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (10 chunk(s) of up to 896 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (10 chunk(s) of up to 896 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (11 chunk(s) of up to 11776 classes, d_c in sub-chunks of up to 11776 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -227,7 +227,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (10 chunk(s) of up to 896 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (10 chunk(s) of up to 896 rows, no f32 logits in memory)"),
         Some("class pass: WGMMA GEMM with G in its epilogue (11 chunk(s) of up to 11776 classes, d_c in sub-chunks of up to 11776 classes, f16 G, no logits in memory)"),
     ),
     (
@@ -267,7 +267,7 @@ const EXPECTED: &[(
         CallKind::ForwardBackward,
         None,
         false,
-        Some("row pass: WGMMA GEMM with the lse partials and f16 e^(z - max) in its epilogue, then G in place (7 chunk(s) of up to 1920 rows, no f32 logits in memory)"),
+        Some("row pass: WGMMA GEMM with the lse partials and bf16 e^(z - max) in its epilogue, then G in place (7 chunk(s) of up to 1920 rows, no f32 logits in memory)"),
         None,
     ),
     (
@@ -531,7 +531,7 @@ fn fallback_reasons() {
     c.dtype = DType::F16;
     assert_eq!(
         wgmma_rows_unfit(&c, &dev, 0, true),
-        Some("f16 inputs (f16 G from f16 e^(z - max) would round twice)")
+        Some("f16 inputs (the G pass writes bf16 G)")
     );
     assert_eq!(
         wgmma_rows_unfit(&cfg, &dev, 2, true),
