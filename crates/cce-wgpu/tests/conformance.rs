@@ -90,7 +90,8 @@ struct Case {
     workgroups: Option<u32>,
     /// Rows aimed at their target: `e_i = aim · c_{y_i} + 0.1 · e_i` (p_target rounds to 1).
     aim: Option<f32>,
-    /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels).
+    /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels, `Named` at the
+    /// adapter's default shape).
     main_loop: Option<cce_wgpu::MainLoop>,
 }
 
@@ -454,6 +455,17 @@ fn hostile_shapes_quad_main_loop() {
     let cases: Vec<Case> = hostile_cases()
         .into_iter()
         .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Quad)))
+        .collect();
+    run_all(&cases);
+}
+
+#[test]
+fn hostile_shapes_named_main_loop() {
+    // The named main loop (forward partials with named accumulators; the backward runs the
+    // scalar loop) on lavapipe's default shape.
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
         .collect();
     run_all(&cases);
 }
@@ -831,7 +843,13 @@ fn trusted_modules_give_the_bits_of_checked_ones() {
     let Some(b0) = backend() else { return };
     assert!(!b0.config().runtime_checks);
     let quad = quad(b0, b0.config());
-    for b in [b0, &quad] {
+    let named = b0
+        .with_config(cce_wgpu::KernelConfig {
+            main_loop: cce_wgpu::MainLoop::Named,
+            ..b0.config()
+        })
+        .unwrap();
+    for b in [b0, &quad, &named] {
         let checked = b
             .with_config(cce_wgpu::KernelConfig {
                 runtime_checks: true,

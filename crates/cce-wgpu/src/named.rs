@@ -1,0 +1,207 @@
+//! The WGSL of the `named` main loop ([`MainLoop::Named`](crate::MainLoop::Named)), generated
+//! as text: the thread's 8 x 8 micro-tile in sixteen named `vec4<f32>` locals `a0 .. a15`
+//! instead of an `array<vec4<f32>, 16>` behind a pointer, so that no accumulator is ever
+//! indexed by a loop variable or reached through a pointer (a driver that keeps an indexed
+//! function-local array in local memory cannot do so here).
+//!
+//! What it emits (pure functions of nothing, unit-tested below):
+//! - `struct Tile` (the sixteen accumulators by name) and `fn logits_named(r_base, c_base,
+//!   tx, ty, li) -> Tile`: the logits tile of logits_scalar.wgsl (the same workgroup panels
+//!   As/Bs, the same `fetch_rows` / `put_rows_a` / `put_rows_b` staging, one barrier per
+//!   panel), whose depth step is the 8 x 8 outer product written out: `aN = fma(vec4<f32>(
+//!   xH.c), yh, aN)` for `N = 2i + h`, row `i` taking component `c = "xyzw"[i % 4]` of
+//!   `xH`, `H = i / 4`;
+//! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
+//!   row by value, fwd_fold, fwd_end) on that tile, and the entry point `main`.
+//!
+//! Micro-tile layout as tile_io.wgsl: `aN` holds what `acc[N]` holds in the other main loops
+//! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
+//! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
+//! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`), see the `bounds` module.
+
+use std::fmt::Write;
+
+/// Accumulators of the micro-tile (8 rows x two vec4 of classes).
+pub const N_ACC: usize = 16;
+
+/// Name of accumulator `n` (< [`N_ACC`]): `a<n>`.
+pub fn acc_name(n: usize) -> String {
+    format!("a{n}")
+}
+
+/// The depth step's update of accumulator `n`: row `n / 2` of the micro-tile takes component
+/// `"xyzw"[row % 4]` of the row operand `x0` (rows 0-3) or `x1` (rows 4-7); the class half
+/// `n % 2` is `y0` or `y1`.
+pub fn fma_line(n: usize) -> String {
+    let row = n / 2;
+    let comp = ["x", "y", "z", "w"][row % 4];
+    format!(
+        "a{n} = fma(vec4<f32>(x{}.{comp}), y{}, a{n});",
+        row / 4,
+        n % 2
+    )
+}
+
+/// `struct Tile` and `fn logits_named` (module docs).
+pub fn logits_named() -> String {
+    let mut s = String::new();
+    s.push_str(
+        "// The thread's 8 x 8 micro-tile of one logits tile: aN = acc[N] of tile_io.wgsl.\n\
+         struct Tile {\n",
+    );
+    for n in 0..N_ACC {
+        let _ = writeln!(s, "    a{n}: vec4<f32>,");
+    }
+    s.push_str(
+        "}\n\n\
+         // Logits (without bias) of rows r_base.. x classes c_base.. of the chunk, in named\n\
+         // accumulators. Starts by writing As/Bs (the caller's earlier reads of them are behind\n\
+         // a barrier) and ends with a barrier.\n\
+         fn logits_named(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) -> Tile {\n",
+    );
+    for n in 0..N_ACC {
+        let _ = writeln!(s, "    var a{n} = vec4<f32>(0.0);");
+    }
+    s.push_str(
+        "    var pa: Pref;
+    var pb: Pref;
+    fetch_rows(&pa, true, r_base, P.n_rows, 0u, li);
+    fetch_rows(&pb, false, c_base, P.n_cls, 0u, li);
+    put_rows_a(&pa, r_base, P.n_rows, 0u, li, 0u);
+    put_rows_b(&pb, c_base, P.n_cls, 0u, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < P.d; k0 += TK) {
+        let more = k0 + TK < P.d;
+        if more {
+            fetch_rows(&pa, true, r_base, P.n_rows, k0 + TK, li);
+            fetch_rows(&pb, false, c_base, P.n_cls, k0 + TK, li);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let o = (buf * TK + k) * 2u * WG;
+            let x0 = As[o + 2u * ty];
+            let x1 = As[o + 2u * ty + 1u];
+            let y0 = Bs[o + 2u * tx];
+            let y1 = Bs[o + 2u * tx + 1u];
+",
+    );
+    for n in 0..N_ACC {
+        let _ = writeln!(s, "            {}", fma_line(n));
+    }
+    s.push_str(
+        "        }
+        if more {
+            put_rows_a(&pa, r_base, P.n_rows, k0 + TK, li, buf ^ 1u);
+            put_rows_b(&pb, c_base, P.n_cls, k0 + TK, li, buf ^ 1u);
+        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+    return Tile(",
+    );
+    let names: Vec<String> = (0..N_ACC).map(acc_name).collect();
+    s.push_str(&names.join(", "));
+    s.push_str(");\n}\n");
+    s
+}
+
+/// fwd_partial.wgsl's pass on [`logits_named`]'s tile, and the entry point `main` (module
+/// docs).
+pub fn fwd_named() -> String {
+    let mut s = String::from(
+        "// fwd_partial.wgsl's pass with the named accumulators (fwd_partial.wgsl's helpers).
+fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
+    let t = tile();
+    let tx = lid.x;
+    let ty = lid.y;
+    let split = wid.x;
+    let r_base = wid.y * t;
+    let n_ct = (P.n_cls + t - 1u) / t;
+    let ct0 = split * P.split_tiles;
+    let ct1 = min(ct0 + P.split_tiles, n_ct);
+
+    fwd_begin(r_base, li);
+    for (var ct = ct0; ct < ct1; ct++) {
+        let c_base = ct * t;
+        let tl = logits_named(r_base, c_base, tx, ty, li);
+        let j0 = c_base + tx * 8u;
+        let b = ld_bias8(j0);
+        let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
+        let gj0 = P.cls0 + j0;
+",
+    );
+    for i in 0..N_ACC / 2 {
+        let _ = writeln!(
+            s,
+            "        put_row(tl.a{}, tl.a{}, {i}u, b, r_base, tx, ty, gj0, n_ok);",
+            2 * i,
+            2 * i + 1
+        );
+    }
+    s.push_str(
+        "        fwd_fold(li);
+    }
+    fwd_end(r_base, split, li);
+}
+
+@compute @workgroup_size(WG, WG, 1)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    fwd_named(wid, lid, li);
+}
+",
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outer_product_matches_the_acc_layout() {
+        // gemm.wgsl's `outer`: acc[2i + h] += a[i] * b[h], a = (a0.xyzw, a1.xyzw).
+        assert_eq!(fma_line(0), "a0 = fma(vec4<f32>(x0.x), y0, a0);");
+        assert_eq!(fma_line(1), "a1 = fma(vec4<f32>(x0.x), y1, a1);");
+        assert_eq!(fma_line(7), "a7 = fma(vec4<f32>(x0.w), y1, a7);");
+        assert_eq!(fma_line(8), "a8 = fma(vec4<f32>(x1.x), y0, a8);");
+        assert_eq!(fma_line(15), "a15 = fma(vec4<f32>(x1.w), y1, a15);");
+        let outer = include_str!("../shaders/gemm.wgsl");
+        for n in 0..N_ACC {
+            let (row, half) = (n / 2, n % 2);
+            let theirs = format!(
+                "(*acc)[{n}] = fma(vec4<f32>(a{}.{}), b{half}, (*acc)[{n}]);",
+                row / 4,
+                ["x", "y", "z", "w"][row % 4]
+            );
+            assert!(outer.contains(&theirs), "{theirs}");
+        }
+    }
+
+    #[test]
+    fn sixteen_named_accumulators_no_array_no_pointer() {
+        let src = logits_named() + &fwd_named();
+        for n in 0..N_ACC {
+            assert!(src.contains(&format!("    var a{n} = vec4<f32>(0.0);")), "a{n}");
+            assert_eq!(src.matches(&format!(" a{n} = fma(")).count(), 1, "a{n}");
+            assert!(src.contains(&format!("tl.a{n},")), "epilogue reads a{n}");
+        }
+        assert!(!src.contains("Acc"), "no Acc array");
+        assert!(!src.contains("ptr<function"), "no pointer parameter");
+        assert!(!src.contains("&a"), "no pointer to an accumulator");
+        assert!(!src.contains("array<"), "no array");
+        // One loop over depth panels and one over the panel's depth: none over the micro-tile.
+        assert_eq!(logits_named().matches("for (").count(), 2);
+        assert_eq!(fwd_named().matches("for (").count(), 1);
+    }
+
+    #[test]
+    fn every_row_reaches_the_epilogue_once() {
+        let src = fwd_named();
+        for i in 0..8 {
+            let call = format!("put_row(tl.a{}, tl.a{}, {i}u,", 2 * i, 2 * i + 1);
+            assert_eq!(src.matches(&call).count(), 1, "{call}");
+        }
+        assert_eq!(src.matches("put_row(").count(), 8);
+    }
+}
