@@ -127,7 +127,9 @@ struct ConfigSpec {
 impl ConfigSpec {
     fn parse(c: &str) -> Result<Self, String> {
         let bad = |why: String| {
-            format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar|:named])")
+            format!(
+                "--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar|:named])"
+            )
         };
         let mut parts = c.split(':');
         let mut num = |what: &str| -> Result<u32, String> {

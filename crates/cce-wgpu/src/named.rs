@@ -182,7 +182,10 @@ mod tests {
     fn sixteen_named_accumulators_no_array_no_pointer() {
         let src = logits_named() + &fwd_named();
         for n in 0..N_ACC {
-            assert!(src.contains(&format!("    var a{n} = vec4<f32>(0.0);")), "a{n}");
+            assert!(
+                src.contains(&format!("    var a{n} = vec4<f32>(0.0);")),
+                "a{n}"
+            );
             assert_eq!(src.matches(&format!(" a{n} = fma(")).count(), 1, "a{n}");
             assert!(src.contains(&format!("tl.a{n},")), "epilogue reads a{n}");
         }
@@ -193,6 +196,51 @@ mod tests {
         // One loop over depth panels and one over the panel's depth: none over the micro-tile.
         assert_eq!(logits_named().matches("for (").count(), 2);
         assert_eq!(fwd_named().matches("for (").count(), 1);
+    }
+
+    #[test]
+    fn named_panel_reads_stay_in_the_panels() {
+        // The generated reads, as text, and their indices enumerated over every shape the
+        // named loop runs: below the panels' 4·TK·WG vec4.
+        let src = logits_named();
+        for read in [
+            "let o = (buf * TK + k) * 2u * WG;",
+            "let x0 = As[o + 2u * ty];",
+            "let x1 = As[o + 2u * ty + 1u];",
+            "let y0 = Bs[o + 2u * tx];",
+            "let y1 = Bs[o + 2u * tx + 1u];",
+        ] {
+            assert!(src.contains(read), "{read}");
+        }
+        assert_eq!(src.matches("As[").count() + src.matches("Bs[").count(), 4);
+        let mut shapes = 0;
+        for wg in 1..=16u32 {
+            for tk in (4..=64u32).step_by(4) {
+                let cfg = crate::KernelConfig {
+                    wg,
+                    tk,
+                    main_loop: crate::MainLoop::Named,
+                    target_workgroups: 8,
+                    max_loop_iterations: 0,
+                    runtime_checks: false,
+                    cooperative_matrix: false,
+                };
+                if cfg.shape_error().is_some() {
+                    continue;
+                }
+                shapes += 1;
+                let len = 4 * tk * wg;
+                for buf in 0..2 {
+                    for k in 0..tk {
+                        let o = (buf * tk + k) * 2 * wg;
+                        for t in 0..wg {
+                            assert!(o + 2 * t + 1 < len, "{wg}:{tk} buf {buf} k {k} t {t}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(shapes >= 10, "{shapes}");
     }
 
     #[test]
