@@ -52,8 +52,8 @@ pub struct KernelConfig {
     /// Workgroups a pass aims to launch (the split count along the other dimension follows).
     /// Default 2048 on GPUs, 8 on CPU adapters.
     pub target_workgroups: u32,
-    /// How the logits tile's operands are staged ([`MainLoop`]). Default: `Quad` on GPUs
-    /// where its 16-deep panels fit, `Scalar` elsewhere ([`KernelConfig::for_adapter`]).
+    /// How the logits tile's operands are staged and accumulated ([`MainLoop`]). Default:
+    /// `Scalar` ([`default_shapes`]); `Quad` and `Named` are selectable.
     pub main_loop: MainLoop,
     /// Upper bound on the loop iterations (all loops together) one shader invocation runs,
     /// 0 for none. llvmpipe/lavapipe silently cuts an invocation's loops short after 65535
@@ -329,6 +329,26 @@ mod tests {
         for (wg, tk) in [(8, 8), (8, 32), (4, 4)] {
             assert!(quad(wg, tk).shape_error().is_some(), "{wg}:{tk}");
         }
+    }
+
+    #[test]
+    fn the_named_loop_runs_every_scalar_shape_in_the_same_memory() {
+        // Same staging as the scalar loop: same shapes, panels and loop iterations.
+        for wg in 0..=17 {
+            for tk in 0..=68 {
+                let s = cfg(wg, tk);
+                let n = KernelConfig {
+                    main_loop: MainLoop::Named,
+                    ..s
+                };
+                assert_eq!(s.shape_error(), n.shape_error(), "{wg}:{tk}");
+                if s.shape_error().is_none() {
+                    assert_eq!(s.workgroup_bytes(), n.workgroup_bytes());
+                    assert_eq!(s.fwd_iters(2304), n.fwd_iters(2304));
+                }
+            }
+        }
+        assert_eq!(MainLoop::Named.name(), "named");
     }
 
     #[test]
