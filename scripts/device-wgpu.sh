@@ -29,9 +29,9 @@
 #   seed    32768 x 4096 x 256000, c/8, bf16, exact and filtered;
 #   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32;
 #   speed   issue 21's A/B of the logits main loops at 8192 x 2304 x 256000 c/8 exact bf16:
-#           8:8:scalar (the GPU default), 8:8:named and 8:16:named (the forward partials with
-#           named accumulators, generated WGSL; their backward runs the scalar loop), forward
-#           and forward+backward in alternation, then one call of each with GPU timestamps
+#           8:8:scalar (the GPU default), 8:8:named and 8:16:named (the scalar staging with
+#           named accumulators in every FMA shader, generated WGSL), forward and
+#           forward+backward in alternation, then one call of each with GPU timestamps
 #           per shader (--profile); SPEED_CONFIGS overrides the list; its deadline is what is
 #           left of 450 s since the script started, so that "run tests,speed" fits one
 #           8-minute device call; its table prints last;

@@ -27,8 +27,8 @@
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
 //! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
-//! needs tk = 2·wg, e.g. `8:16:quad`; named runs the forward partials with named accumulators
-//! and the backward with the scalar loop); without any, the adapter's default for that shape.
+//! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
+//! accumulators, in every FMA shader); without any, the adapter's default for that shape.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.

@@ -34,9 +34,12 @@
 //!    extents are the same; the quad loop's panel indices hold for `tk = 2·wg` only, which
 //!    `KernelConfig::shape_error` enforces and the config tests enumerate
 //!    (`quad_panel_indices_stay_in_the_panels`). The named loop stages through
-//!    logits_scalar.wgsl's `fetch_rows` / `put_rows_a` / `put_rows_b` and reads the panels at
-//!    `mma_panel`'s indices (`named_panel_reads_stay_in_the_panels` enumerates them); its
-//!    accumulators are named values, not an array, so it adds no index of its own.
+//!    logits_scalar.wgsl's `fetch_rows` / `put_rows_a` / `put_rows_b` and grad.wgsl's
+//!    `fetch_cols` / `put_cols_b`, reads the panels at `mma_panel`'s and `prod_slice`'s
+//!    indices (`named_panel_reads_stay_in_the_panels` enumerates the first, the named unit
+//!    tests check the second are `prod_slice`'s text), and runs the backward entry points
+//!    with the same control flow and by-value row calls; its accumulators are named values,
+//!    not an array, so it adds no index of its own.
 //!
 //! The hostile-shape tests (`tests/conformance.rs`) run every pass at edge sizes (1 x 1 x 1,
 //! sizes one past a tile, odd `D`, odd element offsets of 16-bit views) against the f64

@@ -4,20 +4,27 @@
 //! indexed by a loop variable or reached through a pointer (a driver that keeps an indexed
 //! function-local array in local memory cannot do so here).
 //!
-//! What it emits (pure functions of nothing, unit-tested below):
+//! What it emits (pure functions of the shader files, unit-tested below):
 //! - `struct Tile` (the sixteen accumulators by name) and `fn logits_named(r_base, c_base,
 //!   tx, ty, li) -> Tile`: the logits tile of logits_scalar.wgsl (the same workgroup panels
 //!   As/Bs, the same `fetch_rows` / `put_rows_a` / `put_rows_b` staging, one barrier per
 //!   panel), whose depth step is the 8 x 8 outer product written out: `aN = fma(vec4<f32>(
 //!   xH.c), yh, aN)` for `N = 2i + h`, row `i` taking component `c = "xyzw"[i % 4]` of
 //!   `xH`, `H = i / 4`;
+//! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
+//!   Gs times a D slice of e or c) likewise;
 //! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
-//!   row by value, fwd_fold, fwd_end) on that tile, and the entry point `main`.
+//!   row by value, fwd_fold, fwd_end) on that tile, and the entry point `main`;
+//! - [`entry_named`]: the backward entry points (bwd_hist_main.wgsl, bwd_de_main.wgsl,
+//!   bwd_dc_main.wgsl) rewritten line by line so that every per-row call takes the row by
+//!   value from a named accumulator (the control flow stays that of the `Acc` files).
 //!
 //! Micro-tile layout as tile_io.wgsl: `aN` holds what `acc[N]` holds in the other main loops
 //! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
 //! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
-//! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`), see the `bounds` module.
+//! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`) and of grad.wgsl's `prod_slice`
+//! (`Gs[(k0 + k)·2WG + 2ty + 1]` with `k0 + k < TILE`, `Bs` as above), see the `bounds`
+//! module.
 
 use std::fmt::Write;
 
@@ -59,9 +66,7 @@ pub fn logits_named() -> String {
          // a barrier) and ends with a barrier.\n\
          fn logits_named(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) -> Tile {\n",
     );
-    for n in 0..N_ACC {
-        let _ = writeln!(s, "    var a{n} = vec4<f32>(0.0);");
-    }
+    s.push_str(&zeroed());
     s.push_str(
         "    var pa: Pref;
     var pb: Pref;
@@ -85,9 +90,7 @@ pub fn logits_named() -> String {
             let y1 = Bs[o + 2u * tx + 1u];
 ",
     );
-    for n in 0..N_ACC {
-        let _ = writeln!(s, "            {}", fma_line(n));
-    }
+    s.push_str(&fmas());
     s.push_str(
         "        }
         if more {
@@ -97,12 +100,177 @@ pub fn logits_named() -> String {
         workgroupBarrier();
         buf ^= 1u;
     }
-    return Tile(",
+",
     );
-    let names: Vec<String> = (0..N_ACC).map(acc_name).collect();
-    s.push_str(&names.join(", "));
-    s.push_str(");\n}\n");
+    s.push_str(&returned());
     s
+}
+
+/// The sixteen accumulators declared and zeroed.
+fn zeroed() -> String {
+    (0..N_ACC)
+        .map(|n| format!("    var a{n} = vec4<f32>(0.0);\n"))
+        .collect()
+}
+
+/// The depth step's sixteen FMAs ([`fma_line`]), inside the depth loop.
+fn fmas() -> String {
+    (0..N_ACC)
+        .map(|n| format!("            {}\n", fma_line(n)))
+        .collect()
+}
+
+/// `return Tile(a0, .., a15);` and the function's closing brace.
+fn returned() -> String {
+    let names: Vec<String> = (0..N_ACC).map(acc_name).collect();
+    format!("    return Tile({});\n}}\n", names.join(", "))
+}
+
+/// `fn prod_named(is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
+/// (Σ_k Gs[k][m] · X[j_base + k][d0 + n], the X panels double buffered through Bs by
+/// `fetch_cols` / `put_cols_b`) in named accumulators, with the same written-out depth step.
+/// Needs grad.wgsl (Gs) before it.
+pub fn prod_named() -> String {
+    let mut s = String::from(
+        "// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
+fn prod_named(is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32, ty: u32, li: u32) -> Tile {
+    let t = tile();
+    let t4 = 2u * WG;
+",
+    );
+    s.push_str(&zeroed());
+    s.push_str(
+        "    var pb: Pref;
+    fetch_cols(&pb, is_e, j_base, n_src, d0, li);
+    put_cols_b(&pb, is_e, j_base, n_src, d0, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < t; k0 += TK) {
+        let more = k0 + TK < t;
+        if more {
+            fetch_cols(&pb, is_e, j_base + k0 + TK, n_src, d0, li);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let ka = (k0 + k) * t4 + 2u * ty;
+            let kb = (buf * TK + k) * t4 + 2u * tx;
+            let x0 = Gs[ka];
+            let x1 = Gs[ka + 1u];
+            let y0 = Bs[kb];
+            let y1 = Bs[kb + 1u];
+",
+    );
+    s.push_str(&fmas());
+    s.push_str(
+        "        }
+        if more {
+            put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);
+        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+",
+    );
+    s.push_str(&returned());
+    s
+}
+
+/// The micro-tile row `N` of a call `name(&acc, Nu, ...)` on `line` and the arguments after
+/// it (`", ...);"`), when the line is such a call.
+fn row_call<'a>(line: &'a str, name: &str) -> Option<(usize, &'a str)> {
+    let rest = line
+        .trim_start()
+        .strip_prefix(name)?
+        .strip_prefix("(&acc, ")?;
+    let (n, tail) = rest.split_once("u")?;
+    Some((n.parse().ok()?, tail))
+}
+
+/// An entry point written for an `Acc` (bwd_hist_main.wgsl, bwd_de_main.wgsl,
+/// bwd_dc_main.wgsl) rewritten line by line for the named accumulators: the logits tile
+/// from `logits_named` (`tl`), G rows from grad.wgsl's `grad_row_v` (`g0 .. g7`, what
+/// `grad_tile` does row by row), the D-slice product from [`prod_named`] (`p`), and every
+/// per-row call by value (`hist_row_v`, `put_g_t_v`, `put_g_v`, `add_de_row_v`,
+/// `add_dc_row_v`) with constant names. Panics on a line that still names the accumulator
+/// (the unit tests run it on every such file).
+pub fn entry_named(acc_main: &str) -> String {
+    let mut out = String::new();
+    let mut g_row = 0;
+    // The file's header (the `Acc` entry point's docs) is left out.
+    let body = acc_main
+        .lines()
+        .skip_while(|l| l.is_empty() || l.starts_with("//"));
+    for line in body {
+        let t = line.trim_start();
+        let ind = &line[..line.len() - t.len()];
+        let mut emit = |x: String| {
+            out.push_str(ind);
+            out.push_str(&x);
+            out.push('\n');
+        };
+        if t == "var acc: Acc;" {
+            continue;
+        } else if let Some(args) = t.strip_prefix("logits_tile(&acc, ") {
+            emit(format!("let tl = logits_named({args}"));
+        } else if let Some(args) = t.strip_prefix("prod_slice(&acc, ") {
+            emit(format!("let p = prod_named({args}"));
+        } else if t == "let need = grad_tile(&acc, &sc, c_base, tx, ty);" {
+            // grad.wgsl's grad_tile, row by row by value.
+            emit("sc.n_ent = 0u;".into());
+            emit("let g_j0 = c_base + tx * 8u;".into());
+            emit("let g_b = ld_bias8(g_j0);".into());
+            emit("let g_n = min(P.n_cls - min(g_j0, P.n_cls), 8u);".into());
+            emit("let g_gj0 = P.cls0 + g_j0;".into());
+            for i in 0..N_ACC / 2 {
+                emit(format!(
+                    "let g{i} = grad_row_v(tl.a{}, tl.a{}, &sc, {i}u, g_b, ty, g_gj0, g_n);",
+                    2 * i,
+                    2 * i + 1
+                ));
+            }
+            let needs: Vec<String> = (0..N_ACC / 2).map(|i| format!("g{i}.need")).collect();
+            emit(format!("let need = {};", needs.join(" || ")));
+        } else if let Some((i, tail)) = row_call(t, "hist_row") {
+            emit(format!(
+                "hist_row_v(tl.a{}, tl.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "add_de_row") {
+            emit(format!(
+                "add_de_row_v(p.a{}, p.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "add_dc_row") {
+            emit(format!(
+                "add_dc_row_v(p.a{}, p.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "put_g_t") {
+            emit(format!("put_g_t_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
+        } else if let Some((i, tail)) =
+            row_call(t, "var g = put_g").or_else(|| row_call(t, "g = put_g"))
+        {
+            g_row = i;
+            emit(format!("put_g_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
+        } else if t == "bacc_lo += g[0];" {
+            emit(format!("bacc_lo += g{g_row}.lo;"));
+        } else if t == "bacc_hi += g[1];" {
+            emit(format!("bacc_hi += g{g_row}.hi;"));
+        } else {
+            assert!(
+                !(t.contains("&acc")
+                    || t.contains("acc[")
+                    || t.contains("Acc")
+                    || t.contains("g["))
+                    || t.starts_with("//"),
+                "entry_named: no rule for {t:?}"
+            );
+            emit(t.to_string());
+        }
+    }
+    out
 }
 
 /// fwd_partial.wgsl's pass on [`logits_named`]'s tile, and the entry point `main` (module
@@ -241,6 +409,84 @@ mod tests {
             }
         }
         assert!(shapes >= 10, "{shapes}");
+    }
+
+    const ACC_MAINS: [(&str, &str); 3] = [
+        ("bwd_hist", include_str!("../shaders/bwd_hist_main.wgsl")),
+        ("bwd_de", include_str!("../shaders/bwd_de_main.wgsl")),
+        ("bwd_dc", include_str!("../shaders/bwd_dc_main.wgsl")),
+    ];
+
+    #[test]
+    fn the_backward_entry_points_name_no_accumulator_array() {
+        for (name, acc_main) in ACC_MAINS {
+            let src = entry_named(acc_main);
+            assert!(acc_main.contains("var acc: Acc;"), "{name}");
+            for gone in [
+                "Acc",
+                "&acc",
+                "acc[",
+                "ptr<function",
+                "logits_tile(",
+                "prod_slice(",
+            ] {
+                assert!(!src.contains(gone), "{name}: {gone}");
+            }
+            assert_eq!(src.matches("@compute").count(), 1, "{name}");
+            assert_eq!(src.matches("let tl = logits_named(").count(), 1, "{name}");
+            // Every row of every tile reaches its by-value call once, by constant names.
+            let calls: &[(&str, &str)] = match name {
+                "bwd_hist" => &[("hist_row_v(tl.a{lo}, tl.a{hi}, {i}u,", "")],
+                "bwd_de" => &[
+                    ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
+                    ("put_g_t_v(g{i}.lo, g{i}.hi, {i}u,", ""),
+                    ("add_de_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
+                ],
+                _ => &[
+                    ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
+                    ("put_g_v(g{i}.lo, g{i}.hi, {i}u,", "bacc_lo += g{i}.lo;"),
+                    ("add_dc_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
+                ],
+            };
+            for i in 0..8 {
+                let fill = |c: &str| {
+                    c.replace("{lo}", &(2 * i).to_string())
+                        .replace("{hi}", &(2 * i + 1).to_string())
+                        .replace("{i}", &i.to_string())
+                };
+                for (call, then) in calls {
+                    assert_eq!(
+                        src.matches(&fill(call)).count(),
+                        1,
+                        "{name}: {}",
+                        fill(call)
+                    );
+                    if !then.is_empty() {
+                        assert_eq!(src.matches(&fill(then)).count(), 1, "{name}");
+                    }
+                }
+            }
+        }
+        // The d_e / d_c product: named accumulators, prod_slice's reads.
+        let prod = prod_named();
+        for read in [
+            "let x0 = Gs[ka];",
+            "let x1 = Gs[ka + 1u];",
+            "let y0 = Bs[kb];",
+        ] {
+            assert!(prod.contains(read), "{read}");
+        }
+        assert!(!prod.contains("array<") && !prod.contains("Acc"));
+        let prod_slice = include_str!("../shaders/grad.wgsl");
+        for index in [
+            "let ka = (k0 + k) * t4 + 2u * ty;",
+            "let kb = (buf * TK + k) * t4 + 2u * tx;",
+        ] {
+            assert!(
+                prod.contains(index) && prod_slice.contains(index),
+                "{index}"
+            );
+        }
     }
 
     #[test]

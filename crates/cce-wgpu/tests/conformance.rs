@@ -461,8 +461,8 @@ fn hostile_shapes_quad_main_loop() {
 
 #[test]
 fn hostile_shapes_named_main_loop() {
-    // The named main loop (forward partials with named accumulators; the backward runs the
-    // scalar loop) on lavapipe's default shape.
+    // The named main loop (every FMA shader with named accumulators) on lavapipe's default
+    // shape.
     let cases: Vec<Case> = hostile_cases()
         .into_iter()
         .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
@@ -676,8 +676,8 @@ fn chunked_plan_with_small_budget() {
     ]);
 }
 
-#[test]
-fn filtered_mode_error_is_bounded_by_dropped_mass() {
+/// Filtered cases (threshold pass, skipped tiles, dropped mass reported).
+fn filtered_cases() -> Vec<Case> {
     // Peaked rows over a few hot classes: most 64 x 64 tiles hold only tiny probabilities.
     let hot = |c: &mut Case| {
         c.bias = true;
@@ -685,7 +685,7 @@ fn filtered_mode_error_is_bounded_by_dropped_mass() {
         c.c_scale = 0.5;
         c.expect_skips = true;
     };
-    run_all(&[
+    vec![
         Case::new("filtered peaked bf16", 200, 64, 600, BF16).with(|c| {
             c.opts = Options::default();
             hot(c);
@@ -737,7 +737,22 @@ fn filtered_mode_error_is_bounded_by_dropped_mass() {
             c.d_lse = true;
             hot(c);
         }),
-    ]);
+    ]
+}
+
+#[test]
+fn filtered_mode_error_is_bounded_by_dropped_mass() {
+    run_all(&filtered_cases());
+}
+
+#[test]
+fn filtered_mode_named_main_loop() {
+    // The named loop's threshold and backward passes with skipped tiles.
+    let cases: Vec<Case> = filtered_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
+        .collect();
+    run_all(&cases);
 }
 
 #[test]
