@@ -10,7 +10,10 @@
 # Vulkan loader in $DEVBIN/gl: the H200 machine has NVIDIA's Vulkan driver (its ICD) but no
 # loader (libvulkan.so.1), so Debian's libvulkan1 .deb is carried with glvnd's (`apt-get
 # download`; where that fails, the loader installed here is copied); `run` unpacks them
-# into /. Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
+# into /. To carry it with the repository under the device tool's 64 MiB, gzip the executables
+# (`gzip -f` all but device-wgpu.sh and gl/, dropping the *-coop ones when the coop phase is not
+# run): `run` unpacks every $DEVBIN/*.gz in place first.
+# Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
 #   "... run seed": each phase fits the device tool's 10 minutes per command).
 #
