@@ -10,7 +10,10 @@
 # Vulkan loader in $DEVBIN/gl: the H200 machine has NVIDIA's Vulkan driver (its ICD) but no
 # loader (libvulkan.so.1), so Debian's libvulkan1 .deb is carried with glvnd's (`apt-get
 # download`; where that fails, the loader installed here is copied); `run` unpacks them
-# into /. Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
+# into /. To carry it with the repository under the device tool's 64 MiB, gzip the executables
+# (`gzip -f` all but device-wgpu.sh and gl/, dropping the *-coop ones when the coop phase is not
+# run): `run` unpacks every $DEVBIN/*.gz in place first.
+# Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
 #   "... run seed": each phase fits the device tool's 10 minutes per command).
 #
@@ -29,11 +32,12 @@
 #   seed    32768 x 4096 x 256000, c/8, bf16, exact and filtered;
 #   dtypes  8192 x 2304 x 256000 c/8 exact in f16 and f32;
 #   speed   issue 21's A/B of the logits main loops at 8192 x 2304 x 256000 c/8 exact bf16:
-#           8:8:scalar (session 15's default), 8:16:quad (session 16's GPU default) and
-#           8:16:scalar, forward and forward+backward in alternation, then one call of each with
-#           GPU timestamps per shader (--profile); SPEED_CONFIGS overrides the list; its
-#           deadline is what is left of 520 s since the script started, so that
-#           "run tests,speed" fits one 9-minute device call; its table prints last;
+#           8:8:scalar (the GPU default), 8:8:named and 8:16:named (the scalar staging with
+#           named accumulators in every FMA shader, generated WGSL), forward and
+#           forward+backward in alternation, then one call of each with GPU timestamps
+#           per shader (--profile); SPEED_CONFIGS overrides the list; its deadline is what is
+#           left of 450 s since the script started, so that "run tests,speed" fits one
+#           8-minute device call; its table prints last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -108,6 +112,10 @@ OUT=${OUT:-/tmp/cce-out}
 mkdir -p "$OUT"
 PHASES=${2:-report,tests}
 B=$D/cce-bench-wgpu
+# Executables carried gzipped (the device tool's 64 MiB carry limit): unpacked in place.
+for f in "$D"/*.gz; do
+  [ -e "$f" ] && gunzip -f "$f"
+done
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} CCE_REQUIRE_WGPU=1 RUST_BACKTRACE=1
 export CCE_DATA_DIR=$PWD/data
 if [ -f "$D/build_root" ]; then
@@ -225,12 +233,12 @@ if [[ $PHASES == *dtypes* ]]; then
 fi
 
 if [[ $PHASES == *speed* ]]; then
-  left=$((520 - SECONDS))
+  left=$((450 - SECONDS))
   if [ $left -lt 60 ]; then
     status[speed]="skipped: ${left} s left"
   else
     timeout $((left + 20)) "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 2 \
-      --deadline-s $left --configs "${SPEED_CONFIGS:-8:8:scalar,8:16:quad,8:16:scalar}" \
+      --deadline-s $left --configs "${SPEED_CONFIGS:-8:8:scalar,8:8:named,8:16:named}" \
       ${BENCH_ARGS:-} >"$OUT/speed.log" 2>&1
     status[speed]="rc=$? (deadline ${left} s)"
     grep -E "^adapter|round|deadline" "$OUT/speed.log" | tail -20

@@ -26,8 +26,9 @@
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
 //! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
-//! `:quad` / `:scalar` pick the main loop of the FMA logits tile (`MainLoop`; quad needs
-//! tk = 2·wg, e.g. `8:16:quad`); without either, the adapter's default for that shape.
+//! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
+//! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
+//! accumulators, in every FMA shader); without any, the adapter's default for that shape.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
@@ -102,7 +103,7 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop][:quad|:scalar]`, comma list, compared on
+    /// Kernel configs `wg:tk[:checked][:fma|:coop][:quad|:scalar|:named]`, comma list, compared on
     /// the first forward.
     #[arg(long)]
     configs: Option<String>,
@@ -126,7 +127,9 @@ struct ConfigSpec {
 impl ConfigSpec {
     fn parse(c: &str) -> Result<Self, String> {
         let bad = |why: String| {
-            format!("--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar])")
+            format!(
+                "--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar|:named])"
+            )
         };
         let mut parts = c.split(':');
         let mut num = |what: &str| -> Result<u32, String> {
@@ -151,6 +154,7 @@ impl ConfigSpec {
                 "coop" => spec.coop = Some(true),
                 "quad" => spec.main_loop = Some(MainLoop::Quad),
                 "scalar" => spec.main_loop = Some(MainLoop::Scalar),
+                "named" => spec.main_loop = Some(MainLoop::Named),
                 other => return Err(bad(format!("unknown flag {other:?}"))),
             }
         }

@@ -49,13 +49,17 @@ var<workgroup> rst: array<RowState, 8u * WG>;
 // Histogram entries of micro-tile row i (a constant at every call) over the thread's classes.
 fn hist_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, ty: u32, gj0: u32,
             n_ok: u32) {
+    hist_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, b, ty, gj0, n_ok);
+}
+
+// hist_row of the logits row (lo, hi), by value.
+fn hist_row_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, ty: u32, gj0: u32,
+              n_ok: u32) {
     let rl = ty * 8u + i;
     let st = rst[rl];
     if st.live == 0u {
         return;
     }
-    let lo = (*acc)[2u * i];
-    let hi = (*acc)[2u * i + 1u];
     for (var jj = 0u; jj < n_ok; jj++) {
         let z = cap(pick8(lo, hi, jj) + pick8(b[0], b[1], jj));
         if is_neg_inf(z) {
@@ -68,58 +72,6 @@ fn hist_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, ty: u32, gj
         if g0 < P.eps {
             let k = bin_of(g0);
             atomicAdd(&sh[rl * N_BINS + k], u32(ceil(g0 * FIXED_ONE)));
-        }
-    }
-}
-
-@compute @workgroup_size(WG, WG, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
-        @builtin(local_invocation_index) li: u32) {
-    let t = tile();
-    var acc: Acc;
-    let tx = lid.x;
-    let ty = lid.y;
-    let split = wid.x;
-    let r_base = wid.y * t;
-    let n_ct = (P.n_cls + t - 1u) / t;
-    let ct0 = split * P.split_tiles;
-    let ct1 = min(ct0 + P.split_tiles, n_ct);
-
-    for (var f = li; f < t * N_BINS; f += WG * WG) {
-        atomicStore(&sh[f], 0u);
-    }
-    for (var rl = li; rl < t; rl += WG * WG) {
-        let r = r_base + rl;
-        if r < P.n_rows {
-            rst[rl] = rs[r];
-        } else {
-            rst[rl] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
-        }
-    }
-    workgroupBarrier();
-
-    for (var ct = ct0; ct < ct1; ct++) {
-        let c_base = ct * t;
-        logits_tile(&acc, r_base, c_base, tx, ty, li);
-        let j0 = c_base + tx * 8u;
-        let b = ld_bias8(j0);
-        let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
-        let gj0 = P.cls0 + j0;
-        hist_row(&acc, 0u, b, ty, gj0, n_ok);
-        hist_row(&acc, 1u, b, ty, gj0, n_ok);
-        hist_row(&acc, 2u, b, ty, gj0, n_ok);
-        hist_row(&acc, 3u, b, ty, gj0, n_ok);
-        hist_row(&acc, 4u, b, ty, gj0, n_ok);
-        hist_row(&acc, 5u, b, ty, gj0, n_ok);
-        hist_row(&acc, 6u, b, ty, gj0, n_ok);
-        hist_row(&acc, 7u, b, ty, gj0, n_ok);
-    }
-    workgroupBarrier();
-    for (var f = li; f < t * N_BINS; f += WG * WG) {
-        let v = atomicLoad(&sh[f]);
-        let r = r_base + f / N_BINS;
-        if v != 0u && r < P.n_rows {
-            atomicAdd(&hist[r * N_BINS + f % N_BINS], v);
         }
     }
 }

@@ -119,8 +119,48 @@ fn put_row(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, r_base:
     red[rl * WG + tx] = st;
 }
 
-// The pass for workgroup `wid`, invocation `lid` (index `li`); the entry point is
-// fwd_main.wgsl's (FMA logits) or logits_coop.wgsl's (cooperative-matrix logits).
+// Start of the pass over rows r_base.. (invocation `li`): targets into `ys`, empty running
+// states into `rows`; ends with a barrier.
+fn fwd_begin(r_base: u32, li: u32) {
+    for (var rl = li; rl < tile(); rl += WG * WG) {
+        let r = r_base + rl;
+        ys[rl] = -1;
+        if r < P.n_rows {
+            ys[rl] = tgt[r];
+        }
+        rows[rl] = part_empty();
+    }
+    workgroupBarrier();
+}
+
+// After every thread's `put_row` of one tile: the row owners merge the tile's Parts into
+// `rows` (the next tile's epilogue writes `red` after logits_tile's barriers).
+fn fwd_fold(li: u32) {
+    workgroupBarrier();
+    for (var rl = li; rl < tile(); rl += WG * WG) {
+        var st = rows[rl];
+        for (var k = 0u; k < WG; k++) {
+            st = merge(st, red[rl * WG + k]);
+        }
+        rows[rl] = st;
+    }
+}
+
+// End of the pass: the running states of rows r_base.. into column `split` of `part`.
+fn fwd_end(r_base: u32, split: u32, li: u32) {
+    workgroupBarrier();
+    for (var rl = li; rl < tile(); rl += WG * WG) {
+        let r = r_base + rl;
+        if r < P.n_rows {
+            part[r * P.part_stride + P.part_base + split] = rows[rl];
+        }
+    }
+}
+
+// The pass for workgroup `wid`, invocation `lid` (index `li`) on a logits tile held in an
+// `Acc`; the entry point is fwd_main.wgsl's (FMA logits) or logits_coop.wgsl's
+// (cooperative-matrix logits). The named main loop has its own pass (src/named.rs) over the
+// same fwd_begin / put_row / fwd_fold / fwd_end.
 fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let t = tile();
     var acc: Acc;
@@ -132,16 +172,7 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let ct0 = split * P.split_tiles;
     let ct1 = min(ct0 + P.split_tiles, n_ct);
 
-    for (var rl = li; rl < t; rl += WG * WG) {
-        let r = r_base + rl;
-        ys[rl] = -1;
-        if r < P.n_rows {
-            ys[rl] = tgt[r];
-        }
-        rows[rl] = part_empty();
-    }
-    workgroupBarrier();
-
+    fwd_begin(r_base, li);
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
         logits_tile(&acc, r_base, c_base, tx, ty, li);
@@ -157,22 +188,7 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         put_row(acc[10], acc[11], 5u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[12], acc[13], 6u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[14], acc[15], 7u, b, r_base, tx, ty, gj0, n_ok);
-        workgroupBarrier();
-        for (var rl = li; rl < t; rl += WG * WG) {
-            var st = rows[rl];
-            for (var k = 0u; k < WG; k++) {
-                st = merge(st, red[rl * WG + k]);
-            }
-            rows[rl] = st;
-        }
-        // The next tile's epilogue writes `red` after logits_tile's barriers.
+        fwd_fold(li);
     }
-
-    workgroupBarrier();
-    for (var rl = li; rl < t; rl += WG * WG) {
-        let r = r_base + rl;
-        if r < P.n_rows {
-            part[r * P.part_stride + P.part_base + split] = rows[rl];
-        }
-    }
+    fwd_end(r_base, split, li);
 }

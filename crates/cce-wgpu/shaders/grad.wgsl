@@ -62,13 +62,17 @@ fn load_rows(r_base: u32, li: u32) {
     }
 }
 
-// Replace micro-tile row i (a constant at every call) of acc by G; returns whether the row
-// needs the tile.
-fn grad_row(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, i: u32,
-            b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> bool {
+// G of one micro-tile row and whether the row needs the tile.
+struct GRow {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    need: bool,
+}
+
+// G of micro-tile row i (a constant at every call) from its logits (lo, hi), by value.
+fn grad_row_v(lo: vec4<f32>, hi: vec4<f32>, sc: ptr<function, Scratch>, i: u32,
+              b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> GRow {
     let st = rst[ty * 8u + i];
-    let lo = (*acc)[2u * i];
-    let hi = (*acc)[2u * i + 1u];
     var g_lo = vec4<f32>(0.0);
     var g_hi = vec4<f32>(0.0);
     var need = false;
@@ -104,14 +108,22 @@ fn grad_row(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, i: u32,
             }
         }
     }
-    (*acc)[2u * i] = g_lo;
-    (*acc)[2u * i + 1u] = g_hi;
     if i < 4u {
         (*sc).g0_lo[i] = g0sum;
     } else {
         (*sc).g0_hi[i - 4u] = g0sum;
     }
-    return need;
+    return GRow(g_lo, g_hi, need);
+}
+
+// Replace micro-tile row i (a constant at every call) of acc by G; returns whether the row
+// needs the tile.
+fn grad_row(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, i: u32,
+            b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> bool {
+    let g = grad_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], sc, i, b, ty, gj0, n_ok);
+    (*acc)[2u * i] = g.lo;
+    (*acc)[2u * i + 1u] = g.hi;
+    return g.need;
 }
 
 // Replace the logits in acc by G (classes c_base + tx*8 .. of the chunk); returns whether
@@ -168,8 +180,11 @@ fn prod_slice(acc: ptr<function, Acc>, is_e: bool, j_base: u32, n_src: u32, d0: 
 
 // slab[base + n0 + jj] += micro-tile row i (a constant at every call) for n0 + jj < D.
 fn add_row(acc: ptr<function, Acc>, i: u32, base: u32, n0: u32) {
-    let lo = (*acc)[2u * i];
-    let hi = (*acc)[2u * i + 1u];
+    add_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], base, n0);
+}
+
+// slab[base + n0 + jj] += entry jj of the row (lo, hi) for n0 + jj < D.
+fn add_row_v(lo: vec4<f32>, hi: vec4<f32>, base: u32, n0: u32) {
     for (var jj = 0u; jj < 8u; jj++) {
         if n0 + jj < P.d {
             slab[base + n0 + jj] += pick8(lo, hi, jj);

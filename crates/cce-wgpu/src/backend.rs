@@ -433,7 +433,7 @@ impl WgpuBackend {
 
     /// The GPU time per label (shader name per dispatch, or pass label) of the work recorded
     /// since profiling was turned on or since the last call, and the pairs not recorded
-    /// because the query set was full ([`crate::profile`]); clears them. Empty while
+    /// because the query set was full (the `profile` module); clears them. Empty while
     /// profiling is off. Waits for the submitted work. Errors: `Backend` on a failed
     /// read-back.
     pub fn take_pass_times(&self) -> Result<(Vec<crate::PassTime>, u64)> {

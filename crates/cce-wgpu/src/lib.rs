@@ -57,6 +57,7 @@ mod bounds;
 mod buffers;
 mod config;
 mod context;
+mod named;
 mod pipelines;
 mod profile;
 

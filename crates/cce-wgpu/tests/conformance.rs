@@ -90,7 +90,8 @@ struct Case {
     workgroups: Option<u32>,
     /// Rows aimed at their target: `e_i = aim · c_{y_i} + 0.1 · e_i` (p_target rounds to 1).
     aim: Option<f32>,
-    /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels).
+    /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels, `Named` at the
+    /// adapter's default shape).
     main_loop: Option<cce_wgpu::MainLoop>,
 }
 
@@ -459,6 +460,17 @@ fn hostile_shapes_quad_main_loop() {
 }
 
 #[test]
+fn hostile_shapes_named_main_loop() {
+    // The named main loop (every FMA shader with named accumulators) on lavapipe's default
+    // shape.
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
+        .collect();
+    run_all(&cases);
+}
+
+#[test]
 fn ignored_rows_and_reductions() {
     let all = |r: Reduction| {
         move |c: &mut Case| {
@@ -664,8 +676,8 @@ fn chunked_plan_with_small_budget() {
     ]);
 }
 
-#[test]
-fn filtered_mode_error_is_bounded_by_dropped_mass() {
+/// Filtered cases (threshold pass, skipped tiles, dropped mass reported).
+fn filtered_cases() -> Vec<Case> {
     // Peaked rows over a few hot classes: most 64 x 64 tiles hold only tiny probabilities.
     let hot = |c: &mut Case| {
         c.bias = true;
@@ -673,7 +685,7 @@ fn filtered_mode_error_is_bounded_by_dropped_mass() {
         c.c_scale = 0.5;
         c.expect_skips = true;
     };
-    run_all(&[
+    vec![
         Case::new("filtered peaked bf16", 200, 64, 600, BF16).with(|c| {
             c.opts = Options::default();
             hot(c);
@@ -725,7 +737,22 @@ fn filtered_mode_error_is_bounded_by_dropped_mass() {
             c.d_lse = true;
             hot(c);
         }),
-    ]);
+    ]
+}
+
+#[test]
+fn filtered_mode_error_is_bounded_by_dropped_mass() {
+    run_all(&filtered_cases());
+}
+
+#[test]
+fn filtered_mode_named_main_loop() {
+    // The named loop's threshold and backward passes with skipped tiles.
+    let cases: Vec<Case> = filtered_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
+        .collect();
+    run_all(&cases);
 }
 
 #[test]
@@ -831,7 +858,13 @@ fn trusted_modules_give_the_bits_of_checked_ones() {
     let Some(b0) = backend() else { return };
     assert!(!b0.config().runtime_checks);
     let quad = quad(b0, b0.config());
-    for b in [b0, &quad] {
+    let named = b0
+        .with_config(cce_wgpu::KernelConfig {
+            main_loop: cce_wgpu::MainLoop::Named,
+            ..b0.config()
+        })
+        .unwrap();
+    for b in [b0, &quad, &named] {
         let checked = b
             .with_config(cce_wgpu::KernelConfig {
                 runtime_checks: true,

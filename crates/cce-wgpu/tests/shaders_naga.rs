@@ -8,13 +8,13 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 #[test]
 fn every_shader_validates_with_its_overrides() {
     let sources = ShaderKind::ALL.iter().flat_map(|&k| {
-        [MainLoop::Scalar, MainLoop::Quad]
+        [MainLoop::Scalar, MainLoop::Quad, MainLoop::Named]
             .into_iter()
-            .filter(move |&ml| ml == MainLoop::Scalar || k.has_panels())
+            .filter(move |&ml| k.effective_main_loop(ml) == ml)
             .map(move |ml| (k, ml))
     });
     for (kind, main_loop) in sources {
-        let src = kind.source_with(main_loop);
+        let src = &*kind.source_with(main_loop);
         let module = naga::front::wgsl::parse_str(src)
             .unwrap_or_else(|e| panic!("{}: parse error\n{}", kind.name(), e.emit_to_string(src)));
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -28,7 +28,7 @@ fn every_shader_validates_with_its_overrides() {
             });
         for dtype in 0..3u32 {
             let shapes: &[(u32, u32)] = match main_loop {
-                MainLoop::Scalar => &[(8, 16), (4, 8), (16, 8), (8, 4)],
+                MainLoop::Scalar | MainLoop::Named => &[(8, 16), (4, 8), (16, 8), (8, 4)],
                 MainLoop::Quad => &[(8, 16), (4, 8), (16, 32)],
             };
             for &(wg, tk) in shapes {

@@ -1,0 +1,501 @@
+//! The WGSL of the `named` main loop ([`MainLoop::Named`](crate::MainLoop::Named)), generated
+//! as text: the thread's 8 x 8 micro-tile in sixteen named `vec4<f32>` locals `a0 .. a15`
+//! instead of an `array<vec4<f32>, 16>` behind a pointer, so that no accumulator is ever
+//! indexed by a loop variable or reached through a pointer (a driver that keeps an indexed
+//! function-local array in local memory cannot do so here).
+//!
+//! What it emits (pure functions of the shader files, unit-tested below):
+//! - `struct Tile` (the sixteen accumulators by name) and `fn logits_named(r_base, c_base,
+//!   tx, ty, li) -> Tile`: the logits tile of logits_scalar.wgsl (the same workgroup panels
+//!   As/Bs, the same `fetch_rows` / `put_rows_a` / `put_rows_b` staging, one barrier per
+//!   panel), whose depth step is the 8 x 8 outer product written out: `aN = fma(vec4<f32>(
+//!   xH.c), yh, aN)` for `N = 2i + h`, row `i` taking component `c = "xyzw"[i % 4]` of
+//!   `xH`, `H = i / 4`;
+//! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
+//!   Gs times a D slice of e or c) likewise;
+//! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
+//!   row by value, fwd_fold, fwd_end) on that tile, and the entry point `main`;
+//! - [`entry_named`]: the backward entry points (bwd_hist_main.wgsl, bwd_de_main.wgsl,
+//!   bwd_dc_main.wgsl) rewritten line by line so that every per-row call takes the row by
+//!   value from a named accumulator (the control flow stays that of the `Acc` files).
+//!
+//! Micro-tile layout as tile_io.wgsl: `aN` holds what `acc[N]` holds in the other main loops
+//! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
+//! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
+//! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`) and of grad.wgsl's `prod_slice`
+//! (`Gs[(k0 + k)·2WG + 2ty + 1]` with `k0 + k < TILE`, `Bs` as above), see the `bounds`
+//! module.
+
+use std::fmt::Write;
+
+/// Accumulators of the micro-tile (8 rows x two vec4 of classes).
+pub const N_ACC: usize = 16;
+
+/// Name of accumulator `n` (< [`N_ACC`]): `a<n>`.
+pub fn acc_name(n: usize) -> String {
+    format!("a{n}")
+}
+
+/// The depth step's update of accumulator `n`: row `n / 2` of the micro-tile takes component
+/// `"xyzw"[row % 4]` of the row operand `x0` (rows 0-3) or `x1` (rows 4-7); the class half
+/// `n % 2` is `y0` or `y1`.
+pub fn fma_line(n: usize) -> String {
+    let row = n / 2;
+    let comp = ["x", "y", "z", "w"][row % 4];
+    format!(
+        "a{n} = fma(vec4<f32>(x{}.{comp}), y{}, a{n});",
+        row / 4,
+        n % 2
+    )
+}
+
+/// `struct Tile` and `fn logits_named` (module docs).
+pub fn logits_named() -> String {
+    let mut s = String::new();
+    s.push_str(
+        "// The thread's 8 x 8 micro-tile of one logits tile: aN = acc[N] of tile_io.wgsl.\n\
+         struct Tile {\n",
+    );
+    for n in 0..N_ACC {
+        let _ = writeln!(s, "    a{n}: vec4<f32>,");
+    }
+    s.push_str(
+        "}\n\n\
+         // Logits (without bias) of rows r_base.. x classes c_base.. of the chunk, in named\n\
+         // accumulators. Starts by writing As/Bs (the caller's earlier reads of them are behind\n\
+         // a barrier) and ends with a barrier.\n\
+         fn logits_named(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) -> Tile {\n",
+    );
+    s.push_str(&zeroed());
+    s.push_str(
+        "    var pa: Pref;
+    var pb: Pref;
+    fetch_rows(&pa, true, r_base, P.n_rows, 0u, li);
+    fetch_rows(&pb, false, c_base, P.n_cls, 0u, li);
+    put_rows_a(&pa, r_base, P.n_rows, 0u, li, 0u);
+    put_rows_b(&pb, c_base, P.n_cls, 0u, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < P.d; k0 += TK) {
+        let more = k0 + TK < P.d;
+        if more {
+            fetch_rows(&pa, true, r_base, P.n_rows, k0 + TK, li);
+            fetch_rows(&pb, false, c_base, P.n_cls, k0 + TK, li);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let o = (buf * TK + k) * 2u * WG;
+            let x0 = As[o + 2u * ty];
+            let x1 = As[o + 2u * ty + 1u];
+            let y0 = Bs[o + 2u * tx];
+            let y1 = Bs[o + 2u * tx + 1u];
+",
+    );
+    s.push_str(&fmas());
+    s.push_str(
+        "        }
+        if more {
+            put_rows_a(&pa, r_base, P.n_rows, k0 + TK, li, buf ^ 1u);
+            put_rows_b(&pb, c_base, P.n_cls, k0 + TK, li, buf ^ 1u);
+        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+",
+    );
+    s.push_str(&returned());
+    s
+}
+
+/// The sixteen accumulators declared and zeroed.
+fn zeroed() -> String {
+    (0..N_ACC)
+        .map(|n| format!("    var a{n} = vec4<f32>(0.0);\n"))
+        .collect()
+}
+
+/// The depth step's sixteen FMAs ([`fma_line`]), inside the depth loop.
+fn fmas() -> String {
+    (0..N_ACC)
+        .map(|n| format!("            {}\n", fma_line(n)))
+        .collect()
+}
+
+/// `return Tile(a0, .., a15);` and the function's closing brace.
+fn returned() -> String {
+    let names: Vec<String> = (0..N_ACC).map(acc_name).collect();
+    format!("    return Tile({});\n}}\n", names.join(", "))
+}
+
+/// `fn prod_named(is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
+/// (Σ_k Gs[k][m] · X[j_base + k][d0 + n], the X panels double buffered through Bs by
+/// `fetch_cols` / `put_cols_b`) in named accumulators, with the same written-out depth step.
+/// Needs grad.wgsl (Gs) before it.
+pub fn prod_named() -> String {
+    let mut s = String::from(
+        "// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
+fn prod_named(is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32, ty: u32, li: u32) -> Tile {
+    let t = tile();
+    let t4 = 2u * WG;
+",
+    );
+    s.push_str(&zeroed());
+    s.push_str(
+        "    var pb: Pref;
+    fetch_cols(&pb, is_e, j_base, n_src, d0, li);
+    put_cols_b(&pb, is_e, j_base, n_src, d0, li, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < t; k0 += TK) {
+        let more = k0 + TK < t;
+        if more {
+            fetch_cols(&pb, is_e, j_base + k0 + TK, n_src, d0, li);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let ka = (k0 + k) * t4 + 2u * ty;
+            let kb = (buf * TK + k) * t4 + 2u * tx;
+            let x0 = Gs[ka];
+            let x1 = Gs[ka + 1u];
+            let y0 = Bs[kb];
+            let y1 = Bs[kb + 1u];
+",
+    );
+    s.push_str(&fmas());
+    s.push_str(
+        "        }
+        if more {
+            put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);
+        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+",
+    );
+    s.push_str(&returned());
+    s
+}
+
+/// The micro-tile row `N` of a call `name(&acc, Nu, ...)` on `line` and the arguments after
+/// it (`", ...);"`), when the line is such a call.
+fn row_call<'a>(line: &'a str, name: &str) -> Option<(usize, &'a str)> {
+    let rest = line
+        .trim_start()
+        .strip_prefix(name)?
+        .strip_prefix("(&acc, ")?;
+    let (n, tail) = rest.split_once("u")?;
+    Some((n.parse().ok()?, tail))
+}
+
+/// An entry point written for an `Acc` (bwd_hist_main.wgsl, bwd_de_main.wgsl,
+/// bwd_dc_main.wgsl) rewritten line by line for the named accumulators: the logits tile
+/// from `logits_named` (`tl`), G rows from grad.wgsl's `grad_row_v` (`g0 .. g7`, what
+/// `grad_tile` does row by row), the D-slice product from [`prod_named`] (`p`), and every
+/// per-row call by value (`hist_row_v`, `put_g_t_v`, `put_g_v`, `add_de_row_v`,
+/// `add_dc_row_v`) with constant names. Panics on a line that still names the accumulator
+/// (the unit tests run it on every such file).
+pub fn entry_named(acc_main: &str) -> String {
+    let mut out = String::new();
+    let mut g_row = 0;
+    // The file's header (the `Acc` entry point's docs) is left out.
+    let body = acc_main
+        .lines()
+        .skip_while(|l| l.is_empty() || l.starts_with("//"));
+    for line in body {
+        let t = line.trim_start();
+        let ind = &line[..line.len() - t.len()];
+        let mut emit = |x: String| {
+            out.push_str(ind);
+            out.push_str(&x);
+            out.push('\n');
+        };
+        if t == "var acc: Acc;" {
+            continue;
+        } else if let Some(args) = t.strip_prefix("logits_tile(&acc, ") {
+            emit(format!("let tl = logits_named({args}"));
+        } else if let Some(args) = t.strip_prefix("prod_slice(&acc, ") {
+            emit(format!("let p = prod_named({args}"));
+        } else if t == "let need = grad_tile(&acc, &sc, c_base, tx, ty);" {
+            // grad.wgsl's grad_tile, row by row by value.
+            emit("sc.n_ent = 0u;".into());
+            emit("let g_j0 = c_base + tx * 8u;".into());
+            emit("let g_b = ld_bias8(g_j0);".into());
+            emit("let g_n = min(P.n_cls - min(g_j0, P.n_cls), 8u);".into());
+            emit("let g_gj0 = P.cls0 + g_j0;".into());
+            for i in 0..N_ACC / 2 {
+                emit(format!(
+                    "let g{i} = grad_row_v(tl.a{}, tl.a{}, &sc, {i}u, g_b, ty, g_gj0, g_n);",
+                    2 * i,
+                    2 * i + 1
+                ));
+            }
+            let needs: Vec<String> = (0..N_ACC / 2).map(|i| format!("g{i}.need")).collect();
+            emit(format!("let need = {};", needs.join(" || ")));
+        } else if let Some((i, tail)) = row_call(t, "hist_row") {
+            emit(format!(
+                "hist_row_v(tl.a{}, tl.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "add_de_row") {
+            emit(format!(
+                "add_de_row_v(p.a{}, p.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "add_dc_row") {
+            emit(format!(
+                "add_dc_row_v(p.a{}, p.a{}, {i}u{tail}",
+                2 * i,
+                2 * i + 1
+            ));
+        } else if let Some((i, tail)) = row_call(t, "put_g_t") {
+            emit(format!("put_g_t_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
+        } else if let Some((i, tail)) =
+            row_call(t, "var g = put_g").or_else(|| row_call(t, "g = put_g"))
+        {
+            g_row = i;
+            emit(format!("put_g_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
+        } else if t == "bacc_lo += g[0];" {
+            emit(format!("bacc_lo += g{g_row}.lo;"));
+        } else if t == "bacc_hi += g[1];" {
+            emit(format!("bacc_hi += g{g_row}.hi;"));
+        } else {
+            assert!(
+                !(t.contains("&acc")
+                    || t.contains("acc[")
+                    || t.contains("Acc")
+                    || t.contains("g["))
+                    || t.starts_with("//"),
+                "entry_named: no rule for {t:?}"
+            );
+            emit(t.to_string());
+        }
+    }
+    out
+}
+
+/// fwd_partial.wgsl's pass on [`logits_named`]'s tile, and the entry point `main` (module
+/// docs).
+pub fn fwd_named() -> String {
+    let mut s = String::from(
+        "// fwd_partial.wgsl's pass with the named accumulators (fwd_partial.wgsl's helpers).
+fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
+    let t = tile();
+    let tx = lid.x;
+    let ty = lid.y;
+    let split = wid.x;
+    let r_base = wid.y * t;
+    let n_ct = (P.n_cls + t - 1u) / t;
+    let ct0 = split * P.split_tiles;
+    let ct1 = min(ct0 + P.split_tiles, n_ct);
+
+    fwd_begin(r_base, li);
+    for (var ct = ct0; ct < ct1; ct++) {
+        let c_base = ct * t;
+        let tl = logits_named(r_base, c_base, tx, ty, li);
+        let j0 = c_base + tx * 8u;
+        let b = ld_bias8(j0);
+        let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
+        let gj0 = P.cls0 + j0;
+",
+    );
+    for i in 0..N_ACC / 2 {
+        let _ = writeln!(
+            s,
+            "        put_row(tl.a{}, tl.a{}, {i}u, b, r_base, tx, ty, gj0, n_ok);",
+            2 * i,
+            2 * i + 1
+        );
+    }
+    s.push_str(
+        "        fwd_fold(li);
+    }
+    fwd_end(r_base, split, li);
+}
+
+@compute @workgroup_size(WG, WG, 1)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    fwd_named(wid, lid, li);
+}
+",
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outer_product_matches_the_acc_layout() {
+        // gemm.wgsl's `outer`: acc[2i + h] += a[i] * b[h], a = (a0.xyzw, a1.xyzw).
+        assert_eq!(fma_line(0), "a0 = fma(vec4<f32>(x0.x), y0, a0);");
+        assert_eq!(fma_line(1), "a1 = fma(vec4<f32>(x0.x), y1, a1);");
+        assert_eq!(fma_line(7), "a7 = fma(vec4<f32>(x0.w), y1, a7);");
+        assert_eq!(fma_line(8), "a8 = fma(vec4<f32>(x1.x), y0, a8);");
+        assert_eq!(fma_line(15), "a15 = fma(vec4<f32>(x1.w), y1, a15);");
+        let outer = include_str!("../shaders/gemm.wgsl");
+        for n in 0..N_ACC {
+            let (row, half) = (n / 2, n % 2);
+            let theirs = format!(
+                "(*acc)[{n}] = fma(vec4<f32>(a{}.{}), b{half}, (*acc)[{n}]);",
+                row / 4,
+                ["x", "y", "z", "w"][row % 4]
+            );
+            assert!(outer.contains(&theirs), "{theirs}");
+        }
+    }
+
+    #[test]
+    fn sixteen_named_accumulators_no_array_no_pointer() {
+        let src = logits_named() + &fwd_named();
+        for n in 0..N_ACC {
+            assert!(
+                src.contains(&format!("    var a{n} = vec4<f32>(0.0);")),
+                "a{n}"
+            );
+            assert_eq!(src.matches(&format!(" a{n} = fma(")).count(), 1, "a{n}");
+            assert!(src.contains(&format!("tl.a{n},")), "epilogue reads a{n}");
+        }
+        assert!(!src.contains("Acc"), "no Acc array");
+        assert!(!src.contains("ptr<function"), "no pointer parameter");
+        assert!(!src.contains("&a"), "no pointer to an accumulator");
+        assert!(!src.contains("array<"), "no array");
+        // One loop over depth panels and one over the panel's depth: none over the micro-tile.
+        assert_eq!(logits_named().matches("for (").count(), 2);
+        assert_eq!(fwd_named().matches("for (").count(), 1);
+    }
+
+    #[test]
+    fn named_panel_reads_stay_in_the_panels() {
+        // The generated reads, as text, and their indices enumerated over every shape the
+        // named loop runs: below the panels' 4·TK·WG vec4.
+        let src = logits_named();
+        for read in [
+            "let o = (buf * TK + k) * 2u * WG;",
+            "let x0 = As[o + 2u * ty];",
+            "let x1 = As[o + 2u * ty + 1u];",
+            "let y0 = Bs[o + 2u * tx];",
+            "let y1 = Bs[o + 2u * tx + 1u];",
+        ] {
+            assert!(src.contains(read), "{read}");
+        }
+        assert_eq!(src.matches("As[").count() + src.matches("Bs[").count(), 4);
+        let mut shapes = 0;
+        for wg in 1..=16u32 {
+            for tk in (4..=64u32).step_by(4) {
+                let cfg = crate::KernelConfig {
+                    wg,
+                    tk,
+                    main_loop: crate::MainLoop::Named,
+                    target_workgroups: 8,
+                    max_loop_iterations: 0,
+                    runtime_checks: false,
+                    cooperative_matrix: false,
+                };
+                if cfg.shape_error().is_some() {
+                    continue;
+                }
+                shapes += 1;
+                let len = 4 * tk * wg;
+                for buf in 0..2 {
+                    for k in 0..tk {
+                        let o = (buf * tk + k) * 2 * wg;
+                        for t in 0..wg {
+                            assert!(o + 2 * t + 1 < len, "{wg}:{tk} buf {buf} k {k} t {t}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(shapes >= 10, "{shapes}");
+    }
+
+    const ACC_MAINS: [(&str, &str); 3] = [
+        ("bwd_hist", include_str!("../shaders/bwd_hist_main.wgsl")),
+        ("bwd_de", include_str!("../shaders/bwd_de_main.wgsl")),
+        ("bwd_dc", include_str!("../shaders/bwd_dc_main.wgsl")),
+    ];
+
+    #[test]
+    fn the_backward_entry_points_name_no_accumulator_array() {
+        for (name, acc_main) in ACC_MAINS {
+            let src = entry_named(acc_main);
+            assert!(acc_main.contains("var acc: Acc;"), "{name}");
+            for gone in [
+                "Acc",
+                "&acc",
+                "acc[",
+                "ptr<function",
+                "logits_tile(",
+                "prod_slice(",
+            ] {
+                assert!(!src.contains(gone), "{name}: {gone}");
+            }
+            assert_eq!(src.matches("@compute").count(), 1, "{name}");
+            assert_eq!(src.matches("let tl = logits_named(").count(), 1, "{name}");
+            // Every row of every tile reaches its by-value call once, by constant names.
+            let calls: &[(&str, &str)] = match name {
+                "bwd_hist" => &[("hist_row_v(tl.a{lo}, tl.a{hi}, {i}u,", "")],
+                "bwd_de" => &[
+                    ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
+                    ("put_g_t_v(g{i}.lo, g{i}.hi, {i}u,", ""),
+                    ("add_de_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
+                ],
+                _ => &[
+                    ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
+                    ("put_g_v(g{i}.lo, g{i}.hi, {i}u,", "bacc_lo += g{i}.lo;"),
+                    ("add_dc_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
+                ],
+            };
+            for i in 0..8 {
+                let fill = |c: &str| {
+                    c.replace("{lo}", &(2 * i).to_string())
+                        .replace("{hi}", &(2 * i + 1).to_string())
+                        .replace("{i}", &i.to_string())
+                };
+                for (call, then) in calls {
+                    assert_eq!(
+                        src.matches(&fill(call)).count(),
+                        1,
+                        "{name}: {}",
+                        fill(call)
+                    );
+                    if !then.is_empty() {
+                        assert_eq!(src.matches(&fill(then)).count(), 1, "{name}");
+                    }
+                }
+            }
+        }
+        // The d_e / d_c product: named accumulators, prod_slice's reads.
+        let prod = prod_named();
+        for read in [
+            "let x0 = Gs[ka];",
+            "let x1 = Gs[ka + 1u];",
+            "let y0 = Bs[kb];",
+        ] {
+            assert!(prod.contains(read), "{read}");
+        }
+        assert!(!prod.contains("array<") && !prod.contains("Acc"));
+        let prod_slice = include_str!("../shaders/grad.wgsl");
+        for index in [
+            "let ka = (k0 + k) * t4 + 2u * ty;",
+            "let kb = (buf * TK + k) * t4 + 2u * tx;",
+        ] {
+            assert!(
+                prod.contains(index) && prod_slice.contains(index),
+                "{index}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_row_reaches_the_epilogue_once() {
+        let src = fwd_named();
+        for i in 0..8 {
+            let call = format!("put_row(tl.a{}, tl.a{}, {i}u,", 2 * i, 2 * i + 1);
+            assert_eq!(src.matches(&call).count(), 1, "{call}");
+        }
+        assert_eq!(src.matches("put_row(").count(), 8);
+    }
+}
