@@ -88,4 +88,4 @@ pub use merge::{merge_forward, MergedForward, MergedRow, RankPartial};
 pub use over_backend::{BackendShard, ShardRows};
 pub use partial::{PartialHeader, RowPartial};
 pub use primitives::{ShardBackward, ShardForward, ShardPrimitives};
-pub use shard::{check_tiling, ShardLayout, VocabShard};
+pub use shard::{check_tiling, shard_problem, ShardLayout, VocabShard};

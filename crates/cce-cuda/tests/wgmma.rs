@@ -31,6 +31,18 @@ fn wgmma_expected(be: &CudaBackend) -> bool {
 }
 
 /// |a − b| ≤ tol · (1 + |b|) per row.
+/// |a_i − b_i| ≤ tol · max |b| elementwise.
+fn close_max(what: &str, a: &[f64], b: &[f64], tol: f64) {
+    assert_eq!(a.len(), b.len(), "{what}: length");
+    let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * scale,
+            "{what}: [{i}] {x} vs {y} (max {scale})"
+        );
+    }
+}
+
 fn close_rows(what: &str, a: &[f64], b: &[f64], tol: f64) {
     assert_eq!(a.len(), b.len(), "{what}: length");
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
@@ -602,16 +614,6 @@ fn wgmma_row_pass() {
             to_f64(be, g.d_e.as_ref().unwrap()),
         )
     };
-    // |x − y| ≤ tol · max |y| elementwise.
-    let close_max = |what: &str, a: &[f64], b: &[f64], tol: f64| {
-        let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= tol * scale,
-                "{what}: [{i}] {x} vs {y} (max {scale})"
-            );
-        }
-    };
     for (i, &(n, d, v)) in shapes.iter().enumerate() {
         let bias = i % 2 == 1;
         let mut case = random_case(&mut rng, n, d, v, DType::BF16, bias, 0.1, 3.0);
@@ -765,17 +767,6 @@ fn wgmma_row_pass_in_chunked_dense() {
     };
     let (on, off) = (make(true), make(false));
     let mut rng = seeded();
-    // |x − y| ≤ tol · max |y| elementwise.
-    let close_max = |what: &str, a: &[f64], b: &[f64], tol: f64| {
-        assert_eq!(a.len(), b.len(), "{what}: length");
-        let scale = b.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
-        for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= tol * scale,
-                "{what}: [{i}] {x} vs {y} (max {scale})"
-            );
-        }
-    };
     for (i, &(n, d, v)) in [
         (1, 64, 7),
         (129, 128, 5003),

@@ -58,9 +58,7 @@ use crate::backend::{Backend, DLoss, Inputs, Saved, Upstream};
 use crate::dtype::DType;
 use crate::error::{CceError, Result};
 use crate::options::{GradDType, Options, Reduction, SideOutputs};
-use crate::problem::{
-    check_index_limits, check_masked_targets, check_upstream_finite, PreparedTargets, Problem,
-};
+use crate::problem::{check_masked_targets, check_upstream_finite, PreparedTargets, Problem};
 use crate::stats::CallStats;
 use crate::tensor::{HostTensor, TensorMeta};
 
@@ -183,32 +181,7 @@ impl<B: ShardRows + ?Sized> BackendShard<'_, B> {
         shard: &VocabShard,
         opts: &Options,
     ) -> Result<Prepared> {
-        let cs = inputs.c.shape();
-        if cs.len() == 2 && cs[0] != shard.len() {
-            return Err(CceError::ShapeMismatch {
-                what: "c (rows of the shard)",
-                expected: format!(
-                    "[{}, {}] (shard [{}, {}))",
-                    shard.len(),
-                    cs[1],
-                    shard.start(),
-                    shard.end()
-                ),
-                got: format!("{cs:?}"),
-            });
-        }
-        let local = Problem::new(
-            inputs.e,
-            inputs.c,
-            inputs.bias.map(|b| b as &dyn TensorMeta),
-            inputs.targets,
-            opts,
-        )?;
-        check_index_limits(local.n, shard.end())?;
-        let problem = Problem {
-            v: shard.vocab_size(),
-            ..local
-        };
+        let problem = super::shard::shard_problem(inputs, shard, opts)?;
         let raw =
             self.backend
                 .download(inputs.targets)?

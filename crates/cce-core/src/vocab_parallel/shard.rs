@@ -10,7 +10,11 @@
 //! log-sum-exp, and gets a zero gradient.
 
 use super::error::VocabParallelError;
+use crate::backend::Inputs;
 use crate::error::{CceError, Result};
+use crate::options::Options;
+use crate::problem::{check_index_limits, Problem};
+use crate::tensor::TensorMeta;
 use std::ops::Range;
 
 /// The classes `[start, end)` one rank holds, of a vocabulary of `vocab_size` real classes.
@@ -295,6 +299,48 @@ pub fn check_tiling(vocab_size: usize, shards: &[VocabShard]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The problem of one shard's call, checked: `c` holds the shard's `len` rows (padding
+/// included), the shapes and options pass [`Problem::new`], `N` and the padded vocabulary fit
+/// 32-bit indices; `v` is then the whole vocabulary's real classes (`shard.vocab_size()`), so
+/// targets are judged against all of it. `e` `[N, D]` (or `[..., T, D]`) and `targets` `[N]`
+/// are the whole batch's; `bias` `[len]` the shard's.
+///
+/// Errors: `ShapeMismatch` when `c` does not have the shard's rows (checked first: a `c` of the
+/// wrong rows would otherwise be reported as a bias that does not fit it); those of
+/// [`Problem::new`]; `ResourceLimit` past 32-bit indices.
+pub fn shard_problem<T: TensorMeta>(
+    inputs: &Inputs<'_, T>,
+    shard: &VocabShard,
+    opts: &Options,
+) -> Result<Problem> {
+    let cs = inputs.c.shape();
+    if cs.len() == 2 && cs[0] != shard.len() {
+        return Err(CceError::ShapeMismatch {
+            what: "c (rows of the shard)",
+            expected: format!(
+                "[{}, {}] (shard [{}, {}))",
+                shard.len(),
+                cs[1],
+                shard.start(),
+                shard.end()
+            ),
+            got: format!("{cs:?}"),
+        });
+    }
+    let local = Problem::new(
+        inputs.e,
+        inputs.c,
+        inputs.bias.map(|b| b as &dyn TensorMeta),
+        inputs.targets,
+        opts,
+    )?;
+    check_index_limits(local.n, shard.end())?;
+    Ok(Problem {
+        v: shard.vocab_size(),
+        ..local
+    })
 }
 
 #[cfg(test)]

@@ -238,14 +238,13 @@ mod tests {
     use super::*;
     use cce_core::Options;
 
-    /// The plan of a bf16 call of `shape` with `opts` as `CudaBackend` makes it, with the sparse
-    /// mode and the backend's memory of the last sparse try given.
-    fn plan_with(
+    /// A bf16 problem of `shape` without bias, the limits of a 140 GiB Hopper and the backend's
+    /// knobs with the sparse mode and the memory of the last sparse try given.
+    fn setup(
         (n, d, v): (usize, usize, usize),
-        opts: &Options,
         sparse: SparseMode,
         sparse_expected: bool,
-    ) -> Plan {
+    ) -> (Problem, cce_core::DeviceLimits, PlanKnobs) {
         let problem = Problem {
             n,
             d,
@@ -261,6 +260,18 @@ mod tests {
             split_de_f16: true,
             sparse_expected,
         };
+        (problem, limits, knobs)
+    }
+
+    /// The plan of a bf16 call of `shape` with `opts` as `CudaBackend` makes it, with the sparse
+    /// mode and the backend's memory of the last sparse try given.
+    fn plan_with(
+        shape: (usize, usize, usize),
+        opts: &Options,
+        sparse: SparseMode,
+        sparse_expected: bool,
+    ) -> Plan {
+        let (problem, limits, knobs) = setup(shape, sparse, sparse_expected);
         plan_call(&problem, opts, &limits, knobs).unwrap()
     }
 
@@ -315,25 +326,11 @@ mod tests {
 
     /// The give-way plan of a bf16 call of `shape` with `opts`, under `sparse`.
     fn give_way_with(
-        (n, d, v): (usize, usize, usize),
+        shape: (usize, usize, usize),
         opts: &Options,
         sparse: SparseMode,
     ) -> Option<(Plan, Options)> {
-        let problem = Problem {
-            n,
-            d,
-            v,
-            dtype: DType::BF16,
-            has_bias: false,
-            seq_len: n,
-        };
-        let limits = device_limits("test", 140 << 30, 227 << 10);
-        let knobs = PlanKnobs {
-            chunk_cap: None,
-            sparse,
-            split_de_f16: true,
-            sparse_expected: true,
-        };
+        let (problem, limits, knobs) = setup(shape, sparse, true);
         let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
         give_way_plan(&problem, opts, &limits, knobs, &plan).unwrap()
     }

@@ -3,9 +3,9 @@
 use crate::blocked::{cap, dgemm, sgemm};
 use crate::view::HostRead;
 use cce_core::plan::TileShape;
-use cce_core::problem::{check_index_limits, PreparedTargets, Problem};
+use cce_core::problem::{PreparedTargets, Problem};
 use cce_core::vocab_parallel::VocabShard;
-use cce_core::{CceError, Inputs, Options, Result, TensorMeta};
+use cce_core::{CceError, Inputs, Options, Result};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -39,34 +39,7 @@ pub(crate) fn prepare<'a, T: HostRead>(
     opts: &Options,
     tile: TileShape,
 ) -> Result<ShardInputs<'a>> {
-    // The shard's rows first: a `c` of the wrong rows would otherwise be reported as a bias
-    // that does not fit it.
-    let cs = inputs.c.shape();
-    if cs.len() == 2 && cs[0] != shard.len() {
-        return Err(CceError::ShapeMismatch {
-            what: "c (rows of the shard)",
-            expected: format!(
-                "[{}, {}] (shard [{}, {}))",
-                shard.len(),
-                cs[1],
-                shard.start(),
-                shard.end()
-            ),
-            got: format!("{cs:?}"),
-        });
-    }
-    let local = Problem::new(
-        inputs.e,
-        inputs.c,
-        inputs.bias.map(|b| b as &dyn TensorMeta),
-        inputs.targets,
-        opts,
-    )?;
-    check_index_limits(local.n, shard.end())?;
-    let problem = Problem {
-        v: shard.vocab_size(),
-        ..local
-    };
+    let problem = cce_core::vocab_parallel::shard_problem(inputs, shard, opts)?;
     let raw = inputs.targets.i64_values().ok_or(CceError::DTypeMismatch {
         what: "targets",
         expected: "i32 or i64".into(),
