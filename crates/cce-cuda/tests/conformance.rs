@@ -709,6 +709,25 @@ fn sanitizer_smoke() {
                 let mut s = spec(130, 64, 301, dtype, "wgmma row pass");
                 s.opts.side_outputs = SideOutputs::default();
                 eprintln!("{}", check(&rows_be, &mut rng, &s));
+                // Chunked dense's row pass through the same epilogue (the default backend,
+                // several 64-row chunks accumulating d_c), and a filtered call on flat rows
+                // whose sparse backward gives way and runs again on that plan, its workspace
+                // kept in the engine's pool in between.
+                let chunked_be = CudaBackend::new(0)
+                    .unwrap()
+                    .with_chunk_cap(64, 128)
+                    .unwrap();
+                let mut s = spec(130, 64, 300, dtype, "chunked wgmma row pass+bias+softcap");
+                s.opts.side_outputs = SideOutputs::default();
+                s.bias = true;
+                s.opts.softcap = Some(10.0);
+                eprintln!("{}", check(&chunked_be, &mut rng, &s));
+                let flat = random_case(&mut rng, 200, 64, 3000, dtype, false, 0.1, 1.0);
+                let dev = DeviceCase::new(&chunked_be, &flat);
+                let (_, g) = chunked_be
+                    .forward_backward(&dev.inputs(), &Options::default(), &Upstream::default())
+                    .unwrap();
+                eprintln!("give-way smoke: {}", g.stats.plan_reason);
             }
         }
     }
