@@ -111,6 +111,19 @@ def _error(kind: str, message: str) -> CceError:
     return err
 
 
+def _placed(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` contiguous and, on CUDA, at an address the CUDA backend borrows in place (16-byte
+    aligned: its vector loads); else a copy (differentiable). A rank's slice of a larger tensor
+    (``bias[start:stop]``) often starts elsewhere, and an error there, before the call's first
+    collective, would leave the other ranks waiting for this one."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    if t.is_cuda and t.data_ptr() % 16 != 0:
+        t = t.clone()
+    return t
+
+
 def _vocab_size(vp: VocabParallelOptions, comm) -> int:
     """The options' ``vocab_size``, else the largest ``stop`` over the ranks of ``comm`` (f64:
     exact for any vocabulary)."""
@@ -149,8 +162,8 @@ class _VocabParallelLce(torch.autograd.Function):
             d_loss = torch.zeros(
                 (targets.numel(),) if reduction == "none" else (), dtype=torch.float32, device=e.device
             )
-        d_loss = d_loss.float().contiguous()
-        d_lse = None if d_lse is None else d_lse.float().contiguous()
+        d_loss = _placed(d_loss.float())
+        d_lse = _placed(None if d_lse is None else d_lse.float())
         d_e = torch.empty_like(e) if need_e else None
         d_c = torch.empty_like(c) if need_c else None
         d_bias = torch.empty_like(bias) if need_bias else None
@@ -204,10 +217,10 @@ def vocab_parallel_call(
     comm = TorchDistributedComm(vp.group) if comm is None else comm
     vocab_size = _vocab_size(vp, comm)
     loss, lse, _ = _VocabParallelLce.apply(
-        e.contiguous(),
-        c.contiguous(),
-        None if bias is None else bias.contiguous(),
-        targets.contiguous(),
+        _placed(e),
+        _placed(c),
+        _placed(bias),
+        _placed(targets),
         opts,
         comm,
         vocab_size,

@@ -302,7 +302,9 @@ def test_mixed_devices_raise(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_failing_rank_is_named_and_nobody_waits(device, world):
     """The last rank's e holds a NaN: it raises NonFinite (read at the call: the CUDA path's
-    checks are eager), every other rank VocabParallel naming it."""
+    checks are eager), every other rank VocabParallel naming it. The bias shards are slices of
+    the whole bias (on CUDA most start at an address the backend cannot borrow: the package
+    copies them)."""
     case = CASES[0]
 
     def call(comm):
