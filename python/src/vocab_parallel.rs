@@ -26,6 +26,7 @@ use pyo3::types::PyDict;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod failed;
 
 /// A [`Communicator`] whose collectives are methods of a Python object (see the module docs).
 struct PyComm<'py> {
@@ -196,7 +197,8 @@ fn cuda_stream(inp: &InputArgs, stream: usize) -> super::cuda::TorchStream {
 /// handle the package passes as `stream`).
 ///
 /// Errors (`CceError`): every error of the unsharded call; `VocabParallel` when the shards do
-/// not tile `[0, vocab_size)` or a rank failed; `Unsupported` for tensors on different devices,
+/// not tile `[0, vocab_size)` or a rank failed (a rank whose call fails before its shard runs
+/// still takes part in the first collective as a failed rank: `failed`); `Unsupported` for tensors on different devices,
 /// for CUDA tensors in a build without the `cuda` feature and during a CUDA graph capture;
 /// `Backend` when a collective raised.
 #[pyfunction]
@@ -222,8 +224,9 @@ pub(crate) fn vp_forward<'py>(
     let outs = ForwardArgs::read(py, [loss_out, lse_out, rest_mass_out], [None, None])?;
     let comm = PyComm::new(comm)?;
     let stats = guarded(py, || {
-        let device = super::device_of(&[inp.tensors(), outs.tensors()].concat())?;
-        let shard = shard_of(&inp.c, vocab_size, start)?;
+        let placed = super::device_of(&[inp.tensors(), outs.tensors()].concat())
+            .and_then(|device| Ok((device, shard_of(&inp.c, vocab_size, start)?)));
+        let (device, shard) = placed.map_err(|e| failed::forward(&comm, &inp, &o, e))?;
         match device {
             #[cfg(feature = "cuda")]
             Device::Cuda => {
@@ -292,8 +295,9 @@ pub(crate) fn vp_backward<'py>(
     grads.ask(&mut o);
     let comm = PyComm::new(comm)?;
     let stats = guarded(py, || {
-        let device = super::device_of(&[inp.tensors(), sv.tensors(), grads.tensors()].concat())?;
-        let shard = shard_of(&inp.c, vocab_size, start)?;
+        let placed = super::device_of(&[inp.tensors(), sv.tensors(), grads.tensors()].concat())
+            .and_then(|device| Ok((device, shard_of(&inp.c, vocab_size, start)?)));
+        let (device, shard) = placed.map_err(|e| failed::backward(&comm, &inp, &sv, &o, e))?;
         match device {
             #[cfg(feature = "cuda")]
             Device::Cuda => {

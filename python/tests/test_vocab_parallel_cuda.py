@@ -320,3 +320,38 @@ def test_a_failing_rank_is_named_and_nobody_waits(device, world):
         return None
 
     assert run_ranks(world, call) == ["VocabParallel"] * (world - 1) + ["NonFinite"]
+
+
+def _one_bad_rank(comm, device: str, bad: str):
+    """The last rank's call is bad before its shard runs (``bad``: "vocab_size", a vocabulary
+    of 0 classes; "device", its ``c`` on the CPU); returns the kind each rank raises."""
+    case = CASES[0]
+    e, c, _, targets = _inputs(case, device)
+    start, stop = partition_vocab(c.shape[0], comm.rank(), comm.size())
+    vp = VocabParallelOptions(start, stop, vocab_size=c.shape[0])
+    c_shard = c[start:stop]
+    if comm.rank() == comm.size() - 1:
+        if bad == "vocab_size":
+            vp.vocab_size = 0
+        else:
+            c_shard = c_shard.cpu()
+    try:
+        vocab_parallel_call(e, c_shard, targets, None, _opts(case), vp, comm=comm)
+    except CceError as err:
+        return err.kind
+    return None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_failing_before_its_shard_is_named(device, world):
+    """A rank whose call fails before its shard runs still takes part in the first collective
+    as a failed rank: it raises its own error, the others VocabParallel (nobody waits)."""
+    kinds = run_ranks(world, lambda comm: _one_bad_rank(comm, device, "vocab_size"))
+    assert kinds == ["VocabParallel"] * (world - 1) + ["EmptyInput"]
+
+
+@CUDA
+def test_one_rank_on_mixed_devices_is_named():
+    kinds = run_ranks(2, lambda comm: _one_bad_rank(comm, "cuda", "device"))
+    assert kinds == ["VocabParallel", "Unsupported"]

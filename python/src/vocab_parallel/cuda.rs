@@ -12,6 +12,9 @@
 //! stream; this shard's `d_c` and `d_bias` are device buffers of the backend, copied into
 //! torch's on the stream.
 //!
+//! An error before the driver runs (the backend's setup, a tensor it cannot borrow) still takes
+//! part in the call's first collective as a failed rank (`super::failed`).
+//!
 //! Host traffic per call, besides the collectives: the targets (and bias) read for the shard's
 //! checks, the partials of up to three unsharded forwards (`[N]` f32 each) and the forward's
 //! outputs (`3N` f32) written back; in the backward the saved lse and `rest_mass` and the
@@ -26,6 +29,7 @@ use cce_core::{CallStats, HostTensor, Inputs, Options, Saved, TensorMeta, Upstre
 use cce_cuda::cudarc::driver::sys::CUstream;
 use cce_cuda::{Checks, CudaBackend, CudaTensor};
 use cce_reference::vocab_parallel::RankDriver;
+use std::cell::Cell;
 
 use crate::args::{ForwardArgs, GradArgs, InputArgs, SavedArgs};
 
@@ -127,6 +131,9 @@ pub(crate) unsafe fn forward<C: Communicator + ?Sized>(
     outs: &ForwardArgs,
     opts: &Options,
 ) -> cce_core::Result<CallStats> {
+    // Whether the driver ran (and took part in the collectives): an error before it still
+    // joins them as a failed rank (`super::failed`).
+    let joined = Cell::new(false);
     let call = |be: &CudaBackend| -> cce_core::Result<CallStats> {
         // SAFETY: forwarded from this function's contract (inputs only read, on `be`'s stream).
         let (e, c, targets) = unsafe {
@@ -144,6 +151,7 @@ pub(crate) unsafe fn forward<C: Communicator + ?Sized>(
             bias: bias.as_ref(),
             targets: &targets,
         };
+        joined.set(true);
         let fwd = RankDriver::from_shard(comm, shard)
             .with_primitives(BackendShard::new(be))
             .forward(&inputs, opts)?;
@@ -157,7 +165,10 @@ pub(crate) unsafe fn forward<C: Communicator + ?Sized>(
         Ok(fwd.shard_stats)
     };
     // SAFETY: forwarded from this function's contract.
-    unsafe { call_backend(stream, call) }
+    unsafe { call_backend(stream, call) }.map_err(|e| match joined.get() {
+        true => e,
+        false => super::failed::forward(comm, inp, opts, e),
+    })
 }
 
 /// This rank's vocabulary-parallel backward on CUDA tensors (see `super::vp_backward`): the
@@ -175,6 +186,9 @@ pub(crate) unsafe fn backward<C: Communicator + ?Sized>(
     grads: &GradArgs,
     opts: &Options,
 ) -> cce_core::Result<CallStats> {
+    // Whether the driver ran (and took part in the collectives): an error before it still
+    // joins them as a failed rank (`super::failed`).
+    let joined = Cell::new(false);
     let call = |be: &CudaBackend| -> cce_core::Result<CallStats> {
         // SAFETY: forwarded from this function's contract (inputs only read, on `be`'s stream).
         let (e, c, targets) = unsafe {
@@ -209,6 +223,7 @@ pub(crate) unsafe fn backward<C: Communicator + ?Sized>(
             d_loss: d_loss_on(be, &d_loss, opts, false)?,
             d_lse: d_lse.as_ref(),
         };
+        joined.set(true);
         let out = RankDriver::from_shard(comm, shard)
             .with_primitives(BackendShard::new(be))
             .backward(
@@ -236,5 +251,8 @@ pub(crate) unsafe fn backward<C: Communicator + ?Sized>(
         Ok(out.stats)
     };
     // SAFETY: forwarded from this function's contract.
-    unsafe { call_backend(stream, call) }
+    unsafe { call_backend(stream, call) }.map_err(|e| match joined.get() {
+        true => e,
+        false => super::failed::backward(comm, inp, sv, opts, e),
+    })
 }
