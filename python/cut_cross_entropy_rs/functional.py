@@ -126,7 +126,8 @@ def linear_cross_entropy(
     :param vocab_parallel_options: None, or a :class:`VocabParallelOptions`: ``c`` and ``bias``
         hold this rank's classes ``[start, stop)`` of a vocabulary sharded over a
         ``torch.distributed`` group; the loss and lse are those of the whole vocabulary, the
-        gradient of ``e`` is summed over the ranks (CPU tensors; :mod:`.vocab_parallel`).
+        gradient of ``e`` is summed over the ranks (CPU or CUDA tensors, the collectives on
+        CPU tensors; :mod:`.vocab_parallel`).
     :param label_smoothing: Label smoothing in ``[0, 1)``.
     :param z_loss: Weight of ``lse²`` added to each row's loss (Liger's ``lse_square_scale``).
     :param max_dropped_mass: Per-row bound on the probability mass the filter may skip.

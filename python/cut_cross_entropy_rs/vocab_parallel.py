@@ -14,9 +14,16 @@ float32). Filtering keeps its per-row bound across shards: shard ``r`` may drop 
 ``max_dropped_mass · (its real classes) / V``. The math and its contract:
 ``cce_core::vocab_parallel`` (Rust docs).
 
-Scope: CPU tensors over a CPU process group (gloo); CUDA tensors raise ``CceError`` of kind
-``Unsupported`` (the CUDA shard primitives are not built yet). Eager mode only (the collectives
-run inside the call, so ``torch.compile`` runs it outside the graph).
+Devices: CPU tensors (the CPU reference's shard primitives) or CUDA tensors (the CUDA
+backend's shard primitives, composed from its unsharded calls, on
+``torch.cuda.current_stream()`` of the tensors' device; loss, lse and gradients come back on that
+device). Either way the collectives run on 1-D CPU tensors through ``torch.distributed`` (a CPU
+process group such as gloo): with CUDA tensors the merge of the partials and the ``d_e``
+all-reduce go through the host (each call synchronizes the stream a few times and copies
+``N · D`` f32 of ``d_e`` each way). Every tensor of a call on one device (``e`` on CUDA with
+``c`` on the CPU raises ``CceError`` of kind ``Unsupported``, as the unsharded call does); not
+inside a CUDA graph capture. Eager mode only (the collectives run inside the call, so
+``torch.compile`` runs it outside the graph).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _native
-from ._ops import CceError, Options, _native_options
+from ._ops import CceError, Options, _native_options, _stream
 
 __all__ = ["VocabParallelOptions", "TorchDistributedComm", "partition_vocab"]
 
@@ -75,7 +82,8 @@ class TorchDistributedComm:
     """The collectives the library calls back into: ``torch.distributed`` over ``group``.
 
     ``all_reduce(t, op)`` reduces the 1-D tensor ``t`` in place (``op`` "sum" or "max") and
-    ``all_gather(t)`` returns the ranks' ``t`` concatenated in rank order.
+    ``all_gather(t)`` returns the ranks' ``t`` concatenated in rank order; ``t`` is a CPU tensor
+    of float32 or float64, whatever the device of the call's tensors.
     """
 
     def __init__(self, group: Any = None):
@@ -103,13 +111,27 @@ def _error(kind: str, message: str) -> CceError:
     return err
 
 
-def _vocab_size(vp: VocabParallelOptions) -> int:
-    """The options' ``vocab_size``, else the largest ``stop`` over the group."""
+def _placed(t: Optional[Tensor]) -> Optional[Tensor]:
+    """``t`` contiguous and, on CUDA, at an address the CUDA backend borrows in place (16-byte
+    aligned: its vector loads); else a copy (differentiable). A rank's slice of a larger tensor
+    (``bias[start:stop]``) often starts elsewhere, and an error there, before the call's first
+    collective, would leave the other ranks waiting for this one."""
+    if t is None:
+        return None
+    t = t.contiguous()
+    if t.is_cuda and t.data_ptr() % 16 != 0:
+        t = t.clone()
+    return t
+
+
+def _vocab_size(vp: VocabParallelOptions, comm) -> int:
+    """The options' ``vocab_size``, else the largest ``stop`` over the ranks of ``comm`` (f64:
+    exact for any vocabulary)."""
     if vp.vocab_size is not None:
         return int(vp.vocab_size)
-    stop = torch.tensor([vp.stop], dtype=torch.int64)
-    dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=vp.group)
-    return int(stop.item())
+    stop = torch.tensor([float(vp.stop)], dtype=torch.float64)
+    got = comm.all_reduce(stop, "max")
+    return int((stop if got is None else got).item())
 
 
 class _VocabParallelLce(torch.autograd.Function):
@@ -124,7 +146,7 @@ class _VocabParallelLce(torch.autograd.Function):
         loss = torch.empty((n,) if opts.reduction == "none" else (), **f32)
         lse = torch.empty((n,), **f32)
         rest = torch.empty((n,), **f32)
-        _native.vp_forward(e, c, bias, targets, native, comm, vocab_size, start, loss, lse, rest)
+        _native.vp_forward(e, c, bias, targets, native, comm, vocab_size, start, loss, lse, rest, stream=_stream(e))
         ctx.save_for_backward(e, c, bias, targets, lse, rest)
         ctx.call = (native, comm, vocab_size, start, opts.reduction)
         ctx.set_materialize_grads(False)
@@ -137,9 +159,11 @@ class _VocabParallelLce(torch.autograd.Function):
         native, comm, vocab_size, start, reduction = ctx.call
         need_e, need_c, need_bias = ctx.needs_input_grad[:3]
         if d_loss is None:
-            d_loss = torch.zeros((targets.numel(),) if reduction == "none" else (), dtype=torch.float32)
-        d_loss = d_loss.float().contiguous()
-        d_lse = None if d_lse is None else d_lse.float().contiguous()
+            d_loss = torch.zeros(
+                (targets.numel(),) if reduction == "none" else (), dtype=torch.float32, device=e.device
+            )
+        d_loss = _placed(d_loss.float())
+        d_lse = _placed(None if d_lse is None else d_lse.float())
         d_e = torch.empty_like(e) if need_e else None
         d_c = torch.empty_like(c) if need_c else None
         d_bias = torch.empty_like(bias) if need_bias else None
@@ -159,16 +183,25 @@ class _VocabParallelLce(torch.autograd.Function):
             d_e_out=d_e,
             d_c_out=d_c,
             d_bias_out=d_bias,
+            stream=_stream(e),
         )
         return d_e, d_c, d_bias, None, None, None, None, None
 
 
 @torch.compiler.disable
 def vocab_parallel_call(
-    e: Tensor, c: Tensor, targets: Tensor, bias: Optional[Tensor], opts: Options, vp: VocabParallelOptions
+    e: Tensor,
+    c: Tensor,
+    targets: Tensor,
+    bias: Optional[Tensor],
+    opts: Options,
+    vp: VocabParallelOptions,
+    comm: Any = None,
 ) -> tuple[Tensor, Tensor]:
-    """The loss and lse (``[N]`` f32) of the whole vocabulary on this rank (see the module
-    docs); ``e`` ``(N, D)``, ``targets`` ``(N,)``, ``c`` and ``bias`` this rank's rows."""
+    """The loss and lse (``[N]`` f32, on ``e``'s device) of the whole vocabulary on this rank
+    (see the module docs); ``e`` ``(N, D)``, ``targets`` ``(N,)``, ``c`` and ``bias`` this rank's
+    rows. ``comm``: the collectives, ``TorchDistributedComm(vp.group)`` when None; any object
+    with its four methods (the tests simulate ranks as threads of one process with one)."""
     if not isinstance(vp, VocabParallelOptions):
         raise _error(
             "InvalidOption",
@@ -181,13 +214,13 @@ def vocab_parallel_call(
             "ShapeMismatch",
             f"c: expected this rank's {vp.stop - vp.start} rows [{vp.start}, {vp.stop}), got shape {tuple(c.shape)}",
         )
-    comm = TorchDistributedComm(vp.group)
-    vocab_size = _vocab_size(vp)
+    comm = TorchDistributedComm(vp.group) if comm is None else comm
+    vocab_size = _vocab_size(vp, comm)
     loss, lse, _ = _VocabParallelLce.apply(
-        e.contiguous(),
-        c.contiguous(),
-        None if bias is None else bias.contiguous(),
-        targets.contiguous(),
+        _placed(e),
+        _placed(c),
+        _placed(bias),
+        _placed(targets),
         opts,
         comm,
         vocab_size,

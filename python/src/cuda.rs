@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 const WHO: &str = "cut_cross_entropy_rs (cuda)";
 
 /// The primary context of device `ordinal`, retained once for the process.
-fn context(ordinal: usize) -> cce_core::Result<Arc<CudaContext>> {
+pub(crate) fn context(ordinal: usize) -> cce_core::Result<Arc<CudaContext>> {
     static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
     let map = CONTEXTS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = map
@@ -91,7 +91,7 @@ fn lock<T>(m: &Mutex<T>) -> cce_core::Result<std::sync::MutexGuard<'_, T>> {
 }
 
 /// Whether `be`'s stream is capturing a CUDA graph.
-fn capturing(be: &CudaBackend) -> cce_core::Result<bool> {
+pub(crate) fn capturing(be: &CudaBackend) -> cce_core::Result<bool> {
     use cce_cuda::cudarc::driver::sys::CUstreamCaptureStatus as Capture;
     Ok(be
         .stream()
@@ -191,7 +191,7 @@ pub(crate) fn status(ordinal: usize, handle: usize) -> cce_core::Result<Option<D
 /// `t` was read by `raw` from a live, contiguous CUDA tensor of `be`'s device that the caller
 /// holds for the whole call; inputs are not written and outputs not read by anyone else
 /// until the work of the call on torch's current stream has completed (stream order).
-unsafe fn borrow(be: &CudaBackend, t: &RawTensor) -> cce_core::Result<CudaTensor> {
+pub(crate) unsafe fn borrow(be: &CudaBackend, t: &RawTensor) -> cce_core::Result<CudaTensor> {
     // SAFETY: forwarded from this function's contract: `ptr` addresses `numel` elements of
     // `dtype` in one torch allocation on this device.
     unsafe { CudaTensor::borrowed(be.stream(), t.ptr as u64, t.dtype, t.shape.clone()) }
@@ -201,7 +201,7 @@ unsafe fn borrow(be: &CudaBackend, t: &RawTensor) -> cce_core::Result<CudaTensor
 ///
 /// # Safety
 /// As [`borrow`].
-unsafe fn borrow_opt(
+pub(crate) unsafe fn borrow_opt(
     be: &CudaBackend,
     t: Option<&RawTensor>,
 ) -> cce_core::Result<Option<CudaTensor>> {
@@ -307,30 +307,7 @@ pub(crate) unsafe fn backward(
         let (lse, rest_mass) = unsafe { (borrow(be, saved[0])?, borrow(be, saved[1])?) };
         // SAFETY: as above.
         let d_loss = unsafe { borrow(be, d_loss)? };
-        if d_loss.dtype() != DType::F32 {
-            return Err(LibError::DTypeMismatch {
-                what: "d_loss",
-                expected: "f32".into(),
-                got: d_loss.dtype(),
-            });
-        }
-        let d_loss = match opts.reduction {
-            Reduction::None => DLoss::PerRow(&d_loss),
-            _ if unit_d_loss => DLoss::Scalar(1.0),
-            _ => {
-                let host = be.download(&d_loss)?.to_f32_vec();
-                match host.as_slice() {
-                    [s] => DLoss::Scalar(*s),
-                    _ => {
-                        return Err(LibError::ShapeMismatch {
-                            what: "d_loss",
-                            expected: "a scalar for reduction mean or sum".into(),
-                            got: format!("{} elements", host.len()),
-                        })
-                    }
-                }
-            }
-        };
+        let d_loss = d_loss_on(be, &d_loss, opts, unit_d_loss)?;
         let inputs = Inputs {
             e: &e,
             c: &c,
@@ -369,6 +346,43 @@ pub(crate) unsafe fn backward(
     };
     // SAFETY: forwarded from this function's contract (the stream's and every tensor's).
     unsafe { stream.run(call) }
+}
+
+/// The loss gradient of a backward from the `d_loss` tensor on the device: per row for
+/// reduction none, else the scalar (1 when `unit_d_loss`: the caller scales the gradients
+/// itself; otherwise read back as a host scalar, one synchronization of the stream).
+///
+/// Errors: `DTypeMismatch` unless f32; `ShapeMismatch` for a non-scalar under mean or sum.
+pub(crate) fn d_loss_on<'a>(
+    be: &CudaBackend,
+    d_loss: &'a CudaTensor,
+    opts: &Options,
+    unit_d_loss: bool,
+) -> cce_core::Result<DLoss<'a, CudaTensor>> {
+    if d_loss.dtype() != DType::F32 {
+        return Err(LibError::DTypeMismatch {
+            what: "d_loss",
+            expected: "f32".into(),
+            got: d_loss.dtype(),
+        });
+    }
+    Ok(match opts.reduction {
+        Reduction::None => DLoss::PerRow(d_loss),
+        _ if unit_d_loss => DLoss::Scalar(1.0),
+        _ => {
+            let host = be.download(d_loss)?.to_f32_vec();
+            match host.as_slice() {
+                [s] => DLoss::Scalar(*s),
+                _ => {
+                    return Err(LibError::ShapeMismatch {
+                        what: "d_loss",
+                        expected: "a scalar for reduction mean or sum".into(),
+                        got: format!("{} elements", host.len()),
+                    })
+                }
+            }
+        }
+    })
 }
 
 /// The CUDA forward and backward in one call (the logits computed once), the gradients of the

@@ -194,6 +194,17 @@ fn type_name(t: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Shape and dtype, as the library's checks read them (a rank that failed before its shard ran
+/// still takes part in the call's collectives with its tensors' shapes: `vocab_parallel`).
+impl cce_core::TensorMeta for RawTensor {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+}
+
 impl RawTensor {
     fn numel(&self) -> usize {
         self.shape.iter().product()

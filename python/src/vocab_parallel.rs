@@ -1,5 +1,7 @@
-//! Vocabulary-parallel calls on CPU tensors over a Python communicator (the package's
-//! `vocab_parallel.TorchDistributedComm`: torch.distributed collectives of a process group).
+//! Vocabulary-parallel calls over a Python communicator (the package's
+//! `vocab_parallel.TorchDistributedComm`: torch.distributed collectives of a process group), on
+//! CPU tensors (the CPU reference's shard primitives) or CUDA tensors (the `cuda` module: the
+//! CUDA backend's composed shard primitives on torch's current stream).
 //!
 //! Each rank holds the whole batch (`e` `[N, D]`, the targets) and the classes `[start, start +
 //! c.shape[0])` of a vocabulary of `vocab_size` real classes (rows past `vocab_size` are padding
@@ -11,7 +13,8 @@
 //! The collectives are calls back into Python while the GIL is held: `comm.rank()`,
 //! `comm.size()`, `comm.all_reduce(t, op)` (`op` "sum" or "max", in place or returned) and
 //! `comm.all_gather(t)` (the ranks' tensors concatenated in rank order), `t` a 1-D CPU tensor
-//! of float32 or float64. A Python exception there becomes `CceError` of kind `Backend`.
+//! of float32 or float64, for CUDA inputs too (the merge and the `d_e` all-reduce go through
+//! the host). A Python exception there becomes `CceError` of kind `Backend`.
 
 use super::args::{ForwardArgs, GradArgs, InputArgs, SavedArgs};
 use super::{guarded, options, stats_dict, to_py, Device, RawTensor};
@@ -20,6 +23,10 @@ use cce_core::CceError as LibError;
 use cce_reference::vocab_parallel::RankDriver;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+mod failed;
 
 /// A [`Communicator`] whose collectives are methods of a Python object (see the module docs).
 struct PyComm<'py> {
@@ -171,16 +178,13 @@ fn shard_of(c: &RawTensor, vocab_size: usize, start: usize) -> cce_core::Result<
     VocabShard::new(vocab_size, start, start + rows)
 }
 
-/// CPU tensors only: vocabulary-parallel calls on CUDA tensors are not built yet.
-fn cpu_only(all: &[&RawTensor]) -> cce_core::Result<()> {
-    match super::device_of(all)? {
-        Device::Cpu => Ok(()),
-        Device::Cuda => Err(LibError::Unsupported {
-            backend: "cut_cross_entropy_rs",
-            what: "vocabulary-parallel calls on CUDA tensors (CPU tensors over a CPU process \
-                   group, e.g. torch.distributed's gloo, are supported)"
-                .into(),
-        }),
+/// torch's current stream of the call's CUDA device (`stream`: its handle, from the package).
+#[cfg(feature = "cuda")]
+fn cuda_stream(inp: &InputArgs, stream: usize) -> super::cuda::TorchStream {
+    super::cuda::TorchStream {
+        ordinal: inp.e.ordinal,
+        handle: stream,
+        eager: true,
     }
 }
 
@@ -189,11 +193,16 @@ fn cpu_only(all: &[&RawTensor]) -> cce_core::Result<()> {
 /// [`vp_backward`]); returns this shard's statistics as a dict. `c`, `bias`: this shard's
 /// classes `[start, start + c.shape[0])`; `e`, `targets`, `opts`: the same on every rank.
 ///
+/// Every tensor on one device: CPU, or CUDA (the `cuda` module: torch's current stream, whose
+/// handle the package passes as `stream`).
+///
 /// Errors (`CceError`): every error of the unsharded call; `VocabParallel` when the shards do
-/// not tile `[0, vocab_size)` or a rank failed; `Unsupported` for CUDA tensors; `Backend` when
-/// a collective raised.
+/// not tile `[0, vocab_size)` or a rank failed (a rank whose call fails before its shard runs
+/// still takes part in the first collective as a failed rank: `failed`); `Unsupported` for tensors on different devices,
+/// for CUDA tensors in a build without the `cuda` feature and during a CUDA graph capture;
+/// `Backend` when a collective raised.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, comm, vocab_size, start, loss_out, lse_out, rest_mass_out))]
+#[pyo3(signature = (e, c, bias, targets, opts, comm, vocab_size, start, loss_out, lse_out, rest_mass_out, stream=0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn vp_forward<'py>(
     py: Python<'py>,
@@ -208,22 +217,42 @@ pub(crate) fn vp_forward<'py>(
     loss_out: &Bound<'py, PyAny>,
     lse_out: &Bound<'py, PyAny>,
     rest_mass_out: &Bound<'py, PyAny>,
+    stream: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let o = options(opts)?;
     let inp = InputArgs::read(py, e, c, bias, targets)?;
     let outs = ForwardArgs::read(py, [loss_out, lse_out, rest_mass_out], [None, None])?;
     let comm = PyComm::new(comm)?;
     let stats = guarded(py, || {
-        cpu_only(&[inp.tensors(), outs.tensors()].concat())?;
-        let shard = shard_of(&inp.c, vocab_size, start)?;
-        // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds for the
-        // whole call; inputs are only read and the outputs, fresh tensors the package allocated
-        // for this call, are only written here (so is the write below).
-        let views = unsafe { inp.views()? };
-        let fwd = RankDriver::from_shard(&comm, shard).forward(&views.inputs(), &o)?;
-        // SAFETY: as above.
-        unsafe { outs.write(&fwd.output)? };
-        Ok(fwd.shard_stats)
+        let placed = super::device_of(&[inp.tensors(), outs.tensors()].concat())
+            .and_then(|device| Ok((device, shard_of(&inp.c, vocab_size, start)?)));
+        let (device, shard) = placed.map_err(|e| failed::forward(&comm, &inp, &o, e))?;
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda => {
+                // SAFETY: every RawTensor was read by `raw` from a CUDA tensor of one device
+                // that the caller holds for the whole call, and `stream` is torch's current
+                // stream of that device (the package passes it); inputs are only read and the
+                // outputs, fresh tensors of this call, only written, all on that stream.
+                unsafe { cuda::forward(cuda_stream(&inp, stream), &comm, shard, &inp, &outs, &o) }
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => {
+                let _ = stream;
+                Err(super::cuda_missing())
+            }
+            Device::Cpu => {
+                // SAFETY: every RawTensor was read by `raw` from a CPU tensor the caller holds
+                // for the whole call; inputs are only read and the outputs, fresh tensors the
+                // package allocated for this call, are only written here (so is the write
+                // below).
+                let views = unsafe { inp.views()? };
+                let fwd = RankDriver::from_shard(&comm, shard).forward(&views.inputs(), &o)?;
+                // SAFETY: as above.
+                unsafe { outs.write(&fwd.output)? };
+                Ok(fwd.shard_stats)
+            }
+        }
     })?;
     stats_dict(py, &stats)
 }
@@ -235,9 +264,10 @@ pub(crate) fn vp_forward<'py>(
 /// and entries summed over the ranks, the dropped mass per row summed over the shards).
 /// `d_loss`: a scalar f32 tensor (mean, sum) or `[N]` f32 (none); `d_lse`: `[N]` f32 or None.
 ///
-/// Errors: as [`vp_forward`]; `VocabParallel(PeerFailed)` when another rank's backward failed.
+/// Devices and errors: as [`vp_forward`]; `VocabParallel(PeerFailed)` when another rank's
+/// backward failed.
 #[pyfunction]
-#[pyo3(signature = (e, c, bias, targets, opts, comm, vocab_size, start, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None))]
+#[pyo3(signature = (e, c, bias, targets, opts, comm, vocab_size, start, lse, rest_mass, d_loss, d_lse=None, d_e_out=None, d_c_out=None, d_bias_out=None, stream=0))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn vp_backward<'py>(
     py: Python<'py>,
@@ -256,6 +286,7 @@ pub(crate) fn vp_backward<'py>(
     d_e_out: Option<&Bound<'py, PyAny>>,
     d_c_out: Option<&Bound<'py, PyAny>>,
     d_bias_out: Option<&Bound<'py, PyAny>>,
+    stream: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
     let inp = InputArgs::read(py, e, c, bias, targets)?;
@@ -264,19 +295,44 @@ pub(crate) fn vp_backward<'py>(
     grads.ask(&mut o);
     let comm = PyComm::new(comm)?;
     let stats = guarded(py, || {
-        cpu_only(&[inp.tensors(), sv.tensors(), grads.tensors()].concat())?;
-        let shard = shard_of(&inp.c, vocab_size, start)?;
-        // SAFETY: as in `vp_forward` (so is the write below).
-        let (views, saved) = unsafe { (inp.views()?, sv.views()?) };
-        let out = RankDriver::from_shard(&comm, shard).backward(
-            &views.inputs(),
-            &o,
-            saved.saved(),
-            &saved.upstream(&o, false)?,
-        )?;
-        // SAFETY: as above.
-        unsafe { grads.write([&out.d_e, &out.d_c, &out.d_bias])? };
-        Ok(out.stats)
+        let placed = super::device_of(&[inp.tensors(), sv.tensors(), grads.tensors()].concat())
+            .and_then(|device| Ok((device, shard_of(&inp.c, vocab_size, start)?)));
+        let (device, shard) = placed.map_err(|e| failed::backward(&comm, &inp, &sv, &o, e))?;
+        match device {
+            #[cfg(feature = "cuda")]
+            Device::Cuda => {
+                // SAFETY: as in `vp_forward`'s CUDA arm.
+                unsafe {
+                    cuda::backward(
+                        cuda_stream(&inp, stream),
+                        &comm,
+                        shard,
+                        &inp,
+                        &sv,
+                        &grads,
+                        &o,
+                    )
+                }
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda => {
+                let _ = stream;
+                Err(super::cuda_missing())
+            }
+            Device::Cpu => {
+                // SAFETY: as in `vp_forward`'s CPU arm (so is the write below).
+                let (views, saved) = unsafe { (inp.views()?, sv.views()?) };
+                let out = RankDriver::from_shard(&comm, shard).backward(
+                    &views.inputs(),
+                    &o,
+                    saved.saved(),
+                    &saved.upstream(&o, false)?,
+                )?;
+                // SAFETY: as above.
+                unsafe { grads.write([&out.d_e, &out.d_c, &out.d_bias])? };
+                Ok(out.stats)
+            }
+        }
     })?;
     stats_dict(py, &stats)
 }
