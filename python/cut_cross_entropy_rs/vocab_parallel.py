@@ -201,7 +201,13 @@ def vocab_parallel_call(
     """The loss and lse (``[N]`` f32, on ``e``'s device) of the whole vocabulary on this rank
     (see the module docs); ``e`` ``(N, D)``, ``targets`` ``(N,)``, ``c`` and ``bias`` this rank's
     rows. ``comm``: the collectives, ``TorchDistributedComm(vp.group)`` when None; any object
-    with its four methods (the tests simulate ranks as threads of one process with one)."""
+    with its four methods (the tests simulate ranks as threads of one process with one).
+
+    Ranks as threads of one process on CUDA tensors: autograd runs the backward of CUDA
+    tensors on one worker thread per device, so two ranks' backwards would wait there on each
+    other's collectives; run each rank's backward in its own thread with
+    ``torch.autograd.set_multithreading_enabled(False)``. One process per rank (the usual
+    torch.distributed launch) needs nothing."""
     if not isinstance(vp, VocabParallelOptions):
         raise _error(
             "InvalidOption",

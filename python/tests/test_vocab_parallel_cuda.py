@@ -191,7 +191,12 @@ def _rank_call(case, device: str, comm, own_stream: bool = False):
     stream = torch.cuda.Stream() if own_stream else None
     if stream is not None:
         stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+    # Autograd runs the backward of CUDA tensors on one worker thread per device: two ranks'
+    # backwards there would wait on each other's collectives. Each rank thread runs its own.
+    with (
+        torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(),
+        torch.autograd.set_multithreading_enabled(False),
+    ):
         loss, lse = vocab_parallel_call(e, c_shard, targets, b_shard, _opts(case), vp, comm=comm)
         _upstream(loss).backward()
     if stream is not None:
