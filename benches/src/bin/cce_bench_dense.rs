@@ -15,6 +15,8 @@
 //! `--strategy chunked,split,split@4` (bench mode; `@G` sets that strategy's budget in GiB,
 //! split dense defaults to 0.5 GiB), `--data randn,c/8,e/8,e/11` (bench mode: e, c ~
 //! N(0, 1) with c or e scaled; e/11 gives ~2.5 nats at V = 256000, iid logits over classes).
+//! `--grad-f32`: f32 gradients of the bf16 inputs (`d_e`, `d_c` in f32; chunked dense
+//! accumulates `d_c` in the output, so it needs no `V·D` f32 accumulator in the workspace).
 //! Bench rows report the mean softmax entropy of the data (the forward's side output), the
 //! filtered gradients' relative error against exact mode, and the dropped mass.
 
@@ -54,6 +56,9 @@ struct Args {
     data: Vec<String>,
     /// The backend's switches (`--profile`, `--no-wgmma-*`, ...).
     switches: cce_cuda::CudaSwitches,
+    /// f32 gradients (`--grad-f32`): `d_e` and `d_c` in f32, chunked dense accumulating `d_c`
+    /// in the output.
+    grad_f32: bool,
 }
 
 fn parse_row_pass(s: &str) -> Res<RowPass> {
@@ -109,6 +114,9 @@ struct Cli {
     /// Data sets, comma list: randn, c/8, e/8, e/11.
     #[arg(long, default_value = "randn,c/8")]
     data: String,
+    /// f32 gradients of the bf16 inputs (chunked dense then needs no f32 accumulator).
+    #[arg(long)]
+    grad_f32: bool,
     #[command(flatten)]
     switches: cce_benches::SwitchArgs,
 }
@@ -162,6 +170,7 @@ fn parse_args() -> Res<Args> {
         strategies,
         data: cli.data.split(',').map(String::from).collect(),
         switches: cli.switches.switches(),
+        grad_f32: cli.grad_f32,
     })
 }
 

@@ -842,3 +842,95 @@ fn wgmma_row_pass_in_chunked_dense() {
         }
     }
 }
+
+/// Chunked dense for f32 gradients of bf16 inputs: `d_c` accumulated in the f32 output (no
+/// accumulator in the workspace), the row pass through the WGMMA epilogue in chunks of about
+/// twice the plan's rows (16-bit q in the region of the plan's f32 logits), against the cuBLAS
+/// row pass at the plan's rows and against the f64 oracle, with a bias and a softcap.
+#[test]
+fn chunked_dense_f32_gradients_in_chunks_of_16_bit_q() {
+    use cce_core::StrategyKind::ChunkedDense;
+    let Some(be) = backend("chunked_dense_f32_gradients_in_chunks_of_16_bit_q") else {
+        return;
+    };
+    let expected = epilogue_expected(&be, "chunked_dense_f32_gradients_in_chunks_of_16_bit_q");
+    let make = |on: bool| {
+        CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[ChunkedDense])
+            .unwrap()
+            .with_chunk_cap(128, 256)
+            .unwrap()
+            .with_wgmma_rows(on)
+    };
+    let (on, off) = (make(true), make(false));
+    let mut rng = seeded();
+    for (n, d, v, softcap) in [(700, 128, 3001, None), (517, 64, 700, Some(20.0f32))] {
+        let case = random_case(&mut rng, n, d, v, DType::BF16, true, 0.1, 3.0);
+        let opts = Options {
+            softcap,
+            grad_dtype: cce_core::GradDType::F32,
+            ..Options::exact()
+        };
+        let what = |o: &str| format!("bf16 {n}x{d}x{v} f32 grads softcap {softcap:?}: {o}");
+        let run = |be: &CudaBackend| {
+            let dev = DeviceCase::new(be, &case);
+            let (_, g) = be
+                .forward_backward(&dev.inputs(), &opts, &Upstream::default())
+                .unwrap_or_else(|err| panic!("{}: {err}", what("forward_backward")));
+            assert_eq!(
+                cce_core::TensorMeta::dtype(g.d_c.as_ref().unwrap()),
+                DType::F32
+            );
+            (
+                g.stats.clone(),
+                [
+                    to_f64(be, g.d_e.as_ref().unwrap()),
+                    to_f64(be, g.d_c.as_ref().unwrap()),
+                    to_f64(be, g.d_bias.as_ref().unwrap()),
+                ],
+            )
+        };
+        let (stats, got) = run(&on);
+        let (stats_off, want) = run(&off);
+        for s in [&stats, &stats_off] {
+            assert!(
+                s.plan_reason.contains("chunked-dense"),
+                "{}: {}",
+                what("strategy"),
+                s.plan_reason
+            );
+        }
+        if expected {
+            let note = stats.plan_reason.clone();
+            assert!(
+                note.contains("row pass: WGMMA GEMM with the lse partials"),
+                "{}: {note}",
+                what("row pass")
+            );
+            // 128 rows of f32 logits hold about 250 rows of the epilogue's layout.
+            assert!(
+                note.contains("of up to 2") && !note.contains("of up to 128 rows"),
+                "{}: {note}",
+                what("chunk rows")
+            );
+        }
+        // Both round G to bf16 once; q's bf16 rounding and the summation order differ.
+        close_max(&what("d_e"), &got[0], &want[0], 2e-2);
+        close_max(&what("d_c"), &got[1], &want[1], 2e-2);
+        close_max(&what("d_bias"), &got[2], &want[2], 2e-2);
+        let oracle = naive(
+            &case.e,
+            &case.c,
+            case.bias.as_ref(),
+            &case.targets,
+            &opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::F64,
+        )
+        .unwrap();
+        close_max(&what("d_e vs f64"), &got[0], &oracle.d_e, 2e-2);
+        close_max(&what("d_c vs f64"), &got[1], &oracle.d_c, 2e-2);
+    }
+}

@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// dtype of the benchmarked gradients: bf16, f32 with `--grad-f32`.
+fn grad_dtype(args: &Args) -> DType {
+    if args.grad_f32 {
+        DType::F32
+    } else {
+        DType::BF16
+    }
+}
+
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
@@ -22,11 +31,12 @@ pub(super) fn bench(
         let mut data = make_data(engine, (n, d, v), dt, 7, 1.0, 1.0, None, 0.0)?;
         let e_ptr = data.e.device_ptr(stream).0;
         let c_ptr = data.c.device_ptr(stream).0;
-        // Outputs (gradients in bf16; they are not "extra" memory).
+        // Outputs (gradients in bf16, or f32 with --grad-f32; they are not "extra" memory).
+        let gsz = grad_dtype(args).size_bytes();
         let mut loss = alloc(stream, 4)?;
         let mut lse = alloc(stream, n * 4)?;
-        let mut de = alloc(stream, n * d * 2)?;
-        let mut dc = alloc(stream, v * d * 2)?;
+        let mut de = alloc(stream, n * d * gsz)?;
+        let mut dc = alloc(stream, v * d * gsz)?;
         stream.synchronize()?;
 
         // Floors: the three GEMMs of the full problem, measured here.
@@ -230,8 +240,14 @@ fn bench_one(
     let opts = Options {
         softcap,
         workspace_budget_bytes: budget_bytes,
+        grad_dtype: if args.grad_f32 {
+            cce_core::GradDType::F32
+        } else {
+            cce_core::GradDType::Input
+        },
         ..Options::default()
     };
+    let gdt = grad_dtype(args);
     // As the backend plans: within the budget less the cuBLAS workspace.
     let share = Options {
         workspace_budget_bytes: cce_cuda::dense::plan_budget(budget_bytes),
@@ -298,8 +314,8 @@ fn bench_one(
     })?
     .0;
     stream.synchronize()?;
-    let de_exact = to_f64(stream, &*de, problem.dtype, n * d)?;
-    let dc_exact = to_f64(stream, &*dc, problem.dtype, v * d)?;
+    let de_exact = to_f64(stream, &*de, gdt, n * d)?;
+    let dc_exact = to_f64(stream, &*dc, gdt, v * d)?;
     // Split dense's WGMMA epilogues against the cuBLAS path of the same pass in the same run
     // (the class pass: G in the epilogue; the row pass: lse partials and f16 e^(z - max)), and
     // how far the gradient that pass computes (d_c, d_e) is from the epilogue's.
@@ -336,7 +352,7 @@ fn bench_one(
         } else {
             ("row", "d_e", &*de, n * d, &de_exact)
         };
-        let old = to_f64(stream, grad, problem.dtype, count)?;
+        let old = to_f64(stream, grad, gdt, count)?;
         println!(
             "  exact: {exact_ms:.2} ms as configured, {old_ms:.2} ms with the cuBLAS {pass} \
              pass; {name} rel. difference {:.2e}; {note}",
@@ -358,8 +374,8 @@ fn bench_one(
     })?
     .0;
     stream.synchronize()?;
-    let err_de = rel_err(&to_f64(stream, &*de, problem.dtype, n * d)?, &de_exact);
-    let err_dc = rel_err(&to_f64(stream, &*dc, problem.dtype, v * d)?, &dc_exact);
+    let err_de = rel_err(&to_f64(stream, &*de, gdt, n * d)?, &de_exact);
+    let err_dc = rel_err(&to_f64(stream, &*dc, gdt, v * d)?, &dc_exact);
     drop((de_exact, dc_exact));
     // Forward only as the backend runs it (its own configuration and workspace within the
     // forward-only cap, `DenseConfig::forward_only`), and the data's mean softmax entropy (the

@@ -26,7 +26,8 @@ pub(crate) struct PlanKnobs {
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
 /// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
-/// exact bf16 / f32 calls without f32 gradients of bf16 inputs, then `knobs` applied; each
+/// exact bf16 / f32 calls (f32 gradients of bf16 inputs: where [`chunked_f32_grads_pay`]),
+/// then `knobs` applied; each
 /// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
 /// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Remember`]) gets the plan of
 /// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
@@ -55,24 +56,13 @@ pub(crate) fn plan_call(
     let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
     let mut limits = limits.clone();
     let mut notes = Vec::new();
-    // bf16 inputs with f32 gradients asked: split dense's f16 G (11 significand bits, so a
-    // confident row's d_e and d_c rows keep 1e-3) instead of chunked dense's bf16 G (8).
-    let f32_grads_of_bf16 =
-        problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
     if limits.strategies.contains(&StrategyKind::ChunkedDense)
-        && (filtered || problem.dtype == DType::F16 || f32_grads_of_bf16)
+        && (filtered || problem.dtype == DType::F16)
     {
-        limits
-            .strategies
-            .retain(|k| *k != StrategyKind::ChunkedDense);
-        if limits.strategies.is_empty() {
-            limits.strategies.push(StrategyKind::SplitDense);
-        }
-        notes.push(if f32_grads_of_bf16 {
-            "chunked-dense is not used for f32 gradients of bf16 inputs (its products use bf16 G)"
-        } else {
-            "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
-        });
+        drop_chunked_dense(&mut limits);
+        notes.push(
+            "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)",
+        );
     }
     let budget = opts.workspace_budget_bytes;
     let share = cce_core::Options {
@@ -80,6 +70,20 @@ pub(crate) fn plan_call(
         ..opts.clone()
     };
     let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    // bf16 inputs with f32 gradients: chunked dense accumulates d_c in the f32 output (no
+    // accumulator in the workspace), in bf16 G; where its row chunks are short, the f32 d_c
+    // read and written per chunk costs more than split dense's second logits GEMM.
+    if let Strategy::ChunkedDense { chunk_rows } = plan.strategy {
+        let f32_grads_of_bf16 =
+            problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
+        if f32_grads_of_bf16 && !chunked_f32_grads_pay(chunk_rows, problem.n) {
+            drop_chunked_dense(&mut limits);
+            plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+            notes.push(
+                "chunked-dense is not used for f32 gradients of bf16 inputs with row chunks under 256 rows of f32 logits (the f32 d_c read and written per chunk)",
+            );
+        }
+    }
     if let Some(cf) = plan.forward {
         // Forward-only calls fit their own tiles within the forward-only cap (`dense_config`);
         // the call's note names them.
@@ -126,6 +130,30 @@ pub(crate) fn plan_call(
         plan.reason.push_str(&as_exact_note());
     }
     Ok(plan)
+}
+
+/// Chunked dense with f32 gradients of bf16 inputs accumulates `d_c` in the f32 output, read
+/// and written once per row chunk (`V·D·8` bytes): at chunks of `chunk_rows` rows of f32
+/// logits (about twice as many rows of the WGMMA row pass's 16-bit q) that traffic stays under
+/// the chunk's `d_c` GEMM from 256 rows (the H200: 4.8 TB/s against ~700 TFLOP/s, so a
+/// product of `k` rows is compute-bound from `k ≈ 4·700/4.8 ≈ 580`), or when one chunk holds
+/// every row.
+pub(crate) fn chunked_f32_grads_pay(chunk_rows: usize, n: usize) -> bool {
+    chunk_rows >= CHUNKED_F32_GRADS_MIN_ROWS || chunk_rows >= n
+}
+
+/// Rows of f32 logits per chunk from which chunked dense takes f32 gradients of bf16 inputs
+/// ([`chunked_f32_grads_pay`]).
+pub(crate) const CHUNKED_F32_GRADS_MIN_ROWS: usize = 256;
+
+/// Take chunked dense out of `limits`' strategies (split dense stays or is added).
+fn drop_chunked_dense(limits: &mut cce_core::DeviceLimits) {
+    limits
+        .strategies
+        .retain(|k| *k != StrategyKind::ChunkedDense);
+    if limits.strategies.is_empty() {
+        limits.strategies.push(StrategyKind::SplitDense);
+    }
 }
 
 /// A filtered call is planned as the exact call would be: the last sparse backward of its key
@@ -322,6 +350,49 @@ mod tests {
             plan_with((12288, 576, 49152), &filtered, SparseMode::Remember, false).strategy,
             Strategy::ChunkedDense { .. }
         ));
+    }
+
+    #[test]
+    fn f32_gradients_of_bf16_inputs_take_chunked_dense_where_its_chunks_are_long() {
+        let f32_grads = |opts: Options| Options {
+            grad_dtype: cce_core::GradDType::F32,
+            ..opts
+        };
+        let exact = f32_grads(Options::exact());
+        // The default budget: no f32 accumulator in the workspace (the output is one).
+        for shape in [
+            (8192, 2304, 256000),
+            (32768, 4096, 256000),
+            (12288, 576, 49152),
+        ] {
+            let plan = plan_with(shape, &exact, SparseMode::Auto, true);
+            let Strategy::ChunkedDense { chunk_rows } = plan.strategy else {
+                panic!("{shape:?}: {}", plan.reason);
+            };
+            assert!(chunked_f32_grads_pay(chunk_rows, shape.0), "{shape:?}");
+            assert!(plan.workspace_bytes <= Options::default().workspace_budget_bytes);
+        }
+        // A vocabulary whose chunks would hold under 256 rows: split dense, with the reason.
+        let plan = plan_with((32768, 4096, 600_000), &exact, SparseMode::Auto, true);
+        assert!(
+            matches!(plan.strategy, Strategy::SplitDense { .. }),
+            "{}",
+            plan.reason
+        );
+        assert!(plan.reason.contains("under 256 rows"), "{}", plan.reason);
+        // bf16 gradients: the f32 accumulator does not fit 0.5 GiB, split dense as before;
+        // filtered calls keep split dense (and the sparse try).
+        let bf16 = plan_with(
+            (8192, 2304, 256000),
+            &Options::exact(),
+            SparseMode::Auto,
+            true,
+        );
+        assert!(matches!(bf16.strategy, Strategy::SplitDense { .. }));
+        let filtered = f32_grads(Options::default());
+        let plan = plan_with((8192, 2304, 256000), &filtered, SparseMode::Auto, true);
+        assert!(matches!(plan.strategy, Strategy::SplitDense { .. }) && plan.sparse.is_some());
+        assert!(chunked_f32_grads_pay(5, 5) && !chunked_f32_grads_pay(255, 1000));
     }
 
     /// The give-way plan of a bf16 call of `shape` with `opts`, under `sparse`.

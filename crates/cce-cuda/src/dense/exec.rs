@@ -115,7 +115,12 @@ impl DenseEngine {
         if kind.backward() {
             self.zero_backward_state(ws, grads, &sched, &p)?;
         }
-        let chunk = ws.chunk_rows;
+        // Chunked dense's row chunks hold about twice the rows where the row pass takes the
+        // WGMMA epilogue (16-bit q instead of f32 logits: `DenseConfig::wgmma_chunk_rows`).
+        let chunk = match sched.row_wgmma {
+            Some(Ok(())) => cfg.wgmma_chunk_rows(),
+            _ => ws.chunk_rows,
+        };
         let mut stats = DenseStats {
             chunk_rows: chunk,
             chunks: cfg.n.div_ceil(chunk),

@@ -438,7 +438,7 @@ impl DenseEngine {
         let wg = match (sched.row_wgmma, chunks.iter().any(|c| !c.2)) {
             (Some(verdict), true) => {
                 let wg_chunks = chunks.iter().filter(|c| !c.2).count();
-                let rows = ws.chunk_rows.min(cfg.n);
+                let rows = cfg.wgmma_chunk_rows();
                 stats.row_pass_note = Some(schedule::row_pass_note(verdict, wg_chunks, rows));
                 if verdict.is_ok() {
                     // The row kernels write every row's τ (0: split dense's row pass never
@@ -514,8 +514,7 @@ impl DenseEngine {
         if let Some(tm_c) = wg_tm {
             // (1)+(2)+(3): logits, lse and G without f32 logits.
             let up = (p.saved_lse, p.saved_rest, p.dl_rows, p.dl_scalar, p.dlse);
-            let chunk = x.cfg.effective_chunk_rows();
-            let at = (ch.r0, ch.rows, chunk);
+            let at = (ch.r0, ch.rows, x.cfg.wgmma_chunk_rows());
             self.row_pass_wgmma(cfg, tm_c, at, (e_r, p.c, p.l_ptr, ld), x.a, up, prof)?;
             // G's row stride: ld (16-bit q then G, rows of ld·2 bytes).
             return Ok(ld);

@@ -68,11 +68,12 @@ impl DenseEngine {
     ) -> Result<()> {
         let (d, v) = (cfg.d, cfg.v);
         let n_tiles = v.div_ceil(WGMMA_BN);
-        // The three regions fit the chunk's f32 region: 2·ld ≥ 8·n_tiles + 4 for every V ≥ 1
-        // (ld ≥ max(V, 8) rounded up to 8).
+        // The three regions of `chunk` rows (`DenseConfig::wgmma_chunk_rows`) fit the logits
+        // region of the plan's rows of f32.
         let q_bytes = chunk * ld * 2;
         let p_bytes = chunk * n_tiles * 8;
-        if rows > chunk || q_bytes + p_bytes + chunk * 4 > chunk * ld * 4 {
+        let region = cfg.effective_chunk_rows() * ld * 4;
+        if rows > chunk || chunk * super::workspace::wgmma_row_bytes(ld, v) > region {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "the WGMMA row pass's regions do not fit the logits chunk".into(),

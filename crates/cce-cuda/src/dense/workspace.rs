@@ -40,6 +40,20 @@ impl DenseConfig {
         }
     }
 
+    /// Rows per chunk of the row pass when it takes the WGMMA epilogue (`row_pass_wgmma`):
+    /// chunked dense fills its logits region (`effective_chunk_rows` rows of `ld` f32, as the
+    /// plan sized it) with as many rows of the epilogue's layout as fit — bf16 q (`2·ld`
+    /// bytes), the float2 partials of the row's 256-class tiles and the target logit — about
+    /// twice the plan's rows, at most `N` ([`wgmma_rows_in`]); split dense keeps its rows (its
+    /// row layout has other regions after the logits).
+    pub(crate) fn wgmma_chunk_rows(&self) -> usize {
+        let rows = self.effective_chunk_rows();
+        if self.chunk_classes.is_some() {
+            return rows;
+        }
+        wgmma_rows_in(rows * self.ld() * 4, self.ld(), self.v).clamp(rows, self.n.max(1))
+    }
+
     /// Split dense: bytes of the f32 `d_c` chunk that f16 operands need before a bf16 output
     /// (cuBLAS has no f16 x f16 → bf16 GEMM).
     pub(crate) fn dc_tmp_bytes(&self) -> usize {
@@ -224,6 +238,18 @@ impl DenseConfig {
         }
         None
     }
+}
+
+/// Bytes per row of the WGMMA row pass's layout in a logits region (`row_pass_wgmma`): bf16 q
+/// at a row stride of `ld` elements, the float2 (max, Σexp) partials of the row's
+/// `ceil(V / 256)` class tiles and the f32 target logit.
+pub(crate) fn wgmma_row_bytes(ld: usize, v: usize) -> usize {
+    ld * 2 + v.div_ceil(WGMMA_BN) * 8 + 4
+}
+
+/// Rows of the WGMMA row pass's layout ([`wgmma_row_bytes`]) that fit a region of `bytes`.
+pub(crate) fn wgmma_rows_in(bytes: usize, ld: usize, v: usize) -> usize {
+    bytes / wgmma_row_bytes(ld, v)
 }
 
 /// Byte offsets of split dense's row-pass regions ([`DenseConfig::row_layout`]).
@@ -764,5 +790,28 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn chunked_dense_fills_its_logits_region_with_about_twice_the_rows_of_16_bit_q() {
+        let opts = Options::exact();
+        let mut cfg = split_cfg((8192, 2304, 256000), DType::BF16, &opts, None);
+        cfg.chunk_classes = None;
+        cfg.chunk_rows = 480;
+        let rows = cfg.wgmma_chunk_rows();
+        let region = 480 * cfg.ld() * 4;
+        assert!(rows * wgmma_row_bytes(cfg.ld(), cfg.v) <= region);
+        assert!((rows + 1) * wgmma_row_bytes(cfg.ld(), cfg.v) > region);
+        assert!((900..960).contains(&rows), "{rows}");
+        // At most N, never under the plan's rows (a tiny V: partials as large as q).
+        cfg.chunk_rows = 6000;
+        assert_eq!(cfg.wgmma_chunk_rows(), 8192);
+        let mut tiny = split_cfg((100, 64, 3), DType::BF16, &opts, None);
+        tiny.chunk_classes = None;
+        tiny.chunk_rows = 7;
+        assert!(tiny.wgmma_chunk_rows() >= 7);
+        // Split dense keeps its rows.
+        let split = split_cfg((8192, 2304, 256000), DType::BF16, &opts, None);
+        assert_eq!(split.wgmma_chunk_rows(), split.effective_chunk_rows());
     }
 }
