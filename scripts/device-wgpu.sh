@@ -38,6 +38,16 @@
 #           per shader (--profile); SPEED_CONFIGS overrides the list; its deadline is what is
 #           left of 450 s since the script started, so that "run tests,speed" fits one
 #           8-minute device call; its table prints last;
+#   sgemm   issue 21's reference SGEMM (cce-bench-sgemm, benches/src/sgemm): a textbook
+#           register-tiled WGSL SGEMM (128 x 128 tiles of 8 x 8 micro-tiles, BK 8/16, array or
+#           named accumulators, trusted or checked modules; 64 x 64 tiles of 8 x 8 (our
+#           kernels' geometry: 64 threads) and of 4 x 4) against
+#           cce-wgpu's own logits main loops with a plain store (ours-scalar/named/quad), f32
+#           and bf16 inputs, at 4096^3 and one logits chunk (8192 x 8192 x 2304): each variant
+#           checked entry by entry at 256^3 (and 200 x 136 x 72 for ours) first, then GPU
+#           timestamps (median of 7 after 2 warm-ups), TFLOP/s; the SPIR-V of every variant in
+#           $OUT/spirv with a scan of it in the log; ~1 minute; SGEMM_ARGS adds arguments (e.g.
+#           "--variants t128r8k8,ours-named --reps 9"); its table prints last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -79,10 +89,12 @@ for line in sys.stdin:
   stage_tests "-p cce-wgpu --features coop-matrix" conformance conformance-coop
   cargo build --release -p cce-benches --features wgpu-coop --bin cce-bench-wgpu
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/cce-bench-wgpu-coop"
-  cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu
-  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/"
+  cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu --bin cce-bench-sgemm
+  cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu \
+    "${CARGO_TARGET_DIR:-target}"/release/cce-bench-sgemm "$DEVBIN/"
   strip "$DEVBIN"/conformance "$DEVBIN"/interop "$DEVBIN"/shaders_naga "$DEVBIN"/suite \
-    "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
+    "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop \
+    "$DEVBIN"/cce-bench-sgemm
   rm -f "$DEVBIN"/gl/*
   # The loader and glvnd's dispatch libraries, which NVIDIA's libGLX_nvidia (the Vulkan ICD)
   # needs: without them the loader finds the ICD but no vkCreateInstance (seen on the H200).
@@ -100,7 +112,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm]" >&2
   exit 2
 fi
 
@@ -153,7 +165,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop speed; do
+  for k in report tests sweep bench seed dtypes coop speed sgemm; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -165,6 +177,12 @@ summary() {
     echo
     echo "==== speed: main loops A/B (wall medians, then GPU time per shader) ===="
     grep -E "^\| " "$OUT/speed.log"
+  fi
+  if [ -f "$OUT/sgemm.log" ]; then
+    echo
+    echo "==== sgemm: reference SGEMM against our main loops (GPU timestamps, medians) ===="
+    grep -E "^adapter|FAIL" "$OUT/sgemm.log"
+    grep -E "^\|" "$OUT/sgemm.log"
   fi
 }
 trap summary EXIT
@@ -243,6 +261,16 @@ if [[ $PHASES == *speed* ]]; then
     status[speed]="rc=$? (deadline ${left} s)"
     grep -E "^adapter|round|deadline" "$OUT/speed.log" | tail -20
   fi
+fi
+
+if [[ $PHASES == *sgemm* ]]; then
+  # shellcheck disable=SC2086
+  timeout 170 "$D/cce-bench-sgemm" --dump-spirv "$OUT/spirv" --deadline-s 120 \
+    --out "$OUT/sgemm.jsonl" ${SGEMM_ARGS:-} >"$OUT/sgemm.log" 2>&1
+  status[sgemm]="rc=$?"
+  grep -E "^adapter|^built|^not built|^spirv|^check.*FAIL" "$OUT/sgemm.log" | cut -c1-220
+  echo "checks passed: $(grep -cE '^check .*: ok' "$OUT/sgemm.log")," \
+    "failed: $(grep -cE '^check .*: FAIL' "$OUT/sgemm.log")"
 fi
 
 if [[ $PHASES == *coop* ]]; then

@@ -55,3 +55,6 @@ impl SwitchArgs {
         }
     }
 }
+
+#[cfg(feature = "wgpu")]
+pub mod sgemm;
