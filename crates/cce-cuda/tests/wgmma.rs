@@ -843,8 +843,8 @@ fn wgmma_row_pass_in_chunked_dense() {
     }
 }
 
-/// Chunked dense for f32 gradients of bf16 inputs: `d_c` accumulated in the f32 output (no
-/// accumulator in the workspace), the row pass through the WGMMA epilogue in chunks of about
+/// Chunked dense for f32 gradients of bf16 inputs (the `chunked_f32_grads` knob): `d_c`
+/// accumulated in the f32 output (no accumulator in the workspace), the row pass through the WGMMA epilogue in chunks of about
 /// twice the plan's rows (16-bit q in the region of the plan's f32 logits), against the cuBLAS
 /// row pass at the plan's rows and against the f64 oracle, with a bias and a softcap.
 #[test]
@@ -861,6 +861,7 @@ fn chunked_dense_f32_gradients_in_chunks_of_16_bit_q() {
             .unwrap()
             .with_chunk_cap(128, 256)
             .unwrap()
+            .with_chunked_f32_grads(true)
             .with_wgmma_rows(on)
     };
     let (on, off) = (make(true), make(false));

@@ -91,6 +91,7 @@ impl CudaBackend {
             chunk_cap: self.chunk_cap,
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
+            chunked_f32_grads: self.chunked_f32_grads,
             sparse_expected,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;

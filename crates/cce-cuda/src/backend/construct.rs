@@ -141,6 +141,7 @@ impl CudaBackend {
             available,
             chunk_cap: None,
             split_de_f16: true,
+            chunked_f32_grads: false,
             sparse: SparseMode::Auto,
             wgmma_forward: crate::dense::WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: crate::dense::WGMMA_GCOLS_DEFAULT,
@@ -181,6 +182,7 @@ impl CudaBackend {
         self.wgmma_gcols = switches.wgmma_gcols;
         self.wgmma_rows = switches.wgmma_rows;
         self.split_de_f16 = switches.split_de_f16;
+        self.chunked_f32_grads = switches.chunked_f32_grads;
         self.engine_switches = switches;
         self
     }
@@ -193,6 +195,7 @@ impl CudaBackend {
             wgmma_gcols: self.wgmma_gcols,
             wgmma_rows: self.wgmma_rows,
             split_de_f16: self.split_de_f16,
+            chunked_f32_grads: self.chunked_f32_grads,
             ..self.engine_switches
         }
     }
@@ -249,6 +252,14 @@ impl CudaBackend {
     /// for tests on small ones. Default `true`.
     pub fn with_split_de_f16(mut self, allow: bool) -> Self {
         self.split_de_f16 = allow;
+        self
+    }
+
+    /// With `true`, exact calls of bf16 inputs with f32 gradients run chunked dense where its
+    /// row chunks are long: faster, less accurate `d_c` ([`CudaSwitches::chunked_f32_grads`]
+    /// has the measured trade). Default `false`.
+    pub fn with_chunked_f32_grads(mut self, on: bool) -> Self {
+        self.chunked_f32_grads = on;
         self
     }
 

@@ -6,10 +6,11 @@
 //! Strategy choice (the plan takes the first that fits the budget, in this order):
 //! - chunked dense (3 GEMMs; an f32 `d_c` accumulator of `4·V·D` bytes, or the f32 `d_c`
 //!   output itself when f32 gradients are asked) for exact bf16 / f32 calls: its products use
-//!   `G` rounded to the input dtype, as a materialized computation does. bf16 inputs with f32
-//!   gradients take it when its row chunks hold at least 256 rows of f32 logits
-//!   (`call_plan::chunked_f32_grads_pay`); its row pass through the WGMMA epilogue keeps 16-bit
-//!   `q` and fits about twice those rows per chunk;
+//!   `G` rounded to the input dtype, as a materialized computation does (bf16 inputs with f32
+//!   gradients: split dense's f16 `G` instead, unless [`CudaSwitches::chunked_f32_grads`]
+//!   trades that accuracy for 3 GEMMs where the row chunks hold at least 256 rows of f32
+//!   logits); its row pass through the WGMMA epilogue keeps 16-bit `q` and fits about twice
+//!   the plan's rows per chunk;
 //! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
 //!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
 //!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`); filtered
@@ -156,6 +157,8 @@ pub struct CudaBackend {
     chunk_cap: Option<(usize, usize)>,
     /// Test knob: false forces split dense's `d_e` onto bf16 `G` (what a tight budget does).
     split_de_f16: bool,
+    /// Knob: chunked dense for exact f32 gradients of bf16 inputs ([`CudaSwitches::chunked_f32_grads`]).
+    chunked_f32_grads: bool,
     /// Test and bench knob: how the plan's sparse backward is used.
     sparse: SparseMode,
     /// Forward-only dense calls take the fused WGMMA forward where it applies.

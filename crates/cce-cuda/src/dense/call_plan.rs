@@ -18,6 +18,9 @@ pub(crate) struct PlanKnobs {
     pub sparse: SparseMode,
     /// Split dense's `d_e` may use f16 `G` (false: bf16 `G`).
     pub split_de_f16: bool,
+    /// Exact f32 gradients of bf16 inputs may take chunked dense
+    /// ([`crate::CudaSwitches::chunked_f32_grads`]).
+    pub chunked_f32_grads: bool,
     /// The backend's memory expects the sparse backward to run to the end
     /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
     /// filtered call under [`SparseMode::Remember`] is then planned as an exact call would be.
@@ -26,8 +29,8 @@ pub(crate) struct PlanKnobs {
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
 /// it: within the budget less the cuBLAS workspace ([`plan_budget`]), chunked dense only for
-/// exact bf16 / f32 calls (f32 gradients of bf16 inputs: where [`chunked_f32_grads_pay`]),
-/// then `knobs` applied; each
+/// exact bf16 / f32 calls (f32 gradients of bf16 inputs: with the `chunked_f32_grads` knob,
+/// where [`chunked_f32_grads_pay`]), then `knobs` applied; each
 /// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
 /// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Remember`]) gets the plan of
 /// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
@@ -56,13 +59,22 @@ pub(crate) fn plan_call(
     let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
     let mut limits = limits.clone();
     let mut notes = Vec::new();
+    // bf16 inputs with f32 gradients: split dense's f16 G for d_c (11 significand bits, so a
+    // confident row's target keeps its d_c row to 1e-3) unless the knob allows chunked
+    // dense's bf16 G (`CudaSwitches::chunked_f32_grads`).
+    let f32_grads_of_bf16 =
+        problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
     if limits.strategies.contains(&StrategyKind::ChunkedDense)
-        && (filtered || problem.dtype == DType::F16)
+        && (filtered
+            || problem.dtype == DType::F16
+            || (f32_grads_of_bf16 && !knobs.chunked_f32_grads))
     {
         drop_chunked_dense(&mut limits);
-        notes.push(
-            "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)",
-        );
+        notes.push(if filtered || problem.dtype == DType::F16 {
+            "chunked-dense is used for exact bf16 / f32 calls only (its products use G in the input dtype)"
+        } else {
+            "chunked-dense is not used for f32 gradients of bf16 inputs (its products use bf16 G; CudaSwitches::chunked_f32_grads allows it)"
+        });
     }
     let budget = opts.workspace_budget_bytes;
     let share = cce_core::Options {
@@ -70,12 +82,10 @@ pub(crate) fn plan_call(
         ..opts.clone()
     };
     let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
-    // bf16 inputs with f32 gradients: chunked dense accumulates d_c in the f32 output (no
-    // accumulator in the workspace), in bf16 G; where its row chunks are short, the f32 d_c
-    // read and written per chunk costs more than split dense's second logits GEMM.
+    // Where the knob allows it: chunked dense accumulates d_c in the f32 output (no
+    // accumulator in the workspace); where its row chunks are short, the f32 d_c read and
+    // written per chunk costs more than split dense's second logits GEMM.
     if let Strategy::ChunkedDense { chunk_rows } = plan.strategy {
-        let f32_grads_of_bf16 =
-            problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
         if f32_grads_of_bf16 && !chunked_f32_grads_pay(chunk_rows, problem.n) {
             drop_chunked_dense(&mut limits);
             plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
@@ -286,6 +296,7 @@ mod tests {
             chunk_cap: None,
             sparse,
             split_de_f16: true,
+            chunked_f32_grads: false,
             sparse_expected,
         };
         (problem, limits, knobs)
@@ -353,19 +364,36 @@ mod tests {
     }
 
     #[test]
-    fn f32_gradients_of_bf16_inputs_take_chunked_dense_where_its_chunks_are_long() {
+    fn f32_gradients_of_bf16_inputs_take_chunked_dense_with_the_knob_where_its_chunks_are_long() {
         let f32_grads = |opts: Options| Options {
             grad_dtype: cce_core::GradDType::F32,
             ..opts
         };
+        let with_knob = |shape, opts: &Options| {
+            let (problem, limits, knobs) = setup(shape, SparseMode::Auto, true);
+            let knobs = PlanKnobs {
+                chunked_f32_grads: true,
+                ..knobs
+            };
+            plan_call(&problem, opts, &limits, knobs).unwrap()
+        };
         let exact = f32_grads(Options::exact());
-        // The default budget: no f32 accumulator in the workspace (the output is one).
+        // The default: split dense (f16 G for d_c), with the reason.
+        let plan = plan_with((8192, 2304, 256000), &exact, SparseMode::Auto, true);
+        assert!(matches!(plan.strategy, Strategy::SplitDense { .. }));
+        assert!(
+            plan.reason.contains("chunked_f32_grads allows it"),
+            "{}",
+            plan.reason
+        );
+        // With the knob, the default budget: no f32 accumulator in the workspace (the output
+        // is one).
         for shape in [
             (8192, 2304, 256000),
             (32768, 4096, 256000),
             (12288, 576, 49152),
         ] {
-            let plan = plan_with(shape, &exact, SparseMode::Auto, true);
+            let plan = with_knob(shape, &exact);
             let Strategy::ChunkedDense { chunk_rows } = plan.strategy else {
                 panic!("{shape:?}: {}", plan.reason);
             };
@@ -373,7 +401,7 @@ mod tests {
             assert!(plan.workspace_bytes <= Options::default().workspace_budget_bytes);
         }
         // A vocabulary whose chunks would hold under 256 rows: split dense, with the reason.
-        let plan = plan_with((32768, 4096, 600_000), &exact, SparseMode::Auto, true);
+        let plan = with_knob((32768, 4096, 600_000), &exact);
         assert!(
             matches!(plan.strategy, Strategy::SplitDense { .. }),
             "{}",
@@ -382,15 +410,9 @@ mod tests {
         assert!(plan.reason.contains("under 256 rows"), "{}", plan.reason);
         // bf16 gradients: the f32 accumulator does not fit 0.5 GiB, split dense as before;
         // filtered calls keep split dense (and the sparse try).
-        let bf16 = plan_with(
-            (8192, 2304, 256000),
-            &Options::exact(),
-            SparseMode::Auto,
-            true,
-        );
+        let bf16 = with_knob((8192, 2304, 256000), &Options::exact());
         assert!(matches!(bf16.strategy, Strategy::SplitDense { .. }));
-        let filtered = f32_grads(Options::default());
-        let plan = plan_with((8192, 2304, 256000), &filtered, SparseMode::Auto, true);
+        let plan = with_knob((8192, 2304, 256000), &f32_grads(Options::default()));
         assert!(matches!(plan.strategy, Strategy::SplitDense { .. }) && plan.sparse.is_some());
         assert!(chunked_f32_grads_pay(5, 5) && !chunked_f32_grads_pay(255, 1000));
     }

@@ -65,6 +65,7 @@ fn notes(
         chunk_cap: None,
         sparse: SparseMode::Auto,
         split_de_f16: true,
+        chunked_f32_grads: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
@@ -467,6 +468,7 @@ fn split_cfg(shape: (usize, usize, usize), opts: &Options) -> DenseConfig {
         chunk_cap: None,
         sparse: SparseMode::Auto,
         split_de_f16: true,
+        chunked_f32_grads: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
@@ -689,6 +691,7 @@ fn call_cfg(
         chunk_cap: None,
         sparse: SparseMode::Auto,
         split_de_f16: true,
+        chunked_f32_grads: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs)?;

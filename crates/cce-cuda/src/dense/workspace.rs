@@ -744,6 +744,7 @@ mod tests {
                                 chunk_cap,
                                 sparse: crate::SparseMode::Auto,
                                 split_de_f16: true,
+                                chunked_f32_grads: false,
                                 sparse_expected: true,
                             };
                             let at = format!("{n}x{d}x{v} {dtype:?} {opts:?}");
