@@ -6,7 +6,8 @@
 //!
 //! Variants (`fwd-KIND[:scalar][:t1][:f32]`):
 //! - `fwd-real`: the module's own entry point `main` (main loop + softmax epilogue + partial
-//!   and target-logit writes), exactly what `WgpuBackend::forward` dispatches per class chunk;
+//!   and target-logit writes) from the backend's module text unchanged, exactly what
+//!   `WgpuBackend::forward` dispatches per class chunk;
 //! - `fwd-nowrite`: the same pass with no global write at run time: the target-logit store
 //!   taken out of `row_part`, the partials stored only when `P.aux != 0` (set for the check,
 //!   0 when timed), so the epilogue's reductions and barriers stay;
@@ -428,13 +429,12 @@ impl FwdBuilt {
         // n_rows · part_stride Parts with split < part_stride), plus entry points with the same
         // guards (`lsum` / `red` indexed by (ty·8 + i)·WG + tx < 8·WG·WG and rl·WG + k with
         // rl < TILE, k < WG), launched by `FwdBuilt::launch` on buffers of those sizes.
-        let pipeline = g.pipeline(
-            &v.name(),
-            source(v.main_loop),
-            v.entry(),
-            &constants(v.dtype),
-            false,
-        )?;
+        // `fwd-real` runs the backend's module text unchanged (no appended entry points).
+        let src = match v.kind {
+            FwdKind::Real => ShaderKind::FwdPartial.source_with(v.main_loop).into_owned(),
+            _ => source(v.main_loop),
+        };
+        let pipeline = g.pipeline(&v.name(), src, v.entry(), &constants(v.dtype), false)?;
         Ok(Self {
             variant: v,
             pipeline,
