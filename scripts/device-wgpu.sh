@@ -48,6 +48,17 @@
 #           timestamps (median of 7 after 2 warm-ups), TFLOP/s; the SPIR-V of every variant in
 #           $OUT/spirv with a scan of it in the log; ~1 minute; SGEMM_ARGS adds arguments (e.g.
 #           "--variants t128r8k8,ours-named --reps 9"); its table prints last;
+#   gap     issue 21's "where the forward loses 5x" (docs/perf-log.md, session 17): the
+#           forward shader's real entry point and ablations of it (cce-bench-sgemm
+#           --fwd-variants, benches/src/sgemm/fwd.rs: no global writes; the epilogue replaced by
+#           per-row sums with the real or a small workgroup memory; one class tile per
+#           workgroup; the scalar main loop) on one class chunk as the backend dispatches it
+#           (8192 x 29120 x 2304, 16 x 128 workgroups of 29 tiles) and on 8192 x 8192 x 2304,
+#           beside ours-named:bf16, GPU timestamps, each checked against f64 first; then the
+#           real forward at 8192 x 2304 x 256000 c/8 exact bf16, forward only, wall against
+#           GPU time per dispatch, 8:8:named against 8:8:named:w65536 (one class tile per
+#           forward workgroup); ~90 s; GAP_FWD / GAP_CONFIGS override the variant / config
+#           lists; its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -112,7 +123,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap]" >&2
   exit 2
 fi
 
@@ -165,7 +176,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop speed sgemm; do
+  for k in report tests sweep bench seed dtypes coop speed sgemm gap; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -183,6 +194,17 @@ summary() {
     echo "==== sgemm: reference SGEMM against our main loops (GPU timestamps, medians) ===="
     grep -E "^adapter|FAIL" "$OUT/sgemm.log"
     grep -E "^\|" "$OUT/sgemm.log"
+  fi
+  if [ -f "$OUT/gap.log" ]; then
+    echo
+    echo "==== gap: the forward shader and its ablations (GPU timestamps, medians) ===="
+    grep -E "^adapter|FAIL" "$OUT/gap.log"
+    grep -E "^\|" "$OUT/gap.log"
+  fi
+  if [ -f "$OUT/gap-forward.log" ]; then
+    echo
+    echo "==== gap: the real forward, wall against GPU time per dispatch ===="
+    grep -E "^\| " "$OUT/gap-forward.log"
   fi
 }
 trap summary EXIT
@@ -271,6 +293,20 @@ if [[ $PHASES == *sgemm* ]]; then
   grep -E "^adapter|^built|^not built|^spirv|^check.*FAIL" "$OUT/sgemm.log" | cut -c1-220
   echo "checks passed: $(grep -cE '^check .*: ok' "$OUT/sgemm.log")," \
     "failed: $(grep -cE '^check .*: FAIL' "$OUT/sgemm.log")"
+fi
+
+if [[ $PHASES == *gap* ]]; then
+  timeout 170 "$D/cce-bench-sgemm" --variants ours-named:bf16 --shapes 8192x8192x2304 \
+    --check 200x136x72 --deadline-s 110 --out "$OUT/gap.jsonl" --fwd-variants \
+    "${GAP_FWD:-fwd-real,fwd-real:t1,fwd-nowrite,fwd-loopwg,fwd-loop,fwd-loop:t1,fwd-real:scalar}" \
+    >"$OUT/gap.log" 2>&1
+  status[gap]="ablations rc=$?; "
+  grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/gap.log" | cut -c1-220
+  timeout 150 "$B" --shapes gemma2 --data c/8 --exact --ab --forward-only --profile --reps 2 \
+    --deadline-s 120 --configs "${GAP_CONFIGS:-8:8:named,8:8:named:w65536}" \
+    >"$OUT/gap-forward.log" 2>&1
+  status[gap]+="forward rc=$?"
+  grep -E "^adapter|round|deadline" "$OUT/gap-forward.log" | tail -12
 fi
 
 if [[ $PHASES == *coop* ]]; then

@@ -66,6 +66,19 @@ struct Cli {
     /// Start no timing after this many seconds.
     #[arg(long, default_value_t = 100.0)]
     deadline_s: f64,
+    /// Forward-pass variants (`cce_benches::sgemm::fwd`), comma list of
+    /// `fwd-{real|nowrite|loopwg|loop}[:scalar][:t1][:f32]` ("" for none).
+    #[arg(long, default_value = "")]
+    fwd_variants: String,
+    /// Chunks the forward variants are timed on, comma list of ROWSxCLASSESxD.
+    #[arg(long, default_value = "8192x29120x2304,8192x8192x2304")]
+    fwd_shapes: String,
+    /// Workgroups the forward variants' split aims for (cce-wgpu's `target_workgroups`).
+    #[arg(long, default_value_t = 2048)]
+    fwd_target_workgroups: u32,
+    /// Chunks every forward variant is checked on (all rows) before timing.
+    #[arg(long, default_value = "200x300x72,70x136x264")]
+    fwd_check: String,
 }
 
 fn shapes(list: &str) -> Result<Vec<(u32, u32, u32)>, String> {
@@ -282,6 +295,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             rows.push(row(result));
         }
     }
+    let fwd_rows = forward(cli, &g, start)?;
     println!();
     println!(
         "| shape | variant | median ms | min ms | TFLOP/s | % of {} | sampled error |",
@@ -303,7 +317,130 @@ fn run(cli: &Cli) -> Result<(), String> {
             Err(e) => println!("| {m}x{n}x{k} | {} | - | - | - | - | {e} |", r.name),
         }
     }
+    if !fwd_rows.is_empty() {
+        println!();
+        println!(
+            "| forward chunk | variant | grid (splits x row tiles), tiles per split | median ms | min ms | TFLOP/s | % of {} | sampled check (x tolerance) |",
+            cli.peak_tflops
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        for r in &fwd_rows {
+            println!("{r}");
+        }
+    }
     Ok(())
+}
+
+/// The forward variants (`--fwd-variants`): each built, checked on every `--fwd-check`
+/// chunk (all rows), then timed on every `--fwd-shapes` chunk (GPU timestamps around each
+/// dispatch, `--warmup` + `--reps`) and checked again on 4 sampled rows. Table rows.
+fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, String> {
+    use cce_benches::sgemm::fwd;
+    let variants: Vec<fwd::FwdVariant> = cli
+        .fwd_variants
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(fwd::FwdVariant::parse)
+        .collect::<Result<_, _>>()?;
+    let mut built = Vec::new();
+    for &v in &variants {
+        let t = Instant::now();
+        match fwd::FwdBuilt::new(g, v) {
+            Ok(b) => {
+                println!("built {} in {:.2} s", v.name(), t.elapsed().as_secs_f64());
+                built.push(b);
+            }
+            Err(e) => println!("not built: {}: {e}", v.name()),
+        }
+    }
+    let mut failed = std::collections::HashSet::new();
+    for (si, &shape) in shapes(&cli.fwd_check)?.iter().enumerate() {
+        for (vi, b) in built.iter().enumerate() {
+            let v = b.variant;
+            let res = (|| -> Result<(f64, String), String> {
+                let chunk = fwd::Chunk::new(g, shape, v.dtype, (100 * si + vi) as u64)?;
+                let l = b.launch(g, &chunk, cli.fwd_target_workgroups.min(8))?;
+                let out = l.run(g, shape.0)?;
+                let rows: Vec<usize> = (0..shape.0 as usize).collect();
+                Ok(fwd::check(v, &chunk, l.splits, &out, &rows))
+            })();
+            let (m, n, k) = shape;
+            match res {
+                Ok((ratio, _)) if ratio <= 1.0 => {
+                    println!(
+                        "check {m}x{n}x{k} {}: ok ({ratio:.2} x tolerance)",
+                        v.name()
+                    )
+                }
+                Ok((ratio, what)) => {
+                    println!(
+                        "check {m}x{n}x{k} {}: FAIL ({ratio:.2} x tolerance at {what})",
+                        v.name()
+                    );
+                    failed.insert(v.name());
+                }
+                Err(e) => {
+                    println!("check {m}x{n}x{k} {}: FAIL ({e})", v.name());
+                    failed.insert(v.name());
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for &shape in &shapes(&cli.fwd_shapes)? {
+        let (m, n, k) = shape;
+        for dtype in [Dtype::Bf16, Dtype::F32] {
+            if !built.iter().any(|b| b.variant.dtype == dtype) {
+                continue;
+            }
+            let t0 = Instant::now();
+            let chunk = fwd::Chunk::new(g, shape, dtype, 7)?;
+            println!(
+                "{m}x{n}x{k} {}: chunk ready in {:.1} s",
+                dtype.name(),
+                t0.elapsed().as_secs_f64()
+            );
+            for b in built.iter().filter(|b| b.variant.dtype == dtype) {
+                let name = b.variant.name();
+                if failed.contains(&name) {
+                    rows.push(format!(
+                        "| {m}x{n}x{k} | {name} | - | - | - | - | - | failed its check |"
+                    ));
+                    continue;
+                }
+                if start.elapsed().as_secs_f64() > cli.deadline_s {
+                    rows.push(format!(
+                        "| {m}x{n}x{k} | {name} | - | - | - | - | - | deadline |"
+                    ));
+                    continue;
+                }
+                let res = (|| -> Result<String, String> {
+                    let l = b.launch(g, &chunk, cli.fwd_target_workgroups)?;
+                    let ms = g.time(&l.timed, cli.warmup, cli.reps)?;
+                    let med = gpu::median(ms.clone());
+                    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
+                    let out = l.run(g, m)?;
+                    let at = [0, m as usize / 3, 2 * m as usize / 3, m as usize - 1];
+                    let (ratio, what) = fwd::check(b.variant, &chunk, l.splits, &out, &at);
+                    let tf = l.timed.flop / (med * 1e9);
+                    println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s, check {ratio:.2} ({what})");
+                    Ok(format!(
+                        "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% | {ratio:.2}{} |",
+                        l.splits.0,
+                        m.div_ceil(fwd::TILE),
+                        l.splits.1,
+                        100.0 * tf / cli.peak_tflops,
+                        if ratio <= 1.0 { "" } else { " FAIL" }
+                    ))
+                })();
+                rows.push(res.unwrap_or_else(|e| {
+                    println!("{m}x{n}x{k} {name}: {e}");
+                    format!("| {m}x{n}x{k} | {name} | - | - | - | - | - | {e} |")
+                }));
+            }
+        }
+    }
+    Ok(rows)
 }
 
 /// Run `b` once on fresh inputs of `m x n x k` and compare with the f64 product (every

@@ -29,6 +29,8 @@
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
+//! `:w<N>` sets the config's `target_workgroups` (e.g. `8:8:named:w65536`: one class tile per
+//! forward workgroup at 8192 rows). `--forward-only` (with `--ab`) skips forward+backward.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
@@ -58,6 +60,8 @@ struct Args {
     configs: Vec<ConfigSpec>,
     /// GPU timestamps per shader after the A/B rounds.
     profile: bool,
+    /// `--ab` times the forward only (no forward+backward).
+    forward_only: bool,
 }
 
 /// Command line (formats in the module docs).
@@ -110,6 +114,9 @@ struct Cli {
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
     #[arg(long)]
     profile: bool,
+    /// With --ab: time the forward only (no forward+backward pass).
+    #[arg(long)]
+    forward_only: bool,
 }
 
 /// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
@@ -122,13 +129,15 @@ struct ConfigSpec {
     checked: bool,
     coop: Option<bool>,
     main_loop: Option<MainLoop>,
+    /// `:w<N>`: `KernelConfig::target_workgroups` (else the base config's).
+    target_workgroups: Option<u32>,
 }
 
 impl ConfigSpec {
     fn parse(c: &str) -> Result<Self, String> {
         let bad = |why: String| {
             format!(
-                "--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar|:named])"
+                "--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop][:quad|:scalar|:named][:wN])"
             )
         };
         let mut parts = c.split(':');
@@ -146,6 +155,7 @@ impl ConfigSpec {
             checked: false,
             coop: None,
             main_loop: None,
+            target_workgroups: None,
         };
         for flag in parts {
             match flag {
@@ -155,6 +165,10 @@ impl ConfigSpec {
                 "quad" => spec.main_loop = Some(MainLoop::Quad),
                 "scalar" => spec.main_loop = Some(MainLoop::Scalar),
                 "named" => spec.main_loop = Some(MainLoop::Named),
+                w if w.starts_with('w') && w.len() > 1 => {
+                    spec.target_workgroups =
+                        Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
+                }
                 other => return Err(bad(format!("unknown flag {other:?}"))),
             }
         }
@@ -167,6 +181,7 @@ impl ConfigSpec {
             tk: self.tk,
             runtime_checks: self.checked,
             cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
+            target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
             main_loop: self.main_loop.unwrap_or(
@@ -193,6 +208,9 @@ impl ConfigSpec {
         if let Some(ml) = self.main_loop {
             n += ":";
             n += ml.name();
+        }
+        if let Some(w) = self.target_workgroups {
+            n += &format!(":w{w}");
         }
         n
     }
@@ -230,6 +248,7 @@ fn parse() -> Result<Args, String> {
         out: cli.out,
         configs,
         profile: cli.profile,
+        forward_only: cli.forward_only,
     })
 }
 
@@ -346,6 +365,9 @@ fn ab(
         }),
     ];
     for (pass, call) in passes {
+        if args.forward_only && pass != "forward" {
+            continue;
+        }
         if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
             println!("| {label} | {pass} | skipped, deadline |");
             continue;

@@ -148,46 +148,142 @@ impl Gpu {
             }
             Kernel::Ours(ml) => (wgsl::ours(ml), wgsl::ours_constants(ml, variant.dtype)),
         };
-        let checks = if variant.checked {
-            wgpu::ShaderRuntimeChecks::checked()
-        } else {
-            wgpu::ShaderRuntimeChecks::unchecked()
-        };
         let name = variant.name();
-        let pipeline = self.scoped(&name, || {
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(&name),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            };
-            // SAFETY: without runtime checks a shader must not index out of bounds, loop
-            // forever or divide an integer by zero. The tiled kernel indexes its workgroup
-            // arrays with constants and thread ids below their sizes, and reads and writes
-            // only rows and columns of whole tiles, which `launch` dispatches only for shapes
-            // `Tiled::problem_error` accepts, on buffers of exactly those sizes; its loops run
-            // to `dims.k` in steps of BK >= 4, and it divides by constants only. The `ours`
-            // kernels are cce-wgpu's forward source (its `bounds` module's argument: every
-            // access guarded by `P.n_rows`, `P.n_cls` and `P.d`, bindings of m·k and n·k
-            // elements rounded up to 16 bytes, as `launch` binds them) plus a store guarded
-            // by `P.n_rows` and `P.n_cls` into an m x n output.
-            let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
-            self.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&name),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some(wgsl::entry_point(matches!(variant.kernel, Kernel::Ours(_)))),
-                    compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &constants,
-                        zero_initialize_workgroup_memory: false,
-                    },
-                    cache: None,
-                })
-        })?;
+        let entry = wgsl::entry_point(matches!(variant.kernel, Kernel::Ours(_)));
+        // SAFETY (of the trusted module `pipeline` builds): the tiled kernel indexes its
+        // workgroup arrays with constants and thread ids below their sizes, and reads and
+        // writes only rows and columns of whole tiles, which `launch` dispatches only for
+        // shapes `Tiled::problem_error` accepts, on buffers of exactly those sizes; its loops
+        // run to `dims.k` in steps of BK >= 4, and it divides by constants only. The `ours`
+        // kernels are cce-wgpu's forward source (its `bounds` module's argument: every access
+        // guarded by `P.n_rows`, `P.n_cls` and `P.d`, bindings of m·k and n·k elements rounded
+        // up to 16 bytes, as `launch` binds them) plus a store guarded by `P.n_rows` and
+        // `P.n_cls` into an m x n output.
+        let pipeline = self.pipeline(&name, source, entry, &constants, variant.checked)?;
         Ok(Built {
             variant,
             pipeline,
             build_s: start.elapsed().as_secs_f64(),
         })
+    }
+
+    /// A compute pipeline of entry point `entry` of the WGSL `source` with override
+    /// `constants`, its module built with wgpu's runtime checks when `checked` (else trusted,
+    /// as cce-wgpu builds its modules). The caller vouches for a trusted module: its accesses
+    /// stay in bounds for the launches it makes, its loops end, it divides by no zero.
+    /// Errors: validation (as text).
+    pub fn pipeline(
+        &self,
+        name: &str,
+        source: String,
+        entry: &str,
+        constants: &[(&str, f64)],
+        checked: bool,
+    ) -> Result<wgpu::ComputePipeline, String> {
+        let checks = if checked {
+            wgpu::ShaderRuntimeChecks::checked()
+        } else {
+            wgpu::ShaderRuntimeChecks::unchecked()
+        };
+        self.scoped(name, || {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            };
+            // SAFETY: without runtime checks a shader must not index out of bounds, loop
+            // forever or divide an integer by zero; every caller of `pipeline` states why its
+            // source and launches keep to that (`build`; `fwd::FwdVariant::build`).
+            let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(name),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                })
+        })
+    }
+
+    /// A zeroed read-write storage buffer of `size` bytes (a multiple of 4), copyable for
+    /// read-back.
+    pub fn storage(&self, label: &str, size: u64) -> Result<wgpu::Buffer, String> {
+        self.scoped(label, || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: size.div_ceil(16).max(1) * 16,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// A uniform buffer holding `bytes`.
+    pub fn uniform(&self, bytes: &[u8]) -> Result<wgpu::Buffer, String> {
+        self.scoped("uniform", || {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: bytes,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                })
+        })
+    }
+
+    /// A launch of `pipeline` with bind group 0 made of `buffers` (binding, buffer) and a
+    /// `groups.0 x groups.1` grid doing `flop` per dispatch. Errors: validation (as text).
+    pub fn launch_with(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: (u32, u32),
+        flop: f64,
+    ) -> Result<Launch, String> {
+        self.scoped("launch", || {
+            let entries: Vec<wgpu::BindGroupEntry<'_>> = buffers
+                .iter()
+                .map(|&(binding, b)| wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("launch"),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+            Launch {
+                pipeline: pipeline.clone(),
+                bind,
+                groups,
+                flop,
+            }
+        })
+    }
+
+    /// Dispatch `l` once and wait; then the first `bytes` of each of `srcs`.
+    pub fn run_read(
+        &self,
+        l: &Launch,
+        srcs: &[(&wgpu::Buffer, u64)],
+    ) -> Result<Vec<Vec<u8>>, String> {
+        self.scoped("run", || -> Result<Vec<Vec<u8>>, String> {
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            self.dispatch(&mut enc, l, None);
+            self.queue.submit([enc.finish()]);
+            srcs.iter()
+                .map(|&(b, bytes)| {
+                    let enc = self.device.create_command_encoder(&Default::default());
+                    self.submit_and_read(enc, b, bytes)
+                })
+                .collect()
+        })?
     }
 
     /// Bind `a` (`m x k`), `b` (`n x k`) in the variant's dtype and `c` (`m x n` f32) for
