@@ -43,6 +43,17 @@ impl InputArgs {
         all
     }
 
+    /// The tensors' metadata as the library's inputs (no data is read: for a rank that failed
+    /// before its shard ran, whose driver only checks shapes).
+    pub fn metas(&self) -> Inputs<'_, RawTensor> {
+        Inputs {
+            e: &self.e,
+            c: &self.c,
+            bias: self.bias.as_ref(),
+            targets: &self.targets,
+        }
+    }
+
     /// # Safety
     /// Every tensor satisfies [`RawTensor::view`]'s contract.
     pub unsafe fn views(&self) -> cce_core::Result<InputViews<'_>> {

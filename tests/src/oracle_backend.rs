@@ -26,13 +26,7 @@ impl OracleBackend {
     }
 
     fn validate(inputs: &Inputs<'_, HostTensor>, opts: &Options) -> Result<Problem> {
-        let problem = Problem::new(
-            inputs.e,
-            inputs.c,
-            inputs.bias.map(|b| b as &dyn TensorMeta),
-            inputs.targets,
-            opts,
-        )?;
+        let problem = inputs.problem(opts)?;
         if opts.check_finite {
             let named = [
                 ("e", Some(inputs.e)),

@@ -39,26 +39,6 @@ pub struct Launch {
     pub flop: f64,
 }
 
-/// Adapter choice as cce-wgpu's: `CCE_WGPU_ADAPTER` (substring of the name) if set, else the
-/// first discrete GPU, then integrated, virtual, CPU, other.
-fn pick(adapters: Vec<wgpu::Adapter>) -> Option<wgpu::Adapter> {
-    let want = std::env::var("CCE_WGPU_ADAPTER").ok();
-    let rank = |t: wgpu::DeviceType| match t {
-        wgpu::DeviceType::DiscreteGpu => 0,
-        wgpu::DeviceType::IntegratedGpu => 1,
-        wgpu::DeviceType::VirtualGpu => 2,
-        wgpu::DeviceType::Cpu => 3,
-        wgpu::DeviceType::Other => 4,
-    };
-    adapters
-        .into_iter()
-        .filter(|a| {
-            want.as_ref()
-                .is_none_or(|w| a.get_info().name.to_lowercase().contains(&w.to_lowercase()))
-        })
-        .min_by_key(|a| rank(a.get_info().device_type))
-}
-
 impl Gpu {
     /// Open the adapter cce-wgpu would pick, with its own limits and `TIMESTAMP_QUERY` where
     /// offered. Errors: no adapter, or the device request failed (as text).
@@ -66,7 +46,8 @@ impl Gpu {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let adapter = pick(adapters).ok_or("no wgpu adapter")?;
+        let adapter =
+            cut_cross_entropy::cce_wgpu::pick_adapter(adapters).ok_or("no wgpu adapter")?;
         let info = adapter.get_info();
         let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let limits = adapter.limits();

@@ -57,6 +57,20 @@ pub struct Saved<'a, B> {
     pub rest_mass: &'a B,
 }
 
+impl<B: TensorMeta> Inputs<'_, B> {
+    /// The problem these inputs pose under `opts` ([`crate::Problem::new`]: shapes, dtypes and
+    /// options validated; its errors).
+    pub fn problem(&self, opts: &Options) -> Result<crate::Problem> {
+        crate::Problem::new(
+            self.e,
+            self.c,
+            self.bias.map(|b| b as &dyn TensorMeta),
+            self.targets,
+            opts,
+        )
+    }
+}
+
 impl<B: TensorMeta> Saved<'_, B> {
     /// `ShapeMismatch` unless `lse` and `rest_mass` are both `[n]` f32.
     pub fn check(&self, n: usize) -> Result<()> {

@@ -558,6 +558,25 @@ fn wgmma_gcols_class_pass() {
     );
 }
 
+/// Two backends of `strategy` with chunks capped at `cap` (rows, classes) and `tune` applied:
+/// the dense row pass through the WGMMA epilogue, and the cuBLAS row pass (switch off).
+fn row_pass_pair(
+    strategy: cce_core::StrategyKind,
+    (rows, classes): (usize, usize),
+    tune: impl Fn(CudaBackend) -> CudaBackend,
+) -> (CudaBackend, CudaBackend) {
+    let make = |on: bool| {
+        let be = CudaBackend::new(0)
+            .unwrap()
+            .with_strategies(&[strategy])
+            .unwrap()
+            .with_chunk_cap(rows, classes)
+            .unwrap();
+        tune(be).with_wgmma_rows(on)
+    };
+    (make(true), make(false))
+}
+
 /// Split dense's row pass through the WGMMA epilogue (`kernels/wgmma.cu` (3):
 /// `cce_wgmma_lseq*`, the combine, `cce_wgmma_qrows_g*`) on hostile shapes: one row and seven
 /// classes, rows past a 128-row tile and off the 64-row chunks, V under one 256-class tile,
@@ -577,17 +596,7 @@ fn wgmma_row_pass() {
     let expected = epilogue_expected(&be, "wgmma_row_pass");
     // bf16 G for d_e (what the default budget takes at large shapes; small ones have room
     // for the f16 copy of c, whose f16 G keeps the cuBLAS row pass).
-    let make = |on: bool| {
-        CudaBackend::new(0)
-            .unwrap()
-            .with_strategies(&[SplitDense])
-            .unwrap()
-            .with_chunk_cap(64, 128)
-            .unwrap()
-            .with_split_de_f16(false)
-            .with_wgmma_rows(on)
-    };
-    let (on, off) = (make(true), make(false));
+    let (on, off) = row_pass_pair(SplitDense, (64, 128), |be| be.with_split_de_f16(false));
     let mut rng = seeded();
     let shapes = [
         (1, 64, 7),
@@ -756,16 +765,7 @@ fn wgmma_row_pass_in_chunked_dense() {
         return;
     };
     let expected = epilogue_expected(&be, "wgmma_row_pass_in_chunked_dense");
-    let make = |on: bool| {
-        CudaBackend::new(0)
-            .unwrap()
-            .with_strategies(&[ChunkedDense])
-            .unwrap()
-            .with_chunk_cap(64, 128)
-            .unwrap()
-            .with_wgmma_rows(on)
-    };
-    let (on, off) = (make(true), make(false));
+    let (on, off) = row_pass_pair(ChunkedDense, (64, 128), |be| be);
     let mut rng = seeded();
     for (i, &(n, d, v)) in [
         (1, 64, 7),
@@ -844,9 +844,10 @@ fn wgmma_row_pass_in_chunked_dense() {
 }
 
 /// Chunked dense for f32 gradients of bf16 inputs (the `chunked_f32_grads` knob): `d_c`
-/// accumulated in the f32 output (no accumulator in the workspace), the row pass through the WGMMA epilogue in chunks of about
-/// twice the plan's rows (16-bit q in the region of the plan's f32 logits), against the cuBLAS
-/// row pass at the plan's rows and against the f64 oracle, with a bias and a softcap.
+/// accumulated in the f32 output (no accumulator in the workspace), the row pass through the
+/// WGMMA epilogue in chunks of about twice the plan's rows (16-bit q in the region of the
+/// plan's f32 logits), against the cuBLAS row pass at the plan's rows and against the f64
+/// oracle, with a bias and a softcap.
 #[test]
 fn chunked_dense_f32_gradients_in_chunks_of_16_bit_q() {
     use cce_core::StrategyKind::ChunkedDense;
@@ -854,17 +855,9 @@ fn chunked_dense_f32_gradients_in_chunks_of_16_bit_q() {
         return;
     };
     let expected = epilogue_expected(&be, "chunked_dense_f32_gradients_in_chunks_of_16_bit_q");
-    let make = |on: bool| {
-        CudaBackend::new(0)
-            .unwrap()
-            .with_strategies(&[ChunkedDense])
-            .unwrap()
-            .with_chunk_cap(128, 256)
-            .unwrap()
-            .with_chunked_f32_grads(true)
-            .with_wgmma_rows(on)
-    };
-    let (on, off) = (make(true), make(false));
+    let (on, off) = row_pass_pair(ChunkedDense, (128, 256), |be| {
+        be.with_chunked_f32_grads(true)
+    });
     let mut rng = seeded();
     for (n, d, v, softcap) in [(700, 128, 3001, None), (517, 64, 700, Some(20.0f32))] {
         let case = random_case(&mut rng, n, d, v, DType::BF16, true, 0.1, 3.0);

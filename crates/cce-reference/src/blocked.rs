@@ -27,7 +27,7 @@ use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
 use cce_core::stats::CallStats;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
-    Saved, TensorMeta, Upstream,
+    Saved, Upstream,
 };
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -82,13 +82,7 @@ fn prepare<'a, T: HostRead>(
     opts: &Options,
     limits: &DeviceLimits,
 ) -> Result<Prepared<'a>> {
-    let problem = Problem::new(
-        inputs.e,
-        inputs.c,
-        inputs.bias.map(|b| b as &dyn TensorMeta),
-        inputs.targets,
-        opts,
-    )?;
+    let problem = inputs.problem(opts)?;
     let raw = inputs.targets.i64_values().ok_or(CceError::DTypeMismatch {
         what: "targets",
         expected: "i32 or i64".into(),

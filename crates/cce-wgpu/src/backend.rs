@@ -456,13 +456,7 @@ impl WgpuBackend {
         if let Some(b) = inputs.bias {
             self.ctx.check_own(b, "bias")?;
         }
-        let problem = Problem::new(
-            inputs.e,
-            inputs.c,
-            inputs.bias.map(|b| b as &dyn TensorMeta),
-            inputs.targets,
-            opts,
-        )?;
+        let problem = inputs.problem(opts)?;
         let raw = self.ctx.download(inputs.targets)?;
         let raw = raw.to_i64_vec().ok_or_else(|| CceError::DTypeMismatch {
             what: "targets",

@@ -56,9 +56,11 @@ pub(crate) struct Context {
     pub profiler: Mutex<Option<crate::profile::Profiler>>,
 }
 
-/// Adapter choice: `CCE_WGPU_ADAPTER` (substring of the adapter name) if set, else the first
-/// discrete GPU, then integrated, virtual, CPU (lavapipe), other.
-fn pick(adapters: Vec<wgpu::Adapter>) -> Option<wgpu::Adapter> {
+/// The adapter this crate opens among `adapters`: `CCE_WGPU_ADAPTER` (substring of the
+/// adapter name, any case) if set, else the first discrete GPU, then integrated, virtual, CPU
+/// (lavapipe), other; `None` when no adapter matches. Public so that tools opening their own
+/// device (the benches' reference SGEMM) measure the same adapter.
+pub fn pick_adapter(adapters: Vec<wgpu::Adapter>) -> Option<wgpu::Adapter> {
     let want = std::env::var("CCE_WGPU_ADAPTER").ok();
     let rank = |t: wgpu::DeviceType| match t {
         wgpu::DeviceType::DiscreteGpu => 0,
@@ -84,7 +86,7 @@ impl Context {
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let n = adapters.len();
-        let adapter = pick(adapters).ok_or_else(|| CceError::NoDevice {
+        let adapter = pick_adapter(adapters).ok_or_else(|| CceError::NoDevice {
             backend: BACKEND,
             reason: if n == 0 {
                 "no wgpu adapter found (is a Vulkan driver installed? on Linux without a GPU: \

@@ -65,6 +65,6 @@ pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
 pub use config::{default_shapes, KernelConfig, MainLoop};
-pub use context::WgpuError;
+pub use context::{pick_adapter, WgpuError};
 pub use pipelines::ShaderKind;
 pub use profile::PassTime;

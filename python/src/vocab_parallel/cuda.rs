@@ -115,6 +115,39 @@ unsafe fn write_device(
         .map_err(|e| LibError::backend(WHO, e))
 }
 
+/// A call's inputs borrowed in place as the backend's tensors.
+struct Held {
+    e: CudaTensor,
+    c: CudaTensor,
+    targets: CudaTensor,
+    bias: Option<CudaTensor>,
+}
+
+impl Held {
+    /// # Safety
+    /// `inp`'s tensors satisfy `crate::cuda::borrow`'s contract for inputs of a call on `be`.
+    unsafe fn borrow(be: &CudaBackend, inp: &InputArgs) -> cce_core::Result<Self> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            Ok(Self {
+                e: borrow(be, &inp.e)?,
+                c: borrow(be, &inp.c)?,
+                targets: borrow(be, &inp.targets)?,
+                bias: borrow_opt(be, inp.bias.as_ref())?,
+            })
+        }
+    }
+
+    fn inputs(&self) -> Inputs<'_, CudaTensor> {
+        Inputs {
+            e: &self.e,
+            c: &self.c,
+            bias: self.bias.as_ref(),
+            targets: &self.targets,
+        }
+    }
+}
+
 /// This rank's vocabulary-parallel forward on CUDA tensors (see `super::vp_forward`): the
 /// loss, lse and `rest_mass` of the whole vocabulary written into `outs`; returns this shard's
 /// statistics.
@@ -136,21 +169,8 @@ pub(crate) unsafe fn forward<C: Communicator + ?Sized>(
     let joined = Cell::new(false);
     let call = |be: &CudaBackend| -> cce_core::Result<CallStats> {
         // SAFETY: forwarded from this function's contract (inputs only read, on `be`'s stream).
-        let (e, c, targets) = unsafe {
-            (
-                borrow(be, &inp.e)?,
-                borrow(be, &inp.c)?,
-                borrow(be, &inp.targets)?,
-            )
-        };
-        // SAFETY: as above.
-        let bias = unsafe { borrow_opt(be, inp.bias.as_ref())? };
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: bias.as_ref(),
-            targets: &targets,
-        };
+        let held = unsafe { Held::borrow(be, inp)? };
+        let inputs = held.inputs();
         joined.set(true);
         let fwd = RankDriver::from_shard(comm, shard)
             .with_primitives(BackendShard::new(be))
@@ -191,20 +211,9 @@ pub(crate) unsafe fn backward<C: Communicator + ?Sized>(
     let joined = Cell::new(false);
     let call = |be: &CudaBackend| -> cce_core::Result<CallStats> {
         // SAFETY: forwarded from this function's contract (inputs only read, on `be`'s stream).
-        let (e, c, targets) = unsafe {
-            (
-                borrow(be, &inp.e)?,
-                borrow(be, &inp.c)?,
-                borrow(be, &inp.targets)?,
-            )
-        };
+        let held = unsafe { Held::borrow(be, inp)? };
         // SAFETY: as above.
-        let (bias, d_lse) = unsafe {
-            (
-                borrow_opt(be, inp.bias.as_ref())?,
-                borrow_opt(be, sv.d_lse.as_ref())?,
-            )
-        };
+        let d_lse = unsafe { borrow_opt(be, sv.d_lse.as_ref())? };
         // SAFETY: as above.
         let (lse, rest_mass, d_loss) = unsafe {
             (
@@ -213,12 +222,7 @@ pub(crate) unsafe fn backward<C: Communicator + ?Sized>(
                 borrow(be, &sv.d_loss)?,
             )
         };
-        let inputs = Inputs {
-            e: &e,
-            c: &c,
-            bias: bias.as_ref(),
-            targets: &targets,
-        };
+        let inputs = held.inputs();
         let upstream = Upstream {
             d_loss: d_loss_on(be, &d_loss, opts, false)?,
             d_lse: d_lse.as_ref(),

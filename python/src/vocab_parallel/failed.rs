@@ -69,12 +69,7 @@ pub(crate) fn forward<C: Communicator + ?Sized>(
         Ok(s) => s,
         Err(_) => return err,
     };
-    let inputs = Inputs {
-        e: &inp.e,
-        c: &inp.c,
-        bias: inp.bias.as_ref(),
-        targets: &inp.targets,
-    };
+    let inputs = inp.metas();
     let driver =
         RankDriver::from_shard(comm, shard).with_primitives(Failed(RefCell::new(Some(err))));
     match driver.forward(&inputs, opts) {
@@ -95,12 +90,7 @@ pub(crate) fn backward<C: Communicator + ?Sized>(
         Ok(s) => s,
         Err(_) => return err,
     };
-    let inputs = Inputs {
-        e: &inp.e,
-        c: &inp.c,
-        bias: inp.bias.as_ref(),
-        targets: &inp.targets,
-    };
+    let inputs = inp.metas();
     let driver =
         RankDriver::from_shard(comm, shard).with_primitives(Failed(RefCell::new(Some(err))));
     let saved = Saved {

@@ -329,13 +329,7 @@ pub fn shard_problem<T: TensorMeta>(
             got: format!("{cs:?}"),
         });
     }
-    let local = Problem::new(
-        inputs.e,
-        inputs.c,
-        inputs.bias.map(|b| b as &dyn TensorMeta),
-        inputs.targets,
-        opts,
-    )?;
+    let local = inputs.problem(opts)?;
     check_index_limits(local.n, shard.end())?;
     Ok(Problem {
         v: shard.vocab_size(),

@@ -67,13 +67,7 @@ impl CudaBackend {
         if let Some(b) = inputs.bias {
             self.check_owned("bias", b)?;
         }
-        let problem = Problem::new(
-            inputs.e,
-            inputs.c,
-            inputs.bias.map(|b| b as &dyn TensorMeta),
-            inputs.targets,
-            opts,
-        )?;
+        let problem = inputs.problem(opts)?;
         let key = crate::dense::sparse_memory::SparseKey::new(
             (problem.n, problem.d, problem.v),
             problem.dtype,

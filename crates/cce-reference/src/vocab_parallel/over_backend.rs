@@ -6,7 +6,7 @@ use super::driver::RankDriver;
 use super::thread_comm::ThreadComm;
 use cce_core::vocab_parallel::{BackendShard, Communicator, ShardLayout, ShardRows};
 use cce_core::{
-    CallStats, CceError, DLoss, ForwardOutput, HostTensor, Inputs, Options, Problem, Result, Saved,
+    CallStats, CceError, DLoss, ForwardOutput, HostTensor, Inputs, Options, Result, Saved,
     TensorMeta, Upstream,
 };
 
@@ -47,13 +47,7 @@ pub fn simulate_over_backends<B>(
 where
     B: ShardRows + Sync,
 {
-    let problem = Problem::new(
-        inputs.e,
-        inputs.c,
-        inputs.bias.map(|b| b as &dyn TensorMeta),
-        inputs.targets,
-        opts,
-    )?;
+    let problem = inputs.problem(opts)?;
     let d = problem.d;
     let c = inputs.c.try_to_f32_vec()?;
     let bias = inputs.bias.map(|b| b.try_to_f32_vec()).transpose()?;

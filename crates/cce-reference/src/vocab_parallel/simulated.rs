@@ -10,8 +10,8 @@ use super::CpuShard;
 use cce_core::plan::{DeviceLimits, StrategyKind};
 use cce_core::vocab_parallel::{Communicator, ShardLayout, VocabParallelError};
 use cce_core::{
-    Backend, BackwardOutput, CceError, ForwardOutput, HostTensor, Inputs, Options, Problem, Result,
-    Saved, TensorMeta, Upstream,
+    Backend, BackwardOutput, CceError, ForwardOutput, HostTensor, Inputs, Options, Result, Saved,
+    TensorMeta, Upstream,
 };
 
 /// How the simulated group splits a vocabulary of `V` classes over its ranks.
@@ -129,13 +129,7 @@ impl SimulatedVocabParallel {
         inputs: &Inputs<'_, HostTensor>,
         opts: &Options,
     ) -> Result<(ShardLayout, Vec<(HostTensor, Option<HostTensor>)>)> {
-        let problem = Problem::new(
-            inputs.e,
-            inputs.c,
-            inputs.bias.map(|b| b as &dyn TensorMeta),
-            inputs.targets,
-            opts,
-        )?;
+        let problem = inputs.problem(opts)?;
         if self.ranks == 0 {
             return Err(VocabParallelError::NoShards {
                 vocab_size: problem.v,
