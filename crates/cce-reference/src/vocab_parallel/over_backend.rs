@@ -33,7 +33,7 @@ pub struct SimulatedCall {
 /// upstream gradients uploaded to its backend, the merged lse and `rest_mass` uploaded for the
 /// backward.
 ///
-/// Errors: the unsharded call's shape errors ([`Problem::new`]), `VocabParallel(RankCount)`
+/// Errors: the unsharded call's shape errors ([`cce_core::Problem::new`]), `VocabParallel(RankCount)`
 /// when the layout has not one shard per backend, `Backend` when ranks disagree on a result
 /// every rank must hold identically, and the first rank's error of the call (its own, not a
 /// peer's report).
