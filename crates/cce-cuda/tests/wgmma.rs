@@ -928,3 +928,73 @@ fn chunked_dense_f32_gradients_in_chunks_of_16_bit_q() {
         close_max(&what("d_c vs f64"), &got[1], &oracle.d_c, 2e-2);
     }
 }
+
+/// Chunked dense through the WGMMA row pass when only one gradient is asked for: `d_c` and
+/// `d_bias` alone (`compute_d_e` off: the G pass must still turn q into G, which `d_c` and the
+/// column sums read) and `d_e` alone, against the cuBLAS row pass and the f64 oracle.
+#[test]
+fn chunked_dense_wgmma_row_pass_with_one_gradient() {
+    use cce_core::StrategyKind::ChunkedDense;
+    let Some(be) = backend("chunked_dense_wgmma_row_pass_with_one_gradient") else {
+        return;
+    };
+    let expected = epilogue_expected(&be, "chunked_dense_wgmma_row_pass_with_one_gradient");
+    let (on, off) = row_pass_pair(ChunkedDense, (128, 256), |be| be);
+    let mut rng = seeded();
+    let (n, d, v) = (300, 128, 1500);
+    let case = random_case(&mut rng, n, d, v, DType::BF16, true, 0.1, 3.0);
+    for (compute_d_e, compute_d_c) in [(false, true), (true, false)] {
+        let opts = Options {
+            compute_d_e,
+            compute_d_c,
+            ..Options::exact()
+        };
+        let what = |o: &str| format!("bf16 {n}x{d}x{v} d_e {compute_d_e} d_c {compute_d_c}: {o}");
+        let run = |be: &CudaBackend| {
+            let dev = DeviceCase::new(be, &case);
+            let (_, g) = be
+                .forward_backward(&dev.inputs(), &opts, &Upstream::default())
+                .unwrap_or_else(|err| panic!("{}: {err}", what("forward_backward")));
+            assert_eq!(g.d_e.is_some(), compute_d_e, "{}", what("d_e output"));
+            assert_eq!(g.d_c.is_some(), compute_d_c, "{}", what("d_c output"));
+            let grads = [g.d_e.as_ref(), g.d_c.as_ref(), g.d_bias.as_ref()]
+                .map(|t| t.map(|t| to_f64(be, t)));
+            (g.stats.plan_reason.clone(), grads)
+        };
+        let (note, got) = run(&on);
+        let (_, want) = run(&off);
+        assert!(
+            note.contains("chunked-dense"),
+            "{}: {note}",
+            what("strategy")
+        );
+        if expected {
+            assert!(
+                note.contains("row pass: WGMMA GEMM with the lse partials"),
+                "{}: {note}",
+                what("row pass")
+            );
+        }
+        let oracle = naive(
+            &case.e,
+            &case.c,
+            case.bias.as_ref(),
+            &case.targets,
+            &opts,
+            &OracleDLoss::Scalar(1.0),
+            None,
+            Precision::F64,
+        )
+        .unwrap();
+        let truth = [Some(&oracle.d_e), Some(&oracle.d_c), oracle.d_bias.as_ref()];
+        for (k, name) in ["d_e", "d_c", "d_bias"].iter().enumerate() {
+            let (Some(g), Some(w)) = (&got[k], &want[k]) else {
+                continue;
+            };
+            close_max(&what(name), g, w, 2e-2);
+            if let Some(t) = truth[k] {
+                close_max(&what(&format!("{name} vs f64")), g, t, 2e-2);
+            }
+        }
+    }
+}

@@ -140,8 +140,9 @@ impl DenseEngine {
             self.launch_combine(f_comb, partial, (r0, rows, n_tiles), (e_r, c, d), a, zy)?;
         }
         PhaseTimer::mark(prof, "combine (lse, loss)")?;
-        if !cfg.compute_d_e {
-            // G of the row pass only feeds d_e (the class pass recomputes its own).
+        if !cfg.compute_d_e && cfg.chunk_classes.is_some() {
+            // Split dense's row-pass G only feeds d_e (the class pass recomputes its own);
+            // chunked dense's also feeds d_c and d_bias.
             return Ok(());
         }
         let off4 = (r0 * 4) as u64;
