@@ -128,6 +128,35 @@ extern "C" __global__ void __launch_bounds__(256) cce_split_e_to_f16_bf16(const 
         dst[i] = f32_to_f16(bf16_to_f32(src[i]) * s);
 }
 
+// Chunked dense with f32 gradients of bf16 inputs: the chunk's G, written as f16 times 2^kg
+// for the d_c product (cce_wgmma_qrows_g*'s g_scale), turned into bf16 G in place for the d_e
+// product against bf16 c.
+// Parameters: G u16 [rows, ldg] (f16 in, bf16 out), ldg a multiple of 8; cols8: the columns
+//   written (V rounded up to 8, ≤ ldg); down f32 (device: 2^−kg).
+// Tiling / thread mapping: grid-stride over the rows' groups of 8 columns, one group per thread
+//   per step (one 16-byte load and store); the factor loaded once per thread.
+extern "C" __global__ void __launch_bounds__(256) cce_g16_to_bf16(u16* G, long long ldg, int rows,
+                                                                int cols8, const float* down) {
+    const float s = *down;
+    const long long per_row = cols8 / 8;
+    const long long total = (long long)rows * per_row;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long r = i / per_row;
+        uint4* p = reinterpret_cast<uint4*>(G + r * ldg + 8 * (i - r * per_row));
+        const uint4 raw = *p;
+        const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+        u32 out[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float lo = f16_to_f32(static_cast<u16>(w[k] & 0xffffu)) * s;
+            const float hi = f16_to_f32(static_cast<u16>(w[k] >> 16)) * s;
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(hi), "f"(lo));
+        }
+        *p = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+}
+
 // d_e rows from the f32 product of the row pass: d_e[r, k] = out(tmp[r, k] · rs[r] · *cscale),
 //   rs = row_scale (mode 2) or 0 (→ 1), cscale f32 (device: 2^−kc of the f16 copy of c) or
 //   null (→ 1). tmp f32 [rows, D]; d_e OT [rows, D] (0 f32, 1 f16, 2 bf16); accumulate ≠ 0:

@@ -46,7 +46,9 @@
 //   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
 //             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N]
 //             or null (→ dl_scalar), dlse f32 [N] or null, λ, softcap (> 0 for _cap); no label
-//             smoothing (α = 0).
+//             smoothing (α = 0); g_scale f32 (device) or null: where set, G is written as f16
+//             times *g_scale (a power of two keeping |G| ≤ 2^14: chunked dense's f16 d_c
+//             operand with f32 gradients), else as bf16.
 //   gcols     (cce_wgmma_gcols[_cap]_*): N, K (classes of the chunk), D, k0 (its first class),
 //             V (all classes: label smoothing's α/V), tmG: the tensor map of G u16 [N, ldg] (f16;
 //             dims {K, N}, row stride ldg·2 bytes a multiple of 16, box {64, 64}, 128-byte
@@ -843,7 +845,7 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
                                         const float* __restrict__ rest_in,
                                         const int* __restrict__ targets, const float* dl_rows,
                                         float dl_scalar, const float* dlse, float lambda,
-                                        float softcap) {
+                                        float softcap, const float* g_scale) {
     constexpr float L2E = 1.4426950408889634f;
     constexpr float LN2 = 0.6931471805599453f;
     const long long r = blockIdx.x;
@@ -857,6 +859,8 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
     const float m = partial[r * n_tiles + tile].x;
     const float f = c.cp * ex2_approx((m - l) * L2E);  // cp·e^{m_j − lse}
     const float inv_cap = CAP ? 1.0f / softcap : 0.0f;
+    // f16 G times 2^kg (chunked dense's d_c operand) where g_scale is set, else bf16 G.
+    const float up = g_scale ? *g_scale : 0.0f;
     u16* q = Q + r * ldq + c0;
     const uint4 raw = *reinterpret_cast<const uint4*>(q);
     const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -886,7 +890,10 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
             }
             g[e] = (c.active && col < V) ? gv : 0.0f;
         }
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(g[1]), "f"(g[0]));
+        if (g_scale)
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(g[1] * up), "f"(g[0] * up));
+        else
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(out[k]) : "f"(g[1]), "f"(g[0]));
     }
     *reinterpret_cast<uint4*>(q) = make_uint4(out[0], out[1], out[2], out[3]);
 }
@@ -937,10 +944,10 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
 #define WG_QROWS_PARAMS                                                                          \
     u16 *Q, long long ldq, int V, int n_tiles, const float2 *partial, const float *lse_in,        \
         const float *zy_in, const float *rest_in, const int *targets, const float *dl_rows,      \
-        float dl_scalar, const float *dlse, float lambda, float softcap
+        float dl_scalar, const float *dlse, float lambda, float softcap, const float *g_scale
 #define WG_QROWS_ARGS                                                                            \
     Q, ldq, V, n_tiles, partial, lse_in, zy_in, rest_in, targets, dl_rows, dl_scalar, dlse,       \
-        lambda, softcap
+        lambda, softcap, g_scale
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_bf16(WG_QROWS_PARAMS) {
     cce_wg::qrows_g<false>(WG_QROWS_ARGS);
 }

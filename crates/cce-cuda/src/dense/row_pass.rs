@@ -483,9 +483,9 @@ impl DenseEngine {
                 reused,
                 index,
             };
-            let ldg_c = self.chunk_g(&ctx, ch, ws.ld, &mut prof)?;
+            let (ldg_c, g16) = self.chunk_g(&ctx, ws, ch, &mut prof)?;
             if sched.kind.backward() {
-                self.chunk_products(&ctx, ch, ws.ld, ldg_c, &mut prof)?;
+                self.chunk_products(&ctx, ch, ws.ld, (ldg_c, g16), &mut prof)?;
             }
         }
         PhaseTimer::report(prof, &format!("dense row pass ({} chunk(s))", chunks.len()))
@@ -493,14 +493,16 @@ impl DenseEngine {
 
     /// Steps 1-3 of a chunk: the logits (unless in place), the forward rows and `G` in place
     /// (the row kernels, the fused kernel or the WGMMA row pass). Returns `G`'s row stride in
-    /// elements.
+    /// elements and, where `G` is f16 for `d_c` (`Schedule::row_g16`), its factors and the
+    /// f16 copy of the chunk's `e`.
     fn chunk_g(
         &self,
         x: &RowPassCtx<'_>,
+        ws: &mut DenseWorkspace,
         ch: Chunk,
-        ld: usize,
         prof: &mut Option<PhaseTimer>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, Option<(DeviceScales, u64)>)> {
+        let ld = ws.ld;
         let (cfg, p) = (x.cfg, x.p);
         let (d, v) = (cfg.d, cfg.v);
         let e_r = p.e + (ch.r0 * d * cfg.dtype.size_bytes()) as u64;
@@ -514,16 +516,17 @@ impl DenseEngine {
         if let Some(tm_c) = wg_tm {
             // (1)+(2)+(3): logits, lse and G without f32 logits.
             let up = (p.saved_lse, p.saved_rest, p.dl_rows, p.dl_scalar, p.dlse);
-            let at = (ch.r0, ch.rows, x.cfg.wgmma_chunk_rows());
-            self.row_pass_wgmma(cfg, tm_c, at, (e_r, p.c, p.l_ptr, ld), x.a, up, prof)?;
+            let at = (ch.r0, ch.rows, x.cfg.wgmma_chunk_rows(), x.sched.row_g16);
+            let ptrs = (e_r, p.c, p.l_ptr, ld);
+            let g16 = self.row_pass_wgmma(cfg, ws, tm_c, at, ptrs, x.a, up, prof)?;
             // G's row stride: ld (16-bit q then G, rows of ld·2 bytes).
-            return Ok(ld);
+            return Ok((ld, g16));
         }
         if let Some((cs, slice)) = x.sched.fused {
             // (2)+(3) fused.
             self.launch_fused(x, ch, (cs, slice))?;
             PhaseTimer::mark(prof, "fused rows")?;
-            return Ok(x.ldg);
+            return Ok((x.ldg, None));
         }
         if x.sched.kind.forward() && !ch.reused {
             // (2) forward rows.
@@ -535,7 +538,7 @@ impl DenseEngine {
             self.launch_bwd_rows(x, ch)?;
             PhaseTimer::mark(prof, "backward rows (G)")?;
         }
-        Ok(x.ldg)
+        Ok((x.ldg, None))
     }
 
     /// The filter arguments of a chunk's row kernels.
@@ -632,13 +635,15 @@ impl DenseEngine {
     }
 
     /// Steps 4-6 of a chunk: `d_e` rows (and the target's entry of a 16-bit `G`), chunked
-    /// dense's `d_c` and `d_bias` accumulation.
+    /// dense's `d_c` and `d_bias` accumulation. With `g16` (f16 `G` for `d_c`, its factors
+    /// and the f16 copy of the chunk's `e`), `d_c` and `d_bias` come first, then `G` turns
+    /// into bf16 for `d_e`.
     fn chunk_products(
         &self,
         x: &RowPassCtx<'_>,
         ch: Chunk,
         ld: usize,
-        ldg_c: usize,
+        (ldg_c, g16): (usize, Option<(DeviceScales, u64)>),
         prof: &mut Option<PhaseTimer>,
     ) -> Result<()> {
         let (cfg, p) = (x.cfg, x.p);
@@ -647,6 +652,14 @@ impl DenseEngine {
         let e_r = p.e + (ch.r0 * d * dt.size_bytes()) as u64;
         // Accumulating calls add every product to the outputs' contents (f32 outputs).
         let acc = x.sched.accumulate;
+        if let Some((s, e16)) = g16 {
+            self.chunk_dc_f16(x, ch, ldg_c, (s, e16))?;
+            PhaseTimer::mark(prof, "d_c GEMM from f16 G (+ d_bias)")?;
+            if cfg.compute_d_e {
+                self.g16_to_bf16(p.l_ptr, (ch.rows, ldg_c, v.div_ceil(8) * 8), s.down_g())?;
+                PhaseTimer::mark(prof, "G to bf16")?;
+            }
+        }
         if cfg.compute_d_e {
             // (4) d_e rows of the chunk.
             let de_r = p.d_e + (ch.r0 * d * out_ty.size_bytes()) as u64;
@@ -682,7 +695,7 @@ impl DenseEngine {
         }
         // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass). The
         // first chunk overwrites the accumulator unless the call accumulates into the output.
-        if cfg.compute_d_c && !x.sched.split {
+        if cfg.compute_d_c && !x.sched.split && g16.is_none() {
             let beta = if ch.index == 0 && !acc { 0.0 } else { 1.0 };
             let dims = (v, d, ch.rows);
             let tys = (dt, g_ty, DType::F32);
@@ -708,6 +721,50 @@ impl DenseEngine {
                 unsafe { self.launch_params(&self.stream, x.f_colsum, cfg_l, &params) }?;
             }
             PhaseTimer::mark(prof, "d_c GEMM (+ d_bias)")?;
+        }
+        Ok(())
+    }
+
+    /// Steps (5), (6) of a chunk whose `G` is f16 times `2^kg` (`Schedule::row_g16`):
+    /// `d_c += 2^(−ke−kg) · Gᵀ · E16` against the f16 copy `e16` of its rows of `e` (times
+    /// `2^ke`), alpha and beta read from the chunk's scale set (cuBLAS's device pointer mode;
+    /// beta 0 for the first chunk of a call that does not accumulate), and `d_bias +=
+    /// 2^−kg · Σ_rows G`.
+    fn chunk_dc_f16(
+        &self,
+        x: &RowPassCtx<'_>,
+        ch: Chunk,
+        ldg: usize,
+        (s, e16): (DeviceScales, u64),
+    ) -> Result<()> {
+        let (cfg, p) = (x.cfg, x.p);
+        let first = ch.index == 0 && !x.sched.accumulate;
+        let scalars = GemmScalars::Device {
+            alpha: s.down_xg(),
+            beta: if first { s.zero() } else { s.one() },
+        };
+        let dims = (cfg.v, cfg.d, ch.rows);
+        let tys = (DType::F16, DType::F16, DType::F32);
+        self.gemm_dc(dims, tys, (e16, p.l_ptr, p.dc_acc), ldg, scalars)?;
+        if cfg.has_bias {
+            let params = ColsumParams {
+                g: p.l_ptr,
+                ldg: ldg as i64,
+                rows: ch.rows as i32,
+                cols: x.a.v,
+                acc: p.dbias_acc,
+                scale: s.down_g(),
+            };
+            let cfg_l = LaunchConfig {
+                grid_dim: (cfg.v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
+                block_dim: (COLSUM_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = self.func("cce_dense_colsum_f16")?;
+            // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg f16 written by the WGMMA
+            // row pass (stream order); the accumulator holds V f32 (zeroed, or the caller's
+            // f32 d_bias when accumulating); scale is one f32 of ws.scales (stream order).
+            unsafe { self.launch_params(&self.stream, f, cfg_l, &params) }?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use super::*;
 /// 4-byte words of one [`ScaleSet`] in the workspace's `scales` region.
 pub(super) const SET_WORDS: usize = 9;
 /// Bytes of the workspace's `scales` region: one set per [`ScaleSet`].
-pub(super) const SCALES_BYTES: usize = 2 * SET_WORDS * 4;
+pub(super) const SCALES_BYTES: usize = 3 * SET_WORDS * 4;
 
 /// A set of scale words in the workspace's `scales` region (byte offset `index · 4 ·
 /// SET_WORDS`), one per use so that the factors of the row pass's copy of `c` stay valid while
@@ -21,6 +21,10 @@ pub(super) enum ScaleSet {
     CCopy = 0,
     /// The class pass (`x = e` for bf16 inputs, else none; the rows' `G` bound).
     ClassPass = 1,
+    /// A row chunk of chunked dense with f32 gradients of bf16 inputs
+    /// ([`super::DenseConfig::row_e16`]): `x` = the chunk's rows of `e`, the `G` bound over
+    /// its rows; rewritten per chunk (stream order: after the previous chunk's readers).
+    RowChunk = 2,
 }
 
 impl ScaleSet {
@@ -227,6 +231,40 @@ impl DenseEngine {
         unsafe {
             b.launch(LaunchConfig {
                 grid_dim: (count.div_ceil(256 * 4).clamp(1, 132 * 32) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(drv)
+        .map(|_| ())
+    }
+
+    /// `cce_g16_to_bf16`: a chunk's `G` (`rows x ldg` 16-bit at `g`, its first `cols8`
+    /// columns: `V` rounded up to 8), f16 times `2^kg` in, bf16 out (times `*down`, a device
+    /// f32 `2^−kg`), in place.
+    pub(super) fn g16_to_bf16(
+        &self,
+        g: u64,
+        (rows, ldg, cols8): (usize, usize, usize),
+        down: u64,
+    ) -> Result<()> {
+        if ldg % 8 != 0 || cols8 % 8 != 0 || cols8 > ldg {
+            return Err(CceError::InvalidOption {
+                name: "workspace",
+                reason: "G's row stride is not a multiple of 8 elements".into(),
+            });
+        }
+        let (ldg_i, rows_i, cols_i) = (ldg as i64, to_i32(rows, "rows")?, to_i32(cols8, "V")?);
+        let groups = rows * cols8 / 8;
+        let mut b = self.stream.launch_builder(self.func("cce_g16_to_bf16")?);
+        b.arg(&g).arg(&ldg_i).arg(&rows_i).arg(&cols_i).arg(&down);
+        // SAFETY: matches cce_g16_to_bf16 (u16*, i64, int, int, const float*); g holds rows x
+        // ldg 16-bit values (the chunk's G in its logits region, 16-byte aligned rows: ldg a
+        // multiple of 8, checked above), of which the first cols8 ≤ ldg per row are read and
+        // written; down is one f32 of ws.scales written before on this stream.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (groups.div_ceil(256).clamp(1, 132 * 32) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -499,7 +537,7 @@ mod tests {
 
     #[test]
     fn scale_sets_fit_the_region() {
-        for set in [ScaleSet::CCopy, ScaleSet::ClassPass] {
+        for set in [ScaleSet::CCopy, ScaleSet::ClassPass, ScaleSet::RowChunk] {
             assert_eq!(set.offset() % 4, 0);
             assert!(set.offset() + SET_WORDS * 4 <= SCALES_BYTES);
             let s = DeviceScales {

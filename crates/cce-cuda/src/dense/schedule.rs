@@ -150,6 +150,9 @@ pub(crate) struct Schedule {
     /// Split dense's row pass of a forward-and-backward call: `Ok` through the WGMMA epilogue,
     /// `Err(why)` the cuBLAS row pass.
     pub row_wgmma: Option<std::result::Result<(), &'static str>>,
+    /// Chunked dense's WGMMA row pass writes `G` as scaled f16 for the `d_c` product against
+    /// an f16 copy of the chunk's `e`, then bf16 for `d_e` ([`DenseConfig::row_e16`]).
+    pub row_g16: bool,
     /// Split dense's class pass (calls with a backward and `d_c`).
     pub class_pass: Option<ClassPath>,
 }
@@ -221,6 +224,7 @@ pub(crate) fn schedule(
         c16_copy: g_mode == 2 && cfg.dtype == DType::BF16,
         forward,
         forward_note,
+        row_g16: !split && cfg.row_e16() && row_wgmma == Some(Ok(())),
         row_wgmma,
         class_pass,
     }

@@ -56,31 +56,36 @@ impl DenseEngine {
     /// with row stride `ld`.
     /// The caller checked `schedule::wgmma_rows_unfit`.
     #[allow(clippy::too_many_arguments)]
+    ///
+    /// With `g16` (`Schedule::row_g16`) `G` is written as f16 times `2^kg` beside an f16
+    /// copy of the chunk's rows of `e` times `2^ke` (the chunk's [`ScaleSet::RowChunk`]:
+    /// max |e| of the chunk, the `G` bound of its rows); returns those factors and the copy's
+    /// address for the chunk's `d_c` product.
     pub(super) fn row_pass_wgmma(
         &self,
         cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
         tm_c: &TmaDesc,
-        (r0, rows, chunk): (usize, usize, usize),
+        (r0, rows, chunk, g16): (usize, usize, usize, bool),
         (e_r, c, l_ptr, ld): (u64, u64, u64, usize),
         a: &RowArgs,
         (lse, rest, dl_rows, dl_scalar, dlse): (u64, u64, u64, f32, u64),
         prof: &mut Option<PhaseTimer>,
-    ) -> Result<()> {
+    ) -> Result<Option<(DeviceScales, u64)>> {
         let (d, v) = (cfg.d, cfg.v);
         let n_tiles = v.div_ceil(WGMMA_BN);
-        // The three regions of `chunk` rows (`DenseConfig::wgmma_chunk_rows`) fit the logits
-        // region of the plan's rows of f32.
-        let q_bytes = chunk * ld * 2;
-        let p_bytes = chunk * n_tiles * 8;
+        // The regions of `chunk` rows (`DenseConfig::wgmma_chunk_rows`) fit the logits region
+        // of the plan's rows of f32.
+        let o = cfg.wgmma_row_offsets(chunk);
         let region = cfg.effective_chunk_rows() * ld * 4;
-        if rows > chunk || chunk * super::workspace::wgmma_row_bytes(ld, v) > region {
+        if rows > chunk || o.end > region || (g16 && !cfg.row_e16()) || ld != cfg.ld() {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "the WGMMA row pass's regions do not fit the logits chunk".into(),
             });
         }
-        let (q, partial) = (l_ptr, l_ptr + q_bytes as u64);
-        let zy = partial + p_bytes as u64;
+        let (q, partial) = (l_ptr, l_ptr + o.partial as u64);
+        let zy = l_ptr + o.zy as u64;
         let ext = a.bias != 0 || a.softcap > 0.0;
         let f_lse = self.func(if ext {
             "cce_wgmma_lseq_x_bf16"
@@ -143,11 +148,40 @@ impl DenseEngine {
         if !cfg.compute_d_e && cfg.chunk_classes.is_some() {
             // Split dense's row-pass G only feeds d_e (the class pass recomputes its own);
             // chunked dense's also feeds d_c and d_bias.
-            return Ok(());
+            return Ok(None);
         }
         let off4 = (r0 * 4) as u64;
         let at = |p: u64| if p != 0 { p + off4 } else { 0 };
         let (lse_g, rest_g, dl_r, dlse_r) = (lse + off4, rest + off4, at(dl_rows), at(dlse));
+        let g16 = if g16 {
+            // The chunk's factors (max |e| of its rows, the G bound of its rows from the
+            // combine's lse and rest), then its rows of e in f16.
+            let count = rows * d;
+            let s = self.split_scales(
+                ws,
+                ScaleSet::RowChunk,
+                (e_r, DType::BF16, count),
+                count,
+                Some(ScaleRows {
+                    targets: t_r,
+                    dl_rows: dl_r,
+                    dl_scalar,
+                    dlse: dlse_r,
+                    lse: lse_g,
+                    rest: rest_g,
+                    alpha: 0.0,
+                    lambda: a.lambda,
+                    n: rows_i,
+                    v: v_i,
+                }),
+            )?;
+            let e16 = l_ptr + o.e16 as u64;
+            self.to_f16(e_r, e16, count, s.up_x())?;
+            PhaseTimer::mark(prof, "f16 scales + e rows")?;
+            Some((s, e16))
+        } else {
+            None
+        };
         let warps = WGMMA_QROWS_THREADS as usize / 32;
         let params = QRowsParams {
             q,
@@ -164,6 +198,7 @@ impl DenseEngine {
             dlse: dlse_r,
             lambda: a.lambda,
             softcap: a.softcap,
+            g_scale: g16.map_or(0, |(s, _)| s.up_g()),
         };
         let launch = LaunchConfig {
             grid_dim: (rows as u32, n_tiles.div_ceil(warps) as u32, 1),
@@ -175,10 +210,11 @@ impl DenseEngine {
         // of 8), rewritten in place as bf16; partials, zy and the lse (written by the combine,
         // or the caller's) hold the chunk's rows; the upstream arrays are [N] offset to r0 or
         // 0; grid (rows, ceil(n_tiles / 8)) with n_tiles / 8 ≤ 65535
-        // (`schedule::wgmma_rows_unfit`).
+        // (`schedule::wgmma_rows_unfit`); g_scale is 0 or one f32 of ws.scales written by
+        // `split_scales` above (stream order).
         unsafe { self.launch_params(&self.stream, f_g, launch, &params) }?;
         PhaseTimer::mark(prof, "G from q")?;
-        Ok(())
+        Ok(g16)
     }
 
     /// One launch of `cce_wgmma_lse_combine_*` (`f`) over rows `r0..r0 + rows` (one warp per
@@ -489,8 +525,9 @@ impl KernelParams for LseqParams {
 }
 
 kernel_params! {
-    /// `WG_QROWS_PARAMS` of `cce_wgmma_qrows_g[_cap]_bf16`: `G` in place over the f16
-    /// `e^{z − max}` of a chunk; the per-row arrays offset to the chunk.
+    /// `WG_QROWS_PARAMS` of `cce_wgmma_qrows_g[_cap]_bf16`: `G` in place over the bf16
+    /// `e^{z − max}` of a chunk (bf16, or f16 times `*g_scale` where `g_scale` is set); the
+    /// per-row arrays offset to the chunk.
     QRowsParams {
         q: u64,
         ldq: i64,
@@ -506,5 +543,6 @@ kernel_params! {
         dlse: u64,
         lambda: f32,
         softcap: f32,
+        g_scale: u64,
     }
 }

@@ -46,12 +46,60 @@ impl DenseConfig {
     /// bytes), the float2 partials of the row's 256-class tiles and the target logit — about
     /// twice the plan's rows, at most `N` ([`wgmma_rows_in`]); split dense keeps its rows (its
     /// row layout has other regions after the logits).
+    ///
+    /// With [`DenseConfig::row_e16`] each row also holds its f16 copy of `e` (`2·D` bytes,
+    /// after 256 bytes of alignment), and the rows are not raised to the plan's (they may
+    /// hold fewer where `D` is large against `V`).
     pub(crate) fn wgmma_chunk_rows(&self) -> usize {
         let rows = self.effective_chunk_rows();
         if self.chunk_classes.is_some() {
             return rows;
         }
-        wgmma_rows_in(rows * self.ld() * 4, self.ld(), self.v).clamp(rows, self.n.max(1))
+        let region = rows * self.ld() * 4;
+        if self.row_e16() {
+            return wgmma_rows_in(region.saturating_sub(256), self.ld(), self.v, self.d)
+                .min(self.n.max(1));
+        }
+        wgmma_rows_in(region, self.ld(), self.v, 0).clamp(rows, self.n.max(1))
+    }
+
+    /// Chunked dense with f32 gradients of bf16 inputs and `d_c`: where the WGMMA row pass
+    /// runs, it writes `G` as f16 times a power of two for the `d_c` product against an f16
+    /// copy of the chunk's rows of `e` (split dense's numerics for `d_c`: 11 significand bits
+    /// against bf16's 8), then turns it into bf16 for `d_e`. True when the layout holds at
+    /// least one row of it ([`DenseConfig::wgmma_row_offsets`]).
+    pub(crate) fn row_e16(&self) -> bool {
+        self.chunk_classes.is_none()
+            && self.dtype == DType::BF16
+            && self.grad_f32
+            && self.compute_d_c
+            && wgmma_rows_in(
+                (self.effective_chunk_rows() * self.ld() * 4).saturating_sub(256),
+                self.ld(),
+                self.v,
+                self.d,
+            ) >= 1
+    }
+
+    /// Byte offsets in the logits region of the WGMMA row pass's buffers for chunks of
+    /// `chunk` rows: q at 0, the partials, the target logits, the f16 copy of `e`
+    /// ([`DenseConfig::row_e16`], else empty) and the end.
+    pub(crate) fn wgmma_row_offsets(&self, chunk: usize) -> WgmmaRowOffsets {
+        let partial = chunk * self.ld() * 2;
+        let zy = partial + chunk * self.v.div_ceil(WGMMA_BN) * 8;
+        let after = zy + chunk * 4;
+        let (e16, end) = if self.row_e16() {
+            let at = after.div_ceil(256) * 256;
+            (at, at + chunk * self.d * 2)
+        } else {
+            (after, after)
+        };
+        WgmmaRowOffsets {
+            partial,
+            zy,
+            e16,
+            end,
+        }
     }
 
     /// Split dense: bytes of the f32 `d_c` chunk that f16 operands need before a bf16 output
@@ -242,14 +290,30 @@ impl DenseConfig {
 
 /// Bytes per row of the WGMMA row pass's layout in a logits region (`row_pass_wgmma`): bf16 q
 /// at a row stride of `ld` elements, the float2 (max, Σexp) partials of the row's
-/// `ceil(V / 256)` class tiles and the f32 target logit.
-pub(crate) fn wgmma_row_bytes(ld: usize, v: usize) -> usize {
-    ld * 2 + v.div_ceil(WGMMA_BN) * 8 + 4
+/// `ceil(V / 256)` class tiles, the f32 target logit and `e16_d` f16 values of `e`
+/// ([`DenseConfig::row_e16`]: `D`, else 0).
+pub(crate) fn wgmma_row_bytes(ld: usize, v: usize, e16_d: usize) -> usize {
+    ld * 2 + v.div_ceil(WGMMA_BN) * 8 + 4 + e16_d * 2
 }
 
 /// Rows of the WGMMA row pass's layout ([`wgmma_row_bytes`]) that fit a region of `bytes`.
-pub(crate) fn wgmma_rows_in(bytes: usize, ld: usize, v: usize) -> usize {
-    bytes / wgmma_row_bytes(ld, v)
+pub(crate) fn wgmma_rows_in(bytes: usize, ld: usize, v: usize, e16_d: usize) -> usize {
+    bytes / wgmma_row_bytes(ld, v, e16_d)
+}
+
+/// Byte offsets of the WGMMA row pass's buffers in a chunk's logits region
+/// ([`DenseConfig::wgmma_row_offsets`]; q at 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WgmmaRowOffsets {
+    /// float2 partials `[chunk, ceil(V / 256)]`.
+    pub partial: usize,
+    /// f32 target logits `[chunk]`.
+    pub zy: usize,
+    /// f16 copy of the chunk's rows of `e` `[chunk, D]`, 256-byte aligned (empty without
+    /// [`DenseConfig::row_e16`]).
+    pub e16: usize,
+    /// End of the buffers.
+    pub end: usize,
 }
 
 /// Byte offsets of split dense's row-pass regions ([`DenseConfig::row_layout`]).
@@ -571,7 +635,7 @@ mod tests {
             let cfg = split_cfg((129, 128, 5003), dtype, &Options::exact(), None);
             let sz = WorkspaceSizes::of(&cfg);
             assert_eq!(sz.scales, SCALES_BYTES);
-            assert!(ScaleSet::ClassPass.offset() + SET_WORDS * 4 <= sz.scales);
+            assert!(ScaleSet::RowChunk.offset() + SET_WORDS * 4 <= sz.scales);
             let without = WorkspaceSizes { scales: 0, ..sz };
             assert_eq!(sz.total(), without.total() - 4 + SCALES_BYTES as u64);
         }
@@ -801,8 +865,12 @@ mod tests {
         cfg.chunk_rows = 480;
         let rows = cfg.wgmma_chunk_rows();
         let region = 480 * cfg.ld() * 4;
-        assert!(rows * wgmma_row_bytes(cfg.ld(), cfg.v) <= region);
-        assert!((rows + 1) * wgmma_row_bytes(cfg.ld(), cfg.v) > region);
+        assert!(rows * wgmma_row_bytes(cfg.ld(), cfg.v, 0) <= region);
+        assert!((rows + 1) * wgmma_row_bytes(cfg.ld(), cfg.v, 0) > region);
+        assert_eq!(
+            cfg.wgmma_row_offsets(rows).end,
+            rows * wgmma_row_bytes(cfg.ld(), cfg.v, 0)
+        );
         assert!((900..960).contains(&rows), "{rows}");
         // At most N, never under the plan's rows (a tiny V: partials as large as q).
         cfg.chunk_rows = 6000;
@@ -814,5 +882,48 @@ mod tests {
         // Split dense keeps its rows.
         let split = split_cfg((8192, 2304, 256000), DType::BF16, &opts, None);
         assert_eq!(split.wgmma_chunk_rows(), split.effective_chunk_rows());
+    }
+
+    #[test]
+    fn chunked_f32_grads_keep_an_aligned_f16_copy_of_e_within_the_logits_region() {
+        let opts = Options {
+            grad_dtype: cce_core::GradDType::F32,
+            ..Options::exact()
+        };
+        for (shape, plan_rows) in [
+            ((8192, 2304, 256000), 384),
+            ((8192, 4096, 128256), 896),
+            ((700, 128, 3001), 128),
+            ((517, 64, 700), 128),
+            ((300, 4096, 64), 1),
+        ] {
+            let mut cfg = split_cfg(shape, DType::BF16, &opts, None);
+            cfg.chunk_classes = None;
+            cfg.chunk_rows = plan_rows;
+            let region = plan_rows * cfg.ld() * 4;
+            if !cfg.row_e16() {
+                // Not even one row fits beside its f16 e: bf16 G as before.
+                assert!(
+                    region < 256 + wgmma_row_bytes(cfg.ld(), cfg.v, cfg.d),
+                    "{shape:?}"
+                );
+                continue;
+            }
+            let rows = cfg.wgmma_chunk_rows();
+            let o = cfg.wgmma_row_offsets(rows);
+            assert!(rows >= 1 && rows <= shape.0, "{shape:?}: {rows}");
+            assert_eq!(o.e16 % 256, 0, "{shape:?}");
+            assert!(o.e16 >= o.zy + rows * 4 && o.end == o.e16 + rows * cfg.d * 2);
+            assert!(o.end <= region, "{shape:?}: {o:?} past {region}");
+            // The next row would not fit.
+            if rows < shape.0 {
+                let more = cfg.wgmma_row_offsets(rows + 1);
+                assert!(more.end + 256 > region, "{shape:?}: {rows} rows");
+            }
+        }
+        // bf16 gradients, split dense or no d_c: no copy.
+        let mut cfg = split_cfg((8192, 2304, 256000), DType::BF16, &Options::exact(), None);
+        cfg.chunk_classes = None;
+        assert!(!cfg.row_e16());
     }
 }
