@@ -2,7 +2,7 @@
 //! bias?), the upstream gradients, a non-finite lse located in the inputs.
 
 use super::*;
-use crate::dense::schedule::PlanKnobs;
+use crate::dense::schedule::{ChunkedG16, PlanKnobs};
 
 /// Per-row upstream arrays the device checks (device addresses, 0 = none).
 #[derive(Clone, Copy, Default)]
@@ -81,11 +81,25 @@ impl CudaBackend {
             Ok(m) => m.expects_sparse(&key),
             Err(_) => true,
         };
+        let dev = crate::dense::schedule::DeviceFacts {
+            major: self.cc.0,
+            minor: self.cc.1,
+            sm_count: self.sm_count,
+            max_smem_optin: self.limits.max_block_memory_bytes as usize,
+            fused_static_smem: 0,
+        };
+        let aligned =
+            inputs.e.device_ptr().is_multiple_of(16) && inputs.c.device_ptr().is_multiple_of(16);
         let knobs = PlanKnobs {
             chunk_cap: self.chunk_cap,
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
             chunked_f32_grads: self.chunked_f32_grads,
+            chunked_g16: Some(ChunkedG16 {
+                dev,
+                wgmma_rows: self.wgmma_rows,
+                aligned,
+            }),
             sparse_expected,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;

@@ -4,6 +4,7 @@
 //! the plan's. Pure: no CUDA call.
 
 use super::budget::*;
+use super::schedule::DeviceFacts;
 use super::*;
 use crate::SparseMode;
 use cce_core::{Plan, Problem, Strategy, StrategyKind};
@@ -18,13 +19,41 @@ pub(crate) struct PlanKnobs {
     pub sparse: SparseMode,
     /// Split dense's `d_e` may use f16 `G` (false: bf16 `G`).
     pub split_de_f16: bool,
-    /// Exact f32 gradients of bf16 inputs may take chunked dense
-    /// ([`crate::CudaSwitches::chunked_f32_grads`]).
+    /// Exact f32 gradients of bf16 inputs may take chunked dense with bf16 `G` for `d_c`
+    /// ([`crate::CudaSwitches::chunked_f32_grads`]); without it, only where its row pass
+    /// writes f16 `G` for `d_c` ([`chunked_g16_holds`] with `chunked_g16`).
     pub chunked_f32_grads: bool,
+    /// What decides whether chunked dense's row pass writes f16 `G` for `d_c`; `None`
+    /// (planning without a device): never.
+    pub chunked_g16: Option<ChunkedG16>,
     /// The backend's memory expects the sparse backward to run to the end
     /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
     /// filtered call under [`SparseMode::Remember`] is then planned as an exact call would be.
     pub sparse_expected: bool,
+}
+
+/// The device and call facts that decide whether chunked dense with f32 gradients of bf16
+/// inputs takes `d_c` from f16 `G` ([`chunked_g16_holds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkedG16 {
+    /// The device (its WGMMA kernels).
+    pub dev: DeviceFacts,
+    /// The row pass's WGMMA switch ([`crate::CudaSwitches::wgmma_rows`]).
+    pub wgmma_rows: bool,
+    /// `e` and `c` start on 16-byte boundaries.
+    pub aligned: bool,
+}
+
+/// Whether chunked dense's row pass of `plan` (forward and backward, f32 gradients of bf16
+/// inputs) runs through the WGMMA epilogue with room for each chunk's f16 copy of `e`
+/// ([`DenseConfig::row_e16`]), so that `d_c` comes from f16 `G` (split dense's numerics).
+pub(crate) fn chunked_g16_holds(plan: &Plan, opts: &cce_core::Options, g: ChunkedG16) -> bool {
+    let Ok(cfg) = super::schedule::dense_config(plan, opts, (false, false, g.wgmma_rows), true)
+    else {
+        return false;
+    };
+    cfg.row_e16()
+        && super::schedule::wgmma_rows_unfit(&cfg, &g.dev, cfg.g_mode(), g.aligned).is_none()
 }
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
@@ -64,10 +93,9 @@ pub(crate) fn plan_call(
     // dense's bf16 G (`CudaSwitches::chunked_f32_grads`).
     let f32_grads_of_bf16 =
         problem.dtype == DType::BF16 && opts.grad_dtype == cce_core::GradDType::F32;
+    let g16_possible = knobs.chunked_f32_grads || knobs.chunked_g16.is_some();
     if limits.strategies.contains(&StrategyKind::ChunkedDense)
-        && (filtered
-            || problem.dtype == DType::F16
-            || (f32_grads_of_bf16 && !knobs.chunked_f32_grads))
+        && (filtered || problem.dtype == DType::F16 || (f32_grads_of_bf16 && !g16_possible))
     {
         drop_chunked_dense(&mut limits);
         notes.push(if filtered || problem.dtype == DType::F16 {
@@ -86,12 +114,23 @@ pub(crate) fn plan_call(
     // accumulator in the workspace); where its row chunks are short, the f32 d_c read and
     // written per chunk costs more than split dense's second logits GEMM.
     if let Strategy::ChunkedDense { chunk_rows } = plan.strategy {
-        if f32_grads_of_bf16 && !chunked_f32_grads_pay(chunk_rows, problem.n) {
+        let why = if !f32_grads_of_bf16 {
+            None
+        } else if !chunked_f32_grads_pay(chunk_rows, problem.n) {
+            Some("chunked-dense is not used for f32 gradients of bf16 inputs with row chunks under 256 rows of f32 logits (the f32 d_c read and written per chunk)")
+        } else if !knobs.chunked_f32_grads
+            && !knobs
+                .chunked_g16
+                .is_some_and(|g| chunked_g16_holds(&plan, opts, g))
+        {
+            Some("chunked-dense is not used for f32 gradients of bf16 inputs where its row pass cannot write f16 G for d_c (no WGMMA row pass, or no room beside the chunk's f16 e; CudaSwitches::chunked_f32_grads allows bf16 G)")
+        } else {
+            None
+        };
+        if let Some(note) = why {
             drop_chunked_dense(&mut limits);
             plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
-            notes.push(
-                "chunked-dense is not used for f32 gradients of bf16 inputs with row chunks under 256 rows of f32 logits (the f32 d_c read and written per chunk)",
-            );
+            notes.push(note);
         }
     }
     if let Some(cf) = plan.forward {
@@ -297,6 +336,7 @@ mod tests {
             sparse,
             split_de_f16: true,
             chunked_f32_grads: false,
+            chunked_g16: None,
             sparse_expected,
         };
         (problem, limits, knobs)
@@ -415,6 +455,71 @@ mod tests {
         let plan = with_knob((8192, 2304, 256000), &f32_grads(Options::default()));
         assert!(matches!(plan.strategy, Strategy::SplitDense { .. }) && plan.sparse.is_some());
         assert!(chunked_f32_grads_pay(5, 5) && !chunked_f32_grads_pay(255, 1000));
+    }
+
+    #[test]
+    fn f32_gradients_of_bf16_inputs_take_chunked_dense_where_its_row_pass_writes_f16_g() {
+        let exact = Options {
+            grad_dtype: cce_core::GradDType::F32,
+            ..Options::exact()
+        };
+        let h200 = DeviceFacts {
+            major: 9,
+            minor: 0,
+            sm_count: 132,
+            max_smem_optin: 227 << 10,
+            fused_static_smem: 0,
+        };
+        let with = |shape, opts: &Options, dev: DeviceFacts, wgmma_rows, aligned| {
+            let (problem, limits, knobs) = setup(shape, SparseMode::Auto, true);
+            let knobs = PlanKnobs {
+                chunked_g16: Some(ChunkedG16 {
+                    dev,
+                    wgmma_rows,
+                    aligned,
+                }),
+                ..knobs
+            };
+            plan_call(&problem, opts, &limits, knobs).unwrap()
+        };
+        for shape in [
+            (8192, 2304, 256000),
+            (32768, 4096, 256000),
+            (8192, 4096, 128256),
+            (12288, 576, 49152),
+        ] {
+            let plan = with(shape, &exact, h200, true, true);
+            assert!(
+                matches!(plan.strategy, Strategy::ChunkedDense { .. }),
+                "{shape:?}: {}",
+                plan.reason
+            );
+            let cfg = dense_config(&plan, &exact, (true, true, true), true).unwrap();
+            assert!(cfg.row_e16() && cfg.wgmma_chunk_rows() >= 256, "{shape:?}");
+            // Where the WGMMA row pass cannot run: split dense, with the reason.
+            let a100 = DeviceFacts { major: 8, ..h200 };
+            let softcap_half = Options {
+                softcap: Some(0.5),
+                ..exact.clone()
+            };
+            for (what, plan) in [
+                ("A100", with(shape, &exact, a100, true, true)),
+                ("switch off", with(shape, &exact, h200, false, true)),
+                ("unaligned", with(shape, &exact, h200, true, false)),
+                ("softcap 0.5", with(shape, &softcap_half, h200, true, true)),
+            ] {
+                assert!(
+                    matches!(plan.strategy, Strategy::SplitDense { .. }),
+                    "{shape:?} {what}: {}",
+                    plan.reason
+                );
+                assert!(
+                    plan.reason.contains("cannot write f16 G"),
+                    "{what}: {}",
+                    plan.reason
+                );
+            }
+        }
     }
 
     /// The give-way plan of a bf16 call of `shape` with `opts`, under `sparse`.

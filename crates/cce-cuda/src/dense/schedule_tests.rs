@@ -66,6 +66,7 @@ fn notes(
         sparse: SparseMode::Auto,
         split_de_f16: true,
         chunked_f32_grads: false,
+        chunked_g16: None,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
@@ -469,6 +470,7 @@ fn split_cfg(shape: (usize, usize, usize), opts: &Options) -> DenseConfig {
         sparse: SparseMode::Auto,
         split_de_f16: true,
         chunked_f32_grads: false,
+        chunked_g16: None,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
@@ -692,6 +694,7 @@ fn call_cfg(
         sparse: SparseMode::Auto,
         split_de_f16: true,
         chunked_f32_grads: false,
+        chunked_g16: None,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs)?;

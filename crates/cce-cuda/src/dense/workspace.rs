@@ -809,6 +809,7 @@ mod tests {
                                 sparse: crate::SparseMode::Auto,
                                 split_de_f16: true,
                                 chunked_f32_grads: false,
+                                chunked_g16: None,
                                 sparse_expected: true,
                             };
                             let at = format!("{n}x{d}x{v} {dtype:?} {opts:?}");
