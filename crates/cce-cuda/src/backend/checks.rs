@@ -54,12 +54,14 @@ impl CudaBackend {
     /// The problem and the plan of a call: buffer ownership, shapes, dtypes and options
     /// checked, the strategy planned (`crate::dense::schedule::plan_call`, from the sparse
     /// tries so far: `crate::dense::sparse_memory`; `call`: a call about to run, which counts
-    /// towards the next try, else a query). Reads no tensor.
+    /// towards the next try, else a query; `fused`: a forward-and-backward call, whose row pass
+    /// can write f16 `G` for chunked dense's `d_c`: `PlanKnobs::chunked_g16`). Reads no tensor.
     pub(super) fn plan(
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
         call: bool,
+        fused: bool,
     ) -> Result<(Problem, Plan, PlanKnobs)> {
         self.check_owned("e", inputs.e)?;
         self.check_owned("c", inputs.c)?;
@@ -95,7 +97,7 @@ impl CudaBackend {
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
             chunked_f32_grads: self.chunked_f32_grads,
-            chunked_g16: Some(ChunkedG16 {
+            chunked_g16: fused.then_some(ChunkedG16 {
                 dev,
                 wgmma_rows: self.wgmma_rows,
                 aligned,
@@ -115,13 +117,15 @@ impl CudaBackend {
     /// Errors: those of [`CudaBackend::plan`]; a non-finite scalar `d_loss` (host value);
     /// under `Eager`, the first of `TargetOutOfRange`, `AllTargetsIgnored`, `TargetMasked`,
     /// `InvalidOption` (label smoothing over a masked class), `NonFinite` (`d_loss`, `d_lse`).
+    /// `fused`: a forward-and-backward call ([`CudaBackend::plan`]).
     pub(super) fn prepare(
         &self,
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
         upstream: Option<&Upstream<'_, CudaTensor>>,
+        fused: bool,
     ) -> Result<Prepared> {
-        let (problem, plan, knobs) = self.plan(inputs, opts, true)?;
+        let (problem, plan, knobs) = self.plan(inputs, opts, true, fused)?;
         let give_way =
             crate::dense::schedule::give_way_plan(&problem, opts, &self.limits, knobs, &plan)?;
         let rows = self.upstream_rows(opts, upstream)?;

@@ -238,7 +238,7 @@ impl CudaBackend {
         opts: &Options,
         mut out: ForwardInto<'_>,
     ) -> Result<CallStats> {
-        let p = self.prepare(inputs, opts, None)?;
+        let p = self.prepare(inputs, opts, None, false)?;
         out.check(&p.problem, opts)?;
         let call = self.dense_call(&p, inputs, opts);
         let (fs, _, on_device) = self.dense_engine()?.backend_run_into(
@@ -275,7 +275,7 @@ impl CudaBackend {
     ) -> Result<CallStats> {
         self.check_owned("lse", saved.lse)?;
         self.check_owned("rest_mass", saved.rest_mass)?;
-        let p = self.prepare(inputs, opts, Some(upstream))?;
+        let p = self.prepare(inputs, opts, Some(upstream), false)?;
         out.check(&p.problem, opts, inputs.bias.is_some())?;
         saved.check(p.problem.n)?;
         let call = self.dense_call(&p, inputs, opts);
@@ -312,7 +312,7 @@ impl CudaBackend {
         mut fwd: ForwardInto<'_>,
         mut grads: GradsInto<'_>,
     ) -> Result<(CallStats, CallStats)> {
-        let p = self.prepare(inputs, opts, Some(upstream))?;
+        let p = self.prepare(inputs, opts, Some(upstream), true)?;
         fwd.check(&p.problem, opts)?;
         grads.check(&p.problem, opts, inputs.bias.is_some())?;
         let call = self.dense_call(&p, inputs, opts);
@@ -363,7 +363,7 @@ impl CudaBackend {
         opts: &Options,
         backward: bool,
     ) -> Result<u64> {
-        let (problem, plan, knobs) = self.plan(inputs, opts, false)?;
+        let (problem, plan, knobs) = self.plan(inputs, opts, false, backward)?;
         let first = crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)?;
         // A call whose sparse backward gives way frees its workspace before the exact plan's
         // is made: the larger of the two is what the call takes.

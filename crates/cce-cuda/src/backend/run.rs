@@ -115,7 +115,7 @@ impl Backend for CudaBackend {
         inputs: &Inputs<'_, CudaTensor>,
         opts: &Options,
     ) -> Result<ForwardOutput<CudaTensor>> {
-        let p = self.prepare(inputs, opts, None)?;
+        let p = self.prepare(inputs, opts, None, false)?;
         let (fwd, _) = self.run_dense(&p, inputs, opts, None, None)?;
         fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))
     }
@@ -129,7 +129,7 @@ impl Backend for CudaBackend {
     ) -> Result<BackwardOutput<CudaTensor>> {
         self.check_owned("lse", saved.lse)?;
         self.check_owned("rest_mass", saved.rest_mass)?;
-        let p = self.prepare(inputs, opts, Some(upstream))?;
+        let p = self.prepare(inputs, opts, Some(upstream), false)?;
         saved.check(p.problem.n)?;
         let (_, bwd) = self.run_dense(&p, inputs, opts, Some(saved), Some(upstream))?;
         bwd.ok_or_else(|| CceError::backend(BACKEND, "no backward output"))
@@ -141,7 +141,7 @@ impl Backend for CudaBackend {
         opts: &Options,
         upstream: &Upstream<'_, CudaTensor>,
     ) -> Result<(ForwardOutput<CudaTensor>, BackwardOutput<CudaTensor>)> {
-        let p = self.prepare(inputs, opts, Some(upstream))?;
+        let p = self.prepare(inputs, opts, Some(upstream), true)?;
         // One call: the logits are not recomputed between the forward and the backward.
         let (fwd, bwd) = self.run_dense(&p, inputs, opts, None, Some(upstream))?;
         let fwd = fwd.ok_or_else(|| CceError::backend(BACKEND, "no forward output"))?;
