@@ -645,6 +645,7 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
         "cce_dense_random_targets",
         "cce_split_e_to_f16_bf16",
         "cce_split_scales_finish",
+        "cce_g16_to_bf16",
         "cce_dense_bwd_f16s_f16",
         "cce_dense_bwd_f16s_bf16",
         "cce_sparse_count",
@@ -690,4 +691,51 @@ fn set_attributes(funcs: &HashMap<String, CudaFunction>, max_smem_optin: usize) 
         }
     }
     Ok(fused_static_smem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel of [`KERNEL_SOURCE`] (`extern "C" __global__` functions written out by
+    /// name) is loaded on an H200: a kernel missing
+    /// from [`kernel_names`] fails only when a call first asks for it, on the device.
+    #[test]
+    fn every_kernel_of_the_source_is_loaded_on_hopper() {
+        let h200 = schedule::DeviceFacts {
+            major: 9,
+            minor: 0,
+            sm_count: 132,
+            max_smem_optin: 227 << 10,
+            fused_static_smem: 0,
+        };
+        let names = kernel_names(&h200);
+        let mut missing = Vec::new();
+        for part in KERNEL_SOURCE.split("extern \"C\" __global__").skip(1) {
+            // `void [__launch_bounds__(...)] NAME(`: the identifier before the first '(' that
+            // follows the launch bounds.
+            let mut head = part.trim_start().trim_start_matches("void").trim_start();
+            while let Some(rest) = ["__launch_bounds__(", "__cluster_dims__("]
+                .iter()
+                .find_map(|a| head.strip_prefix(a))
+            {
+                head = rest[rest.find(')').unwrap() + 1..].trim_start();
+            }
+            let name: String = head
+                .trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // Names built by macros (a parameter in capitals, or ending in `##`) are not in
+            // the text whole.
+            let macro_name = name.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+            if name.is_empty() || macro_name || head.trim_start()[name.len()..].starts_with("##") {
+                continue;
+            }
+            if !names.iter().any(|n| n == &name) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "not in kernel_names: {missing:?}");
+    }
 }
