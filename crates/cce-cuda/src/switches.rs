@@ -29,14 +29,15 @@ pub struct CudaSwitches {
     /// Split dense may compute `d_e` from f16 `G` where the budget holds an f16 copy of `c`;
     /// `false` forces bf16 `G` (what a tight budget does). Default `true`.
     pub split_de_f16: bool,
-    /// Exact calls of bf16 inputs with f32 gradients run chunked dense (3 GEMMs, `d_c`
+    /// Exact calls of bf16 inputs with f32 gradients may run chunked dense (3 GEMMs, `d_c`
     /// accumulated in the f32 output, nothing `V x D` in the workspace) where its row chunks
-    /// are long (`dense::call_plan::chunked_f32_grads_pay`) and its WGMMA row pass writes f16
-    /// `G` for `d_c` against an f16 copy of each chunk's `e` (`DenseConfig::row_e16`: split
-    /// dense's numerics for `d_c`); elsewhere split dense. `true` also allows chunked dense
-    /// where its products would use bf16 `G` (no WGMMA row pass: the `d_c` rows of confident
-    /// rows' targets then miss the 1e-3 per-row bound of f32 gradients and real rows' `d_c`
-    /// errs 0.13%; docs/perf-log.md sessions 17-18). Default `false`.
+    /// are long (`dense::call_plan::chunked_f32_grads_pay`): 1.16-1.46x the 3-GEMM floor
+    /// within 0.5 GiB against split dense's 1.40-1.70x (H200, docs/perf-log.md session 18).
+    /// Where its WGMMA row pass runs, `d_c` comes from f16 `G` against an f16 copy of each
+    /// chunk's `e` (real rows: 0.021%, as split dense), elsewhere from bf16 `G` (0.13%); in
+    /// both, `G` is made from bf16 `e^{z − max}`, which leaves the `d_c` rows of confident
+    /// rows' targets ~3e-3 off against the 1e-3 per-row bound of f32 gradients. Default
+    /// `false` (split dense, f16 `G` from f32 logits).
     pub chunked_f32_grads: bool,
     /// Print the device time per phase of the sparse backward and the dense passes to stderr
     /// (events on the stream, and a synchronization at the end of each pass). Default `false`.

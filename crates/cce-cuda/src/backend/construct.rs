@@ -257,9 +257,8 @@ impl CudaBackend {
     }
 
     /// With `true`, exact calls of bf16 inputs with f32 gradients run chunked dense where its
-    /// row chunks are long, also where its products would use bf16 `G` (no WGMMA row pass:
-    /// faster, less accurate `d_c`); with `false` (default) only where `d_c` comes from f16
-    /// `G` ([`CudaSwitches::chunked_f32_grads`] has the measured trade).
+    /// row chunks are long: faster, less accurate `d_c` on confident rows
+    /// ([`CudaSwitches::chunked_f32_grads`] has the measured trade). Default `false`.
     pub fn with_chunked_f32_grads(mut self, on: bool) -> Self {
         self.chunked_f32_grads = on;
         self

@@ -47,14 +47,16 @@
 //! | 1+3' | split dense's class pass: `G` of a class chunk in the GEMM's epilogue, no `L` | `cce_wgmma_gcols[_cap]_*` | write 2 (f16 `G`) |
 //! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse}` over `q` as bf16 (the target's `cd − cp·rest`, [`DenseForwardOut::rest`]) | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
 //!
-//! Chunked dense with f32 gradients of bf16 inputs (the `d_c` output is the accumulator):
+//! Chunked dense with f32 gradients of bf16 inputs (the `d_c` output is the accumulator;
+//! [`crate::CudaSwitches::chunked_f32_grads`]):
 //! where the WGMMA row pass runs (`DenseConfig::row_e16`, `Schedule::row_g16`), each chunk's
 //! `G` pass writes f16 `G · 2^kg` instead of bf16, beside an f16 copy of the chunk's rows of
 //! `e` times `2^ke` (both powers of two from the chunk's maxima: `scales.rs`' `RowChunk` set,
 //! on the device); step 5 is then an f16 x f16 → f32 GEMM with alpha `2^(−ke−kg)` and the
 //! `d_bias` sums read f16 `G`; then `cce_g16_to_bf16` turns `G` into bf16 in place for step 4
 //! and its target fix. `d_c` thus gets split dense's 11 significand bits (on the shipped real
-//! rows 0.02% against bf16 `G`'s 0.13%; docs/perf-log.md session 18).
+//! rows 0.021% against bf16 `G`'s 0.13%; docs/perf-log.md session 18), though its entries
+//! keep q's bf16 rounding (confident rows' target `d_c` rows ~3e-3 off).
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
 //! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) (`schedule::wgmma_forward_rows`;
