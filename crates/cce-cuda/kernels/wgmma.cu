@@ -40,10 +40,12 @@
 //             loss's lse − z_y then cancels the rounding common to the row's tensor-core
 //             logits; may be lse_out itself: each row's is read before its lse is written) or
 //             null (z_y computed here), all of the row group.
-//   lseq      (cce_wgmma_lseq[_x]_bf16): the lse kernel's parameters, then tmQ: the tensor map
-//             of Q u16 [N, ldq] (bf16 q; dims {V, N}, row stride ldq·2 bytes a multiple of 16,
-//             box {64, 64}, 128-byte swizzle), written by TMA stores.
-//   qrows     (cce_wgmma_qrows_g[_cap]_bf16): Q (q in, bf16 G out), ldq, V, n_tiles, partial,
+//   lseq      (cce_wgmma_lseq[_x][_q9]_bf16): the lse kernel's parameters, then tmQ: the tensor
+//             map of Q u16 [N, ldq] (bf16 q, or its q9 code for _q9; dims {V, N}, row stride
+//             ldq·2 bytes a multiple of 16, box {64, 64}, 128-byte swizzle), written by TMA
+//             stores.
+//   qrows     (cce_wgmma_qrows_g[_cap][_q9]_bf16): Q (q in, bf16 or q9 code for _q9; G out),
+//             ldq, V, n_tiles, partial,
 //             lse f32 [N], zy f32 [N], rest f32 [N] (the combine's), targets, dl_rows f32 [N]
 //             or null (→ dl_scalar), dlse f32 [N] or null, λ, softcap (> 0 for _cap); no label
 //             smoothing (α = 0); g_scale f32 (device) or null: where set, G is written as f16
@@ -469,6 +471,17 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
     }
 }
 
+// The q9 code of a q = e^{z − m} ∈ [0, 1] (chunked dense's row pass with f16 G for d_c): q's
+// f32 bits shifted right by 14, rounded to nearest even. q ≤ 1 has sign 0 and a biased
+// exponent ≤ 127, so the code keeps f32's whole range (subnormals included) in 7 exponent
+// bits and 9 significand bits (2⁻¹⁰ relative, half bf16's 2⁻⁹); 1.0 is 0xFE00. Decoded by
+// `q9_value` (a shift). Inputs above 1 are clamped to 1 (ex2 of z − m ≤ 0 never exceeds it).
+__device__ __forceinline__ u32 q9_code(float q) {
+    const u32 u = min(__float_as_uint(fmaxf(q, 0.0f)), 0x3F800000u);
+    return (u + 0x1FFFu + ((u >> 14) & 1u)) >> 14;
+}
+__device__ __forceinline__ float q9_value(u16 c) { return __uint_as_float(static_cast<u32>(c) << 14); }
+
 // The accumulator fragment d (f32 values) of consumer cw as f16 into the row-major u16 matrix
 // described by the tensor map tmO (dims {columns, rows}, 64 x 64 boxes, 128-byte swizzle): rows
 // [row0, row0 + 64), columns [col0, col0 + 256). The consumer's 128 threads write the half
@@ -481,8 +494,8 @@ __device__ __forceinline__ void gemm_tiles(const TmaDesc& tmE, const TmaDesc& tm
 // overwrites a buffer in flight. Needs ordered epilogues and OUT_OFFSET + OUT_BYTES of
 // dynamic shared memory past the 1024-byte aligned base; the kernel's thread 0 of each
 // consumer waits for completion before it exits (`bulk_wait_all`).
-// BF: the values as bf16 instead (same layout).
-template <bool BF = false>
+// MODE: 0 f16; 1 bf16; 2 the q9 code (`q9_code`, values in [0, 1]); same layout.
+template <int MODE = 0>
 __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tmO, int row0,
                                                int col0, int cw, int warp, int lane) {
     extern __shared__ __align__(1024) unsigned char cce_wg_smem[];
@@ -498,7 +511,9 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             u32 pk;
-            if (BF) {
+            if (MODE == 2) {
+                pk = (q9_code(d[4 * j + 2 * h + 1]) << 16) | q9_code(d[4 * j + 2 * h]);
+            } else if (MODE == 1) {
                 asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n"
                     : "=r"(pk)
                     : "f"(d[4 * j + 2 * h + 1]), "f"(d[4 * j + 2 * h]));
@@ -525,15 +540,16 @@ __device__ __forceinline__ void store_f16_tile(const float* d, const TmaDesc* tm
 // The forward's epilogue: each row's (max, Σexp) over the tile's columns < V, one float2 per
 // (row, tile) in partial [N, n_tiles].
 // EXT: first z = softcap(x + bias) (bias DT [V] or null; softcap ≤ 0: off; cap_fast).
-// QS (the dense row pass, `cce_wgmma_lseq[_x]_*`): also each q = e^{z − m} (m the row's max
-// over the tile, so q ∈ [0, 1] and the tile's largest is 1) as bf16 into Q [N, ldq] (the
-// tensor map tmQ), the very ex2 values Σexp adds, through `store_f16_tile<true>` (TMA stores:
+// QS (the dense row pass, `cce_wgmma_lseq[_x][_q9]_*`): also each q = e^{z − m} (m the row's
+// max over the tile, so q ∈ [0, 1] and the tile's largest is 1) as bf16 (QS 1) or its q9 code
+// (QS 2: `q9_code`, 2⁻¹⁰ relative) into Q [N, ldq] (the tensor map tmQ), the very ex2 values
+// Σexp adds, through `store_f16_tile<1 or 2>` (TMA stores:
 // no column ≥ V, no row ≥ N); `cce_wgmma_qrows_g*` turns them into G once the lse is known.
 // Precision: every q keeps bf16's 8 bits, down to f32's range, so each entry of G is within
 // two bf16 roundings of cp·p (G itself is bf16). f16 q (11 bits, but subnormal below 2⁻¹⁴)
 // kept d_e as close but lost the tiny entries that make a rarely seen class's d_c row in
 // chunked dense (docs/perf-log.md, session 16).
-template <int DT, bool EXT, bool QS = false>
+template <int DT, bool EXT, int QS = 0>
 struct LseEpi {
     float2* partial;
     int N, V, n_tiles;
@@ -635,7 +651,7 @@ struct LseEpi {
                 d[4 * j + 3] = q11;
             }
         }
-        if (QS) store_f16_tile<true>(d, tmQ, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
+        if (QS) store_f16_tile<QS == 2 ? 2 : 1>(d, tmQ, mt * BM + 64 * cw, nt * BN, cw, warp, lane);
         float s0 = s0a + s0b, s1 = s1a + s1b;
         s0 += __shfl_xor_sync(FULL_MASK, s0, 1);
         s1 += __shfl_xor_sync(FULL_MASK, s1, 1);
@@ -837,7 +853,7 @@ __device__ __forceinline__ void lse_combine(const float2* __restrict__ partial, 
 // Thread mapping: one warp per (row, column tile): lane l owns the 8 columns 256·j + 8·l (one
 // 16-byte load of q, one 16-byte store of G; ldq a multiple of 8 and ≥ V rounded up to 8, so a
 // group never crosses the row's end); blockIdx.x = row, blockIdx.y·8 + warp = tile.
-template <bool CAP>
+template <bool CAP, bool Q9 = false>
 __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int V, int n_tiles,
                                         const float2* __restrict__ partial,
                                         const float* __restrict__ lse_in,
@@ -871,7 +887,8 @@ __device__ __forceinline__ void qrows_g(u16* __restrict__ Q, long long ldq, int 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int col = c0 + 2 * k + e;
-            const float qv = bf16_to_f32(static_cast<u16>(e == 0 ? (w[k] & 0xffffu) : (w[k] >> 16)));
+            const u16 qc = static_cast<u16>(e == 0 ? (w[k] & 0xffffu) : (w[k] >> 16));
+            const float qv = Q9 ? q9_value(qc) : bf16_to_f32(qc);
             float gv = f * qv;
             if (CAP) {
                 float z = fmaf(__log2f(qv), LN2, m);
@@ -929,17 +946,24 @@ extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_l
 // The dense row pass (bf16 only): the lse epilogue that also stores bf16 q (`LseEpi`, QS),
 // then `cce_wgmma_qrows_g[_cap]_bf16` (G over q in place).
 #define WG_LSEQ_PARAMS WG_LSE_PARAMS, const __grid_constant__ cce_wg::TmaDesc tmQ
-#define WG_LSEQ_BODY(EXT)                                                                        \
-    const cce_wg::LseEpi<2, EXT, true> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
+#define WG_LSEQ_BODY(EXT, QS)                                                                    \
+    const cce_wg::LseEpi<2, EXT, QS> epi{partial, N, V, (V + cce_wg::BN - 1) / cce_wg::BN,     \
                                            bias,    softcap, targets, zy_tile, &tmQ};            \
     (void)ordered_epi; /* the TMA-store epilogue needs ordered epilogues */                    \
     cce_wg::gemm_tiles<false>(tmE, tmC, N, V, D, group_m, 1, epi);                              \
     if (threadIdx.x >= 128 && threadIdx.x % 128 == 0) cce_wg::bulk_wait_all()
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_bf16(WG_LSEQ_PARAMS) {
-    WG_LSEQ_BODY(false);
+    WG_LSEQ_BODY(false, 1);
 }
 extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_x_bf16(WG_LSEQ_PARAMS) {
-    WG_LSEQ_BODY(true);
+    WG_LSEQ_BODY(true, 1);
+}
+// q as its q9 code (chunked dense with f16 G for d_c), read by `cce_wgmma_qrows_g[_cap]_q9_bf16`.
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_q9_bf16(WG_LSEQ_PARAMS) {
+    WG_LSEQ_BODY(false, 2);
+}
+extern "C" __global__ void __launch_bounds__(cce_wg::NUM_THREADS, 1) cce_wgmma_lseq_x_q9_bf16(WG_LSEQ_PARAMS) {
+    WG_LSEQ_BODY(true, 2);
 }
 #define WG_QROWS_PARAMS                                                                          \
     u16 *Q, long long ldq, int V, int n_tiles, const float2 *partial, const float *lse_in,        \
@@ -953,6 +977,12 @@ extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_bf16(WG_QROW
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_cap_bf16(WG_QROWS_PARAMS) {
     cce_wg::qrows_g<true>(WG_QROWS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_q9_bf16(WG_QROWS_PARAMS) {
+    cce_wg::qrows_g<false, true>(WG_QROWS_ARGS);
+}
+extern "C" __global__ void __launch_bounds__(256) cce_wgmma_qrows_g_cap_q9_bf16(WG_QROWS_PARAMS) {
+    cce_wg::qrows_g<true, true>(WG_QROWS_ARGS);
 }
 extern "C" __global__ void __launch_bounds__(256) cce_wgmma_lse_combine_bf16(WG_COMBINE_PARAMS) {
     cce_wg::lse_combine<2>(partial, N, n_tiles, e, c, D, targets, lambda, V, lse_out, rest_out, loss_out,

@@ -1004,8 +1004,9 @@ fn chunked_dense_wgmma_row_pass_with_one_gradient() {
 /// exact as split dense's on the shipped real rows (`d_c` within the original CCE's 0.05%,
 /// `d_e` within its 0.27%, as `real_fixture_loss_lse_and_default_filter_accuracy` asks of
 /// split dense; bf16 `G` gave 0.13%). On confident rows each target's `d_c` row stays within
-/// 5e-3 (H200: 3.3e-3; q's bf16 rounding, not `G`'s, is what keeps it over the 1e-3 of f32
-/// gradients, which is why the path stays opt-in).
+/// 2e-3 at margin 20 (H200 with bf16 q: 3.3e-3; q is stored as its q9 code since, 2⁻¹⁰
+/// relative) and 3e-2 at margin 40 (not yet measured); the 1e-3 of f32 gradients is not met,
+/// which is why the path stays opt-in.
 #[test]
 fn chunked_f32_gradients_take_d_c_from_f16_g() {
     use cce_core::StrategyKind::ChunkedDense;
@@ -1108,6 +1109,10 @@ fn chunked_f32_gradients_take_d_c_from_f16_g() {
             worst = worst.max(rel(&d_c[r.clone()], &oracle.d_c[r]));
         }
         eprintln!("{test}: {what}: worst target d_c row rel {worst:.3e}");
-        assert!(worst <= 5e-3, "{what}: a target's d_c row off by {worst}");
+        // Simulated in f64 (docs/perf-log.md, session 18): margin 20 ~1.0e-3 with q9 (bf16 q:
+        // 3.2e-3, measured 3.3e-3); margin 40 ~1e-2, where f16 G's one power of two per chunk
+        // flushes part of such tiny rows (2.8e-3 even with exact q).
+        let bound = if margin < 30.0 { 2e-3 } else { 3e-2 };
+        assert!(worst <= bound, "{what}: a target's d_c row off by {worst}");
     }
 }

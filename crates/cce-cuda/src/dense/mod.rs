@@ -635,6 +635,10 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
             "cce_wgmma_lseq_x_bf16",
             "cce_wgmma_qrows_g_bf16",
             "cce_wgmma_qrows_g_cap_bf16",
+            "cce_wgmma_lseq_q9_bf16",
+            "cce_wgmma_lseq_x_q9_bf16",
+            "cce_wgmma_qrows_g_q9_bf16",
+            "cce_wgmma_qrows_g_cap_q9_bf16",
         ] {
             names.push(n.into());
         }
