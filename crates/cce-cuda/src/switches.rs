@@ -34,10 +34,11 @@ pub struct CudaSwitches {
     /// are long (`dense::call_plan::chunked_f32_grads_pay`): 1.16-1.46x the 3-GEMM floor
     /// within 0.5 GiB against split dense's 1.40-1.70x (H200, docs/perf-log.md session 18).
     /// Where its WGMMA row pass runs, `d_c` comes from f16 `G` against an f16 copy of each
-    /// chunk's `e` (real rows: 0.021%, as split dense), elsewhere from bf16 `G` (0.13%); in
-    /// both, `G` is made from bf16 `e^{z − max}`, which leaves the `d_c` rows of confident
-    /// rows' targets ~3e-3 off against the 1e-3 per-row bound of f32 gradients. Default
-    /// `false` (split dense, f16 `G` from f32 logits).
+    /// chunk's `e` (real rows: 0.021%, as split dense), elsewhere from bf16 `G` (0.13%). With
+    /// `G` made from bf16 `e^{z − max}` the `d_c` rows of confident rows' targets were 3.3e-3
+    /// off against the 1e-3 per-row bound of f32 gradients (H200); the f16 path now keeps q as
+    /// a 10-significant-bit code (simulated: 1.0e-3, not yet measured). Default `false`
+    /// (split dense, f16 `G` from f32 logits).
     pub chunked_f32_grads: bool,
     /// Print the device time per phase of the sparse backward and the dense passes to stderr
     /// (events on the stream, and a synchronization at the end of each pass). Default `false`.

@@ -55,8 +55,9 @@
 //! on the device); step 5 is then an f16 x f16 → f32 GEMM with alpha `2^(−ke−kg)` and the
 //! `d_bias` sums read f16 `G`; then `cce_g16_to_bf16` turns `G` into bf16 in place for step 4
 //! and its target fix. `d_c` thus gets split dense's 11 significand bits (on the shipped real
-//! rows 0.021% against bf16 `G`'s 0.13%; docs/perf-log.md session 18), though its entries
-//! keep q's bf16 rounding (confident rows' target `d_c` rows ~3e-3 off).
+//! rows 0.021% against bf16 `G`'s 0.13%; docs/perf-log.md session 18). Its entries keep q's
+//! rounding, so that path stores q as its q9 code (`wgmma.cu` `q9_code`: 2⁻¹⁰ relative, f32's
+//! range; `cce_wgmma_lseq[_x]_q9_bf16`, `cce_wgmma_qrows_g[_cap]_q9_bf16`) instead of bf16.
 //!
 //! Forward only, on compute capability 9.0 with bf16 / f16 inputs, no label smoothing, entropy
 //! or argmax and `D` a multiple of 64 (bias and softcap in the epilogue: `cce_wgmma_lse_x_*`) (`schedule::wgmma_forward_rows`;
