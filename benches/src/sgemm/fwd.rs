@@ -12,9 +12,10 @@
 //!   taken out of `row_part`, the partials stored only when `P.aux != 0` (set for the check,
 //!   0 when timed), so the epilogue's reductions and barriers stay;
 //! - `fwd-loopwg`: the tile loop and main loop with the epilogue replaced by eight per-row
-//!   running sums in registers, reduced across the row's threads once at the end through the
-//!   real pass's workgroup arrays (`red`, `rows`, `ys` by `fwd_begin`), so the workgroup
-//!   memory (and residency) is the real pass's;
+//!   running sums in registers, reduced across the row's threads once at the end through a
+//!   2 KiB array beside the real pass's other workgroup arrays (`rows`, `ys` by `fwd_begin`;
+//!   the row reduction's slots are the panels since session 18), so the workgroup memory
+//!   (and residency) is about the real pass's;
 //! - `fwd-loop`: the same with the end reduction through a small array of its own (only the
 //!   panels plus 2 KiB of workgroup memory, as the `ours` SGEMM entry point);
 //! - `:scalar`: the `Acc`-array main loop (`logits_tile`) instead of the named one
@@ -253,6 +254,7 @@ fn fwd_nowrite{sig} {{
 ",
         call = tile_call(main_loop)
     );
+    w.push_str("        workgroupBarrier();\n");
     for i in 0..8 {
         let _ = writeln!(
             w,
@@ -260,8 +262,11 @@ fn fwd_nowrite{sig} {{
             acc(main_loop, 2 * i),
             acc(main_loop, 2 * i + 1)
         );
+        if i % 4 == 3 {
+            let _ = writeln!(w, "        fwd_fold_half(li, {}u);", i - 3);
+        }
     }
-    w.push_str("        fwd_fold(li);\n    }\n    fwd_end_nw(r_base, split, li);\n}\n");
+    w.push_str("    }\n    fwd_end_nw(r_base, split, li);\n}\n");
 
     // The two loop variants: per-row sums of the thread's classes over the split's tiles.
     w.push_str(
@@ -299,17 +304,9 @@ fn {entry}{sig} {{
         }
         w.push_str("    }\n");
         for i in 0..8 {
-            if own {
-                let _ = writeln!(w, "    lsum[(ty * 8u + {i}u) * WG + tx] = s{i};");
-            } else {
-                let _ = writeln!(w, "    red[(ty * 8u + {i}u) * WG + tx].sz = s{i};");
-            }
+            let _ = writeln!(w, "    lsum[(ty * 8u + {i}u) * WG + tx] = s{i};");
         }
-        let read = if own {
-            "lsum[rl * WG + k]"
-        } else {
-            "red[rl * WG + k].sz"
-        };
+        let read = "lsum[rl * WG + k]";
         let _ = write!(
             w,
             "    workgroupBarrier();

@@ -12,25 +12,30 @@
 // whose every logit is masked gives s = 0, never NaN; `mk` records it.
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
-//   [s*split_tiles, (s+1)*split_tiles) of the chunk. Per tile, each thread reduces each of its
-//   8 rows over its own 8 classes into a Part (max, Σ exp(z − max), ...) in `red`; after a
-//   barrier the owner of each row merges the WG Parts of the row, in tx order, into the row's
-//   running state in `rows` (workgroup memory, so no thread keeps state for 8 rows in
-//   registers). Deterministic, no atomics.
+//   [s*split_tiles, (s+1)*split_tiles) of the chunk. Per tile, in two halves of HR = 4 of its
+//   8 rows, each thread reduces each row over its own 8 classes into a Part (max, Σ exp(z −
+//   max), ...) stored by `red_put`; after a barrier the owner of each row merges the WG Parts
+//   of the row, in tx order, into the row's running state in `rows` (workgroup memory, so no
+//   thread keeps state for 8 rows in registers), then a barrier frees the slots. The slots
+//   (HR·WG·WG Parts) are the including shader's: the idle logits panels of gemm.wgsl
+//   (fwd_red_panels.wgsl) or an array of their own (fwd_red_own.wgsl), so that the forward's
+//   workgroup memory stays near the panels' (a 26 KiB forward ran 3.4x slower than the same
+//   loop in 2 KiB on the H200). Deterministic, no atomics.
 // Thread mapping
 //   As tile_io.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; the owner
 //   of tile row rl is thread rl mod WG*WG (rows rl = li, li + WG*WG, ...).
 // Bounds
 //   tgt[r], tlogit[r] and part[r*part_stride + part_base + split] only for r < n_rows, with
-//   split = workgroup_id.x < part_stride − part_base (host-checked); red[rl*WG + tx] with
-//   rl < TILE = 8*WG, tx < WG; rows[rl] and ys[rl] with rl < TILE.
+//   split = workgroup_id.x < part_stride − part_base (host-checked); slot (ty*HR + i % HR)*WG
+//   + tx < HR*WG*WG and, in a fold, s*WG + j with s < WG*HR, j < WG (the slot files' bounds);
+//   rows[rl] and ys[rl] with rl < TILE.
 
 @group(0) @binding(4) var<storage, read> tgt: array<i32>;
 @group(0) @binding(5) var<storage, read_write> part: array<Part>;
 @group(0) @binding(6) var<storage, read_write> tlogit: array<f32>;
 
-// Per (tile row, tx): the thread's Part of the current tile.
-var<workgroup> red: array<Part, 8u * WG * WG>;
+// Micro-tile rows per half of a tile's epilogue: slots for HR·WG·WG Parts.
+const HR: u32 = 4u;
 // Per tile row: the running state over the tiles so far.
 var<workgroup> rows: array<Part, 8u * WG>;
 // Per tile row: its target (global class), -1 for none or past the chunk.
@@ -116,7 +121,7 @@ fn put_row(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, r_base:
     if r < P.n_rows {
         st = row_part(lo, hi, b[0], b[1], rl, r, gj0, n_ok);
     }
-    red[rl * WG + tx] = st;
+    red_put((ty * HR + i % HR) * WG + tx, st);
 }
 
 // Start of the pass over rows r_base.. (invocation `li`): targets into `ys`, empty running
@@ -133,17 +138,22 @@ fn fwd_begin(r_base: u32, li: u32) {
     workgroupBarrier();
 }
 
-// After every thread's `put_row` of one tile: the row owners merge the tile's Parts into
-// `rows` (the next tile's epilogue writes `red` after logits_tile's barriers).
-fn fwd_fold(li: u32) {
+// After every thread's `put_row` of micro-tile rows p0..p0 + HR of one tile: the row owners
+// merge the half's Parts into `rows`, between two barriers (the slots are then free for the
+// next half, or, in fwd_red_panels.wgsl, the panels for the next tile's logits). The first
+// half's `put_row` must follow a barrier after the tile's last read of the panels
+// (the barrier the passes put before their first `put_row`).
+fn fwd_fold_half(li: u32, p0: u32) {
     workgroupBarrier();
-    for (var rl = li; rl < tile(); rl += WG * WG) {
+    for (var s = li; s < WG * HR; s += WG * WG) {
+        let rl = (s / HR) * 8u + p0 + s % HR;
         var st = rows[rl];
-        for (var k = 0u; k < WG; k++) {
-            st = merge(st, red[rl * WG + k]);
+        for (var j = 0u; j < WG; j++) {
+            st = merge(st, red_get(s * WG + j));
         }
         rows[rl] = st;
     }
+    workgroupBarrier();
 }
 
 // End of the pass: the running states of rows r_base.. into column `split` of `part`.
@@ -180,15 +190,17 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         let b = ld_bias8(j0);
         let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
         let gj0 = P.cls0 + j0;
+        workgroupBarrier();
         put_row(acc[0], acc[1], 0u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[2], acc[3], 1u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[4], acc[5], 2u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[6], acc[7], 3u, b, r_base, tx, ty, gj0, n_ok);
+        fwd_fold_half(li, 0u);
         put_row(acc[8], acc[9], 4u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[10], acc[11], 5u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[12], acc[13], 6u, b, r_base, tx, ty, gj0, n_ok);
         put_row(acc[14], acc[15], 7u, b, r_base, tx, ty, gj0, n_ok);
-        fwd_fold(li);
+        fwd_fold_half(li, 4u);
     }
     fwd_end(r_base, split, li);
 }

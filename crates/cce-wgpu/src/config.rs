@@ -144,13 +144,14 @@ impl KernelConfig {
     }
 
     /// Workgroup memory of the largest shader in bytes: the double-buffered panels plus the
-    /// largest of the forward's row reduction, the threshold histogram, and the backward's
-    /// G tile (with d_c's bias tree).
+    /// largest of the forward's row reduction (half a tile's Parts, in the panels where they
+    /// fit: fwd_red_panels.wgsl; the rows' running states and targets), the threshold
+    /// histogram, and the backward's G tile (with d_c's bias tree).
     pub fn workgroup_bytes(&self) -> u64 {
         let t = self.tile() as u64;
         let wg = self.wg as u64;
         let panels = 2 * 2 * self.tk as u64 * t * 4;
-        let fwd = t * wg * 32 + t * 32 + t * 4;
+        let fwd = (t * wg * 16).saturating_sub(panels) + 32 + t * 32 + t * 4;
         let hist = t * N_BINS as u64 * 4 + t * 48;
         let dc = t * t * 4 + t * 48 + t * wg * 4 + 64;
         panels + fwd.max(hist).max(dc)
@@ -205,8 +206,9 @@ pub(crate) fn vec_loads(d: usize, elem_off: u32) -> bool {
 }
 
 /// Workgroup memory of the cooperative-matrix forward (logits_coop.wgsl's f16 panels and f32
-/// tile, fwd_partial.wgsl's row reduction), in bytes, at 64 x 64 tiles.
-pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4 + 64 * 8 * 32 + 64 * 36;
+/// tile, fwd_partial.wgsl's row reduction: half a tile's Parts in fwd_red_own.wgsl, the rows'
+/// states and targets), in bytes, at 64 x 64 tiles.
+pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4 + 64 * 8 * 16 + 64 * 36;
 
 /// Whether an adapter can run logits_coop.wgsl: the cargo feature compiled in, the device
 /// features it needs (cooperative matrix, f16, subgroups), subgroups exactly 32 wide (two per

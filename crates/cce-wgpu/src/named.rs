@@ -14,7 +14,8 @@
 //! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
 //!   Gs times a D slice of e or c) likewise;
 //! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
-//!   row by value, fwd_fold, fwd_end) on that tile, and the entry point `main`;
+//!   row by value, fwd_fold_half after each half, fwd_end) on that tile, and the entry point
+//!   `main`;
 //! - [`entry_named`]: the backward entry points (bwd_hist_main.wgsl, bwd_de_main.wgsl,
 //!   bwd_dc_main.wgsl) rewritten line by line so that every per-row call takes the row by
 //!   value from a named accumulator (the control flow stays that of the `Acc` files).
@@ -298,6 +299,7 @@ fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         let gj0 = P.cls0 + j0;
 ",
     );
+    s.push_str("        workgroupBarrier();\n");
     for i in 0..N_ACC / 2 {
         let _ = writeln!(
             s,
@@ -305,10 +307,12 @@ fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
             2 * i,
             2 * i + 1
         );
+        if i % 4 == 3 {
+            let _ = writeln!(s, "        fwd_fold_half(li, {}u);", i - 3);
+        }
     }
     s.push_str(
-        "        fwd_fold(li);
-    }
+        "    }
     fwd_end(r_base, split, li);
 }
 

@@ -109,9 +109,9 @@ impl ShaderKind {
                     + "\n"
             };
             let generated = match self {
-                ShaderKind::FwdPartial => {
-                    Some(head(shader!("fwd_partial.wgsl")) + &named::fwd_named())
-                }
+                ShaderKind::FwdPartial => Some(
+                    head(shader!("fwd_partial.wgsl", "fwd_red_panels.wgsl")) + &named::fwd_named(),
+                ),
                 ShaderKind::BwdHist => Some(
                     head(shader!("bwd_hist.wgsl"))
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
@@ -149,13 +149,16 @@ impl ShaderKind {
             };
         }
         Cow::Borrowed(match self {
-            ShaderKind::FwdPartial => tiled!("fwd_partial.wgsl", "fwd_main.wgsl"),
+            ShaderKind::FwdPartial => {
+                tiled!("fwd_partial.wgsl", "fwd_red_panels.wgsl", "fwd_main.wgsl")
+            }
             // The `enable` directives of logits_coop.wgsl must open the module.
             ShaderKind::FwdPartialCoop => shader!(
                 "logits_coop.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
-                "fwd_partial.wgsl"
+                "fwd_partial.wgsl",
+                "fwd_red_own.wgsl"
             ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
