@@ -93,6 +93,9 @@ struct Case {
     /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels, `Named` at the
     /// adapter's default shape).
     main_loop: Option<cce_wgpu::MainLoop>,
+    /// Run with this panel depth `KernelConfig::tk` (4: the forward's row-reduction slots
+    /// spill past the panels, fwd_red_panels.wgsl).
+    tk: Option<u32>,
 }
 
 impl Case {
@@ -121,6 +124,7 @@ impl Case {
             workgroups: None,
             aim: None,
             main_loop: None,
+            tk: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -187,8 +191,11 @@ fn f64s(b: &WgpuBackend, t: &cce_wgpu::WgpuTensor) -> Vec<f64> {
 /// Run one case through forward and backward and judge every output.
 fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
     let owned;
-    let b = if case.workgroups.is_some() || case.main_loop.is_some() {
+    let b = if case.workgroups.is_some() || case.main_loop.is_some() || case.tk.is_some() {
         let mut cfg = b.config();
+        if let Some(tk) = case.tk {
+            cfg.tk = tk;
+        }
         if let Some(w) = case.workgroups {
             cfg.target_workgroups = w;
         }
@@ -466,6 +473,18 @@ fn hostile_shapes_named_main_loop() {
     let cases: Vec<Case> = hostile_cases()
         .into_iter()
         .map(|c| c.with(|c| c.main_loop = Some(cce_wgpu::MainLoop::Named)))
+        .collect();
+    run_all(&cases);
+}
+
+#[test]
+fn hostile_shapes_shallow_panels() {
+    // 4-deep panels at 8 x 8 threads (the default of GPUs with little workgroup memory): half
+    // a tile's Parts of the forward's row reduction do not fit the panels, the rest goes to
+    // fwd_red_panels.wgsl's own array.
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.tk = Some(4)))
         .collect();
     run_all(&cases);
 }
