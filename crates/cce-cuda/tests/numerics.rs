@@ -15,7 +15,6 @@ use cce_core::{
 use cce_cuda::{CudaBackend, CudaTensor, SparseMode};
 use common::*;
 use rand::Rng;
-use rand_distr::{Distribution, Normal};
 
 /// A backend forced onto one path.
 struct Path {
@@ -446,33 +445,20 @@ fn check_all_paths(what: &str, p: &Prob, opts: &Options, tol: f64) {
     }
 }
 
-/// `n` rows of `d` N(0, 1) values, `v` classes of N(0, 0.05²), row i's target 15·i (mod v)
-/// lifted `margin` above the rest: c_y += margin · e_i / |e_i|².
+/// [`confident_rows`] as a [`Prob`].
 fn confident(
     rng: &mut impl Rng,
     (n, d, v): (usize, usize, usize),
     margin: f64,
     dtype: DType,
 ) -> Prob {
-    let nrm = Normal::new(0.0, 1.0).unwrap();
-    let e: Vec<f64> = (0..n * d).map(|_| nrm.sample(rng)).collect();
-    let mut c: Vec<f64> = (0..v * d).map(|_| 0.05 * nrm.sample(rng)).collect();
-    let targets: Vec<i64> = (0..n).map(|i| ((15 * i) % v) as i64).collect();
-    for i in 0..n {
-        let row = &e[i * d..(i + 1) * d];
-        let sq: f64 = row.iter().map(|x| x * x).sum();
-        let y = targets[i] as usize;
-        for k in 0..d {
-            c[y * d + k] += margin * row[k] / sq;
-        }
-    }
-    let f = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+    let (e, c, targets) = confident_rows(rng, (n, d, v), margin, dtype);
     Prob {
         n,
         d,
         v,
-        e: HostTensor::from_f32(vec![n, d], &f(&e), dtype).unwrap(),
-        c: HostTensor::from_f32(vec![v, d], &f(&c), dtype).unwrap(),
+        e,
+        c,
         bias: None,
         targets,
     }

@@ -1078,28 +1078,10 @@ fn chunked_f32_gradients_take_d_c_from_f16_g() {
         }
     }
     let mut rng = seeded();
-    let nrm = |rng: &mut rand::rngs::StdRng| {
-        // Box-Muller: two uniforms to one N(0, 1).
-        let (u, w): (f64, f64) = (rng.random::<f64>().max(1e-300), rng.random());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * w).cos()
-    };
     for margin in [20.0, 40.0] {
         // 300 rows, each target 15·i (mod V) lifted `margin` above the rest.
         let (n, d, v) = (300, 64, 1000);
-        let e: Vec<f64> = (0..n * d).map(|_| nrm(&mut rng)).collect();
-        let mut c: Vec<f64> = (0..v * d).map(|_| 0.05 * nrm(&mut rng)).collect();
-        let targets: Vec<i64> = (0..n).map(|i| ((15 * i) % v) as i64).collect();
-        for i in 0..n {
-            let row = &e[i * d..(i + 1) * d];
-            let sq: f64 = row.iter().map(|x| x * x).sum();
-            let y = targets[i] as usize;
-            for k in 0..d {
-                c[y * d + k] += margin * row[k] / sq;
-            }
-        }
-        let f = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
-        let e = HostTensor::from_f32(vec![n, d], &f(&e), DType::BF16).unwrap();
-        let c = HostTensor::from_f32(vec![v, d], &f(&c), DType::BF16).unwrap();
+        let (e, c, targets) = confident_rows(&mut rng, (n, d, v), margin, DType::BF16);
         let what = format!("confident rows, margin {margin}");
         let (_, d_c, oracle, _) = run(&what, &e, &c, &targets);
         let mut worst = 0.0f64;

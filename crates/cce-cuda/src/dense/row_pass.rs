@@ -701,24 +701,7 @@ impl DenseEngine {
             let tys = (dt, g_ty, DType::F32);
             self.gemm_dc(dims, tys, (e_r, p.l_ptr, p.dc_acc), ldg_c, (1.0, beta))?;
             if cfg.has_bias {
-                let params = ColsumParams {
-                    g: p.l_ptr,
-                    ldg: ldg_c as i64,
-                    rows: ch.rows as i32,
-                    cols: x.a.v,
-                    acc: p.dbias_acc,
-                    scale: 0,
-                };
-                let cfg_l = LaunchConfig {
-                    grid_dim: (v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
-                    block_dim: (COLSUM_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg of g_ty written by
-                // the row kernel (stream order); the accumulator holds V f32 (zeroed, or the
-                // caller's f32 d_bias when accumulating); scale 0 (the kernel reads no factor:
-                // 1).
-                unsafe { self.launch_params(&self.stream, x.f_colsum, cfg_l, &params) }?;
+                self.chunk_dbias(x, x.f_colsum, ch, ldg_c, 0)?;
             }
             PhaseTimer::mark(prof, "d_c GEMM (+ d_bias)")?;
         }
@@ -747,26 +730,40 @@ impl DenseEngine {
         let tys = (DType::F16, DType::F16, DType::F32);
         self.gemm_dc(dims, tys, (e16, p.l_ptr, p.dc_acc), ldg, scalars)?;
         if cfg.has_bias {
-            let params = ColsumParams {
-                g: p.l_ptr,
-                ldg: ldg as i64,
-                rows: ch.rows as i32,
-                cols: x.a.v,
-                acc: p.dbias_acc,
-                scale: s.down_g(),
-            };
-            let cfg_l = LaunchConfig {
-                grid_dim: (cfg.v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
-                block_dim: (COLSUM_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let f = self.func("cce_dense_colsum_f16")?;
-            // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg f16 written by the WGMMA
-            // row pass (stream order); the accumulator holds V f32 (zeroed, or the caller's
-            // f32 d_bias when accumulating); scale is one f32 of ws.scales (stream order).
-            unsafe { self.launch_params(&self.stream, f, cfg_l, &params) }?;
+            self.chunk_dbias(x, self.func("cce_dense_colsum_f16")?, ch, ldg, s.down_g())?;
         }
         Ok(())
+    }
+
+    /// Step (6) of a chunk: `d_bias += scale · Σ_rows G` by `f` (`cce_dense_colsum_*` of `G`'s
+    /// dtype) over the chunk's `G` (row stride `ldg` elements); `scale` a device f32 of the
+    /// workspace's scale sets, or 0 for 1.
+    fn chunk_dbias(
+        &self,
+        x: &RowPassCtx<'_>,
+        f: &CudaFunction,
+        ch: Chunk,
+        ldg: usize,
+        scale: u64,
+    ) -> Result<()> {
+        let params = ColsumParams {
+            g: x.p.l_ptr,
+            ldg: ldg as i64,
+            rows: ch.rows as i32,
+            cols: x.a.v,
+            acc: x.p.dbias_acc,
+            scale,
+        };
+        let cfg_l = LaunchConfig {
+            grid_dim: (x.cfg.v.div_ceil(COLSUM_THREADS as usize) as u32, 1, 1),
+            block_dim: (COLSUM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: ColsumParams is COLSUM_PARAMS; G is rows x ldg of f's dtype, written by the
+        // row kernels or the WGMMA row pass before (stream order); the accumulator holds V f32
+        // (zeroed, or the caller's f32 d_bias when accumulating); scale is 0 (the kernel reads
+        // no factor: 1) or one f32 of ws.scales written before on this stream.
+        unsafe { self.launch_params(&self.stream, f, cfg_l, &params) }
     }
 
     /// Step (4') of a chunk: the rounding residual of each row's target entry of the 16-bit
