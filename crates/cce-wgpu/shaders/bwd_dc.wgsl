@@ -10,8 +10,8 @@
 //   Grid (splits, class tiles of the chunk). Split `s` covers row tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the row chunk. Per kept tile: logits tile (same gemm
 //   and thread mapping as bwd_de.wgsl, hence the same G and the same skip decision), G tile
-//   into Gs[row][class], then for each TILE-wide slice of D: Σ_k Gs[k][class] · E[k][d] over
-//   the TILE rows in TK steps (E panels double buffered in Bs, grad.wgsl's `prod_slice`),
+//   into As[row][class] (grad.wgsl: the A panels' memory), then for each TILE-wide slice of
+//   D: Σ_k G[k][class] · E[k][d] over the TILE rows in TK steps (E panels double buffered in Bs, grad.wgsl's `prod_slice`),
 //   added to the slab.
 // Thread mapping
 //   As tile_io.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
@@ -19,14 +19,23 @@
 // Bounds
 //   slab[w*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x, with
 //   slab_stride >= n_cls*D; bslab[w*n_cls + j] only for j < n_cls (both host-checked against
-//   the grid and binding); bred[(tx*8 + jj)*WG + ty] below 8*WG*WG; the rest as gemm.wgsl and
-//   grad.wgsl.
+//   the grid and binding); the bias reduction's floats (tx*8 + jj)*WG + ty and jl*WG + k
+//   below 8*WG*WG <= 16*TK*WG, the floats of Bs (WG <= 2*TK since NG >= 1); the rest as
+//   gemm.wgsl and grad.wgsl.
 
 @group(0) @binding(8) var<storage, read_write> bslab: array<f32>;
 
-var<workgroup> bred: array<f32, 8u * WG * WG>;
+// Float f of Bs, the bias reduction's scratch after the pass's last product (whose closing
+// barrier frees the panels).
+fn bred_put(f: u32, v: f32) {
+    Bs[f >> 2u][f & 3u] = v;
+}
 
-// G of micro-tile row i (a constant at every call) into Gs[row][class]; returns the row.
+fn bred_get(f: u32) -> f32 {
+    return Bs[f >> 2u][f & 3u];
+}
+
+// G of micro-tile row i (a constant at every call) into As[row][class]; returns the row.
 fn put_g(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) -> array<vec4<f32>, 2> {
     let lo = (*acc)[2u * i];
     let hi = (*acc)[2u * i + 1u];
@@ -34,11 +43,11 @@ fn put_g(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) -> array<vec4<f32>, 
     return array<vec4<f32>, 2>(lo, hi);
 }
 
-// G row (lo, hi) of micro-tile row i (a constant at every call) into Gs[row][class].
+// G row (lo, hi) of micro-tile row i (a constant at every call) into As[row][class].
 fn put_g_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
     let base = (ty * 8u + i) * 2u * WG + 2u * tx;
-    Gs[base] = lo;
-    Gs[base + 1u] = hi;
+    As[base] = lo;
+    As[base + 1u] = hi;
 }
 
 // Add micro-tile row i (a constant at every call) of the d_c slice to the slab.

@@ -37,10 +37,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     for (var rt = rt0; rt < rt1; rt++) {
         let r_base = rt * t;
-        // The previous tile's reads of `rst` were before its `decide` barrier.
-        load_rows(r_base, li);
         logits_tile(&acc, r_base, c_base, tx, ty, li);
-        let need = grad_tile(&acc, &sc, c_base, tx, ty);
+        let need = grad_tile(&acc, &sc, r_base, c_base, tx, ty);
         if !decide(need, li) {
             skipped_tiles += 1u;
             skipped_e += sc.n_ent;
@@ -94,8 +92,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
     }
 
+    // The tile loop's last panel reads are behind a barrier (prod_slice's or logits_tile's).
     for (var jj = 0u; jj < 8u; jj++) {
-        bred[(tx * 8u + jj) * WG + ty] = pick8(bacc_lo, bacc_hi, jj);
+        bred_put((tx * 8u + jj) * WG + ty, pick8(bacc_lo, bacc_hi, jj));
     }
     workgroupBarrier();
     for (var jl = li; jl < t; jl += WG * WG) {
@@ -103,7 +102,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         if j < P.n_cls {
             var s = 0.0;
             for (var k = 0u; k < WG; k++) {
-                s += bred[jl * WG + k];
+                s += bred_get(jl * WG + k);
             }
             bslab[wid.x * P.n_cls + j] += s;
         }

@@ -8,29 +8,29 @@
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the class chunk. Per kept tile: logits tile (gemm),
-//   G tile into Gs[class][row], then for each TILE-wide slice of D: Σ_k Gs[k][row] · C[k][d]
-//   over the TILE classes in TK steps (C panels double buffered in Bs, grad.wgsl's
+//   G tile into As[class][row] (grad.wgsl: the A panels' memory), then for each TILE-wide
+//   slice of D: Σ_k G[k][row] · C[k][d] over the TILE classes in TK steps (C panels double buffered in Bs, grad.wgsl's
 //   `prod_slice`), added to the slab.
 // Thread mapping
 //   As tile_io.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with
-//   slab_stride >= n_rows*D (host-checked against the grid and binding); Gs element
+//   slab_stride >= n_rows*D (host-checked against the grid and binding); As element
 //   (tx*8 + jj)*TILE + ty*8 + i below TILE*TILE = 64*WG*WG floats; e, c, bias and the rest as
 //   gemm.wgsl and grad.wgsl.
 
-// G of micro-tile row i (a constant at every call) into Gs[class][row] (transposed).
+// G of micro-tile row i (a constant at every call) into As[class][row] (transposed).
 fn put_g_t(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) {
     put_g_t_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, tx, ty);
 }
 
-// G row (lo, hi) of micro-tile row i (a constant at every call) into Gs[class][row].
+// G row (lo, hi) of micro-tile row i (a constant at every call) into As[class][row].
 fn put_g_t_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
     let t = tile();
     for (var jj = 0u; jj < 8u; jj++) {
         let f = (tx * 8u + jj) * t + ty * 8u + i;
-        Gs[f >> 2u][f & 3u] = pick8(lo, hi, jj);
+        As[f >> 2u][f & 3u] = pick8(lo, hi, jj);
     }
 }
 

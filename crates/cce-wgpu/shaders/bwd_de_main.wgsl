@@ -27,7 +27,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let ct1 = min(ct0 + P.split_tiles, n_ct);
     let report = has_flag(FLAG_REPORT);
 
-    load_rows(r_base, li);
     init_shared(li);
     var drop_lo = vec4<f32>(0.0);
     var drop_hi = vec4<f32>(0.0);
@@ -39,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
         logits_tile(&acc, r_base, c_base, tx, ty, li);
-        let need = grad_tile(&acc, &sc, c_base, tx, ty);
+        let need = grad_tile(&acc, &sc, r_base, c_base, tx, ty);
         if !decide(need, li) {
             skipped_tiles += 1u;
             skipped_e += sc.n_ent;

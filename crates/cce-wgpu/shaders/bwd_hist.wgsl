@@ -14,12 +14,11 @@
 //   TILE x N_BINS histogram in workgroup memory with u32 atomics and adds its non-zero bins to
 //   `hist` at the end (integer sums: order-independent, deterministic).
 // Thread mapping
-//   As tile_io.wgsl; the row states of the tile are loaded once into `rst` by threads
-//   li, li + WG*WG, ...
+//   As tile_io.wgsl; each thread reads its rows' states from `rs` when it needs them.
 // Bounds
 //   rs[r] and hist[r*N_BINS + b] only for r < n_rows, b < N_BINS; edges[k] with k < N_BINS
-//   (bin_of's loops keep 0 <= k <= N_BINS − 1); sh[rl*N_BINS + k] below 8*WG*N_BINS and
-//   rst[rl] with rl < TILE = 8*WG.
+//   (bin_of's loops keep 0 <= k <= N_BINS − 1); sh[rl*N_BINS + k] below 8*WG*N_BINS with
+//   rl < TILE = 8*WG.
 
 @group(0) @binding(4) var<storage, read> rs: array<RowState>;
 @group(0) @binding(5) var<storage, read> edges: array<f32>;
@@ -43,20 +42,22 @@ fn bin_of(g0: f32) -> u32 {
     return k;
 }
 
-// Row state of the tile's rows (inactive past the chunk).
-var<workgroup> rst: array<RowState, 8u * WG>;
-
 // Histogram entries of micro-tile row i (a constant at every call) over the thread's classes.
-fn hist_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, ty: u32, gj0: u32,
-            n_ok: u32) {
-    hist_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, b, ty, gj0, n_ok);
+fn hist_row(acc: ptr<function, Acc>, i: u32, b: array<vec4<f32>, 2>, r_base: u32, ty: u32,
+            gj0: u32, n_ok: u32) {
+    hist_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, b, r_base, ty, gj0, n_ok);
 }
 
-// hist_row of the logits row (lo, hi), by value.
-fn hist_row_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, ty: u32, gj0: u32,
-              n_ok: u32) {
+// hist_row of the logits row (lo, hi), by value (chunk row r_base + ty*8 + i; a row past
+// the chunk is inactive).
+fn hist_row_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, r_base: u32,
+              ty: u32, gj0: u32, n_ok: u32) {
     let rl = ty * 8u + i;
-    let st = rst[rl];
+    let r = r_base + rl;
+    if r >= P.n_rows {
+        return;
+    }
+    let st = rs[r];
     if st.live == 0u {
         return;
     }

@@ -26,14 +26,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     for (var f = li; f < t * N_BINS; f += WG * WG) {
         atomicStore(&sh[f], 0u);
     }
-    for (var rl = li; rl < t; rl += WG * WG) {
-        let r = r_base + rl;
-        if r < P.n_rows {
-            rst[rl] = rs[r];
-        } else {
-            rst[rl] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
-        }
-    }
     workgroupBarrier();
 
     for (var ct = ct0; ct < ct1; ct++) {
@@ -43,14 +35,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         let b = ld_bias8(j0);
         let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
         let gj0 = P.cls0 + j0;
-        hist_row(&acc, 0u, b, ty, gj0, n_ok);
-        hist_row(&acc, 1u, b, ty, gj0, n_ok);
-        hist_row(&acc, 2u, b, ty, gj0, n_ok);
-        hist_row(&acc, 3u, b, ty, gj0, n_ok);
-        hist_row(&acc, 4u, b, ty, gj0, n_ok);
-        hist_row(&acc, 5u, b, ty, gj0, n_ok);
-        hist_row(&acc, 6u, b, ty, gj0, n_ok);
-        hist_row(&acc, 7u, b, ty, gj0, n_ok);
+        hist_row(&acc, 0u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 1u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 2u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 3u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 4u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 5u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 6u, b, r_base, ty, gj0, n_ok);
+        hist_row(&acc, 7u, b, r_base, ty, gj0, n_ok);
     }
     workgroupBarrier();
     for (var f = li; f < t * N_BINS; f += WG * WG) {

@@ -10,7 +10,8 @@
 //   default 16) through workgroup memory, double buffered: while the panel in half `buf` of
 //   As/Bs is multiplied out, the next panel is loaded from global memory into registers
 //   (raw words, `Pref`), then decoded and stored into the other half; one barrier per panel.
-//   Panel layout: As[buf][k][m] (k < TK, m < TILE, four m per vec4), Bs likewise.
+//   Panel layout: As[buf][k][m] (k < TK, m < TILE, four m per vec4), Bs likewise; As is
+//   declared by the including pass (panel_a.wgsl or grad.wgsl), Bs here.
 //   A panel is TILE*TK/4 groups of four consecutive elements of one source row (along D for
 //   the logits' row panels, along the D slice for the backward's column panels); thread li
 //   loads groups li + s*WG*WG for s < NG = 2*TK/WG (an integer <= MAXG, host-checked).
@@ -27,7 +28,8 @@ override NG: u32 = 2u * TK / WG;
 // Register room for a thread's groups of one panel (NG <= MAXG, host-checked).
 const MAXG: u32 = 8u;
 
-var<workgroup> As: array<vec4<f32>, 4u * TK * WG>;
+// The A panels `As` (at least 4*TK*WG vec4) are declared by the including pass: panel_a.wgsl
+// (exactly that) or grad.wgsl (16*WG*WG vec4, which also hold the backward's G tile).
 var<workgroup> Bs: array<vec4<f32>, 4u * TK * WG>;
 // Raw words of a thread's groups of one panel: word x of group s holds element x.
 alias Pref = array<vec4<u32>, MAXG>;

@@ -9,19 +9,22 @@
 //   binding 7 `counters` [slots, 4] u32: per workgroup (tiles visited, tiles skipped, entries
 //                        kept, entries skipped), slot = slot_base + workgroup index.
 // Tiling
-//   The G tile is TILE x TILE f32 in workgroup memory `Gs` (16 KiB at TILE = 64), laid out as
-//   the A operand [k][m] of the second product (see the including shader), which
-//   `prod_slice` multiplies by TILE-wide slices of D of e or c, staged in TK panels through
-//   Bs (double buffered, as gemm.wgsl's logits).
+//   The G tile is TILE x TILE f32 in the workgroup array `As` (16*WG*WG vec4: 16 KiB at
+//   TILE = 64), which first holds the logits tile's A panels (gemm.wgsl's As[buf][k][m], the
+//   first 4*TK*WG vec4; 4*TK*WG <= 16*WG*WG since NG = 2*TK/WG <= 8): the G tile is written
+//   after the logits tile's closing barrier and the next logits tile's first panel store
+//   comes after prod_slice's closing barrier. G is laid out as the A operand [k][m] of the
+//   second product (see the including shader), which `prod_slice` multiplies by TILE-wide
+//   slices of D of e or c, staged in TK panels through Bs (double buffered, as gemm.wgsl's
+//   logits). A pass's workgroup memory is As and Bs (20 KiB at 8:8) and a few words.
 // Thread mapping
-//   As tile_io.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); the row states of
-//   the row tile are loaded once per tile into `rst` by threads li, li + WG*WG, ...
+//   As tile_io.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); each thread reads
+//   its rows' states from `rs` when it needs them (no workgroup copy).
 // Bounds
 //   rs[r] and dropped[r] only for r < n_rows; counters[slot*4 + 0..3] with slot = slot_base
 //   + workgroup index, below slot_base + grid size (host-checked against the binding);
-//   rst[rl] with rl < TILE; Gs[(k0 + k)*2WG + 2ty + 1] with k0 + k < TILE (TK divides TILE,
-//   host-checked), below 16*WG*WG; Bs and the panel loads as gemm.wgsl; slab as the
-//   including shader.
+//   As[(k0 + k)*2WG + 2ty + 1] with k0 + k < TILE (TK divides TILE, host-checked), below
+//   16*WG*WG; Bs and the panel loads as gemm.wgsl; slab as the including shader.
 //
 // G_ij = (a p_ij − c) off the target, gy at it, times dz/dx = 1 − tanh²(x_ij/s) under softcap
 // (`dcap`, from the uncapped logit x) (MATH.md, "Backward"); g0 = p off the target, g0y at it
@@ -35,9 +38,8 @@
 @group(0) @binding(6) var<storage, read_write> dropped: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> counters: array<u32>;
 
-var<workgroup> Gs: array<vec4<f32>, 16u * WG * WG>;
-// Row state of the current row tile (inactive past the chunk).
-var<workgroup> rst: array<RowState, 8u * WG>;
+// The logits tile's A panels, then the G tile (header).
+var<workgroup> As: array<vec4<f32>, 16u * WG * WG>;
 var<workgroup> flag_a: atomic<u32>;
 var<workgroup> flag_u: u32;
 var<workgroup> cnt: array<atomic<u32>, 4>;
@@ -49,19 +51,6 @@ struct Scratch {
     n_ent: u32,        // entries (active row, valid class) of the thread
 }
 
-// Row states of rows r_base.. of the chunk into `rst`, by threads li, li + WG*WG, ... The
-// caller orders this after every read of the previous rows and before the next (barriers).
-fn load_rows(r_base: u32, li: u32) {
-    for (var rl = li; rl < tile(); rl += WG * WG) {
-        let r = r_base + rl;
-        if r < P.n_rows {
-            rst[rl] = rs[r];
-        } else {
-            rst[rl] = RowState(-1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0u, 0.0, 0u, 0u, 0u);
-        }
-    }
-}
-
 // G of one micro-tile row and whether the row needs the tile.
 struct GRow {
     lo: vec4<f32>,
@@ -69,15 +58,22 @@ struct GRow {
     need: bool,
 }
 
-// G of micro-tile row i (a constant at every call) from its logits (lo, hi), by value.
+// G of micro-tile row i (a constant at every call; chunk row r_base + ty*8 + i) from its
+// logits (lo, hi), by value. A row past the chunk is inactive: G = 0, no entries.
 fn grad_row_v(lo: vec4<f32>, hi: vec4<f32>, sc: ptr<function, Scratch>, i: u32,
-              b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> GRow {
-    let st = rst[ty * 8u + i];
+              b: array<vec4<f32>, 2>, r_base: u32, ty: u32, gj0: u32, n_ok: u32) -> GRow {
+    let r = r_base + ty * 8u + i;
     var g_lo = vec4<f32>(0.0);
     var g_hi = vec4<f32>(0.0);
     var need = false;
     var g0sum = 0.0;
-    if st.live != 0u {
+    var live = false;
+    var st: RowState;
+    if r < P.n_rows {
+        st = rs[r];
+        live = st.live != 0u;
+    }
+    if live {
         let filtering = has_flag(FLAG_FILTER);
         for (var jj = 0u; jj < n_ok; jj++) {
             (*sc).n_ent += 1u;
@@ -119,37 +115,38 @@ fn grad_row_v(lo: vec4<f32>, hi: vec4<f32>, sc: ptr<function, Scratch>, i: u32,
 // Replace micro-tile row i (a constant at every call) of acc by G; returns whether the row
 // needs the tile.
 fn grad_row(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, i: u32,
-            b: array<vec4<f32>, 2>, ty: u32, gj0: u32, n_ok: u32) -> bool {
-    let g = grad_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], sc, i, b, ty, gj0, n_ok);
+            b: array<vec4<f32>, 2>, r_base: u32, ty: u32, gj0: u32, n_ok: u32) -> bool {
+    let g = grad_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], sc, i, b, r_base, ty, gj0, n_ok);
     (*acc)[2u * i] = g.lo;
     (*acc)[2u * i + 1u] = g.hi;
     return g.need;
 }
 
-// Replace the logits in acc by G (classes c_base + tx*8 .. of the chunk); returns whether
-// this thread needs the tile.
-fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, c_base: u32, tx: u32,
-             ty: u32) -> bool {
+// Replace the logits in acc by G (rows r_base + ty*8 .., classes c_base + tx*8 .. of the
+// chunk); returns whether this thread needs the tile.
+fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, r_base: u32, c_base: u32,
+             tx: u32, ty: u32) -> bool {
     (*sc).n_ent = 0u;
     let j0 = c_base + tx * 8u;
     let b = ld_bias8(j0);
     let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
     let gj0 = P.cls0 + j0;
-    var need = grad_row(acc, sc, 0u, b, ty, gj0, n_ok);
-    need = grad_row(acc, sc, 1u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 2u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 3u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 4u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 5u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 6u, b, ty, gj0, n_ok) || need;
-    need = grad_row(acc, sc, 7u, b, ty, gj0, n_ok) || need;
+    var need = grad_row(acc, sc, 0u, b, r_base, ty, gj0, n_ok);
+    need = grad_row(acc, sc, 1u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 2u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 3u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 4u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 5u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 6u, b, r_base, ty, gj0, n_ok) || need;
+    need = grad_row(acc, sc, 7u, b, r_base, ty, gj0, n_ok) || need;
     return need;
 }
 
-// acc = Σ_k Gs[k][m] · X[j_base + k][d0 + n] over the TILE rows k of Gs (m: the thread's
-// rows ty*8.., n: its columns tx*8.. of the D slice at d0), X = e (`is_e`) or c with n_src
-// rows in the chunk; the X panels double buffered through Bs as in logits_tile. Gs must be
-// written before the call (the first barrier here orders it); ends with a barrier.
+// acc = Σ_k G[k][m] · X[j_base + k][d0 + n] over the TILE rows k of the G tile in As (m: the
+// thread's rows ty*8.., n: its columns tx*8.. of the D slice at d0), X = e (`is_e`) or c with
+// n_src rows in the chunk; the X panels double buffered through Bs as in logits_tile. The G
+// tile must be written before the call (the first barrier here orders it); ends with a
+// barrier.
 fn prod_slice(acc: ptr<function, Acc>, is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32,
               ty: u32, li: u32) {
     let t = tile();
@@ -168,7 +165,7 @@ fn prod_slice(acc: ptr<function, Acc>, is_e: bool, j_base: u32, n_src: u32, d0: 
         for (var k = 0u; k < TK; k++) {
             let ka = (k0 + k) * t4 + 2u * ty;
             let kb = (buf * TK + k) * t4 + 2u * tx;
-            outer(acc, Gs[ka], Gs[ka + 1u], Bs[kb], Bs[kb + 1u]);
+            outer(acc, As[ka], As[ka + 1u], Bs[kb], Bs[kb + 1u]);
         }
         if more {
             put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);

@@ -143,18 +143,41 @@ impl KernelConfig {
         None
     }
 
-    /// Workgroup memory of the largest shader in bytes: the double-buffered panels plus the
-    /// largest of the forward's row reduction (half a tile's Parts, in the panels where they
-    /// fit: fwd_red_panels.wgsl; the rows' running states and targets), the threshold
-    /// histogram, and the backward's G tile (with d_c's bias tree).
+    /// Workgroup memory of the largest shader in bytes: the largest of the forward's
+    /// ([`KernelConfig::fwd_bytes`]), the threshold pass's and the backward products'
+    /// ([`KernelConfig::hist_bytes`], [`KernelConfig::grad_bytes`]).
     pub fn workgroup_bytes(&self) -> u64 {
+        self.fwd_bytes()
+            .max(self.hist_bytes())
+            .max(self.grad_bytes())
+    }
+
+    /// The double-buffered panels As and Bs (gemm.wgsl, panel_a.wgsl).
+    pub fn panel_bytes(&self) -> u64 {
+        2 * 2 * self.tk as u64 * self.tile() as u64 * 4
+    }
+
+    /// The forward's workgroup memory (fwd_partial.wgsl, fwd_red_panels.wgsl): the panels,
+    /// which hold half a tile's row-reduction Parts where they fit (the rest in an array of
+    /// its own, at least 32 bytes), the rows' running states and their targets.
+    pub fn fwd_bytes(&self) -> u64 {
         let t = self.tile() as u64;
-        let wg = self.wg as u64;
-        let panels = 2 * 2 * self.tk as u64 * t * 4;
-        let fwd = (t * wg * 16).saturating_sub(panels) + 32 + t * 32 + t * 4;
-        let hist = t * N_BINS as u64 * 4 + t * 48;
-        let dc = t * t * 4 + t * 48 + t * wg * 4 + 64;
-        panels + fwd.max(hist).max(dc)
+        let panels = self.panel_bytes();
+        panels + (t * self.wg as u64 * 16).saturating_sub(panels) + 32 + t * 32 + t * 4
+    }
+
+    /// The threshold pass's workgroup memory (bwd_hist.wgsl): the panels and the
+    /// TILE x N_BINS histogram of u32.
+    pub fn hist_bytes(&self) -> u64 {
+        self.panel_bytes() + self.tile() as u64 * N_BINS as u64 * 4
+    }
+
+    /// The d_e and d_c passes' workgroup memory (grad.wgsl): As, which holds the A panels and
+    /// then the TILE x TILE f32 G tile, Bs (which also holds d_c's bias reduction), and six
+    /// words of flags and counters.
+    pub fn grad_bytes(&self) -> u64 {
+        let t = self.tile() as u64;
+        t * t * 4 + self.panel_bytes() / 2 + 24
     }
 
     /// Loop iterations per thread of one depth panel of the logits tile: loading and storing

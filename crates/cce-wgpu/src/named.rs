@@ -12,7 +12,7 @@
 //!   xH.c), yh, aN)` for `N = 2i + h`, row `i` taking component `c = "xyzw"[i % 4]` of
 //!   `xH`, `H = i / 4`;
 //! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
-//!   Gs times a D slice of e or c) likewise;
+//!   the G tile times a D slice of e or c) likewise;
 //! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
 //!   row by value, fwd_fold_half after each half, fwd_end) on that tile, and the entry point
 //!   `main`;
@@ -24,7 +24,7 @@
 //! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
 //! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
 //! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`) and of grad.wgsl's `prod_slice`
-//! (`Gs[(k0 + k)·2WG + 2ty + 1]` with `k0 + k < TILE`, `Bs` as above), see the `bounds`
+//! (`As[(k0 + k)·2WG + 2ty + 1]` with `k0 + k < TILE`, `Bs` as above), see the `bounds`
 //! module.
 
 use std::fmt::Write;
@@ -128,9 +128,10 @@ fn returned() -> String {
 }
 
 /// `fn prod_named(is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
-/// (Σ_k Gs[k][m] · X[j_base + k][d0 + n], the X panels double buffered through Bs by
+/// (Σ_k G[k][m] · X[j_base + k][d0 + n] with the G tile in grad.wgsl's As, the X panels
+/// double buffered through Bs by
 /// `fetch_cols` / `put_cols_b`) in named accumulators, with the same written-out depth step.
-/// Needs grad.wgsl (Gs) before it.
+/// Needs grad.wgsl (its As) before it.
 pub fn prod_named() -> String {
     let mut s = String::from(
         "// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
@@ -154,8 +155,8 @@ fn prod_named(is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32, ty: u32, li
         for (var k = 0u; k < TK; k++) {
             let ka = (k0 + k) * t4 + 2u * ty;
             let kb = (buf * TK + k) * t4 + 2u * tx;
-            let x0 = Gs[ka];
-            let x1 = Gs[ka + 1u];
+            let x0 = As[ka];
+            let x1 = As[ka + 1u];
             let y0 = Bs[kb];
             let y1 = Bs[kb + 1u];
 ",
@@ -214,7 +215,7 @@ pub fn entry_named(acc_main: &str) -> String {
             emit(format!("let tl = logits_named({args}"));
         } else if let Some(args) = t.strip_prefix("prod_slice(&acc, ") {
             emit(format!("let p = prod_named({args}"));
-        } else if t == "let need = grad_tile(&acc, &sc, c_base, tx, ty);" {
+        } else if t == "let need = grad_tile(&acc, &sc, r_base, c_base, tx, ty);" {
             // grad.wgsl's grad_tile, row by row by value.
             emit("sc.n_ent = 0u;".into());
             emit("let g_j0 = c_base + tx * 8u;".into());
@@ -223,7 +224,7 @@ pub fn entry_named(acc_main: &str) -> String {
             emit("let g_gj0 = P.cls0 + g_j0;".into());
             for i in 0..N_ACC / 2 {
                 emit(format!(
-                    "let g{i} = grad_row_v(tl.a{}, tl.a{}, &sc, {i}u, g_b, ty, g_gj0, g_n);",
+                    "let g{i} = grad_row_v(tl.a{}, tl.a{}, &sc, {i}u, g_b, r_base, ty, g_gj0, g_n);",
                     2 * i,
                     2 * i + 1
                 ));
@@ -474,8 +475,8 @@ mod tests {
         // The d_e / d_c product: named accumulators, prod_slice's reads.
         let prod = prod_named();
         for read in [
-            "let x0 = Gs[ka];",
-            "let x1 = Gs[ka + 1u];",
+            "let x0 = As[ka];",
+            "let x1 = As[ka + 1u];",
             "let y0 = Bs[kb];",
         ] {
             assert!(prod.contains(read), "{read}");
