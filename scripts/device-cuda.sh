@@ -99,7 +99,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("conformance", "wgmma", "errors", "large", "api", "numerics", "capture", "accumulate", "vocab_parallel"):
+        if name in ("conformance", "wgmma", "wgmma_chunked", "errors", "large", "api", "numerics", "capture", "accumulate", "vocab_parallel"):
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
@@ -125,7 +125,7 @@ for line in sys.stdin:
 ' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
+  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
@@ -178,7 +178,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 
 if [[ $PHASES == *tests* ]]; then
   ok=1
-  for t in errors numerics conformance wgmma api capture accumulate vocab_parallel; do
+  for t in errors numerics conformance wgmma wgmma_chunked api capture accumulate vocab_parallel; do
     echo "==== $t ===="
     # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
     # shellcheck disable=SC2086

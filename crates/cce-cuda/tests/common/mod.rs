@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod spec;
+pub mod wgmma;
 
 use cce_core::{CceError, DType, HostTensor};
 use cce_cuda::CudaBackend;
