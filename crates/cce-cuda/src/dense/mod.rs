@@ -15,7 +15,7 @@
 //! registers (`wgmma.cu` `cce_wgmma_gcols[_cap]_*`, `schedule::wgmma_gcols_classes`);
 //! elsewhere a cuBLAS logits GEMM then `cce_split_gcols_*`. On Hopper, a forward-and-backward
 //! call with bf16 inputs and bf16 `G` for `d_e` also runs its row pass without f32 logits
-//! (steps 1+2+3' below: `wgmma.cu` (3), `schedule::wgmma_rows_unfit`). Its dense passes skip
+//! (steps 1+2+3' below: `wgmma_rows.cu`, `schedule::wgmma_rows_unfit`). Its dense passes skip
 //! nothing when the filter is on.
 //!
 //! Filtered split-dense calls first try the plan's [`cce_core::SparseBackward`]
@@ -195,7 +195,8 @@ const BACKEND: &str = "cuda";
 
 /// The kernel source: the dense kernel files in order (`kernels/dense_common.cu`, `forward.cu`,
 /// `rows.cu`, `classes.cu`, `dense_util.cu`, `sparse.cu`, `sparse_gather.cu`), then
-/// `kernels/wgmma.cu` (the WGMMA GEMMs, compiled only for sm_90a); one NVRTC module.
+/// `kernels/wgmma.cu` (the WGMMA GEMMs) and `kernels/wgmma_rows.cu` (their dense row pass),
+/// compiled only for sm_90a; one NVRTC module.
 pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../kernels/dense_common.cu"),
     include_str!("../../kernels/forward.cu"),
@@ -204,7 +205,8 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../kernels/dense_util.cu"),
     include_str!("../../kernels/sparse.cu"),
     include_str!("../../kernels/sparse_gather.cu"),
-    include_str!("../../kernels/wgmma.cu")
+    include_str!("../../kernels/wgmma.cu"),
+    include_str!("../../kernels/wgmma_rows.cu")
 );
 
 pub use crate::device::{arch_of, compile_options};
