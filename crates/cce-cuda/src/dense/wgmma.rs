@@ -89,16 +89,19 @@ impl DenseEngine {
         let ext = a.bias != 0 || a.softcap > 0.0;
         // With f16 G for d_c, q as its q9 code (2⁻¹⁰ relative instead of bf16's 2⁻⁹: the
         // d_c rows of confident rows' targets are sums of entries as small as the target's).
-        let q9 = if g16 { "_q9" } else { "" };
-        let f_lse = self.func(&format!(
-            "cce_wgmma_lseq{}{q9}_bf16",
-            if ext { "_x" } else { "" }
-        ))?;
+        let f_lse = self.func(match (ext, g16) {
+            (false, false) => "cce_wgmma_lseq_bf16",
+            (true, false) => "cce_wgmma_lseq_x_bf16",
+            (false, true) => "cce_wgmma_lseq_q9_bf16",
+            (true, true) => "cce_wgmma_lseq_x_q9_bf16",
+        })?;
         let f_comb = self.func("cce_wgmma_lse_combine_bf16")?;
-        let f_g = self.func(&format!(
-            "cce_wgmma_qrows_g{}{q9}_bf16",
-            if a.softcap > 0.0 { "_cap" } else { "" }
-        ))?;
+        let f_g = self.func(match (a.softcap > 0.0, g16) {
+            (false, false) => "cce_wgmma_qrows_g_bf16",
+            (true, false) => "cce_wgmma_qrows_g_cap_bf16",
+            (false, true) => "cce_wgmma_qrows_g_q9_bf16",
+            (true, true) => "cce_wgmma_qrows_g_cap_q9_bf16",
+        })?;
         let (rows_i, v_i, d_i) = (to_i32(rows, "rows")?, to_i32(v, "V")?, to_i32(d, "D")?);
         let n_tiles_i = to_i32(n_tiles, "class tiles")?;
         let ldq = ld as i64;
