@@ -13,6 +13,8 @@
 # into /. To carry it with the repository under the device tool's 64 MiB, gzip the executables
 # (`gzip -f` all but device-wgpu.sh and gl/, dropping the *-coop ones when the coop phase is not
 # run): `run` unpacks every $DEVBIN/*.gz in place first.
+# QUICK=1 build: only what the `report` and `quick` phases run (cce-bench-wgpu, cce-bench-sgemm,
+# gzipped) and the loader: a few MiB to carry beside other things.
 # Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
 #   "... run seed": each phase fits the device tool's 10 minutes per command).
@@ -59,6 +61,14 @@
 #           GPU time per dispatch, 8:8:named against 8:8:named:w65536 (one class tile per
 #           forward workgroup); ~90 s; GAP_FWD / GAP_CONFIGS override the variant / config
 #           lists; its tables print last;
+#   quick   the short form of gap for a device call of about two minutes in all (~80 s, at
+#           most 125 s by its timeouts):
+#           the forward shader's real entry point against the `fwd-loop` ablation on the one
+#           chunk the backend dispatches (8192 x 29120 x 2304, checked on 70 x 136 x 264 first,
+#           1 warm-up + 3 timed dispatches), then the backend at 8192 x 2304 x 256000 c/8 exact
+#           bf16, 8:8:named: forward and forward+backward, 1 warm-up + 1 timed call each, then
+#           one call each with GPU timestamps per shader; QUICK_FWD / QUICK_CONFIGS override the
+#           variant / config lists; its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -94,6 +104,14 @@ for line in sys.stdin:
             print("staged", pairs[name])
 ' "$DEVBIN" "$@"
   }
+  if [ "${QUICK:-0}" = 1 ]; then
+    find "$DEVBIN" -maxdepth 1 -type f -delete
+    cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu --bin cce-bench-sgemm
+    cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu \
+      "${CARGO_TARGET_DIR:-target}"/release/cce-bench-sgemm "$DEVBIN/"
+    strip "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/cce-bench-sgemm
+    gzip -f "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/cce-bench-sgemm
+  else
   stage_tests "-p cce-wgpu" conformance conformance interop interop shaders_naga shaders_naga
   stage_tests "-p cce-conformance --features wgpu --test wgpu" wgpu suite
   # The cooperative-matrix forward (cargo feature coop-matrix): its own test and bench builds.
@@ -106,6 +124,7 @@ for line in sys.stdin:
   strip "$DEVBIN"/conformance "$DEVBIN"/interop "$DEVBIN"/shaders_naga "$DEVBIN"/suite \
     "$DEVBIN"/cce-bench-wgpu "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop \
     "$DEVBIN"/cce-bench-sgemm
+  fi
   rm -f "$DEVBIN"/gl/*
   # The loader and glvnd's dispatch libraries, which NVIDIA's libGLX_nvidia (the Vulkan ICD)
   # needs: without them the loader finds the ICD but no vkCreateInstance (seen on the H200).
@@ -123,7 +142,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap,quick]" >&2
   exit 2
 fi
 
@@ -176,7 +195,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop speed sgemm gap; do
+  for k in report tests sweep bench seed dtypes coop speed sgemm gap quick; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -200,6 +219,17 @@ summary() {
     echo "==== gap: the forward shader and its ablations (GPU timestamps, medians) ===="
     grep -E "^adapter|FAIL" "$OUT/gap.log"
     grep -E "^\|" "$OUT/gap.log"
+  fi
+  if [ -f "$OUT/quick.log" ]; then
+    echo
+    echo "==== quick: the forward shader against fwd-loop (GPU timestamps, medians) ===="
+    grep -E "^adapter|FAIL" "$OUT/quick.log"
+    grep -E "^\|" "$OUT/quick.log"
+  fi
+  if [ -f "$OUT/quick-backend.log" ]; then
+    echo
+    echo "==== quick: the backend, forward and forward+backward (wall, then GPU per shader) ===="
+    grep -E "^\| " "$OUT/quick-backend.log"
   fi
   if [ -f "$OUT/gap-forward.log" ]; then
     echo
@@ -307,6 +337,19 @@ if [[ $PHASES == *gap* ]]; then
     >"$OUT/gap-forward.log" 2>&1
   status[gap]+="forward rc=$?"
   grep -E "^adapter|round|deadline" "$OUT/gap-forward.log" | tail -12
+fi
+
+if [[ $PHASES == *quick* ]]; then
+  timeout 45 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 30 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
+    --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/quick.log" 2>&1
+  status[quick]="forward shader rc=$?; "
+  grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/quick.log" | cut -c1-220
+  timeout 80 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
+    --deadline-s 70 --configs "${QUICK_CONFIGS:-8:8:named}" \
+    >"$OUT/quick-backend.log" 2>&1
+  status[quick]+="backend rc=$?"
+  grep -E "^adapter|round|deadline" "$OUT/quick-backend.log" | tail -12
 fi
 
 if [[ $PHASES == *coop* ]]; then
