@@ -31,14 +31,14 @@ pub struct CudaSwitches {
     pub split_de_f16: bool,
     /// Exact calls of bf16 inputs with f32 gradients may run chunked dense (3 GEMMs, `d_c`
     /// accumulated in the f32 output, nothing `V x D` in the workspace) where its row chunks
-    /// are long (`dense::call_plan::chunked_f32_grads_pay`): 1.16-1.46x the 3-GEMM floor
-    /// within 0.5 GiB against split dense's 1.40-1.70x (H200, docs/perf-log.md session 18).
-    /// Where its WGMMA row pass runs, `d_c` comes from f16 `G` against an f16 copy of each
-    /// chunk's `e` (real rows: 0.021%, as split dense), elsewhere from bf16 `G` (0.13%). With
-    /// `G` made from bf16 `e^{z − max}` the `d_c` rows of confident rows' targets were 3.3e-3
-    /// off against the 1e-3 per-row bound of f32 gradients (H200); the f16 path now keeps q as
-    /// a 10-significant-bit code (simulated: 1.0e-3, not yet measured). Default `false`
-    /// (split dense, f16 `G` from f32 logits).
+    /// are long (`dense::call_plan::chunked_f32_grads_pay`) even where `d_c` would come from
+    /// bf16 `G` (0.13% on real rows; the `d_c` rows of confident rows' targets 2.6-3.5e-3 off
+    /// against the 1e-3 per-row bound of f32 gradients). Without it such calls take chunked
+    /// dense only where its WGMMA row pass runs (Hopper, 16-byte aligned inputs): `d_c` then
+    /// comes from f16 `G` made from a 10-significant-bit q against an f16 copy of each chunk's
+    /// `e` (real rows 0.015%, confident targets' rows 9e-4; H200, docs/perf-log.md session 19),
+    /// at 1.11-1.52x the 3-GEMM floor within 0.5 GiB against split dense's 1.50-1.73x.
+    /// Default `false`.
     pub chunked_f32_grads: bool,
     /// Print the device time per phase of the sparse backward and the dense passes to stderr
     /// (events on the stream, and a synchronization at the end of each pass). Default `false`.

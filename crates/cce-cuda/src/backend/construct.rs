@@ -257,8 +257,10 @@ impl CudaBackend {
     }
 
     /// With `true`, exact calls of bf16 inputs with f32 gradients run chunked dense where its
-    /// row chunks are long: faster, less accurate `d_c` on confident rows
-    /// ([`CudaSwitches::chunked_f32_grads`] has the measured trade). Default `false`.
+    /// row chunks are long even where its `d_c` comes from bf16 `G` (no WGMMA row pass):
+    /// faster, less accurate `d_c` on confident rows ([`CudaSwitches::chunked_f32_grads`] has
+    /// the measured trade; where the WGMMA row pass runs, chunked dense is taken without it).
+    /// Default `false`.
     pub fn with_chunked_f32_grads(mut self, on: bool) -> Self {
         self.chunked_f32_grads = on;
         self
