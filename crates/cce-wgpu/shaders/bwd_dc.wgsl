@@ -18,7 +18,8 @@
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x, with
-//   slab_stride >= n_cls*D; bslab[w*n_cls + j] only for j < n_cls (both host-checked against
+//   slab_stride >= n_cls*D (add_dc_half_v passes grad.wgsl's add_rows4_v the classes
+//   j < n_cls only); bslab[w*n_cls + j] only for j < n_cls (both host-checked against
 //   the grid and binding); the bias reduction's floats (tx*8 + jj)*WG + ty and jl*WG + k
 //   below 8*WG*WG <= 16*TK*WG, the floats of Bs (WG <= 2*TK since NG >= 1); the rest as
 //   gemm.wgsl and grad.wgsl.
@@ -50,17 +51,23 @@ fn put_g_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
     As[base + 1u] = hi;
 }
 
-// Add micro-tile row i (a constant at every call) of the d_c slice to the slab.
-fn add_dc_row(acc: ptr<function, Acc>, i: u32, c_base: u32, w: u32, d0: u32, tx: u32,
-              ty: u32) {
-    add_dc_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, c_base, w, d0, tx, ty);
+// Add micro-tile rows 4h .. 4h + 3 (h a constant at every call) of the d_c slice to the slab.
+fn add_dc_half(acc: ptr<function, Acc>, h: u32, c_base: u32, w: u32, d0: u32, tx: u32,
+               ty: u32) {
+    let n = 8u * h;
+    add_dc_half_v((*acc)[n], (*acc)[n + 1u], (*acc)[n + 2u], (*acc)[n + 3u], (*acc)[n + 4u],
+                  (*acc)[n + 5u], (*acc)[n + 6u], (*acc)[n + 7u], h, c_base, w, d0, tx, ty);
 }
 
-// add_dc_row of the row (lo, hi), by value.
-fn add_dc_row_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, c_base: u32, w: u32, d0: u32, tx: u32,
-                ty: u32) {
-    let j = c_base + ty * 8u + i;
-    if j < P.n_cls {
-        add_row_v(lo, hi, w * P.slab_stride + j * P.d, d0 + tx * 8u);
+// add_dc_half of the four rows (lk, hk), by value: chunk classes c_base + ty*8 + 4h + k,
+// those past the chunk left out.
+fn add_dc_half_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>,
+                 h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>, h: u32, c_base: u32, w: u32,
+                 d0: u32, tx: u32, ty: u32) {
+    let j = c_base + ty * 8u + 4u * h;
+    let ok = rows_ok4(j, P.n_cls);
+    if ok != 0u {
+        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, w * P.slab_stride + j * P.d, ok,
+                    d0 + tx * 8u);
     }
 }

@@ -81,14 +81,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         bacc_hi += g[1];
         for (var d0 = 0u; d0 < P.d; d0 += t) {
             prod_slice(&acc, true, r_base, P.n_rows, d0, tx, ty, li);
-            add_dc_row(&acc, 0u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 1u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 2u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 3u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 4u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 5u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 6u, c_base, wid.x, d0, tx, ty);
-            add_dc_row(&acc, 7u, c_base, wid.x, d0, tx, ty);
+            add_dc_half(&acc, 0u, c_base, wid.x, d0, tx, ty);
+            add_dc_half(&acc, 1u, c_base, wid.x, d0, tx, ty);
         }
     }
 

@@ -16,7 +16,8 @@
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with
-//   slab_stride >= n_rows*D (host-checked against the grid and binding); As element
+//   slab_stride >= n_rows*D (host-checked against the grid and binding): add_de_half_v passes
+//   grad.wgsl's add_rows4_v the rows r < n_rows only; As element
 //   (tx*8 + jj)*TILE + ty*8 + i below TILE*TILE = 64*WG*WG floats; e, c, bias and the rest as
 //   gemm.wgsl and grad.wgsl.
 
@@ -34,17 +35,23 @@ fn put_g_t_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
     }
 }
 
-// Add micro-tile row i (a constant at every call) of the d_e slice to the slab.
-fn add_de_row(acc: ptr<function, Acc>, i: u32, r_base: u32, w: u32, d0: u32, tx: u32,
-              ty: u32) {
-    add_de_row_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, r_base, w, d0, tx, ty);
+// Add micro-tile rows 4h .. 4h + 3 (h a constant at every call) of the d_e slice to the slab.
+fn add_de_half(acc: ptr<function, Acc>, h: u32, r_base: u32, w: u32, d0: u32, tx: u32,
+               ty: u32) {
+    let n = 8u * h;
+    add_de_half_v((*acc)[n], (*acc)[n + 1u], (*acc)[n + 2u], (*acc)[n + 3u], (*acc)[n + 4u],
+                  (*acc)[n + 5u], (*acc)[n + 6u], (*acc)[n + 7u], h, r_base, w, d0, tx, ty);
 }
 
-// add_de_row of the row (lo, hi), by value.
-fn add_de_row_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, r_base: u32, w: u32, d0: u32, tx: u32,
-                ty: u32) {
-    let r = r_base + ty * 8u + i;
-    if r < P.n_rows {
-        add_row_v(lo, hi, w * P.slab_stride + r * P.d, d0 + tx * 8u);
+// add_de_half of the four rows (lk, hk), by value: chunk rows r_base + ty*8 + 4h + k, those
+// past the chunk left out.
+fn add_de_half_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>,
+                 h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>, h: u32, r_base: u32, w: u32,
+                 d0: u32, tx: u32, ty: u32) {
+    let r = r_base + ty * 8u + 4u * h;
+    let ok = rows_ok4(r, P.n_rows);
+    if ok != 0u {
+        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, w * P.slab_stride + r * P.d, ok,
+                    d0 + tx * 8u);
     }
 }

@@ -58,14 +58,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         put_g_t(&acc, 7u, tx, ty);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
             prod_slice(&acc, false, c_base, P.n_cls, d0, tx, ty, li);
-            add_de_row(&acc, 0u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 1u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 2u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 3u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 4u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 5u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 6u, r_base, wid.x, d0, tx, ty);
-            add_de_row(&acc, 7u, r_base, wid.x, d0, tx, ty);
+            add_de_half(&acc, 0u, r_base, wid.x, d0, tx, ty);
+            add_de_half(&acc, 1u, r_base, wid.x, d0, tx, ty);
         }
     }
 

@@ -191,8 +191,8 @@ fn row_call<'a>(line: &'a str, name: &str) -> Option<(usize, &'a str)> {
 /// bwd_dc_main.wgsl) rewritten line by line for the named accumulators: the logits tile
 /// from `logits_named` (`tl`), G rows from grad.wgsl's `grad_row_v` (`g0 .. g7`, what
 /// `grad_tile` does row by row), the D-slice product from [`prod_named`] (`p`), and every
-/// per-row call by value (`hist_row_v`, `put_g_t_v`, `put_g_v`, `add_de_row_v`,
-/// `add_dc_row_v`) with constant names. Panics on a line that still names the accumulator
+/// per-row call by value (`hist_row_v`, `put_g_t_v`, `put_g_v`; `add_de_half_v`,
+/// `add_dc_half_v` with the eight accumulators of four rows) with constant names. Panics on a line that still names the accumulator
 /// (the unit tests run it on every such file).
 pub fn entry_named(acc_main: &str) -> String {
     let mut out = String::new();
@@ -237,18 +237,17 @@ pub fn entry_named(acc_main: &str) -> String {
                 2 * i,
                 2 * i + 1
             ));
-        } else if let Some((i, tail)) = row_call(t, "add_de_row") {
-            emit(format!(
-                "add_de_row_v(p.a{}, p.a{}, {i}u{tail}",
-                2 * i,
-                2 * i + 1
-            ));
-        } else if let Some((i, tail)) = row_call(t, "add_dc_row") {
-            emit(format!(
-                "add_dc_row_v(p.a{}, p.a{}, {i}u{tail}",
-                2 * i,
-                2 * i + 1
-            ));
+        } else if let Some((h, tail)) =
+            row_call(t, "add_de_half").or_else(|| row_call(t, "add_dc_half"))
+        {
+            // Four rows (eight accumulators) of the product by value.
+            let f = if t.starts_with("add_de") {
+                "add_de"
+            } else {
+                "add_dc"
+            };
+            let rows: Vec<String> = (8 * h..8 * h + 8).map(|n| format!("p.a{n}")).collect();
+            emit(format!("{f}_half_v({}, {h}u{tail}", rows.join(", ")));
         } else if let Some((i, tail)) = row_call(t, "put_g_t") {
             emit(format!("put_g_t_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
         } else if let Some((i, tail)) =
@@ -463,14 +462,19 @@ mod tests {
                 "bwd_de" => &[
                     ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
                     ("put_g_t_v(g{i}.lo, g{i}.hi, {i}u,", ""),
-                    ("add_de_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
                 ],
                 _ => &[
                     ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
                     ("put_g_v(g{i}.lo, g{i}.hi, {i}u,", "bacc_lo += g{i}.lo;"),
-                    ("add_dc_row_v(p.a{lo}, p.a{hi}, {i}u,", ""),
                 ],
             };
+            // The slice's rows reach the slab four at a time, each half once.
+            let add = if name == "bwd_de" { "add_de" } else { "add_dc" };
+            for h in (0..2).filter(|_| name != "bwd_hist") {
+                let rows: Vec<String> = (8 * h..8 * h + 8).map(|n| format!("p.a{n}")).collect();
+                let call = format!("{add}_half_v({}, {h}u,", rows.join(", "));
+                assert_eq!(src.matches(&call).count(), 1, "{name}: {call}");
+            }
             for i in 0..8 {
                 let fill = |c: &str| {
                     c.replace("{lo}", &(2 * i).to_string())
