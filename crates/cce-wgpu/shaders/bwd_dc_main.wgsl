@@ -16,6 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = tile();
     var acc: Acc;
     var sc: Scratch;
+    var pb: Pref;
     let tx = lid.x;
     let ty = lid.y;
     // Tiles of split `split`; its accumulators are slab `wid.x` (splits run in waves of
@@ -79,8 +80,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         g = put_g(&acc, 7u, tx, ty);
         bacc_lo += g[0];
         bacc_hi += g[1];
+        prod_begin(&pb, true, r_base, P.n_rows, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            prod_slice(&acc, true, r_base, P.n_rows, d0, tx, ty, li);
+            prod_slice(&acc, &pb, true, r_base, P.n_rows, d0, tx, ty, li);
             add_dc_half(&acc, 0u, c_base, wid.x, d0, tx, ty);
             add_dc_half(&acc, 1u, c_base, wid.x, d0, tx, ty);
         }

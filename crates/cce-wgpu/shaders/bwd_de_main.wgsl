@@ -16,6 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t = tile();
     var acc: Acc;
     var sc: Scratch;
+    var pb: Pref;
     let tx = lid.x;
     let ty = lid.y;
     // Tiles of split `split`; its accumulators are slab `wid.x` (splits run in waves of
@@ -56,8 +57,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         put_g_t(&acc, 5u, tx, ty);
         put_g_t(&acc, 6u, tx, ty);
         put_g_t(&acc, 7u, tx, ty);
+        prod_begin(&pb, false, c_base, P.n_cls, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            prod_slice(&acc, false, c_base, P.n_cls, d0, tx, ty, li);
+            prod_slice(&acc, &pb, false, c_base, P.n_cls, d0, tx, ty, li);
             add_de_half(&acc, 0u, r_base, wid.x, d0, tx, ty);
             add_de_half(&acc, 1u, r_base, wid.x, d0, tx, ty);
         }

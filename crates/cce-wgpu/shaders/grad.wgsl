@@ -16,7 +16,9 @@
 //   comes after prod_slice's closing barrier. G is laid out as the A operand [k][m] of the
 //   second product (see the including shader), which `prod_slice` multiplies by TILE-wide
 //   slices of D of e or c, staged in TK panels through Bs (double buffered, as gemm.wgsl's
-//   logits). A pass's workgroup memory is As and Bs (20 KiB at 8:8) and a few words.
+//   logits, in one pipeline across the tile's slices: each slice's last step stages the
+//   next slice's first panel, so only the tile's first panel is fetched with nothing to
+//   overlap it). A pass's workgroup memory is As and Bs (20 KiB at 8:8) and a few words.
 // Thread mapping
 //   As tile_io.wgsl: G(i, jj) of the thread's micro-tile replaces acc(i, jj); each thread reads
 //   its rows' states from `rs` when it needs them (no workgroup copy).
@@ -144,33 +146,53 @@ fn grad_tile(acc: ptr<function, Acc>, sc: ptr<function, Scratch>, r_base: u32, c
     return need;
 }
 
+// The first X panel of a tile's first D slice (d0 = 0; X = e (`is_e`) or c, rows j_base..,
+// n_src of them in the chunk) into Bs half 0, then a barrier, which also orders the G tile's
+// stores before the product reads them. Later slices find their first panel staged by the
+// previous slice's last step (prod_slice).
+fn prod_begin(pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, li: u32) {
+    fetch_cols(pb, is_e, j_base, n_src, 0u, li);
+    put_cols_b(pb, is_e, j_base, n_src, 0u, li, 0u);
+    workgroupBarrier();
+}
+
+// The Bs half holding the first panel of the slice at d0: the slices' panels run as one
+// sequence of TILE/TK panels per slice, alternating halves (0 for every shape the host
+// accepts: TILE/TK = 16/NG with NG in {1, 2, 4, 8}).
+fn slice_buf(d0: u32) -> u32 {
+    let t = tile();
+    return ((d0 / t) * (t / TK)) & 1u;
+}
+
 // acc = Σ_k G[k][m] · X[j_base + k][d0 + n] over the TILE rows k of the G tile in As (m: the
 // thread's rows ty*8.., n: its columns tx*8.. of the D slice at d0), X = e (`is_e`) or c with
-// n_src rows in the chunk; the X panels double buffered through Bs as in logits_tile. The G
-// tile must be written before the call (the first barrier here orders it); ends with a
-// barrier.
-fn prod_slice(acc: ptr<function, Acc>, is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32,
-              ty: u32, li: u32) {
+// n_src rows in the chunk; the X panels double buffered through Bs as in logits_tile, in one
+// pipeline over all the slices of the tile: the slice's first panel is already in Bs
+// (prod_begin for d0 = 0, else the previous slice), and its last step fetches and stages the
+// next slice's first panel (`pb` carries the raw words between calls). Ends with a barrier;
+// between two slices the caller touches no workgroup memory.
+fn prod_slice(acc: ptr<function, Acc>, pb: ptr<function, Pref>, is_e: bool, j_base: u32,
+              n_src: u32, d0: u32, tx: u32, ty: u32, li: u32) {
     let t = tile();
     let t4 = 2u * WG;
     zero_acc(acc);
-    var pb: Pref;
-    fetch_cols(&pb, is_e, j_base, n_src, d0, li);
-    put_cols_b(&pb, is_e, j_base, n_src, d0, li, 0u);
-    workgroupBarrier();
-    var buf = 0u;
+    var buf = slice_buf(d0);
     for (var k0 = 0u; k0 < t; k0 += TK) {
+        // The next panel: this slice's next TK rows, or the next slice's first.
         let more = k0 + TK < t;
-        if more {
-            fetch_cols(&pb, is_e, j_base + k0 + TK, n_src, d0, li);
+        let next = more || d0 + t < P.d;
+        let nj = j_base + select(0u, k0 + TK, more);
+        let nd = select(d0 + t, d0, more);
+        if next {
+            fetch_cols(pb, is_e, nj, n_src, nd, li);
         }
         for (var k = 0u; k < TK; k++) {
             let ka = (k0 + k) * t4 + 2u * ty;
             let kb = (buf * TK + k) * t4 + 2u * tx;
             outer(acc, As[ka], As[ka + 1u], Bs[kb], Bs[kb + 1u]);
         }
-        if more {
-            put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);
+        if next {
+            put_cols_b(pb, is_e, nj, n_src, nd, li, buf ^ 1u);
         }
         workgroupBarrier();
         buf ^= 1u;

@@ -127,7 +127,7 @@ fn returned() -> String {
     format!("    return Tile({});\n}}\n", names.join(", "))
 }
 
-/// `fn prod_named(is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
+/// `fn prod_named(pb, is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
 /// (Σ_k G[k][m] · X[j_base + k][d0 + n] with the G tile in grad.wgsl's As, the X panels
 /// double buffered through Bs by
 /// `fetch_cols` / `put_cols_b`) in named accumulators, with the same written-out depth step.
@@ -135,22 +135,22 @@ fn returned() -> String {
 pub fn prod_named() -> String {
     let mut s = String::from(
         "// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
-fn prod_named(is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32, ty: u32, li: u32) -> Tile {
+fn prod_named(pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32,
+              ty: u32, li: u32) -> Tile {
     let t = tile();
     let t4 = 2u * WG;
 ",
     );
     s.push_str(&zeroed());
     s.push_str(
-        "    var pb: Pref;
-    fetch_cols(&pb, is_e, j_base, n_src, d0, li);
-    put_cols_b(&pb, is_e, j_base, n_src, d0, li, 0u);
-    workgroupBarrier();
-    var buf = 0u;
+        "    var buf = slice_buf(d0);
     for (var k0 = 0u; k0 < t; k0 += TK) {
         let more = k0 + TK < t;
-        if more {
-            fetch_cols(&pb, is_e, j_base + k0 + TK, n_src, d0, li);
+        let next = more || d0 + t < P.d;
+        let nj = j_base + select(0u, k0 + TK, more);
+        let nd = select(d0 + t, d0, more);
+        if next {
+            fetch_cols(pb, is_e, nj, n_src, nd, li);
         }
         for (var k = 0u; k < TK; k++) {
             let ka = (k0 + k) * t4 + 2u * ty;
@@ -164,8 +164,8 @@ fn prod_named(is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32, ty: u32, li
     s.push_str(&fmas());
     s.push_str(
         "        }
-        if more {
-            put_cols_b(&pb, is_e, j_base + k0 + TK, n_src, d0, li, buf ^ 1u);
+        if next {
+            put_cols_b(pb, is_e, nj, n_src, nd, li, buf ^ 1u);
         }
         workgroupBarrier();
         buf ^= 1u;
