@@ -9,14 +9,13 @@
 //!   and target-logit writes) from the backend's module text unchanged, exactly what
 //!   `WgpuBackend::forward` dispatches per class chunk;
 //! - `fwd-nowrite`: the same pass with no global write at run time: the target-logit store
-//!   taken out of `row_part`, the partials stored only when `P.aux != 0` (set for the check,
-//!   0 when timed), so the epilogue's reductions and barriers stay;
+//!   taken out of `row_step`, the partials stored only when `P.aux != 0` (set for the check,
+//!   0 when timed), so the epilogue's running states and end reduction stay;
 //! - `fwd-loopwg`: the tile loop and main loop with the epilogue replaced by eight per-row
-//!   running sums in registers, reduced across the row's threads once at the end through a
-//!   2 KiB array beside the real pass's other workgroup arrays (`rows`, `ys` by `fwd_begin`;
-//!   the row reduction's slots are the panels since session 18), so the workgroup memory
-//!   (and residency) is about the real pass's;
-//! - `fwd-loop`: the same with the end reduction through a small array of its own (only the
+//!   running sums in registers, reduced across the row's threads once at the end through the
+//!   real pass's `fwd_end` (the panels as scratch), so the workgroup memory is the real
+//!   pass's;
+//! - `fwd-loop`: the same with the end reduction through a 2 KiB array of its own (the
 //!   panels plus 2 KiB of workgroup memory, as the `ours` SGEMM entry point);
 //! - `:scalar`: the `Acc`-array main loop (`logits_tile`) instead of the named one
 //!   (`logits_named`, the GPU default); `:t1`: one class tile per workgroup (`split_tiles`
@@ -48,7 +47,7 @@ pub enum FwdKind {
     Real,
     /// No global writes at run time.
     NoWrite,
-    /// Tile loop + main loop, per-row sums, the real pass's workgroup arrays.
+    /// Tile loop + main loop, per-row sums, the real pass's end reduction.
     LoopWg,
     /// Tile loop + main loop, per-row sums, 2 KiB of workgroup memory of its own.
     Loop,
@@ -134,7 +133,7 @@ impl FwdVariant {
         match self.kind {
             FwdKind::Real => &[0, 1, 2, 3, 4, 5, 6],
             FwdKind::NoWrite => &[0, 1, 2, 3, 4, 5],
-            FwdKind::LoopWg => &[0, 1, 2, 4, 5],
+            FwdKind::LoopWg => &[0, 1, 2, 5],
             FwdKind::Loop => &[0, 1, 2, 5],
         }
     }
@@ -190,20 +189,27 @@ fn function<'a>(src: &'a str, name: &str) -> &'a str {
 /// The forward module for `main_loop` with the entry points of every [`FwdKind`] appended.
 pub fn source(main_loop: MainLoop) -> String {
     let mut w = ShaderKind::FwdPartial.source_with(main_loop).into_owned();
-    // row_part / put_row without the target-logit store.
-    let row_part = function(&w, "row_part");
+    // row_step / put_row without the target-logit store.
+    let row_step = function(&w, "row_step");
     assert!(
-        row_part.contains("tlogit[r] = z;"),
-        "row_part stores tlogit"
+        row_step.contains("tlogit[r] = z;"),
+        "row_step stores tlogit"
     );
-    let row_part_nw = row_part
-        .replace("fn row_part(", "fn row_part_nw(")
+    let row_step_nw = row_step
+        .replace("fn row_step(", "fn row_step_nw(")
         .replace("tlogit[r] = z;", "");
     let put_row = function(&w, "put_row");
-    assert!(put_row.contains("row_part("), "put_row calls row_part");
+    assert!(put_row.contains("row_step("), "put_row calls row_step");
     let put_row_nw = put_row
         .replace("fn put_row(", "fn put_row_nw(")
-        .replace("row_part(", "row_part_nw(");
+        .replace("row_step(", "row_step_nw(");
+    // fwd_end, storing only when P.aux != 0.
+    let fwd_end = function(&w, "fwd_end");
+    let store = "        if r < P.n_rows {\n";
+    assert!(fwd_end.contains(store), "fwd_end guards its store by row");
+    let fwd_end_nw = fwd_end
+        .replace("fn fwd_end(", "fn fwd_end_nw(")
+        .replace(store, "        if r < P.n_rows && P.aux != 0.0 {\n");
     let head = "\
     let t = tile();
     let tx = lid.x;
@@ -226,24 +232,19 @@ pub fn source(main_loop: MainLoop) -> String {
         w,
         "
 // --- cce-bench-sgemm: ablations of the forward pass (benches/src/sgemm/fwd.rs).
-{row_part_nw}
+{row_step_nw}
 {put_row_nw}
-// fwd_end, storing only when P.aux != 0.
-fn fwd_end_nw(r_base: u32, split: u32, li: u32) {{
-    workgroupBarrier();
-    if P.aux != 0.0 {{
-        for (var rl = li; rl < tile(); rl += WG * WG) {{
-            let r = r_base + rl;
-            if r < P.n_rows {{
-                part[r * P.part_stride + P.part_base + split] = rows[rl];
-            }}
-        }}
-    }}
-}}
-
+{fwd_end_nw}
 @compute @workgroup_size(WG, WG, 1)
 fn fwd_nowrite{sig} {{
-{head}{acc_decl}    fwd_begin(r_base, li);
+{head}{acc_decl}",
+    );
+    for i in 0..8 {
+        let _ = writeln!(w, "    var st{i} = run_empty();");
+    }
+    let _ = write!(
+        w,
+        "    var mk = 0u;
     for (var ct = ct0; ct < ct1; ct++) {{
         let c_base = ct * t;
         {call}
@@ -254,19 +255,23 @@ fn fwd_nowrite{sig} {{
 ",
         call = tile_call(main_loop)
     );
-    w.push_str("        workgroupBarrier();\n");
     for i in 0..8 {
         let _ = writeln!(
             w,
-            "        put_row_nw({}, {}, {i}u, b, r_base, tx, ty, gj0, n_ok);",
+            "        let s{i} = put_row_nw(st{i}, {}, {}, {i}u, b, r_base, ty, gj0, n_ok);\n        \
+             st{i} = s{i}.run;\n        mk |= s{i}.mk;",
             acc(main_loop, 2 * i),
             acc(main_loop, 2 * i + 1)
         );
-        if i % 4 == 3 {
-            let _ = writeln!(w, "        fwd_fold_half(li, {}u);", i - 3);
-        }
     }
-    w.push_str("    }\n    fwd_end_nw(r_base, split, li);\n}\n");
+    w.push_str("    }\n");
+    for i in 0..8 {
+        let _ = writeln!(
+            w,
+            "    fwd_end_nw(st{i}, mk, {i}u, r_base, split, tx, ty, li);"
+        );
+    }
+    w.push_str("}\n");
 
     // The two loop variants: per-row sums of the thread's classes over the split's tiles.
     w.push_str(
@@ -283,9 +288,6 @@ var<workgroup> lsum: array<f32, 8u * WG * WG>;
 fn {entry}{sig} {{
 {head}{acc_decl}"
         );
-        if !own {
-            w.push_str("    fwd_begin(r_base, li);\n");
-        }
         for i in 0..8 {
             let _ = writeln!(w, "    var s{i} = 0.0;");
         }
@@ -303,27 +305,36 @@ fn {entry}{sig} {{
             );
         }
         w.push_str("    }\n");
+        if !own {
+            // The real pass's end: the sums as the runs' Σz, merged through the panels.
+            for i in 0..8 {
+                let _ = writeln!(
+                    w,
+                    "    fwd_end_nw(Run(NEG_BIG, 0.0, 0.0, s{i}, 0.0, NO_INDEX), 0u, {i}u, \
+                     r_base, split, tx, ty, li);"
+                );
+            }
+            w.push_str("}\n");
+            continue;
+        }
         for i in 0..8 {
             let _ = writeln!(w, "    lsum[(ty * 8u + {i}u) * WG + tx] = s{i};");
         }
-        let read = "lsum[rl * WG + k]";
-        let _ = write!(
-            w,
+        w.push_str(
             "    workgroupBarrier();
-    for (var rl = li; rl < t; rl += WG * WG) {{
-        var st = part_empty();
-        for (var k = 0u; k < WG; k++) {{
-            st.sz += {read};
-        }}
-{keep}        let r = r_base + rl;
-        if r < P.n_rows && P.aux != 0.0 {{
-            part[r * P.part_stride + P.part_base + split] = {out};
-        }}
-    }}
-}}
+    for (var rl = li; rl < t; rl += WG * WG) {
+        var sz = 0.0;
+        for (var k = 0u; k < WG; k++) {
+            sz += lsum[rl * WG + k];
+        }
+        let r = r_base + rl;
+        if r < P.n_rows && P.aux != 0.0 {
+            part[r * P.part_stride + P.part_base + split] =
+                Part(NEG_BIG, 0.0, 0.0, sz, NEG_BIG, NO_INDEX, 0.0, 0u);
+        }
+    }
+}
 ",
-            keep = if own { "" } else { "        rows[rl] = st;\n" },
-            out = if own { "st" } else { "rows[rl]" },
         );
     }
     w
@@ -424,8 +435,9 @@ impl FwdBuilt {
         // argues (accesses guarded by `P.n_rows`, `P.n_cls`, `P.d`; bindings of at least
         // the chunk's rows · d elements rounded up to 16 bytes; `part` at least
         // n_rows · part_stride Parts with split < part_stride), plus entry points with the same
-        // guards (`lsum` / `red` indexed by (ty·8 + i)·WG + tx < 8·WG·WG and rl·WG + k with
-        // rl < TILE, k < WG), launched by `FwdBuilt::launch` on buffers of those sizes.
+        // guards (`lsum` indexed by (ty·8 + i)·WG + tx < 8·WG·WG and rl·WG + k with
+        // rl < TILE, k < WG; the end reduction's scratch as the real pass's), launched by
+        // `FwdBuilt::launch` on buffers of those sizes.
         // `fwd-real` runs the backend's module text unchanged (no appended entry points).
         let src = match v.kind {
             FwdKind::Real => ShaderKind::FwdPartial.source_with(v.main_loop).into_owned(),
@@ -675,9 +687,10 @@ mod tests {
                     "{entry}"
                 );
             }
-            // The no-write pass stores no target logit.
-            assert!(function(&src, "row_part_nw").contains("i32(gj) == y"));
-            assert!(!function(&src, "row_part_nw").contains("tlogit"));
+            // The no-write pass stores no target logit, and its partials only for the check.
+            assert!(function(&src, "row_step_nw").contains("i32(gj) == y"));
+            assert!(!function(&src, "row_step_nw").contains("tlogit"));
+            assert!(function(&src, "fwd_end_nw").contains("P.aux != 0.0"));
         }
     }
 

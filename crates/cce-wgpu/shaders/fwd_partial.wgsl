@@ -6,67 +6,78 @@
 //   binding 5 `part`   [n_rows, part_stride] Part (common.wgsl), read_write: per (row, split)
 //                      the online log-sum-exp state and argmax; column `part_base + split`.
 //   binding 6 `tlogit` [n_rows] f32, read_write: z at the row's target class (written by the
-//                      one workgroup whose tiles hold it; −inf when masked).
+//                      one thread whose classes hold it; −inf when masked).
 // A −inf logit (a class masked by the bias) has p = 0: it adds nothing to the sums and never
 // becomes the running max (which stays at the finite stand-in NEG_BIG), so a tile or a row
-// whose every logit is masked gives s = 0, never NaN; `mk` records it.
+// whose every logit is masked gives s = 0, never NaN; `mk` records it. The running max is also
+// the largest z (`av` of the Part); a NaN logit never becomes it (`z > m` is false) and makes
+// s NaN, so the merge reports the row.
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
-//   [s*split_tiles, (s+1)*split_tiles) of the chunk. Per tile, in two halves of HR = 4 of its
-//   8 rows, each thread reduces each row over its own 8 classes into a Part (max, Σ exp(z −
-//   max), ...) stored by `red_put`; after a barrier the owner of each row merges the WG Parts
-//   of the row, in tx order, into the row's running state in `rows` (workgroup memory, so no
-//   thread keeps state for 8 rows in registers), then a barrier frees the slots. The slots
-//   (HR·WG·WG Parts) are the including shader's: the idle logits panels of gemm.wgsl
-//   (fwd_red_panels.wgsl) or an array of their own (fwd_red_own.wgsl), so that the forward's
-//   workgroup memory stays near the panels' (a 26 KiB forward ran 3.4x slower than the same
-//   loop in 2 KiB on the H200). Deterministic, no atomics.
+//   [s*split_tiles, (s+1)*split_tiles) of the chunk. Each thread keeps, in registers, a
+//   running state (`Run`) for each of its 8 rows over its own 8 classes of every tile of the
+//   split, extended tile by tile (`row_step`: one rescale per tile, no workgroup memory, no
+//   barrier). At the end of the split the WG states of each row are merged in tx order through
+//   the idle panels (`scratch_put` / `scratch_get`: gemm.wgsl's As/Bs, or logits_coop.wgsl's
+//   Ct), one micro-tile row at a time (8 rounds of two barriers), and stored. The pass's only
+//   workgroup memory is the logits tile's. Deterministic, no atomics.
 // Thread mapping
-//   As tile_io.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; the owner
-//   of tile row rl is thread rl mod WG*WG (rows rl = li, li + WG*WG, ...).
+//   As tile_io.wgsl: thread (tx, ty) owns rows ty*8.. and classes tx*8.. of each tile; in the
+//   end round of micro-tile row i, thread li < WG merges and stores tile row li*8 + i.
 // Bounds
 //   tgt[r], tlogit[r] and part[r*part_stride + part_base + split] only for r < n_rows, with
-//   split = workgroup_id.x < part_stride − part_base (host-checked); slot (ty*HR + i % HR)*WG
-//   + tx < HR*WG*WG and, in a fold, s*WG + j with s < WG*HR, j < WG (the slot files' bounds);
-//   rows[rl] and ys[rl] with rl < TILE.
+//   split = workgroup_id.x < part_stride − part_base (host-checked); scratch slots
+//   ty*WG + tx and li*WG + k with ty, tx, li, k < WG: below WG*WG (the scratch functions state
+//   their own bounds for that range).
 
 @group(0) @binding(4) var<storage, read> tgt: array<i32>;
 @group(0) @binding(5) var<storage, read_write> part: array<Part>;
 @group(0) @binding(6) var<storage, read_write> tlogit: array<f32>;
 
-// Micro-tile rows per half of a tile's epilogue: slots for HR·WG·WG Parts.
-const HR: u32 = 4u;
-// Per tile row: the running state over the tiles so far.
-var<workgroup> rows: array<Part, 8u * WG>;
-// Per tile row: its target (global class), -1 for none or past the chunk.
-var<workgroup> ys: array<i32, 8u * WG>;
-
-fn part_empty() -> Part {
-    return Part(NEG_BIG, 0.0, 0.0, 0.0, NEG_BIG, NO_INDEX, 0.0, 0u);
+// A thread's running state of one row over the classes it has seen: a Part without `av` (the
+// largest z is `m`) and `mk` (kept by the caller, two bits per row, in one word for all 8).
+struct Run {
+    m: f32,  // running max of z (NEG_BIG: none yet)
+    s: f32,  // Σ exp(z − m)
+    w: f32,  // Σ exp(z − m) · z
+    sz: f32, // Σ z
+    r: f32,  // Σ_{j≠y} exp(z − m)
+    ai: u32, // class of the largest z (global index, lowest on ties), NO_INDEX if none
 }
 
-// Merge of two Parts (b after a: ties of the argmax go to the lower class).
-fn merge(a: Part, b: Part) -> Part {
+// `row_step`'s result: the extended state and the MASK_* bits of the classes it added.
+struct Step {
+    run: Run,
+    mk: u32,
+}
+
+fn run_empty() -> Run {
+    return Run(NEG_BIG, 0.0, 0.0, 0.0, 0.0, NO_INDEX);
+}
+
+// Merge of two states (argmax ties go to the lower class).
+fn merge_run(a: Run, b: Run) -> Run {
     let m = max(a.m, b.m);
     let fa = exp(a.m - m);
     let fb = exp(b.m - m);
-    var av = a.av;
     var ai = a.ai;
-    if b.av > av || (b.av == av && b.ai < ai) {
-        av = b.av;
+    if b.m > a.m || (b.m == a.m && b.ai < a.ai) {
         ai = b.ai;
     }
-    return Part(m, a.s * fa + b.s * fb, a.w * fa + b.w * fb, a.sz + b.sz, av, ai,
-                a.r * fa + b.r * fb, a.mk | b.mk);
+    return Run(m, a.s * fa + b.s * fb, a.w * fa + b.w * fb, a.sz + b.sz, a.r * fa + b.r * fb,
+               ai);
 }
 
-// The Part of tile row `rl` (chunk row r) over the thread's 8 classes: logits (lo, hi), bias
-// (b_lo, b_hi), the first of the 8 classes global index gj0, `n_ok` of them in the chunk.
-// Writes the target logit when the row's target is among them.
-fn row_part(lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, rl: u32, r: u32,
-            gj0: u32, n_ok: u32) -> Part {
-    var st = part_empty();
-    let y = ys[rl];
+// The state `st` of chunk row r (target y) extended by the thread's 8 classes of one tile:
+// logits (lo, hi), bias (b_lo, b_hi), the first class's global index gj0 (above every class of
+// `st`), `n_ok` of them in the chunk. Writes the target logit when the row's target is among
+// them.
+fn row_step(st: Run, lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, y: i32,
+            r: u32, gj0: u32, n_ok: u32) -> Step {
+    var m = st.m;
+    var ai = st.ai;
+    var sz = st.sz;
+    var mk = 0u;
     var z_lo = vec4<f32>(0.0);
     var z_hi = vec4<f32>(0.0);
     var used = 0u;
@@ -78,9 +89,9 @@ fn row_part(lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, rl: 
             tlogit[r] = z;
         }
         if is_neg_inf(z) {
-            st.mk |= MASK_ANY;
+            mk |= MASK_ANY;
             if !is_neg_inf(pick8(b_lo, b_hi, jj)) {
-                st.mk |= MASK_NOT_BIAS;
+                mk |= MASK_NOT_BIAS;
             }
             continue;
         }
@@ -90,87 +101,78 @@ fn row_part(lo: vec4<f32>, hi: vec4<f32>, b_lo: vec4<f32>, b_hi: vec4<f32>, rl: 
             z_hi[jj - 4u] = z;
         }
         used |= 1u << jj;
-        st.sz += z;
-        if z > st.av {
-            st.av = z;
-            st.ai = gj;
+        sz += z;
+        // Strictly larger: of equal logits the lowest class (seen first) stays.
+        if z > m {
+            m = z;
+            ai = gj;
         }
-        st.m = max(st.m, z);
     }
+    let f = exp(st.m - m);
+    var s = st.s * f;
+    var w = st.w * f;
+    var rr = st.r * f;
     for (var jj = 0u; jj < n_ok; jj++) {
         if (used & (1u << jj)) != 0u {
             let z = pick8(z_lo, z_hi, jj);
-            let ez = exp(z - st.m);
-            st.s += ez;
-            st.w += ez * z;
+            let ez = exp(z - m);
+            s += ez;
+            w += ez * z;
             if i32(gj0 + jj) != y {
-                st.r += ez;
+                rr += ez;
             }
         }
     }
-    return st;
+    return Step(Run(m, s, w, sz, rr, ai), mk);
 }
 
-// row_part of micro-tile row i, whose logits (lo, hi) the caller passes by value (so no
-// pointer to `acc` crosses a call made more than once).
-fn put_row(lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>, r_base: u32, tx: u32,
-           ty: u32, gj0: u32, n_ok: u32) {
-    let rl = ty * 8u + i;
-    let r = r_base + rl;
-    var st = part_empty();
-    if r < P.n_rows {
-        st = row_part(lo, hi, b[0], b[1], rl, r, gj0, n_ok);
+// row_step of micro-tile row i (rows past the chunk keep their empty state), whose logits
+// (lo, hi) the caller passes by value (so no pointer to `acc` crosses a call made more than
+// once); the mask bits come shifted to bits 2i, 2i+1 of the caller's word.
+fn put_row(st: Run, lo: vec4<f32>, hi: vec4<f32>, i: u32, b: array<vec4<f32>, 2>,
+           r_base: u32, ty: u32, gj0: u32, n_ok: u32) -> Step {
+    let r = r_base + ty * 8u + i;
+    if r >= P.n_rows {
+        return Step(st, 0u);
     }
-    red_put((ty * HR + i % HR) * WG + tx, st);
+    let o = row_step(st, lo, hi, b[0], b[1], tgt[r], r, gj0, n_ok);
+    return Step(o.run, o.mk << (2u * i));
 }
 
-// Start of the pass over rows r_base.. (invocation `li`): targets into `ys`, empty running
-// states into `rows`; ends with a barrier.
-fn fwd_begin(r_base: u32, li: u32) {
-    for (var rl = li; rl < tile(); rl += WG * WG) {
-        let r = r_base + rl;
-        ys[rl] = -1;
+// End of the pass for micro-tile row i (called for i = 0..7 in order, by every thread, after
+// the split's last logits tile, whose closing barrier frees the panels): the WG states of
+// tile row ty*8 + i meet in the scratch, thread li < WG merges those of tile row li*8 + i in
+// tx order and stores the row's Part into column `split`. Exact through the scratch: the
+// class index and mask bits travel as f32 integers below 2^16.
+fn fwd_end(st: Run, mk: u32, i: u32, r_base: u32, split: u32, tx: u32, ty: u32, li: u32) {
+    let bits = (mk >> (2u * i)) & 3u;
+    scratch_put(ty * WG + tx, vec4<f32>(st.m, st.s, st.w, st.sz),
+                vec4<f32>(st.r, f32(st.ai & 0xffffu), f32(st.ai >> 16u), f32(bits)));
+    workgroupBarrier();
+    if li < WG {
+        let r = r_base + li * 8u + i;
         if r < P.n_rows {
-            ys[rl] = tgt[r];
-        }
-        rows[rl] = part_empty();
-    }
-    workgroupBarrier();
-}
-
-// After every thread's `put_row` of micro-tile rows p0..p0 + HR of one tile: the row owners
-// merge the half's Parts into `rows`, between two barriers (the slots are then free for the
-// next half, or, in fwd_red_panels.wgsl, the panels for the next tile's logits). The first
-// half's `put_row` must follow a barrier after the tile's last read of the panels
-// (the barrier the passes put before their first `put_row`).
-fn fwd_fold_half(li: u32, p0: u32) {
-    workgroupBarrier();
-    for (var s = li; s < WG * HR; s += WG * WG) {
-        let rl = (s / HR) * 8u + p0 + s % HR;
-        var st = rows[rl];
-        for (var j = 0u; j < WG; j++) {
-            st = merge(st, red_get(s * WG + j));
-        }
-        rows[rl] = st;
-    }
-    workgroupBarrier();
-}
-
-// End of the pass: the running states of rows r_base.. into column `split` of `part`.
-fn fwd_end(r_base: u32, split: u32, li: u32) {
-    workgroupBarrier();
-    for (var rl = li; rl < tile(); rl += WG * WG) {
-        let r = r_base + rl;
-        if r < P.n_rows {
-            part[r * P.part_stride + P.part_base + split] = rows[rl];
+            var acc = run_empty();
+            var amk = 0u;
+            for (var k = 0u; k < WG; k++) {
+                let h = scratch_get(li * WG + k);
+                let a = h[0];
+                let b = h[1];
+                let ai = u32(b.y) | (u32(b.z) << 16u);
+                acc = merge_run(acc, Run(a.x, a.y, a.z, a.w, b.x, ai));
+                amk |= u32(b.w);
+            }
+            part[r * P.part_stride + P.part_base + split] =
+                Part(acc.m, acc.s, acc.w, acc.sz, acc.m, acc.ai, acc.r, amk);
         }
     }
+    workgroupBarrier();
 }
 
 // The pass for workgroup `wid`, invocation `lid` (index `li`) on a logits tile held in an
 // `Acc`; the entry point is fwd_main.wgsl's (FMA logits) or logits_coop.wgsl's
 // (cooperative-matrix logits). The named main loop has its own pass (src/named.rs) over the
-// same fwd_begin / put_row / fwd_fold / fwd_end.
+// same put_row / fwd_end.
 fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let t = tile();
     var acc: Acc;
@@ -182,7 +184,15 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let ct0 = split * P.split_tiles;
     let ct1 = min(ct0 + P.split_tiles, n_ct);
 
-    fwd_begin(r_base, li);
+    var st0 = run_empty();
+    var st1 = run_empty();
+    var st2 = run_empty();
+    var st3 = run_empty();
+    var st4 = run_empty();
+    var st5 = run_empty();
+    var st6 = run_empty();
+    var st7 = run_empty();
+    var mk = 0u;
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
         logits_tile(&acc, r_base, c_base, tx, ty, li);
@@ -190,17 +200,30 @@ fn fwd_partial(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         let b = ld_bias8(j0);
         let n_ok = min(P.n_cls - min(j0, P.n_cls), 8u);
         let gj0 = P.cls0 + j0;
-        workgroupBarrier();
-        put_row(acc[0], acc[1], 0u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[2], acc[3], 1u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[4], acc[5], 2u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[6], acc[7], 3u, b, r_base, tx, ty, gj0, n_ok);
-        fwd_fold_half(li, 0u);
-        put_row(acc[8], acc[9], 4u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[10], acc[11], 5u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[12], acc[13], 6u, b, r_base, tx, ty, gj0, n_ok);
-        put_row(acc[14], acc[15], 7u, b, r_base, tx, ty, gj0, n_ok);
-        fwd_fold_half(li, 4u);
+        let s0 = put_row(st0, acc[0], acc[1], 0u, b, r_base, ty, gj0, n_ok);
+        let s1 = put_row(st1, acc[2], acc[3], 1u, b, r_base, ty, gj0, n_ok);
+        let s2 = put_row(st2, acc[4], acc[5], 2u, b, r_base, ty, gj0, n_ok);
+        let s3 = put_row(st3, acc[6], acc[7], 3u, b, r_base, ty, gj0, n_ok);
+        let s4 = put_row(st4, acc[8], acc[9], 4u, b, r_base, ty, gj0, n_ok);
+        let s5 = put_row(st5, acc[10], acc[11], 5u, b, r_base, ty, gj0, n_ok);
+        let s6 = put_row(st6, acc[12], acc[13], 6u, b, r_base, ty, gj0, n_ok);
+        let s7 = put_row(st7, acc[14], acc[15], 7u, b, r_base, ty, gj0, n_ok);
+        st0 = s0.run;
+        st1 = s1.run;
+        st2 = s2.run;
+        st3 = s3.run;
+        st4 = s4.run;
+        st5 = s5.run;
+        st6 = s6.run;
+        st7 = s7.run;
+        mk |= s0.mk | s1.mk | s2.mk | s3.mk | s4.mk | s5.mk | s6.mk | s7.mk;
     }
-    fwd_end(r_base, split, li);
+    fwd_end(st0, mk, 0u, r_base, split, tx, ty, li);
+    fwd_end(st1, mk, 1u, r_base, split, tx, ty, li);
+    fwd_end(st2, mk, 2u, r_base, split, tx, ty, li);
+    fwd_end(st3, mk, 3u, r_base, split, tx, ty, li);
+    fwd_end(st4, mk, 4u, r_base, split, tx, ty, li);
+    fwd_end(st5, mk, 5u, r_base, split, tx, ty, li);
+    fwd_end(st6, mk, 6u, r_base, split, tx, ty, li);
+    fwd_end(st7, mk, 7u, r_base, split, tx, ty, li);
 }

@@ -20,7 +20,8 @@
 // Bounds
 //   Groups are valid (`nv` > 0) only for source rows in the chunk and columns < D, and read
 //   through tile_io.wgsl's `load4`. As/Bs: ((buf*TK + k)*TILE + m)/4 with buf < 2, k < TK,
-//   m < TILE, below 2*TK*TILE/4 = 4*TK*WG. Pref: index s < NG <= MAXG.
+//   m < TILE, below 2*TK*TILE/4 = 4*TK*WG. Pref: index s < NG <= MAXG. Scratch slots q < WG*WG
+//   <= 4*TK*WG (WG <= 2*TK since NG = 2*TK/WG >= 1).
 
 override TK: u32 = 16u;
 // Groups of four elements one thread loads per panel.
@@ -94,6 +95,19 @@ fn put_cols_b(pf: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: 
         let gr = cols_group(is_e, j_base, n_src, d0, li + s * WG * WG);
         Bs[((buf * TK + gr.k) * t + gr.m) >> 2u] = decode4((*pf)[s], gr.i);
     }
+}
+
+// The panels as scratch for a pass's own reduction once its products are done (after the
+// barrier that closes its last panel, before the next product's first store): slot q holds
+// two vec4, As[q] and Bs[q]; q < 4*TK*WG (callers use q < WG*WG, and WG <= 2*TK is
+// host-checked).
+fn scratch_put(q: u32, a: vec4<f32>, b: vec4<f32>) {
+    As[q] = a;
+    Bs[q] = b;
+}
+
+fn scratch_get(q: u32) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(As[q], Bs[q]);
 }
 
 // acc[i][j] += a[i] * b[j] for one depth step.

@@ -24,7 +24,8 @@
 //   and column (< D) guards. Ah/Bh: m*KC + k + x < 64*KC. Fragment loads start at row
 //   32s + 16a (a < 2) or class 16b (b < 4) and depth kk <= KC - 16 and read 16 rows of
 //   stride KC: below 64*KC. Ct: fragment stores at (32s + 16a)*64 + 16b, 16 rows of stride
-//   64: below 4096; micro-tile reads (ty*8 + i)*64 + tx*8 + x < 4096.
+//   64: below 4096; micro-tile reads (ty*8 + i)*64 + tx*8 + x < 4096. Scratch: 8q + 7 < 4096
+//   for slots q < 512 (the forward uses q < WG*WG = 64).
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -71,6 +72,21 @@ fn ct_row(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) {
     let o = (ty * 8u + i) * 64u + tx * 8u;
     (*acc)[2u * i] = vec4<f32>(Ct[o], Ct[o + 1u], Ct[o + 2u], Ct[o + 3u]);
     (*acc)[2u * i + 1u] = vec4<f32>(Ct[o + 4u], Ct[o + 5u], Ct[o + 6u], Ct[o + 7u]);
+}
+
+// Ct as the forward's end-of-pass scratch (fwd_partial.wgsl; after logits_tile's closing
+// barrier): slot q < 512 holds two vec4 at Ct[8q ..].
+fn scratch_put(q: u32, a: vec4<f32>, b: vec4<f32>) {
+    for (var x = 0u; x < 4u; x++) {
+        Ct[8u * q + x] = a[x];
+        Ct[8u * q + 4u + x] = b[x];
+    }
+}
+
+fn scratch_get(q: u32) -> array<vec4<f32>, 2> {
+    let o = 8u * q;
+    return array<vec4<f32>, 2>(vec4<f32>(Ct[o], Ct[o + 1u], Ct[o + 2u], Ct[o + 3u]),
+                               vec4<f32>(Ct[o + 4u], Ct[o + 5u], Ct[o + 6u], Ct[o + 7u]));
 }
 
 // acc = logits (without bias) of rows r_base.. x classes c_base.. of the chunk (the contract

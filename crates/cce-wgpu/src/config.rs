@@ -157,13 +157,11 @@ impl KernelConfig {
         2 * 2 * self.tk as u64 * self.tile() as u64 * 4
     }
 
-    /// The forward's workgroup memory (fwd_partial.wgsl, fwd_red_panels.wgsl): the panels,
-    /// which hold half a tile's row-reduction Parts where they fit (the rest in an array of
-    /// its own, at least 32 bytes), the rows' running states and their targets.
+    /// The forward's workgroup memory (fwd_partial.wgsl): the panels alone. Its rows' running
+    /// states stay in registers; their one merge per split borrows the idle panels (WG·WG
+    /// slots of two vec4, within As and Bs since 2·tk ≥ wg).
     pub fn fwd_bytes(&self) -> u64 {
-        let t = self.tile() as u64;
-        let panels = self.panel_bytes();
-        panels + (t * self.wg as u64 * 16).saturating_sub(panels) + 32 + t * 32 + t * 4
+        self.panel_bytes()
     }
 
     /// The threshold pass's workgroup memory (bwd_hist.wgsl): the panels and the
@@ -229,9 +227,9 @@ pub(crate) fn vec_loads(d: usize, elem_off: u32) -> bool {
 }
 
 /// Workgroup memory of the cooperative-matrix forward (logits_coop.wgsl's f16 panels and f32
-/// tile, fwd_partial.wgsl's row reduction: half a tile's Parts in fwd_red_own.wgsl, the rows'
-/// states and targets), in bytes, at 64 x 64 tiles.
-pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4 + 64 * 8 * 16 + 64 * 36;
+/// tile, which also holds fwd_partial.wgsl's end-of-split row merge), in bytes, at 64 x 64
+/// tiles.
+pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4;
 
 /// Whether an adapter can run logits_coop.wgsl: the cargo feature compiled in, the device
 /// features it needs (cooperative matrix, f16, subgroups), subgroups exactly 32 wide (two per
@@ -468,7 +466,8 @@ mod tests {
             (32, 32),
             48 << 10
         ));
-        assert!(!coop_capable(all, &[f16_f32], (32, 32), 32 << 10));
+        let short = COOP_WORKGROUP_BYTES as u32 - 4;
+        assert!(!coop_capable(all, &[f16_f32], (32, 32), short));
     }
 
     #[test]

@@ -13,9 +13,9 @@
 //!   `xH`, `H = i / 4`;
 //! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
 //!   the G tile times a D slice of e or c) likewise;
-//! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (fwd_begin, put_row per micro-tile
-//!   row by value, fwd_fold_half after each half, fwd_end) on that tile, and the entry point
-//!   `main`;
+//! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (put_row per micro-tile row by
+//!   value into the row's running state, fwd_end per row at the end of the split) on that
+//!   tile, and the entry point `main`;
 //! - [`entry_named`]: the backward entry points (bwd_hist_main.wgsl, bwd_de_main.wgsl,
 //!   bwd_dc_main.wgsl) rewritten line by line so that every per-row call takes the row by
 //!   value from a named accumulator (the control flow stays that of the `Acc` files).
@@ -276,7 +276,9 @@ pub fn entry_named(acc_main: &str) -> String {
 }
 
 /// fwd_partial.wgsl's pass on [`logits_named`]'s tile, and the entry point `main` (module
-/// docs).
+/// docs): the eight rows' running states `st0 .. st7` and the mask word `mk` in named locals,
+/// extended per tile by `put_row` on the row's two accumulators by value, merged across the
+/// row's threads once per split by `fwd_end`.
 pub fn fwd_named() -> String {
     let mut s = String::from(
         "// fwd_partial.wgsl's pass with the named accumulators (fwd_partial.wgsl's helpers).
@@ -290,7 +292,13 @@ fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
     let ct0 = split * P.split_tiles;
     let ct1 = min(ct0 + P.split_tiles, n_ct);
 
-    fwd_begin(r_base, li);
+",
+    );
+    for i in 0..N_ACC / 2 {
+        let _ = writeln!(s, "    var st{i} = run_empty();");
+    }
+    s.push_str(
+        "    var mk = 0u;
     for (var ct = ct0; ct < ct1; ct++) {
         let c_base = ct * t;
         let tl = logits_named(r_base, c_base, tx, ty, li);
@@ -300,22 +308,32 @@ fn fwd_named(wid: vec3<u32>, lid: vec3<u32>, li: u32) {
         let gj0 = P.cls0 + j0;
 ",
     );
-    s.push_str("        workgroupBarrier();\n");
     for i in 0..N_ACC / 2 {
         let _ = writeln!(
             s,
-            "        put_row(tl.a{}, tl.a{}, {i}u, b, r_base, tx, ty, gj0, n_ok);",
+            "        let s{i} = put_row(st{i}, tl.a{}, tl.a{}, {i}u, b, r_base, ty, gj0, n_ok);",
             2 * i,
             2 * i + 1
         );
-        if i % 4 == 3 {
-            let _ = writeln!(s, "        fwd_fold_half(li, {}u);", i - 3);
-        }
+    }
+    for i in 0..N_ACC / 2 {
+        let _ = writeln!(s, "        st{i} = s{i}.run;");
+    }
+    let masks: Vec<String> = (0..N_ACC / 2).map(|i| format!("s{i}.mk")).collect();
+    let _ = writeln!(
+        s,
+        "        mk |= {};
+    }}",
+        masks.join(" | ")
+    );
+    for i in 0..N_ACC / 2 {
+        let _ = writeln!(
+            s,
+            "    fwd_end(st{i}, mk, {i}u, r_base, split, tx, ty, li);"
+        );
     }
     s.push_str(
-        "    }
-    fwd_end(r_base, split, li);
-}
+        "}
 
 @compute @workgroup_size(WG, WG, 1)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -498,9 +516,15 @@ mod tests {
     fn every_row_reaches_the_epilogue_once() {
         let src = fwd_named();
         for i in 0..8 {
-            let call = format!("put_row(tl.a{}, tl.a{}, {i}u,", 2 * i, 2 * i + 1);
+            // Row i's state is extended by its own accumulators, kept, and ended once.
+            let call = format!("put_row(st{i}, tl.a{}, tl.a{}, {i}u,", 2 * i, 2 * i + 1);
             assert_eq!(src.matches(&call).count(), 1, "{call}");
+            assert_eq!(src.matches(&format!("st{i} = s{i}.run;")).count(), 1);
+            assert!(src.contains(&format!(" s{i}.mk")), "mask of row {i}");
+            let end = format!("fwd_end(st{i}, mk, {i}u,");
+            assert_eq!(src.matches(&end).count(), 1, "{end}");
         }
         assert_eq!(src.matches("put_row(").count(), 8);
+        assert_eq!(src.matches("fwd_end(").count(), 8);
     }
 }

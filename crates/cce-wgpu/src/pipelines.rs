@@ -110,13 +110,9 @@ impl ShaderKind {
                     + "\n"
             };
             let generated = match self {
-                ShaderKind::FwdPartial => Some(
-                    head(shader!(
-                        "panel_a.wgsl",
-                        "fwd_partial.wgsl",
-                        "fwd_red_panels.wgsl"
-                    )) + &named::fwd_named(),
-                ),
+                ShaderKind::FwdPartial => {
+                    Some(head(shader!("panel_a.wgsl", "fwd_partial.wgsl")) + &named::fwd_named())
+                }
                 ShaderKind::BwdHist => Some(
                     head(shader!("panel_a.wgsl", "bwd_hist.wgsl"))
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
@@ -154,21 +150,13 @@ impl ShaderKind {
             };
         }
         Cow::Borrowed(match self {
-            ShaderKind::FwdPartial => {
-                tiled!(
-                    "panel_a.wgsl",
-                    "fwd_partial.wgsl",
-                    "fwd_red_panels.wgsl",
-                    "fwd_main.wgsl"
-                )
-            }
+            ShaderKind::FwdPartial => tiled!("panel_a.wgsl", "fwd_partial.wgsl", "fwd_main.wgsl"),
             // The `enable` directives of logits_coop.wgsl must open the module.
             ShaderKind::FwdPartialCoop => shader!(
                 "logits_coop.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
-                "fwd_partial.wgsl",
-                "fwd_red_own.wgsl"
+                "fwd_partial.wgsl"
             ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),

@@ -93,8 +93,8 @@ struct Case {
     /// Run with this main loop (`Quad` at 64 x 64 tiles and 16-deep panels, `Named` at the
     /// adapter's default shape).
     main_loop: Option<cce_wgpu::MainLoop>,
-    /// Run with this panel depth `KernelConfig::tk` (4: the forward's row-reduction slots
-    /// spill past the panels, fwd_red_panels.wgsl).
+    /// Run with this panel depth `KernelConfig::tk` (4 at 8 x 8 threads: the smallest panels
+    /// the forward's end-of-split row merge borrows, 2·tk = wg).
     tk: Option<u32>,
 }
 
@@ -479,9 +479,9 @@ fn hostile_shapes_named_main_loop() {
 
 #[test]
 fn hostile_shapes_shallow_panels() {
-    // 4-deep panels at 8 x 8 threads (the default of GPUs with little workgroup memory): half
-    // a tile's Parts of the forward's row reduction do not fit the panels, the rest goes to
-    // fwd_red_panels.wgsl's own array.
+    // 4-deep panels at 8 x 8 threads (the default of GPUs with little workgroup memory): the
+    // forward's end-of-split row merge takes WG·WG of the panels' 4·TK·WG slots, the
+    // tightest fit the shapes allow (2·tk = wg); the backward's G tile and bias tree likewise.
     let cases: Vec<Case> = hostile_cases()
         .into_iter()
         .map(|c| c.with(|c| c.tk = Some(4)))
