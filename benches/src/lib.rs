@@ -28,6 +28,10 @@ pub struct SwitchArgs {
     /// (`cce_cuda::SparseMode::Remember`).
     #[arg(long)]
     pub remember_give_way: bool,
+    /// Exact bf16 calls whose budget holds no f32 `d_c` accumulator: chunked dense with `d_c`
+    /// accumulated in the bf16 output (`cce_cuda::CudaSwitches::dc_in_grad_dtype`).
+    #[arg(long)]
+    pub dc_in_grad_dtype: bool,
     /// Map the workspace again on every call (the stream's pool) instead of keeping it in the
     /// engine's own pool (`cce_cuda::CudaSwitches::keep_workspace` off).
     #[arg(long)]
@@ -46,6 +50,7 @@ impl SwitchArgs {
             sparse_select_threads: self.select_threads,
             sparse_fold_forward: !self.separate_sparse_forward,
             keep_workspace: !self.no_keep_workspace,
+            dc_in_grad_dtype: self.dc_in_grad_dtype,
             sparse: if self.remember_give_way {
                 cce_cuda::SparseMode::Remember
             } else {

@@ -631,8 +631,29 @@ FUSED_KERNEL(cce_dense_fused_bf16_c16, 2, 16)
 //   it; corrected, d_e's error is that of the other, smaller entries.
 // Tiling: one warp per row, TFIX_THREADS / 32 rows per block.
 // Thread mapping: lane l owns the columns l + 32·k of D (the softcap's x_y = e_i·c_y + bias_y as
-//   a fixed-order dot product, then the update).
+//   a fixed-order dot product, then the update, TFIX_UNROLL columns per step).
 #define TFIX_THREADS 256
+// d_e[row + k] += res · c[cy + k] over k < D, lane l the columns l + 32·j: TFIX_UNROLL columns'
+// loads issued before their stores (d_e and c may alias as far as the compiler knows, so
+// without the grouping each column's loads wait for the previous column's store).
+#define TFIX_UNROLL 8
+template <int DT, int OUT>
+__device__ __forceinline__ void target_fix_add(void* d_e, const void* c, long long row,
+                                               long long cy, int D, int lane, float res) {
+    for (int k0 = lane; k0 < D; k0 += 32 * TFIX_UNROLL) {
+        float v[TFIX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TFIX_UNROLL; ++u) {
+            const int k = k0 + 32 * u;
+            v[u] = k < D ? Elem<OUT>::load(d_e, row + k) + res * Elem<DT>::load(c, cy + k) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < TFIX_UNROLL; ++u) {
+            const int k = k0 + 32 * u;
+            if (k < D) Elem<OUT>::store(d_e, row + k, v[u]);
+        }
+    }
+}
 template <int DT>
 __device__ __forceinline__ void target_fix(const u16* G, long long ldg, int g16,
                                            const float* row_scale, const int* targets,
@@ -663,16 +684,12 @@ __device__ __forceinline__ void target_fix(const u16* G, long long ldg, int g16,
     if (row_scale) stored *= row_scale[r];
     const float res = g - stored;
     if (res == 0.0f || !isfinite(res)) return;  // warp-uniform
-    for (int k = lane; k < D; k += 32) {
-        const long long i = r * D + k;
-        const float add = res * Elem<DT>::load(c, (long long)y * D + k);
-        if (out_kind == 0)
-            Elem<0>::store(d_e, i, Elem<0>::load(d_e, i) + add);
-        else if (out_kind == 1)
-            Elem<1>::store(d_e, i, Elem<1>::load(d_e, i) + add);
-        else
-            Elem<2>::store(d_e, i, Elem<2>::load(d_e, i) + add);
-    }
+    if (out_kind == 0)
+        target_fix_add<DT, 0>(d_e, c, r * D, (long long)y * D, D, lane, res);
+    else if (out_kind == 1)
+        target_fix_add<DT, 1>(d_e, c, r * D, (long long)y * D, D, lane, res);
+    else
+        target_fix_add<DT, 2>(d_e, c, r * D, (long long)y * D, D, lane, res);
 }
 #define TFIX_PARAMS                                                                           \
     const u16 *G, long long ldg, int g16, const float *row_scale, const int *targets,        \

@@ -40,6 +40,14 @@ pub struct CudaSwitches {
     /// at 1.11-1.52x the 3-GEMM floor within 0.5 GiB against split dense's 1.50-1.73x.
     /// Default `false`.
     pub chunked_f32_grads: bool,
+    /// Exact calls of bf16 inputs with bf16 gradients and `d_c` whose budget (less the cuBLAS
+    /// workspace) cannot hold an f32 `V x D` accumulator run chunked dense, 3 GEMMs, with
+    /// `d_c` accumulated across its row chunks in the caller's bf16 `d_c` (each chunk's
+    /// product summed in f32, the running sum rounded to bf16 once per chunk: Liger's trade)
+    /// instead of split dense's 4 GEMMs (`dense::call_plan::dc_in_grad_dtype`). Its error
+    /// grows with the number of row chunks (`N` over ~`0.9·budget / (2·V)` rows per chunk
+    /// on Hopper). Default `false`.
+    pub dc_in_grad_dtype: bool,
     /// Print the device time per phase of the sparse backward and the dense passes to stderr
     /// (events on the stream, and a synchronization at the end of each pass). Default `false`.
     pub profile: bool,
@@ -65,6 +73,7 @@ impl Default for CudaSwitches {
             wgmma_rows: true,
             split_de_f16: true,
             chunked_f32_grads: false,
+            dc_in_grad_dtype: false,
             profile: false,
             sparse_select_threads: SPARSE_SELECT_THREADS,
             sparse_fold_forward: true,

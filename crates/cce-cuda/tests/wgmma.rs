@@ -299,6 +299,7 @@ fn wgmma_forward_row_groups() {
             wgmma_gcols: true,
             wgmma_rows: true,
             stop_on_give_way: false,
+            dc_in_grad_dtype: false,
         };
         let mut ws = DenseWorkspace::new(&engine, &cfg).unwrap();
         let (e, c) = (upload(&be, &case.e), upload(&be, &case.c));

@@ -253,8 +253,23 @@ fn bench_one(
         workspace_budget_bytes: cce_cuda::dense::plan_budget(budget_bytes),
         ..opts.clone()
     };
-    let plan = Plan::new(problem, &share, &cuda_limits(128, kind))?;
+    // d_c in the gradient dtype: chunked dense planned without the f32 accumulator, as the
+    // backend plans it (`cce_cuda::CudaSwitches::dc_in_grad_dtype`).
+    let dc_low = args.switches.dc_in_grad_dtype
+        && kind == StrategyKind::ChunkedDense
+        && !args.grad_f32
+        && (v as u64) * (d as u64) * 4 >= share.workspace_budget_bytes;
+    let plan_opts = Options {
+        grad_dtype: if dc_low {
+            cce_core::GradDType::F32
+        } else {
+            share.grad_dtype
+        },
+        ..share.clone()
+    };
+    let plan = Plan::new(problem, &plan_opts, &cuda_limits(128, kind))?;
     let mut cfg = DenseConfig::from_plan(&plan, &opts)?;
+    cfg.dc_in_grad_dtype = dc_low;
     cfg.row_pass = rp;
     cfg.wgmma_forward = args.switches.wgmma_forward;
     cfg.wgmma_gcols = args.switches.wgmma_gcols;
@@ -316,6 +331,26 @@ fn bench_one(
     stream.synchronize()?;
     let de_exact = to_f64(stream, &*de, gdt, n * d)?;
     let dc_exact = to_f64(stream, &*dc, gdt, v * d)?;
+    if cfg_exact.dc_in_grad_dtype {
+        // The same call with the f32 accumulator (its own workspace, over the budget): how far
+        // the bf16 running sum moved d_c.
+        let mut cfg_ref = cfg_exact.clone();
+        cfg_ref.dc_in_grad_dtype = false;
+        let mut ws_ref = DenseWorkspace::new(engine, &cfg_ref)?;
+        run_fb(
+            &cfg_ref,
+            &mut ws_ref,
+            (&mut *loss, &mut *lse, &mut rest, &mut *de, &mut *dc),
+        )?;
+        stream.synchronize()?;
+        let dc_ref = to_f64(stream, &*dc, gdt, v * d)?;
+        println!(
+            "  exact, d_c accumulated in bf16: rel. difference from the f32 accumulator {:.2e} \
+             ({})",
+            rel_err(&dc_exact, &dc_ref),
+            exact_stats.row_pass_note.as_deref().unwrap_or("")
+        );
+    }
     // Split dense's WGMMA epilogues against the cuBLAS path of the same pass in the same run
     // (the class pass: G in the epilogue; the row pass: lse partials and f16 e^(z - max)), and
     // how far the gradient that pass computes (d_c, d_e) is from the epilogue's.

@@ -94,6 +94,7 @@ fn case_config(k: &CheckCase, rp: RowPass) -> DenseConfig {
         // e^{z − m}, backward(lse)'s from the f32 logits: not bitwise equal.
         wgmma_rows: false,
         stop_on_give_way: false,
+        dc_in_grad_dtype: false,
     }
 }
 

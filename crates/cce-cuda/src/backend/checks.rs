@@ -102,6 +102,7 @@ impl CudaBackend {
                 wgmma_rows: self.wgmma_rows,
                 aligned,
             }),
+            dc_in_grad_dtype: self.dc_in_grad_dtype,
             sparse_expected,
         };
         let plan = crate::dense::schedule::plan_call(&problem, opts, &self.limits, knobs)?;

@@ -143,6 +143,7 @@ impl CudaBackend {
             chunk_cap: None,
             split_de_f16: true,
             chunked_f32_grads: false,
+            dc_in_grad_dtype: false,
             sparse: SparseMode::Auto,
             wgmma_forward: crate::dense::WGMMA_FORWARD_DEFAULT,
             wgmma_gcols: crate::dense::WGMMA_GCOLS_DEFAULT,
@@ -184,6 +185,7 @@ impl CudaBackend {
         self.wgmma_rows = switches.wgmma_rows;
         self.split_de_f16 = switches.split_de_f16;
         self.chunked_f32_grads = switches.chunked_f32_grads;
+        self.dc_in_grad_dtype = switches.dc_in_grad_dtype;
         self.engine_switches = switches;
         self
     }
@@ -197,6 +199,7 @@ impl CudaBackend {
             wgmma_rows: self.wgmma_rows,
             split_de_f16: self.split_de_f16,
             chunked_f32_grads: self.chunked_f32_grads,
+            dc_in_grad_dtype: self.dc_in_grad_dtype,
             ..self.engine_switches
         }
     }
@@ -263,6 +266,15 @@ impl CudaBackend {
     /// Default `false`.
     pub fn with_chunked_f32_grads(mut self, on: bool) -> Self {
         self.chunked_f32_grads = on;
+        self
+    }
+
+    /// With `true`, exact calls of bf16 inputs with bf16 gradients whose budget holds no f32
+    /// `V x D` accumulator run chunked dense (3 GEMMs) with `d_c` accumulated in the bf16
+    /// output, rounded once per row chunk, instead of split dense (4 GEMMs): Liger's trade
+    /// ([`CudaSwitches::dc_in_grad_dtype`] has the measured error and time). Default `false`.
+    pub fn with_dc_in_grad_dtype(mut self, on: bool) -> Self {
+        self.dc_in_grad_dtype = on;
         self
     }
 

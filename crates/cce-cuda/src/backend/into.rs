@@ -364,7 +364,7 @@ impl CudaBackend {
         backward: bool,
     ) -> Result<u64> {
         let (problem, plan, knobs) = self.plan(inputs, opts, false, backward)?;
-        let first = crate::dense::workspace_bytes(&plan, opts, self.wgmma_switches(), backward)?;
+        let first = crate::dense::workspace_bytes(&plan, opts, self.path_switches(), backward)?;
         // A call whose sparse backward gives way frees its workspace before the exact plan's
         // is made: the larger of the two is what the call takes.
         let give_way =
@@ -373,15 +373,20 @@ impl CudaBackend {
             (Some((p, o)), true) => first.max(crate::dense::workspace_bytes(
                 &p,
                 &o,
-                self.wgmma_switches(),
+                self.path_switches(),
                 true,
             )?),
             _ => first,
         })
     }
 
-    /// The WGMMA switches of a call: (forward, class pass, row pass).
-    pub(super) fn wgmma_switches(&self) -> (bool, bool, bool) {
-        (self.wgmma_forward, self.wgmma_gcols, self.wgmma_rows)
+    /// The switches of a call's engine paths.
+    pub(super) fn path_switches(&self) -> crate::dense::PathSwitches {
+        crate::dense::PathSwitches {
+            wgmma_forward: self.wgmma_forward,
+            wgmma_gcols: self.wgmma_gcols,
+            wgmma_rows: self.wgmma_rows,
+            dc_in_grad_dtype: self.dc_in_grad_dtype,
+        }
     }
 }

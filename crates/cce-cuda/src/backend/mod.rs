@@ -162,6 +162,8 @@ pub struct CudaBackend {
     split_de_f16: bool,
     /// Knob: chunked dense for exact f32 gradients of bf16 inputs ([`CudaSwitches::chunked_f32_grads`]).
     chunked_f32_grads: bool,
+    /// Knob: `d_c` accumulated in the gradient dtype ([`CudaSwitches::dc_in_grad_dtype`]).
+    dc_in_grad_dtype: bool,
     /// Test and bench knob: how the plan's sparse backward is used.
     sparse: SparseMode,
     /// Forward-only dense calls take the fused WGMMA forward where it applies.

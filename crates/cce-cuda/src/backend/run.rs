@@ -61,7 +61,6 @@ impl CudaBackend {
         inputs: &'a Inputs<'a, CudaTensor>,
         opts: &'a Options,
     ) -> BackendCall<'a> {
-        let (wgmma_forward, wgmma_gcols, wgmma_rows) = self.wgmma_switches();
         BackendCall {
             plan: &p.plan,
             give_way: p.give_way.as_ref().map(|(plan, o)| (plan, o)),
@@ -71,9 +70,7 @@ impl CudaBackend {
             status: self.status_ptr(),
             inputs,
             opts,
-            wgmma_forward,
-            wgmma_gcols,
-            wgmma_rows,
+            switches: self.path_switches(),
         }
     }
 }

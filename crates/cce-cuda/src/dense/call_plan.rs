@@ -26,6 +26,10 @@ pub(crate) struct PlanKnobs {
     /// What decides whether chunked dense's row pass writes f16 `G` for `d_c`; `None`
     /// (planning without a device): never.
     pub chunked_g16: Option<ChunkedG16>,
+    /// Exact calls of bf16 inputs and gradients may take chunked dense with `d_c` accumulated
+    /// in the gradient dtype where the budget holds no f32 accumulator ([`dc_in_grad_dtype`],
+    /// [`crate::CudaSwitches::dc_in_grad_dtype`]).
+    pub dc_in_grad_dtype: bool,
     /// The backend's memory expects the sparse backward to run to the end
     /// ([`super::sparse_memory`]): false when its last try for this call's key gave way, and a
     /// filtered call under [`SparseMode::Remember`] is then planned as an exact call would be.
@@ -57,12 +61,33 @@ pub(crate) struct ChunkedG16 {
 /// inputs) runs through the WGMMA epilogue with room for each chunk's f16 copy of `e`
 /// ([`DenseConfig::row_e16`]), so that `d_c` comes from f16 `G` (split dense's numerics).
 pub(crate) fn chunked_g16_holds(plan: &Plan, opts: &cce_core::Options, g: ChunkedG16) -> bool {
-    let Ok(cfg) = super::schedule::dense_config(plan, opts, (false, false, g.wgmma_rows), true)
-    else {
+    let Ok(cfg) = super::schedule::dense_config(
+        plan,
+        opts,
+        PathSwitches {
+            wgmma_rows: g.wgmma_rows,
+            ..PathSwitches::DEFAULT
+        },
+        true,
+    ) else {
         return false;
     };
     cfg.row_e16()
         && super::schedule::wgmma_rows_unfit(&cfg, &g.dev, cfg.g_mode(), g.aligned).is_none()
+}
+
+/// Whether chunked dense accumulates `d_c` across its row chunks in the gradient dtype
+/// ([`crate::CudaSwitches::dc_in_grad_dtype`], `knob`): an exact call (no filter) of bf16
+/// inputs with bf16 gradients and `d_c`, whose budget less the cuBLAS workspace cannot hold
+/// the f32 `V x D` accumulator. Each chunk's product is summed in f32 and added to the running
+/// bf16 sum by the GEMM: one bf16 rounding of `d_c` per row chunk (Liger's trade), for 3
+/// GEMMs within the budget instead of split dense's 4.
+pub(crate) fn dc_in_grad_dtype(problem: &Problem, opts: &cce_core::Options, knob: bool) -> bool {
+    knob && problem.dtype == DType::BF16
+        && opts.grad_dtype == cce_core::GradDType::Input
+        && opts.compute_d_c
+        && !cce_core::FilterRule::resolve(opts, problem.dtype).enabled
+        && (problem.v as u64) * (problem.d as u64) * 4 >= plan_budget(opts.workspace_budget_bytes)
 }
 
 /// The plan of a call of `problem` with `opts` on a device of `limits`, as the backend runs
@@ -118,7 +143,13 @@ pub(crate) fn plan_call(
         workspace_budget_bytes: plan_budget(budget),
         ..opts.clone()
     };
-    let mut plan = Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?;
+    let mut plan = match dc_in_grad_plan(problem, (opts, &share), &limits, knobs) {
+        Some(p) => {
+            notes.push("d_c accumulated in the bf16 output across row chunks: CudaSwitches::dc_in_grad_dtype");
+            p
+        }
+        None => Plan::new(problem, &share, &limits).map_err(|e| over_budget(e, budget))?,
+    };
     // Where the knob allows it: chunked dense accumulates d_c in the f32 output (no
     // accumulator in the workspace); where its row chunks are short, the f32 d_c read and
     // written per chunk costs more than split dense's second logits GEMM.
@@ -188,6 +219,38 @@ pub(crate) fn plan_call(
         plan.reason.push_str(&as_exact_note());
     }
     Ok(plan)
+}
+
+/// Chunked dense's plan where `d_c` accumulates in the gradient dtype ([`dc_in_grad_dtype`]):
+/// planned as for f32 gradients (no accumulator in the workspace), where its row chunks are
+/// long ([`chunked_f32_grads_pay`]: the output read and written per chunk); `None` otherwise.
+/// `opts`: the call's; `share`: the same within the budget less the cuBLAS workspace.
+fn dc_in_grad_plan(
+    problem: &Problem,
+    (opts, share): (&cce_core::Options, &cce_core::Options),
+    limits: &cce_core::DeviceLimits,
+    knobs: PlanKnobs,
+) -> Option<Plan> {
+    if !limits.strategies.contains(&StrategyKind::ChunkedDense)
+        || !dc_in_grad_dtype(problem, opts, knobs.dc_in_grad_dtype)
+    {
+        return None;
+    }
+    let as_f32 = cce_core::Options {
+        grad_dtype: cce_core::GradDType::F32,
+        ..share.clone()
+    };
+    let chunked = cce_core::DeviceLimits {
+        strategies: vec![StrategyKind::ChunkedDense],
+        ..limits.clone()
+    };
+    let plan = Plan::new(problem, &as_f32, &chunked).ok()?;
+    match plan.strategy {
+        Strategy::ChunkedDense { chunk_rows } if chunked_f32_grads_pay(chunk_rows, problem.n) => {
+            Some(plan)
+        }
+        _ => None,
+    }
 }
 
 /// Chunked dense with f32 gradients of bf16 inputs accumulates `d_c` in the f32 output, read
@@ -346,6 +409,7 @@ mod tests {
             split_de_f16: true,
             chunked_f32_grads: false,
             chunked_g16: None,
+            dc_in_grad_dtype: false,
             sparse_expected,
         };
         (problem, limits, knobs)
@@ -403,7 +467,7 @@ mod tests {
                 after.reason
             );
             // Nothing is skipped on the dense path either.
-            let cfg = dense_config(&after, f, (true, true, true), true).unwrap();
+            let cfg = dense_config(&after, f, PathSwitches::DEFAULT, true).unwrap();
             assert!(!cfg.filtering(), "{shape:?}");
         }
         assert!(matches!(
@@ -503,7 +567,7 @@ mod tests {
                 "{shape:?}: {}",
                 plan.reason
             );
-            let cfg = dense_config(&plan, &exact, (true, true, true), true).unwrap();
+            let cfg = dense_config(&plan, &exact, PathSwitches::DEFAULT, true).unwrap();
             assert!(cfg.row_e16() && cfg.wgmma_chunk_rows() >= 256, "{shape:?}");
             // Where the WGMMA row pass cannot run: split dense, with the reason.
             let a100 = DeviceFacts { major: 8, ..h200 };
@@ -566,7 +630,7 @@ mod tests {
                 assert!(plan.sparse.is_none() && !plan.filter.enabled);
                 assert!(plan.reason.ends_with(GIVE_WAY_NOTE), "{}", plan.reason);
                 assert_eq!(opts.filter_eps, cce_core::FilterEps::Off);
-                let cfg = dense_config(&plan, &opts, (true, true, true), true).unwrap();
+                let cfg = dense_config(&plan, &opts, PathSwitches::DEFAULT, true).unwrap();
                 assert!(!cfg.filtering());
             }
         }
@@ -597,6 +661,65 @@ mod tests {
         assert_eq!(
             exact,
             plan_with(shape, &Options::exact(), SparseMode::Remember, true)
+        );
+    }
+
+    /// `d_c` in the gradient dtype: with the knob, an exact bf16 call whose budget holds no
+    /// f32 accumulator takes chunked dense without one (its engine configuration accumulates
+    /// in the output); without the knob, or filtered, or with f32 gradients, or with a budget
+    /// that holds the accumulator, the plan and configuration are what they were.
+    #[test]
+    fn dc_in_grad_dtype_takes_chunked_dense_without_the_accumulator() {
+        let (problem, limits, knobs) = setup((8192, 2304, 256000), SparseMode::Auto, true);
+        let on = PlanKnobs {
+            dc_in_grad_dtype: true,
+            ..knobs
+        };
+        let exact = Options::exact();
+        let switches = PathSwitches {
+            dc_in_grad_dtype: true,
+            ..PathSwitches::DEFAULT
+        };
+        let plan = plan_call(&problem, &exact, &limits, on).unwrap();
+        assert!(
+            matches!(plan.strategy, Strategy::ChunkedDense { .. }),
+            "{}",
+            plan.reason
+        );
+        assert!(plan.reason.contains("dc_in_grad_dtype"), "{}", plan.reason);
+        let cfg = dense_config(&plan, &exact, switches, true).unwrap();
+        assert!(cfg.dc_in_grad_dtype);
+        assert_eq!(cfg.dc_acc_dtype(), DType::BF16);
+        let ws = super::super::workspace::WorkspaceSizes::of(&cfg);
+        assert!(ws.total() <= exact.workspace_budget_bytes);
+        // Forward-only calls of the same plan accumulate nothing.
+        assert!(
+            !dense_config(&plan, &exact, switches, false)
+                .unwrap()
+                .dc_in_grad_dtype
+        );
+        // Without the knob: split dense.
+        let off = plan_call(&problem, &exact, &limits, knobs).unwrap();
+        assert!(matches!(off.strategy, Strategy::SplitDense { .. }));
+        // Filtered, or f32 gradients: not taken.
+        let filtered = plan_call(&problem, &Options::default(), &limits, on).unwrap();
+        assert!(!matches!(filtered.strategy, Strategy::ChunkedDense { .. }));
+        let f32_grads = Options {
+            grad_dtype: cce_core::GradDType::F32,
+            ..Options::exact()
+        };
+        assert!(!dc_in_grad_dtype(&problem, &f32_grads, true));
+        // A budget that holds the f32 accumulator keeps it.
+        let roomy = Options {
+            workspace_budget_bytes: 16 << 30,
+            ..Options::exact()
+        };
+        let plan = plan_call(&problem, &roomy, &limits, on).unwrap();
+        assert!(matches!(plan.strategy, Strategy::ChunkedDense { .. }));
+        assert!(
+            !dense_config(&plan, &roomy, switches, true)
+                .unwrap()
+                .dc_in_grad_dtype
         );
     }
 }

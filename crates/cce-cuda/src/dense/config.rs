@@ -125,6 +125,37 @@ pub struct DenseConfig {
     /// passes ([`DenseStats::gave_way_stop`]): the caller runs the call again on the exact
     /// call's plan (`schedule::give_way_plan`). False unless the backend has such a plan.
     pub stop_on_give_way: bool,
+    /// Chunked dense with gradients in the input dtype accumulates `d_c` across its row chunks
+    /// in the caller's `d_c` (each chunk's product summed in f32, then added and rounded to
+    /// the gradient dtype by the GEMM) instead of an f32 `V x D` accumulator in the workspace:
+    /// Liger's trade, 3 GEMMs within a budget that holds no accumulator, one rounding of the
+    /// running sum per chunk (`call_plan::dc_in_grad_dtype`,
+    /// [`crate::CudaSwitches::dc_in_grad_dtype`]). False unless set.
+    pub dc_in_grad_dtype: bool,
+}
+
+/// The backend's switches that reach the engine's configuration ([`crate::CudaSwitches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathSwitches {
+    /// [`DenseConfig::wgmma_forward`].
+    pub wgmma_forward: bool,
+    /// [`DenseConfig::wgmma_gcols`].
+    pub wgmma_gcols: bool,
+    /// [`DenseConfig::wgmma_rows`].
+    pub wgmma_rows: bool,
+    /// Chunked dense may accumulate `d_c` in the gradient dtype where the budget holds no f32
+    /// accumulator ([`DenseConfig::dc_in_grad_dtype`]).
+    pub dc_in_grad_dtype: bool,
+}
+
+impl PathSwitches {
+    /// Every WGMMA path where it applies, `d_c` accumulated in f32 (the defaults).
+    pub const DEFAULT: Self = Self {
+        wgmma_forward: WGMMA_FORWARD_DEFAULT,
+        wgmma_gcols: WGMMA_GCOLS_DEFAULT,
+        wgmma_rows: WGMMA_ROWS_DEFAULT,
+        dc_in_grad_dtype: false,
+    };
 }
 
 impl DenseConfig {
@@ -178,6 +209,7 @@ impl DenseConfig {
             wgmma_gcols: WGMMA_GCOLS_DEFAULT,
             wgmma_rows: WGMMA_ROWS_DEFAULT,
             stop_on_give_way: false,
+            dc_in_grad_dtype: false,
         })
     }
 
@@ -237,6 +269,17 @@ impl DenseConfig {
             DType::F32
         } else {
             self.dtype
+        }
+    }
+
+    /// dtype `d_c` is accumulated in across chunked dense's row chunks: f32 (the f32 output
+    /// or the workspace's accumulator), or the gradient dtype with
+    /// [`Self::dc_in_grad_dtype`].
+    pub(crate) fn dc_acc_dtype(&self) -> DType {
+        if self.dc_in_grad_dtype {
+            self.grad_dtype()
+        } else {
+            DType::F32
         }
     }
 

@@ -591,7 +591,7 @@ impl DenseEngine {
         let code = dtype_code(cfg.dtype)?;
         if cfg.compute_d_c && !cfg.grad_f32 && !sparse_used {
             // The accumulators hold count f32, the outputs count elements (checked sizes).
-            if !sched.split {
+            if !sched.split && !cfg.dc_in_grad_dtype {
                 let dc_out = self.opt_ptr(grads.d_c.as_deref());
                 self.convert_f32(code, p.dc_acc, dc_out, v * d)?;
             }

@@ -22,13 +22,9 @@ pub(crate) struct BackendCall<'a> {
     pub inputs: &'a cce_core::Inputs<'a, crate::CudaTensor>,
     /// The options.
     pub opts: &'a cce_core::Options,
-    /// Forward-only calls may take the fused WGMMA forward ([`DenseConfig::wgmma_forward`]).
-    pub wgmma_forward: bool,
-    /// Split dense's class pass may take the WGMMA `G` epilogue ([`DenseConfig::wgmma_gcols`]).
-    pub wgmma_gcols: bool,
-    /// Split dense's row pass may take the WGMMA lse and `e^{z − m}` epilogue
-    /// ([`DenseConfig::wgmma_rows`]).
-    pub wgmma_rows: bool,
+    /// The backend's switches of the engine's paths (WGMMA forward, class pass and row pass;
+    /// `d_c` in the gradient dtype).
+    pub switches: PathSwitches,
 }
 
 /// A call's outputs, and whether its filter counts went to the backend's status.
@@ -454,8 +450,7 @@ fn backward_stats(
 
 /// The engine's configuration of a call (`backward`: an upstream gradient is given).
 fn call_config(call: &BackendCall<'_>, backward: bool) -> Result<DenseConfig> {
-    let switches = (call.wgmma_forward, call.wgmma_gcols, call.wgmma_rows);
-    let mut cfg = super::schedule::dense_config(call.plan, call.opts, switches, backward)?;
+    let mut cfg = super::schedule::dense_config(call.plan, call.opts, call.switches, backward)?;
     cfg.stop_on_give_way = call.give_way.is_some();
     Ok(cfg)
 }
@@ -466,7 +461,7 @@ fn call_config(call: &BackendCall<'_>, backward: bool) -> Result<DenseConfig> {
 pub(crate) fn workspace_bytes(
     plan: &cce_core::Plan,
     opts: &cce_core::Options,
-    switches: (bool, bool, bool),
+    switches: PathSwitches,
     backward: bool,
 ) -> Result<u64> {
     let cfg = super::schedule::dense_config(plan, opts, switches, backward)?;

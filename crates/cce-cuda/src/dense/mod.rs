@@ -156,8 +156,9 @@ mod workspace;
 
 pub use budget::plan_budget;
 pub use config::{
-    DenseConfig, RowPass, CLUSTER_SIZES, FORWARD_WORKSPACE_CAP, WGMMA_FORWARD_DEFAULT,
-    WGMMA_GCOLS_DEFAULT, WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN, WGMMA_SOFTCAP_MAX,
+    DenseConfig, PathSwitches, RowPass, CLUSTER_SIZES, FORWARD_WORKSPACE_CAP,
+    WGMMA_FORWARD_DEFAULT, WGMMA_GCOLS_DEFAULT, WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN,
+    WGMMA_SOFTCAP_MAX,
 };
 pub(crate) use glue::{workspace_bytes, BackendCall};
 pub use launch::{GemmScalars, CUBLAS_WORKSPACE_BYTES};

@@ -694,11 +694,12 @@ impl DenseEngine {
             }
         }
         // (5) d_c += Gᵀ E_r, (6) d_bias (chunked dense; split dense: the class pass). The
-        // first chunk overwrites the accumulator unless the call accumulates into the output.
+        // first chunk overwrites the accumulator unless the call accumulates into the output;
+        // the accumulator is f32 or, with `dc_in_grad_dtype`, the caller's d_c.
         if cfg.compute_d_c && !x.sched.split && g16.is_none() {
             let beta = if ch.index == 0 && !acc { 0.0 } else { 1.0 };
             let dims = (v, d, ch.rows);
-            let tys = (dt, g_ty, DType::F32);
+            let tys = (dt, g_ty, cfg.dc_acc_dtype());
             self.gemm_dc(dims, tys, (e_r, p.l_ptr, p.dc_acc), ldg_c, (1.0, beta))?;
             if cfg.has_bias {
                 self.chunk_dbias(x, x.f_colsum, ch, ldg_c, 0)?;

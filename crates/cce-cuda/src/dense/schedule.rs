@@ -627,7 +627,8 @@ pub(crate) fn select_threads(switch: u32) -> u32 {
     }
 }
 
-/// The engine's configuration of a backend call: the plan's, with the call's WGMMA switches;
+/// The engine's configuration of a backend call: the plan's, with the call's path switches
+/// (`d_c` in the gradient dtype where [`super::call_plan::dc_in_grad_dtype`] holds);
 /// a forward-only call (`backward` false) within [`forward_workspace_cap`]
 /// ([`DenseConfig::forward_only`]: no gradient buffers, no sparse backward), a call with a
 /// backward without the class tiles (none of their buffers).
@@ -638,13 +639,16 @@ pub(crate) fn select_threads(switch: u32) -> u32 {
 pub(crate) fn dense_config(
     plan: &Plan,
     opts: &cce_core::Options,
-    (wgmma_forward, wgmma_gcols, wgmma_rows): (bool, bool, bool),
+    switches: PathSwitches,
     backward: bool,
 ) -> Result<DenseConfig> {
     let mut cfg = DenseConfig::from_plan(plan, opts)?;
-    cfg.wgmma_forward = wgmma_forward;
-    cfg.wgmma_gcols = wgmma_gcols;
-    cfg.wgmma_rows = wgmma_rows;
+    cfg.wgmma_forward = switches.wgmma_forward;
+    cfg.wgmma_gcols = switches.wgmma_gcols;
+    cfg.wgmma_rows = switches.wgmma_rows;
+    cfg.dc_in_grad_dtype = backward
+        && cfg.chunk_classes.is_none()
+        && super::call_plan::dc_in_grad_dtype(&plan.problem, opts, switches.dc_in_grad_dtype);
     let budget = opts.workspace_budget_bytes;
     let cfg = if backward {
         cfg.class_forward = None;

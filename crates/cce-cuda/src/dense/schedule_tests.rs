@@ -67,10 +67,11 @@ fn notes(
         split_de_f16: true,
         chunked_f32_grads: false,
         chunked_g16: None,
+        dc_in_grad_dtype: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
-    let cfg = dense_config(&plan, opts, (true, true, true), kind.backward()).unwrap();
+    let cfg = dense_config(&plan, opts, PathSwitches::DEFAULT, kind.backward()).unwrap();
     let call = CallFacts {
         scratch: cfg.scratch_bytes().max(4),
         aligned: true,
@@ -471,10 +472,11 @@ fn split_cfg(shape: (usize, usize, usize), opts: &Options) -> DenseConfig {
         split_de_f16: true,
         chunked_f32_grads: false,
         chunked_g16: None,
+        dc_in_grad_dtype: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs).unwrap();
-    dense_config(&plan, opts, (true, true, true), true).unwrap()
+    dense_config(&plan, opts, PathSwitches::DEFAULT, true).unwrap()
 }
 
 #[test]
@@ -695,10 +697,11 @@ fn call_cfg(
         split_de_f16: true,
         chunked_f32_grads: false,
         chunked_g16: None,
+        dc_in_grad_dtype: false,
         sparse_expected: true,
     };
     let plan = plan_call(&problem, opts, &limits, knobs)?;
-    dense_config(&plan, opts, (true, true, true), backward)
+    dense_config(&plan, opts, PathSwitches::DEFAULT, backward)
 }
 
 #[test]

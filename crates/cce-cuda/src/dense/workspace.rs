@@ -410,7 +410,8 @@ impl WorkspaceSizes {
             logits: cfg.scratch_bytes(),
             tau: per_row(split),
             scales: SCALES_BYTES,
-            dc_acc: (cfg.compute_d_c && !cfg.grad_f32 && !split).then_some(cfg.v * cfg.d * 4),
+            dc_acc: (cfg.compute_d_c && !cfg.grad_f32 && !split && !cfg.dc_in_grad_dtype)
+                .then_some(cfg.v * cfg.d * 4),
             dbias_acc: (cfg.compute_d_c && cfg.has_bias && !cfg.grad_f32).then_some(cfg.v * 4),
             row_loss: cfg.n * 4,
             kept: per_row(!split_plain),
@@ -810,6 +811,7 @@ mod tests {
                                 split_de_f16: true,
                                 chunked_f32_grads: false,
                                 chunked_g16: None,
+                                dc_in_grad_dtype: false,
                                 sparse_expected: true,
                             };
                             let at = format!("{n}x{d}x{v} {dtype:?} {opts:?}");
@@ -823,7 +825,7 @@ mod tests {
                             };
                             planned += 1;
                             for backward in [false, true] {
-                                let switches = (true, true, true);
+                                let switches = PathSwitches::DEFAULT;
                                 let cfg = schedule::dense_config(&plan, &opts, switches, backward)
                                     .unwrap_or_else(|e| panic!("{at} backward {backward}: {e}"));
                                 let total = WorkspaceSizes::of(&cfg).total();
