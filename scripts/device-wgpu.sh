@@ -69,6 +69,12 @@
 #           bf16, 8:8:named: forward and forward+backward, 1 warm-up + 1 timed call each, then
 #           one call each with GPU timestamps per shader; QUICK_FWD / QUICK_CONFIGS override the
 #           variant / config lists; its tables print last;
+#   bwd     the backward's d_e pass on the one chunk the backend dispatches (8192 x 29120 x
+#           2304, 16 x 128 workgroups of 29 class tiles), bf16, GPU timestamps, ~30 s (at most
+#           60 by its timeout): the real pass against its ablations (cce-bench-sgemm
+#           --bwd-variants, benches/src/sgemm/bwd.rs: no slab update; no second product),
+#           each checked against f64 on 70 x 300 x 136 first; BWD_VARIANTS overrides the list;
+#           its table prints last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -142,7 +148,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap,quick]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap,quick,bwd]" >&2
   exit 2
 fi
 
@@ -195,7 +201,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop speed sgemm gap quick; do
+  for k in report tests sweep bench seed dtypes coop speed sgemm gap quick bwd; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -230,6 +236,12 @@ summary() {
     echo
     echo "==== quick: the backend, forward and forward+backward (wall, then GPU per shader) ===="
     grep -E "^\| " "$OUT/quick-backend.log"
+  fi
+  if [ -f "$OUT/bwd.log" ]; then
+    echo
+    echo "==== bwd: the d_e pass and its ablations on one chunk (GPU timestamps, medians) ===="
+    grep -E "^adapter|FAIL" "$OUT/bwd.log"
+    sed -n '/^| d_e chunk/,/^$/p' "$OUT/bwd.log"
   fi
   if [ -f "$OUT/gap-forward.log" ]; then
     echo
@@ -350,6 +362,14 @@ if [[ $PHASES == *quick* ]]; then
     >"$OUT/quick-backend.log" 2>&1
   status[quick]+="backend rc=$?"
   grep -E "^adapter|round|deadline" "$OUT/quick-backend.log" | tail -12
+fi
+
+if [[ $PHASES == *bwd* ]]; then
+  timeout 60 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 45 --bwd-variants "${BWD_VARIANTS:-bwd-real,bwd-noslab,bwd-noprod}" \
+    --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 >"$OUT/bwd.log" 2>&1
+  status[bwd]="d_e ablations rc=$?"
+  grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/bwd.log" | cut -c1-220
 fi
 
 if [[ $PHASES == *coop* ]]; then

@@ -79,6 +79,17 @@ struct Cli {
     /// Chunks every forward variant is checked on (all rows) before timing.
     #[arg(long, default_value = "200x300x72,70x136x264")]
     fwd_check: String,
+    /// Ablations of the backward's d_e pass (`cce_benches::sgemm::bwd`), comma list of
+    /// `bwd-{real|noslab|noprod}[:f32]` ("" for none).
+    #[arg(long, default_value = "")]
+    bwd_variants: String,
+    /// Chunks the d_e variants are timed on, comma list of ROWSxCLASSESxD (not checked: the
+    /// f64 reference of a whole chunk's d_e row is the check's, on `--bwd-check`).
+    #[arg(long, default_value = "8192x29120x2304")]
+    bwd_shapes: String,
+    /// Chunks every d_e variant is checked on (all rows) before timing.
+    #[arg(long, default_value = "70x300x136")]
+    bwd_check: String,
 }
 
 fn shapes(list: &str) -> Result<Vec<(u32, u32, u32)>, String> {
@@ -296,6 +307,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
     }
     let fwd_rows = forward(cli, &g, start)?;
+    let bwd_rows = backward(cli, &g, start)?;
     println!();
     println!(
         "| shape | variant | median ms | min ms | TFLOP/s | % of {} | sampled error |",
@@ -325,6 +337,17 @@ fn run(cli: &Cli) -> Result<(), String> {
         );
         println!("|---|---|---|---|---|---|---|---|");
         for r in &fwd_rows {
+            println!("{r}");
+        }
+    }
+    if !bwd_rows.is_empty() {
+        println!();
+        println!(
+            "| d_e chunk | variant | grid (splits x row tiles), tiles per split | median ms | min ms | TFLOP/s of the real pass's 2 products | % of {} |",
+            cli.peak_tflops
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for r in &bwd_rows {
             println!("{r}");
         }
     }
@@ -436,6 +459,117 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
                 rows.push(res.unwrap_or_else(|e| {
                     println!("{m}x{n}x{k} {name}: {e}");
                     format!("| {m}x{n}x{k} | {name} | - | - | - | - | - | {e} |")
+                }));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The d_e variants (`--bwd-variants`): each built, checked on every `--bwd-check` chunk
+/// (all rows, f64), then timed on every `--bwd-shapes` chunk (GPU timestamps around each
+/// dispatch, `--warmup` + `--reps`). Table rows.
+fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, String> {
+    use cce_benches::sgemm::{bwd, fwd};
+    let variants: Vec<bwd::BwdVariant> = cli
+        .bwd_variants
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(bwd::BwdVariant::parse)
+        .collect::<Result<_, _>>()?;
+    let mut built = Vec::new();
+    for &v in &variants {
+        let t = Instant::now();
+        match bwd::BwdBuilt::new(g, v) {
+            Ok(b) => {
+                println!("built {} in {:.2} s", v.name(), t.elapsed().as_secs_f64());
+                built.push(b);
+            }
+            Err(e) => println!("not built: {}: {e}", v.name()),
+        }
+    }
+    let mut failed = std::collections::HashSet::new();
+    for (si, &shape) in shapes(&cli.bwd_check)?.iter().enumerate() {
+        for (vi, b) in built.iter().enumerate() {
+            let v = b.variant;
+            let res = (|| -> Result<(f64, String), String> {
+                let chunk = fwd::Chunk::new(g, shape, v.dtype, (100 * si + vi) as u64)?;
+                let l = b.launch(g, &chunk, cli.fwd_target_workgroups.min(8))?;
+                let slab = l.run(g)?;
+                let rows: Vec<usize> = (0..shape.0 as usize).collect();
+                Ok(bwd::check(&chunk, l.splits.0, &slab, &rows))
+            })();
+            let (m, n, k) = shape;
+            match res {
+                Ok((ratio, _)) if ratio <= 1.0 => {
+                    println!(
+                        "check {m}x{n}x{k} {}: ok ({ratio:.2} x tolerance)",
+                        v.name()
+                    )
+                }
+                Ok((ratio, what)) => {
+                    println!(
+                        "check {m}x{n}x{k} {}: FAIL ({ratio:.2} x tolerance at {what})",
+                        v.name()
+                    );
+                    failed.insert(v.name());
+                }
+                Err(e) => {
+                    println!("check {m}x{n}x{k} {}: FAIL ({e})", v.name());
+                    failed.insert(v.name());
+                }
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    if built.is_empty() {
+        return Ok(rows);
+    }
+    for &shape in &shapes(&cli.bwd_shapes)? {
+        let (m, n, k) = shape;
+        for dtype in [Dtype::Bf16, Dtype::F32] {
+            if !built.iter().any(|b| b.variant.dtype == dtype) {
+                continue;
+            }
+            let t0 = Instant::now();
+            let chunk = fwd::Chunk::new(g, shape, dtype, 7)?;
+            println!(
+                "{m}x{n}x{k} {}: chunk ready in {:.1} s",
+                dtype.name(),
+                t0.elapsed().as_secs_f64()
+            );
+            for b in built.iter().filter(|b| b.variant.dtype == dtype) {
+                let name = b.variant.name();
+                if failed.contains(&name) {
+                    rows.push(format!(
+                        "| {m}x{n}x{k} | {name} | - | - | - | - | failed its check |"
+                    ));
+                    continue;
+                }
+                if start.elapsed().as_secs_f64() > cli.deadline_s {
+                    rows.push(format!(
+                        "| {m}x{n}x{k} | {name} | - | - | - | - | deadline |"
+                    ));
+                    continue;
+                }
+                let res = (|| -> Result<String, String> {
+                    let l = b.launch(g, &chunk, cli.fwd_target_workgroups)?;
+                    let ms = g.time(&l.timed, cli.warmup, cli.reps)?;
+                    let med = gpu::median(ms.clone());
+                    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
+                    let tf = l.timed.flop / (med * 1e9);
+                    println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s (2 products)");
+                    Ok(format!(
+                        "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% |",
+                        l.splits.0,
+                        m.div_ceil(fwd::TILE),
+                        l.splits.1,
+                        100.0 * tf / cli.peak_tflops
+                    ))
+                })();
+                rows.push(res.unwrap_or_else(|e| {
+                    println!("{m}x{n}x{k} {name}: {e}");
+                    format!("| {m}x{n}x{k} | {name} | - | - | - | - | {e} |")
                 }));
             }
         }

@@ -360,6 +360,16 @@ pub struct Chunk {
 }
 
 impl Chunk {
+    /// The input dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The e, c, bias (a stand-in) and target buffers, as bindings 1-4 of the forward.
+    pub fn buffers(&self) -> &[wgpu::Buffer; 4] {
+        &self.bufs
+    }
+
     /// Fresh inputs of `n_rows x n_cls x d` in `dtype` (e uniform in [-1, 1), c in
     /// [-1/8, 1/8), targets uniform over the chunk's classes with every 7th row ignored) and
     /// their buffers (bias: a 256-byte stand-in, as the backend binds without bias).

@@ -10,6 +10,7 @@
 //! Inputs are f32, or bf16 stored as cce-wgpu stores it: two elements per little-endian u32
 //! word, element `2w` in the low half (common.wgsl's `DTYPE` 2).
 
+pub mod bwd;
 pub mod fwd;
 pub mod gpu;
 pub mod host;
