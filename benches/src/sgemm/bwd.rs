@@ -10,7 +10,7 @@
 //!   `P.aux != 0`: the logits tile, G and the G tile's store stay.
 //!
 //! `:f32` takes f32 inputs instead of bf16. Every variant runs with `P.aux` 1 on small chunks
-//! against the f64 reference of `d_e` (rows' states as [`Rows`] sets them), then is timed
+//! against the f64 reference of `d_e` (rows' states as [`rows`] sets them), then is timed
 //! with `P.aux` 0. Grid (splits, row tiles) with `split_tiles` from
 //! [`super::fwd::split_tiles`] (the backend's `d_e` split for one row chunk), one slab per
 //! split.
@@ -21,9 +21,9 @@ use cut_cross_entropy::cce_wgpu::{MainLoop, ShaderKind};
 
 /// cce-wgpu's `FLAG_VEC_E | FLAG_VEC_C`.
 const FLAG_VEC: u32 = 1024 | 2048;
-/// The rows' saved log-sum-exp in [`Rows`]: G = exp(z − LSE) off the target.
+/// The rows' saved log-sum-exp in [`rows`]: G = exp(z − LSE) off the target.
 pub const LSE: f32 = 8.0;
-/// The target's G in [`Rows`].
+/// The target's G in [`rows`].
 pub const GY: f32 = 0.5;
 
 /// What the entry point keeps of the real pass (module docs).
