@@ -36,7 +36,9 @@ pub struct CudaSwitches {
     /// against the 1e-3 per-row bound of f32 gradients). Without it such calls take chunked
     /// dense only where its WGMMA row pass runs (Hopper, 16-byte aligned inputs): `d_c` then
     /// comes from f16 `G` made from a 10-significant-bit q against an f16 copy of each chunk's
-    /// `e` (real rows 0.015%, confident targets' rows 9e-4; H200, docs/perf-log.md session 19),
+    /// `e` (real rows 0.015%; confident rows' targets' `d_c` rows 7.5e-4 to 1.1e-3 at margin 20,
+    /// up to 2.3e-2 at margin 40 where those rows are sums of entries of e⁻⁴⁰; H200,
+    /// docs/perf-log.md session 19),
     /// at 1.11-1.52x the 3-GEMM floor within 0.5 GiB against split dense's 1.50-1.73x.
     /// Default `false`.
     pub chunked_f32_grads: bool,

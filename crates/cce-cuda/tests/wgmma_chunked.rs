@@ -244,9 +244,10 @@ fn chunked_dense_wgmma_row_pass_with_one_gradient() {
 /// exact as split dense's on the shipped real rows (`d_c` within the original CCE's 0.05%,
 /// `d_e` within its 0.27%, as `real_fixture_loss_lse_and_default_filter_accuracy` asks of
 /// split dense; bf16 `G` gave 0.13%). On confident rows each target's `d_c` row stays within
-/// 2e-3 at margin 20 (H200 with q as its q9 code, 2⁻¹⁰ relative: 7.5e-4 and 9.0e-4 in two
-/// runs; bf16 q gave 3.3e-3) and 3e-2 at margin 40 (8.9e-4 and 1.17e-2: f16 `G`'s one power of
-/// two per chunk flushes part of rows that small; the suite's `confident_rows` allowance holds).
+/// 2e-3 at margin 20 (H200 with q as its q9 code, 2⁻¹⁰ relative: 7.5e-4 to 1.08e-3 in three
+/// runs; bf16 q gave 3.3e-3) and 5e-2 at margin 40 (8.9e-4, 1.17e-2, 2.30e-2: f16 `G`'s one
+/// power of two per chunk flushes part of rows that small; the suite's `confident_rows`
+/// allowance holds).
 #[test]
 fn chunked_f32_gradients_take_d_c_from_f16_g() {
     use cce_core::StrategyKind::ChunkedDense;
@@ -334,7 +335,7 @@ fn chunked_f32_gradients_take_d_c_from_f16_g() {
         // Simulated in f64 (docs/perf-log.md, session 18): margin 20 ~1.0e-3 with q9 (bf16 q:
         // 3.2e-3, measured 3.3e-3); margin 40 ~1e-2, where f16 G's one power of two per chunk
         // flushes part of such tiny rows (2.8e-3 even with exact q).
-        let bound = if margin < 30.0 { 2e-3 } else { 3e-2 };
+        let bound = if margin < 30.0 { 2e-3 } else { 5e-2 };
         assert!(worst <= bound, "{what}: a target's d_c row off by {worst}");
     }
 }
@@ -402,11 +403,12 @@ fn chunked_dense_accumulates_d_c_in_bf16() {
         )),
     }
     let mut rng = seeded();
-    let mut flat = random_case(&mut rng, 2048, 256, 8192, DType::BF16, false, 0.0, 3.0);
+    let mut flat = random_case(&mut rng, 2048, 512, 8192, DType::BF16, false, 0.0, 3.0);
     flat.bias = None;
-    // 8 MiB after cuBLAS's workspace: no room for the 8 MiB f32 accumulator beside the row
-    // state, room for 254 rows of f32 logits (chunked dense's plan) and for split dense.
-    cases.push(("random rows 2048 x 256 x 8192", flat, 40));
+    // 12 MiB after cuBLAS's workspace: no room for the 16 MiB f32 accumulator, room for 256-row
+    // chunks of f32 logits (chunked dense's plan: `chunked_f32_grads_pay` asks for 256) and
+    // for split dense.
+    cases.push(("random rows 2048 x 512 x 8192", flat, 44));
     for (what, case, budget) in &cases {
         let (de, dc, note) = run(&low, case, *budget);
         let (de_s, dc_s, note_s) = run(&split, case, *budget);
