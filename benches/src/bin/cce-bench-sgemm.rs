@@ -67,7 +67,7 @@ struct Cli {
     #[arg(long, default_value_t = 100.0)]
     deadline_s: f64,
     /// Forward-pass variants (`cce_benches::sgemm::fwd`), comma list of
-    /// `fwd-{real|nowrite|loopwg|loop}[:scalar][:t1][:f32]` ("" for none).
+    /// `fwd-{real|nowrite|loopwg|loop}[:scalar][:t1][:f32]`, `fwd-real[..]:padN` ("" for none).
     #[arg(long, default_value = "")]
     fwd_variants: String,
     /// Chunks the forward variants are timed on, comma list of ROWSxCLASSESxD.

@@ -20,7 +20,11 @@
 //! - `:scalar`: the `Acc`-array main loop (`logits_tile`) instead of the named one
 //!   (`logits_named`, the GPU default); `:t1`: one class tile per workgroup (`split_tiles`
 //!   1, a grid of class tiles x row tiles, as the `ours` SGEMM) instead of the backend's
-//!   split; `:f32`: f32 inputs instead of bf16.
+//!   split; `:f32`: f32 inputs instead of bf16;
+//! - `:padN` (`fwd-real` only): the real pass with N KiB of workgroup memory added (an
+//!   array each thread writes one vec4 of before the pass and reads another thread's after
+//!   it, [`pad_source`]), so that the forward runs with the footprint of another shader (the
+//!   backward's `d_e` pass has 20 KiB at `8:8`, the forward 8: `:pad12`).
 //!
 //! Parameters: bindings as fwd_partial.wgsl (0 params, 1 e `[n_rows, d]`, 2 c `[n_cls, d]`,
 //! 3 bias (none: a 256-byte stand-in), 4 targets `[n_rows]` i32, 5 partials
@@ -64,6 +68,8 @@ pub struct FwdVariant {
     pub one_tile: bool,
     /// Input dtype.
     pub dtype: Dtype,
+    /// KiB of workgroup memory added to the real pass (`:padN`; 0: none).
+    pub pad_kib: u32,
 }
 
 impl FwdVariant {
@@ -83,8 +89,19 @@ impl FwdVariant {
             main_loop: MainLoop::Named,
             one_tile: false,
             dtype: Dtype::Bf16,
+            pad_kib: 0,
         };
         for flag in parts {
+            if let Some(n) = flag.strip_prefix("pad") {
+                v.pad_kib = match n.parse::<u32>() {
+                    Ok(k) if (1..=64).contains(&k) => k,
+                    _ => return Err(bad("padN wants N KiB in 1..=64")),
+                };
+                if kind != FwdKind::Real {
+                    return Err(bad("padN applies to fwd-real only"));
+                }
+                continue;
+            }
             match flag {
                 "scalar" => v.main_loop = MainLoop::Scalar,
                 "named" => v.main_loop = MainLoop::Named,
@@ -115,12 +132,16 @@ impl FwdVariant {
         if self.dtype == Dtype::F32 {
             n += ":f32";
         }
+        if self.pad_kib > 0 {
+            let _ = write!(n, ":pad{}", self.pad_kib);
+        }
         n
     }
 
-    /// The entry point's name in [`source`]'s module.
+    /// The entry point's name in [`source`]'s (or [`pad_source`]'s) module.
     pub fn entry(&self) -> &'static str {
         match self.kind {
+            FwdKind::Real if self.pad_kib > 0 => "fwd_pad",
             FwdKind::Real => "main",
             FwdKind::NoWrite => "fwd_nowrite",
             FwdKind::LoopWg => "fwd_loopwg",
@@ -340,6 +361,39 @@ fn {entry}{sig} {{
     w
 }
 
+/// The backend's forward module for `main_loop` with the entry point `fwd_pad`: the real
+/// pass (`fwd_named` or `fwd_partial`, the bodies of `main`) with `kib` KiB of workgroup
+/// memory added. Thread `li` writes slot `li` of the array before the pass and, only when
+/// `P.aux < -1` (never in the bench), stores slot `(li + 1) % WG²` into `tlogit[0]` after it:
+/// the array is live across the pass, so the driver allocates it, and the pass computes
+/// exactly what `main` does. Bounds: slots below `WG² <= 64 <= 64·kib` (`kib >= 1`).
+pub fn pad_source(main_loop: MainLoop, kib: u32) -> String {
+    let mut w = ShaderKind::FwdPartial.source_with(main_loop).into_owned();
+    let pass = match main_loop {
+        MainLoop::Named => "fwd_named",
+        _ => "fwd_partial",
+    };
+    let _ = write!(
+        w,
+        "
+// --- cce-bench-sgemm: fwd-real with {kib} KiB of workgroup memory added (fwd.rs, `:padN`).
+var<workgroup> wg_pad: array<vec4<f32>, {n}u>;
+
+@compute @workgroup_size(WG, WG, 1)
+fn fwd_pad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {{
+    wg_pad[li] = vec4<f32>(P.aux);
+    {pass}(wid, lid, li);
+    if P.aux < -1.0 {{
+        tlogit[0] = wg_pad[(li + 1u) % (WG * WG)].x;
+    }}
+}}
+",
+        n = 64 * kib
+    );
+    w
+}
+
 /// Override constants of the forward pipeline for `dtype` (`wg` 8, `tk` 8).
 pub fn constants(dtype: Dtype) -> Vec<(&'static str, f64)> {
     ShaderKind::FwdPartial.constants(dtype.cce_code(), 8, 8)
@@ -449,7 +503,9 @@ impl FwdBuilt {
         // rl < TILE, k < WG; the end reduction's scratch as the real pass's), launched by
         // `FwdBuilt::launch` on buffers of those sizes.
         // `fwd-real` runs the backend's module text unchanged (no appended entry points).
+        // `:padN` adds an entry point whose only extra access is `pad_source`'s array.
         let src = match v.kind {
+            FwdKind::Real if v.pad_kib > 0 => pad_source(v.main_loop, v.pad_kib),
             FwdKind::Real => ShaderKind::FwdPartial.source_with(v.main_loop).into_owned(),
             _ => source(v.main_loop),
         };
@@ -664,11 +720,16 @@ mod tests {
             "fwd-nowrite:scalar",
             "fwd-loopwg:t1",
             "fwd-loop:scalar:t1:f32",
+            "fwd-real:pad12",
+            "fwd-real:scalar:f32:pad4",
         ] {
             assert_eq!(FwdVariant::parse(s).unwrap().name(), s);
         }
         assert!(FwdVariant::parse("fwd-fast").is_err());
         assert!(FwdVariant::parse("fwd-real:x").is_err());
+        assert!(FwdVariant::parse("fwd-loop:pad4").is_err());
+        assert!(FwdVariant::parse("fwd-real:pad0").is_err());
+        assert!(FwdVariant::parse("fwd-real:padx").is_err());
     }
 
     #[test]
@@ -701,6 +762,14 @@ mod tests {
             assert!(function(&src, "row_step_nw").contains("i32(gj) == y"));
             assert!(!function(&src, "row_step_nw").contains("tlogit"));
             assert!(function(&src, "fwd_end_nw").contains("P.aux != 0.0"));
+            let padded = pad_source(ml, 12);
+            let module = naga::front::wgsl::parse_str(&padded)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&padded)));
+            Validator::new(ValidationFlags::all(), Capabilities::all())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&padded)));
+            assert!(padded.contains("array<vec4<f32>, 768u>"), "12 KiB");
+            assert!(module.entry_points.iter().any(|e| e.name == "fwd_pad"));
         }
     }
 
@@ -725,6 +794,8 @@ mod tests {
             "fwd-loop:t1",
             "fwd-loop:scalar:f32",
             "fwd-real:f32",
+            "fwd-real:pad12",
+            "fwd-real:scalar:pad4",
         ];
         for (s, shape) in [(200, 300, 72), (70, 136, 264)].into_iter().enumerate() {
             for (i, name) in names.iter().enumerate() {
