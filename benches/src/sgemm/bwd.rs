@@ -2,12 +2,13 @@
 //! default) on one chunk as `WgpuBackend::backward` dispatches it, to split its time between
 //! the logits tile, the second product and the slab updates:
 //! - `bwd-real`: the backend's module text unchanged (entry point `main`): per kept class
-//!   tile the logits tile, G, the G tile into workgroup memory, then per 64-wide slice of D
-//!   the product G·C and the slice's read-modify-write of the f32 slab;
+//!   tile the logits tile, G (kept in registers), then per 64-wide slice of D the product
+//!   G·C (G and C panels staged through workgroup memory) and the slice's read-modify-write
+//!   of the f32 slab;
 //! - `bwd-noslab`: the same with the slab update made only when `P.aux != 0` (set for the
 //!   check, 0 when timed): the logits, G and the whole second product stay;
 //! - `bwd-noprod`: the D-slice loop (the second product and the slab updates) run only when
-//!   `P.aux != 0`: the logits tile, G and the G tile's store stay.
+//!   `P.aux != 0`: the logits tile and G stay.
 //!
 //! `:f32` takes f32 inputs instead of bf16. Every variant runs with `P.aux` 1 on small chunks
 //! against the f64 reference of `d_e` (rows' states as [`rows`] sets them), then is timed
@@ -89,7 +90,7 @@ impl BwdVariant {
 /// The slab update of `add_de_half_v`, made only when `P.aux != 0` in `bwd-noslab`.
 const SLAB_GUARD: &str = "    if ok != 0u {\n        add_rows4_v(";
 /// The D-slice loop of the named entry point, run only when `P.aux != 0` in `bwd-noprod`.
-const SLICE_LOOP: &str = "        prod_begin(&pb, false, c_base, P.n_cls, li);
+const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, false, c_base, P.n_cls, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
 ";
 
@@ -112,7 +113,7 @@ pub fn source(kind: BwdKind) -> String {
                 SLICE_LOOP,
                 "        let d_end = select(0u, P.d, P.aux != 0.0);
         if d_end != 0u {
-            prod_begin(&pb, false, c_base, P.n_cls, li);
+            prod_begin_named(gt, &pb, false, c_base, P.n_cls, tx, ty, li);
         }
         for (var d0 = 0u; d0 < d_end; d0 += t) {
 ",

@@ -9,10 +9,10 @@
 // Tiling
 //   Grid (splits, class tiles of the chunk). Split `s` covers row tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the row chunk. Per kept tile: logits tile (same gemm
-//   and thread mapping as bwd_de.wgsl, hence the same G and the same skip decision), G tile
-//   into As[row][class] (grad.wgsl: the A panels' memory), then for each TILE-wide slice of
-//   D: Σ_k G[k][class] · E[k][d] over the TILE rows in TK steps (E panels double buffered in Bs, grad.wgsl's `prod_slice`),
-//   added to the slab.
+//   and thread mapping as bwd_de.wgsl, hence the same G and the same skip decision), G in
+//   registers, its block rows as depth vectors (`g_rows`: depth = row), then for each
+//   TILE-wide slice of D: Σ_k G[k][class] · E[k][d] over the TILE rows in TK steps (G and E
+//   panels double buffered in As and Bs, grad.wgsl's `prod_slice`), added to the slab.
 // Thread mapping
 //   As tile_io.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
 //   columns d0 + tx*8.. of the slice.
@@ -36,19 +36,20 @@ fn bred_get(f: u32) -> f32 {
     return Bs[f >> 2u][f & 3u];
 }
 
-// G of micro-tile row i (a constant at every call) into As[row][class]; returns the row.
-fn put_g(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) -> array<vec4<f32>, 2> {
-    let lo = (*acc)[2u * i];
-    let hi = (*acc)[2u * i + 1u];
-    put_g_v(lo, hi, i, tx, ty);
-    return array<vec4<f32>, 2>(lo, hi);
+// Adds the thread's 8 G rows (in acc), in row order, to its bias sums (lo, hi).
+fn g_bias(acc: ptr<function, Acc>, lo: ptr<function, vec4<f32>>, hi: ptr<function, vec4<f32>>) {
+    for (var i = 0u; i < 8u; i++) {
+        *lo += (*acc)[2u * i];
+        *hi += (*acc)[2u * i + 1u];
+    }
 }
 
-// G row (lo, hi) of micro-tile row i (a constant at every call) into As[row][class].
-fn put_g_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
-    let base = (ty * 8u + i) * 2u * WG + 2u * tx;
-    As[base] = lo;
-    As[base + 1u] = hi;
+// The thread's G block (rows in acc) as grad.wgsl's depth vectors for d_c: gt[2q], gt[2q + 1]
+// = row q (its classes 0..3, 4..7), i.e. acc as it is.
+fn g_rows(acc: ptr<function, Acc>, gt: ptr<function, Acc>) {
+    for (var n = 0u; n < 16u; n++) {
+        (*gt)[n] = (*acc)[n];
+    }
 }
 
 // Add micro-tile rows 4h .. 4h + 3 (h a constant at every call) of the d_c slice to the slab.

@@ -56,33 +56,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         kept_tiles += 1u;
         kept_e += sc.n_ent;
-        var g = put_g(&acc, 0u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 1u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 2u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 3u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 4u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 5u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 6u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        g = put_g(&acc, 7u, tx, ty);
-        bacc_lo += g[0];
-        bacc_hi += g[1];
-        prod_begin(&pb, true, r_base, P.n_rows, li);
+        g_bias(&acc, &bacc_lo, &bacc_hi);
+        var gt: Acc;
+        g_rows(&acc, &gt);
+        prod_begin(&gt, &pb, true, r_base, P.n_rows, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            prod_slice(&acc, &pb, true, r_base, P.n_rows, d0, tx, ty, li);
+            prod_slice(&acc, &gt, &pb, true, r_base, P.n_rows, d0, tx, ty, li);
             add_dc_half(&acc, 0u, c_base, wid.x, d0, tx, ty);
             add_dc_half(&acc, 1u, c_base, wid.x, d0, tx, ty);
         }

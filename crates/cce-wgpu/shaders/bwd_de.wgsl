@@ -8,30 +8,28 @@
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the class chunk. Per kept tile: logits tile (gemm),
-//   G tile into As[class][row] (grad.wgsl: the A panels' memory), then for each TILE-wide
-//   slice of D: Σ_k G[k][row] · C[k][d] over the TILE classes in TK steps (C panels double buffered in Bs, grad.wgsl's
-//   `prod_slice`), added to the slab.
+//   G in registers, its block columns as depth vectors (`g_cols`: depth = class), then for
+//   each TILE-wide slice of D: Σ_k G[k][row] · C[k][d] over the TILE classes in TK steps (G
+//   and C panels double buffered in As and Bs, grad.wgsl's `prod_slice`), added to the slab.
 // Thread mapping
 //   As tile_io.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
 //   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with
 //   slab_stride >= n_rows*D (host-checked against the grid and binding): add_de_half_v passes
-//   grad.wgsl's add_rows4_v the rows r < n_rows only; As element
-//   (tx*8 + jj)*TILE + ty*8 + i below TILE*TILE = 64*WG*WG floats; e, c, bias and the rest as
-//   gemm.wgsl and grad.wgsl.
+//   grad.wgsl's add_rows4_v the rows r < n_rows only; workgroup memory, e, c, bias and the
+//   rest as gemm.wgsl and grad.wgsl.
 
-// G of micro-tile row i (a constant at every call) into As[class][row] (transposed).
-fn put_g_t(acc: ptr<function, Acc>, i: u32, tx: u32, ty: u32) {
-    put_g_t_v((*acc)[2u * i], (*acc)[2u * i + 1u], i, tx, ty);
-}
-
-// G row (lo, hi) of micro-tile row i (a constant at every call) into As[class][row].
-fn put_g_t_v(lo: vec4<f32>, hi: vec4<f32>, i: u32, tx: u32, ty: u32) {
-    let t = tile();
-    for (var jj = 0u; jj < 8u; jj++) {
-        let f = (tx * 8u + jj) * t + ty * 8u + i;
-        As[f >> 2u][f & 3u] = pick8(lo, hi, jj);
+// The thread's G block (rows in acc) as grad.wgsl's depth vectors for d_e: gt[2q], gt[2q + 1]
+// = class column q of rows 0..3, 4..7.
+fn g_cols(acc: ptr<function, Acc>, gt: ptr<function, Acc>) {
+    for (var q = 0u; q < 8u; q++) {
+        let h = q >> 2u;
+        let c = q & 3u;
+        (*gt)[2u * q] = vec4<f32>((*acc)[h][c], (*acc)[2u + h][c], (*acc)[4u + h][c],
+                                  (*acc)[6u + h][c]);
+        (*gt)[2u * q + 1u] = vec4<f32>((*acc)[8u + h][c], (*acc)[10u + h][c],
+                                       (*acc)[12u + h][c], (*acc)[14u + h][c]);
     }
 }
 

@@ -49,17 +49,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         kept_tiles += 1u;
         kept_e += sc.n_ent;
-        put_g_t(&acc, 0u, tx, ty);
-        put_g_t(&acc, 1u, tx, ty);
-        put_g_t(&acc, 2u, tx, ty);
-        put_g_t(&acc, 3u, tx, ty);
-        put_g_t(&acc, 4u, tx, ty);
-        put_g_t(&acc, 5u, tx, ty);
-        put_g_t(&acc, 6u, tx, ty);
-        put_g_t(&acc, 7u, tx, ty);
-        prod_begin(&pb, false, c_base, P.n_cls, li);
+        var gt: Acc;
+        g_cols(&acc, &gt);
+        prod_begin(&gt, &pb, false, c_base, P.n_cls, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
-            prod_slice(&acc, &pb, false, c_base, P.n_cls, d0, tx, ty, li);
+            prod_slice(&acc, &gt, &pb, false, c_base, P.n_cls, d0, tx, ty, li);
             add_de_half(&acc, 0u, r_base, wid.x, d0, tx, ty);
             add_de_half(&acc, 1u, r_base, wid.x, d0, tx, ty);
         }

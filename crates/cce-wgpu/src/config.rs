@@ -170,12 +170,11 @@ impl KernelConfig {
         self.panel_bytes() + self.tile() as u64 * N_BINS as u64 * 4
     }
 
-    /// The d_e and d_c passes' workgroup memory (grad.wgsl): As, which holds the A panels and
-    /// then the TILE x TILE f32 G tile, Bs (which also holds d_c's bias reduction), and six
-    /// words of flags and counters.
+    /// The d_e and d_c passes' workgroup memory (grad.wgsl): the panels As and Bs (the logits
+    /// tile's, then the second product's G and X panels; Bs also holds d_c's bias reduction)
+    /// and six words of flags and counters.
     pub fn grad_bytes(&self) -> u64 {
-        let t = self.tile() as u64;
-        t * t * 4 + self.panel_bytes() / 2 + 24
+        self.panel_bytes() + 24
     }
 
     /// Loop iterations per thread of one depth panel of the logits tile: loading and storing

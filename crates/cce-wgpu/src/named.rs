@@ -127,18 +127,47 @@ fn returned() -> String {
     format!("    return Tile({});\n}}\n", names.join(", "))
 }
 
-/// `fn prod_named(pb, is_e, j_base, n_src, d0, tx, ty, li) -> Tile`: grad.wgsl's `prod_slice`
-/// (Σ_k G[k][m] · X[j_base + k][d0 + n] with the G tile in grad.wgsl's As, the X panels
-/// double buffered through Bs by
-/// `fetch_cols` / `put_cols_b`) in named accumulators, with the same written-out depth step.
-/// Needs grad.wgsl (its As) before it.
+/// `fn put_gp_named`, `fn prod_begin_named` and `fn prod_named(gt, pb, is_e, j_base, n_src,
+/// d0, tx, ty, li) -> Tile`: grad.wgsl's `put_gp8`, `prod_begin` and `prod_slice` (Σ_k G[k][m]
+/// · X[j_base + k][d0 + n], the G panels staged from the threads' depth vectors `gt` into As,
+/// the X panels by `fetch_cols` / `put_cols_b` into Bs, double buffered) with the G block a
+/// `Tile` by value (`gt.a{2q}`, `gt.a{2q + 1}`: depth vector q) and the product in named
+/// accumulators, with the same written-out depth step. Needs grad.wgsl before it.
 pub fn prod_named() -> String {
     let mut s = String::from(
-        "// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
-fn prod_named(pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32, tx: u32,
-              ty: u32, li: u32) -> Tile {
+        "// grad.wgsl's put_gp8 on a G block by value.
+fn put_gp_named(gt: Tile, own: u32, other: u32, k0: u32, buf: u32) {
+    if own * 8u + 8u > k0 && own * 8u < k0 + TK {
+",
+    );
+    for q in 0..N_ACC / 2 {
+        let _ = writeln!(
+            s,
+            "        put_gp(gt.a{}, gt.a{}, {q}u, own, other, k0, buf);",
+            2 * q,
+            2 * q + 1
+        );
+    }
+    s.push_str(
+        "    }
+}
+
+// grad.wgsl's prod_begin on a G block by value.
+fn prod_begin_named(gt: Tile, pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32,
+                    tx: u32, ty: u32, li: u32) {
+    let o = g_own(is_e, tx, ty);
+    fetch_cols(pb, is_e, j_base, n_src, 0u, li);
+    put_gp_named(gt, o.x, o.y, 0u, 0u);
+    put_cols_b(pb, is_e, j_base, n_src, 0u, li, 0u);
+    workgroupBarrier();
+}
+
+// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice).
+fn prod_named(gt: Tile, pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32,
+              tx: u32, ty: u32, li: u32) -> Tile {
     let t = tile();
     let t4 = 2u * WG;
+    let o = g_own(is_e, tx, ty);
 ",
     );
     s.push_str(&zeroed());
@@ -147,13 +176,13 @@ fn prod_named(pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: 
     for (var k0 = 0u; k0 < t; k0 += TK) {
         let more = k0 + TK < t;
         let next = more || d0 + t < P.d;
-        let nj = j_base + select(0u, k0 + TK, more);
+        let nk = select(0u, k0 + TK, more);
         let nd = select(d0 + t, d0, more);
         if next {
-            fetch_cols(pb, is_e, nj, n_src, nd, li);
+            fetch_cols(pb, is_e, j_base + nk, n_src, nd, li);
         }
         for (var k = 0u; k < TK; k++) {
-            let ka = (k0 + k) * t4 + 2u * ty;
+            let ka = (buf * TK + k) * t4 + 2u * ty;
             let kb = (buf * TK + k) * t4 + 2u * tx;
             let x0 = As[ka];
             let x1 = As[ka + 1u];
@@ -165,7 +194,8 @@ fn prod_named(pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: 
     s.push_str(
         "        }
         if next {
-            put_cols_b(pb, is_e, nj, n_src, nd, li, buf ^ 1u);
+            put_gp_named(gt, o.x, o.y, nk, buf ^ 1u);
+            put_cols_b(pb, is_e, j_base + nk, n_src, nd, li, buf ^ 1u);
         }
         workgroupBarrier();
         buf ^= 1u;
@@ -190,13 +220,14 @@ fn row_call<'a>(line: &'a str, name: &str) -> Option<(usize, &'a str)> {
 /// An entry point written for an `Acc` (bwd_hist_main.wgsl, bwd_de_main.wgsl,
 /// bwd_dc_main.wgsl) rewritten line by line for the named accumulators: the logits tile
 /// from `logits_named` (`tl`), G rows from grad.wgsl's `grad_row_v` (`g0 .. g7`, what
-/// `grad_tile` does row by row), the D-slice product from [`prod_named`] (`p`), and every
-/// per-row call by value (`hist_row_v`, `put_g_t_v`, `put_g_v`; `add_de_half_v`,
-/// `add_dc_half_v` with the eight accumulators of four rows) with constant names. Panics on a line that still names the accumulator
-/// (the unit tests run it on every such file).
+/// `grad_tile` does row by row), the G block's depth vectors as a `Tile` `gt` (bwd_de.wgsl's
+/// `g_cols`: the block transposed; bwd_dc.wgsl's `g_rows`: the rows), d_c's bias sums row by
+/// row (`g_bias`), the D-slice product from [`prod_named`] (`p`), and every per-row call by
+/// value (`hist_row_v`; `add_de_half_v`, `add_dc_half_v` with the eight accumulators of four
+/// rows) with constant names. Panics on a line that still names the accumulator (the unit
+/// tests run it on every such file).
 pub fn entry_named(acc_main: &str) -> String {
     let mut out = String::new();
-    let mut g_row = 0;
     // The file's header (the `Acc` entry point's docs) is left out.
     let body = acc_main
         .lines()
@@ -209,12 +240,38 @@ pub fn entry_named(acc_main: &str) -> String {
             out.push_str(&x);
             out.push('\n');
         };
-        if t == "var acc: Acc;" {
+        if t == "var acc: Acc;" || t == "var gt: Acc;" {
             continue;
         } else if let Some(args) = t.strip_prefix("logits_tile(&acc, ") {
             emit(format!("let tl = logits_named({args}"));
-        } else if let Some(args) = t.strip_prefix("prod_slice(&acc, ") {
-            emit(format!("let p = prod_named({args}"));
+        } else if let Some(args) = t.strip_prefix("prod_slice(&acc, &gt, ") {
+            emit(format!("let p = prod_named(gt, {args}"));
+        } else if let Some(args) = t.strip_prefix("prod_begin(&gt, ") {
+            emit(format!("prod_begin_named(gt, {args}"));
+        } else if t == "g_cols(&acc, &gt);" {
+            // Depth vector q: class column q of rows 0..3 (a{2q}) and 4..7 (a{2q + 1}).
+            let cols: Vec<String> = (0..N_ACC)
+                .map(|n| {
+                    let (q, h) = (n / 2, n % 2);
+                    let half = if q < 4 { "lo" } else { "hi" };
+                    let c = ["x", "y", "z", "w"][q % 4];
+                    let rows: Vec<String> = (4 * h..4 * h + 4)
+                        .map(|i| format!("g{i}.{half}.{c}"))
+                        .collect();
+                    format!("vec4<f32>({})", rows.join(", "))
+                })
+                .collect();
+            emit(format!("let gt = Tile({});", cols.join(", ")));
+        } else if t == "g_rows(&acc, &gt);" {
+            let rows: Vec<String> = (0..N_ACC / 2)
+                .map(|i| format!("g{i}.lo, g{i}.hi"))
+                .collect();
+            emit(format!("let gt = Tile({});", rows.join(", ")));
+        } else if t == "g_bias(&acc, &bacc_lo, &bacc_hi);" {
+            for i in 0..N_ACC / 2 {
+                emit(format!("bacc_lo += g{i}.lo;"));
+                emit(format!("bacc_hi += g{i}.hi;"));
+            }
         } else if t == "let need = grad_tile(&acc, &sc, r_base, c_base, tx, ty);" {
             // grad.wgsl's grad_tile, row by row by value.
             emit("sc.n_ent = 0u;".into());
@@ -248,17 +305,6 @@ pub fn entry_named(acc_main: &str) -> String {
             };
             let rows: Vec<String> = (8 * h..8 * h + 8).map(|n| format!("p.a{n}")).collect();
             emit(format!("{f}_half_v({}, {h}u{tail}", rows.join(", ")));
-        } else if let Some((i, tail)) = row_call(t, "put_g_t") {
-            emit(format!("put_g_t_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
-        } else if let Some((i, tail)) =
-            row_call(t, "var g = put_g").or_else(|| row_call(t, "g = put_g"))
-        {
-            g_row = i;
-            emit(format!("put_g_v(g{i}.lo, g{i}.hi, {i}u{tail}"));
-        } else if t == "bacc_lo += g[0];" {
-            emit(format!("bacc_lo += g{g_row}.lo;"));
-        } else if t == "bacc_hi += g[1];" {
-            emit(format!("bacc_hi += g{g_row}.hi;"));
         } else {
             assert!(
                 !(t.contains("&acc")
@@ -461,11 +507,13 @@ mod tests {
                 "bwd_hist" => &[("hist_row_v(tl.a{lo}, tl.a{hi}, {i}u,", "")],
                 "bwd_de" => &[
                     ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
-                    ("put_g_t_v(g{i}.lo, g{i}.hi, {i}u,", ""),
+                    // Row i is component i % 4 of the depth vectors' lo or hi half.
+                    ("g{i}.lo.x", ""),
+                    ("g{i}.hi.w", ""),
                 ],
                 _ => &[
                     ("grad_row_v(tl.a{lo}, tl.a{hi}, &sc, {i}u,", ""),
-                    ("put_g_v(g{i}.lo, g{i}.hi, {i}u,", "bacc_lo += g{i}.lo;"),
+                    ("g{i}.lo, g{i}.hi", "bacc_lo += g{i}.lo;"),
                 ],
             };
             // The slice's rows reach the slab four at a time, each half once.
@@ -474,6 +522,12 @@ mod tests {
                 let rows: Vec<String> = (8 * h..8 * h + 8).map(|n| format!("p.a{n}")).collect();
                 let call = format!("{add}_half_v({}, {h}u,", rows.join(", "));
                 assert_eq!(src.matches(&call).count(), 1, "{name}: {call}");
+            }
+            // The G block goes into the product by value, once per tile.
+            if name != "bwd_hist" {
+                assert_eq!(src.matches("let gt = Tile(").count(), 1, "{name}");
+                assert_eq!(src.matches("prod_begin_named(gt, ").count(), 1, "{name}");
+                assert_eq!(src.matches("let p = prod_named(gt, ").count(), 1, "{name}");
             }
             for i in 0..8 {
                 let fill = |c: &str| {
@@ -504,10 +558,12 @@ mod tests {
             assert!(prod.contains(read), "{read}");
         }
         assert!(!prod.contains("array<") && !prod.contains("Acc"));
-        let prod_slice = include_str!("../shaders/grad.wgsl");
+        let prod_slice =
+            include_str!("../shaders/grad.wgsl").replace("put_gp8(gt, ", "put_gp_named(gt, ");
         for index in [
-            "let ka = (k0 + k) * t4 + 2u * ty;",
+            "let ka = (buf * TK + k) * t4 + 2u * ty;",
             "let kb = (buf * TK + k) * t4 + 2u * tx;",
+            "put_gp_named(gt, o.x, o.y, nk, buf ^ 1u);",
         ] {
             assert!(
                 prod.contains(index) && prod_slice.contains(index),
