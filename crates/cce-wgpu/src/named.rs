@@ -11,8 +11,10 @@
 //!   panel), whose depth step is the 8 x 8 outer product written out: `aN = fma(vec4<f32>(
 //!   xH.c), yh, aN)` for `N = 2i + h`, row `i` taking component `c = "xyzw"[i % 4]` of
 //!   `xH`, `H = i / 4`;
-//! - `fn prod_named(..) -> Tile`: grad.wgsl's `prod_slice` (the backward's second product,
-//!   the G tile times a D slice of e or c) likewise;
+//! - `fn prod_named(..) -> Tile` (with `put_gp_named`, `prod_begin_named`): grad.wgsl's
+//!   `prod_slice` (the backward's second product, the thread's G block kept in registers as
+//!   a `Tile` by value and staged into the A panels a TK-deep panel at a time, times a D
+//!   slice of e or c) likewise;
 //! - `fn fwd_named(wid, lid, li)`: fwd_partial.wgsl's pass (put_row per micro-tile row by
 //!   value into the row's running state, fwd_end per row at the end of the split) on that
 //!   tile, and the entry point `main`;
@@ -24,8 +26,8 @@
 //! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
 //! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
 //! with `buf < 2`, `k < TK`, `ty < WG`: below `4·TK·WG`) and of grad.wgsl's `prod_slice`
-//! (`As[(k0 + k)·2WG + 2ty + 1]` with `k0 + k < TILE`, `Bs` as above), see the `bounds`
-//! module.
+//! and `put_gp` (the same indices with `tx` or `ty`, and `kk < TK` for the G panel's stores),
+//! see the `bounds` module.
 
 use std::fmt::Write;
 
