@@ -41,6 +41,9 @@ pub enum BwdKind {
     NoProd,
     /// `d_c` only: the bias sums compiled out.
     NoBias,
+    /// The slab as `array<vec4<f32>>`: a row's 8 floats read and written as two vec4 where
+    /// they are 16-byte aligned and inside the row, the scalar path for the rest.
+    Slab4,
 }
 
 /// Which backward pass.
@@ -64,25 +67,26 @@ pub struct BwdVariant {
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod}[:f32]` (`d_e`) or `dc-{real|noslab|noprod|nobias}[:f32]`
-    /// (`d_c`).
+    /// Parse `bwd-{real|noslab|noprod|slab4}[:f32]` (`d_e`) or
+    /// `dc-{real|noslab|noprod|nobias|slab4}[:f32]` (`d_c`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
-        let (pass, kind) = match parts.next().unwrap_or_default() {
-            "bwd-real" => (BwdPass::De, BwdKind::Real),
-            "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
-            "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
-            "dc-real" => (BwdPass::Dc, BwdKind::Real),
-            "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
-            "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
-            "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
-            _ => {
-                return Err(bad(
-                    "want bwd-real|bwd-noslab|bwd-noprod|dc-real|dc-noslab|dc-noprod|dc-nobias",
-                ))
-            }
-        };
+        let (pass, kind) =
+            match parts.next().unwrap_or_default() {
+                "bwd-real" => (BwdPass::De, BwdKind::Real),
+                "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
+                "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
+                "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
+                "dc-real" => (BwdPass::Dc, BwdKind::Real),
+                "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
+                "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
+                "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
+                "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
+                _ => return Err(bad(
+                    "want bwd-{real|noslab|noprod|slab4} or dc-{real|noslab|noprod|nobias|slab4}",
+                )),
+            };
         let mut v = BwdVariant {
             pass,
             kind,
@@ -105,6 +109,7 @@ impl BwdVariant {
             BwdKind::NoSlab => "noslab",
             BwdKind::NoProd => "noprod",
             BwdKind::NoBias => "nobias",
+            BwdKind::Slab4 => "slab4",
         };
         let pass = match self.pass {
             BwdPass::De => "bwd",
@@ -126,6 +131,56 @@ const SLAB_GUARD: &str = "    if ok != 0u {\n        add_rows4_v(";
 const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, {x}, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
 ";
+
+/// grad.wgsl's slab binding.
+const SLAB_DECL: &str = "var<storage, read_write> slab: array<f32>;";
+
+/// grad.wgsl's `ld_row8` and `st_row8` on a vec4 slab (`Slab4`): two vec4 accesses when the
+/// row's 8 floats at base + n0 are 16-byte aligned and below base + D, else float by float
+/// (f = slab[i / 4][i % 4]) as grad.wgsl does them. In bounds wherever grad.wgsl's are: the
+/// vec4 path touches floats base + n0 .. + 7 < base + D only.
+const SLAB4_ROWS: &str = "fn slab_f(i: u32) -> f32 {
+    return slab[i >> 2u][i & 3u];
+}
+
+fn ld_row8(base: u32, n0: u32) -> array<vec4<f32>, 2> {
+    let o = base + n0;
+    if (o & 3u) == 0u && n0 + 8u <= P.d {
+        return array<vec4<f32>, 2>(slab[o >> 2u], slab[(o >> 2u) + 1u]);
+    }
+    let last = base + P.d - 1u;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(slab_f(min(o, last)), slab_f(min(o + 1u, last)), slab_f(min(o + 2u, last)),
+                  slab_f(min(o + 3u, last))),
+        vec4<f32>(slab_f(min(o + 4u, last)), slab_f(min(o + 5u, last)),
+                  slab_f(min(o + 6u, last)), slab_f(min(o + 7u, last))));
+}
+
+fn st_row8(lo: vec4<f32>, hi: vec4<f32>, base: u32, n0: u32) {
+    let o = base + n0;
+    if (o & 3u) == 0u && n0 + 8u <= P.d {
+        slab[o >> 2u] = lo;
+        slab[(o >> 2u) + 1u] = hi;
+        return;
+    }
+    for (var jj = 0u; jj < 8u; jj++) {
+        if n0 + jj < P.d {
+            let i = o + jj;
+            slab[i >> 2u][i & 3u] = pick8(lo, hi, jj);
+        }
+    }
+}
+";
+
+/// Function `name` (from `fn name(` to its closing `}` at column 0) of `src`.
+fn function<'a>(src: &'a str, name: &str) -> &'a str {
+    let at = src
+        .find(&format!("\nfn {name}("))
+        .unwrap_or_else(|| panic!("no fn {name}"))
+        + 1;
+    let len = src[at..].find("\n}\n").expect("a closing brace") + 3;
+    &src[at..at + len]
+}
 
 /// The module of `pass`'s variant `kind` (the backend's named module, rewritten as the module
 /// docs say). Panics when the backend's text no longer has what it rewrites (unit-tested), or
@@ -167,6 +222,14 @@ pub fn source(pass: BwdPass, kind: BwdKind) -> String {
             }
             real.replace("bacc_lo += ", "_ = ")
                 .replace("bacc_hi += ", "_ = ")
+        }
+        BwdKind::Slab4 => {
+            assert_eq!(real.matches(SLAB_DECL).count(), 1, "the slab binding");
+            let (ld, st) = (function(&real, "ld_row8"), function(&real, "st_row8"));
+            real.replace(ld, "").replace(st, SLAB4_ROWS).replace(
+                SLAB_DECL,
+                "var<storage, read_write> slab: array<vec4<f32>>;",
+            )
         }
     }
 }
@@ -275,7 +338,11 @@ impl BwdBuilt {
                 (per, row_tiles.div_ceil(per), cls_tiles, stride)
             }
         };
-        let slab = g.storage("slabs", 4 * u64::from(nsplit) * stride)?;
+        // Whole vec4s, for `Slab4`'s binding.
+        let slab = g.storage(
+            "slabs",
+            (4 * u64::from(nsplit) * stride).next_multiple_of(16),
+        )?;
         let bslab = g.storage("bias slabs", 4 * u64::from(nsplit) * u64::from(nc))?;
         let rs = g.upload("row states", bytemuck::cast_slice(&rows(&chunk.tgt)))?;
         let dropped = g.storage("dropped", 4 * u64::from(n))?;
@@ -466,6 +533,8 @@ mod tests {
             "dc-noslab",
             "dc-noprod:f32",
             "dc-nobias",
+            "bwd-slab4",
+            "dc-slab4:f32",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
@@ -484,14 +553,22 @@ mod tests {
             (BwdPass::Dc, BwdKind::NoSlab),
             (BwdPass::Dc, BwdKind::NoProd),
             (BwdPass::Dc, BwdKind::NoBias),
+            (BwdPass::De, BwdKind::Slab4),
+            (BwdPass::Dc, BwdKind::Slab4),
         ] {
             let src = source(pass, kind);
+            assert_eq!(
+                src.matches("array<vec4<f32>>;").count(),
+                usize::from(kind == BwdKind::Slab4),
+                "{pass:?} {kind:?}"
+            );
+            assert_eq!(src.matches("fn ld_row8(").count(), 1);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             Validator::new(ValidationFlags::all(), Capabilities::all())
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-            let ablated = !matches!(kind, BwdKind::Real | BwdKind::NoBias);
+            let ablated = matches!(kind, BwdKind::NoSlab | BwdKind::NoProd);
             assert_eq!(src.matches("P.aux != 0.0").count(), usize::from(ablated));
             assert_eq!(
                 src.matches("bacc_lo += ").count(),
@@ -517,7 +594,12 @@ mod tests {
             }
             Err(e) => panic!("CCE_REQUIRE_WGPU set and {e}"),
         };
-        for (s, shape) in [(70, 300, 136), (130, 136, 72)].into_iter().enumerate() {
+        // D = 132: the last slice's row segments past D − 8 (Slab4's scalar path; the chunks
+        // take D % 4 = 0, so no segment is off 16-byte alignment here).
+        for (s, shape) in [(70, 300, 136), (130, 136, 72), (70, 136, 132)]
+            .into_iter()
+            .enumerate()
+        {
             for (i, name) in [
                 "bwd-real",
                 "bwd-noslab",
@@ -528,6 +610,8 @@ mod tests {
                 "dc-noprod",
                 "dc-nobias",
                 "dc-real:f32",
+                "bwd-slab4",
+                "dc-slab4",
             ]
             .iter()
             .enumerate()
