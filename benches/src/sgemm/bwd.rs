@@ -13,7 +13,8 @@
 //!   across the whole pass), to see what they cost the module; the bias slab stays zero (the
 //!   check is of `d_c` only).
 //!
-//! `:f32` takes f32 inputs instead of bf16. Every variant runs with `P.aux` 1 on small chunks
+//! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
+//! workgroups (N times the splits, each with its own slab). Every variant runs with `P.aux` 1 on small chunks
 //! against the f64 reference of `d_e` or `d_c` (rows' states as [`rows`] sets them), then is
 //! timed with `P.aux` 0. Grid as the backend's for one chunk: `d_e` (splits of the class
 //! tiles, row tiles) with [`super::fwd::split_tiles`], `d_c` (splits of the row tiles, class
@@ -64,11 +65,14 @@ pub struct BwdVariant {
     pub kind: BwdKind,
     /// Input dtype.
     pub dtype: Dtype,
+    /// Multiplier of the launch's target workgroups (`:wN`, 1 by default): N times the
+    /// splits, so fewer distinct fixed tiles among the resident workgroups.
+    pub wmul: u32,
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod|slab4}[:f32]` (`d_e`) or
-    /// `dc-{real|noslab|noprod|nobias|slab4}[:f32]` (`d_c`).
+    /// Parse `bwd-{real|noslab|noprod|slab4}[:f32][:wN]` (`d_e`) or
+    /// `dc-{real|noslab|noprod|nobias|slab4}[:f32][:wN]` (`d_c`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
@@ -91,10 +95,18 @@ impl BwdVariant {
             pass,
             kind,
             dtype: Dtype::Bf16,
+            wmul: 1,
         };
         for flag in parts {
             match flag {
                 "f32" => v.dtype = Dtype::F32,
+                w if w.starts_with('w') => {
+                    v.wmul = w[1..]
+                        .parse()
+                        .ok()
+                        .filter(|&m| (1..=64).contains(&m))
+                        .ok_or_else(|| bad("want :wN with N in 1..=64"))?
+                }
                 "bf16" => v.dtype = Dtype::Bf16,
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
             }
@@ -118,6 +130,9 @@ impl BwdVariant {
         let mut n = format!("{pass}-{kind}");
         if self.dtype == Dtype::F32 {
             n += ":f32";
+        }
+        if self.wmul != 1 {
+            n += &format!(":w{}", self.wmul);
         }
         n
     }
@@ -325,6 +340,7 @@ impl BwdBuilt {
         }
         let (n, nc, d) = chunk.shape;
         let (row_tiles, cls_tiles) = (n.div_ceil(TILE), nc.div_ceil(TILE));
+        let target_workgroups = target_workgroups.saturating_mul(v.wmul);
         // (tiles per split, splits, the grid's y extent, floats per slab).
         let (per, nsplit, gy, stride) = match v.pass {
             BwdPass::De => {
@@ -535,11 +551,14 @@ mod tests {
             "dc-nobias",
             "bwd-slab4",
             "dc-slab4:f32",
+            "dc-real:w3",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
         assert!(BwdVariant::parse("bwd-fast").is_err());
         assert!(BwdVariant::parse("bwd-nobias").is_err());
+        assert!(BwdVariant::parse("dc-real:w0").is_err());
+        assert!(BwdVariant::parse("dc-real:wx").is_err());
         assert!(BwdVariant::parse("bwd-real:x").is_err());
     }
 
@@ -612,6 +631,7 @@ mod tests {
                 "dc-real:f32",
                 "bwd-slab4",
                 "dc-slab4",
+                "dc-real:w2",
             ]
             .iter()
             .enumerate()
