@@ -69,14 +69,16 @@
 #           bf16, 8:8:named: forward and forward+backward, 1 warm-up + 1 timed call each, then
 #           one call each with GPU timestamps per shader; QUICK_FWD / QUICK_CONFIGS override the
 #           variant / config lists; its tables print last;
-#   bwd     the backward's d_e pass on the one chunk the backend dispatches (8192 x 29120 x
-#           2304, 16 x 128 workgroups of 29 class tiles), bf16, GPU timestamps, ~40 s (at most
-#           75 by its timeout): the real pass against its ablations (cce-bench-sgemm
-#           --bwd-variants, benches/src/sgemm/bwd.rs: no slab update; no second product),
-#           each checked against f64 on 70 x 300 x 136 first, and the forward shader on the
-#           same chunk with 0, 4, 8, 12 KiB of workgroup memory added (fwd-real:padN,
-#           benches/src/sgemm/fwd.rs; the d_e pass's footprint is the forward's + 12 KiB);
-#           BWD_VARIANTS / BWD_FWD override the lists; its tables print last;
+#   bwd     the backward's d_e and d_c passes on the one chunk the backend dispatches (8192 x
+#           29120 x 2304; d_e 16 x 128 workgroups of 29 class tiles, d_c 5 x 455 workgroups of
+#           26 row tiles), bf16, GPU timestamps: each real pass against its ablations
+#           (cce-bench-sgemm --bwd-variants, benches/src/sgemm/bwd.rs: no slab update; no second
+#           product; d_c without its bias sums; the slab as vec4, bwd-slab4 / dc-slab4; d_c with
+#           3x the splits, dc-real:w3), each checked against f64 on 70 x 300 x 136 first;
+#           BWD_FWD (none by default) adds forward variants on the same chunk (fwd-real;
+#           fwd-real:padN adds N KiB of workgroup memory, benches/src/sgemm/fwd.rs); ~50 s (at
+#           most 75 by its timeout, timing stops at 60); BWD_VARIANTS overrides the list; its
+#           tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
 #           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
 #           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
@@ -241,7 +243,7 @@ summary() {
   fi
   if [ -f "$OUT/bwd.log" ]; then
     echo
-    echo "==== bwd: the d_e pass and its ablations on one chunk (GPU timestamps, medians) ===="
+    echo "==== bwd: the d_e and d_c passes and their ablations on one chunk (GPU timestamps, medians) ===="
     grep -E "^adapter|FAIL" "$OUT/bwd.log"
     sed -n '/^| d_e chunk/,/^$/p' "$OUT/bwd.log"
     sed -n '/^| forward chunk/,/^$/p' "$OUT/bwd.log"
@@ -369,11 +371,11 @@ fi
 
 if [[ $PHASES == *bwd* ]]; then
   timeout 75 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 60 --bwd-variants "${BWD_VARIANTS:-bwd-real,bwd-noslab,bwd-noprod}" \
+    --deadline-s 60 --bwd-variants "${BWD_VARIANTS:-bwd-real,bwd-noslab,bwd-noprod,bwd-slab4,dc-real,dc-noslab,dc-noprod,dc-nobias,dc-slab4,dc-real:w3}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 \
-    --fwd-variants "${BWD_FWD:-fwd-real,fwd-real:pad4,fwd-real:pad8,fwd-real:pad12}" \
+    --fwd-variants "${BWD_FWD-}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1
-  status[bwd]="d_e ablations rc=$?"
+  status[bwd]="d_e / d_c ablations rc=$?"
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/bwd.log" | cut -c1-220
 fi
 

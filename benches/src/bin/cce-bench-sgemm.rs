@@ -79,15 +79,17 @@ struct Cli {
     /// Chunks every forward variant is checked on (all rows) before timing.
     #[arg(long, default_value = "200x300x72,70x136x264")]
     fwd_check: String,
-    /// Ablations of the backward's d_e pass (`cce_benches::sgemm::bwd`), comma list of
-    /// `bwd-{real|noslab|noprod}[:f32]` ("" for none).
+    /// Ablations of the backward's d_e and d_c passes (`cce_benches::sgemm::bwd`), comma list
+    /// of `bwd-{real|noslab|noprod}[:f32]` (d_e), `dc-{real|noslab|noprod|nobias}[:f32]` (d_c)
+    /// ("" for none).
     #[arg(long, default_value = "")]
     bwd_variants: String,
-    /// Chunks the d_e variants are timed on, comma list of ROWSxCLASSESxD (not checked: the
+    /// Chunks the backward variants are timed on, comma list of ROWSxCLASSESxD (not checked: the
     /// f64 reference of a whole chunk's d_e row is the check's, on `--bwd-check`).
     #[arg(long, default_value = "8192x29120x2304")]
     bwd_shapes: String,
-    /// Chunks every d_e variant is checked on (all rows) before timing.
+    /// Chunks every backward variant is checked on (all rows of d_e, all classes of d_c)
+    /// before timing.
     #[arg(long, default_value = "70x300x136")]
     bwd_check: String,
 }
@@ -343,7 +345,7 @@ fn run(cli: &Cli) -> Result<(), String> {
     if !bwd_rows.is_empty() {
         println!();
         println!(
-            "| d_e chunk | variant | grid (splits x row tiles), tiles per split | median ms | min ms | TFLOP/s of the real pass's 2 products | % of {} |",
+            "| d_e chunk | variant | grid (splits x row tiles, or x class tiles for dc-), tiles per split | median ms | min ms | TFLOP/s of the real pass's 2 products | % of {} |",
             cli.peak_tflops
         );
         println!("|---|---|---|---|---|---|---|");
@@ -466,8 +468,8 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
     Ok(rows)
 }
 
-/// The d_e variants (`--bwd-variants`): each built, checked on every `--bwd-check` chunk
-/// (all rows, f64), then timed on every `--bwd-shapes` chunk (GPU timestamps around each
+/// The d_e and d_c variants (`--bwd-variants`): each built, checked on every `--bwd-check`
+/// chunk (all rows of d_e, all classes of d_c, f64), then timed on every `--bwd-shapes` chunk (GPU timestamps around each
 /// dispatch, `--warmup` + `--reps`). Table rows.
 fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, String> {
     use cce_benches::sgemm::{bwd, fwd};
@@ -496,8 +498,7 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
                 let chunk = fwd::Chunk::new(g, shape, v.dtype, (100 * si + vi) as u64)?;
                 let l = b.launch(g, &chunk, cli.fwd_target_workgroups.min(8))?;
                 let slab = l.run(g)?;
-                let rows: Vec<usize> = (0..shape.0 as usize).collect();
-                Ok(bwd::check(&chunk, l.splits.0, &slab, &rows))
+                Ok(bwd::check_all(v, &chunk, l.splits.0, &slab))
             })();
             let (m, n, k) = shape;
             match res {
@@ -562,7 +563,10 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
                     Ok(format!(
                         "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% |",
                         l.splits.0,
-                        m.div_ceil(fwd::TILE),
+                        match b.variant.pass {
+                            bwd::BwdPass::De => m.div_ceil(fwd::TILE),
+                            bwd::BwdPass::Dc => n.div_ceil(fwd::TILE),
+                        },
                         l.splits.1,
                         100.0 * tf / cli.peak_tflops
                     ))

@@ -1,20 +1,24 @@
-//! Ablations of cce-wgpu's `d_e` pass (`bwd_de.wgsl` with the named main loop, the GPU
-//! default) on one chunk as `WgpuBackend::backward` dispatches it, to split its time between
-//! the logits tile, the second product and the slab updates:
-//! - `bwd-real`: the backend's module text unchanged (entry point `main`): per kept class
-//!   tile the logits tile, G (kept in registers), then per 64-wide slice of D the product
-//!   G·C (G and C panels staged through workgroup memory) and the slice's read-modify-write
-//!   of the f32 slab;
-//! - `bwd-noslab`: the same with the slab update made only when `P.aux != 0` (set for the
-//!   check, 0 when timed): the logits, G and the whole second product stay;
-//! - `bwd-noprod`: the D-slice loop (the second product and the slab updates) run only when
-//!   `P.aux != 0`: the logits tile and G stay.
+//! Ablations of cce-wgpu's backward passes (`bwd_de.wgsl` and `bwd_dc.wgsl` with the named
+//! main loop, the GPU default) on one chunk as `WgpuBackend::backward` dispatches it, to split
+//! their time between the logits tile, the second product and the slab updates:
+//! - `bwd-real` (`d_e`) / `dc-real` (`d_c`): the backend's module text unchanged (entry point
+//!   `main`): per kept tile the logits tile, G (kept in registers), then per 64-wide slice of
+//!   D the product G·C (`d_e`) or Gᵀ·E (`d_c`), G and X panels staged through workgroup
+//!   memory, and the slice's read-modify-write of the f32 slab;
+//! - `bwd-noslab` / `dc-noslab`: the same with the slab update made only when `P.aux != 0`
+//!   (set for the check, 0 when timed): the logits, G and the whole second product stay;
+//! - `bwd-noprod` / `dc-noprod`: the D-slice loop (the second product and the slab updates)
+//!   run only when `P.aux != 0`: the logits tile and G stay;
+//! - `dc-nobias`: `dc-real` with d_c's bias sums compiled out (their eight registers live
+//!   across the whole pass), to see what they cost the module; the bias slab stays zero (the
+//!   check is of `d_c` only).
 //!
-//! `:f32` takes f32 inputs instead of bf16. Every variant runs with `P.aux` 1 on small chunks
-//! against the f64 reference of `d_e` (rows' states as [`rows`] sets them), then is timed
-//! with `P.aux` 0. Grid (splits, row tiles) with `split_tiles` from
-//! [`super::fwd::split_tiles`] (the backend's `d_e` split for one row chunk), one slab per
-//! split.
+//! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
+//! workgroups (N times the splits, each with its own slab). Every variant runs with `P.aux` 1 on small chunks
+//! against the f64 reference of `d_e` or `d_c` (rows' states as [`rows`] sets them), then is
+//! timed with `P.aux` 0. Grid as the backend's for one chunk: `d_e` (splits of the class
+//! tiles, row tiles) with [`super::fwd::split_tiles`], `d_c` (splits of the row tiles, class
+//! tiles) with [`dc_split_tiles`]; one slab per split.
 
 use super::fwd::{split_tiles, Chunk, TILE};
 use super::{gpu, host, Dtype};
@@ -36,35 +40,73 @@ pub enum BwdKind {
     NoSlab,
     /// No D-slice loop at run time.
     NoProd,
+    /// `d_c` only: the bias sums compiled out.
+    NoBias,
+    /// The slab as `array<vec4<f32>>`: a row's 8 floats read and written as two vec4 where
+    /// they are 16-byte aligned and inside the row, the scalar path for the rest.
+    Slab4,
 }
 
-/// One `d_e` variant.
+/// Which backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdPass {
+    /// `d_e` (row-owned, `bwd_de.wgsl`).
+    De,
+    /// `d_c` (class-owned, `bwd_dc.wgsl`).
+    Dc,
+}
+
+/// One backward variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BwdVariant {
+    /// Which pass.
+    pub pass: BwdPass,
     /// Which ablation.
     pub kind: BwdKind,
     /// Input dtype.
     pub dtype: Dtype,
+    /// Multiplier of the launch's target workgroups (`:wN`, 1 by default): N times the
+    /// splits, so fewer distinct fixed tiles among the resident workgroups.
+    pub wmul: u32,
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod}[:f32]`.
+    /// Parse `bwd-{real|noslab|noprod|slab4}[:f32][:wN]` (`d_e`) or
+    /// `dc-{real|noslab|noprod|nobias|slab4}[:f32][:wN]` (`d_c`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
-        let kind = match parts.next().unwrap_or_default() {
-            "bwd-real" => BwdKind::Real,
-            "bwd-noslab" => BwdKind::NoSlab,
-            "bwd-noprod" => BwdKind::NoProd,
-            _ => return Err(bad("want bwd-real|bwd-noslab|bwd-noprod")),
-        };
+        let (pass, kind) =
+            match parts.next().unwrap_or_default() {
+                "bwd-real" => (BwdPass::De, BwdKind::Real),
+                "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
+                "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
+                "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
+                "dc-real" => (BwdPass::Dc, BwdKind::Real),
+                "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
+                "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
+                "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
+                "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
+                _ => return Err(bad(
+                    "want bwd-{real|noslab|noprod|slab4} or dc-{real|noslab|noprod|nobias|slab4}",
+                )),
+            };
         let mut v = BwdVariant {
+            pass,
             kind,
             dtype: Dtype::Bf16,
+            wmul: 1,
         };
         for flag in parts {
             match flag {
                 "f32" => v.dtype = Dtype::F32,
+                w if w.starts_with('w') => {
+                    v.wmul = w[1..]
+                        .parse()
+                        .ok()
+                        .filter(|&m| (1..=64).contains(&m))
+                        .ok_or_else(|| bad("want :wN with N in 1..=64"))?
+                }
                 "bf16" => v.dtype = Dtype::Bf16,
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
             }
@@ -74,52 +116,146 @@ impl BwdVariant {
 
     /// The name [`BwdVariant::parse`] reads back.
     pub fn name(&self) -> String {
-        let mut n = match self.kind {
-            BwdKind::Real => "bwd-real",
-            BwdKind::NoSlab => "bwd-noslab",
-            BwdKind::NoProd => "bwd-noprod",
-        }
-        .to_string();
+        let kind = match self.kind {
+            BwdKind::Real => "real",
+            BwdKind::NoSlab => "noslab",
+            BwdKind::NoProd => "noprod",
+            BwdKind::NoBias => "nobias",
+            BwdKind::Slab4 => "slab4",
+        };
+        let pass = match self.pass {
+            BwdPass::De => "bwd",
+            BwdPass::Dc => "dc",
+        };
+        let mut n = format!("{pass}-{kind}");
         if self.dtype == Dtype::F32 {
             n += ":f32";
+        }
+        if self.wmul != 1 {
+            n += &format!(":w{}", self.wmul);
         }
         n
     }
 }
 
-/// The slab update of `add_de_half_v`, made only when `P.aux != 0` in `bwd-noslab`.
+/// The slab update of `add_de_half_v` / `add_dc_half_v`, made only when `P.aux != 0` in the
+/// `noslab` variants.
 const SLAB_GUARD: &str = "    if ok != 0u {\n        add_rows4_v(";
-/// The D-slice loop of the named entry point, run only when `P.aux != 0` in `bwd-noprod`.
-const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, false, c_base, P.n_cls, tx, ty, li);
+/// The D-slice loop of the named entry point (`{x}`: the pass's X arguments), run only when
+/// `P.aux != 0` in the `noprod` variants.
+const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, {x}, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
 ";
 
-/// The `d_e` module of variant `kind` (the backend's named module, rewritten as the module
-/// docs say). Panics when the backend's text no longer has what it rewrites (unit-tested).
-pub fn source(kind: BwdKind) -> String {
-    let real = ShaderKind::BwdDe.source_with(MainLoop::Named).into_owned();
+/// grad.wgsl's slab binding.
+const SLAB_DECL: &str = "var<storage, read_write> slab: array<f32>;";
+
+/// grad.wgsl's `ld_row8` and `st_row8` on a vec4 slab (`Slab4`): two vec4 accesses when the
+/// row's 8 floats at base + n0 are 16-byte aligned and below base + D, else float by float
+/// (f = slab[i / 4][i % 4]) as grad.wgsl does them. In bounds wherever grad.wgsl's are: the
+/// vec4 path touches floats base + n0 .. + 7 < base + D only.
+const SLAB4_ROWS: &str = "fn slab_f(i: u32) -> f32 {
+    return slab[i >> 2u][i & 3u];
+}
+
+fn ld_row8(base: u32, n0: u32) -> array<vec4<f32>, 2> {
+    let o = base + n0;
+    if (o & 3u) == 0u && n0 + 8u <= P.d {
+        return array<vec4<f32>, 2>(slab[o >> 2u], slab[(o >> 2u) + 1u]);
+    }
+    let last = base + P.d - 1u;
+    return array<vec4<f32>, 2>(
+        vec4<f32>(slab_f(min(o, last)), slab_f(min(o + 1u, last)), slab_f(min(o + 2u, last)),
+                  slab_f(min(o + 3u, last))),
+        vec4<f32>(slab_f(min(o + 4u, last)), slab_f(min(o + 5u, last)),
+                  slab_f(min(o + 6u, last)), slab_f(min(o + 7u, last))));
+}
+
+fn st_row8(lo: vec4<f32>, hi: vec4<f32>, base: u32, n0: u32) {
+    let o = base + n0;
+    if (o & 3u) == 0u && n0 + 8u <= P.d {
+        slab[o >> 2u] = lo;
+        slab[(o >> 2u) + 1u] = hi;
+        return;
+    }
+    for (var jj = 0u; jj < 8u; jj++) {
+        if n0 + jj < P.d {
+            let i = o + jj;
+            slab[i >> 2u][i & 3u] = pick8(lo, hi, jj);
+        }
+    }
+}
+";
+
+/// Function `name` (from `fn name(` to its closing `}` at column 0) of `src`.
+fn function<'a>(src: &'a str, name: &str) -> &'a str {
+    let at = src
+        .find(&format!("\nfn {name}("))
+        .unwrap_or_else(|| panic!("no fn {name}"))
+        + 1;
+    let len = src[at..].find("\n}\n").expect("a closing brace") + 3;
+    &src[at..at + len]
+}
+
+/// The module of `pass`'s variant `kind` (the backend's named module, rewritten as the module
+/// docs say). Panics when the backend's text no longer has what it rewrites (unit-tested), or
+/// for `NoBias` of `d_e`.
+pub fn source(pass: BwdPass, kind: BwdKind) -> String {
+    let (shader, x) = match pass {
+        BwdPass::De => (ShaderKind::BwdDe, "false, c_base, P.n_cls"),
+        BwdPass::Dc => (ShaderKind::BwdDc, "true, r_base, P.n_rows"),
+    };
+    let real = shader.source_with(MainLoop::Named).into_owned();
+    let slice_loop = SLICE_LOOP.replace("{x}", x);
     match kind {
         BwdKind::Real => real,
         BwdKind::NoSlab => {
-            assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_de_half_v's guard");
+            assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_*_half_v's guard");
             real.replace(
                 SLAB_GUARD,
                 "    if ok != 0u && P.aux != 0.0 {\n        add_rows4_v(",
             )
         }
         BwdKind::NoProd => {
-            assert_eq!(real.matches(SLICE_LOOP).count(), 1, "the D-slice loop");
+            assert_eq!(real.matches(&slice_loop).count(), 1, "the D-slice loop");
             real.replace(
-                SLICE_LOOP,
-                "        let d_end = select(0u, P.d, P.aux != 0.0);
-        if d_end != 0u {
-            prod_begin_named(gt, &pb, false, c_base, P.n_cls, tx, ty, li);
+                &slice_loop,
+                &format!(
+                    "        let d_end = select(0u, P.d, P.aux != 0.0);
+        if d_end != 0u {{
+            prod_begin_named(gt, &pb, {x}, tx, ty, li);
+        }}
+        for (var d0 = 0u; d0 < d_end; d0 += t) {{
+"
+                ),
+            )
         }
-        for (var d0 = 0u; d0 < d_end; d0 += t) {
-",
+        BwdKind::NoBias => {
+            assert_eq!(pass, BwdPass::Dc, "nobias is a d_c variant");
+            for acc in ["bacc_lo += ", "bacc_hi += "] {
+                assert_eq!(real.matches(acc).count(), 8, "{acc}");
+            }
+            real.replace("bacc_lo += ", "_ = ")
+                .replace("bacc_hi += ", "_ = ")
+        }
+        BwdKind::Slab4 => {
+            assert_eq!(real.matches(SLAB_DECL).count(), 1, "the slab binding");
+            let (ld, st) = (function(&real, "ld_row8"), function(&real, "st_row8"));
+            real.replace(ld, "").replace(st, SLAB4_ROWS).replace(
+                SLAB_DECL,
+                "var<storage, read_write> slab: array<vec4<f32>>;",
             )
         }
     }
+}
+
+/// Row tiles per split of the backend's `d_c` pass for one chunk of `n_rows` x `n_cls` at
+/// `target_workgroups` (its `dc_split` with no memory cap): enough splits that splits x class
+/// tiles reaches the target, at most one per row tile.
+pub fn dc_split_tiles(n_rows: u32, n_cls: u32, target_workgroups: u32) -> u32 {
+    let (rt, ct) = (n_rows.div_ceil(TILE), n_cls.div_ceil(TILE));
+    let want = target_workgroups.div_ceil(ct.max(1)).clamp(1, rt.max(1));
+    rt.div_ceil(want).max(1)
 }
 
 /// The rows' states (`RowState`, 12 words each, common.wgsl) of a chunk: target y, lse
@@ -160,21 +296,30 @@ pub struct BwdLaunch {
     /// The same with `P.aux` 1, for the check.
     pub checked: gpu::Launch,
     slab: wgpu::Buffer,
-    /// Splits (slabs) and class tiles per split.
+    /// Splits (slabs) and tiles per split (class tiles for `d_e`, row tiles for `d_c`).
     pub splits: (u32, u32),
 }
 
 impl BwdBuilt {
     /// Build `v`'s pipeline (trusted, as cce-wgpu builds its modules). Errors: validation.
     pub fn new(g: &gpu::Gpu, v: BwdVariant) -> Result<Self, String> {
-        // The module is cce-wgpu's d_e source, whose trusted use its `bounds` module argues
-        // (accesses guarded by `P.n_rows`, `P.n_cls`, `P.d`; e, c, bias bindings of at least
-        // the chunk's rows · d elements rounded up to 16 bytes; `rs` and `dropped` of n_rows
-        // entries; the slab of splits · slab_stride floats with slab_stride = n_rows · d; the
-        // counters of 4 words per workgroup), with the ablations only narrowing when the
-        // product and the slab updates run; `BwdBuilt::launch` binds buffers of those sizes.
-        let constants = ShaderKind::BwdDe.constants(v.dtype.cce_code(), 8, 8);
-        let pipeline = g.pipeline(&v.name(), source(v.kind), "main", &constants, false)?;
+        // The module is cce-wgpu's d_e or d_c source, whose trusted use its `bounds` module
+        // argues (accesses guarded by `P.n_rows`, `P.n_cls`, `P.d`; e, c, bias bindings of at
+        // least the chunk's rows · d elements rounded up to 16 bytes; `rs` and `dropped` of
+        // n_rows entries; the slab of splits · slab_stride floats with slab_stride = n_rows · d
+        // for d_e, n_cls · d for d_c; d_c's bias slab of splits · n_cls floats; the counters of
+        // 4 words per workgroup), with the ablations only narrowing when the product, the slab
+        // updates and the bias sums run; `BwdBuilt::launch` binds buffers of those sizes.
+        let shader = match v.pass {
+            BwdPass::De => ShaderKind::BwdDe,
+            BwdPass::Dc => ShaderKind::BwdDc,
+        };
+        if v.kind == BwdKind::NoBias && v.pass == BwdPass::De {
+            return Err(format!("{}: nobias is a d_c variant", v.name()));
+        }
+        let constants = shader.constants(v.dtype.cce_code(), 8, 8);
+        let src = source(v.pass, v.kind);
+        let pipeline = g.pipeline(&v.name(), src, "main", &constants, false)?;
         Ok(Self {
             variant: v,
             pipeline,
@@ -194,14 +339,30 @@ impl BwdBuilt {
             return Err(format!("{}: chunk of another dtype", v.name()));
         }
         let (n, nc, d) = chunk.shape;
-        let per = split_tiles(n, nc, target_workgroups, false);
-        let nsplit = nc.div_ceil(TILE).div_ceil(per);
-        let row_tiles = n.div_ceil(TILE);
-        let stride = u64::from(n) * u64::from(d);
-        let slab = g.storage("d_e slabs", 4 * u64::from(nsplit) * stride)?;
+        let (row_tiles, cls_tiles) = (n.div_ceil(TILE), nc.div_ceil(TILE));
+        let target_workgroups = target_workgroups.saturating_mul(v.wmul);
+        // (tiles per split, splits, the grid's y extent, floats per slab).
+        let (per, nsplit, gy, stride) = match v.pass {
+            BwdPass::De => {
+                let per = split_tiles(n, nc, target_workgroups, false);
+                let stride = u64::from(n) * u64::from(d);
+                (per, cls_tiles.div_ceil(per), row_tiles, stride)
+            }
+            BwdPass::Dc => {
+                let per = dc_split_tiles(n, nc, target_workgroups);
+                let stride = u64::from(nc) * u64::from(d);
+                (per, row_tiles.div_ceil(per), cls_tiles, stride)
+            }
+        };
+        // Whole vec4s, for `Slab4`'s binding.
+        let slab = g.storage(
+            "slabs",
+            (4 * u64::from(nsplit) * stride).next_multiple_of(16),
+        )?;
+        let bslab = g.storage("bias slabs", 4 * u64::from(nsplit) * u64::from(nc))?;
         let rs = g.upload("row states", bytemuck::cast_slice(&rows(&chunk.tgt)))?;
         let dropped = g.storage("dropped", 4 * u64::from(n))?;
-        let counters = g.storage("counters", 16 * u64::from(nsplit * row_tiles))?;
+        let counters = g.storage("counters", 16 * u64::from(nsplit * gy))?;
         let slab_stride = u32::try_from(stride).map_err(|_| "slab stride over u32".to_string())?;
         let params = |aux: f32| -> Vec<u32> {
             // cce-wgpu's `Params` (28 words, common.wgsl's order).
@@ -218,11 +379,11 @@ impl BwdBuilt {
         };
         // The real pass's two products.
         let flop = 4.0 * f64::from(n) * f64::from(nc) * f64::from(d);
-        let groups = (nsplit, row_tiles);
+        let groups = (nsplit, gy);
         let mk = |aux: f32| -> Result<gpu::Launch, String> {
             let ubuf = g.uniform(bytemuck::cast_slice(&params(aux)))?;
             let [e, c, b, _] = chunk.buffers();
-            let all = [
+            let mut all = vec![
                 (0, &ubuf),
                 (1, e),
                 (2, c),
@@ -232,6 +393,9 @@ impl BwdBuilt {
                 (6, &dropped),
                 (7, &counters),
             ];
+            if v.pass == BwdPass::Dc {
+                all.push((8, &bslab));
+            }
             g.launch_with(&self.pipeline, &all, groups, flop)
         };
         let (timed, checked) = (mk(0.0), mk(1.0));
@@ -306,6 +470,70 @@ pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, 
     worst
 }
 
+/// Worst error of `d_c` (the slabs `[splits, n_cls, d]` summed) over `classes` against the
+/// f64 reference (d_c[j] = Σ_r G[r][j] · e[r], rows of ignored targets left out), as a
+/// multiple of its tolerance (<= 1 passes), with a description of the worst entry.
+pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> (f64, String) {
+    let (n, nc, d) = chunk.shape;
+    let (n, nc, k) = (n as usize, nc as usize, d as usize);
+    let tol = host::tolerance(k);
+    let mut worst = (0.0f64, String::from("no entry checked"));
+    for &j in classes {
+        let b = &chunk.c[j * k..(j + 1) * k];
+        let mut want = vec![0.0f64; k];
+        let mut bound = vec![1e-30f64; k];
+        for r in 0..n {
+            let y = chunk.tgt[r];
+            if y < 0 {
+                continue;
+            }
+            let a = &chunk.e[r * k..(r + 1) * k];
+            let (gv, gerr) = if j as i32 == y {
+                (f64::from(GY), 0.0)
+            } else {
+                let (mut z, mut abs) = (0.0f64, 0.0f64);
+                for t in 0..k {
+                    let p = f64::from(a[t]) * f64::from(b[t]);
+                    z += p;
+                    abs += p.abs();
+                }
+                let gv = (z - f64::from(LSE)).exp();
+                (gv, gv * (tol * abs + 1e-5))
+            };
+            for t in 0..k {
+                want[t] += gv * f64::from(a[t]);
+                bound[t] += (gerr + 1e-5 * gv) * f64::from(a[t]).abs();
+            }
+        }
+        for t in 0..k {
+            let got: f64 = (0..nsplit as usize)
+                .map(|w| f64::from(slab[(w * nc + j) * k + t]))
+                .sum();
+            let ratio = (got - want[t]).abs() / bound[t];
+            if ratio > worst.0 || !ratio.is_finite() {
+                worst = (
+                    if ratio.is_finite() {
+                        ratio
+                    } else {
+                        f64::INFINITY
+                    },
+                    format!("class {j} column {t}: {got} vs {}", want[t]),
+                );
+            }
+        }
+    }
+    worst
+}
+
+/// [`check`] (every row) or [`check_dc`] (every class) as `v`'s pass needs.
+pub fn check_all(v: BwdVariant, chunk: &Chunk, nsplit: u32, slab: &[f32]) -> (f64, String) {
+    let (n, nc, _) = chunk.shape;
+    match v.pass {
+        BwdPass::De => check(chunk, nsplit, slab, &(0..n as usize).collect::<Vec<_>>()),
+        BwdPass::Dc => check_dc(chunk, nsplit, slab, &(0..nc as usize).collect::<Vec<_>>()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -313,25 +541,61 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in ["bwd-real", "bwd-noslab:f32", "bwd-noprod"] {
+        for s in [
+            "bwd-real",
+            "bwd-noslab:f32",
+            "bwd-noprod",
+            "dc-real",
+            "dc-noslab",
+            "dc-noprod:f32",
+            "dc-nobias",
+            "bwd-slab4",
+            "dc-slab4:f32",
+            "dc-real:w3",
+        ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
         assert!(BwdVariant::parse("bwd-fast").is_err());
+        assert!(BwdVariant::parse("bwd-nobias").is_err());
+        assert!(BwdVariant::parse("dc-real:w0").is_err());
+        assert!(BwdVariant::parse("dc-real:wx").is_err());
         assert!(BwdVariant::parse("bwd-real:x").is_err());
     }
 
     #[test]
     fn every_module_validates() {
-        for kind in [BwdKind::Real, BwdKind::NoSlab, BwdKind::NoProd] {
-            let src = source(kind);
+        for (pass, kind) in [
+            (BwdPass::De, BwdKind::Real),
+            (BwdPass::De, BwdKind::NoSlab),
+            (BwdPass::De, BwdKind::NoProd),
+            (BwdPass::Dc, BwdKind::Real),
+            (BwdPass::Dc, BwdKind::NoSlab),
+            (BwdPass::Dc, BwdKind::NoProd),
+            (BwdPass::Dc, BwdKind::NoBias),
+            (BwdPass::De, BwdKind::Slab4),
+            (BwdPass::Dc, BwdKind::Slab4),
+        ] {
+            let src = source(pass, kind);
+            assert_eq!(
+                src.matches("array<vec4<f32>>;").count(),
+                usize::from(kind == BwdKind::Slab4),
+                "{pass:?} {kind:?}"
+            );
+            assert_eq!(src.matches("fn ld_row8(").count(), 1);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             Validator::new(ValidationFlags::all(), Capabilities::all())
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
+            let ablated = matches!(kind, BwdKind::NoSlab | BwdKind::NoProd);
+            assert_eq!(src.matches("P.aux != 0.0").count(), usize::from(ablated));
             assert_eq!(
-                src.matches("P.aux != 0.0").count(),
-                usize::from(kind != BwdKind::Real)
+                src.matches("bacc_lo += ").count(),
+                if pass == BwdPass::Dc && kind != BwdKind::NoBias {
+                    8
+                } else {
+                    0
+                }
             );
         }
     }
@@ -349,10 +613,28 @@ mod tests {
             }
             Err(e) => panic!("CCE_REQUIRE_WGPU set and {e}"),
         };
-        for (s, shape) in [(70, 300, 136), (130, 136, 72)].into_iter().enumerate() {
-            for (i, name) in ["bwd-real", "bwd-noslab", "bwd-noprod", "bwd-real:f32"]
-                .iter()
-                .enumerate()
+        // D = 132: the last slice's row segments past D − 8 (Slab4's scalar path; the chunks
+        // take D % 4 = 0, so no segment is off 16-byte alignment here).
+        for (s, shape) in [(70, 300, 136), (130, 136, 72), (70, 136, 132)]
+            .into_iter()
+            .enumerate()
+        {
+            for (i, name) in [
+                "bwd-real",
+                "bwd-noslab",
+                "bwd-noprod",
+                "bwd-real:f32",
+                "dc-real",
+                "dc-noslab",
+                "dc-noprod",
+                "dc-nobias",
+                "dc-real:f32",
+                "bwd-slab4",
+                "dc-slab4",
+                "dc-real:w2",
+            ]
+            .iter()
+            .enumerate()
             {
                 let v = BwdVariant::parse(name).unwrap();
                 let chunk = Chunk::new(&g, shape, v.dtype, (10 * s + i) as u64).unwrap();
@@ -360,16 +642,15 @@ mod tests {
                 let l = b.launch(&g, &chunk, 8).unwrap();
                 assert!(l.splits.0 > 1, "{shape:?}: one split");
                 let slab = l.run(&g).unwrap();
-                let rows: Vec<usize> = (0..shape.0 as usize).collect();
-                let (ratio, what) = check(&chunk, l.splits.0, &slab, &rows);
+                let (ratio, what) = check_all(v, &chunk, l.splits.0, &slab);
                 assert!(
                     ratio <= 1.0,
                     "{name} {shape:?}: {ratio:.2} x tolerance at {what}"
                 );
                 // The check sees a missing slab.
-                let (bad, _) = check(&chunk, l.splits.0 - 1, &slab, &rows);
+                let (bad, _) = check_all(v, &chunk, l.splits.0 - 1, &slab);
                 assert!(bad > 1.0, "{name}: the check missed a slab");
-                if v.kind != BwdKind::Real {
+                if matches!(v.kind, BwdKind::NoSlab | BwdKind::NoProd) {
                     let fresh = b.launch(&g, &chunk, 8).unwrap();
                     let back = g
                         .run_read(&fresh.timed, &[(&fresh.slab, fresh.slab.size())])
