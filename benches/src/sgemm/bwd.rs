@@ -471,7 +471,7 @@ pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, 
 }
 
 /// Worst error of `d_c` (the slabs `[splits, n_cls, d]` summed) over `classes` against the
-/// f64 reference (d_c[j] = Σ_r G[r][j] · e[r], rows of ignored targets left out), as a
+/// f64 reference (`d_c[j] = Σ_r G[r][j] · e[r]`, rows of ignored targets left out), as a
 /// multiple of its tolerance (<= 1 passes), with a description of the worst entry.
 pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> (f64, String) {
     let (n, nc, d) = chunk.shape;
