@@ -417,6 +417,45 @@ impl BwdLaunch {
     }
 }
 
+/// `G`'s entry of row `a` and class `b` (class index `j`, the row's target `y`) as the
+/// checked passes form it from the fixed [`LSE`], and the bound of its f32 error: the target's
+/// [`GY`] exactly.
+fn g_entry(a: &[f32], b: &[f32], j: usize, y: i32, tol: f64) -> (f64, f64) {
+    if j as i32 == y {
+        return (f64::from(GY), 0.0);
+    }
+    let (mut z, mut abs) = (0.0f64, 0.0f64);
+    for (x, w) in a.iter().zip(b) {
+        let p = f64::from(*x) * f64::from(*w);
+        z += p;
+        abs += p.abs();
+    }
+    let gv = (z - f64::from(LSE)).exp();
+    (gv, gv * (tol * abs + 1e-5))
+}
+
+/// Folds one output row (`what`) into `worst`: `got(t)` against `want[t]` within `bound[t]`,
+/// as a multiple of the bound (a non-finite ratio counts as infinite).
+fn fold_worst(
+    worst: &mut (f64, String),
+    got: impl Fn(usize) -> f64,
+    (want, bound): (&[f64], &[f64]),
+    what: &str,
+) {
+    for t in 0..want.len() {
+        let g = got(t);
+        let ratio = (g - want[t]).abs() / bound[t];
+        if ratio > worst.0 || !ratio.is_finite() {
+            let ratio = if ratio.is_finite() {
+                ratio
+            } else {
+                f64::INFINITY
+            };
+            *worst = (ratio, format!("{what} column {t}: {g} vs {}", want[t]));
+        }
+    }
+}
+
 /// Worst error of `d_e` (the slabs summed) over `rows` against the f64 reference, as a
 /// multiple of its tolerance (<= 1 passes), with a description of the worst entry.
 pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, String) {
@@ -432,40 +471,19 @@ pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, 
         if y >= 0 {
             for j in 0..nc {
                 let b = &chunk.c[j * k..(j + 1) * k];
-                let (mut z, mut abs) = (0.0f64, 0.0f64);
-                for t in 0..k {
-                    let p = f64::from(a[t]) * f64::from(b[t]);
-                    z += p;
-                    abs += p.abs();
-                }
-                let (gv, gerr) = if j as i32 == y {
-                    (f64::from(GY), 0.0)
-                } else {
-                    let gv = (z - f64::from(LSE)).exp();
-                    (gv, gv * (tol * abs + 1e-5))
-                };
+                let (gv, gerr) = g_entry(a, b, j, y, tol);
                 for t in 0..k {
                     want[t] += gv * f64::from(b[t]);
                     bound[t] += (gerr + 1e-5 * gv) * f64::from(b[t]).abs();
                 }
             }
         }
-        for t in 0..k {
-            let got: f64 = (0..nsplit as usize)
+        let got = |t: usize| -> f64 {
+            (0..nsplit as usize)
                 .map(|w| f64::from(slab[(w * n + r) * k + t]))
-                .sum();
-            let ratio = (got - want[t]).abs() / bound[t];
-            if ratio > worst.0 || !ratio.is_finite() {
-                worst = (
-                    if ratio.is_finite() {
-                        ratio
-                    } else {
-                        f64::INFINITY
-                    },
-                    format!("row {r} column {t}: {got} vs {}", want[t]),
-                );
-            }
-        }
+                .sum()
+        };
+        fold_worst(&mut worst, got, (&want, &bound), &format!("row {r}"));
     }
     worst
 }
@@ -488,39 +506,18 @@ pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> 
                 continue;
             }
             let a = &chunk.e[r * k..(r + 1) * k];
-            let (gv, gerr) = if j as i32 == y {
-                (f64::from(GY), 0.0)
-            } else {
-                let (mut z, mut abs) = (0.0f64, 0.0f64);
-                for t in 0..k {
-                    let p = f64::from(a[t]) * f64::from(b[t]);
-                    z += p;
-                    abs += p.abs();
-                }
-                let gv = (z - f64::from(LSE)).exp();
-                (gv, gv * (tol * abs + 1e-5))
-            };
+            let (gv, gerr) = g_entry(a, b, j, y, tol);
             for t in 0..k {
                 want[t] += gv * f64::from(a[t]);
                 bound[t] += (gerr + 1e-5 * gv) * f64::from(a[t]).abs();
             }
         }
-        for t in 0..k {
-            let got: f64 = (0..nsplit as usize)
+        let got = |t: usize| -> f64 {
+            (0..nsplit as usize)
                 .map(|w| f64::from(slab[(w * nc + j) * k + t]))
-                .sum();
-            let ratio = (got - want[t]).abs() / bound[t];
-            if ratio > worst.0 || !ratio.is_finite() {
-                worst = (
-                    if ratio.is_finite() {
-                        ratio
-                    } else {
-                        f64::INFINITY
-                    },
-                    format!("class {j} column {t}: {got} vs {}", want[t]),
-                );
-            }
-        }
+                .sum()
+        };
+        fold_worst(&mut worst, got, (&want, &bound), &format!("class {j}"));
     }
     worst
 }
