@@ -411,11 +411,65 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
             }
         }
     }
+    let one = |b: &fwd::FwdBuilt, chunk: &fwd::Chunk, name: &str| -> Result<String, String> {
+        let (m, n, k) = chunk.shape;
+        let l = b.launch(g, chunk, cli.fwd_target_workgroups)?;
+        let (med, min, tf) = timed(cli, g, &l.timed)?;
+        let out = l.run(g, m)?;
+        let at = [0, m as usize / 3, 2 * m as usize / 3, m as usize - 1];
+        let (ratio, what) = fwd::check(b.variant, chunk, l.splits, &out, &at);
+        println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s, check {ratio:.2} ({what})");
+        Ok(format!(
+            "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% | {ratio:.2}{} |",
+            l.splits.0,
+            m.div_ceil(fwd::TILE),
+            l.splits.1,
+            100.0 * tf / cli.peak_tflops,
+            if ratio <= 1.0 { "" } else { " FAIL" }
+        ))
+    };
+    let variants = built.iter().map(|b| (b.variant.dtype, b.variant.name(), b));
+    time_chunks(
+        cli,
+        (g, start),
+        &cli.fwd_shapes,
+        variants.collect(),
+        &failed,
+        5,
+        one,
+    )
+}
+
+/// Median and fastest GPU time of `timed` (`--warmup` + `--reps` dispatches) and the rate of
+/// its FLOPs at the median: (ms, ms, TFLOP/s).
+fn timed(cli: &Cli, g: &gpu::Gpu, timed: &gpu::Launch) -> Result<(f64, f64, f64), String> {
+    let ms = g.time(timed, cli.warmup, cli.reps)?;
+    let med = gpu::median(ms.clone());
+    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
+    Ok((med, min, timed.flop / (med * 1e9)))
+}
+
+/// The timing loop the forward and backward ablations share: per chunk shape of `shape_list`
+/// and per dtype some variant needs, one chunk of inputs, then `one(variant, chunk, name)`'s
+/// table row for each variant of that dtype (`variants`: dtype, name, variant); a variant that
+/// failed its check, one past `--deadline-s`, or one whose run fails gets a row with `blanks`
+/// empty columns and the reason.
+fn time_chunks<B>(
+    cli: &Cli,
+    (g, start): (&gpu::Gpu, Instant),
+    shape_list: &str,
+    variants: Vec<(Dtype, String, &B)>,
+    failed: &std::collections::HashSet<String>,
+    blanks: usize,
+    mut one: impl FnMut(&B, &cce_benches::sgemm::fwd::Chunk, &str) -> Result<String, String>,
+) -> Result<Vec<String>, String> {
+    use cce_benches::sgemm::fwd;
     let mut rows = Vec::new();
-    for &shape in &shapes(&cli.fwd_shapes)? {
+    let empty = "- | ".repeat(blanks);
+    for &shape in &shapes(shape_list)? {
         let (m, n, k) = shape;
         for dtype in [Dtype::Bf16, Dtype::F32] {
-            if !built.iter().any(|b| b.variant.dtype == dtype) {
+            if !variants.iter().any(|v| v.0 == dtype) {
                 continue;
             }
             let t0 = Instant::now();
@@ -425,43 +479,21 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
                 dtype.name(),
                 t0.elapsed().as_secs_f64()
             );
-            for b in built.iter().filter(|b| b.variant.dtype == dtype) {
-                let name = b.variant.name();
-                if failed.contains(&name) {
-                    rows.push(format!(
-                        "| {m}x{n}x{k} | {name} | - | - | - | - | - | failed its check |"
-                    ));
-                    continue;
-                }
-                if start.elapsed().as_secs_f64() > cli.deadline_s {
-                    rows.push(format!(
-                        "| {m}x{n}x{k} | {name} | - | - | - | - | - | deadline |"
-                    ));
-                    continue;
-                }
-                let res = (|| -> Result<String, String> {
-                    let l = b.launch(g, &chunk, cli.fwd_target_workgroups)?;
-                    let ms = g.time(&l.timed, cli.warmup, cli.reps)?;
-                    let med = gpu::median(ms.clone());
-                    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
-                    let out = l.run(g, m)?;
-                    let at = [0, m as usize / 3, 2 * m as usize / 3, m as usize - 1];
-                    let (ratio, what) = fwd::check(b.variant, &chunk, l.splits, &out, &at);
-                    let tf = l.timed.flop / (med * 1e9);
-                    println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s, check {ratio:.2} ({what})");
-                    Ok(format!(
-                        "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% | {ratio:.2}{} |",
-                        l.splits.0,
-                        m.div_ceil(fwd::TILE),
-                        l.splits.1,
-                        100.0 * tf / cli.peak_tflops,
-                        if ratio <= 1.0 { "" } else { " FAIL" }
-                    ))
-                })();
-                rows.push(res.unwrap_or_else(|e| {
-                    println!("{m}x{n}x{k} {name}: {e}");
-                    format!("| {m}x{n}x{k} | {name} | - | - | - | - | - | {e} |")
-                }));
+            for (_, name, b) in variants.iter().filter(|v| v.0 == dtype) {
+                let why = if failed.contains(name) {
+                    Some("failed its check".to_string())
+                } else if start.elapsed().as_secs_f64() > cli.deadline_s {
+                    Some("deadline".to_string())
+                } else {
+                    None
+                };
+                let row = match why {
+                    Some(why) => Err(why),
+                    None => {
+                        one(b, &chunk, name).inspect_err(|e| println!("{m}x{n}x{k} {name}: {e}"))
+                    }
+                };
+                rows.push(row.unwrap_or_else(|e| format!("| {m}x{n}x{k} | {name} | {empty}{e} |")));
             }
         }
     }
@@ -522,63 +554,35 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
             }
         }
     }
-    let mut rows = Vec::new();
     if built.is_empty() {
-        return Ok(rows);
+        return Ok(Vec::new());
     }
-    for &shape in &shapes(&cli.bwd_shapes)? {
-        let (m, n, k) = shape;
-        for dtype in [Dtype::Bf16, Dtype::F32] {
-            if !built.iter().any(|b| b.variant.dtype == dtype) {
-                continue;
-            }
-            let t0 = Instant::now();
-            let chunk = fwd::Chunk::new(g, shape, dtype, 7)?;
-            println!(
-                "{m}x{n}x{k} {}: chunk ready in {:.1} s",
-                dtype.name(),
-                t0.elapsed().as_secs_f64()
-            );
-            for b in built.iter().filter(|b| b.variant.dtype == dtype) {
-                let name = b.variant.name();
-                if failed.contains(&name) {
-                    rows.push(format!(
-                        "| {m}x{n}x{k} | {name} | - | - | - | - | failed its check |"
-                    ));
-                    continue;
-                }
-                if start.elapsed().as_secs_f64() > cli.deadline_s {
-                    rows.push(format!(
-                        "| {m}x{n}x{k} | {name} | - | - | - | - | deadline |"
-                    ));
-                    continue;
-                }
-                let res = (|| -> Result<String, String> {
-                    let l = b.launch(g, &chunk, cli.fwd_target_workgroups)?;
-                    let ms = g.time(&l.timed, cli.warmup, cli.reps)?;
-                    let med = gpu::median(ms.clone());
-                    let min = ms.iter().copied().fold(f64::INFINITY, f64::min);
-                    let tf = l.timed.flop / (med * 1e9);
-                    println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s (2 products)");
-                    Ok(format!(
-                        "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% |",
-                        l.splits.0,
-                        match b.variant.pass {
-                            bwd::BwdPass::De => m.div_ceil(fwd::TILE),
-                            bwd::BwdPass::Dc => n.div_ceil(fwd::TILE),
-                        },
-                        l.splits.1,
-                        100.0 * tf / cli.peak_tflops
-                    ))
-                })();
-                rows.push(res.unwrap_or_else(|e| {
-                    println!("{m}x{n}x{k} {name}: {e}");
-                    format!("| {m}x{n}x{k} | {name} | - | - | - | - | {e} |")
-                }));
-            }
-        }
-    }
-    Ok(rows)
+    let one = |b: &bwd::BwdBuilt, chunk: &fwd::Chunk, name: &str| -> Result<String, String> {
+        let (m, n, k) = chunk.shape;
+        let l = b.launch(g, chunk, cli.fwd_target_workgroups)?;
+        let (med, min, tf) = timed(cli, g, &l.timed)?;
+        println!("{m}x{n}x{k} {name}: {med:.3} ms, {tf:.2} TFLOP/s (2 products)");
+        Ok(format!(
+            "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% |",
+            l.splits.0,
+            match b.variant.pass {
+                bwd::BwdPass::De => m.div_ceil(fwd::TILE),
+                bwd::BwdPass::Dc => n.div_ceil(fwd::TILE),
+            },
+            l.splits.1,
+            100.0 * tf / cli.peak_tflops
+        ))
+    };
+    let variants = built.iter().map(|b| (b.variant.dtype, b.variant.name(), b));
+    time_chunks(
+        cli,
+        (g, start),
+        &cli.bwd_shapes,
+        variants.collect(),
+        &failed,
+        4,
+        one,
+    )
 }
 
 /// Run `b` once on fresh inputs of `m x n x k` and compare with the f64 product (every
