@@ -367,17 +367,7 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
         .filter(|s| !s.is_empty())
         .map(fwd::FwdVariant::parse)
         .collect::<Result<_, _>>()?;
-    let mut built = Vec::new();
-    for &v in &variants {
-        let t = Instant::now();
-        match fwd::FwdBuilt::new(g, v) {
-            Ok(b) => {
-                println!("built {} in {:.2} s", v.name(), t.elapsed().as_secs_f64());
-                built.push(b);
-            }
-            Err(e) => println!("not built: {}: {e}", v.name()),
-        }
-    }
+    let built = build_all(&variants, |v| v.name(), |v| fwd::FwdBuilt::new(g, v));
     let mut failed = std::collections::HashSet::new();
     for (si, &shape) in shapes(&cli.fwd_check)?.iter().enumerate() {
         for (vi, b) in built.iter().enumerate() {
@@ -389,26 +379,7 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
                 let rows: Vec<usize> = (0..shape.0 as usize).collect();
                 Ok(fwd::check(v, &chunk, l.splits, &out, &rows))
             })();
-            let (m, n, k) = shape;
-            match res {
-                Ok((ratio, _)) if ratio <= 1.0 => {
-                    println!(
-                        "check {m}x{n}x{k} {}: ok ({ratio:.2} x tolerance)",
-                        v.name()
-                    )
-                }
-                Ok((ratio, what)) => {
-                    println!(
-                        "check {m}x{n}x{k} {}: FAIL ({ratio:.2} x tolerance at {what})",
-                        v.name()
-                    );
-                    failed.insert(v.name());
-                }
-                Err(e) => {
-                    println!("check {m}x{n}x{k} {}: FAIL ({e})", v.name());
-                    failed.insert(v.name());
-                }
-            }
+            note_check(res, shape, &v.name(), &mut failed);
         }
     }
     let one = |b: &fwd::FwdBuilt, chunk: &fwd::Chunk, name: &str| -> Result<String, String> {
@@ -438,6 +409,50 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
         5,
         one,
     )
+}
+
+/// Each of `variants` built (`build`), with its build time or why it was not built printed;
+/// the built ones in order.
+fn build_all<V: Copy, B>(
+    variants: &[V],
+    name: impl Fn(V) -> String,
+    build: impl Fn(V) -> Result<B, String>,
+) -> Vec<B> {
+    let mut built = Vec::new();
+    for &v in variants {
+        let t = Instant::now();
+        match build(v) {
+            Ok(b) => {
+                println!("built {} in {:.2} s", name(v), t.elapsed().as_secs_f64());
+                built.push(b);
+            }
+            Err(e) => println!("not built: {}: {e}", name(v)),
+        }
+    }
+    built
+}
+
+/// Prints a variant's check on one chunk shape (`res`: its worst error as a multiple of the
+/// tolerance and where, or why it did not run); a failed variant goes into `failed`.
+fn note_check(
+    res: Result<(f64, String), String>,
+    (m, n, k): (u32, u32, u32),
+    name: &str,
+    failed: &mut std::collections::HashSet<String>,
+) {
+    match res {
+        Ok((ratio, _)) if ratio <= 1.0 => {
+            println!("check {m}x{n}x{k} {name}: ok ({ratio:.2} x tolerance)")
+        }
+        Ok((ratio, what)) => {
+            println!("check {m}x{n}x{k} {name}: FAIL ({ratio:.2} x tolerance at {what})");
+            failed.insert(name.to_string());
+        }
+        Err(e) => {
+            println!("check {m}x{n}x{k} {name}: FAIL ({e})");
+            failed.insert(name.to_string());
+        }
+    }
 }
 
 /// Median and fastest GPU time of `timed` (`--warmup` + `--reps` dispatches) and the rate of
@@ -511,17 +526,7 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
         .filter(|s| !s.is_empty())
         .map(bwd::BwdVariant::parse)
         .collect::<Result<_, _>>()?;
-    let mut built = Vec::new();
-    for &v in &variants {
-        let t = Instant::now();
-        match bwd::BwdBuilt::new(g, v) {
-            Ok(b) => {
-                println!("built {} in {:.2} s", v.name(), t.elapsed().as_secs_f64());
-                built.push(b);
-            }
-            Err(e) => println!("not built: {}: {e}", v.name()),
-        }
-    }
+    let built = build_all(&variants, |v| v.name(), |v| bwd::BwdBuilt::new(g, v));
     let mut failed = std::collections::HashSet::new();
     for (si, &shape) in shapes(&cli.bwd_check)?.iter().enumerate() {
         for (vi, b) in built.iter().enumerate() {
@@ -532,26 +537,7 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
                 let slab = l.run(g)?;
                 Ok(bwd::check_all(v, &chunk, l.splits.0, &slab))
             })();
-            let (m, n, k) = shape;
-            match res {
-                Ok((ratio, _)) if ratio <= 1.0 => {
-                    println!(
-                        "check {m}x{n}x{k} {}: ok ({ratio:.2} x tolerance)",
-                        v.name()
-                    )
-                }
-                Ok((ratio, what)) => {
-                    println!(
-                        "check {m}x{n}x{k} {}: FAIL ({ratio:.2} x tolerance at {what})",
-                        v.name()
-                    );
-                    failed.insert(v.name());
-                }
-                Err(e) => {
-                    println!("check {m}x{n}x{k} {}: FAIL ({e})", v.name());
-                    failed.insert(v.name());
-                }
-            }
+            note_check(res, shape, &v.name(), &mut failed);
         }
     }
     if built.is_empty() {
