@@ -5,15 +5,12 @@
 
 mod common;
 
-use cce_core::{
-    Backend, DLoss, DType, HostTensor, Inputs, Options, Reduction, SideOutputs, Upstream,
-};
+use cce_core::{Backend, DLoss, DType, Inputs, Options, Reduction, SideOutputs, Upstream};
 use cce_cuda::CudaBackend;
 use cce_reference::{naive, OracleDLoss, Precision};
 use common::spec::*;
 use common::wgmma::*;
 use common::*;
-use rand::Rng;
 
 /// Whether forward-only dense calls should take the fused WGMMA forward on this device
 /// (compute capability 9.0).
@@ -68,13 +65,8 @@ fn wgmma_forward_lse_and_loss() {
             } else {
                 (&chunked_on, &chunked_off)
             };
-            let mut case = random_case(&mut rng, n, d, v, dtype, false, 0.1, 3.0);
-            // At least one valid row (a mean over no rows is an error, judged elsewhere).
-            let mut ts = case.targets.to_i64_vec().unwrap();
-            if ts.iter().all(|&y| y < 0) {
-                ts[0] = rng.random_range(0..v as i64);
-                case.targets = HostTensor::from_i64(ts);
-            }
+            // random_case keeps at least one row's target (a mean over none is an error).
+            let case = random_case(&mut rng, n, d, v, dtype, false, 0.1, 3.0);
             let dev = DeviceCase::new(on, &case);
             let inputs = dev.inputs();
             for reduction in [Reduction::Mean, Reduction::None] {
@@ -422,12 +414,8 @@ fn wgmma_gcols_class_pass() {
         };
         for dtype in [DType::BF16, DType::F16] {
             // plan_reason and d_c against the cuBLAS class pass on the same inputs.
-            let mut case = random_case(&mut rng, n, d, v, dtype, true, 0.1, 3.0);
-            let mut ts = case.targets.to_i64_vec().unwrap();
-            if ts.iter().all(|&y| y < 0) {
-                ts[0] = rng.random_range(0..v as i64);
-                case.targets = HostTensor::from_i64(ts);
-            }
+            // random_case keeps at least one row's target (a mean over none is an error).
+            let case = random_case(&mut rng, n, d, v, dtype, true, 0.1, 3.0);
             let what = |o: &str| format!("{dtype} {n}x{d}x{v}: {o}");
             let run = |be: &CudaBackend| {
                 let dev = DeviceCase::new(be, &case);
@@ -575,12 +563,8 @@ fn wgmma_row_pass() {
     };
     for (i, &(n, d, v)) in shapes.iter().enumerate() {
         let bias = i % 2 == 1;
-        let mut case = random_case(&mut rng, n, d, v, DType::BF16, bias, 0.1, 3.0);
-        let mut ts = case.targets.to_i64_vec().unwrap();
-        if ts.iter().all(|&y| y < 0) {
-            ts[0] = rng.random_range(0..v as i64);
-            case.targets = HostTensor::from_i64(ts);
-        }
+        // random_case keeps at least one row's target (a mean over none is an error).
+        let case = random_case(&mut rng, n, d, v, DType::BF16, bias, 0.1, 3.0);
         let opts = Options {
             softcap: [None, Some(30.0), None, Some(8.0), None, Some(50.0)][i],
             z_loss: if i == 2 { 1e-2 } else { 0.0 },

@@ -253,12 +253,14 @@ fn bench_one(
         workspace_budget_bytes: cce_cuda::dense::plan_budget(budget_bytes),
         ..opts.clone()
     };
-    // d_c in the gradient dtype: chunked dense planned without the f32 accumulator, as the
-    // backend plans it (`cce_cuda::CudaSwitches::dc_in_grad_dtype`).
-    let dc_low = args.switches.dc_in_grad_dtype
-        && kind == StrategyKind::ChunkedDense
-        && !args.grad_f32
-        && (v as u64) * (d as u64) * 4 >= share.workspace_budget_bytes;
+    // d_c in the gradient dtype: chunked dense planned without the f32 accumulator where the
+    // backend's rule takes it for the exact call (`cce_cuda::CudaSwitches::dc_in_grad_dtype`).
+    let exact_opts = Options {
+        filter_eps: FilterEps::Off,
+        ..opts.clone()
+    };
+    let dc_low = kind == StrategyKind::ChunkedDense
+        && cce_cuda::dense::dc_in_grad_dtype(problem, &exact_opts, args.switches.dc_in_grad_dtype);
     let plan_opts = Options {
         grad_dtype: if dc_low {
             cce_core::GradDType::F32

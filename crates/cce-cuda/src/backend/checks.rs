@@ -2,7 +2,7 @@
 //! bias?), the upstream gradients, a non-finite lse located in the inputs.
 
 use super::*;
-use crate::dense::schedule::{ChunkedG16, PlanKnobs, CHUNKED_G16_DEFAULT};
+use crate::dense::schedule::{ChunkedG16, PlanKnobs};
 
 /// Per-row upstream arrays the device checks (device addresses, 0 = none).
 #[derive(Clone, Copy, Default)]
@@ -97,7 +97,7 @@ impl CudaBackend {
             sparse: self.sparse,
             split_de_f16: self.split_de_f16,
             chunked_f32_grads: self.chunked_f32_grads,
-            chunked_g16: (fused && CHUNKED_G16_DEFAULT).then_some(ChunkedG16 {
+            chunked_g16: fused.then_some(ChunkedG16 {
                 dev,
                 wgmma_rows: self.wgmma_rows,
                 aligned,

@@ -7,11 +7,12 @@
 //! - chunked dense (3 GEMMs; an f32 `d_c` accumulator of `4·V·D` bytes, or the f32 `d_c`
 //!   output itself when f32 gradients are asked) for exact bf16 / f32 calls: its products use
 //!   `G` rounded to the input dtype, as a materialized computation does (bf16 inputs with f32
-//!   gradients: split dense's f16 `G` instead, unless [`CudaSwitches::chunked_f32_grads`]
-//!   trades accuracy on confident rows for 3 GEMMs where the row chunks hold at least 256
-//!   rows of f32 logits; there its WGMMA row pass writes f16 `G` for `d_c`); its row pass
-//!   through the WGMMA epilogue keeps 16-bit `q` and fits about twice the plan's rows per
-//!   chunk;
+//!   gradients, where the row chunks hold at least 256 rows of f32 logits: where its WGMMA row
+//!   pass writes f16 `G` for `d_c` against an f16 copy of each chunk's `e`; elsewhere split
+//!   dense, unless [`CudaSwitches::chunked_f32_grads`] allows bf16 `G`; bf16 gradients within a
+//!   budget that holds no f32 accumulator: with [`CudaSwitches::dc_in_grad_dtype`], `d_c`
+//!   accumulated in the bf16 output); its row pass through the WGMMA epilogue keeps 16-bit `q`
+//!   and fits about twice the plan's rows per chunk;
 //! - split dense (cuBLAS, 4 GEMMs, no cross-chunk accumulator, so it fits the default 512 MiB
 //!   at every shape of PERFORMANCE.md), filtered or exact, every dtype: `d_c` from f16 `G`,
 //!   `d_e` from f16 `G` when the budget holds an f16 copy of `c` (else bf16 `G`); filtered

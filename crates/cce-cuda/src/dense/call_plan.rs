@@ -36,16 +36,6 @@ pub(crate) struct PlanKnobs {
     pub sparse_expected: bool,
 }
 
-/// Whether f32 gradients of bf16 inputs take chunked dense without
-/// [`crate::CudaSwitches::chunked_f32_grads`] where its row pass writes f16 `G` for `d_c`
-/// ([`chunked_g16_holds`]). On since session 19 (H200, docs/perf-log.md): with q stored as the
-/// q9 code (10 significant bits) the `d_c` rows of confident rows' targets are 7.5e-4 to
-/// 1.1e-3 off at margin 20 (three runs; bf16 q: 3.3e-3) and 8.9e-4 to 2.3e-2 at margin 40
-/// (rows of entries near e⁻⁴⁰, where f16 `G`'s one scale per chunk flushes some), the real rows' `d_c`
-/// 1.5e-4, and the suite passes with it (105/105); 1.11-1.52x the 3-GEMM floor within
-/// 0.5 GiB against split dense's 1.50-1.73x.
-pub(crate) const CHUNKED_G16_DEFAULT: bool = true;
-
 /// The device and call facts that decide whether chunked dense with f32 gradients of bf16
 /// inputs takes `d_c` from f16 `G` ([`chunked_g16_holds`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,14 +50,22 @@ pub(crate) struct ChunkedG16 {
 
 /// Whether chunked dense's row pass of `plan` (forward and backward, f32 gradients of bf16
 /// inputs) runs through the WGMMA epilogue with room for each chunk's f16 copy of `e`
-/// ([`DenseConfig::row_e16`]), so that `d_c` comes from f16 `G` (split dense's numerics).
+/// ([`DenseConfig::row_e16`]), so that `d_c` comes from f16 `G` made from q's 10-bit q9 code:
+/// then such calls take chunked dense without [`crate::CudaSwitches::chunked_f32_grads`].
+/// Measured on the H200 (docs/perf-log.md session 19): the `d_c` rows of confident rows'
+/// targets 7.5e-4 to 1.1e-3 off at margin 20 (bf16 q: 3.3e-3), 8.9e-4 to 2.3e-2 at margin 40
+/// (rows of entries near e⁻⁴⁰, where f16 `G`'s one scale per chunk flushes some), the real
+/// rows' `d_c` 1.5e-4; the suite passes (105/105); 1.11-1.52x the 3-GEMM floor within 0.5 GiB
+/// against split dense's 1.50-1.73x.
 pub(crate) fn chunked_g16_holds(plan: &Plan, opts: &cce_core::Options, g: ChunkedG16) -> bool {
     let Ok(cfg) = super::schedule::dense_config(
         plan,
         opts,
         PathSwitches {
+            wgmma_forward: false,
+            wgmma_gcols: false,
             wgmma_rows: g.wgmma_rows,
-            ..PathSwitches::DEFAULT
+            dc_in_grad_dtype: false,
         },
         true,
     ) else {
@@ -83,7 +81,7 @@ pub(crate) fn chunked_g16_holds(plan: &Plan, opts: &cce_core::Options, g: Chunke
 /// the f32 `V x D` accumulator. Each chunk's product is summed in f32 and added to the running
 /// bf16 sum by the GEMM: one bf16 rounding of `d_c` per row chunk (Liger's trade), for 3
 /// GEMMs within the budget instead of split dense's 4.
-pub(crate) fn dc_in_grad_dtype(problem: &Problem, opts: &cce_core::Options, knob: bool) -> bool {
+pub fn dc_in_grad_dtype(problem: &Problem, opts: &cce_core::Options, knob: bool) -> bool {
     knob && problem.dtype == DType::BF16
         && opts.grad_dtype == cce_core::GradDType::Input
         && opts.compute_d_c

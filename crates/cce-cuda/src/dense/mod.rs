@@ -47,8 +47,7 @@
 //! | 1+3' | split dense's class pass: `G` of a class chunk in the GEMM's epilogue, no `L` | `cce_wgmma_gcols[_cap]_*` | write 2 (f16 `G`) |
 //! | 1+2+3' | split dense's row pass (forward and backward, bf16): lse partials and f16 `q = e^{z − max_tile}` in the GEMM's epilogue, the combine (lse, loss, `z_y`), then `G = cp·q·e^{max_tile − lse}` over `q` as bf16 (the target's `cd − cp·rest`, [`DenseForwardOut::rest`]) | `cce_wgmma_lseq[_x]_bf16`, `cce_wgmma_lse_combine_bf16`, `cce_wgmma_qrows_g[_cap]_bf16` | write 2, read 2, write 2 |
 //!
-//! Chunked dense with f32 gradients of bf16 inputs (the `d_c` output is the accumulator;
-//! [`crate::CudaSwitches::chunked_f32_grads`]):
+//! Chunked dense with f32 gradients of bf16 inputs (the `d_c` output is the accumulator):
 //! where the WGMMA row pass runs (`DenseConfig::row_e16`, `Schedule::row_g16`), each chunk's
 //! `G` pass writes f16 `G · 2^kg` instead of bf16, beside an f16 copy of the chunk's rows of
 //! `e` times `2^ke` (both powers of two from the chunk's maxima: `scales.rs`' `RowChunk` set,
@@ -155,6 +154,7 @@ mod wgmma;
 mod workspace;
 
 pub use budget::plan_budget;
+pub use call_plan::dc_in_grad_dtype;
 pub use config::{
     DenseConfig, PathSwitches, RowPass, CLUSTER_SIZES, FORWARD_WORKSPACE_CAP,
     WGMMA_FORWARD_DEFAULT, WGMMA_GCOLS_DEFAULT, WGMMA_ROWS_DEFAULT, WGMMA_ROWS_SOFTCAP_MIN,

@@ -17,9 +17,7 @@ use super::budget::*;
 use super::*;
 use cce_core::{Plan, StrategyKind};
 
-pub(crate) use super::call_plan::{
-    give_way_plan, plan_call, ChunkedG16, PlanKnobs, CHUNKED_G16_DEFAULT,
-};
+pub(crate) use super::call_plan::{give_way_plan, plan_call, ChunkedG16, PlanKnobs};
 
 /// Mean kept entries per row (the probe's) above which the sparse backward runs the forward
 /// rows and select apart rather than folded (`cce_sparse_select_fwd_*`). Rows keeping more
