@@ -141,6 +141,11 @@ fn split(w: &Whole, ranges: &[std::ops::Range<usize>], fill: f32) -> Vec<RankInp
         .collect()
 }
 
+/// The largest magnitude in `xs` (0 for an empty slice).
+fn max_abs(xs: &[f64]) -> f64 {
+    xs.iter().fold(0.0f64, |m, x| m.max(x.abs()))
+}
+
 #[test]
 fn padding_never_matches_an_ignored_target_or_a_sentinel() {
     let (n, d, v) = (12, 16, 10);
@@ -222,18 +227,22 @@ fn padding_never_matches_an_ignored_target_or_a_sentinel() {
                     assert!(db[shard.real_len()..].iter().all(|&x| x == 0.0), "{what}");
                     assert!(dc.iter().chain(&db).all(|x| x.is_finite()), "{what}");
                     let want_dc = vals(&single_b.d_c);
+                    // f32 sums with cancellation: the error floor scales with the
+                    // gradient's largest entry, not with each entry.
+                    let dc_scale = 0.1 * max_abs(&want_dc);
                     let lo = shard.real_classes().start * d;
                     for (k, x) in dc[..shard.real_len() * d].iter().enumerate() {
                         let y = want_dc[lo + k];
                         assert!(
-                            (x - y).abs() <= 1e-5 * y.abs().max(1e-2),
+                            (x - y).abs() <= 1e-5 * y.abs().max(dc_scale),
                             "{what}: d_c {x} vs {y}"
                         );
                     }
                     let (de, want_de) = (vals(&bwd.d_e), vals(&single_b.d_e));
+                    let de_scale = 0.1 * max_abs(&want_de);
                     for (x, y) in de.iter().zip(&want_de) {
                         assert!(
-                            (x - y).abs() <= 1e-5 * y.abs().max(1e-2),
+                            (x - y).abs() <= 1e-5 * y.abs().max(de_scale),
                             "{what}: d_e {x} vs {y}"
                         );
                     }
