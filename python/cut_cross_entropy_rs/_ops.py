@@ -114,6 +114,9 @@ class Options(NamedTuple):
     """Negative: the library's default (512 MiB)."""
     deterministic: bool = False
     check_finite: bool = True
+    dc_in_grad_dtype: bool = False
+    """CUDA, exact bf16 calls with bf16 gradients: ``d_c`` accumulated in the output dtype where
+    the budget holds no f32 accumulator (Liger's trade; ignored on the CPU)."""
     entropy: bool = False
     """Forward side output: entropy per row."""
     argmax: bool = False
@@ -174,6 +177,7 @@ def forward_op(
     workspace_budget_bytes: int,
     deterministic: bool,
     check_finite: bool,
+    dc_in_grad_dtype: bool,
     entropy: bool,
     argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -234,6 +238,7 @@ def backward_op(
     workspace_budget_bytes: int,
     deterministic: bool,
     check_finite: bool,
+    dc_in_grad_dtype: bool,
     entropy: bool,
     argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -355,6 +360,7 @@ def forward_eager_op(
     workspace_budget_bytes: int,
     deterministic: bool,
     check_finite: bool,
+    dc_in_grad_dtype: bool,
     entropy: bool,
     argmax: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:

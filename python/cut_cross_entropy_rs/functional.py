@@ -39,6 +39,7 @@ def _options(
     workspace_budget_bytes: int | None,
     deterministic: bool,
     check_finite: bool,
+    dc_in_grad_dtype: bool = False,
     entropy: bool = False,
     argmax: bool = False,
 ) -> Options:
@@ -64,6 +65,7 @@ def _options(
         workspace_budget_bytes=-1 if workspace_budget_bytes is None else int(workspace_budget_bytes),
         deterministic=bool(deterministic),
         check_finite=bool(check_finite),
+        dc_in_grad_dtype=bool(dc_in_grad_dtype),
         entropy=entropy,
         argmax=argmax,
     )
@@ -93,6 +95,7 @@ def linear_cross_entropy(
     workspace_budget_bytes: int | None = None,
     deterministic: bool = False,
     check_finite: bool = True,
+    dc_in_grad_dtype: bool = False,
     return_stats: bool = False,
 ):
     """Cross-entropy of the logits ``e @ c.T (+ bias)`` against ``targets``, without allocating
@@ -134,6 +137,14 @@ def linear_cross_entropy(
     :param workspace_budget_bytes: Extra memory the call may use; None for the default 512 MiB.
     :param deterministic: Bitwise-repeatable results.
     :param check_finite: Raise ``CceError`` of kind ``NonFinite`` on NaN/Inf inputs.
+    :param dc_in_grad_dtype: Speed for accuracy in the gradient of ``c`` (CUDA, Hopper):
+        exact calls (``filter_eps=None``) of bfloat16 inputs whose budget holds no f32
+        ``V x D`` accumulator accumulate ``d_c`` across row chunks in the bfloat16 gradient
+        itself (each chunk's product summed in f32, the running sum rounded once per chunk, as
+        Liger does) and run 3 GEMMs instead of 4: 1.14-1.22x the 3-GEMM cuBLAS floor against
+        1.47-1.57x on an H200, ``d_c`` 3.3e-3 to 3.9e-3 from an f64 truth against 1.7e-3
+        (docs/perf-log.md of the repository, session 19). Ignored elsewhere (CPU tensors
+        accumulate in f32).
     :param return_stats: Also return a :class:`CallStats` dict: the forward's statistics (strategy
         and why, valid rows, workspace) at once, the backward's (entries kept and skipped,
         dropped mass) once the backward has run. Eager mode only.
@@ -160,6 +171,7 @@ def linear_cross_entropy(
         workspace_budget_bytes,
         deterministic,
         check_finite,
+        dc_in_grad_dtype,
     )
     if vocab_parallel_options is not None:
         loss, lse = vocab_parallel_call(e, c, targets, bias, opts, vocab_parallel_options)

@@ -80,9 +80,12 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     ``lse_square_scale`` is the z-loss weight (included in the loss; ``return_z_loss`` also
     returns it, detached), ``return_token_accuracy`` the fraction of rows with a target whose
     argmax is the target, ``return_predicted_tokens`` the argmax per row (int64, -1 at ignored
-    rows). The gradient is exact (no filtering), as Liger's. Not supported (``CceError`` of kind
-    ``Unsupported``): ``ce_weight``, ``use_token_scaling``, an ``accum_dtype`` other than None
-    or float32 (gradients always accumulate in f32)."""
+    rows). The gradient is exact (no filtering), as Liger's. ``accum_dtype=None`` (Liger's
+    default: the gradient of ``lin_weight`` accumulated in the input dtype) sets
+    ``dc_in_grad_dtype=True`` of :func:`~cut_cross_entropy_rs.linear_cross_entropy` (the same
+    trade, its measured error there); ``accum_dtype=torch.float32`` accumulates in f32. Not
+    supported (``CceError`` of kind ``Unsupported``): ``ce_weight``, ``use_token_scaling``, an
+    ``accum_dtype`` other than None or float32."""
 
     def __init__(
         self,
@@ -104,7 +107,7 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
         if use_token_scaling:
             raise _error("Unsupported", "use_token_scaling is not supported by cut_cross_entropy_rs")
         if accum_dtype not in (None, torch.float32):
-            raise _error("Unsupported", f"accum_dtype {accum_dtype}: gradients accumulate in float32")
+            raise _error("Unsupported", f"accum_dtype {accum_dtype}: None or torch.float32")
         self.ce_weight = ce_weight
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
@@ -138,6 +141,7 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             None,
             False,
             True,
+            dc_in_grad_dtype=self.accum_dtype is None,
             argmax=want_argmax,
         )
         loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, False)

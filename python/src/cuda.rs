@@ -69,6 +69,10 @@ pub(crate) struct TorchStream {
     /// Read the call's checks at the call (`Checks::Eager`: a bad input raises there, and the
     /// statistics carry the device's counts); else deferred to [`status`].
     pub eager: bool,
+    /// Exact bf16 calls whose budget holds no f32 `d_c` accumulator accumulate `d_c` in the
+    /// bf16 output (`cce_cuda::CudaBackend::set_dc_in_grad_dtype`, set on the kept backend for
+    /// this call).
+    pub dc_in_grad_dtype: bool,
 }
 
 /// A backend kept for the calls on one stream.
@@ -128,6 +132,7 @@ impl TorchStream {
             let mut be = lock(&kept)?;
             let capturing = capturing(&be)?;
             be.set_checks(checks_for(self.eager, capturing));
+            be.set_dc_in_grad_dtype(self.dc_in_grad_dtype);
             return f(&be);
         }
         let ctx = context(self.ordinal)?;
@@ -135,6 +140,7 @@ impl TorchStream {
         let mut be = unsafe { CudaBackend::on_raw_stream(&ctx, self.handle as CUstream) }?;
         let capturing = capturing(&be)?;
         be.set_checks(checks_for(self.eager, capturing));
+        be.set_dc_in_grad_dtype(self.dc_in_grad_dtype);
         if capturing {
             return f(&be);
         }
@@ -142,7 +148,8 @@ impl TorchStream {
             .entry(key)
             .or_insert_with(|| Arc::new(Mutex::new(be)))
             .clone();
-        let be = lock(&kept)?;
+        let mut be = lock(&kept)?;
+        be.set_dc_in_grad_dtype(self.dc_in_grad_dtype);
         f(&be)
     }
 }

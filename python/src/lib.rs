@@ -344,6 +344,12 @@ fn options(opts: &Bound<'_, PyDict>) -> PyResult<Options> {
             "check_finite" => {
                 o.check_finite = v.extract().map_err(|_| want("check_finite", "a bool"))?
             }
+            // Not a library option: a switch of the CUDA backend, read by `dc_in_grad_dtype`.
+            "dc_in_grad_dtype" => {
+                let _: bool = v
+                    .extract()
+                    .map_err(|_| want("dc_in_grad_dtype", "a bool"))?;
+            }
             "workspace_budget_bytes" => {
                 o.workspace_budget_bytes = v
                     .extract()
@@ -361,6 +367,26 @@ fn options(opts: &Bound<'_, PyDict>) -> PyResult<Options> {
         }
     }
     Ok(o)
+}
+
+/// The `dc_in_grad_dtype` key of `opts` (false when absent): exact CUDA calls of bf16 inputs
+/// with bf16 gradients accumulate `d_c` in the output dtype where the budget holds no f32
+/// accumulator (`cce_cuda::CudaSwitches::dc_in_grad_dtype`). The CPU backend accumulates in f32
+/// whatever it says. Errors: `InvalidOption` for a value that is not a bool.
+fn dc_in_grad_dtype(opts: &Bound<'_, PyDict>) -> PyResult<bool> {
+    let py = opts.py();
+    match opts.get_item("dc_in_grad_dtype")? {
+        None => Ok(false),
+        Some(v) => v.extract().map_err(|_| {
+            to_py(
+                py,
+                LibError::InvalidOption {
+                    name: "dc_in_grad_dtype",
+                    reason: format!("expected a bool, got {v}"),
+                },
+            )
+        }),
+    }
 }
 
 /// A [`CallStats`] as a dict.
@@ -426,11 +452,17 @@ fn cuda_missing() -> LibError {
 
 /// torch's current stream for a call on `device` (ordinal from the tensors).
 #[cfg(feature = "cuda")]
-fn torch_stream(ordinal: usize, stream: usize, eager: bool) -> cuda::TorchStream {
+fn torch_stream(
+    ordinal: usize,
+    stream: usize,
+    eager: bool,
+    dc_in_grad_dtype: bool,
+) -> cuda::TorchStream {
     cuda::TorchStream {
         ordinal,
         handle: stream,
         eager,
+        dc_in_grad_dtype,
     }
 }
 
@@ -457,6 +489,7 @@ fn forward<'py>(
     eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
+    let dc_knob = dc_in_grad_dtype(opts)?;
     let inp = InputArgs::read(py, e, c, bias, targets)?;
     let outs = ForwardArgs::read(
         py,
@@ -474,7 +507,7 @@ fn forward<'py>(
             // tensors of this call, only written, all on that stream.
             unsafe {
                 cuda::forward(
-                    torch_stream(inp.e.ordinal, stream, eager),
+                    torch_stream(inp.e.ordinal, stream, eager, dc_knob),
                     &inp.e,
                     &inp.c,
                     inp.bias.as_ref(),
@@ -486,7 +519,7 @@ fn forward<'py>(
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = (stream, eager);
+            let _ = (stream, eager, dc_knob);
             Err(cuda_missing())
         }
         Device::Cpu => py.detach(|| {
@@ -542,6 +575,7 @@ fn backward<'py>(
     eager: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let mut o = options(opts)?;
+    let dc_knob = dc_in_grad_dtype(opts)?;
     let inp = InputArgs::read(py, e, c, bias, targets)?;
     let sv = SavedArgs::read(py, [lse, rest_mass, d_loss], d_lse)?;
     let grads = GradArgs::read(py, [d_e_out, d_c_out, d_bias_out])?;
@@ -554,7 +588,7 @@ fn backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::backward(
-                    torch_stream(inp.e.ordinal, stream, eager),
+                    torch_stream(inp.e.ordinal, stream, eager, dc_knob),
                     &inp.e,
                     &inp.c,
                     inp.bias.as_ref(),
@@ -570,7 +604,7 @@ fn backward<'py>(
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = (stream, eager);
+            let _ = (stream, eager, dc_knob);
             Err(cuda_missing())
         }
         Device::Cpu => py.detach(|| {
@@ -661,6 +695,7 @@ fn forward_backward<'py>(
     eager: bool,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyDict>)> {
     let mut o = options(opts)?;
+    let dc_knob = dc_in_grad_dtype(opts)?;
     let inp = InputArgs::read(py, e, c, bias, targets)?;
     let outs = ForwardArgs::read(
         py,
@@ -678,7 +713,7 @@ fn forward_backward<'py>(
             // the whole call, torch's current stream, inputs only read, outputs only written.
             unsafe {
                 cuda::forward_backward(
-                    torch_stream(inp.e.ordinal, stream, eager),
+                    torch_stream(inp.e.ordinal, stream, eager, dc_knob),
                     &inp.e,
                     &inp.c,
                     inp.bias.as_ref(),
@@ -691,7 +726,7 @@ fn forward_backward<'py>(
         }),
         #[cfg(not(feature = "cuda"))]
         Device::Cuda => {
-            let _ = (stream, eager);
+            let _ = (stream, eager, dc_knob);
             Err(cuda_missing())
         }
         Device::Cpu => Err(LibError::Unsupported {

@@ -185,6 +185,7 @@ fn cuda_stream(inp: &InputArgs, stream: usize) -> super::cuda::TorchStream {
         ordinal: inp.e.ordinal,
         handle: stream,
         eager: true,
+        dc_in_grad_dtype: false,
     }
 }
 

@@ -132,6 +132,7 @@ def test_every_option_together(dtype):
         dict(ignore_index=0),
         dict(ignore_index=-1),
         dict(deterministic=True),
+        dict(dc_in_grad_dtype=True),
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )

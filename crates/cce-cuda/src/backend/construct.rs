@@ -278,6 +278,12 @@ impl CudaBackend {
         self
     }
 
+    /// [`CudaBackend::with_dc_in_grad_dtype`] on a backend in place (a backend kept for many
+    /// calls, whose caller chooses per call: the switch is read when a call is planned).
+    pub fn set_dc_in_grad_dtype(&mut self, on: bool) {
+        self.dc_in_grad_dtype = on;
+    }
+
     /// Cap the chunks of the dense strategies at `rows` rows and `classes` classes (rounded
     /// down to whole tiles, at least one): more chunks than the budget needs, so that small
     /// problems exercise the chunk loops (tests). Errors: `InvalidOption` for a zero cap.
