@@ -78,7 +78,7 @@ __all__ = [
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 DEFAULT_PEERS = "ours,ours-exact,liger,cce,compile,torch"
-KNOWN_PEERS = ("ours", "ours-exact", "liger", "cce", "cce-exact", "compile", "torch")
+KNOWN_PEERS = ("ours", "ours-exact", "ours-bf16dc", "liger", "cce", "cce-exact", "compile", "torch")
 GIB = float(1 << 30)
 
 
@@ -301,14 +301,16 @@ def _dense_loss(e: Tensor, c: Tensor, t: Tensor, softcap: float | None) -> Tenso
 
 def _make_peer(name: str, budget: int | None) -> Peer:
     """The peer ``name``; raises (ImportError, ...) when it cannot be made here."""
-    if name in ("ours", "ours-exact"):
+    if name in ("ours", "ours-exact", "ours-bf16dc"):
         import cut_cross_entropy_rs
         from cut_cross_entropy_rs import linear_cross_entropy as ours
 
-        eps = None if name == "ours-exact" else "auto"
+        eps = "auto" if name == "ours" else None
+        # ours-bf16dc: exact, d_c accumulated in the bf16 gradient (Liger's trade).
+        kw = dict(filter_eps=eps, workspace_budget_bytes=budget, dc_in_grad_dtype=name == "ours-bf16dc")
 
         def call_ours(e, c, t, softcap, stats):
-            out = ours(e, c, t, softcap=softcap, filter_eps=eps, workspace_budget_bytes=budget, return_stats=stats)
+            out = ours(e, c, t, softcap=softcap, return_stats=stats, **kw)
             return out if stats else (out, None)
 
         return Peer(name, call_ours, cut_cross_entropy_rs.__version__)

@@ -123,11 +123,11 @@ def test_main_writes_the_table(tmp_path, capsys):
         "--data",
         "randn,lm",
         "--peers",
-        "ours,ours-exact,torch",
+        "ours,ours-exact,ours-bf16dc,torch",
     ]
     argv += ["--safetensors", str(st), "--keys", "h,w,y", "--iters", "1", "--warmup", "0", "--out", str(out)]
     rows = bench.main(argv)
-    assert len(rows) == 3 * 5
+    assert len(rows) == 4 * 5
     assert all(r["status"] == "ok" for r in rows), rows
     for r in rows:
         # bf16 gradients against the f32 truth: rounding only.
