@@ -148,16 +148,17 @@ impl WgpuBackend {
             .collect();
         // Slabs: at most the budgeted split count; more splits run in waves over the same slabs
         // (`de_wave` / `dc_wave` splits per dispatch). The atomic modules add every split of a
-        // chunk into one slab, in one dispatch.
+        // chunk into one slab, in one dispatch (or waves of the grid's largest x extent).
         let max_splits = |s: &[(usize, usize)]| s.iter().map(|x| x.1).max().unwrap_or(1);
+        let max_x = (ctx.limits.max_compute_workgroups_per_dimension as usize).max(1);
         let (de_slabs, de_wave) = if atomic {
-            (1, max_splits(&de_splits))
+            (1, max_splits(&de_splits).min(max_x))
         } else {
             let n = max_splits(&de_splits).min(de_split);
             (n, n)
         };
         let (dc_slabs, dc_wave) = if atomic {
-            (1, max_splits(&dc_splits))
+            (1, max_splits(&dc_splits).min(max_x))
         } else {
             let n = max_splits(&dc_splits).min(dc_split);
             (n, n)
