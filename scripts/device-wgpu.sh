@@ -62,8 +62,8 @@
 #           GPU time per dispatch, 8:8:named against 8:8:named:w65536 (one class tile per
 #           forward workgroup); ~90 s; GAP_FWD / GAP_CONFIGS override the variant / config
 #           lists; its tables print last;
-#   quick   the short form of gap and bwd for a device call of about two minutes in all (~100
-#           s, at most 160 s by its timeouts):
+#   quick   the short form of gap and bwd for a device call of about two minutes in all (~110
+#           s, at most 175 s by its timeouts):
 #           the forward shader's real entry point against the `fwd-loop` ablation on the one
 #           chunk the backend dispatches (8192 x 29120 x 2304, checked on 70 x 136 x 264 first,
 #           1 warm-up + 3 timed dispatches) and on the same chunk the backward's d_e and d_c
@@ -368,8 +368,8 @@ if [[ $PHASES == *gap* ]]; then
 fi
 
 if [[ $PHASES == *quick* ]]; then
-  timeout 60 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 45 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
+  timeout 75 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 60 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 \
     --bwd-variants "${QUICK_BWD-bwd-real:t896,bwd-atomic,dc-real:t896,dc-atomic}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 >"$OUT/quick.log" 2>&1
