@@ -15,8 +15,9 @@ The package is named ``cut_cross_entropy_rs`` rather than ``cut_cross_entropy`` 
 installs beside Apple's package (the side-by-side benchmark imports both); switching is the
 import line.
 
-The work runs in ``torch.library`` custom ops (``cut_cross_entropy_rs::forward`` and
-``::backward``) with fake kernels and autograd, so ``torch.compile`` traces through a call.
+The work runs in ``torch.library`` custom ops (``cut_cross_entropy_rs::forward``,
+``::forward_eager``: the loss and the gradients in one CUDA call, and ``::backward``) with fake
+kernels and autograd, so ``torch.compile`` traces through a call.
 """
 
 from ._native import __version__

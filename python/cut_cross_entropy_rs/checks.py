@@ -62,7 +62,8 @@ def status(device: Union[torch.device, str, int, None] = None) -> Optional[dict]
     Returns, when no error was recorded, what the device knows of the last call on the current
     stream: ``{"n_valid": rows with a valid target, "filter": None or the gradient filter's
     counts {"kept", "dropped_sum", "dropped_max", "tiles_visited", "active_rows"}}``; ``None``
-    when no call ran on that stream, and for a CPU device (CPU calls raise at the call).
+    when no call ran on that stream, and for a CPU device or ``device=None`` where torch has
+    no CUDA (CPU calls raise at the call).
     Synchronizes the device's streams that ran a call; not allowed while one captures a graph.
     """
     dev = (
@@ -70,7 +71,8 @@ def status(device: Union[torch.device, str, int, None] = None) -> Optional[dict]
         if not isinstance(device, int)
         else torch.device("cuda", device)
     )
-    if dev.type == "cpu":
+    if dev.type == "cpu" or (device is None and not torch.cuda.is_available()):
+        # The CPU (also the default device where torch has no CUDA): CPU calls raise at the call.
         return None
     if dev.type != "cuda":
         raise ValueError(f"status: a CUDA or CPU device, got {dev}")

@@ -111,8 +111,10 @@ def linear_cross_entropy(
     :param ignore_index: Rows whose target is this have no loss and no gradient.
     :param softcap: Logit softcapping ``s · tanh(z / s)``; None for none.
     :param reduction: ``"mean"`` (over the rows with a target; a batch without any raises
-        ``CceError`` of kind ``AllTargetsIgnored``), ``"sum"`` or ``"none"`` (shape
-        ``e.shape[:-1]``, 0 at ignored rows).
+        ``CceError`` of kind ``AllTargetsIgnored``, one of no rows ``EmptyInput``), ``"sum"`` or
+        ``"none"`` (shape ``e.shape[:-1]``, 0 at ignored rows). A batch of no rows under
+        ``"sum"`` or ``"none"`` gives 0 or an empty loss (and zero gradients), as
+        ``F.cross_entropy`` does.
     :param shift: n-th next token prediction: row ``(..., t)`` of ``e`` pairs with target
         ``(..., t + shift)`` along the second-to-last axis of ``e``; True is 1. With
         ``reduction="none"`` the loss of that pair stands at position ``t + shift``, as in Apple's
@@ -156,7 +158,15 @@ def linear_cross_entropy(
         raise _error("Unsupported", "return_stats=True with vocab_parallel_options is not supported")
     if reduction not in ("mean", "sum", "none"):
         raise _error("InvalidOption", f"invalid option reduction: unknown reduction '{reduction}' (none, mean, sum)")
+    if not isinstance(shift, int):
+        raise _error("InvalidOption", f"invalid option shift: expected an int or a bool, got {shift!r}")
     shift = int(shift)
+    budget = workspace_budget_bytes
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise _error(
+            "InvalidOption",
+            f"invalid option workspace_budget_bytes: expected None or an int >= 0, got {workspace_budget_bytes!r}",
+        )
     opts = _options(
         ignore_index,
         softcap,
@@ -177,6 +187,8 @@ def linear_cross_entropy(
         loss, lse = vocab_parallel_call(e, c, targets, bias, opts, vocab_parallel_options)
         loss, lse = _shaped(e, opts, loss, lse)
         stats = None
+    elif _empty_batch(e, c, targets, bias, reduction):
+        loss, lse, stats = _empty_call(e, c, bias, reduction)
     else:
         loss, lse, _, _, stats = _call(e, c, targets, bias, opts, return_stats)
     out: list[Any] = [loss]
@@ -185,6 +197,36 @@ def linear_cross_entropy(
     if return_stats:
         out.append(stats)
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def _empty_batch(e, c, targets, bias, reduction: str) -> bool:
+    """Whether the call is a well-formed batch of no rows under ``sum`` or ``none`` (which
+    ``F.cross_entropy`` answers with 0 or an empty loss; the library refuses empty inputs, and a
+    ``mean`` over no row stays its error)."""
+    tensors = (e, c, targets) + (() if bias is None else (bias,))
+    if reduction == "mean" or not all(isinstance(x, Tensor) for x in tensors):
+        return False
+    if e.dim() < 1 or e.shape[:-1].numel() != 0 or c.dim() != 2 or c.shape[1] != e.shape[-1]:
+        return False
+    if targets.numel() != 0 or targets.dtype not in (torch.int64, torch.int32):
+        return False
+    return bias is None or tuple(bias.shape) == (c.shape[0],)
+
+
+def _empty_call(e, c, bias, reduction: str):
+    """``(loss, lse, stats)`` of a batch of no rows (:func:`_empty_batch`): the loss 0 (``sum``)
+    or empty (``none``), f32, tied to ``e``, ``c`` and ``bias`` so that a backward gives them
+    zero gradients; the lse empty; no pass ran, so the statistics are empty."""
+    from ._ops import CallStats
+
+    batch = e.shape[:-1]
+    tie = c.float().sum() * 0.0
+    if bias is not None:
+        tie = tie + bias.float().sum() * 0.0
+    rows = e.float().sum(-1) * 0.0 + tie
+    loss = rows if reduction == "none" else rows.sum() + tie
+    lse = torch.zeros(batch, dtype=torch.float32, device=e.device)
+    return loss, lse, CallStats()
 
 
 def _call(e, c, targets, bias, opts: Options, return_stats: bool):
@@ -196,8 +238,9 @@ def _call(e, c, targets, bias, opts: Options, return_stats: bool):
         if torch.compiler.is_compiling():
             raise _error("Unsupported", "return_stats=True is available in eager mode only")
         stats_id, stats = new_stats()
-    if not isinstance(e, Tensor):
-        raise _error("InvalidOption", f"invalid option e: expected a torch.Tensor, got {type(e).__name__}")
+    for name, x in (("e", e), ("c", c), ("targets", targets), ("bias", bias)):
+        if not isinstance(x, Tensor) and not (name == "bias" and x is None):
+            raise _error("InvalidOption", f"invalid option {name}: expected a torch.Tensor, got {type(x).__name__}")
     device_type = e.device.type
     if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
         # As F.linear under autocast: the product runs in the autocast dtype (the casts are

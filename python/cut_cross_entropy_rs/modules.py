@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
@@ -14,9 +14,27 @@ from .functional import IGNORE_INDEX, _call, _error, _options, linear_cross_entr
 __all__ = ["LinearCrossEntropy", "LigerFusedLinearCrossEntropyLoss", "CrossEntropyOutput"]
 
 
+# The keyword-only arguments of ``linear_cross_entropy`` beyond Apple's that the module passes on.
+_EXTRA_KWARGS = frozenset(
+    {
+        "label_smoothing",
+        "z_loss",
+        "max_dropped_mass",
+        "workspace_budget_bytes",
+        "deterministic",
+        "check_finite",
+        "dc_in_grad_dtype",
+        "return_stats",
+    }
+)
+
+
 class LinearCrossEntropy(nn.Module):
     """Apple CCE's module: ``LinearCrossEntropy(...)(e, c, targets, bias=None)``; the arguments
-    are those of :func:`~cut_cross_entropy_rs.linear_cross_entropy`."""
+    are those of :func:`~cut_cross_entropy_rs.linear_cross_entropy`, Apple's positionally and
+    this package's others (``label_smoothing``, ``z_loss``, ``max_dropped_mass``,
+    ``workspace_budget_bytes``, ``deterministic``, ``check_finite``, ``dc_in_grad_dtype``,
+    ``return_stats``) by keyword; any other keyword is a ``TypeError``."""
 
     def __init__(
         self,
@@ -31,8 +49,13 @@ class LinearCrossEntropy(nn.Module):
         filter_c_grad: bool = True,
         impl: str | None = None,
         return_lse: bool = False,
+        **kwargs: Any,
     ):
         super().__init__()
+        unknown = set(kwargs) - _EXTRA_KWARGS
+        if unknown:
+            raise TypeError(f"LinearCrossEntropy: unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        self.kwargs = kwargs
         self.ignore_index = ignore_index
         self.softcap = softcap
         self.reduction = reduction
@@ -60,6 +83,7 @@ class LinearCrossEntropy(nn.Module):
             filter_e_grad=self.filter_e_grad,
             filter_c_grad=self.filter_c_grad,
             return_lse=self.return_lse,
+            **self.kwargs,
         )
 
 
@@ -81,9 +105,10 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     returns it, detached), ``return_token_accuracy`` the fraction of rows with a target whose
     argmax is the target, ``return_predicted_tokens`` the argmax per row (int64, -1 at ignored
     rows). The gradient is exact (no filtering), as Liger's. ``accum_dtype=None`` (Liger's
-    default: the gradient of ``lin_weight`` accumulated in the input dtype) sets
-    ``dc_in_grad_dtype=True`` of :func:`~cut_cross_entropy_rs.linear_cross_entropy` (the same
-    trade, its measured error there); ``accum_dtype=torch.float32`` accumulates in f32. Not
+    default: the gradient of ``lin_weight`` accumulated in its own dtype) sets
+    ``dc_in_grad_dtype=True`` of :func:`~cut_cross_entropy_rs.linear_cross_entropy` where
+    ``lin_weight`` is bfloat16 (the same trade, its measured error there; f32 weights under
+    autocast keep f32 accumulation); ``accum_dtype=torch.float32`` accumulates in f32. Not
     supported (``CceError`` of kind ``Unsupported``): ``ce_weight``, ``use_token_scaling``, an
     ``accum_dtype`` other than None or float32."""
 
@@ -108,6 +133,10 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             raise _error("Unsupported", "use_token_scaling is not supported by cut_cross_entropy_rs")
         if accum_dtype not in (None, torch.float32):
             raise _error("Unsupported", f"accum_dtype {accum_dtype}: None or torch.float32")
+        if reduction not in ("mean", "sum", "none"):
+            raise _error(
+                "InvalidOption", f"invalid option reduction: unknown reduction '{reduction}' (none, mean, sum)"
+            )
         self.ce_weight = ce_weight
         self.ignore_index = ignore_index
         self.lse_square_scale = lse_square_scale
@@ -141,7 +170,9 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             None,
             False,
             True,
-            dc_in_grad_dtype=self.accum_dtype is None,
+            # Liger's None accumulates in the weight's dtype: the bf16 trade only for bf16 weights
+            # (f32 weights under autocast keep an f32 accumulation).
+            dc_in_grad_dtype=self.accum_dtype is None and lin_weight.dtype == torch.bfloat16,
             argmax=want_argmax,
         )
         loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, False)

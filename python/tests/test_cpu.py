@@ -366,6 +366,9 @@ BAD = {
     "max_dropped_mass": (lambda *a: a, dict(max_dropped_mass=2.0), "InvalidOption"),
     "reduction": (lambda *a: a, dict(reduction="avg"), "InvalidOption"),
     "shift negative": (lambda *a: a, dict(shift=-1), "InvalidOption"),
+    "shift float": (lambda *a: a, dict(shift=1.5), "InvalidOption"),
+    "budget negative": (lambda *a: a, dict(workspace_budget_bytes=-5), "InvalidOption"),
+    "targets list": (lambda e, c, t, b: (e, c, t.tolist(), b), {}, "InvalidOption"),
     "vocab parallel options": (lambda *a: a, dict(vocab_parallel_options=object()), "InvalidOption"),
 }
 
@@ -405,6 +408,35 @@ def test_a_minus_inf_bias_masks_a_class():
     t[t == 1] = 0
     b[1] = float("-inf")
     check(e, c, t, b)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_empty_batch_sums_to_zero(reduction):
+    """No rows under sum or none: 0 or an empty loss and zero gradients, as F.cross_entropy."""
+    e, c, t, b = make((0,), 6, 17, bias=True)
+    e1, c1, b1 = (x.clone().requires_grad_() for x in (e, c, b))
+    loss, lse = linear_cross_entropy(e1, c1, t, b1, reduction=reduction, return_lse=True)
+    want = F.cross_entropy(F.linear(e, c, b), t, reduction=reduction)
+    assert loss.shape == want.shape and loss.dtype == torch.float32 and lse.shape == (0,)
+    assert float(loss.sum()) == 0.0
+    loss.sum().backward()
+    for x in (e1, c1, b1):
+        assert x.grad is not None and x.grad.shape == x.shape and not x.grad.any()
+
+
+def test_apple_module_takes_the_extra_keywords():
+    e, c, t, _ = make((12,), 8, 21)
+    m = cce.LinearCrossEntropy(filter_eps=None, label_smoothing=0.1, z_loss=1e-3, dc_in_grad_dtype=True)
+    ref, _ = reference(e, c, t, label_smoothing=0.1, z_loss=1e-3)
+    close(m(e, c, t), ref, 2e-5, "loss")
+    with pytest.raises(TypeError):
+        cce.LinearCrossEntropy(lse_square_scale=1e-3)
+
+
+def test_liger_module_checks_its_reduction_when_made():
+    with pytest.raises(CceError) as excinfo:
+        cce.LigerFusedLinearCrossEntropyLoss(reduction="avg")
+    assert kind_of(excinfo) == "InvalidOption"
 
 
 def test_not_a_tensor_raises():
