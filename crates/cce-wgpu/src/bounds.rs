@@ -147,9 +147,7 @@ pub(crate) fn extent(
             | ShaderKind::FwdPartialCoop128
             | ShaderKind::BwdHist,
             1..=3,
-        ) => {
-            gemm(binding)
-        }
+        ) => gemm(binding),
         (ShaderKind::BwdDe | ShaderKind::BwdDc, 1..=3) => gemm(binding),
         (
             ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,

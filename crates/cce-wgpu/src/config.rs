@@ -315,7 +315,11 @@ pub(crate) fn coop_capable(
 /// exactly; bf16 and f32 would be rounded), then the configuration's [`CoopTile`] where the
 /// adapter can run it (`caps`); the 64 x 64 one also needs the configuration's 64 x 64 tiles.
 /// The 128 x 128 one falls back to the 64 x 64 one on adapters without room for it.
-pub(crate) fn coop_forward(cfg: &KernelConfig, caps: CoopCaps, dtype_code: u32) -> Option<CoopTile> {
+pub(crate) fn coop_forward(
+    cfg: &KernelConfig,
+    caps: CoopCaps,
+    dtype_code: u32,
+) -> Option<CoopTile> {
     if !cfg.cooperative_matrix || dtype_code != 1 {
         return None;
     }
@@ -550,8 +554,14 @@ mod tests {
             ..f16_f32
         };
         let none = CoopCaps::default();
-        assert_eq!(coop_capable(all, &[f16_f16], (32, 32), 48 << 10, 1024), none);
-        assert_eq!(coop_capable(all, &[f16_f32], (16, 64), 48 << 10, 1024), none);
+        assert_eq!(
+            coop_capable(all, &[f16_f16], (32, 32), 48 << 10, 1024),
+            none
+        );
+        assert_eq!(
+            coop_capable(all, &[f16_f32], (16, 64), 48 << 10, 1024),
+            none
+        );
         assert_eq!(
             coop_capable(
                 wgpu::Features::SHADER_F16,
@@ -588,7 +598,10 @@ mod tests {
         const SA: u32 = 40;
         const PANEL: u32 = 128 * SA;
         assert_eq!(COOP128_WORKGROUP_BYTES, 49152);
-        assert_eq!(COOP128_WORKGROUP_BYTES, (2 * 2 * PANEL * 2 + 2048 * 4) as u64);
+        assert_eq!(
+            COOP128_WORKGROUP_BYTES,
+            (2 * 2 * PANEL * 2 + 2048 * 4) as u64
+        );
         // Panel stores: every depth slot of every row of a buffer written exactly once.
         for buf in 0..2 {
             let mut hits = vec![0u32; 2 * PANEL as usize];
@@ -612,7 +625,14 @@ mod tests {
         for s in 0..8u32 {
             let (ra, cb) = ((s >> 1) * 32 * SA, (s & 1) * 64 * SA);
             for kk in [0, 16] {
-                for start in [ra, ra + 16 * SA, cb, cb + 16 * SA, cb + 32 * SA, cb + 48 * SA] {
+                for start in [
+                    ra,
+                    ra + 16 * SA,
+                    cb,
+                    cb + 16 * SA,
+                    cb + 32 * SA,
+                    cb + 48 * SA,
+                ] {
                     let last = start + kk + 15 * SA + 15;
                     assert!(last < PANEL);
                     assert!((start + kk) % SA + 15 < KC);
@@ -644,7 +664,7 @@ mod tests {
         assert!(hits.iter().all(|&h| h == 1));
         assert_eq!(per_round, [32; 8]);
         // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
-        assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048);
+        const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
     }
 
     #[test]
