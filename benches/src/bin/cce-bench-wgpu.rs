@@ -110,8 +110,8 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop][:quad|:scalar|:named]`, comma list, compared on
-    /// the first forward.
+    /// Kernel configs `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN]`,
+    /// comma list, compared on the first forward.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
