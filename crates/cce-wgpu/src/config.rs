@@ -639,9 +639,10 @@ mod tests {
                 }
             }
         }
-        // The hand-over: each invocation reads one 8 x 8 block of one fragment slot, and the
-        // 256 blocks cover the eight slots' 8 x 256 elements exactly once.
-        let mut hits = vec![0u32; 2048];
+        // The hand-over: in round f each subgroup's slot holds its fragment f; each invocation
+        // reads one 8 x 8 block of one slot in one round, and the 32 blocks of a round cover
+        // the eight slots' 8 x 256 elements exactly once.
+        let mut hits = vec![[0u32; 2048]; 8];
         let mut per_round = [0u32; 8];
         for li in 0..COOP128_INVOCATIONS {
             let (tx, ty) = (li % 16, li / 16);
@@ -655,13 +656,13 @@ mod tests {
             for i in 0..8 {
                 for x in 0..8 {
                     let at = o + 16 * i + x;
-                    hits[at as usize] += 1;
+                    hits[f as usize][at as usize] += 1;
                     let (r, c) = ((at % 256) / 16, at % 16);
                     assert_eq!((row0 + r, cls0 + c), (ty * 8 + i, tx * 8 + x));
                 }
             }
         }
-        assert!(hits.iter().all(|&h| h == 1));
+        assert!(hits.iter().all(|round| round.iter().all(|&h| h == 1)));
         assert_eq!(per_round, [32; 8]);
         // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
         const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
