@@ -92,7 +92,7 @@
 #           8192 x 2304 x 256000 f16 c/8 exact in alternation (--ab --forward-only, then one
 #           call each with GPU timestamps per shader): 8:8:coop64 (logits_coop.wgsl, 64 x 64),
 #           8:8:coop128 (logits_coop128.wgsl, 128 x 128) and 8:8:named:fma (the FMA forward);
-#           COOP_CONFIGS overrides the list; ~90 s (at most 100 + 100 by its timeouts); its
+#           COOP_CONFIGS overrides the list; ~90 s (at most 150 + 100 by its timeouts); its
 #           table prints last.
 # Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
 # 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
@@ -406,7 +406,7 @@ if [[ $PHASES == *coop* ]]; then
   C=$D/cce-bench-wgpu-coop
   timeout 60 "$C" --adapter-report 2>&1 | tee "$OUT/adapter-coop.txt"
   ok=PASS
-  timeout 100 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
+  timeout 150 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
   grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -24
   timeout 100 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --forward-only \
     --profile --reps 3 --deadline-s 60 \

@@ -236,6 +236,9 @@ fn logits_tile(acc: ptr<function, Acc>, r_base: u32, c_base: u32, tx: u32, ty: u
         put_panel(PANEL - base, nxt, li);
         workgroupBarrier();
     }
+    // Every entry of `acc` is written in exactly one round below; zeroed here so that the
+    // compiler sees the previous tile's values dead during the main loop.
+    *acc = Acc();
     let slot = sg_index * 256u;
     coopStoreT(c0, &Ct[slot], 16u);
     workgroupBarrier();
