@@ -27,8 +27,9 @@
 #
 # run: PHASES is a comma list of
 #   report  nvidia-smi and the adapter report: features (SUBGROUP, SHADER_F16,
-#           EXPERIMENTAL_COOPERATIVE_MATRIX), subgroup sizes, workgroup limits, the kernel
-#           configuration and `adapter.cooperative_matrix_properties()`;
+#           SHADER_FLOAT32_ATOMIC, EXPERIMENTAL_COOPERATIVE_MATRIX) and how the backward sums
+#           its splits, subgroup sizes, workgroup limits, the kernel configuration and
+#           `adapter.cooperative_matrix_properties()`;
 #   tests   naga validation, cce-wgpu's conformance and interop tests, the workspace suite;
 #   sweep   kernel configurations in alternation (--ab) at 8192 x 2304 x 256000 c/8 exact:
 #           8:16 (the default on 48 KiB devices), 8:8, 8:4 and 8:16 with wgpu's runtime checks
@@ -67,24 +68,34 @@
 #           GPU time per dispatch, 8:8:named against 8:8:named:w65536 (one class tile per
 #           forward workgroup); ~90 s; GAP_FWD / GAP_CONFIGS override the variant / config
 #           lists; its tables print last;
-#   quick   the short form of gap for a device call of about two minutes in all (~80 s, at
-#           most 125 s by its timeouts):
+#   quick   the short form of gap and bwd for a device call of about two minutes in all (~110
+#           s, at most 175 s by its timeouts):
 #           the forward shader's real entry point against the `fwd-loop` ablation on the one
 #           chunk the backend dispatches (8192 x 29120 x 2304, checked on 70 x 136 x 264 first,
-#           1 warm-up + 3 timed dispatches), then the backend at 8192 x 2304 x 256000 c/8 exact
-#           bf16, 8:8:named: forward and forward+backward, 1 warm-up + 1 timed call each, then
-#           one call each with GPU timestamps per shader; QUICK_FWD / QUICK_CONFIGS override the
-#           variant / config lists; its tables print last;
-#   bwd     the backward's d_e and d_c passes on the one chunk the backend dispatches (8192 x
-#           29120 x 2304; d_e 16 x 128 workgroups of 29 class tiles, d_c 5 x 455 workgroups of
-#           26 row tiles), bf16, GPU timestamps: each real pass against its ablations
-#           (cce-bench-sgemm --bwd-variants, benches/src/sgemm/bwd.rs: no slab update; no second
-#           product; d_c without its bias sums; the slab as vec4, bwd-slab4 / dc-slab4; d_c with
-#           3x the splits, dc-real:w3), each checked against f64 on 70 x 300 x 136 first;
-#           BWD_FWD (none by default) adds forward variants on the same chunk (fwd-real;
-#           fwd-real:padN adds N KiB of workgroup memory, benches/src/sgemm/fwd.rs); ~50 s (at
-#           most 75 by its timeout, timing stops at 60); BWD_VARIANTS overrides the list; its
+#           1 warm-up + 3 timed dispatches) and on the same chunk the backward's d_e and d_c
+#           passes with f32 atomics at 2048 target workgroups (bwd-atomic, dc-atomic) against
+#           the per-split slabs at the splits the backend's 512 MiB budget left them before
+#           (bwd-real:t896, dc-real:t896: 7 and 2 splits), each checked on 70 x 300 x 136
+#           first; then the backend at 8192 x 2304 x 256000 c/8 exact bf16, 8:8:named with its
+#           default backward (f32 atomics where the device has SHADER_FLOAT32_ATOMIC) against
+#           8:8:named:det (deterministic calls: per-split slabs), forward and forward+backward,
+#           1 warm-up + 1 timed call each, then one call each with GPU timestamps per shader;
+#           QUICK_FWD / QUICK_BWD / QUICK_CONFIGS override the variant / config lists; its
 #           tables print last;
+#   bwd     the backward's d_e and d_c passes on the one chunk the backend dispatches (8192 x
+#           29120 x 2304; at 2048 target workgroups d_e 16 x 128 workgroups of 29 class tiles,
+#           d_c 5 x 455 workgroups of 26 row tiles), bf16, GPU timestamps (cce-bench-sgemm
+#           --bwd-variants, benches/src/sgemm/bwd.rs), each checked against f64 on 70 x 300 x
+#           136 first: the per-split slabs at the splits the 512 MiB budget left the backend
+#           (bwd-real:t896, dc-real:t896) against f32 atomics into one slab at 2048
+#           (bwd-atomic, dc-atomic), then the slabs at 2048 (bwd-real, dc-real), without slab
+#           updates (bwd-noslab, dc-noslab: the floor), the atomics at the old splits
+#           (bwd-atomic:t896, dc-atomic:t896: atomics against read-modify-write at one
+#           occupancy) and at 4096 (bwd-atomic:w2, dc-atomic:w2); BWD_FWD (none by default)
+#           adds forward variants on the same chunk (fwd-real; fwd-real:padN adds N KiB of
+#           workgroup memory, benches/src/sgemm/fwd.rs); ~60 s (at most 110 by its timeout,
+#           timing stops at 90); BWD_VARIANTS overrides the list (session 19's ablations:
+#           bwd-noprod, bwd-slab4, dc-noprod, dc-nobias, dc-slab4); its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
@@ -250,7 +261,7 @@ summary() {
   fi
   if [ -f "$OUT/quick.log" ]; then
     echo
-    echo "==== quick: the forward shader against fwd-loop (GPU timestamps, medians) ===="
+    echo "==== quick: the forward shader against fwd-loop, the backward's atomics against slabs (GPU timestamps, medians) ===="
     grep -E "^adapter|FAIL" "$OUT/quick.log"
     grep -E "^\|" "$OUT/quick.log"
   fi
@@ -380,21 +391,23 @@ if [[ $PHASES == *gap* ]]; then
 fi
 
 if [[ $PHASES == *quick* ]]; then
-  timeout 45 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 30 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
-    --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/quick.log" 2>&1
-  status[quick]="forward shader rc=$?; "
+  timeout 75 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 60 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
+    --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 \
+    --bwd-variants "${QUICK_BWD-bwd-real:t896,bwd-atomic,dc-real:t896,dc-atomic}" \
+    --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 >"$OUT/quick.log" 2>&1
+  status[quick]="forward / backward shaders rc=$?; "
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/quick.log" | cut -c1-220
-  timeout 80 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
-    --deadline-s 70 --configs "${QUICK_CONFIGS:-8:8:named}" \
+  timeout 100 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
+    --deadline-s 90 --configs "${QUICK_CONFIGS:-8:8:named,8:8:named:det}" \
     >"$OUT/quick-backend.log" 2>&1
   status[quick]+="backend rc=$?"
   grep -E "^adapter|round|deadline" "$OUT/quick-backend.log" | tail -12
 fi
 
 if [[ $PHASES == *bwd* ]]; then
-  timeout 75 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 60 --bwd-variants "${BWD_VARIANTS:-bwd-real,bwd-noslab,bwd-noprod,bwd-slab4,dc-real,dc-noslab,dc-noprod,dc-nobias,dc-slab4,dc-real:w3}" \
+  timeout 110 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-real:t896,bwd-atomic,dc-real:t896,dc-atomic,bwd-real,dc-real,bwd-noslab,dc-noslab,bwd-atomic:t896,dc-atomic:t896,bwd-atomic:w2,dc-atomic:w2}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 \
     --fwd-variants "${BWD_FWD-}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1

@@ -80,8 +80,10 @@ struct Cli {
     #[arg(long, default_value = "200x300x72,70x136x264")]
     fwd_check: String,
     /// Ablations of the backward's d_e and d_c passes (`cce_benches::sgemm::bwd`), comma list
-    /// of `bwd-{real|noslab|noprod}[:f32]` (d_e), `dc-{real|noslab|noprod|nobias}[:f32]` (d_c)
-    /// ("" for none).
+    /// of `bwd-{real|noslab|noprod|slab4|atomic}[:f32][:wN][:tN]` (d_e),
+    /// `dc-{real|noslab|noprod|nobias|slab4|atomic}[:f32][:wN][:tN]` (d_c) ("" for none);
+    /// `:tN` launches that variant for N target workgroups instead of
+    /// `--fwd-target-workgroups`.
     #[arg(long, default_value = "")]
     bwd_variants: String,
     /// Chunks the backward variants are timed on, comma list of ROWSxCLASSESxD (not checked: the
@@ -535,7 +537,7 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
                 let chunk = fwd::Chunk::new(g, shape, v.dtype, (100 * si + vi) as u64)?;
                 let l = b.launch(g, &chunk, cli.fwd_target_workgroups.min(8))?;
                 let slab = l.run(g)?;
-                Ok(bwd::check_all(v, &chunk, l.splits.0, &slab))
+                Ok(bwd::check_all(v, &chunk, l.slabs, &slab))
             })();
             note_check(res, shape, &v.name(), &mut failed);
         }

@@ -33,7 +33,9 @@
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
 //! `:w<N>` sets the config's `target_workgroups` (e.g. `8:8:named:w65536`: one class tile per
-//! forward workgroup at 8192 rows). `--forward-only` (with `--ab`) skips forward+backward.
+//! forward workgroup at 8192 rows). `:det` (with `--ab`) runs that config's calls with
+//! `Options::deterministic` (the backward's per-split slabs instead of its f32 atomics, on
+//! devices with `SHADER_FLOAT32_ATOMIC`). `--forward-only` (with `--ab`) skips forward+backward.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
@@ -110,7 +112,7 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN]`,
+    /// Kernel configs `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]`,
     /// comma list, compared on the first forward.
     #[arg(long)]
     configs: Option<String>,
@@ -137,13 +139,16 @@ struct ConfigSpec {
     main_loop: Option<MainLoop>,
     /// `:w<N>`: `KernelConfig::target_workgroups` (else the base config's).
     target_workgroups: Option<u32>,
+    /// `:det`: calls with `Options::deterministic` (`--ab` only).
+    deterministic: bool,
 }
 
 impl ConfigSpec {
     fn parse(c: &str) -> Result<Self, String> {
         let bad = |why: String| {
             format!(
-                "--configs {c:?}: {why} (want wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN])"
+                "--configs {c:?}: {why} (want \
+                 wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det])"
             )
         };
         let mut parts = c.split(':');
@@ -163,6 +168,7 @@ impl ConfigSpec {
             coop_tile: None,
             main_loop: None,
             target_workgroups: None,
+            deterministic: false,
         };
         for flag in parts {
             match flag {
@@ -180,6 +186,7 @@ impl ConfigSpec {
                 "quad" => spec.main_loop = Some(MainLoop::Quad),
                 "scalar" => spec.main_loop = Some(MainLoop::Scalar),
                 "named" => spec.main_loop = Some(MainLoop::Named),
+                "det" => spec.deterministic = true,
                 w if w.starts_with('w') && w.len() > 1 => {
                     spec.target_workgroups =
                         Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
@@ -231,6 +238,9 @@ impl ConfigSpec {
         }
         if let Some(w) = self.target_workgroups {
             n += &format!(":w{w}");
+        }
+        if self.deterministic {
+            n += ":det";
         }
         n
     }
@@ -360,13 +370,17 @@ fn ab(
     opts: &Options,
     label: &str,
 ) {
-    let backends: Vec<(String, WgpuBackend)> = args
+    let backends: Vec<(String, WgpuBackend, Options)> = args
         .configs
         .iter()
         .filter_map(|spec| {
             let name = spec.name();
+            let o = Options {
+                deterministic: spec.deterministic || opts.deterministic,
+                ..opts.clone()
+            };
             match b.with_config(spec.apply(b.config())) {
-                Ok(bc) => Some((name, bc)),
+                Ok(bc) => Some((name, bc, o)),
                 Err(e) => {
                     println!("  config {name}: {e}");
                     None
@@ -374,13 +388,13 @@ fn ab(
             }
         })
         .collect();
-    type Call<'a> = &'a dyn Fn(&WgpuBackend);
+    type Call<'a> = &'a dyn Fn(&WgpuBackend, &Options);
     let passes: [(&str, Call<'_>); 2] = [
-        ("forward", &|bc: &WgpuBackend| {
-            bc.forward(inputs, opts).unwrap();
+        ("forward", &|bc: &WgpuBackend, o: &Options| {
+            bc.forward(inputs, o).unwrap();
         }),
-        ("fwd+bwd", &|bc: &WgpuBackend| {
-            bc.forward_backward(inputs, opts, &Upstream::default())
+        ("fwd+bwd", &|bc: &WgpuBackend, o: &Options| {
+            bc.forward_backward(inputs, o, &Upstream::default())
                 .unwrap();
         }),
     ];
@@ -396,8 +410,8 @@ fn ab(
         let mut cpu = vec![Vec::new(); backends.len()];
         for r in 0..=args.reps {
             let round = Instant::now();
-            for (k, (name, bc)) in backends.iter().enumerate() {
-                let (w, c) = timed(bc, || call(bc));
+            for (k, (name, bc, o)) in backends.iter().enumerate() {
+                let (w, c) = timed(bc, || call(bc, o));
                 println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
                 if r > 0 {
                     wall[k].push(w);
@@ -417,7 +431,7 @@ fn ab(
             continue;
         }
         let (w0, c0) = (median(wall[0].clone()), median(cpu[0].clone()));
-        for (k, (name, _)) in backends.iter().enumerate() {
+        for (k, (name, _, _)) in backends.iter().enumerate() {
             let (w, c) = (median(wall[k].clone()), median(cpu[k].clone()));
             println!(
                 "| {label} | {pass} | {name} | {w:.1} ms wall ({:.3}x) | {c:.0} ms cpu ({:.3}x) | median of {} |",
@@ -434,14 +448,14 @@ fn ab(
 
 /// `--profile`: one call of `call` per config with GPU timestamps, printed per shader.
 fn profile(
-    backends: &[(String, WgpuBackend)],
+    backends: &[(String, WgpuBackend, Options)],
     label: &str,
     pass: &str,
-    call: &dyn Fn(&WgpuBackend),
+    call: &dyn Fn(&WgpuBackend, &Options),
     args: &Args,
     start: Instant,
 ) {
-    for (name, bc) in backends {
+    for (name, bc, o) in backends {
         if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
             println!("  profile {pass} {name}: skipped, deadline");
             continue;
@@ -451,7 +465,7 @@ fn profile(
             return;
         }
         let _ = bc.take_pass_times();
-        let ms = sync_ms(bc, || call(bc));
+        let ms = sync_ms(bc, || call(bc, o));
         let times = bc.take_pass_times();
         bc.set_profiling(false);
         match times {

@@ -11,14 +11,23 @@
 //!   run only when `P.aux != 0`: the logits tile and G stay;
 //! - `dc-nobias`: `dc-real` with d_c's bias sums compiled out (their eight registers live
 //!   across the whole pass), to see what they cost the module; the bias slab stays zero (the
-//!   check is of `d_c` only).
+//!   check is of `d_c` only);
+//! - `bwd-slab4` / `dc-slab4`: the slab as `array<vec4<f32>>` where aligned;
+//! - `bwd-atomic` / `dc-atomic`: the backend's atomic module (`ShaderKind::BwdDeAtomic` /
+//!   `BwdDcAtomic`, slab_atomic.wgsl) unchanged: every split adds into ONE slab with f32
+//!   atomics (the device needs `SHADER_FLOAT32_ATOMIC`; building fails with a message
+//!   otherwise).
 //!
 //! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
-//! workgroups (N times the splits, each with its own slab). Every variant runs with `P.aux` 1 on small chunks
-//! against the f64 reference of `d_e` or `d_c` (rows' states as [`rows`] sets them), then is
-//! timed with `P.aux` 0. Grid as the backend's for one chunk: `d_e` (splits of the class
-//! tiles, row tiles) with [`super::fwd::split_tiles`], `d_c` (splits of the row tiles, class
-//! tiles) with [`dc_split_tiles`]; one slab per split.
+//! workgroups (N times the splits, each with its own slab, or all into the one slab for the
+//! atomic variants); `:tN` launches for N target workgroups instead of the bench's
+//! `--fwd-target-workgroups` (`bwd-real:t896,dc-real:t896`: the splits the backend's 512 MiB
+//! budget leaves its slabs at 8192 x 2304 x 256000, 7 of `d_e` and 2 of `d_c`, beside the
+//! atomic variants at 2048). Every variant runs with `P.aux` 1 on small chunks against the
+//! f64 reference of `d_e` or `d_c` (rows' states as [`rows`] sets them), then is timed with
+//! `P.aux` 0. Grid as the backend's for one chunk: `d_e` (splits of the class tiles, row
+//! tiles) with [`super::fwd::split_tiles`], `d_c` (splits of the row tiles, class tiles)
+//! with [`dc_split_tiles`]; one slab per split (one in all for the atomic variants).
 
 use super::fwd::{split_tiles, Chunk, TILE};
 use super::{gpu, host, Dtype};
@@ -45,6 +54,8 @@ pub enum BwdKind {
     /// The slab as `array<vec4<f32>>`: a row's 8 floats read and written as two vec4 where
     /// they are 16-byte aligned and inside the row, the scalar path for the rest.
     Slab4,
+    /// The backend's atomic module: every split adds into one slab with f32 atomics.
+    Atomic,
 }
 
 /// Which backward pass.
@@ -68,34 +79,39 @@ pub struct BwdVariant {
     /// Multiplier of the launch's target workgroups (`:wN`, 1 by default): N times the
     /// splits, so fewer distinct fixed tiles among the resident workgroups.
     pub wmul: u32,
+    /// Target workgroups of the launch (`:tN`), in place of the caller's (`None` by default).
+    pub target: Option<u32>,
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod|slab4}[:f32][:wN]` (`d_e`) or
-    /// `dc-{real|noslab|noprod|nobias|slab4}[:f32][:wN]` (`d_c`).
+    /// Parse `bwd-{real|noslab|noprod|slab4|atomic}[:f32][:wN][:tN]` (`d_e`) or
+    /// `dc-{real|noslab|noprod|nobias|slab4|atomic}[:f32][:wN][:tN]` (`d_c`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
-        let (pass, kind) =
-            match parts.next().unwrap_or_default() {
-                "bwd-real" => (BwdPass::De, BwdKind::Real),
-                "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
-                "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
-                "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
-                "dc-real" => (BwdPass::Dc, BwdKind::Real),
-                "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
-                "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
-                "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
-                "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
-                _ => return Err(bad(
-                    "want bwd-{real|noslab|noprod|slab4} or dc-{real|noslab|noprod|nobias|slab4}",
-                )),
-            };
+        let (pass, kind) = match parts.next().unwrap_or_default() {
+            "bwd-real" => (BwdPass::De, BwdKind::Real),
+            "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
+            "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
+            "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
+            "bwd-atomic" => (BwdPass::De, BwdKind::Atomic),
+            "dc-real" => (BwdPass::Dc, BwdKind::Real),
+            "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
+            "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
+            "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
+            "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
+            "dc-atomic" => (BwdPass::Dc, BwdKind::Atomic),
+            _ => {
+                return Err(bad("want bwd-{real|noslab|noprod|slab4|atomic} or \
+                     dc-{real|noslab|noprod|nobias|slab4|atomic}"))
+            }
+        };
         let mut v = BwdVariant {
             pass,
             kind,
             dtype: Dtype::Bf16,
             wmul: 1,
+            target: None,
         };
         for flag in parts {
             match flag {
@@ -106,6 +122,15 @@ impl BwdVariant {
                         .ok()
                         .filter(|&m| (1..=64).contains(&m))
                         .ok_or_else(|| bad("want :wN with N in 1..=64"))?
+                }
+                t if t.starts_with('t') => {
+                    v.target = Some(
+                        t[1..]
+                            .parse()
+                            .ok()
+                            .filter(|&n| (1..=1 << 20).contains(&n))
+                            .ok_or_else(|| bad("want :tN with N in 1..=2^20"))?,
+                    )
                 }
                 "bf16" => v.dtype = Dtype::Bf16,
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
@@ -122,6 +147,7 @@ impl BwdVariant {
             BwdKind::NoProd => "noprod",
             BwdKind::NoBias => "nobias",
             BwdKind::Slab4 => "slab4",
+            BwdKind::Atomic => "atomic",
         };
         let pass = match self.pass {
             BwdPass::De => "bwd",
@@ -134,25 +160,28 @@ impl BwdVariant {
         if self.wmul != 1 {
             n += &format!(":w{}", self.wmul);
         }
+        if let Some(t) = self.target {
+            n += &format!(":t{t}");
+        }
         n
     }
 }
 
 /// The slab update of `add_de_half_v` / `add_dc_half_v`, made only when `P.aux != 0` in the
 /// `noslab` variants.
-const SLAB_GUARD: &str = "    if ok != 0u {\n        add_rows4_v(";
+const SLAB_GUARD: &str = "    if ok != 0u {\n        let base = slab_w(w)";
 /// The D-slice loop of the named entry point (`{x}`: the pass's X arguments), run only when
 /// `P.aux != 0` in the `noprod` variants.
 const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, {x}, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
 ";
 
-/// grad.wgsl's slab binding.
+/// slab_rmw.wgsl's slab binding.
 const SLAB_DECL: &str = "var<storage, read_write> slab: array<f32>;";
 
-/// grad.wgsl's `ld_row8` and `st_row8` on a vec4 slab (`Slab4`): two vec4 accesses when the
-/// row's 8 floats at base + n0 are 16-byte aligned and below base + D, else float by float
-/// (f = slab[i / 4][i % 4]) as grad.wgsl does them. In bounds wherever grad.wgsl's are: the
+/// slab_rmw.wgsl's `ld_row8` and `st_row8` on a vec4 slab (`Slab4`): two vec4 accesses when
+/// the row's 8 floats at base + n0 are 16-byte aligned and below base + D, else float by float
+/// (f = slab[i / 4][i % 4]) as slab_rmw.wgsl does them. In bounds wherever grad.wgsl's are: the
 /// vec4 path touches floats base + n0 .. + 7 < base + D only.
 const SLAB4_ROWS: &str = "fn slab_f(i: u32) -> f32 {
     return slab[i >> 2u][i & 3u];
@@ -197,23 +226,33 @@ fn function<'a>(src: &'a str, name: &str) -> &'a str {
     &src[at..at + len]
 }
 
+/// The backend's shader of `pass`, with f32 atomics for [`BwdKind::Atomic`].
+fn shader(pass: BwdPass, kind: BwdKind) -> ShaderKind {
+    match (pass, kind == BwdKind::Atomic) {
+        (BwdPass::De, false) => ShaderKind::BwdDe,
+        (BwdPass::Dc, false) => ShaderKind::BwdDc,
+        (BwdPass::De, true) => ShaderKind::BwdDeAtomic,
+        (BwdPass::Dc, true) => ShaderKind::BwdDcAtomic,
+    }
+}
+
 /// The module of `pass`'s variant `kind` (the backend's named module, rewritten as the module
 /// docs say). Panics when the backend's text no longer has what it rewrites (unit-tested), or
 /// for `NoBias` of `d_e`.
 pub fn source(pass: BwdPass, kind: BwdKind) -> String {
-    let (shader, x) = match pass {
-        BwdPass::De => (ShaderKind::BwdDe, "false, c_base, P.n_cls"),
-        BwdPass::Dc => (ShaderKind::BwdDc, "true, r_base, P.n_rows"),
+    let x = match pass {
+        BwdPass::De => "false, c_base, P.n_cls",
+        BwdPass::Dc => "true, r_base, P.n_rows",
     };
-    let real = shader.source_with(MainLoop::Named).into_owned();
+    let real = shader(pass, kind).source_with(MainLoop::Named).into_owned();
     let slice_loop = SLICE_LOOP.replace("{x}", x);
     match kind {
-        BwdKind::Real => real,
+        BwdKind::Real | BwdKind::Atomic => real,
         BwdKind::NoSlab => {
             assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_*_half_v's guard");
             real.replace(
                 SLAB_GUARD,
-                "    if ok != 0u && P.aux != 0.0 {\n        add_rows4_v(",
+                "    if ok != 0u && P.aux != 0.0 {\n        let base = slab_w(w)",
             )
         }
         BwdKind::NoProd => {
@@ -296,8 +335,10 @@ pub struct BwdLaunch {
     /// The same with `P.aux` 1, for the check.
     pub checked: gpu::Launch,
     slab: wgpu::Buffer,
-    /// Splits (slabs) and tiles per split (class tiles for `d_e`, row tiles for `d_c`).
+    /// Splits and tiles per split (class tiles for `d_e`, row tiles for `d_c`).
     pub splits: (u32, u32),
+    /// Slabs the launch writes: one per split, or one for the atomic variants.
+    pub slabs: u32,
 }
 
 impl BwdBuilt {
@@ -307,15 +348,20 @@ impl BwdBuilt {
         // argues (accesses guarded by `P.n_rows`, `P.n_cls`, `P.d`; e, c, bias bindings of at
         // least the chunk's rows · d elements rounded up to 16 bytes; `rs` and `dropped` of
         // n_rows entries; the slab of splits · slab_stride floats with slab_stride = n_rows · d
-        // for d_e, n_cls · d for d_c; d_c's bias slab of splits · n_cls floats; the counters of
-        // 4 words per workgroup), with the ablations only narrowing when the product, the slab
-        // updates and the bias sums run; `BwdBuilt::launch` binds buffers of those sizes.
-        let shader = match v.pass {
-            BwdPass::De => ShaderKind::BwdDe,
-            BwdPass::Dc => ShaderKind::BwdDc,
-        };
+        // for d_e, n_cls · d for d_c, one slab for the atomic modules; d_c's bias slab of
+        // splits (or one) · n_cls floats; the counters of 4 words per workgroup), with the
+        // ablations only narrowing when the product, the slab updates and the bias sums run;
+        // `BwdBuilt::launch` binds buffers of those sizes.
+        let shader = shader(v.pass, v.kind);
         if v.kind == BwdKind::NoBias && v.pass == BwdPass::De {
             return Err(format!("{}: nobias is a d_c variant", v.name()));
+        }
+        if v.kind == BwdKind::Atomic && !g.float_atomics {
+            return Err(format!(
+                "{}: the device has no SHADER_FLOAT32_ATOMIC ({})",
+                v.name(),
+                g.info.name
+            ));
         }
         let constants = shader.constants(v.dtype.cce_code(), 8, 8);
         let src = source(v.pass, v.kind);
@@ -326,8 +372,8 @@ impl BwdBuilt {
         })
     }
 
-    /// Bind `chunk` with the backend's split for `target_workgroups`. Errors: a chunk of
-    /// another dtype, or a device error.
+    /// Bind `chunk` with the backend's split for `target_workgroups` (the variant's `:tN` in
+    /// its place, times its `:wN`). Errors: a chunk of another dtype, or a device error.
     pub fn launch(
         &self,
         g: &gpu::Gpu,
@@ -340,7 +386,7 @@ impl BwdBuilt {
         }
         let (n, nc, d) = chunk.shape;
         let (row_tiles, cls_tiles) = (n.div_ceil(TILE), nc.div_ceil(TILE));
-        let target_workgroups = target_workgroups.saturating_mul(v.wmul);
+        let target_workgroups = v.target.unwrap_or(target_workgroups).saturating_mul(v.wmul);
         // (tiles per split, splits, the grid's y extent, floats per slab).
         let (per, nsplit, gy, stride) = match v.pass {
             BwdPass::De => {
@@ -354,12 +400,13 @@ impl BwdBuilt {
                 (per, row_tiles.div_ceil(per), cls_tiles, stride)
             }
         };
+        let slabs = if v.kind == BwdKind::Atomic { 1 } else { nsplit };
         // Whole vec4s, for `Slab4`'s binding.
         let slab = g.storage(
             "slabs",
-            (4 * u64::from(nsplit) * stride).next_multiple_of(16),
+            (4 * u64::from(slabs) * stride).next_multiple_of(16),
         )?;
-        let bslab = g.storage("bias slabs", 4 * u64::from(nsplit) * u64::from(nc))?;
+        let bslab = g.storage("bias slabs", 4 * u64::from(slabs) * u64::from(nc))?;
         let rs = g.upload("row states", bytemuck::cast_slice(&rows(&chunk.tgt)))?;
         let dropped = g.storage("dropped", 4 * u64::from(n))?;
         let counters = g.storage("counters", 16 * u64::from(nsplit * gy))?;
@@ -404,13 +451,14 @@ impl BwdBuilt {
             checked: checked?,
             slab,
             splits: (nsplit, per),
+            slabs,
         })
     }
 }
 
 impl BwdLaunch {
-    /// Dispatch the checked launch once on zeroed slabs and read them (`[splits, n_rows,
-    /// d]` f32).
+    /// Dispatch the checked launch once on zeroed slabs and read them (`[slabs, n_rows, d]`
+    /// f32, `n_cls` for `d_c`).
     pub fn run(&self, g: &gpu::Gpu) -> Result<Vec<f32>, String> {
         let back = g.run_read(&self.checked, &[(&self.slab, self.slab.size())])?;
         Ok(bytemuck::pod_collect_to_vec(&back[0]))
@@ -456,9 +504,9 @@ fn fold_worst(
     }
 }
 
-/// Worst error of `d_e` (the slabs summed) over `rows` against the f64 reference, as a
+/// Worst error of `d_e` (the `slabs` slabs `[slabs, n_rows, d]` summed) over `rows` against the f64 reference, as a
 /// multiple of its tolerance (<= 1 passes), with a description of the worst entry.
-pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, String) {
+pub fn check(chunk: &Chunk, slabs: u32, slab: &[f32], rows: &[usize]) -> (f64, String) {
     let (n, nc, d) = chunk.shape;
     let (n, nc, k) = (n as usize, nc as usize, d as usize);
     let tol = host::tolerance(k);
@@ -479,7 +527,7 @@ pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, 
             }
         }
         let got = |t: usize| -> f64 {
-            (0..nsplit as usize)
+            (0..slabs as usize)
                 .map(|w| f64::from(slab[(w * n + r) * k + t]))
                 .sum()
         };
@@ -488,10 +536,10 @@ pub fn check(chunk: &Chunk, nsplit: u32, slab: &[f32], rows: &[usize]) -> (f64, 
     worst
 }
 
-/// Worst error of `d_c` (the slabs `[splits, n_cls, d]` summed) over `classes` against the
+/// Worst error of `d_c` (the slabs `[slabs, n_cls, d]` summed) over `classes` against the
 /// f64 reference (`d_c[j] = Σ_r G[r][j] · e[r]`, rows of ignored targets left out), as a
 /// multiple of its tolerance (<= 1 passes), with a description of the worst entry.
-pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> (f64, String) {
+pub fn check_dc(chunk: &Chunk, slabs: u32, slab: &[f32], classes: &[usize]) -> (f64, String) {
     let (n, nc, d) = chunk.shape;
     let (n, nc, k) = (n as usize, nc as usize, d as usize);
     let tol = host::tolerance(k);
@@ -513,7 +561,7 @@ pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> 
             }
         }
         let got = |t: usize| -> f64 {
-            (0..nsplit as usize)
+            (0..slabs as usize)
                 .map(|w| f64::from(slab[(w * nc + j) * k + t]))
                 .sum()
         };
@@ -523,11 +571,11 @@ pub fn check_dc(chunk: &Chunk, nsplit: u32, slab: &[f32], classes: &[usize]) -> 
 }
 
 /// [`check`] (every row) or [`check_dc`] (every class) as `v`'s pass needs.
-pub fn check_all(v: BwdVariant, chunk: &Chunk, nsplit: u32, slab: &[f32]) -> (f64, String) {
+pub fn check_all(v: BwdVariant, chunk: &Chunk, slabs: u32, slab: &[f32]) -> (f64, String) {
     let (n, nc, _) = chunk.shape;
     match v.pass {
-        BwdPass::De => check(chunk, nsplit, slab, &(0..n as usize).collect::<Vec<_>>()),
-        BwdPass::Dc => check_dc(chunk, nsplit, slab, &(0..nc as usize).collect::<Vec<_>>()),
+        BwdPass::De => check(chunk, slabs, slab, &(0..n as usize).collect::<Vec<_>>()),
+        BwdPass::Dc => check_dc(chunk, slabs, slab, &(0..nc as usize).collect::<Vec<_>>()),
     }
 }
 
@@ -549,6 +597,10 @@ mod tests {
             "bwd-slab4",
             "dc-slab4:f32",
             "dc-real:w3",
+            "bwd-atomic",
+            "dc-atomic:f32",
+            "bwd-real:t896",
+            "dc-atomic:w2:t64",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
@@ -557,6 +609,9 @@ mod tests {
         assert!(BwdVariant::parse("dc-real:w0").is_err());
         assert!(BwdVariant::parse("dc-real:wx").is_err());
         assert!(BwdVariant::parse("bwd-real:x").is_err());
+        assert!(BwdVariant::parse("bwd-real:t0").is_err());
+        assert!(BwdVariant::parse("bwd-real:tx").is_err());
+        assert_eq!(BwdVariant::parse("dc-real:t896").unwrap().target, Some(896));
     }
 
     #[test]
@@ -571,6 +626,8 @@ mod tests {
             (BwdPass::Dc, BwdKind::NoBias),
             (BwdPass::De, BwdKind::Slab4),
             (BwdPass::Dc, BwdKind::Slab4),
+            (BwdPass::De, BwdKind::Atomic),
+            (BwdPass::Dc, BwdKind::Atomic),
         ] {
             let src = source(pass, kind);
             assert_eq!(
@@ -578,7 +635,12 @@ mod tests {
                 usize::from(kind == BwdKind::Slab4),
                 "{pass:?} {kind:?}"
             );
-            assert_eq!(src.matches("fn ld_row8(").count(), 1);
+            let atomic = kind == BwdKind::Atomic;
+            assert_eq!(src.matches("fn ld_row8(").count(), usize::from(!atomic));
+            assert_eq!(
+                src.matches("array<atomic<f32>>;").count(),
+                2 * usize::from(atomic)
+            );
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -629,23 +691,36 @@ mod tests {
                 "bwd-slab4",
                 "dc-slab4",
                 "dc-real:w2",
+                "bwd-atomic",
+                "dc-atomic",
+                "bwd-atomic:f32:t16",
+                "dc-atomic:w2",
+                "bwd-real:t16",
             ]
             .iter()
             .enumerate()
             {
                 let v = BwdVariant::parse(name).unwrap();
+                if v.kind == BwdKind::Atomic && !g.float_atomics {
+                    eprintln!(
+                        "{name}: skipped, no SHADER_FLOAT32_ATOMIC on {}",
+                        g.info.name
+                    );
+                    assert!(BwdBuilt::new(&g, v).is_err());
+                    continue;
+                }
                 let chunk = Chunk::new(&g, shape, v.dtype, (10 * s + i) as u64).unwrap();
                 let b = BwdBuilt::new(&g, v).unwrap();
                 let l = b.launch(&g, &chunk, 8).unwrap();
                 assert!(l.splits.0 > 1, "{shape:?}: one split");
                 let slab = l.run(&g).unwrap();
-                let (ratio, what) = check_all(v, &chunk, l.splits.0, &slab);
+                let (ratio, what) = check_all(v, &chunk, l.slabs, &slab);
                 assert!(
                     ratio <= 1.0,
                     "{name} {shape:?}: {ratio:.2} x tolerance at {what}"
                 );
                 // The check sees a missing slab.
-                let (bad, _) = check_all(v, &chunk, l.splits.0 - 1, &slab);
+                let (bad, _) = check_all(v, &chunk, l.slabs - 1, &slab);
                 assert!(bad > 1.0, "{name}: the check missed a slab");
                 if matches!(v.kind, BwdKind::NoSlab | BwdKind::NoProd) {
                     let fresh = b.launch(&g, &chunk, 8).unwrap();

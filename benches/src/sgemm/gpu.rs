@@ -17,6 +17,9 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// Whether compute passes can write timestamps (`TIMESTAMP_QUERY`).
     pub timestamps: bool,
+    /// Whether shaders may add f32 atomically (`SHADER_FLOAT32_ATOMIC`: the backward's
+    /// atomic modules, `bwd::BwdKind::Atomic`).
+    pub float_atomics: bool,
     /// The limits the device was opened with (the adapter's own).
     pub limits: wgpu::Limits,
 }
@@ -40,8 +43,9 @@ pub struct Launch {
 }
 
 impl Gpu {
-    /// Open the adapter cce-wgpu would pick, with its own limits and `TIMESTAMP_QUERY` where
-    /// offered. Errors: no adapter, or the device request failed (as text).
+    /// Open the adapter cce-wgpu would pick, with its own limits, and `TIMESTAMP_QUERY` and
+    /// `SHADER_FLOAT32_ATOMIC` where offered. Errors: no adapter, or the device request failed
+    /// (as text).
     pub fn open() -> Result<Self, String> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -49,7 +53,8 @@ impl Gpu {
         let adapter =
             cut_cross_entropy::cce_wgpu::pick_adapter(adapters).ok_or("no wgpu adapter")?;
         let info = adapter.get_info();
-        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features()
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_FLOAT32_ATOMIC);
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("cce-bench-sgemm"),
@@ -65,6 +70,7 @@ impl Gpu {
             queue,
             info,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            float_atomics: features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC),
             limits,
         })
     }

@@ -2,10 +2,12 @@
 //
 // Parameters
 //   bindings 0-3: see tile_io.wgsl; 4-7: see grad.wgsl.
-//   `slab`  [n_slabs, n_cls, D] f32: slab w accumulates, for the classes of the chunk, Σ over
-//           the row tiles of the splits run in workgroup column w (split split_base + w of
-//           each wave) of G_tileᵀ · E_tile (read-modify-write, one owner per dispatch).
-//   binding 8 `bslab` [n_slabs, n_cls] f32, read_write: Σ_i G_ij likewise.
+//   `slab`  [n_slabs, n_cls, D] f32: slab slab_w(w) accumulates, for the classes of the
+//           chunk, Σ over the row tiles of the splits run in workgroup column w (split
+//           split_base + w of each wave) of G_tileᵀ · E_tile: with slab_rmw.wgsl slab w
+//           (read-modify-write, one owner per dispatch), with slab_atomic.wgsl the one slab 0
+//           (atomic adds of every split).
+//   binding 8 `bslab` [n_slabs, n_cls] f32, read_write: Σ_i G_ij likewise (`add_bias`).
 // Tiling
 //   Grid (splits, class tiles of the chunk). Split `s` covers row tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the row chunk. Per kept tile: logits tile (same gemm
@@ -17,14 +19,13 @@
 //   As tile_io.wgsl for the logits; for the d_c product thread (tx, ty) owns classes ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
-//   slab[w*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x, with
-//   slab_stride >= n_cls*D (add_dc_half_v passes grad.wgsl's add_rows4_v the classes
-//   j < n_cls only); bslab[w*n_cls + j] only for j < n_cls (both host-checked against
+//   slab[slab_w(w)*slab_stride + j*D + d] only for j < n_cls, d < D, w = workgroup_id.x
+//   (slab_w(w) = w, or 0 for the atomic slab), with slab_stride >= n_cls*D (add_dc_half_v
+//   passes add_rows4_v the classes j < n_cls only); bslab[slab_w(w)*n_cls + j] only for
+//   j < n_cls (both host-checked against
 //   the grid and binding); the bias reduction's floats (tx*8 + jj)*WG + ty and jl*WG + k
 //   below 8*WG*WG <= 16*TK*WG, the floats of Bs (WG <= 2*TK since NG >= 1); the rest as
 //   gemm.wgsl and grad.wgsl.
-
-@group(0) @binding(8) var<storage, read_write> bslab: array<f32>;
 
 // Float f of Bs, the bias reduction's scratch after the pass's last product (whose closing
 // barrier frees the panels).
@@ -68,7 +69,7 @@ fn add_dc_half_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2:
     let j = c_base + ty * 8u + 4u * h;
     let ok = rows_ok4(j, P.n_cls);
     if ok != 0u {
-        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, w * P.slab_stride + j * P.d, ok,
-                    d0 + tx * 8u);
+        let base = slab_w(w) * P.slab_stride + j * P.d;
+        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, d0 + tx * 8u);
     }
 }

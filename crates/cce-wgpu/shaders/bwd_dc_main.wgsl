@@ -79,7 +79,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             for (var k = 0u; k < WG; k++) {
                 s += bred_get(jl * WG + k);
             }
-            bslab[wid.x * P.n_cls + j] += s;
+            add_bias(wid.x, j, s);
         }
     }
     flush_counters(li, kept_tiles, skipped_tiles, kept_e, skipped_e,

@@ -2,9 +2,11 @@
 //
 // Parameters
 //   bindings 0-3: see tile_io.wgsl; 4-7: see grad.wgsl.
-//   `slab` [n_slabs, n_rows, D] f32: slab w accumulates, for the rows of the chunk, Σ over the
-//          class tiles of the splits run in workgroup column w (split split_base + w of each
-//          wave) of G_tile · C_tile (read-modify-write, one owner per element per dispatch).
+//   `slab` [n_slabs, n_rows, D] f32: slab slab_w(w) accumulates, for the rows of the chunk, Σ
+//          over the class tiles of the splits run in workgroup column w (split split_base + w
+//          of each wave) of G_tile · C_tile: with slab_rmw.wgsl slab w (read-modify-write, one
+//          owner per element per dispatch), with slab_atomic.wgsl the one slab 0 (atomic adds
+//          of every split).
 // Tiling
 //   Grid (splits, row tiles of the chunk). Split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the class chunk. Per kept tile: logits tile (gemm),
@@ -15,8 +17,9 @@
 //   As tile_io.wgsl for the logits; for the d_e product thread (tx, ty) owns rows ty*8.. and
 //   columns d0 + tx*8.. of the slice.
 // Bounds
-//   slab[w*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x, with
-//   slab_stride >= n_rows*D (host-checked against the grid and binding): add_de_half_v passes
+//   slab[slab_w(w)*slab_stride + r*D + d] only for r < n_rows, d < D and w = workgroup_id.x
+//   (slab_w(w) = w, or 0 for the atomic slab), with slab_stride >= n_rows*D (host-checked
+//   against the grid and binding): add_de_half_v passes
 //   grad.wgsl's add_rows4_v the rows r < n_rows only; workgroup memory, e, c, bias and the
 //   rest as gemm.wgsl and grad.wgsl.
 
@@ -49,7 +52,7 @@ fn add_de_half_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2:
     let r = r_base + ty * 8u + 4u * h;
     let ok = rows_ok4(r, P.n_rows);
     if ok != 0u {
-        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, w * P.slab_stride + r * P.d, ok,
-                    d0 + tx * 8u);
+        let base = slab_w(w) * P.slab_stride + r * P.d;
+        add_rows4_v(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, d0 + tx * 8u);
     }
 }

@@ -3,7 +3,10 @@
 //
 // Parameters
 //   binding 4 `rs`       [n_rows] RowState: per-row coefficients and threshold (bwd_prep/tau).
-//   binding 5 `slab`     f32 accumulators, read_write (layout in the including shader).
+//   binding 5 `slab`     f32 accumulators, read_write (layout in the including shader),
+//                        declared with its update `add_rows4_v` in slab_rmw.wgsl (a slab per
+//                        workgroup column, read-modify-write) or slab_atomic.wgsl (one slab,
+//                        f32 atomic adds).
 //   binding 6 `dropped`  [n_rows] atomic u32: per-row dropped mass, Σ g0 of skipped entries in
 //                        2^-30 units (FLAG_REPORT).
 //   binding 7 `counters` [slots, 4] u32: per workgroup (tiles visited, tiles skipped, entries
@@ -32,9 +35,8 @@
 //   + workgroup index, below slot_base + grid size (host-checked against the binding);
 //   As[(buf*TK + kk)*2WG + 2*other + 1] with buf < 2, kk < TK (put_gp stores only those),
 //   other < WG: below 4*TK*WG; the product's As and Bs reads (buf*TK + k)*2WG + 2ty + 1 and
-//   + 2tx + 1 likewise; Bs and the panel loads as gemm.wgsl; slab: rows of D floats at `base` the
-//   including shader checks (a row k of add_rows4_v only with its bit of `ok` set), read at
-//   base + min(n0 + jj, D − 1) and written at base + n0 + jj only for n0 + jj < D.
+//   + 2tx + 1 likewise; Bs and the panel loads as gemm.wgsl; slab: as slab_rmw.wgsl or
+//   slab_atomic.wgsl.
 //
 // G_ij = (a p_ij − c) off the target, gy at it, times dz/dx = 1 − tanh²(x_ij/s) under softcap
 // (`dcap`, from the uncapped logit x) (MATH.md, "Backward"); g0 = p off the target, g0y at it
@@ -44,7 +46,6 @@
 // the filter, when any row of the tile is active; the decision is uniform over the workgroup.
 
 @group(0) @binding(4) var<storage, read> rs: array<RowState>;
-@group(0) @binding(5) var<storage, read_write> slab: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dropped: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> counters: array<u32>;
 
@@ -241,63 +242,6 @@ fn prod_slice(acc: ptr<function, Acc>, gt: ptr<function, Acc>, pb: ptr<function,
         }
         workgroupBarrier();
         buf ^= 1u;
-    }
-}
-
-// The slab's 8 floats of one row at base + n0 .. + 7, the indices past D clamped to the row's
-// last float (base + D − 1), so that every load is in bounds and none sits in a branch.
-fn ld_row8(base: u32, n0: u32) -> array<vec4<f32>, 2> {
-    let last = base + P.d - 1u;
-    let o = base + n0;
-    return array<vec4<f32>, 2>(
-        vec4<f32>(slab[min(o, last)], slab[min(o + 1u, last)], slab[min(o + 2u, last)],
-                  slab[min(o + 3u, last)]),
-        vec4<f32>(slab[min(o + 4u, last)], slab[min(o + 5u, last)], slab[min(o + 6u, last)],
-                  slab[min(o + 7u, last)]));
-}
-
-// slab[base + n0 + jj] = entry jj of the row (lo, hi) for n0 + jj < D.
-fn st_row8(lo: vec4<f32>, hi: vec4<f32>, base: u32, n0: u32) {
-    for (var jj = 0u; jj < 8u; jj++) {
-        if n0 + jj < P.d {
-            slab[base + n0 + jj] = pick8(lo, hi, jj);
-        }
-    }
-}
-
-// Adds four rows (lk, hk), k = 0..3, to the slab at floats base + k·D + n0 .. + 7 (n0 + jj < D),
-// row k only where bit k of `ok` is set: the 32 loads first, then the stores, so that the
-// loads are in flight together instead of each waiting behind the previous store.
-fn add_rows4_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>,
-               h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>, base: u32, ok: u32, n0: u32) {
-    let z = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-    var q0 = z;
-    var q1 = z;
-    var q2 = z;
-    var q3 = z;
-    if (ok & 1u) != 0u {
-        q0 = ld_row8(base, n0);
-    }
-    if (ok & 2u) != 0u {
-        q1 = ld_row8(base + P.d, n0);
-    }
-    if (ok & 4u) != 0u {
-        q2 = ld_row8(base + 2u * P.d, n0);
-    }
-    if (ok & 8u) != 0u {
-        q3 = ld_row8(base + 3u * P.d, n0);
-    }
-    if (ok & 1u) != 0u {
-        st_row8(l0 + q0[0], h0 + q0[1], base, n0);
-    }
-    if (ok & 2u) != 0u {
-        st_row8(l1 + q1[0], h1 + q1[1], base + P.d, n0);
-    }
-    if (ok & 4u) != 0u {
-        st_row8(l2 + q2[0], h2 + q2[1], base + 2u * P.d, n0);
-    }
-    if (ok & 8u) != 0u {
-        st_row8(l3 + q3[0], h3 + q3[1], base + 3u * P.d, n0);
     }
 }
 

@@ -187,8 +187,16 @@ impl WgpuBackend {
         self.ctx.features.contains(wgpu::Features::SHADER_F16)
     }
 
+    /// Whether the device has `SHADER_FLOAT32_ATOMIC`, so that backward calls that are not
+    /// `deterministic` sum their splits with f32 atomics into one slab per chunk instead of
+    /// one slab per split (crate docs, "Passes").
+    pub fn has_float_atomics(&self) -> bool {
+        self.ctx.float_atomics()
+    }
+
     /// A report of the adapter for benchmark logs: name, backend, driver, device type, the
-    /// features the shaders could use (subgroups with their sizes, f16, cooperative matrix),
+    /// features the shaders could use (subgroups with their sizes, f16, f32 atomics,
+    /// cooperative matrix), how the backward sums its splits,
     /// the device's workgroup limits, the kernel configuration, and every cooperative-matrix
     /// configuration the adapter lists (`M x N x K`, input and accumulator types; Vulkan:
     /// `vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR`, subgroup scope, as wgpu keeps
@@ -209,6 +217,10 @@ impl WgpuBackend {
             ("SUBGROUP", wgpu::Features::SUBGROUP),
             ("SHADER_F16", wgpu::Features::SHADER_F16),
             (
+                "SHADER_FLOAT32_ATOMIC",
+                wgpu::Features::SHADER_FLOAT32_ATOMIC,
+            ),
+            (
                 "EXPERIMENTAL_COOPERATIVE_MATRIX",
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             ),
@@ -225,6 +237,14 @@ impl WgpuBackend {
             l.max_compute_invocations_per_workgroup,
             l.max_storage_buffer_binding_size,
             self.cfg
+        );
+        s += &format!(
+            "backward splits: {}\n",
+            if ctx.float_atomics() {
+                "f32 atomics into one slab (per-split slabs for deterministic calls)"
+            } else {
+                "per-split slabs (no SHADER_FLOAT32_ATOMIC on the device)"
+            }
         );
         let usable = ctx.coop.t64 || ctx.coop.t128;
         let state = if !cfg!(feature = "coop-matrix") {

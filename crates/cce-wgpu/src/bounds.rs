@@ -76,10 +76,10 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
             &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"]
         }
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
-        ShaderKind::BwdDe => &[
+        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
         ],
-        ShaderKind::BwdDc => &[
+        ShaderKind::BwdDc | ShaderKind::BwdDcAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters", "bslab",
         ],
         ShaderKind::FwdMerge => &[
@@ -124,6 +124,9 @@ pub(crate) fn extent(
     };
     let per_row = |bytes: u64| bytes * rows;
     let counters = || 16 * (p.slot_base as u64 + workgroups * grid[1] as u64);
+    // Slabs the dispatch touches: one per workgroup column, or the one slab of the atomic
+    // modules (slab_atomic.wgsl's slab_w = 0).
+    let slabs = if kind.is_atomic() { 1 } else { workgroups };
     let slab = |owned: u64| -> Result<u64, String> {
         if (p.slab_stride as u64) < owned * d {
             return Err(format!(
@@ -132,7 +135,7 @@ pub(crate) fn extent(
                 owned * d
             ));
         }
-        Ok(4 * workgroups * p.slab_stride as u64)
+        Ok(4 * slabs * p.slab_stride as u64)
     };
     let gemm = |b: u32| match b {
         1 => Some(e16()),
@@ -140,6 +143,7 @@ pub(crate) fn extent(
         3 => Some(bias()),
         _ => None,
     };
+    use ShaderKind::{BwdDc, BwdDcAtomic, BwdDe, BwdDeAtomic};
     let out = match (kind, binding) {
         (
             ShaderKind::FwdPartial
@@ -148,7 +152,7 @@ pub(crate) fn extent(
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
-        (ShaderKind::BwdDe | ShaderKind::BwdDc, 1..=3) => gemm(binding),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 1..=3) => gemm(binding),
         (
             ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
             4 | 6,
@@ -168,14 +172,14 @@ pub(crate) fn extent(
         (ShaderKind::BwdHist, 4) => Some(per_row(ROW_STATE_BYTES)),
         (ShaderKind::BwdHist, 5) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdHist, 6) => Some(per_row(4 * N_BINS as u64)),
-        (ShaderKind::BwdDe | ShaderKind::BwdDc, 4) => Some(per_row(ROW_STATE_BYTES)),
-        (ShaderKind::BwdDe, 5) => Some(slab(rows)?),
-        (ShaderKind::BwdDc, 5) => Some(slab(cls)?),
-        (ShaderKind::BwdDe | ShaderKind::BwdDc, 6) => {
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 4) => Some(per_row(ROW_STATE_BYTES)),
+        (BwdDe | BwdDeAtomic, 5) => Some(slab(rows)?),
+        (BwdDc | BwdDcAtomic, 5) => Some(slab(cls)?),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 6) => {
             Some(if has(flags::REPORT) { per_row(4) } else { 0 })
         }
-        (ShaderKind::BwdDe | ShaderKind::BwdDc, 7) => Some(counters()),
-        (ShaderKind::BwdDc, 8) => Some(4 * workgroups * cls),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 7) => Some(counters()),
+        (BwdDc | BwdDcAtomic, 8) => Some(4 * slabs * cls),
         (ShaderKind::FwdMerge, 1) => Some(per_row(PART_BYTES * p.part_stride as u64)),
         (ShaderKind::FwdMerge, 2..=7 | 9) => Some(per_row(4)),
         (ShaderKind::FwdMerge, 8) => Some(12),
@@ -353,6 +357,16 @@ mod tests {
         };
         assert!(extent(ShaderKind::BwdDc, 0, &q, [1, 1, 1], 5).is_err());
         assert_eq!(extent(ShaderKind::BwdDc, 0, &p, [3, 1, 1], 8), Ok(4 * 21));
+        // The atomic modules touch one slab, whatever the grid.
+        assert_eq!(
+            extent(ShaderKind::BwdDeAtomic, 0, &p, [3, 2, 1], 5),
+            Ok(4 * 50)
+        );
+        assert_eq!(
+            extent(ShaderKind::BwdDcAtomic, 0, &p, [3, 1, 1], 8),
+            Ok(4 * 7)
+        );
+        assert!(extent(ShaderKind::BwdDcAtomic, 0, &q, [1, 1, 1], 5).is_err());
     }
 
     #[test]

@@ -247,6 +247,56 @@ pub fn default_shapes(cpu: bool) -> &'static [(u32, u32, MainLoop)] {
     }
 }
 
+/// How the backward's `d_e` and `d_c` passes sum a chunk's splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Accumulation {
+    /// One f32 slab per split (slab_rmw.wgsl), summed by `finalize` in split order: bitwise
+    /// repeatable; the splits are capped by the workspace budget's room for the slabs.
+    Slabs,
+    /// One f32 slab per chunk that every split adds into with f32 atomics (slab_atomic.wgsl):
+    /// the order of the adds varies from run to run; the splits follow the target workgroups
+    /// alone.
+    Atomic,
+}
+
+/// The backward's [`Accumulation`]: atomics where the device has `SHADER_FLOAT32_ATOMIC`
+/// (`float_atomics`) and the call is not `deterministic`, slabs otherwise.
+pub(crate) fn accumulation(float_atomics: bool, deterministic: bool) -> Accumulation {
+    if float_atomics && !deterministic {
+        Accumulation::Atomic
+    } else {
+        Accumulation::Slabs
+    }
+}
+
+/// Splits of the backward's `d_e` (or `d_c`) pass: enough that splits x `grid_tiles` (row
+/// tiles for `d_e`, class tiles for `d_c`: the grid's other extent) reaches
+/// `target_workgroups`, at most one per tile of the split dimension (`split_tiles`), at least
+/// one. With [`Accumulation::Slabs`] each split owns a slab of `slab_bytes`, so the count is
+/// also capped by how many fit `room_bytes` (what the workspace budget leaves) and one binding
+/// of `max_binding` bytes; with [`Accumulation::Atomic`] the splits share one slab and no
+/// memory cap applies.
+pub(crate) fn bwd_splits(
+    acc: Accumulation,
+    target_workgroups: u32,
+    (grid_tiles, split_tiles): (usize, usize),
+    slab_bytes: u64,
+    (room_bytes, max_binding): (u64, u64),
+) -> usize {
+    let want = (target_workgroups as usize)
+        .div_ceil(grid_tiles.max(1))
+        .min(split_tiles);
+    let cap = match acc {
+        Accumulation::Atomic => usize::MAX,
+        Accumulation::Slabs => {
+            let room = (room_bytes / slab_bytes.max(1)).max(1);
+            let fit = (max_binding / slab_bytes.max(1)).max(1);
+            room.min(fit).try_into().unwrap_or(usize::MAX)
+        }
+    };
+    want.min(cap).max(1)
+}
+
 /// Whether panel loads of a source with row length `d` whose chunk starts at element
 /// `elem_off` of its binding read four elements at a time: every group of four then starts
 /// at a multiple of 4 elements (16 bytes for f32, 8 for f16/bf16) and lies in one row.
@@ -666,6 +716,35 @@ mod tests {
         assert_eq!(per_round, [32; 8]);
         // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
         const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
+    }
+
+    #[test]
+    fn atomics_only_for_non_deterministic_calls_on_devices_that_have_them() {
+        assert_eq!(accumulation(true, false), Accumulation::Atomic);
+        assert_eq!(accumulation(true, true), Accumulation::Slabs);
+        assert_eq!(accumulation(false, false), Accumulation::Slabs);
+        assert_eq!(accumulation(false, true), Accumulation::Slabs);
+    }
+
+    #[test]
+    fn only_the_slabs_are_capped_by_the_budget() {
+        // The H200's chunk at 8192 x 2304 x 256000 (session 19): 128 row tiles and 455 class
+        // tiles; d_e's slab 75.5 MB, d_c's 268 MB; the default budget of 512 MiB.
+        let room = (512u64 << 20, 2u64 << 30);
+        let (de_slab, dc_slab) = (8192 * 2304 * 4, 29120 * 2304 * 4);
+        let slabs = Accumulation::Slabs;
+        let atomic = Accumulation::Atomic;
+        assert_eq!(bwd_splits(slabs, 2048, (128, 455), de_slab, room), 7);
+        assert_eq!(bwd_splits(slabs, 2048, (455, 128), dc_slab, room), 2);
+        assert_eq!(bwd_splits(atomic, 2048, (128, 455), de_slab, room), 16);
+        assert_eq!(bwd_splits(atomic, 2048, (455, 128), dc_slab, room), 5);
+        // At most one split per tile, at least one split.
+        assert_eq!(bwd_splits(atomic, 2048, (1, 3), de_slab, room), 3);
+        assert_eq!(bwd_splits(atomic, 1, (4096, 3), de_slab, room), 1);
+        assert_eq!(bwd_splits(slabs, 2048, (128, 455), de_slab, (0, 0)), 1);
+        // A binding holds at most max_binding / slab of them.
+        let wide = (u64::MAX, 3 * de_slab);
+        assert_eq!(bwd_splits(slabs, 2048, (128, 455), de_slab, wide), 3);
     }
 
     #[test]

@@ -97,9 +97,11 @@ impl Context {
             },
         })?;
         let info = adapter.get_info();
-        // Timestamps only serve the opt-in profiling (`crate::profile`).
+        // Timestamps only serve the opt-in profiling (`crate::profile`); f32 atomics the
+        // backward's non-deterministic path (`config::accumulation`).
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
+            | wgpu::Features::SHADER_FLOAT32_ATOMIC
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         if cfg!(feature = "coop-matrix") {
@@ -153,7 +155,8 @@ impl Context {
     }
 
     /// A context on a device and queue someone else opened (a framework's), with the limits
-    /// and features that device was created with. Installs no device-lost or uncaptured-error
+    /// and features that device was created with (f32 atomics only where the owner requested
+    /// `SHADER_FLOAT32_ATOMIC`; without them the backward keeps its per-split slabs). Installs no device-lost or uncaptured-error
     /// callback: wgpu keeps one of each per device, and the owner's (cubecl's, for burn) must
     /// stay in place. Errors of our calls are still caught by the error scopes of
     /// [`Context::scoped`] (thread-local in wgpu, so they see only our thread's work); a lost
@@ -163,7 +166,10 @@ impl Context {
     pub fn borrow(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         let info = device.adapter_info();
         let limits = device.limits();
-        let features = device.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        let features = device.features()
+            & (wgpu::Features::SHADER_F16
+                | wgpu::Features::SUBGROUP
+                | wgpu::Features::SHADER_FLOAT32_ATOMIC);
         let none = Arc::new(Mutex::new(None));
         let empty = Arc::new(Mutex::new(Vec::new()));
         // Scoped, so that a failure is ours to report, not the owner's uncaptured handler's.
@@ -227,6 +233,12 @@ impl Context {
         checked: bool,
     ) -> wgpu::ComputePipeline {
         self.pipelines.get(&self.device, kind, dtype, tile, checked)
+    }
+
+    /// Whether the device has `SHADER_FLOAT32_ATOMIC` (the backward's atomic modules).
+    pub fn float_atomics(&self) -> bool {
+        self.features
+            .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     }
 
     /// Largest storage binding in bytes: the adapter's, capped at

@@ -21,12 +21,24 @@
 //!    build each row's histogram of `g0 = |p − onehot|` with u32 atomics and derive `τ_i`
 //!    ([`cce_core::FilterRule`]).
 //! 3. `bwd_de` (row-owned) and `bwd_dc` (class-owned): recompute the logits tile, form `G`,
-//!    skip the tile when every entry of an active row has `g0 < τ_i`, accumulate in f32 slabs
-//!    owned by one workgroup each (no float atomics), then `finalize` sums the slabs, adds the
-//!    analytic label-smoothing term and rounds once to the output dtype.
+//!    skip the tile when every entry of an active row has `g0 < τ_i`, accumulate in f32, then
+//!    `finalize` sums the slabs, adds the analytic label-smoothing term and rounds once to the
+//!    output dtype. A chunk's class tiles (`d_e`) or row tiles (`d_c`) are cut into splits run
+//!    by separate workgroups; their sums meet in one of two ways
+//!    ([`WgpuBackend::has_float_atomics`]):
+//!    - on devices with `SHADER_FLOAT32_ATOMIC` (Vulkan `VK_EXT_shader_atomic_float`, Metal
+//!      3), for calls that are not `Options::deterministic`: every split adds into one f32
+//!      slab per chunk with `atomicAdd` on `atomic<f32>`, and the splits are as many as the
+//!      kernel configuration's `target_workgroups` asks;
+//!    - otherwise: one f32 slab per split, owned by its workgroups (no float atomics), summed
+//!      by `finalize` in split order; the splits are capped by the workspace budget's room
+//!      for their slabs.
 //!
 //! Work is cut into row and class chunks by the plan so that no binding exceeds the adapter's
-//! `max_storage_buffer_binding_size`. Results are deterministic for a given device and config.
+//! `max_storage_buffer_binding_size`. Results are bitwise repeatable for a given device and
+//! config when the call is `deterministic` or the device lacks f32 atomics; otherwise the
+//! gradients' f32 sums run in an order that varies from run to run (the loss and lse never
+//! depend on it).
 //!
 //! ## Trusted shader modules
 //! Shader modules are created with `create_shader_module_trusted` and none of wgpu's runtime

@@ -537,6 +537,46 @@ fn coop_forwards_64_and_128() {
 }
 
 #[test]
+fn hostile_shapes_deterministic() {
+    // Deterministic calls keep one f32 slab per split (the only path on devices without f32
+    // atomics), whatever the device offers.
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.opts.deterministic = true))
+        .collect();
+    run_all(&cases);
+}
+
+#[test]
+fn atomic_splits_match_the_f64_oracle() {
+    // Calls that are not deterministic add every split of a chunk into one slab with f32
+    // atomics where the device has SHADER_FLOAT32_ATOMIC (lavapipe does): many splits per
+    // chunk (64 target workgroups: up to 8 splits of d_e and 4 of d_c at 252 x 123 x 507),
+    // judged against the f64 oracle like every other path.
+    let Some(b) = backend() else { return };
+    println!(
+        "SHADER_FLOAT32_ATOMIC: {} ({})",
+        b.has_float_atomics(),
+        b.adapter_info().name
+    );
+    let cases: Vec<Case> = hostile_cases()
+        .into_iter()
+        .map(|c| {
+            c.with(|c| {
+                c.workgroups = Some(c.workgroups.unwrap_or(64));
+                c.opts.deterministic = false;
+            })
+        })
+        .collect();
+    run_all(&cases);
+    let filtered: Vec<Case> = filtered_cases()
+        .into_iter()
+        .map(|c| c.with(|c| c.workgroups = Some(c.workgroups.unwrap_or(64))))
+        .collect();
+    run_all(&filtered);
+}
+
+#[test]
 fn ignored_rows_and_reductions() {
     let all = |r: Reduction| {
         move |c: &mut Case| {
@@ -823,7 +863,14 @@ fn filtered_mode_named_main_loop() {
 
 #[test]
 fn deterministic_and_partial_outputs() {
-    let Some(b) = backend() else { return };
+    let Some(b0) = backend() else { return };
+    // Several splits per chunk, so that the slabs' sum has an order to keep.
+    let b = &b0
+        .with_config(cce_wgpu::KernelConfig {
+            target_workgroups: 64,
+            ..b0.config()
+        })
+        .unwrap();
     let mut rng = Rng::new(77);
     let (n, d, v) = (70, 33, 150);
     let e = HostTensor::from_f32(vec![n, d], &rng.normals(n * d, 1.0), F32).unwrap();
@@ -840,7 +887,10 @@ fn deterministic_and_partial_outputs() {
         bias: None,
         targets: &yb,
     };
-    let opts = Options::default();
+    let opts = Options {
+        deterministic: true,
+        ..Options::default()
+    };
     let one = || {
         let (f, g) = b
             .forward_backward(&inputs, &opts, &Upstream::default())
@@ -955,9 +1005,14 @@ fn trusted_modules_give_the_bits_of_checked_ones() {
                 bias: Some(&bb),
                 targets: &yb,
             };
+            // Deterministic: the f32 atomics' order would differ between any two runs.
+            let opts = Options {
+                deterministic: true,
+                ..Options::default()
+            };
             let run = |be: &WgpuBackend| {
                 let (f, g) = be
-                    .forward_backward(&inputs, &Options::default(), &Upstream::default())
+                    .forward_backward(&inputs, &opts, &Upstream::default())
                     .unwrap();
                 [
                     be.download(&f.loss).unwrap(),

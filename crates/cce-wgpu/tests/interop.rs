@@ -33,6 +33,14 @@ fn own() -> Option<&'static WgpuBackend> {
 /// A device and queue opened by the test on the adapter `own` uses, with the adapter's
 /// limits (as cubecl-wgpu requests them), and an uncaptured-error handler counting errors.
 fn test_device(own: &WgpuBackend) -> (wgpu::Device, wgpu::Queue, Arc<AtomicUsize>) {
+    test_device_with(own, wgpu::Features::empty())
+}
+
+/// [`test_device`] with those of `features` the adapter has.
+fn test_device_with(
+    own: &WgpuBackend,
+    features: wgpu::Features,
+) -> (wgpu::Device, wgpu::Queue, Arc<AtomicUsize>) {
     let want = own.adapter_info();
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -42,6 +50,7 @@ fn test_device(own: &WgpuBackend) -> (wgpu::Device, wgpu::Queue, Arc<AtomicUsize
         .expect("the adapter of WgpuBackend::new");
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("test device"),
+        required_features: adapter.features() & features,
         required_limits: adapter.limits(),
         ..Default::default()
     }))
@@ -91,9 +100,11 @@ fn data(dtype: DType) -> Data {
     }
 }
 
+/// Deterministic, so that two backends (one with f32 atomics, one without) give the same bits.
 fn options(reduction: Reduction) -> Options {
     Options {
         reduction,
+        deterministic: true,
         label_smoothing: 0.1,
         softcap: Some(20.0),
         ..Options::exact()
@@ -307,6 +318,24 @@ fn from_device_gives_the_results_of_new() {
         mapped_at_creation: false,
     });
     assert_eq!(errors.load(Ordering::SeqCst), 1);
+}
+
+/// A borrowed device takes the backward's f32 atomics exactly when its owner requested
+/// `SHADER_FLOAT32_ATOMIC`, and gives the deterministic results of `new` either way.
+#[test]
+fn from_device_detects_float_atomics_from_the_device() {
+    let Some(own) = own() else { return };
+    let (device, queue, _) = test_device_with(own, wgpu::Features::SHADER_FLOAT32_ATOMIC);
+    let with = WgpuBackend::from_device(device, queue).unwrap();
+    let (device, queue, _) = test_device(own);
+    let without = WgpuBackend::from_device(device, queue).unwrap();
+    assert_eq!(with.has_float_atomics(), own.has_float_atomics());
+    assert!(!without.has_float_atomics());
+    println!("f32 atomics on this adapter: {}", own.has_float_atomics());
+    let (x, opts) = (data(DType::BF16), options(Reduction::Mean));
+    let plain = run_plain(own, &x, &opts);
+    assert_same("atomics requested", &plain, &run_plain(&with, &x, &opts));
+    assert_same("no atomics", &plain, &run_plain(&without, &x, &opts));
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! The backward pass: row state (and the filter's thresholds), `d_e` row-owned, `d_c` and
-//! `d_bias` class-owned, then the filter statistics.
+//! `d_bias` class-owned, then the filter statistics. The `d_e` and `d_c` passes sum their
+//! splits in per-split slabs or through f32 atomics into one slab (`config::accumulation`).
 
 use super::interop::BackwardDest;
 use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
+use crate::config::{accumulation, bwd_splits, Accumulation};
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::{
@@ -116,52 +118,20 @@ impl WgpuBackend {
         let stat = ctx.raw_buffer(8, "dropped stats")?;
         let mut workspace = rs.size() + hist.as_ref().map_or(0, |h| h.size()) + dropped.size();
 
-        // Splits and slabs.
-        let de_split = {
-            let max_rt = plan
-                .row_chunks
-                .iter()
-                .map(|r| tiles(r.len(), t))
-                .max()
-                .unwrap_or(1);
-            let max_ct = plan
-                .class_chunks
-                .iter()
-                .map(|c| tiles(c.len(), t))
-                .max()
-                .unwrap_or(1);
-            let slab = (max_rc * d * 4) as u64;
-            let room = budget.saturating_sub(workspace) / slab.max(1);
-            let fit = (ctx.max_binding() / slab.max(1)).max(1);
-            (self.cfg.target_workgroups as usize)
-                .div_ceil(max_rt)
-                .min(max_ct)
-                .min(room.max(1) as usize)
-                .min(fit as usize)
-                .max(1)
-        };
-        let dc_split = {
-            let max_ct = plan
-                .class_chunks
-                .iter()
-                .map(|c| tiles(c.len(), t))
-                .max()
-                .unwrap_or(1);
-            let max_rt = plan
-                .row_chunks
-                .iter()
-                .map(|r| tiles(r.len(), t))
-                .max()
-                .unwrap_or(1);
-            let slab = (max_cc * d * 4) as u64;
-            let room = budget.saturating_sub(workspace) / slab.max(1);
-            let fit = (ctx.max_binding() / slab.max(1)).max(1);
-            (self.cfg.target_workgroups as usize)
-                .div_ceil(max_ct)
-                .min(max_rt)
-                .min(room.max(1) as usize)
-                .min(fit as usize)
-                .max(1)
+        // Splits and slabs: one slab per split within the budget, or one slab per chunk that
+        // the splits add into atomically (`config::accumulation`).
+        let acc = accumulation(ctx.float_atomics(), opts.deterministic);
+        let atomic = acc == Accumulation::Atomic;
+        let max_rt = tiles(max_rc, t);
+        let max_ct = tiles(max_cc, t);
+        let room = (budget.saturating_sub(workspace), ctx.max_binding());
+        let target = self.cfg.target_workgroups;
+        let de_split = bwd_splits(acc, target, (max_rt, max_ct), (max_rc * d * 4) as u64, room);
+        let dc_split = bwd_splits(acc, target, (max_ct, max_rt), (max_cc * d * 4) as u64, room);
+        let (de_kind, dc_kind) = if atomic {
+            (ShaderKind::BwdDeAtomic, ShaderKind::BwdDcAtomic)
+        } else {
+            (ShaderKind::BwdDe, ShaderKind::BwdDc)
         };
         // Splits per chunk (capped per workgroup), slabs, and counter slots: every workgroup of
         // the d_e and d_c passes.
@@ -176,19 +146,23 @@ impl WgpuBackend {
             .iter()
             .map(|rc| split(tiles(rc.len(), t), dc_split, bcap))
             .collect();
-        // Slabs: at most the budgeted split count; more splits run in waves over the same slabs.
-        let de_slabs = de_splits
-            .iter()
-            .map(|x| x.1)
-            .max()
-            .unwrap_or(1)
-            .min(de_split);
-        let dc_slabs = dc_splits
-            .iter()
-            .map(|x| x.1)
-            .max()
-            .unwrap_or(1)
-            .min(dc_split);
+        // Slabs: at most the budgeted split count; more splits run in waves over the same slabs
+        // (`de_wave` / `dc_wave` splits per dispatch). The atomic modules add every split of a
+        // chunk into one slab, in one dispatch (or waves of the grid's largest x extent).
+        let max_splits = |s: &[(usize, usize)]| s.iter().map(|x| x.1).max().unwrap_or(1);
+        let max_x = (ctx.limits.max_compute_workgroups_per_dimension as usize).max(1);
+        let (de_slabs, de_wave) = if atomic {
+            (1, max_splits(&de_splits).min(max_x))
+        } else {
+            let n = max_splits(&de_splits).min(de_split);
+            (n, n)
+        };
+        let (dc_slabs, dc_wave) = if atomic {
+            (1, max_splits(&dc_splits).min(max_x))
+        } else {
+            let n = max_splits(&dc_splits).min(dc_split);
+            (n, n)
+        };
         let mut de_slots = 0usize;
         let mut dc_slots = 0usize;
         for (ri, rc) in plan.row_chunks.iter().enumerate() {
@@ -430,8 +404,8 @@ impl WgpuBackend {
                         None => (ctx.whole(&ctx.dummy)?, 0),
                     };
                     let (per, ns) = de_splits[ci];
-                    for w0 in (0..ns).step_by(de_slabs) {
-                        let nw = de_slabs.min(ns - w0);
+                    for w0 in (0..ns).step_by(de_wave) {
+                        let nw = de_wave.min(ns - w0);
                         let prm = Params {
                             n_rows: rows as u32,
                             n_cls: cc.len() as u32,
@@ -450,7 +424,7 @@ impl WgpuBackend {
                         slot += nw * tiles(rows, t);
                         self.run(
                             &mut pass,
-                            ShaderKind::BwdDe,
+                            de_kind,
                             dt,
                             &prm,
                             &[
@@ -539,8 +513,8 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
-                    for w0 in (0..ns).step_by(dc_slabs) {
-                        let nw = dc_slabs.min(ns - w0);
+                    for w0 in (0..ns).step_by(dc_wave) {
+                        let nw = dc_wave.min(ns - w0);
                         let prm = Params {
                             n_rows: rows as u32,
                             n_cls: ncls as u32,
@@ -559,7 +533,7 @@ impl WgpuBackend {
                         slot += nw * tiles(ncls, t);
                         self.run(
                             &mut pass,
-                            ShaderKind::BwdDc,
+                            dc_kind,
                             dt,
                             &prm,
                             &[
