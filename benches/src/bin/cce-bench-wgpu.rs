@@ -112,8 +112,8 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]`,
-    /// comma list, compared on the first forward.
+    /// Kernel configs, comma list, compared on the first forward:
+    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
