@@ -15,6 +15,12 @@
 # run): `run` unpacks every $DEVBIN/*.gz in place first.
 # QUICK=1 build: only what the `report` and `quick` phases run (cce-bench-wgpu, cce-bench-sgemm,
 # gzipped) and the loader: a few MiB to carry beside other things.
+# COOP_ONLY=1 build: only what the `coop` phase runs (cce-wgpu's conformance tests and
+# cce-bench-wgpu, both with the cargo feature coop-matrix, as conformance-coop and
+# cce-bench-wgpu-coop, gzipped) and the loader; then from the checkout holding $DEVBIN:
+#   DEVBIN=.devbin/wgpu-coop2 bash .devbin/wgpu-coop2/device-wgpu.sh run coop
+# with carry [".devbin/wgpu-coop2"] (the staged copy of this script runs, whatever the
+# checkout's own script is).
 # Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
 #   "... run seed": each phase fits the device tool's 10 minutes per command).
@@ -90,10 +96,15 @@
 #           workgroup memory, benches/src/sgemm/fwd.rs); ~60 s (at most 110 by its timeout,
 #           timing stops at 90); BWD_VARIANTS overrides the list (session 19's ablations:
 #           bwd-noprod, bwd-slab4, dc-noprod, dc-nobias, dc-slab4); its tables print last;
-#   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix): the
-#           adapter report of that build (whether it is usable), cce-wgpu's conformance tests
-#           with it (their f16 cases take it), and f16 at 8192 x 2304 x 256000 and
-#           8192 x 4096 x 128256, c/8 exact, FMA against cooperative matrix in alternation.
+#   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
+#           builds just this): the adapter report of that build (whether it is usable and at
+#           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
+#           128 x 128 forward, `coop_forwards_64_and_128` both), then the forward alone at
+#           8192 x 2304 x 256000 f16 c/8 exact in alternation (--ab --forward-only, then one
+#           call each with GPU timestamps per shader): 8:8:coop64 (logits_coop.wgsl, 64 x 64),
+#           8:8:coop128 (logits_coop128.wgsl, 128 x 128) and 8:8:named:fma (the FMA forward);
+#           COOP_CONFIGS overrides the list; ~90 s (at most 150 + 100 by its timeouts); its
+#           table prints last.
 # Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
 # 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
 # the JSON lines of every phase run so far, scripts/device-wgpu-summary.py: TFLOP/s, share of
@@ -125,7 +136,14 @@ for line in sys.stdin:
             print("staged", pairs[name])
 ' "$DEVBIN" "$@"
   }
-  if [ "${QUICK:-0}" = 1 ]; then
+  if [ "${COOP_ONLY:-0}" = 1 ]; then
+    find "$DEVBIN" -maxdepth 1 -type f -delete
+    stage_tests "-p cce-wgpu --features coop-matrix" conformance conformance-coop
+    cargo build --release -p cce-benches --features wgpu-coop --bin cce-bench-wgpu
+    cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu "$DEVBIN/cce-bench-wgpu-coop"
+    strip "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
+    gzip -f "$DEVBIN"/conformance-coop "$DEVBIN"/cce-bench-wgpu-coop
+  elif [ "${QUICK:-0}" = 1 ]; then
     find "$DEVBIN" -maxdepth 1 -type f -delete
     cargo build --release -p cce-benches --features wgpu --bin cce-bench-wgpu --bin cce-bench-sgemm
     cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-wgpu \
@@ -258,6 +276,11 @@ summary() {
     grep -E "^adapter|FAIL" "$OUT/bwd.log"
     sed -n '/^| d_e chunk/,/^$/p' "$OUT/bwd.log"
     sed -n '/^| forward chunk/,/^$/p' "$OUT/bwd.log"
+  fi
+  if [ -f "$OUT/coop-gemma2.log" ]; then
+    echo
+    echo "==== coop: the forward at 8192 x 2304 x 256000 f16, cooperative matrix 64 / 128 against FMA (wall medians, then GPU time per shader) ===="
+    grep -E "^\| " "$OUT/coop-gemma2.log"
   fi
   if [ -f "$OUT/gap-forward.log" ]; then
     echo
@@ -396,12 +419,13 @@ if [[ $PHASES == *coop* ]]; then
   C=$D/cce-bench-wgpu-coop
   timeout 60 "$C" --adapter-report 2>&1 | tee "$OUT/adapter-coop.txt"
   ok=PASS
-  timeout 200 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
-  grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -20
-  for shape in gemma2 llama3; do
-    timeout 140 "$C" --shapes $shape --data c/8 --dtype f16 --exact --ab --reps 2 \
-      --deadline-s 120 --configs 8:16:fma,8:16:coop >"$OUT/coop-$shape.log" 2>&1
-    grep -E "^\| " "$OUT/coop-$shape.log"
-  done
-  status[coop]="tests $ok; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
+  timeout 150 "$D/conformance-coop" --test-threads=4 >"$OUT/tests-coop.log" 2>&1 || ok=FAIL
+  grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -24
+  timeout 100 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --forward-only \
+    --profile --reps 3 --deadline-s 60 \
+    --configs "${COOP_CONFIGS:-8:8:coop64,8:8:coop128,8:8:named:fma}" \
+    >"$OUT/coop-gemma2.log" 2>&1
+  rc=$?
+  grep -E "^adapter|round|deadline" "$OUT/coop-gemma2.log" | tail -12
+  status[coop]="tests $ok; forward A/B rc=$rc; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
 fi

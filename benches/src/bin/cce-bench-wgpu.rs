@@ -25,7 +25,10 @@
 //! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
-//! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices).
+//! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices);
+//! `:coop64` / `:coop128` turn it on at 64 x 64 tiles (logits_coop.wgsl, needs wg = 8) / at
+//! 128 x 128 tiles (logits_coop128.wgsl, the default tile of `:coop`; the backward keeps the
+//! config's `wg:tk`).
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
@@ -37,7 +40,7 @@
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
 
-use cut_cross_entropy::cce_wgpu::{KernelConfig, MainLoop, WgpuBackend};
+use cut_cross_entropy::cce_wgpu::{CoopTile, KernelConfig, MainLoop, WgpuBackend};
 use cut_cross_entropy::{
     Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
@@ -109,8 +112,8 @@ struct Cli {
     /// Append JSON lines to this file.
     #[arg(long)]
     out: Option<String>,
-    /// Kernel configs `wg:tk[:checked][:fma|:coop][:quad|:scalar|:named]`, comma list, compared on
-    /// the first forward.
+    /// Kernel configs, comma list, compared on the first forward:
+    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -123,13 +126,16 @@ struct Cli {
 
 /// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
 /// `:fma` / `:coop` (the cooperative-matrix forward off / on; it runs only where the backend
-/// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it).
+/// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it), `:coop64` / `:coop128`
+/// (on, at that tile: `KernelConfig::coop_tile`).
 #[derive(Clone, Copy, Debug)]
 struct ConfigSpec {
     wg: u32,
     tk: u32,
     checked: bool,
     coop: Option<bool>,
+    /// `:coop64` / `:coop128`: `KernelConfig::coop_tile` (else the base config's).
+    coop_tile: Option<CoopTile>,
     main_loop: Option<MainLoop>,
     /// `:w<N>`: `KernelConfig::target_workgroups` (else the base config's).
     target_workgroups: Option<u32>,
@@ -142,7 +148,7 @@ impl ConfigSpec {
         let bad = |why: String| {
             format!(
                 "--configs {c:?}: {why} (want \
-                 wg:tk[:checked][:fma|:coop][:quad|:scalar|:named][:wN][:det])"
+                 wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det])"
             )
         };
         let mut parts = c.split(':');
@@ -159,6 +165,7 @@ impl ConfigSpec {
             tk,
             checked: false,
             coop: None,
+            coop_tile: None,
             main_loop: None,
             target_workgroups: None,
             deterministic: false,
@@ -168,6 +175,14 @@ impl ConfigSpec {
                 "checked" => spec.checked = true,
                 "fma" => spec.coop = Some(false),
                 "coop" => spec.coop = Some(true),
+                "coop64" | "coop128" => {
+                    spec.coop = Some(true);
+                    spec.coop_tile = Some(if flag == "coop64" {
+                        CoopTile::T64
+                    } else {
+                        CoopTile::T128
+                    });
+                }
                 "quad" => spec.main_loop = Some(MainLoop::Quad),
                 "scalar" => spec.main_loop = Some(MainLoop::Scalar),
                 "named" => spec.main_loop = Some(MainLoop::Named),
@@ -188,6 +203,7 @@ impl ConfigSpec {
             tk: self.tk,
             runtime_checks: self.checked,
             cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
+            coop_tile: self.coop_tile.unwrap_or(base.coop_tile),
             target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
@@ -207,10 +223,14 @@ impl ConfigSpec {
         if self.checked {
             n += ":checked";
         }
-        match self.coop {
-            Some(true) => n += ":coop",
-            Some(false) => n += ":fma",
-            None => {}
+        match (self.coop, self.coop_tile) {
+            (Some(true), Some(t)) => {
+                n += ":";
+                n += t.name();
+            }
+            (Some(true), None) => n += ":coop",
+            (Some(false), _) => n += ":fma",
+            (None, _) => {}
         }
         if let Some(ml) = self.main_loop {
             n += ":";
@@ -666,7 +686,11 @@ fn main() {
                 cfg.wg,
                 cfg.tk,
                 if cfg.runtime_checks { ":checked" } else { "" },
-                if cfg.cooperative_matrix { ":coop" } else { "" },
+                if cfg.cooperative_matrix {
+                    format!(":{}", cfg.coop_tile.name())
+                } else {
+                    String::new()
+                },
                 cfg.target_workgroups,
             );
             // Forward + backward.

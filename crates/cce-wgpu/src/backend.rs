@@ -246,17 +246,23 @@ impl WgpuBackend {
                 "per-split slabs (no SHADER_FLOAT32_ATOMIC on the device)"
             }
         );
-        s += &format!(
-            "cooperative-matrix forward: {}\n",
-            if !cfg!(feature = "coop-matrix") {
-                "not compiled in (cargo feature coop-matrix)"
-            } else if !ctx.coop {
-                "compiled in, not usable on this adapter"
-            } else if self.cfg.cooperative_matrix {
-                "on for f16 inputs"
-            } else {
-                "usable, off in the config"
+        let usable = ctx.coop.t64 || ctx.coop.t128;
+        let state = if !cfg!(feature = "coop-matrix") {
+            "not compiled in (cargo feature coop-matrix)".to_string()
+        } else if !usable {
+            "compiled in, not usable on this adapter".to_string()
+        } else {
+            match crate::config::coop_forward(&self.cfg, ctx.coop, 1) {
+                Some(t) => format!("on for f16 inputs ({})", t.name()),
+                None if self.cfg.cooperative_matrix => {
+                    "usable, not with this config's tiles".to_string()
+                }
+                None => "usable, off in the config".to_string(),
             }
+        };
+        s += &format!(
+            "cooperative-matrix forward: {state} (adapter: coop64 {}, coop128 {})\n",
+            ctx.coop.t64, ctx.coop.t128
         );
         match coop {
             None => s += "cooperative_matrix_properties: (borrowed device, no adapter)\n",
@@ -564,7 +570,12 @@ impl WgpuBackend {
     /// Splits per class chunk for the forward / threshold passes: `(tiles per split, splits,
     /// first partial column)` per class chunk, and the total partial columns.
     fn class_splits(&self, plan: &Plan) -> Result<(Vec<ClassSplit>, usize)> {
-        let t = self.t();
+        self.class_splits_t(plan, self.t())
+    }
+
+    /// [`WgpuBackend::class_splits`] for tiles of side `t` (the 128 x 128 cooperative-matrix
+    /// forward's under a 64 x 64 configuration).
+    fn class_splits_t(&self, plan: &Plan, t: usize) -> Result<(Vec<ClassSplit>, usize)> {
         let max_rt = plan
             .row_chunks
             .iter()

@@ -72,7 +72,7 @@ fn float_bytes(dtype: u32, end: u64) -> u64 {
 pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
     const GEMM: [&str; 3] = ["e", "c", "bias"];
     match kind {
-        ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop => {
+        ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128 => {
             &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"]
         }
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
@@ -145,12 +145,22 @@ pub(crate) fn extent(
     };
     use ShaderKind::{BwdDc, BwdDcAtomic, BwdDe, BwdDeAtomic};
     let out = match (kind, binding) {
-        (ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::BwdHist, 1..=3) => {
-            gemm(binding)
-        }
+        (
+            ShaderKind::FwdPartial
+            | ShaderKind::FwdPartialCoop
+            | ShaderKind::FwdPartialCoop128
+            | ShaderKind::BwdHist,
+            1..=3,
+        ) => gemm(binding),
         (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 1..=3) => gemm(binding),
-        (ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop, 4 | 6) => Some(per_row(4)),
-        (ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop, 5) => {
+        (
+            ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
+            4 | 6,
+        ) => Some(per_row(4)),
+        (
+            ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
+            5,
+        ) => {
             if p.part_base as u64 + workgroups > p.part_stride as u64 {
                 return Err(format!(
                     "partial columns {} + {} splits past the stride {}",

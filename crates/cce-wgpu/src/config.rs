@@ -34,6 +34,30 @@ impl MainLoop {
     }
 }
 
+/// Which cooperative-matrix forward runs where [`KernelConfig::cooperative_matrix`] is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoopTile {
+    /// logits_coop.wgsl: 64 x 64 tiles, 64 invocations (two subgroups of 32 x 64), 32-deep
+    /// f16 panels staged element by element with two barriers per panel, 24 KiB of workgroup
+    /// memory; needs the configuration's `wg` = 8.
+    T64,
+    /// logits_coop128.wgsl: 128 x 128 tiles whatever the configuration's `wg`, 256 invocations
+    /// (eight subgroups of 32 x 64), double-buffered 32-deep f16 panels read eight elements
+    /// per load with one barrier per panel, 48 KiB of workgroup memory. The backward and the other dtypes keep the
+    /// configuration's tiles.
+    T128,
+}
+
+impl CoopTile {
+    /// Short name (`coop64`, `coop128`), as the benchmark's `--configs` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoopTile::T64 => "coop64",
+            CoopTile::T128 => "coop128",
+        }
+    }
+}
+
 /// Kernel configuration: the tile shape of the shaders and how much parallelism to aim for.
 ///
 /// A logits tile is `8·wg x 8·wg` (rows x classes); workgroups have `wg x wg` threads, each
@@ -70,6 +94,10 @@ pub struct KernelConfig {
     /// `coop-matrix`; crate docs, "Cooperative matrix"). Default: on when that feature is
     /// compiled in.
     pub cooperative_matrix: bool,
+    /// Which cooperative-matrix forward ([`CoopTile`]); an adapter that cannot run the
+    /// 128 x 128 one (workgroup memory, invocations) runs the 64 x 64 one. Default:
+    /// [`CoopTile::T128`].
+    pub coop_tile: CoopTile,
 }
 
 /// Register room for one thread's groups of a panel (`MAXG` in gemm.wgsl).
@@ -95,6 +123,7 @@ impl KernelConfig {
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
+            coop_tile: CoopTile::T128,
         };
         shapes
             .iter()
@@ -280,34 +309,75 @@ pub(crate) fn vec_loads(d: usize, elem_off: u32) -> bool {
 /// tiles.
 pub(crate) const COOP_WORKGROUP_BYTES: u64 = 2 * 64 * 32 * 2 + 64 * 64 * 4;
 
-/// Whether an adapter can run logits_coop.wgsl: the cargo feature compiled in, the device
-/// features it needs (cooperative matrix, f16, subgroups), subgroups exactly 32 wide (two per
-/// 64-invocation workgroup), a 16 x 16 x 16 f16 x f16 -> f32 configuration listed, and room for
-/// its workgroup memory.
+/// Tile side of the 128 x 128 cooperative-matrix forward ([`CoopTile::T128`]).
+pub(crate) const COOP128_TILE: usize = 128;
+
+/// Workgroup memory of the 128 x 128 cooperative-matrix forward, in bytes: logits_coop128.wgsl's
+/// two buffers of f16 panels for e and c (128 rows of 40 = 32 depths + 8 of padding) and its
+/// f32 hand-over `Ct` (eight 16 x 16 fragment slots, which also hold fwd_partial.wgsl's
+/// end-of-split row merge): 40 KiB + 8 KiB.
+pub(crate) const COOP128_WORKGROUP_BYTES: u64 = 2 * 2 * 128 * 40 * 2 + 8 * 16 * 16 * 4;
+
+/// Invocations per workgroup of the 128 x 128 cooperative-matrix forward.
+pub(crate) const COOP128_INVOCATIONS: u32 = 256;
+
+/// Which cooperative-matrix forwards an adapter can run ([`coop_capable`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CoopCaps {
+    /// logits_coop.wgsl (64 x 64 tiles).
+    pub t64: bool,
+    /// logits_coop128.wgsl (128 x 128 tiles).
+    pub t128: bool,
+}
+
+/// Which of logits_coop.wgsl and logits_coop128.wgsl an adapter can run: for both, the cargo
+/// feature compiled in, the device features they need (cooperative matrix, f16, subgroups),
+/// subgroups exactly 32 wide (two or eight full ones per workgroup), and a 16 x 16 x 16
+/// f16 x f16 -> f32 configuration listed; then room for each one's workgroup memory, and 256
+/// invocations per workgroup for the 128 x 128 one (`max_invocations`).
 pub(crate) fn coop_capable(
     features: wgpu::Features,
     configs: &[wgpu::CooperativeMatrixProperties],
     subgroup_sizes: (u32, u32),
     max_workgroup_bytes: u32,
-) -> bool {
+    max_invocations: u32,
+) -> CoopCaps {
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
         | wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP;
-    cfg!(feature = "coop-matrix")
+    let base = cfg!(feature = "coop-matrix")
         && features.contains(need)
         && subgroup_sizes == (32, 32)
-        && COOP_WORKGROUP_BYTES <= max_workgroup_bytes as u64
         && configs.iter().any(|p| {
             (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
                 && p.ab_type == wgpu::CooperativeScalarType::F16
                 && p.cr_type == wgpu::CooperativeScalarType::F32
-        })
+        });
+    CoopCaps {
+        t64: base && COOP_WORKGROUP_BYTES <= max_workgroup_bytes as u64,
+        t128: base
+            && COOP128_WORKGROUP_BYTES <= max_workgroup_bytes as u64
+            && COOP128_INVOCATIONS <= max_invocations,
+    }
 }
 
-/// Whether a forward call runs the cooperative-matrix logits: asked for, possible on the
-/// adapter, f16 inputs (staged as f16 exactly; bf16 and f32 would be rounded), 64 x 64 tiles.
-pub(crate) fn use_cooperative_matrix(cfg: &KernelConfig, capable: bool, dtype_code: u32) -> bool {
-    cfg.cooperative_matrix && capable && dtype_code == 1 && cfg.wg == 8
+/// The cooperative-matrix forward a call runs, if any: asked for, f16 inputs (staged as f16
+/// exactly; bf16 and f32 would be rounded), then the configuration's [`CoopTile`] where the
+/// adapter can run it (`caps`); the 64 x 64 one also needs the configuration's 64 x 64 tiles.
+/// The 128 x 128 one falls back to the 64 x 64 one on adapters without room for it.
+pub(crate) fn coop_forward(
+    cfg: &KernelConfig,
+    caps: CoopCaps,
+    dtype_code: u32,
+) -> Option<CoopTile> {
+    if !cfg.cooperative_matrix || dtype_code != 1 {
+        return None;
+    }
+    let t64 = (caps.t64 && cfg.wg == 8).then_some(CoopTile::T64);
+    match cfg.coop_tile {
+        CoopTile::T128 if caps.t128 => Some(CoopTile::T128),
+        _ => t64,
+    }
 }
 
 /// The `VEC_E` / `VEC_C` flags of a tiled shader's dispatch ([`vec_loads`] of each source).
@@ -336,6 +406,7 @@ mod tests {
             max_loop_iterations: 0,
             runtime_checks: false,
             cooperative_matrix: false,
+            coop_tile: CoopTile::T128,
         }
     }
 
@@ -480,16 +551,34 @@ mod tests {
 
     #[test]
     fn cooperative_matrix_only_for_f16_on_capable_adapters() {
+        let both = CoopCaps {
+            t64: true,
+            t128: true,
+        };
         let on = KernelConfig {
             cooperative_matrix: true,
             ..cfg(8, 16)
         };
-        assert!(use_cooperative_matrix(&on, true, 1));
-        assert!(!use_cooperative_matrix(&on, true, 2));
-        assert!(!use_cooperative_matrix(&on, false, 1));
-        assert!(!use_cooperative_matrix(&cfg(8, 16), true, 1));
+        assert_eq!(coop_forward(&on, both, 1), Some(CoopTile::T128));
+        assert_eq!(coop_forward(&on, both, 2), None);
+        assert_eq!(coop_forward(&on, CoopCaps::default(), 1), None);
+        assert_eq!(coop_forward(&cfg(8, 16), both, 1), None);
+        let old = KernelConfig {
+            coop_tile: CoopTile::T64,
+            ..on
+        };
+        assert_eq!(coop_forward(&old, both, 1), Some(CoopTile::T64));
+        // The 128 x 128 forward takes any wg; the 64 x 64 one only 64 x 64 tiles.
         let wide = KernelConfig { wg: 4, ..on };
-        assert!(!use_cooperative_matrix(&wide, true, 1));
+        assert_eq!(coop_forward(&wide, both, 1), Some(CoopTile::T128));
+        assert_eq!(coop_forward(&KernelConfig { wg: 4, ..old }, both, 1), None);
+        // Without room for the 128 x 128 forward, the 64 x 64 one.
+        let small = CoopCaps {
+            t64: true,
+            t128: false,
+        };
+        assert_eq!(coop_forward(&on, small, 1), Some(CoopTile::T64));
+        assert_eq!(coop_forward(&wide, small, 1), None);
         let f16_f32 = wgpu::CooperativeMatrixProperties {
             m_size: 16,
             n_size: 16,
@@ -501,22 +590,132 @@ mod tests {
         let all = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             | wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP;
-        let capable = coop_capable(all, &[f16_f32], (32, 32), 48 << 10);
-        assert_eq!(capable, cfg!(feature = "coop-matrix"));
+        let feat = cfg!(feature = "coop-matrix");
+        let capable = coop_capable(all, &[f16_f32], (32, 32), 48 << 10, 1024);
+        assert_eq!(
+            capable,
+            CoopCaps {
+                t64: feat,
+                t128: feat
+            }
+        );
         let f16_f16 = wgpu::CooperativeMatrixProperties {
             cr_type: wgpu::CooperativeScalarType::F16,
             ..f16_f32
         };
-        assert!(!coop_capable(all, &[f16_f16], (32, 32), 48 << 10));
-        assert!(!coop_capable(all, &[f16_f32], (16, 64), 48 << 10));
-        assert!(!coop_capable(
-            wgpu::Features::SHADER_F16,
-            &[f16_f32],
-            (32, 32),
-            48 << 10
-        ));
+        let none = CoopCaps::default();
+        assert_eq!(
+            coop_capable(all, &[f16_f16], (32, 32), 48 << 10, 1024),
+            none
+        );
+        assert_eq!(
+            coop_capable(all, &[f16_f32], (16, 64), 48 << 10, 1024),
+            none
+        );
+        assert_eq!(
+            coop_capable(
+                wgpu::Features::SHADER_F16,
+                &[f16_f32],
+                (32, 32),
+                48 << 10,
+                1024
+            ),
+            none
+        );
         let short = COOP_WORKGROUP_BYTES as u32 - 4;
-        assert!(!coop_capable(all, &[f16_f32], (32, 32), short));
+        assert_eq!(coop_capable(all, &[f16_f32], (32, 32), short, 1024), none);
+        let below_128 = COOP128_WORKGROUP_BYTES as u32 - 4;
+        assert_eq!(
+            coop_capable(all, &[f16_f32], (32, 32), below_128, 1024),
+            CoopCaps {
+                t64: feat,
+                t128: false
+            }
+        );
+        assert_eq!(
+            coop_capable(all, &[f16_f32], (32, 32), 48 << 10, 128),
+            CoopCaps {
+                t64: feat,
+                t128: false
+            }
+        );
+    }
+
+    #[test]
+    fn coop128_indices_stay_in_their_arrays() {
+        // logits_coop128.wgsl's workgroup indices, enumerated (its header, "Bounds").
+        const KC: u32 = 32;
+        const SA: u32 = 40;
+        const PANEL: u32 = 128 * SA;
+        assert_eq!(COOP128_WORKGROUP_BYTES, 49152);
+        assert_eq!(
+            COOP128_WORKGROUP_BYTES,
+            (2 * 2 * PANEL * 2 + 2048 * 4) as u64
+        );
+        // Panel stores: every depth slot of every row of a buffer written exactly once.
+        for buf in 0..2 {
+            let mut hits = vec![0u32; 2 * PANEL as usize];
+            for li in 0..COOP128_INVOCATIONS {
+                let o = buf * PANEL + (li >> 2) * SA + 8 * (li & 3);
+                for row in [o, o + 64 * SA] {
+                    for x in 0..8 {
+                        hits[(row + x) as usize] += 1;
+                    }
+                }
+            }
+            for m in 0..128 {
+                for k in 0..SA {
+                    let at = (buf * PANEL + m * SA + k) as usize;
+                    assert_eq!(hits[at], u32::from(k < KC), "buf {buf} row {m} depth {k}");
+                }
+            }
+        }
+        // Fragment loads: 16 rows of stride SA, 16 elements, inside the buffer, inside the
+        // panel's KC depths.
+        for s in 0..8u32 {
+            let (ra, cb) = ((s >> 1) * 32 * SA, (s & 1) * 64 * SA);
+            for kk in [0, 16] {
+                for start in [
+                    ra,
+                    ra + 16 * SA,
+                    cb,
+                    cb + 16 * SA,
+                    cb + 32 * SA,
+                    cb + 48 * SA,
+                ] {
+                    let last = start + kk + 15 * SA + 15;
+                    assert!(last < PANEL);
+                    assert!((start + kk) % SA + 15 < KC);
+                }
+            }
+        }
+        // The hand-over: in round f each subgroup's slot holds its fragment f; each invocation
+        // reads one 8 x 8 block of one slot in one round, and the 32 blocks of a round cover
+        // the eight slots' 8 x 256 elements exactly once.
+        let mut hits = vec![[0u32; 2048]; 8];
+        let mut per_round = [0u32; 8];
+        for li in 0..COOP128_INVOCATIONS {
+            let (tx, ty) = (li % 16, li / 16);
+            let f = 4 * ((ty >> 1) & 1) + ((tx >> 1) & 3);
+            per_round[f as usize] += 1;
+            let o = (2 * (ty >> 2) + (tx >> 3)) * 256 + (ty & 1) * 128 + (tx & 1) * 8;
+            // The block is fragment f of subgroup 2 (ty / 4) + tx / 8: tile rows ty*8 + i and
+            // classes tx*8 + x.
+            let s = 2 * (ty >> 2) + (tx >> 3);
+            let (row0, cls0) = (32 * (s >> 1) + 16 * (f / 4), 64 * (s & 1) + 16 * (f % 4));
+            for i in 0..8 {
+                for x in 0..8 {
+                    let at = o + 16 * i + x;
+                    hits[f as usize][at as usize] += 1;
+                    let (r, c) = ((at % 256) / 16, at % 16);
+                    assert_eq!((row0 + r, cls0 + c), (ty * 8 + i, tx * 8 + x));
+                }
+            }
+        }
+        assert!(hits.iter().all(|round| round.iter().all(|&h| h == 1)));
+        assert_eq!(per_round, [32; 8]);
+        // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
+        const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The device context: adapter, device, queue, pipeline cache, error handling and readback.
 
 use crate::bounds::MAX_BINDING_BYTES;
-use crate::config::coop_capable;
+use crate::config::{coop_capable, CoopCaps};
 use crate::pipelines::{PipelineCache, ShaderKind};
 use cce_core::{CceError, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,8 +39,8 @@ pub(crate) struct Context {
     pub pipelines: PipelineCache,
     /// The adapter the device was opened on (`None` on a borrowed device).
     pub adapter: Option<wgpu::Adapter>,
-    /// Whether the device can run the cooperative-matrix forward (`config::coop_capable`).
-    pub coop: bool,
+    /// Which cooperative-matrix forwards the device can run (`config::coop_capable`).
+    pub coop: CoopCaps,
     /// Whether this context opened the device (and installed the callbacks below), or borrows
     /// a device someone else opened ([`Context::borrow`]).
     pub owns_device: bool,
@@ -148,6 +148,7 @@ impl Context {
             &adapter.cooperative_matrix_properties(),
             (ctx.info.subgroup_min_size, ctx.info.subgroup_max_size),
             ctx.limits.max_compute_workgroup_storage_size,
+            ctx.limits.max_compute_invocations_per_workgroup,
         );
         ctx.adapter = Some(adapter);
         Ok(ctx)
@@ -212,7 +213,7 @@ impl Context {
             features,
             pipelines: PipelineCache::default(),
             adapter: None,
-            coop: false,
+            coop: CoopCaps::default(),
             owns_device,
             lost,
             uncaptured,

@@ -53,10 +53,12 @@
 //! With the cargo feature `coop-matrix` (off by default: wgpu's and naga's support is
 //! experimental), the backend requests `EXPERIMENTAL_COOPERATIVE_MATRIX` where the adapter
 //! offers it, and the forward of f16 inputs computes its logits tiles with 16 x 16 x 16
-//! f16 x f16 -> f32 cooperative matrices (logits_coop.wgsl) on adapters with 32-wide subgroups
-//! that list that configuration; everything else, and every other dtype, keeps the f32 FMA
-//! kernels. [`KernelConfig::cooperative_matrix`] turns it off per backend;
-//! [`WgpuBackend::adapter_report`] says whether it is in use.
+//! f16 x f16 -> f32 cooperative matrices on adapters with 32-wide subgroups that list that
+//! configuration: by default at 128 x 128 tiles (logits_coop128.wgsl, 256 invocations, 48 KiB
+//! of workgroup memory), or at 64 x 64 (logits_coop.wgsl) where [`KernelConfig::coop_tile`]
+//! asks for it or the adapter has no room for the larger one; everything else, and every
+//! other dtype, keeps the f32 FMA kernels. [`KernelConfig::cooperative_matrix`] turns it off
+//! per backend; [`WgpuBackend::adapter_report`] says whether it is in use.
 //!
 //! ## dtypes
 //! f32, f16 and bf16 inputs are read as packed u32 words (`unpack2x16float` for f16, shifts
@@ -76,7 +78,7 @@ mod profile;
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
-pub use config::{default_shapes, KernelConfig, MainLoop};
+pub use config::{default_shapes, CoopTile, KernelConfig, MainLoop};
 pub use context::{pick_adapter, WgpuError};
 pub use pipelines::ShaderKind;
 pub use profile::PassTime;

@@ -462,6 +462,7 @@ mod tests {
                     max_loop_iterations: 0,
                     runtime_checks: false,
                     cooperative_matrix: false,
+                    coop_tile: crate::CoopTile::T128,
                 };
                 if cfg.shape_error().is_some() {
                     continue;

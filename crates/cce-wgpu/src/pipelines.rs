@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::config::MainLoop;
+use crate::config::{MainLoop, COOP128_TILE};
 
 macro_rules! shader {
     ($($f:literal),+) => {
@@ -33,6 +33,11 @@ pub enum ShaderKind {
     /// Forward partials with the logits tile by cooperative matrices (f16 inputs; used only
     /// with the cargo feature `coop-matrix` on adapters that offer it).
     FwdPartialCoop,
+    /// Forward partials with the logits tile by cooperative matrices at 128 x 128 tiles
+    /// (logits_coop128.wgsl: 256 invocations, double-buffered f16 panels; f16 inputs, used
+    /// only with the cargo feature `coop-matrix` on adapters that offer it). Its `WG` override
+    /// is always 16 ([`ShaderKind::constants`]).
+    FwdPartialCoop128,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -63,9 +68,10 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 14] = [
+    pub const ALL: [ShaderKind; 15] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
+        ShaderKind::FwdPartialCoop128,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -179,6 +185,12 @@ impl ShaderKind {
                 "tile_io.wgsl",
                 "fwd_partial.wgsl"
             ),
+            ShaderKind::FwdPartialCoop128 => shader!(
+                "logits_coop128.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "fwd_partial.wgsl"
+            ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
             ShaderKind::BwdPrep => shader!("common.wgsl", "bwd_prep.wgsl"),
@@ -217,7 +229,26 @@ impl ShaderKind {
     /// Whether the shader computes logits tiles (includes tile_io.wgsl: the `WG` override,
     /// e and c bound as vec4).
     pub fn is_tiled(self) -> bool {
-        self.has_panels() || self == ShaderKind::FwdPartialCoop
+        self.has_panels() || self.is_coop()
+    }
+
+    /// Whether the shader computes its logits tiles by cooperative matrices.
+    pub fn is_coop(self) -> bool {
+        matches!(
+            self,
+            ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128
+        )
+    }
+
+    /// Side of the logits tiles a dispatch of this shader computes under a configuration
+    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`], else
+    /// `cfg_tile`.
+    pub fn tile(self, cfg_tile: usize) -> usize {
+        if self == ShaderKind::FwdPartialCoop128 {
+            COOP128_TILE
+        } else {
+            cfg_tile
+        }
     }
 
     /// Whether the shader adds into its slab with f32 atomics (needs the device feature
@@ -244,6 +275,7 @@ impl ShaderKind {
         match self {
             ShaderKind::FwdPartial => "fwd_partial",
             ShaderKind::FwdPartialCoop => "fwd_partial_coop",
+            ShaderKind::FwdPartialCoop128 => "fwd_partial_coop128",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -259,11 +291,16 @@ impl ShaderKind {
         }
     }
 
-    /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders, `TK` for
-    /// those with FMA panels.
+    /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders (16 for
+    /// [`ShaderKind::FwdPartialCoop128`] whatever `wg`), `TK` for those with FMA panels.
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
+            let wg = if self == ShaderKind::FwdPartialCoop128 {
+                (COOP128_TILE / 8) as u32
+            } else {
+                wg
+            };
             c.push(("WG", wg as f64));
         }
         if self.has_panels() {

@@ -96,6 +96,9 @@ struct Case {
     /// Run with this panel depth `KernelConfig::tk` (4 at 8 x 8 threads: the smallest panels
     /// the forward's end-of-split row merge borrows, 2·tk = wg).
     tk: Option<u32>,
+    /// Run with this cooperative-matrix forward (`KernelConfig::coop_tile`; f16 cases on
+    /// adapters that run it, the FMA forward elsewhere).
+    coop_tile: Option<cce_wgpu::CoopTile>,
 }
 
 impl Case {
@@ -125,6 +128,7 @@ impl Case {
             aim: None,
             main_loop: None,
             tk: None,
+            coop_tile: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -191,8 +195,15 @@ fn f64s(b: &WgpuBackend, t: &cce_wgpu::WgpuTensor) -> Vec<f64> {
 /// Run one case through forward and backward and judge every output.
 fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
     let owned;
-    let b = if case.workgroups.is_some() || case.main_loop.is_some() || case.tk.is_some() {
+    let b = if case.workgroups.is_some()
+        || case.main_loop.is_some()
+        || case.tk.is_some()
+        || case.coop_tile.is_some()
+    {
         let mut cfg = b.config();
+        if let Some(t) = case.coop_tile {
+            cfg.coop_tile = t;
+        }
         if let Some(tk) = case.tk {
             cfg.tk = tk;
         }
@@ -485,6 +496,42 @@ fn hostile_shapes_shallow_panels() {
     let cases: Vec<Case> = hostile_cases()
         .into_iter()
         .map(|c| c.with(|c| c.tk = Some(4)))
+        .collect();
+    run_all(&cases);
+}
+
+/// f16 cases for the cooperative-matrix forwards: more than one 128 x 128 tile each way, D a
+/// multiple of 8 (whole-vector panel reads) with a partial last panel, and D not (element
+/// reads), bias and softcap.
+fn coop_cases() -> Vec<Case> {
+    vec![
+        Case::new("coop 300x200x700 f16", 300, 200, 700, F16),
+        Case::new("coop 129x32x257 f16 bias", 129, 32, 257, F16).with(|c| c.bias = true),
+        Case::new("coop 257x77x385 f16 softcap", 257, 77, 385, F16)
+            .with(|c| c.opts.softcap = Some(4.0)),
+    ]
+}
+
+#[test]
+fn coop_forwards_64_and_128() {
+    // Where the adapter runs cooperative matrices (the `coop-matrix` build on a capable GPU),
+    // each f16 case through both forwards; elsewhere (lavapipe) the FMA forward runs them, so
+    // the cases run once.
+    let Some(b) = backend() else { return };
+    let coop = b.adapter_report().contains("coop64 true");
+    let tiles: &[cce_wgpu::CoopTile] = if coop {
+        &[cce_wgpu::CoopTile::T64, cce_wgpu::CoopTile::T128]
+    } else {
+        &[cce_wgpu::CoopTile::T128]
+    };
+    let cases: Vec<Case> = tiles
+        .iter()
+        .flat_map(|&t| {
+            coop_cases()
+                .into_iter()
+                .chain(hostile_cases().into_iter().filter(|c| c.dtype == F16))
+                .map(move |c| c.with(|c| c.coop_tile = Some(t)))
+        })
         .collect();
     run_all(&cases);
 }

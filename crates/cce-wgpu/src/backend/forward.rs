@@ -3,7 +3,7 @@
 use super::interop::ForwardDest;
 use super::{dtype_code, tiles, WgpuBackend};
 use crate::buffers::WgpuTensor;
-use crate::config::use_cooperative_matrix;
+use crate::config::{coop_forward, CoopTile};
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::problem::check_masked_targets;
 use cce_core::{CceError, DType, ForwardOutput, Inputs, Options, Reduction, Result};
@@ -20,11 +20,18 @@ impl WgpuBackend {
         let p = prep.problem;
         let plan = &prep.plan;
         let (n, d) = (p.n, p.d);
-        let t = self.t();
         let dt = dtype_code(p.dtype);
         let es = p.dtype.size_bytes() as u64;
         let ctx = &self.ctx;
-        let (splits, stride) = self.class_splits(plan)?;
+        let fwd_kind = match coop_forward(&self.cfg, ctx.coop, dt) {
+            Some(CoopTile::T128) => ShaderKind::FwdPartialCoop128,
+            Some(CoopTile::T64) => ShaderKind::FwdPartialCoop,
+            None => ShaderKind::FwdPartial,
+        };
+        // The forward partials' tiles (128 for the 128 x 128 cooperative-matrix forward);
+        // the plan's chunks keep the configuration's.
+        let t = fwd_kind.tile(self.t());
+        let (splits, stride) = self.class_splits_t(plan, t)?;
         let max_rc = plan.row_chunks.iter().map(|r| r.len()).max().unwrap_or(1);
 
         let part = ctx.raw_buffer((max_rc * stride * 32) as u64, "partials")?;
@@ -49,11 +56,6 @@ impl WgpuBackend {
             _ => 1.0,
         };
 
-        let fwd_kind = if use_cooperative_matrix(&self.cfg, ctx.coop, dt) {
-            ShaderKind::FwdPartialCoop
-        } else {
-            ShaderKind::FwdPartial
-        };
         let mut enc = self.encoder();
         {
             let mut pass = self.pass(&mut enc, "forward");
