@@ -27,7 +27,8 @@
 # build python: the PyTorch package's wheel (maturin on PATH, e.g. a venv with maturin 1.16 and
 # ziglang: python/README.md), staged in $DEVBIN/py, also the last step of a full build.
 #
-# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench,burn,python (default
+# run: PHASES is a comma list of tests,suite,large,sanitize,dense,bench,burn,python,pybench
+# (pybench: the side-by-side PyTorch benchmark against the peers' wheels, see its phase; default
 # tests,suite,sanitize,bench,burn,python); "burn" is cce-burn's CUDA test; "python" installs the
 # staged wheel into /tmp/cce-site (no network: --no-index --no-deps, beside the machine's torch)
 # and runs the package's pytest suite (its CUDA tests, graph capture and torch.compile
@@ -142,7 +143,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build [burn|python] | run [tests,suite,large,sanitize,dense,bench,burn,python]" >&2
+  echo "usage: $0 build [burn|python] | run [tests,suite,large,sanitize,dense,bench,burn,python,pybench]" >&2
   exit 2
 fi
 
@@ -168,7 +169,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite fuzz large memcheck racecheck dense bench burn python; do
+  for k in tests suite fuzz large memcheck racecheck dense bench burn python pybench; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -237,7 +238,7 @@ if [[ $PHASES == *dense* ]]; then
   status[dense]="rc=$rc"
 fi
 
-if [[ $PHASES == *bench* ]]; then
+if [[ ,$PHASES, == *,bench,* ]]; then
   # shellcheck disable=SC2086
   timeout 500 "$D/cce-bench-cuda" ${BENCH_ARGS:-} --out "$OUT/bench.md" >"$OUT/bench.log" 2>&1
   rc=$?
@@ -287,4 +288,23 @@ if [[ $PHASES == *python* ]]; then
   else
     status[python]="not staged ($D/py; scripts/device-cuda.sh build python)"
   fi
+fi
+
+if [[ $PHASES == *pybench* ]]; then
+  # The side-by-side benchmark (python/cut_cross_entropy_rs/bench.py): this package's wheel
+  # and the peers' wheels of $PEERS (default .devbin/whl: Liger 0.8.5 from PyPI, Apple's CCE
+  # built from apple/ml-cross-entropy, the 12k-row real file), PYBENCH_ARGS its arguments.
+  W=${PEERS:-.devbin/whl}
+  rm -rf /tmp/cce-bench-site
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cce-bench-site \
+    "$D"/py/cut_cross_entropy_rs-*.whl "$W"/*.whl >"$OUT/pybench.log" 2>&1
+  args=${PYBENCH_ARGS:---iters 5 --warmup 2 --peers ours,ours-exact,ours-bf16dc,liger,compile,cce --shapes 8192,2304,256000;8192,4096,128256 --data lm}
+  # shellcheck disable=SC2086
+  if PYTHONPATH=/tmp/cce-bench-site timeout "${PYBENCH_TIMEOUT:-500}" python3 -m cut_cross_entropy_rs.bench \
+    $args --out "$OUT/pybench.md" >>"$OUT/pybench.log" 2>&1; then
+    status[pybench]=PASS
+  else
+    status[pybench]=FAIL
+  fi
+  grep -E "^\| " "$OUT/pybench.md" 2>/dev/null | cut -c1-250 | head -40
 fi
