@@ -119,8 +119,10 @@ impl BwdVariant {
             "dc-atomic" => (BwdPass::Dc, BwdKind::Atomic),
             "dc-atomic-co" => (BwdPass::Dc, BwdKind::AtomicCo),
             _ => {
-                return Err(bad("want bwd-{real|noslab|noprod|slab4|atomic|atomic-co} or \
-                     dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}"))
+                return Err(bad(
+                    "want bwd-{real|noslab|noprod|slab4|atomic|atomic-co} or \
+                     dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}",
+                ))
             }
         };
         let mut v = BwdVariant {
@@ -715,11 +717,13 @@ mod tests {
             Err(e) => panic!("CCE_REQUIRE_WGPU set and {e}"),
         };
         if !(g.float_atomics && g.subgroups) {
-            eprintln!("skipping: no SHADER_FLOAT32_ATOMIC or SUBGROUP on {}", g.info.name);
+            eprintln!(
+                "skipping: no SHADER_FLOAT32_ATOMIC or SUBGROUP on {}",
+                g.info.name
+            );
             return;
         }
-        const FALLBACK: &str =
-            "add_rows4_scattered(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, n0);";
+        const FALLBACK: &str = "add_rows4_scattered(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, n0);";
         for (i, name) in ["bwd-atomic-co", "dc-atomic-co", "bwd-atomic-co:f32"]
             .iter()
             .enumerate()

@@ -284,7 +284,7 @@ pub(crate) fn accumulation(float_atomics: bool, deterministic: bool) -> Accumula
 /// largest size), and `wg` a multiple of 8 (the 8 lanes that share a row of the micro-tiles
 /// are then one aligned group of 8 invocations).
 pub(crate) fn coalesced_adds(wanted: bool, subgroups: bool, max_subgroup: u32, wg: u32) -> bool {
-    wanted && subgroups && max_subgroup >= 8 && wg % 8 == 0
+    wanted && subgroups && max_subgroup >= 8 && wg.is_multiple_of(8)
 }
 
 /// Splits of the backward's `d_e` (or `d_c`) pass: enough that splits x `grid_tiles` (row

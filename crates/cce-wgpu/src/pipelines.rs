@@ -358,17 +358,22 @@ const ENTRY_TAIL: &str = "@builtin(local_invocation_index) li: u32) {";
 /// `co_init`. Panics when the text no longer has what it rewrites (every kind and main loop
 /// is built by the crate's tests).
 fn coalesced(atomic: &str) -> String {
-    assert_eq!(atomic.matches(ADD_ROWS).count(), 1, "slab_atomic.wgsl's add_rows4_v");
-    assert_eq!(atomic.matches(ENTRY_TAIL).count(), 1, "the entry point's last parameter");
-    atomic
-        .replace(ADD_ROWS, "fn add_rows4_scattered(")
-        .replace(
-            ENTRY_TAIL,
-            "@builtin(local_invocation_index) li: u32,
+    assert_eq!(
+        atomic.matches(ADD_ROWS).count(),
+        1,
+        "slab_atomic.wgsl's add_rows4_v"
+    );
+    assert_eq!(
+        atomic.matches(ENTRY_TAIL).count(),
+        1,
+        "the entry point's last parameter"
+    );
+    atomic.replace(ADD_ROWS, "fn add_rows4_scattered(").replace(
+        ENTRY_TAIL,
+        "@builtin(local_invocation_index) li: u32,
         @builtin(subgroup_size) sg_size: u32) {
     co_init(li, sg_size);",
-        )
-        + "\n"
+    ) + "\n"
         + include_str!("../shaders/slab_atomic_co.wgsl")
 }
 
