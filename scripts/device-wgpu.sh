@@ -68,17 +68,18 @@
 #           GPU time per dispatch, 8:8:named against 8:8:named:w65536 (one class tile per
 #           forward workgroup); ~90 s; GAP_FWD / GAP_CONFIGS override the variant / config
 #           lists; its tables print last;
-#   quick   the short form of gap and bwd for a device call of about two minutes in all (~110
-#           s, at most 175 s by its timeouts):
+#   quick   the short form of gap and bwd for a device call of about two minutes in all (~130
+#           s, at most 205 s by its timeouts):
 #           the forward shader's real entry point against the `fwd-loop` ablation on the one
 #           chunk the backend dispatches (8192 x 29120 x 2304, checked on 70 x 136 x 264 first,
 #           1 warm-up + 3 timed dispatches) and on the same chunk the backward's d_e and d_c
-#           passes with f32 atomics at 2048 target workgroups (bwd-atomic, dc-atomic) against
-#           the per-split slabs at the splits the backend's 512 MiB budget left them before
-#           (bwd-real:t896, dc-real:t896: 7 and 2 splits), each checked on 70 x 300 x 136
-#           first; then the backend at 8192 x 2304 x 256000 c/8 exact bf16, 8:8:named with its
-#           default backward (f32 atomics where the device has SHADER_FLOAT32_ATOMIC) against
-#           8:8:named:det (deterministic calls: per-split slabs), forward and forward+backward,
+#           passes with f32 atomics at 2048 target workgroups, scattered (bwd-atomic,
+#           dc-atomic) against coalesced through subgroup shuffles (bwd-atomic-co,
+#           dc-atomic-co), each checked on 70 x 300 x 136 first; then the backend at 8192 x
+#           2304 x 256000 c/8 exact bf16, 8:8:named with its default backward (f32 atomics
+#           coalesced where the device has SHADER_FLOAT32_ATOMIC and SUBGROUP) against
+#           8:8:named:noco (the atomics scattered) and 8:8:named:det (deterministic calls:
+#           per-split slabs), forward and forward+backward,
 #           1 warm-up + 1 timed call each, then one call each with GPU timestamps per shader;
 #           QUICK_FWD / QUICK_BWD / QUICK_CONFIGS override the variant / config lists; its
 #           tables print last;
@@ -88,7 +89,7 @@
 #           --bwd-variants, benches/src/sgemm/bwd.rs), each checked against f64 on 70 x 300 x
 #           136 first: the per-split slabs at the splits the 512 MiB budget left the backend
 #           (bwd-real:t896, dc-real:t896) against f32 atomics into one slab at 2048
-#           (bwd-atomic, dc-atomic), then the slabs at 2048 (bwd-real, dc-real), without slab
+#           (bwd-atomic, dc-atomic; coalesced: bwd-atomic-co, dc-atomic-co), then the slabs at 2048 (bwd-real, dc-real), without slab
 #           updates (bwd-noslab, dc-noslab: the floor), the atomics at the old splits
 #           (bwd-atomic:t896, dc-atomic:t896: atomics against read-modify-write at one
 #           occupancy) and at 4096 (bwd-atomic:w2, dc-atomic:w2); BWD_FWD (none by default)
@@ -261,7 +262,7 @@ summary() {
   fi
   if [ -f "$OUT/quick.log" ]; then
     echo
-    echo "==== quick: the forward shader against fwd-loop, the backward's atomics against slabs (GPU timestamps, medians) ===="
+    echo "==== quick: the forward shader against fwd-loop, the backward's atomics scattered against coalesced (GPU timestamps, medians) ===="
     grep -E "^adapter|FAIL" "$OUT/quick.log"
     grep -E "^\|" "$OUT/quick.log"
   fi
@@ -394,12 +395,12 @@ if [[ $PHASES == *quick* ]]; then
   timeout 75 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
     --deadline-s 60 --out "$OUT/quick.jsonl" --fwd-variants "${QUICK_FWD:-fwd-real,fwd-loop}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 \
-    --bwd-variants "${QUICK_BWD-bwd-real:t896,bwd-atomic,dc-real:t896,dc-atomic}" \
+    --bwd-variants "${QUICK_BWD-bwd-atomic,bwd-atomic-co,dc-atomic,dc-atomic-co}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 >"$OUT/quick.log" 2>&1
   status[quick]="forward / backward shaders rc=$?; "
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/quick.log" | cut -c1-220
-  timeout 100 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
-    --deadline-s 90 --configs "${QUICK_CONFIGS:-8:8:named,8:8:named:det}" \
+  timeout 130 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
+    --deadline-s 120 --configs "${QUICK_CONFIGS:-8:8:named,8:8:named:noco,8:8:named:det}" \
     >"$OUT/quick-backend.log" 2>&1
   status[quick]+="backend rc=$?"
   grep -E "^adapter|round|deadline" "$OUT/quick-backend.log" | tail -12
@@ -407,7 +408,7 @@ fi
 
 if [[ $PHASES == *bwd* ]]; then
   timeout 110 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-real:t896,bwd-atomic,dc-real:t896,dc-atomic,bwd-real,dc-real,bwd-noslab,dc-noslab,bwd-atomic:t896,dc-atomic:t896,bwd-atomic:w2,dc-atomic:w2}" \
+    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-real:t896,bwd-atomic,bwd-atomic-co,dc-real:t896,dc-atomic,dc-atomic-co,bwd-real,dc-real,bwd-noslab,dc-noslab,bwd-atomic:t896,dc-atomic:t896,bwd-atomic:w2,dc-atomic:w2}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 \
     --fwd-variants "${BWD_FWD-}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1

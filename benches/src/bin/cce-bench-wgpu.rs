@@ -35,7 +35,9 @@
 //! `:w<N>` sets the config's `target_workgroups` (e.g. `8:8:named:w65536`: one class tile per
 //! forward workgroup at 8192 rows). `:det` (with `--ab`) runs that config's calls with
 //! `Options::deterministic` (the backward's per-split slabs instead of its f32 atomics, on
-//! devices with `SHADER_FLOAT32_ATOMIC`). `--forward-only` (with `--ab`) skips forward+backward.
+//! devices with `SHADER_FLOAT32_ATOMIC`). `:noco` turns the coalesced atomic adds off
+//! (`KernelConfig::coalesced_adds`: the backward's f32 atomics scattered, as before subgroup
+//! shuffles). `--forward-only` (with `--ab`) skips forward+backward.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
@@ -113,7 +115,7 @@ struct Cli {
     #[arg(long)]
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
-    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]`.
+    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det][:noco]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -141,6 +143,8 @@ struct ConfigSpec {
     target_workgroups: Option<u32>,
     /// `:det`: calls with `Options::deterministic` (`--ab` only).
     deterministic: bool,
+    /// `:noco`: `KernelConfig::coalesced_adds` off.
+    scattered: bool,
 }
 
 impl ConfigSpec {
@@ -148,7 +152,8 @@ impl ConfigSpec {
         let bad = |why: String| {
             format!(
                 "--configs {c:?}: {why} (want \
-                 wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det])"
+                 wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]\
+                 [:noco])"
             )
         };
         let mut parts = c.split(':');
@@ -169,6 +174,7 @@ impl ConfigSpec {
             main_loop: None,
             target_workgroups: None,
             deterministic: false,
+            scattered: false,
         };
         for flag in parts {
             match flag {
@@ -187,6 +193,7 @@ impl ConfigSpec {
                 "scalar" => spec.main_loop = Some(MainLoop::Scalar),
                 "named" => spec.main_loop = Some(MainLoop::Named),
                 "det" => spec.deterministic = true,
+                "noco" => spec.scattered = true,
                 w if w.starts_with('w') && w.len() > 1 => {
                     spec.target_workgroups =
                         Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
@@ -205,6 +212,7 @@ impl ConfigSpec {
             cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
             coop_tile: self.coop_tile.unwrap_or(base.coop_tile),
             target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
+            coalesced_adds: base.coalesced_adds && !self.scattered,
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
             main_loop: self.main_loop.unwrap_or(
@@ -241,6 +249,9 @@ impl ConfigSpec {
         }
         if self.deterministic {
             n += ":det";
+        }
+        if self.scattered {
+            n += ":noco";
         }
         n
     }

@@ -16,7 +16,12 @@
 //! - `bwd-atomic` / `dc-atomic`: the backend's atomic module (`ShaderKind::BwdDeAtomic` /
 //!   `BwdDcAtomic`, slab_atomic.wgsl) unchanged: every split adds into ONE slab with f32
 //!   atomics (the device needs `SHADER_FLOAT32_ATOMIC`; building fails with a message
-//!   otherwise).
+//!   otherwise);
+//! - `bwd-atomic-co` / `dc-atomic-co`: the backend's coalesced atomic module
+//!   (`ShaderKind::BwdDeAtomicCo` / `BwdDcAtomicCo`, slab_atomic_co.wgsl) unchanged: each
+//!   row's 8 x 8 block transposed across the row's 8 lanes by subgroup shuffles, so that one
+//!   atomic add instruction covers 8 consecutive floats of a row (the device needs
+//!   `SUBGROUP` besides `SHADER_FLOAT32_ATOMIC`).
 //!
 //! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
 //! workgroups (N times the splits, each with its own slab, or all into the one slab for the
@@ -56,6 +61,16 @@ pub enum BwdKind {
     Slab4,
     /// The backend's atomic module: every split adds into one slab with f32 atomics.
     Atomic,
+    /// The backend's coalesced atomic module: [`BwdKind::Atomic`] with each row's adds
+    /// transposed across its lanes by subgroup shuffles first.
+    AtomicCo,
+}
+
+impl BwdKind {
+    /// Whether the variant adds into one slab with f32 atomics.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, BwdKind::Atomic | BwdKind::AtomicCo)
+    }
 }
 
 /// Which backward pass.
@@ -84,8 +99,8 @@ pub struct BwdVariant {
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod|slab4|atomic}[:f32][:wN][:tN]` (`d_e`) or
-    /// `dc-{real|noslab|noprod|nobias|slab4|atomic}[:f32][:wN][:tN]` (`d_c`).
+    /// Parse `bwd-{real|noslab|noprod|slab4|atomic|atomic-co}[:f32][:wN][:tN]` (`d_e`) or
+    /// `dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}[:f32][:wN][:tN]` (`d_c`).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
@@ -95,15 +110,19 @@ impl BwdVariant {
             "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
             "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
             "bwd-atomic" => (BwdPass::De, BwdKind::Atomic),
+            "bwd-atomic-co" => (BwdPass::De, BwdKind::AtomicCo),
             "dc-real" => (BwdPass::Dc, BwdKind::Real),
             "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
             "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
             "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
             "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
             "dc-atomic" => (BwdPass::Dc, BwdKind::Atomic),
+            "dc-atomic-co" => (BwdPass::Dc, BwdKind::AtomicCo),
             _ => {
-                return Err(bad("want bwd-{real|noslab|noprod|slab4|atomic} or \
-                     dc-{real|noslab|noprod|nobias|slab4|atomic}"))
+                return Err(bad(
+                    "want bwd-{real|noslab|noprod|slab4|atomic|atomic-co} or \
+                     dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}",
+                ))
             }
         };
         let mut v = BwdVariant {
@@ -148,6 +167,7 @@ impl BwdVariant {
             BwdKind::NoBias => "nobias",
             BwdKind::Slab4 => "slab4",
             BwdKind::Atomic => "atomic",
+            BwdKind::AtomicCo => "atomic-co",
         };
         let pass = match self.pass {
             BwdPass::De => "bwd",
@@ -226,13 +246,16 @@ fn function<'a>(src: &'a str, name: &str) -> &'a str {
     &src[at..at + len]
 }
 
-/// The backend's shader of `pass`, with f32 atomics for [`BwdKind::Atomic`].
+/// The backend's shader of `pass`, with f32 atomics for [`BwdKind::Atomic`], coalesced for
+/// [`BwdKind::AtomicCo`].
 fn shader(pass: BwdPass, kind: BwdKind) -> ShaderKind {
-    match (pass, kind == BwdKind::Atomic) {
-        (BwdPass::De, false) => ShaderKind::BwdDe,
-        (BwdPass::Dc, false) => ShaderKind::BwdDc,
-        (BwdPass::De, true) => ShaderKind::BwdDeAtomic,
-        (BwdPass::Dc, true) => ShaderKind::BwdDcAtomic,
+    match (pass, kind) {
+        (BwdPass::De, BwdKind::Atomic) => ShaderKind::BwdDeAtomic,
+        (BwdPass::Dc, BwdKind::Atomic) => ShaderKind::BwdDcAtomic,
+        (BwdPass::De, BwdKind::AtomicCo) => ShaderKind::BwdDeAtomicCo,
+        (BwdPass::Dc, BwdKind::AtomicCo) => ShaderKind::BwdDcAtomicCo,
+        (BwdPass::De, _) => ShaderKind::BwdDe,
+        (BwdPass::Dc, _) => ShaderKind::BwdDc,
     }
 }
 
@@ -247,7 +270,7 @@ pub fn source(pass: BwdPass, kind: BwdKind) -> String {
     let real = shader(pass, kind).source_with(MainLoop::Named).into_owned();
     let slice_loop = SLICE_LOOP.replace("{x}", x);
     match kind {
-        BwdKind::Real | BwdKind::Atomic => real,
+        BwdKind::Real | BwdKind::Atomic | BwdKind::AtomicCo => real,
         BwdKind::NoSlab => {
             assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_*_half_v's guard");
             real.replace(
@@ -352,19 +375,31 @@ impl BwdBuilt {
         // splits (or one) · n_cls floats; the counters of 4 words per workgroup), with the
         // ablations only narrowing when the product, the slab updates and the bias sums run;
         // `BwdBuilt::launch` binds buffers of those sizes.
+        Self::with_source(g, v, source(v.pass, v.kind))
+    }
+
+    /// [`BwdBuilt::new`] of the module text `src` (`v`'s, or a rewrite of it that keeps its
+    /// bindings and bounds). Errors: validation, or a device without the features `v` needs.
+    fn with_source(g: &gpu::Gpu, v: BwdVariant, src: String) -> Result<Self, String> {
         let shader = shader(v.pass, v.kind);
         if v.kind == BwdKind::NoBias && v.pass == BwdPass::De {
             return Err(format!("{}: nobias is a d_c variant", v.name()));
         }
-        if v.kind == BwdKind::Atomic && !g.float_atomics {
+        if v.kind.is_atomic() && !g.float_atomics {
             return Err(format!(
                 "{}: the device has no SHADER_FLOAT32_ATOMIC ({})",
                 v.name(),
                 g.info.name
             ));
         }
+        if v.kind == BwdKind::AtomicCo && !g.subgroups {
+            return Err(format!(
+                "{}: the device has no SUBGROUP ({})",
+                v.name(),
+                g.info.name
+            ));
+        }
         let constants = shader.constants(v.dtype.cce_code(), 8, 8);
-        let src = source(v.pass, v.kind);
         let pipeline = g.pipeline(&v.name(), src, "main", &constants, false)?;
         Ok(Self {
             variant: v,
@@ -400,7 +435,7 @@ impl BwdBuilt {
                 (per, row_tiles.div_ceil(per), cls_tiles, stride)
             }
         };
-        let slabs = if v.kind == BwdKind::Atomic { 1 } else { nsplit };
+        let slabs = if v.kind.is_atomic() { 1 } else { nsplit };
         // Whole vec4s, for `Slab4`'s binding.
         let slab = g.storage(
             "slabs",
@@ -601,6 +636,8 @@ mod tests {
             "dc-atomic:f32",
             "bwd-real:t896",
             "dc-atomic:w2:t64",
+            "bwd-atomic-co",
+            "dc-atomic-co:f32:w2",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
@@ -628,6 +665,8 @@ mod tests {
             (BwdPass::Dc, BwdKind::Slab4),
             (BwdPass::De, BwdKind::Atomic),
             (BwdPass::Dc, BwdKind::Atomic),
+            (BwdPass::De, BwdKind::AtomicCo),
+            (BwdPass::Dc, BwdKind::AtomicCo),
         ] {
             let src = source(pass, kind);
             assert_eq!(
@@ -635,7 +674,11 @@ mod tests {
                 usize::from(kind == BwdKind::Slab4),
                 "{pass:?} {kind:?}"
             );
-            let atomic = kind == BwdKind::Atomic;
+            let atomic = kind.is_atomic();
+            assert_eq!(
+                src.matches("fn co_transpose(").count(),
+                usize::from(kind == BwdKind::AtomicCo)
+            );
             assert_eq!(src.matches("fn ld_row8(").count(), usize::from(!atomic));
             assert_eq!(
                 src.matches("array<atomic<f32>>;").count(),
@@ -656,6 +699,52 @@ mod tests {
                     0
                 }
             );
+        }
+    }
+
+    /// The coalesced modules with their scattered fallback taken out, on the adapter: they
+    /// match f64 only if every subgroup took the shuffles (lavapipe's subgroups of 8 here,
+    /// NVIDIA's of 32 on the device); D = 132 leaves rows off 32-byte alignment and a last
+    /// slice of 4 columns.
+    #[test]
+    fn coalesced_adds_match_without_their_fallback() {
+        let g = match gpu::Gpu::open() {
+            Ok(g) => g,
+            Err(e) if std::env::var_os("CCE_REQUIRE_WGPU").is_none() => {
+                eprintln!("skipping: {e}");
+                return;
+            }
+            Err(e) => panic!("CCE_REQUIRE_WGPU set and {e}"),
+        };
+        if !(g.float_atomics && g.subgroups) {
+            eprintln!(
+                "skipping: no SHADER_FLOAT32_ATOMIC or SUBGROUP on {}",
+                g.info.name
+            );
+            return;
+        }
+        const FALLBACK: &str = "add_rows4_scattered(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, n0);";
+        for (i, name) in ["bwd-atomic-co", "dc-atomic-co", "bwd-atomic-co:f32"]
+            .iter()
+            .enumerate()
+        {
+            let v = BwdVariant::parse(name).unwrap();
+            let src = source(v.pass, v.kind);
+            assert_eq!(src.matches(FALLBACK).count(), 1, "{name}: the fallback");
+            let b = BwdBuilt::with_source(&g, v, src.replace(FALLBACK, "")).unwrap();
+            for (s, shape) in [(70, 300, 136), (130, 136, 72), (70, 136, 132)]
+                .into_iter()
+                .enumerate()
+            {
+                let chunk = Chunk::new(&g, shape, v.dtype, (100 + 10 * i + s) as u64).unwrap();
+                let l = b.launch(&g, &chunk, 8).unwrap();
+                let slab = l.run(&g).unwrap();
+                let (ratio, what) = check_all(v, &chunk, l.slabs, &slab);
+                assert!(
+                    ratio <= 1.0,
+                    "{name} without fallback {shape:?}: {ratio:.2} x tolerance at {what}"
+                );
+            }
         }
     }
 
@@ -696,14 +785,20 @@ mod tests {
                 "bwd-atomic:f32:t16",
                 "dc-atomic:w2",
                 "bwd-real:t16",
+                "bwd-atomic-co",
+                "dc-atomic-co",
+                "bwd-atomic-co:f32:t16",
+                "dc-atomic-co:w2",
             ]
             .iter()
             .enumerate()
             {
                 let v = BwdVariant::parse(name).unwrap();
-                if v.kind == BwdKind::Atomic && !g.float_atomics {
+                if (v.kind.is_atomic() && !g.float_atomics)
+                    || (v.kind == BwdKind::AtomicCo && !g.subgroups)
+                {
                     eprintln!(
-                        "{name}: skipped, no SHADER_FLOAT32_ATOMIC on {}",
+                        "{name}: skipped, no SHADER_FLOAT32_ATOMIC or SUBGROUP on {}",
                         g.info.name
                     );
                     assert!(BwdBuilt::new(&g, v).is_err());

@@ -20,6 +20,9 @@ pub struct Gpu {
     /// Whether shaders may add f32 atomically (`SHADER_FLOAT32_ATOMIC`: the backward's
     /// atomic modules, `bwd::BwdKind::Atomic`).
     pub float_atomics: bool,
+    /// Whether shaders may use subgroup operations (`SUBGROUP`: the backward's coalesced
+    /// atomic modules, `bwd::BwdKind::AtomicCo`).
+    pub subgroups: bool,
     /// The limits the device was opened with (the adapter's own).
     pub limits: wgpu::Limits,
 }
@@ -43,8 +46,9 @@ pub struct Launch {
 }
 
 impl Gpu {
-    /// Open the adapter cce-wgpu would pick, with its own limits, and `TIMESTAMP_QUERY` and
-    /// `SHADER_FLOAT32_ATOMIC` where offered. Errors: no adapter, or the device request failed
+    /// Open the adapter cce-wgpu would pick, with its own limits, and `TIMESTAMP_QUERY`,
+    /// `SHADER_FLOAT32_ATOMIC` and `SUBGROUP` where offered (cce-wgpu asks for the last two
+    /// too). Errors: no adapter, or the device request failed
     /// (as text).
     pub fn open() -> Result<Self, String> {
         let instance =
@@ -54,7 +58,9 @@ impl Gpu {
             cut_cross_entropy::cce_wgpu::pick_adapter(adapters).ok_or("no wgpu adapter")?;
         let info = adapter.get_info();
         let features = adapter.features()
-            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_FLOAT32_ATOMIC);
+            & (wgpu::Features::TIMESTAMP_QUERY
+                | wgpu::Features::SHADER_FLOAT32_ATOMIC
+                | wgpu::Features::SUBGROUP);
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("cce-bench-sgemm"),
@@ -71,6 +77,7 @@ impl Gpu {
             info,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             float_atomics: features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
             limits,
         })
     }

@@ -194,6 +194,21 @@ impl WgpuBackend {
         self.ctx.float_atomics()
     }
 
+    /// Whether backward calls that are not `deterministic` add into their slab through
+    /// subgroup shuffles first (coalesced atomic adds, [`KernelConfig::coalesced_adds`]): the
+    /// device has `SHADER_FLOAT32_ATOMIC` and `SUBGROUP` with subgroups that can be 8 or more
+    /// wide, the configuration asks for it and its `wg` is a multiple of 8. The shader still
+    /// checks the subgroups' lane order and adds scattered where it does not hold.
+    pub fn has_coalesced_adds(&self) -> bool {
+        self.ctx.float_atomics()
+            && crate::config::coalesced_adds(
+                self.cfg.coalesced_adds,
+                self.ctx.subgroups(),
+                self.ctx.info.subgroup_max_size,
+                self.cfg.wg,
+            )
+    }
+
     /// A report of the adapter for benchmark logs: name, backend, driver, device type, the
     /// features the shaders could use (subgroups with their sizes, f16, f32 atomics,
     /// cooperative matrix), how the backward sums its splits,
@@ -240,7 +255,10 @@ impl WgpuBackend {
         );
         s += &format!(
             "backward splits: {}\n",
-            if ctx.float_atomics() {
+            if self.has_coalesced_adds() {
+                "f32 atomics into one slab, coalesced through subgroup shuffles (per-split \
+                 slabs for deterministic calls)"
+            } else if ctx.float_atomics() {
                 "f32 atomics into one slab (per-split slabs for deterministic calls)"
             } else {
                 "per-split slabs (no SHADER_FLOAT32_ATOMIC on the device)"

@@ -76,10 +76,10 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
             &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"]
         }
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
-        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic => &[
+        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic | ShaderKind::BwdDeAtomicCo => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
         ],
-        ShaderKind::BwdDc | ShaderKind::BwdDcAtomic => &[
+        ShaderKind::BwdDc | ShaderKind::BwdDcAtomic | ShaderKind::BwdDcAtomicCo => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters", "bslab",
         ],
         ShaderKind::FwdMerge => &[
@@ -143,7 +143,7 @@ pub(crate) fn extent(
         3 => Some(bias()),
         _ => None,
     };
-    use ShaderKind::{BwdDc, BwdDcAtomic, BwdDe, BwdDeAtomic};
+    use ShaderKind::{BwdDc, BwdDcAtomic, BwdDcAtomicCo, BwdDe, BwdDeAtomic, BwdDeAtomicCo};
     let out = match (kind, binding) {
         (
             ShaderKind::FwdPartial
@@ -152,7 +152,9 @@ pub(crate) fn extent(
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 1..=3) => gemm(binding),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 1..=3) => {
+            gemm(binding)
+        }
         (
             ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
             4 | 6,
@@ -172,14 +174,18 @@ pub(crate) fn extent(
         (ShaderKind::BwdHist, 4) => Some(per_row(ROW_STATE_BYTES)),
         (ShaderKind::BwdHist, 5) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdHist, 6) => Some(per_row(4 * N_BINS as u64)),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 4) => Some(per_row(ROW_STATE_BYTES)),
-        (BwdDe | BwdDeAtomic, 5) => Some(slab(rows)?),
-        (BwdDc | BwdDcAtomic, 5) => Some(slab(cls)?),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 6) => {
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 4) => {
+            Some(per_row(ROW_STATE_BYTES))
+        }
+        (BwdDe | BwdDeAtomic | BwdDeAtomicCo, 5) => Some(slab(rows)?),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 5) => Some(slab(cls)?),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 6) => {
             Some(if has(flags::REPORT) { per_row(4) } else { 0 })
         }
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic, 7) => Some(counters()),
-        (BwdDc | BwdDcAtomic, 8) => Some(4 * slabs * cls),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 7) => {
+            Some(counters())
+        }
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 8) => Some(4 * slabs * cls),
         (ShaderKind::FwdMerge, 1) => Some(per_row(PART_BYTES * p.part_stride as u64)),
         (ShaderKind::FwdMerge, 2..=7 | 9) => Some(per_row(4)),
         (ShaderKind::FwdMerge, 8) => Some(12),
@@ -367,6 +373,15 @@ mod tests {
             Ok(4 * 7)
         );
         assert!(extent(ShaderKind::BwdDcAtomic, 0, &q, [1, 1, 1], 5).is_err());
+        // The coalesced modules: the same extents as the atomic ones.
+        assert_eq!(
+            extent(ShaderKind::BwdDeAtomicCo, 0, &p, [3, 2, 1], 5),
+            Ok(4 * 50)
+        );
+        assert_eq!(
+            extent(ShaderKind::BwdDcAtomicCo, 0, &p, [3, 1, 1], 8),
+            Ok(4 * 7)
+        );
     }
 
     #[test]

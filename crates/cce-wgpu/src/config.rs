@@ -98,6 +98,14 @@ pub struct KernelConfig {
     /// 128 x 128 one (workgroup memory, invocations) runs the 64 x 64 one. Default:
     /// [`CoopTile::T128`].
     pub coop_tile: CoopTile,
+    /// Whether the backward's f32 atomic adds (calls that are not `deterministic`, devices
+    /// with `SHADER_FLOAT32_ATOMIC`) go through subgroup shuffles first, so that one add
+    /// instruction of a subgroup covers 8 consecutive floats of a row instead of 8 floats 8
+    /// apart (slab_atomic_co.wgsl); it applies where the device has `SUBGROUP` with
+    /// subgroups that can be 8 or more wide and `wg` is a multiple of 8, and the shader
+    /// checks the subgroups' lane order at run time (the scattered adds otherwise). Default
+    /// true.
+    pub coalesced_adds: bool,
 }
 
 /// Register room for one thread's groups of a panel (`MAXG` in gemm.wgsl).
@@ -124,6 +132,7 @@ impl KernelConfig {
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
             coop_tile: CoopTile::T128,
+            coalesced_adds: true,
         };
         shapes
             .iter()
@@ -269,6 +278,15 @@ pub(crate) fn accumulation(float_atomics: bool, deterministic: bool) -> Accumula
     }
 }
 
+/// Whether the backward's atomic adds take the coalesced modules (slab_atomic_co.wgsl):
+/// `wanted` ([`KernelConfig::coalesced_adds`]), the device's `SUBGROUP` feature
+/// (`subgroups`), subgroups that can be at least 8 wide (`max_subgroup`, the adapter's
+/// largest size), and `wg` a multiple of 8 (the 8 lanes that share a row of the micro-tiles
+/// are then one aligned group of 8 invocations).
+pub(crate) fn coalesced_adds(wanted: bool, subgroups: bool, max_subgroup: u32, wg: u32) -> bool {
+    wanted && subgroups && max_subgroup >= 8 && wg.is_multiple_of(8)
+}
+
 /// Splits of the backward's `d_e` (or `d_c`) pass: enough that splits x `grid_tiles` (row
 /// tiles for `d_e`, class tiles for `d_c`: the grid's other extent) reaches
 /// `target_workgroups`, at most one per tile of the split dimension (`split_tiles`), at least
@@ -407,6 +425,7 @@ mod tests {
             runtime_checks: false,
             cooperative_matrix: false,
             coop_tile: CoopTile::T128,
+            coalesced_adds: true,
         }
     }
 
@@ -724,6 +743,19 @@ mod tests {
         assert_eq!(accumulation(true, true), Accumulation::Slabs);
         assert_eq!(accumulation(false, false), Accumulation::Slabs);
         assert_eq!(accumulation(false, true), Accumulation::Slabs);
+    }
+
+    #[test]
+    fn coalesced_adds_need_subgroups_of_8_and_rows_of_8_lanes() {
+        // The H200 (subgroups of 32) and lavapipe here (8) at wg 8 and 16.
+        assert!(coalesced_adds(true, true, 32, 8));
+        assert!(coalesced_adds(true, true, 8, 16));
+        // Off when not asked for, without SUBGROUP, with subgroups under 8, at wg 4 or 12.
+        assert!(!coalesced_adds(false, true, 32, 8));
+        assert!(!coalesced_adds(true, false, 32, 8));
+        assert!(!coalesced_adds(true, true, 4, 8));
+        assert!(!coalesced_adds(true, true, 32, 4));
+        assert!(!coalesced_adds(true, true, 32, 12));
     }
 
     #[test]

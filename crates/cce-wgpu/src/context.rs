@@ -235,6 +235,11 @@ impl Context {
         self.pipelines.get(&self.device, kind, dtype, tile, checked)
     }
 
+    /// Whether the device has `SUBGROUP` (the backward's coalesced atomic modules).
+    pub fn subgroups(&self) -> bool {
+        self.features.contains(wgpu::Features::SUBGROUP)
+    }
+
     /// Whether the device has `SHADER_FLOAT32_ATOMIC` (the backward's atomic modules).
     pub fn float_atomics(&self) -> bool {
         self.features

@@ -463,6 +463,7 @@ mod tests {
                     runtime_checks: false,
                     cooperative_matrix: false,
                     coop_tile: crate::CoopTile::T128,
+                    coalesced_adds: true,
                 };
                 if cfg.shape_error().is_some() {
                     continue;

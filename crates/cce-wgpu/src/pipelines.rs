@@ -58,6 +58,13 @@ pub enum ShaderKind {
     /// [`ShaderKind::BwdDc`] adding into one slab with f32 atomics (slab_atomic.wgsl; needs
     /// `SHADER_FLOAT32_ATOMIC`; not deterministic).
     BwdDcAtomic,
+    /// [`ShaderKind::BwdDeAtomic`] with its adds coalesced through subgroup shuffles
+    /// (slab_atomic_co.wgsl; needs `SUBGROUP` besides `SHADER_FLOAT32_ATOMIC`; a subgroup
+    /// whose lanes do not pair up as the shader needs takes the scattered adds).
+    BwdDeAtomicCo,
+    /// [`ShaderKind::BwdDcAtomic`] with its adds coalesced through subgroup shuffles
+    /// (slab_atomic_co.wgsl; needs `SUBGROUP` besides `SHADER_FLOAT32_ATOMIC`).
+    BwdDcAtomicCo,
     /// Slab sum + analytic term + dtype conversion.
     Finalize,
     /// Column sums for analytic label smoothing.
@@ -68,7 +75,7 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 15] = [
+    pub const ALL: [ShaderKind; 17] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
         ShaderKind::FwdPartialCoop128,
@@ -81,6 +88,8 @@ impl ShaderKind {
         ShaderKind::BwdDc,
         ShaderKind::BwdDeAtomic,
         ShaderKind::BwdDcAtomic,
+        ShaderKind::BwdDeAtomicCo,
+        ShaderKind::BwdDcAtomicCo,
         ShaderKind::Finalize,
         ShaderKind::WSum,
         ShaderKind::StatReduce,
@@ -108,6 +117,15 @@ impl ShaderKind {
     /// `Acc` entry point, and the `named` module's generated loops and entry point (see
     /// [`ShaderKind::effective_main_loop`]).
     pub fn source_with(self, main_loop: MainLoop) -> Cow<'static, str> {
+        match self {
+            ShaderKind::BwdDeAtomicCo => {
+                return Cow::Owned(coalesced(&ShaderKind::BwdDeAtomic.source_with(main_loop)))
+            }
+            ShaderKind::BwdDcAtomicCo => {
+                return Cow::Owned(coalesced(&ShaderKind::BwdDcAtomic.source_with(main_loop)))
+            }
+            _ => {}
+        }
         let main_loop = self.effective_main_loop(main_loop);
         if main_loop == MainLoop::Named {
             use crate::named;
@@ -220,6 +238,8 @@ impl ShaderKind {
                 "bwd_dc.wgsl",
                 "bwd_dc_main.wgsl"
             ),
+            // The coalesced kinds are their plain kinds' text rewritten (above).
+            ShaderKind::BwdDeAtomicCo | ShaderKind::BwdDcAtomicCo => unreachable!(),
             ShaderKind::Finalize => shader!("common.wgsl", "finalize.wgsl"),
             ShaderKind::WSum => shader!("common.wgsl", "wsum.wgsl"),
             ShaderKind::StatReduce => shader!("common.wgsl", "stat_reduce.wgsl"),
@@ -254,7 +274,18 @@ impl ShaderKind {
     /// Whether the shader adds into its slab with f32 atomics (needs the device feature
     /// `SHADER_FLOAT32_ATOMIC`).
     pub fn is_atomic(self) -> bool {
-        matches!(self, ShaderKind::BwdDeAtomic | ShaderKind::BwdDcAtomic)
+        matches!(
+            self,
+            ShaderKind::BwdDeAtomic
+                | ShaderKind::BwdDcAtomic
+                | ShaderKind::BwdDeAtomicCo
+                | ShaderKind::BwdDcAtomicCo
+        )
+    }
+
+    /// Whether the shader uses subgroup operations (needs the device feature `SUBGROUP`).
+    pub fn uses_subgroups(self) -> bool {
+        matches!(self, ShaderKind::BwdDeAtomicCo | ShaderKind::BwdDcAtomicCo)
     }
 
     /// Whether the shader includes gemm.wgsl (the FMA panels: the `TK` override).
@@ -267,6 +298,8 @@ impl ShaderKind {
                 | ShaderKind::BwdDc
                 | ShaderKind::BwdDeAtomic
                 | ShaderKind::BwdDcAtomic
+                | ShaderKind::BwdDeAtomicCo
+                | ShaderKind::BwdDcAtomicCo
         )
     }
 
@@ -285,6 +318,8 @@ impl ShaderKind {
             ShaderKind::BwdDc => "bwd_dc",
             ShaderKind::BwdDeAtomic => "bwd_de_atomic",
             ShaderKind::BwdDcAtomic => "bwd_dc_atomic",
+            ShaderKind::BwdDeAtomicCo => "bwd_de_atomic_co",
+            ShaderKind::BwdDcAtomicCo => "bwd_dc_atomic_co",
             ShaderKind::Finalize => "finalize",
             ShaderKind::WSum => "wsum",
             ShaderKind::StatReduce => "stat_reduce",
@@ -308,6 +343,38 @@ impl ShaderKind {
         }
         c
     }
+}
+
+/// slab_atomic.wgsl's scattered adds, renamed in the coalesced modules.
+const ADD_ROWS: &str = "fn add_rows4_v(";
+/// The backward entry points' last parameter and opening brace (bwd_de_main.wgsl,
+/// bwd_dc_main.wgsl, and the `named` module's rewrite of them).
+const ENTRY_TAIL: &str = "@builtin(local_invocation_index) li: u32) {";
+
+/// A module of the atomic kinds ([`ShaderKind::BwdDeAtomic`], [`ShaderKind::BwdDcAtomic`])
+/// made coalesced: slab_atomic.wgsl's `add_rows4_v` renamed `add_rows4_scattered`,
+/// slab_atomic_co.wgsl appended (its `add_rows4_v` the coalesced adds, with the scattered
+/// ones as fallback), and the entry point given `@builtin(subgroup_size)` and a first call of
+/// `co_init`. Panics when the text no longer has what it rewrites (every kind and main loop
+/// is built by the crate's tests).
+fn coalesced(atomic: &str) -> String {
+    assert_eq!(
+        atomic.matches(ADD_ROWS).count(),
+        1,
+        "slab_atomic.wgsl's add_rows4_v"
+    );
+    assert_eq!(
+        atomic.matches(ENTRY_TAIL).count(),
+        1,
+        "the entry point's last parameter"
+    );
+    atomic.replace(ADD_ROWS, "fn add_rows4_scattered(").replace(
+        ENTRY_TAIL,
+        "@builtin(local_invocation_index) li: u32,
+        @builtin(subgroup_size) sg_size: u32) {
+    co_init(li, sg_size);",
+    ) + "\n"
+        + include_str!("../shaders/slab_atomic_co.wgsl")
 }
 
 /// Flag bits of `Params::flags` (mirror of the `FLAG_*` constants in common.wgsl and

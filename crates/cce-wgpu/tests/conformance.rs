@@ -99,6 +99,9 @@ struct Case {
     /// Run with this cooperative-matrix forward (`KernelConfig::coop_tile`; f16 cases on
     /// adapters that run it, the FMA forward elsewhere).
     coop_tile: Option<cce_wgpu::CoopTile>,
+    /// Run with this `KernelConfig::coalesced_adds` (the backward's atomic adds through
+    /// subgroup shuffles, where the adapter allows them).
+    coalesced: Option<bool>,
 }
 
 impl Case {
@@ -129,6 +132,7 @@ impl Case {
             main_loop: None,
             tk: None,
             coop_tile: None,
+            coalesced: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -199,8 +203,12 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
         || case.main_loop.is_some()
         || case.tk.is_some()
         || case.coop_tile.is_some()
+        || case.coalesced.is_some()
     {
         let mut cfg = b.config();
+        if let Some(co) = case.coalesced {
+            cfg.coalesced_adds = co;
+        }
         if let Some(t) = case.coop_tile {
             cfg.coop_tile = t;
         }
@@ -574,6 +582,52 @@ fn atomic_splits_match_the_f64_oracle() {
         .map(|c| c.with(|c| c.workgroups = Some(c.workgroups.unwrap_or(64))))
         .collect();
     run_all(&filtered);
+}
+
+#[test]
+fn coalesced_and_scattered_atomics_match_the_f64_oracle() {
+    // The atomic adds through subgroup shuffles (slab_atomic_co.wgsl: the default where the
+    // device has SUBGROUP with subgroups that can be 8 wide and wg is a multiple of 8;
+    // lavapipe's subgroups are 8 wide) and scattered (`coalesced_adds` off), at 64 target
+    // workgroups, each against the f64 oracle.
+    let Some(b) = backend() else { return };
+    println!(
+        "coalesced adds: {} (SHADER_FLOAT32_ATOMIC {}, {})",
+        b.has_coalesced_adds(),
+        b.has_float_atomics(),
+        b.adapter_info().name
+    );
+    let off = b
+        .with_config(cce_wgpu::KernelConfig {
+            coalesced_adds: false,
+            ..b.config()
+        })
+        .unwrap();
+    assert!(!off.has_coalesced_adds());
+    if b.config().wg.is_multiple_of(8) {
+        // Rows of 4 lanes (wg 4) cannot take them.
+        let narrow = b.with_config(cce_wgpu::KernelConfig {
+            wg: 4,
+            tk: 8,
+            ..b.config()
+        });
+        if let Ok(narrow) = narrow {
+            assert!(!narrow.has_coalesced_adds());
+        }
+    }
+    for co in [true, false] {
+        let at64 = |c: &mut Case| {
+            c.workgroups = Some(c.workgroups.unwrap_or(64));
+            c.opts.deterministic = false;
+            c.coalesced = Some(co);
+        };
+        let cases: Vec<Case> = hostile_cases()
+            .into_iter()
+            .chain(filtered_cases())
+            .map(|c| c.with(at64))
+            .collect();
+        run_all(&cases);
+    }
 }
 
 #[test]

@@ -336,6 +336,17 @@ fn from_device_detects_float_atomics_from_the_device() {
     let plain = run_plain(own, &x, &opts);
     assert_same("atomics requested", &plain, &run_plain(&with, &x, &opts));
     assert_same("no atomics", &plain, &run_plain(&without, &x, &opts));
+    // The coalesced adds need SUBGROUP on the owner's device besides the f32 atomics.
+    assert!(!with.has_coalesced_adds() && !without.has_coalesced_adds());
+    let both = wgpu::Features::SHADER_FLOAT32_ATOMIC | wgpu::Features::SUBGROUP;
+    let (device, queue, _) = test_device_with(own, both);
+    let co = WgpuBackend::from_device(device, queue).unwrap();
+    assert_eq!(co.has_coalesced_adds(), own.has_coalesced_adds());
+    println!(
+        "coalesced adds on this adapter: {}",
+        own.has_coalesced_adds()
+    );
+    assert_same("coalesced adds", &plain, &run_plain(&co, &x, &opts));
 }
 
 #[test]

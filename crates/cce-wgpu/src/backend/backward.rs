@@ -128,7 +128,10 @@ impl WgpuBackend {
         let target = self.cfg.target_workgroups;
         let de_split = bwd_splits(acc, target, (max_rt, max_ct), (max_rc * d * 4) as u64, room);
         let dc_split = bwd_splits(acc, target, (max_ct, max_rt), (max_cc * d * 4) as u64, room);
-        let (de_kind, dc_kind) = if atomic {
+        // The atomic adds through subgroup shuffles where they apply (`config::coalesced_adds`).
+        let (de_kind, dc_kind) = if atomic && self.has_coalesced_adds() {
+            (ShaderKind::BwdDeAtomicCo, ShaderKind::BwdDcAtomicCo)
+        } else if atomic {
             (ShaderKind::BwdDeAtomic, ShaderKind::BwdDcAtomic)
         } else {
             (ShaderKind::BwdDe, ShaderKind::BwdDc)
