@@ -21,7 +21,8 @@
 //! round, so that a shared, noisy machine slows them alike) and prints per config the median
 //! wall time and process CPU time (all threads, from /proc/self/stat: the work of a CPU
 //! adapter's threads, less sensitive to other processes than wall time) with the ratio to the
-//! first config.
+//! first config; after the forward's rounds, each config's loss from its latest forward and
+//! the largest |Δ| of its lse over all rows against the first config's.
 //! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
@@ -40,10 +41,11 @@
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
 
-use cut_cross_entropy::cce_wgpu::{CoopTile, KernelConfig, MainLoop, WgpuBackend};
+use cut_cross_entropy::cce_wgpu::{CoopTile, KernelConfig, MainLoop, WgpuBackend, WgpuTensor};
 use cut_cross_entropy::{
-    Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
+    Backend, DType, ForwardOutput, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
+use std::cell::RefCell;
 use std::io::Write;
 use std::time::Instant;
 
@@ -388,12 +390,16 @@ fn ab(
             }
         })
         .collect();
-    type Call<'a> = &'a dyn Fn(&WgpuBackend, &Options);
+    // The latest forward output of each config (lse [N] and the loss stay on the device
+    // until the comparison reads them back).
+    let outs: RefCell<Vec<Option<ForwardOutput<WgpuTensor>>>> =
+        RefCell::new((0..backends.len()).map(|_| None).collect());
     let passes: [(&str, Call<'_>); 2] = [
-        ("forward", &|bc: &WgpuBackend, o: &Options| {
-            bc.forward(inputs, o).unwrap();
+        ("forward", &|k: usize, bc: &WgpuBackend, o: &Options| {
+            let out = bc.forward(inputs, o).unwrap();
+            outs.borrow_mut()[k] = Some(out);
         }),
-        ("fwd+bwd", &|bc: &WgpuBackend, o: &Options| {
+        ("fwd+bwd", &|_: usize, bc: &WgpuBackend, o: &Options| {
             bc.forward_backward(inputs, o, &Upstream::default())
                 .unwrap();
         }),
@@ -411,7 +417,7 @@ fn ab(
         for r in 0..=args.reps {
             let round = Instant::now();
             for (k, (name, bc, o)) in backends.iter().enumerate() {
-                let (w, c) = timed(bc, || call(bc, o));
+                let (w, c) = timed(bc, || call(k, bc, o));
                 println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
                 if r > 0 {
                     wall[k].push(w);
@@ -440,9 +446,70 @@ fn ab(
                 wall[k].len()
             );
         }
+        if pass == "forward" {
+            compare_forwards(b, &backends, &outs.borrow(), label);
+        }
         if args.profile {
             profile(&backends, label, pass, call, args, start);
         }
+    }
+}
+
+/// A call of one `--ab` pass: (config index, backend, options).
+type Call<'a> = &'a dyn Fn(usize, &WgpuBackend, &Options);
+
+/// `--ab`: each config's loss from its latest forward, and the largest |Δ| of its lse over all
+/// rows (and the row where it occurs) against the first config's (one read-back of the lse
+/// and the loss per config).
+fn compare_forwards(
+    b: &WgpuBackend,
+    backends: &[(String, WgpuBackend, Options)],
+    outs: &[Option<ForwardOutput<WgpuTensor>>],
+    label: &str,
+) {
+    let read = |t: &WgpuTensor| b.download(t).map(|h| h.to_f32_vec());
+    let mut first: Option<Vec<f32>> = None;
+    for ((name, _, _), out) in backends.iter().zip(outs) {
+        let Some(out) = out else {
+            println!("| {label} | forward loss | {name} | no forward ran |");
+            continue;
+        };
+        let (loss, lse) = match (read(&out.loss), read(&out.lse)) {
+            (Ok(l), Ok(z)) => (l, z),
+            (Err(e), _) | (_, Err(e)) => {
+                println!("| {label} | forward loss | {name} | read-back failed: {e} |");
+                continue;
+            }
+        };
+        // Mean/sum: the scalar; reduction none: the mean of the per-row losses.
+        let loss_v = loss.iter().map(|&x| x as f64).sum::<f64>() / loss.len().max(1) as f64;
+        let vs = match &first {
+            None => {
+                first = Some(lse.clone());
+                "reference".to_string()
+            }
+            Some(z0) => {
+                let (mut worst, mut at, mut bad) = (0f32, 0usize, 0usize);
+                for (i, (a, r)) in lse.iter().zip(z0).enumerate() {
+                    let d = (a - r).abs();
+                    if d.is_nan() {
+                        bad += 1;
+                    } else if d > worst {
+                        (worst, at) = (d, i);
+                    }
+                }
+                format!(
+                    "max |Δ lse| {worst:.3e} (row {at}, lse {:.6}){}",
+                    z0.get(at).copied().unwrap_or(f32::NAN),
+                    if bad > 0 {
+                        format!(", {bad} rows NaN")
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+        };
+        println!("| {label} | forward loss | {name} | loss {loss_v:.7} | {vs} |");
     }
 }
 
@@ -451,11 +518,11 @@ fn profile(
     backends: &[(String, WgpuBackend, Options)],
     label: &str,
     pass: &str,
-    call: &dyn Fn(&WgpuBackend, &Options),
+    call: Call<'_>,
     args: &Args,
     start: Instant,
 ) {
-    for (name, bc, o) in backends {
+    for (k, (name, bc, o)) in backends.iter().enumerate() {
         if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
             println!("  profile {pass} {name}: skipped, deadline");
             continue;
@@ -465,7 +532,7 @@ fn profile(
             return;
         }
         let _ = bc.take_pass_times();
-        let ms = sync_ms(bc, || call(bc, o));
+        let ms = sync_ms(bc, || call(k, bc, o));
         let times = bc.take_pass_times();
         bc.set_profiling(false);
         match times {
