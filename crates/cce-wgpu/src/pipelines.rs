@@ -38,6 +38,12 @@ pub enum ShaderKind {
     /// only with the cargo feature `coop-matrix` on adapters that offer it). Its `WG` override
     /// is always 16 ([`ShaderKind::constants`]).
     FwdPartialCoop128,
+    /// Forward partials by cooperative matrices at 128 x 128 tiles with 64 x 64 per subgroup
+    /// (logits_coop128w.wgsl: 128 invocations, the panels of
+    /// [`ShaderKind::FwdPartialCoop128`], its own pass over fwd_rows.wgsl's row state; f16
+    /// inputs, used only with the cargo feature `coop-matrix` on adapters that offer it). Its
+    /// `WG` override is always 16 ([`ShaderKind::constants`]).
+    FwdPartialCoop128W,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -68,10 +74,11 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 15] = [
+    pub const ALL: [ShaderKind; 16] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
         ShaderKind::FwdPartialCoop128,
+        ShaderKind::FwdPartialCoop128W,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -125,9 +132,10 @@ impl ShaderKind {
                     + "\n"
             };
             let generated = match self {
-                ShaderKind::FwdPartial => {
-                    Some(head(shader!("panel_a.wgsl", "fwd_partial.wgsl")) + &named::fwd_named())
-                }
+                ShaderKind::FwdPartial => Some(
+                    head(shader!("panel_a.wgsl", "fwd_rows.wgsl", "fwd_partial.wgsl"))
+                        + &named::fwd_named(),
+                ),
                 ShaderKind::BwdHist => Some(
                     head(shader!("panel_a.wgsl", "bwd_hist.wgsl"))
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
@@ -177,19 +185,32 @@ impl ShaderKind {
             };
         }
         Cow::Borrowed(match self {
-            ShaderKind::FwdPartial => tiled!("panel_a.wgsl", "fwd_partial.wgsl", "fwd_main.wgsl"),
+            ShaderKind::FwdPartial => tiled!(
+                "panel_a.wgsl",
+                "fwd_rows.wgsl",
+                "fwd_partial.wgsl",
+                "fwd_main.wgsl"
+            ),
             // The `enable` directives of logits_coop.wgsl must open the module.
             ShaderKind::FwdPartialCoop => shader!(
                 "logits_coop.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
+                "fwd_rows.wgsl",
                 "fwd_partial.wgsl"
             ),
             ShaderKind::FwdPartialCoop128 => shader!(
                 "logits_coop128.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
+                "fwd_rows.wgsl",
                 "fwd_partial.wgsl"
+            ),
+            ShaderKind::FwdPartialCoop128W => shader!(
+                "logits_coop128w.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "fwd_rows.wgsl"
             ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
@@ -236,19 +257,29 @@ impl ShaderKind {
     pub fn is_coop(self) -> bool {
         matches!(
             self,
-            ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128
+            ShaderKind::FwdPartialCoop
+                | ShaderKind::FwdPartialCoop128
+                | ShaderKind::FwdPartialCoop128W
         )
     }
 
     /// Side of the logits tiles a dispatch of this shader computes under a configuration
-    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`], else
-    /// `cfg_tile`.
+    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`] and
+    /// [`ShaderKind::FwdPartialCoop128W`], else `cfg_tile`.
     pub fn tile(self, cfg_tile: usize) -> usize {
-        if self == ShaderKind::FwdPartialCoop128 {
+        if self.is_coop128() {
             COOP128_TILE
         } else {
             cfg_tile
         }
+    }
+
+    /// Whether the shader is one of the 128 x 128 cooperative-matrix forwards.
+    fn is_coop128(self) -> bool {
+        matches!(
+            self,
+            ShaderKind::FwdPartialCoop128 | ShaderKind::FwdPartialCoop128W
+        )
     }
 
     /// Whether the shader adds into its slab with f32 atomics (needs the device feature
@@ -276,6 +307,7 @@ impl ShaderKind {
             ShaderKind::FwdPartial => "fwd_partial",
             ShaderKind::FwdPartialCoop => "fwd_partial_coop",
             ShaderKind::FwdPartialCoop128 => "fwd_partial_coop128",
+            ShaderKind::FwdPartialCoop128W => "fwd_partial_coop128w",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -292,11 +324,12 @@ impl ShaderKind {
     }
 
     /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders (16 for
-    /// [`ShaderKind::FwdPartialCoop128`] whatever `wg`), `TK` for those with FMA panels.
+    /// the 128 x 128 cooperative-matrix forwards whatever `wg`), `TK` for those with FMA
+    /// panels.
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
-            let wg = if self == ShaderKind::FwdPartialCoop128 {
+            let wg = if self.is_coop128() {
                 (COOP128_TILE / 8) as u32
             } else {
                 wg
