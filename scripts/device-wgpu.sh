@@ -103,7 +103,8 @@
 #           8192 x 2304 x 256000 f16 c/8 exact in alternation (--ab --forward-only, then one
 #           call each with GPU timestamps per shader): 8:8:coop128 (logits_coop128.wgsl,
 #           128 x 128, 32 x 64 per subgroup), 8:8:coop128w (logits_coop128w.wgsl, 128 x 128,
-#           64 x 64 per subgroup) and 8:8:named:fma (the FMA forward), with each config's loss
+#           64 x 64 per subgroup), 8:8:coop128w16 (the same with 16-deep panels) and
+#           8:8:named:fma (the FMA forward), with each config's loss
 #           and the largest |Δ lse| against the first's; COOP_CONFIGS overrides the list
 #           (8:8:coop64: logits_coop.wgsl, 64 x 64); ~90 s (at most 150 + 100 by its
 #           timeouts); its table prints last.
@@ -425,7 +426,7 @@ if [[ $PHASES == *coop* ]]; then
   grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -24
   timeout 100 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --forward-only \
     --profile --reps 3 --deadline-s 60 \
-    --configs "${COOP_CONFIGS:-8:8:coop128,8:8:coop128w,8:8:named:fma}" \
+    --configs "${COOP_CONFIGS:-8:8:coop128,8:8:coop128w,8:8:coop128w16,8:8:named:fma}" \
     >"$OUT/coop-gemma2.log" 2>&1
   rc=$?
   grep -E "^adapter|round|deadline" "$OUT/coop-gemma2.log" | tail -12

@@ -30,7 +30,7 @@
 //! `:coop64` / `:coop128` turn it on at 64 x 64 tiles (logits_coop.wgsl, needs wg = 8) / at
 //! 128 x 128 tiles (logits_coop128.wgsl, the default tile of `:coop`; the backward keeps the
 //! config's `wg:tk`); `:coop128w` at 128 x 128 tiles with 64 x 64 per subgroup
-//! (logits_coop128w.wgsl).
+//! (logits_coop128w.wgsl), `:coop128w16` the same with 16-deep panels.
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
@@ -116,7 +116,7 @@ struct Cli {
     #[arg(long)]
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
-    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w][:quad|:scalar|:named][:wN][:det]`.
+    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16][:quad|:scalar|:named][:wN][:det]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -130,14 +130,14 @@ struct Cli {
 /// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
 /// `:fma` / `:coop` (the cooperative-matrix forward off / on; it runs only where the backend
 /// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it), `:coop64` / `:coop128`
-/// / `:coop128w` (on, at that tile: `KernelConfig::coop_tile`).
+/// / `:coop128w` / `:coop128w16` (on, at that tile: `KernelConfig::coop_tile`).
 #[derive(Clone, Copy, Debug)]
 struct ConfigSpec {
     wg: u32,
     tk: u32,
     checked: bool,
     coop: Option<bool>,
-    /// `:coop64` / `:coop128` / `:coop128w`: `KernelConfig::coop_tile` (else the base config's).
+    /// `:coop64` / `:coop128` / `:coop128w` / `:coop128w16`: `KernelConfig::coop_tile` (else the base config's).
     coop_tile: Option<CoopTile>,
     main_loop: Option<MainLoop>,
     /// `:w<N>`: `KernelConfig::target_workgroups` (else the base config's).
@@ -151,7 +151,7 @@ impl ConfigSpec {
         let bad = |why: String| {
             format!(
                 "--configs {c:?}: {why} (want \
-                 wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w][:quad|:scalar|:named][:wN][:det])"
+                 wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16][:quad|:scalar|:named][:wN][:det])"
             )
         };
         let mut parts = c.split(':');
@@ -178,12 +178,13 @@ impl ConfigSpec {
                 "checked" => spec.checked = true,
                 "fma" => spec.coop = Some(false),
                 "coop" => spec.coop = Some(true),
-                "coop64" | "coop128" | "coop128w" => {
+                "coop64" | "coop128" | "coop128w" | "coop128w16" => {
                     spec.coop = Some(true);
                     spec.coop_tile = Some(match flag {
                         "coop64" => CoopTile::T64,
                         "coop128" => CoopTile::T128,
-                        _ => CoopTile::T128W,
+                        "coop128w" => CoopTile::T128W,
+                        _ => CoopTile::T128W16,
                     });
                 }
                 "quad" => spec.main_loop = Some(MainLoop::Quad),

@@ -17,14 +17,15 @@
 // Tiling
 //   Grid (splits, row tiles of the chunk), as fwd_partial.wgsl: split `s` covers class tiles
 //   [s*split_tiles, (s+1)*split_tiles) of the chunk. Per tile the depth loop walks D in
-//   panels of KC = 32, double-buffered in workgroup memory as f16: Ah[buf][row][k] and
-//   Bh[buf][class][k], 128 rows of KC depths each with a row stride of SA = 40 (80 bytes: the
-//   eight rows one fragment load reads per phase fall in distinct banks). Panel p + 1 is read
-//   from e and c into registers before panel p's products and stored into the other buffer
-//   after them, then one barrier per panel. Subgroup s computes tile rows 64 (s / 2) .. +63
-//   and classes 64 (s % 2) .. +63 as 4 x 4 fragments of 16 x 16 with f32 accumulators: per
-//   16-deep step it loads 4 A and 4 B fragments for 16 multiply-adds (0.5 fragment loads per
-//   multiply-add), 32 multiply-adds per panel between barriers.
+//   panels of KC (override: 32, or 16 for the FwdPartialCoop128W16 pipeline),
+//   double-buffered in workgroup memory as f16: Ah[buf][row][k] and Bh[buf][class][k], 128
+//   rows of KC depths each with a row stride of SA = KC + 8 (80 or 48 bytes: the eight rows
+//   one fragment load reads per phase fall in distinct 16-byte bank groups). Panel p + 1 is
+//   read from e and c into registers before panel p's products and stored into the other
+//   buffer after them, then one barrier per panel. Subgroup s computes tile rows
+//   64 (s / 2) .. +63 and classes 64 (s % 2) .. +63 as 4 x 4 fragments of 16 x 16 with f32
+//   accumulators: per 16-deep step it loads 4 A and 4 B fragments for 16 multiply-adds (0.5
+//   fragment loads per multiply-add), 2 KC multiply-adds per panel between barriers.
 //   After the last panel, eight rounds (a, h) = (r / 2, r % 2) hand the fragments to the row
 //   state through Ct: every subgroup stores its fragments (a, 2h) and (a, 2h + 1)
 //   column-major (stride 16) into its two 16 x 16 slots of Ct; barrier; every lane reads 16
@@ -36,10 +37,11 @@
 //   the class halves' states (subgroups 2u + 1 and 2u) meet through Ct (`part` is written by
 //   the subgroups 2u). Deterministic, no atomics.
 //   Workgroup memory: 2 x 2 x 128 x 40 f16 + 8 x 256 f32 = 49152 bytes
-//   (config::COOP128W_WORKGROUP_BYTES).
+//   (config::COOP128W_WORKGROUP_BYTES; at KC = 16 the panels use 2 x 2 x 128 x 24 of them).
 // Thread mapping
-//   Staging: invocation li reads and stores rows li/4 + 32t (t < 4), depths 8 (li % 4) .. +7,
-//   of e (Ah) and of c (Bh): four vec4<u32> per operand and panel. Fragments and row states:
+//   Staging: invocation li reads and stores rows li/GR + RS*t (t < GR), depths
+//   8 (li % GR) .. +7, of e (Ah) and of c (Bh), with GR = KC/8 groups of eight depths per row
+//   and RS = 128/GR: GR vec4<u32> per operand and panel (4 at KC = 32, 2 at KC = 16). Fragments and row states:
 //   by subgroup s (`subgroup_id`, clamped to 3: u = s / 2, v = s % 2) and lane l
 //   (`subgroup_invocation_id`, clamped to 31: rho = l / 2, q = l % 2). In round (a, h) lane l
 //   reads tile row 64u + 16a + rho, classes 64v + 32h + 16q .. +15 (slot 2s + q, rows rho);
@@ -50,10 +52,11 @@
 //   < n_cls), col < D, and D and the offset are multiples of 8 (so col + 8 <= D and
 //   i = off + row*D + col is a multiple of 8: elements i .. i+7 lie in the row, below the
 //   binding's offset + rows*D elements); else through load4 with `nv` counted from the same
-//   guards (tile_io.wgsl). Ah/Bh: stores at b*5120 + (m + 32t)*SA + 8x4 + x with b < 2,
-//   m < 32, t < 4, x4 < 4, x < 8: at most 5120 + 127*40 + 31 < 10240; fragment loads start at
-//   b*5120 + (64u + 16i)*SA + kk (u < 2, i < 4, kk in {0, 16}) and read 16 rows of stride
-//   SA, 16 elements each: at most 5120 + 127*SA + 16 + 15 < 10240. Ct: fragment stores at
+//   guards (tile_io.wgsl). Ah/Bh: stores at b*PANEL + (m + RS*t)*SA + 8g + x with b < 2,
+//   m < RS, t < GR, g < GR, x < 8: at most PANEL + 127*SA + KC - 1 < 2*PANEL = 256*SA <= 10240;
+//   fragment loads start at b*PANEL + (64u + 16i)*SA + kk (u < 2, i < 4, kk < KC a multiple
+//   of 16) and read 16 rows of stride SA, 16 elements each: at most
+//   PANEL + 127*SA + KC - 1 < 2*PANEL. Ct: fragment stores at
 //   512s + 256x (s < 4, x < 2), 16 columns of stride 16: below 2048; lane reads at
 //   512s + 256q + 16x + rho (q < 2, x < 16, rho < 16): at most 2047; the end-of-split
 //   scratch at 8 ((32u + l)*2 + k) + 0..7 (u < 2, l < 32, k < 2): below 1024. tgt[r],
@@ -63,15 +66,20 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-// Depth of a staged panel.
-const KC: u32 = 32u;
+// Depth of a staged panel: 32, or 16 (the FwdPartialCoop128W16 pipeline).
+override KC: u32 = 32u;
 // Row stride of a panel (f16): KC and 8 of padding.
-const SA: u32 = 40u;
+override SA: u32 = KC + 8u;
 // Elements of one panel buffer: 128 rows of stride SA.
-const PANEL: u32 = 5120u;
+override PANEL: u32 = 128u * SA;
+// Groups of eight depths in a panel row (4 or 2), and the rows between the rows one
+// invocation stages (32 or 64).
+override GR: u32 = KC / 8u;
+override RS: u32 = 128u / GR;
 // Side of the tile.
 const T128: u32 = 128u;
 
+// Two panel buffers at KC = 32 (2 x 128 x 40); KC = 16 uses the first 2 x 128 x 24.
 var<workgroup> Ah: array<f16, 10240>;
 var<workgroup> Bh: array<f16, 10240>;
 var<workgroup> Ct: array<f32, 2048>;
@@ -80,7 +88,7 @@ var<private> sg_index: u32;
 var<private> lane: u32;
 
 // One invocation's share of a panel, as raw f16 bits (two per word, element 2k low): rows
-// li/4 + 32t of e (a_t) and of c (b_t), eight depths each.
+// li/GR + RS*t of e (a_t) and of c (b_t), t < GR, eight depths each (zeros for t >= GR).
 struct Fetch {
     a0: vec4<u32>,
     a1: vec4<u32>,
@@ -129,13 +137,20 @@ fn fetch_row(is_e: bool, base: u32, m: u32, col: u32) -> vec4<u32> {
 
 // This invocation's share of panel k0 .. k0+KC of the tile's e rows and c rows.
 fn fetch_panel(r_base: u32, c_base: u32, k0: u32, li: u32) -> Fetch {
-    let m = li >> 2u;
-    let col = k0 + 8u * (li & 3u);
-    return Fetch(fetch_row(true, r_base, m, col), fetch_row(true, r_base, m + 32u, col),
-                 fetch_row(true, r_base, m + 64u, col), fetch_row(true, r_base, m + 96u, col),
-                 fetch_row(false, c_base, m, col), fetch_row(false, c_base, m + 32u, col),
-                 fetch_row(false, c_base, m + 64u, col),
-                 fetch_row(false, c_base, m + 96u, col));
+    let m = li / GR;
+    let col = k0 + 8u * (li % GR);
+    var f = Fetch();
+    f.a0 = fetch_row(true, r_base, m, col);
+    f.a1 = fetch_row(true, r_base, m + RS, col);
+    f.b0 = fetch_row(false, c_base, m, col);
+    f.b1 = fetch_row(false, c_base, m + RS, col);
+    if GR > 2u {
+        f.a2 = fetch_row(true, r_base, m + 2u * RS, col);
+        f.a3 = fetch_row(true, r_base, m + 3u * RS, col);
+        f.b2 = fetch_row(false, c_base, m + 2u * RS, col);
+        f.b3 = fetch_row(false, c_base, m + 3u * RS, col);
+    }
+    return f;
 }
 
 // Eight f16 (raw words w) into Ah at o .. o+7 (exact: f16 -> f32 -> f16).
@@ -172,15 +187,17 @@ fn put_b(o: u32, w: vec4<u32>) {
 
 // A fetched share into the panel buffer starting at element `base` (0 or PANEL).
 fn put_panel(base: u32, f: Fetch, li: u32) {
-    let o = base + (li >> 2u) * SA + 8u * (li & 3u);
+    let o = base + (li / GR) * SA + 8u * (li % GR);
     put_a(o, f.a0);
-    put_a(o + 32u * SA, f.a1);
-    put_a(o + 64u * SA, f.a2);
-    put_a(o + 96u * SA, f.a3);
+    put_a(o + RS * SA, f.a1);
     put_b(o, f.b0);
-    put_b(o + 32u * SA, f.b1);
-    put_b(o + 64u * SA, f.b2);
-    put_b(o + 96u * SA, f.b3);
+    put_b(o + RS * SA, f.b1);
+    if GR > 2u {
+        put_a(o + 2u * RS * SA, f.a2);
+        put_a(o + 3u * RS * SA, f.a3);
+        put_b(o + 2u * RS * SA, f.b2);
+        put_b(o + 3u * RS * SA, f.b3);
+    }
 }
 
 // Round (a, h) of the hand-over for this lane: tile row 64u + 16a + rho, classes

@@ -75,7 +75,8 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
         ShaderKind::FwdPartial
         | ShaderKind::FwdPartialCoop
         | ShaderKind::FwdPartialCoop128
-        | ShaderKind::FwdPartialCoop128W => &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"],
+        | ShaderKind::FwdPartialCoop128W
+        | ShaderKind::FwdPartialCoop128W16 => &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"],
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
         ShaderKind::BwdDe | ShaderKind::BwdDeAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
@@ -151,6 +152,7 @@ pub(crate) fn extent(
             | ShaderKind::FwdPartialCoop
             | ShaderKind::FwdPartialCoop128
             | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
@@ -159,14 +161,16 @@ pub(crate) fn extent(
             ShaderKind::FwdPartial
             | ShaderKind::FwdPartialCoop
             | ShaderKind::FwdPartialCoop128
-            | ShaderKind::FwdPartialCoop128W,
+            | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16,
             4 | 6,
         ) => Some(per_row(4)),
         (
             ShaderKind::FwdPartial
             | ShaderKind::FwdPartialCoop
             | ShaderKind::FwdPartialCoop128
-            | ShaderKind::FwdPartialCoop128W,
+            | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16,
             5,
         ) => {
             if p.part_base as u64 + workgroups > p.part_stride as u64 {

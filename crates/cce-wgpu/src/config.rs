@@ -52,16 +52,20 @@ pub enum CoopTile {
     /// row states per invocation (kept by one of the two lanes that share a row). Where the
     /// adapter cannot run it, [`CoopTile::T128`]'s rules apply.
     T128W,
+    /// [`CoopTile::T128W`] with 16-deep panels (its `KC` override): 16 fewer prefetch
+    /// registers per invocation, one barrier per 16 multiply-adds per subgroup instead of 32.
+    T128W16,
 }
 
 impl CoopTile {
-    /// Short name (`coop64`, `coop128`, `coop128w`), as the benchmark's `--configs` spells
-    /// it.
+    /// Short name (`coop64`, `coop128`, `coop128w`, `coop128w16`), as the benchmark's
+    /// `--configs` spells it.
     pub fn name(self) -> &'static str {
         match self {
             CoopTile::T64 => "coop64",
             CoopTile::T128 => "coop128",
             CoopTile::T128W => "coop128w",
+            CoopTile::T128W16 => "coop128w16",
         }
     }
 }
@@ -346,7 +350,7 @@ pub(crate) struct CoopCaps {
     pub t64: bool,
     /// logits_coop128.wgsl (128 x 128 tiles).
     pub t128: bool,
-    /// logits_coop128w.wgsl (128 x 128 tiles, 64 x 64 per subgroup).
+    /// logits_coop128w.wgsl (128 x 128 tiles, 64 x 64 per subgroup, either panel depth).
     pub t128w: bool,
 }
 
@@ -389,7 +393,7 @@ pub(crate) fn coop_capable(
 /// exactly; bf16 and f32 would be rounded), then the configuration's [`CoopTile`] where the
 /// adapter can run it (`caps`); the 64 x 64 one also needs the configuration's 64 x 64 tiles.
 /// The 128 x 128 ones fall back to the 64 x 64 one on adapters without room for them
-/// ([`CoopTile::T128W`] first to [`CoopTile::T128`]).
+/// ([`CoopTile::T128W`] and [`CoopTile::T128W16`] first to [`CoopTile::T128`]).
 pub(crate) fn coop_forward(
     cfg: &KernelConfig,
     caps: CoopCaps,
@@ -400,8 +404,8 @@ pub(crate) fn coop_forward(
     }
     let t64 = (caps.t64 && cfg.wg == 8).then_some(CoopTile::T64);
     match cfg.coop_tile {
-        CoopTile::T128W if caps.t128w => Some(CoopTile::T128W),
-        CoopTile::T128W | CoopTile::T128 if caps.t128 => Some(CoopTile::T128),
+        t @ (CoopTile::T128W | CoopTile::T128W16) if caps.t128w => Some(t),
+        CoopTile::T128W | CoopTile::T128W16 | CoopTile::T128 if caps.t128 => Some(CoopTile::T128),
         _ => t64,
     }
 }
@@ -617,6 +621,13 @@ mod tests {
         assert_eq!(coop_forward(&w, no_w, 1), Some(CoopTile::T128));
         assert_eq!(coop_forward(&on, no_w, 1), Some(CoopTile::T128));
         assert_eq!(CoopTile::T128W.name(), "coop128w");
+        let w16 = KernelConfig {
+            coop_tile: CoopTile::T128W16,
+            ..on
+        };
+        assert_eq!(coop_forward(&w16, both, 1), Some(CoopTile::T128W16));
+        assert_eq!(coop_forward(&w16, no_w, 1), Some(CoopTile::T128));
+        assert_eq!(CoopTile::T128W16.name(), "coop128w16");
         // Without room for the 128 x 128 forwards, the 64 x 64 one.
         let small = CoopCaps {
             t64: true,
@@ -778,45 +789,55 @@ mod tests {
 
     #[test]
     fn coop128w_indices_stay_in_their_arrays() {
-        // logits_coop128w.wgsl's workgroup indices, enumerated (its header, "Bounds").
-        const KC: u32 = 32;
-        const SA: u32 = 40;
-        const PANEL: u32 = 128 * SA;
+        // logits_coop128w.wgsl's workgroup indices, enumerated (its header, "Bounds"), at
+        // both panel depths (its KC override: 32, and 16 for CoopTile::T128W16).
+        const ARRAY: u32 = 10240;
         assert_eq!(COOP128W_WORKGROUP_BYTES, 49152);
-        assert_eq!(
-            COOP128W_WORKGROUP_BYTES,
-            (2 * 2 * PANEL * 2 + 2048 * 4) as u64
-        );
-        // Panel stores: every depth slot of every row of a buffer written exactly once.
-        for buf in 0..2 {
-            let mut hits = vec![0u32; 2 * PANEL as usize];
-            for li in 0..COOP128W_INVOCATIONS {
-                let o = buf * PANEL + (li >> 2) * SA + 8 * (li & 3);
-                for t in 0..4 {
-                    for x in 0..8 {
-                        hits[(o + 32 * t * SA + x) as usize] += 1;
+        assert_eq!(COOP128W_WORKGROUP_BYTES, (2 * ARRAY * 2 + 2048 * 4) as u64);
+        for kc in [32u32, 16] {
+            let sa = kc + 8;
+            let panel = 128 * sa;
+            let (gr, rs) = (kc / 8, 128 / (kc / 8));
+            assert!(2 * panel <= ARRAY);
+            // Panel stores: every depth slot of every row of a buffer written exactly once.
+            for buf in 0..2 {
+                let mut hits = vec![0u32; 2 * panel as usize];
+                for li in 0..COOP128W_INVOCATIONS {
+                    let o = buf * panel + (li / gr) * sa + 8 * (li % gr);
+                    for t in 0..gr {
+                        for x in 0..8 {
+                            hits[(o + rs * t * sa + x) as usize] += 1;
+                        }
+                    }
+                }
+                for m in 0..128 {
+                    for k in 0..sa {
+                        let at = (buf * panel + m * sa + k) as usize;
+                        assert_eq!(
+                            hits[at],
+                            u32::from(k < kc),
+                            "kc {kc} buf {buf} row {m} k {k}"
+                        );
                     }
                 }
             }
-            for m in 0..128 {
-                for k in 0..SA {
-                    let at = (buf * PANEL + m * SA + k) as usize;
-                    assert_eq!(hits[at], u32::from(k < KC), "buf {buf} row {m} depth {k}");
-                }
-            }
-        }
-        // Fragment loads: 16 rows of stride SA, 16 elements, inside the buffer, inside the
-        // panel's KC depths.
-        for s in 0..4u32 {
-            let (ra, cb) = ((s >> 1) * 64 * SA, (s & 1) * 64 * SA);
-            for kk in [0, 16] {
-                for i in 0..4 {
-                    for start in [ra + 16 * i * SA, cb + 16 * i * SA] {
-                        assert!(start + kk + 15 * SA + 15 < PANEL);
-                        assert!((start + kk) % SA + 15 < KC);
+            // Fragment loads: 16 rows of stride SA, 16 elements, inside the buffer, inside
+            // the panel's KC depths; the eight 16-byte rows of a load phase in distinct bank
+            // groups.
+            for s in 0..4u32 {
+                let (ra, cb) = ((s >> 1) * 64 * sa, (s & 1) * 64 * sa);
+                for kk in (0..kc).step_by(16) {
+                    for i in 0..4 {
+                        for start in [ra + 16 * i * sa, cb + 16 * i * sa] {
+                            assert!(start + kk + 15 * sa + 15 < panel);
+                            assert!((start + kk) % sa + 15 < kc);
+                        }
                     }
                 }
             }
+            let groups: std::collections::BTreeSet<u32> =
+                (0..8).map(|r| (r * sa * 2 / 16) % 8).collect();
+            assert_eq!(groups.len(), 8, "kc {kc}");
         }
         // The hand-over: in round (a, h) subgroup s stores its fragments (a, 2h + x),
         // x < 2, column-major at stride 16 into slot 2s + x (Ct[(2s + x)*256 + 16 col + row]);

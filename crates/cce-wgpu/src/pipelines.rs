@@ -44,6 +44,9 @@ pub enum ShaderKind {
     /// inputs, used only with the cargo feature `coop-matrix` on adapters that offer it). Its
     /// `WG` override is always 16 ([`ShaderKind::constants`]).
     FwdPartialCoop128W,
+    /// [`ShaderKind::FwdPartialCoop128W`] with 16-deep panels (the same source, override `KC`
+    /// = 16).
+    FwdPartialCoop128W16,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -74,11 +77,12 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 16] = [
+    pub const ALL: [ShaderKind; 17] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
         ShaderKind::FwdPartialCoop128,
         ShaderKind::FwdPartialCoop128W,
+        ShaderKind::FwdPartialCoop128W16,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -206,7 +210,7 @@ impl ShaderKind {
                 "fwd_rows.wgsl",
                 "fwd_partial.wgsl"
             ),
-            ShaderKind::FwdPartialCoop128W => shader!(
+            ShaderKind::FwdPartialCoop128W | ShaderKind::FwdPartialCoop128W16 => shader!(
                 "logits_coop128w.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
@@ -260,12 +264,13 @@ impl ShaderKind {
             ShaderKind::FwdPartialCoop
                 | ShaderKind::FwdPartialCoop128
                 | ShaderKind::FwdPartialCoop128W
+                | ShaderKind::FwdPartialCoop128W16
         )
     }
 
     /// Side of the logits tiles a dispatch of this shader computes under a configuration
     /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`] and
-    /// [`ShaderKind::FwdPartialCoop128W`], else `cfg_tile`.
+    /// the 64 x 64 per subgroup ones, else `cfg_tile`.
     pub fn tile(self, cfg_tile: usize) -> usize {
         if self.is_coop128() {
             COOP128_TILE
@@ -278,7 +283,9 @@ impl ShaderKind {
     fn is_coop128(self) -> bool {
         matches!(
             self,
-            ShaderKind::FwdPartialCoop128 | ShaderKind::FwdPartialCoop128W
+            ShaderKind::FwdPartialCoop128
+                | ShaderKind::FwdPartialCoop128W
+                | ShaderKind::FwdPartialCoop128W16
         )
     }
 
@@ -308,6 +315,7 @@ impl ShaderKind {
             ShaderKind::FwdPartialCoop => "fwd_partial_coop",
             ShaderKind::FwdPartialCoop128 => "fwd_partial_coop128",
             ShaderKind::FwdPartialCoop128W => "fwd_partial_coop128w",
+            ShaderKind::FwdPartialCoop128W16 => "fwd_partial_coop128w16",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -325,7 +333,7 @@ impl ShaderKind {
 
     /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders (16 for
     /// the 128 x 128 cooperative-matrix forwards whatever `wg`), `TK` for those with FMA
-    /// panels.
+    /// panels, `KC` = 16 for [`ShaderKind::FwdPartialCoop128W16`].
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
@@ -338,6 +346,9 @@ impl ShaderKind {
         }
         if self.has_panels() {
             c.push(("TK", tk as f64));
+        }
+        if self == ShaderKind::FwdPartialCoop128W16 {
+            c.push(("KC", 16.0));
         }
         c
     }

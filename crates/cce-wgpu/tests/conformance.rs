@@ -539,6 +539,7 @@ fn coop_forwards_64_and_128() {
             cce_wgpu::CoopTile::T64,
             cce_wgpu::CoopTile::T128,
             cce_wgpu::CoopTile::T128W,
+            cce_wgpu::CoopTile::T128W16,
         ]
     } else {
         &[cce_wgpu::CoopTile::T128]
