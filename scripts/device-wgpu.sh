@@ -18,8 +18,8 @@
 # COOP_ONLY=1 build: only what the `coop` phase runs (cce-wgpu's conformance tests and
 # cce-bench-wgpu, both with the cargo feature coop-matrix, as conformance-coop and
 # cce-bench-wgpu-coop, gzipped) and the loader; then from the checkout holding $DEVBIN:
-#   DEVBIN=.devbin/wgpu-coop2 bash .devbin/wgpu-coop2/device-wgpu.sh run coop
-# with carry [".devbin/wgpu-coop2"] (the staged copy of this script runs, whatever the
+#   DEVBIN=.devbin/wgpu-coop3 bash .devbin/wgpu-coop3/device-wgpu.sh run coop
+# with carry [".devbin/wgpu-coop3"] (the staged copy of this script runs, whatever the
 # checkout's own script is).
 # Then call the device tool from the same checkout with carry [".devbin/wgpu"] and command
 #   "bash scripts/device-wgpu.sh run report,tests"   (then "... run sweep", "... run bench",
@@ -100,12 +100,15 @@
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
-#           128 x 128 forward, `coop_forwards_64_and_128` both), then the forward alone at
+#           128 x 128 forward, `coop_forwards_64_and_128` all three), then the forward alone at
 #           8192 x 2304 x 256000 f16 c/8 exact in alternation (--ab --forward-only, then one
-#           call each with GPU timestamps per shader): 8:8:coop64 (logits_coop.wgsl, 64 x 64),
-#           8:8:coop128 (logits_coop128.wgsl, 128 x 128) and 8:8:named:fma (the FMA forward);
-#           COOP_CONFIGS overrides the list; ~90 s (at most 150 + 100 by its timeouts); its
-#           table prints last.
+#           call each with GPU timestamps per shader): 8:8:coop128 (logits_coop128.wgsl,
+#           128 x 128, 32 x 64 per subgroup), 8:8:coop128w (logits_coop128w.wgsl, 128 x 128,
+#           64 x 64 per subgroup), 8:8:coop128w16 (the same with 16-deep panels) and
+#           8:8:named:fma (the FMA forward), with each config's loss
+#           and the largest |Δ lse| against the first's; COOP_CONFIGS overrides the list
+#           (8:8:coop64: logits_coop.wgsl, 64 x 64); ~90 s (at most 150 + 100 by its
+#           timeouts); its table prints last.
 # Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
 # 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
 # the JSON lines of every phase run so far, scripts/device-wgpu-summary.py: TFLOP/s, share of
@@ -280,7 +283,7 @@ summary() {
   fi
   if [ -f "$OUT/coop-gemma2.log" ]; then
     echo
-    echo "==== coop: the forward at 8192 x 2304 x 256000 f16, cooperative matrix 64 / 128 against FMA (wall medians, then GPU time per shader) ===="
+    echo "==== coop: the forward at 8192 x 2304 x 256000 f16, cooperative matrix against FMA (wall medians, losses and |Δ lse| against the first config, then GPU time per shader) ===="
     grep -E "^\| " "$OUT/coop-gemma2.log"
   fi
   if [ -f "$OUT/gap-forward.log" ]; then
@@ -424,7 +427,7 @@ if [[ $PHASES == *coop* ]]; then
   grep -E "^test |test result|panicked" "$OUT/tests-coop.log" | tail -24
   timeout 100 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --forward-only \
     --profile --reps 3 --deadline-s 60 \
-    --configs "${COOP_CONFIGS:-8:8:coop64,8:8:coop128,8:8:named:fma}" \
+    --configs "${COOP_CONFIGS:-8:8:coop128,8:8:coop128w,8:8:coop128w16,8:8:named:fma}" \
     >"$OUT/coop-gemma2.log" 2>&1
   rc=$?
   grep -E "^adapter|round|deadline" "$OUT/coop-gemma2.log" | tail -12

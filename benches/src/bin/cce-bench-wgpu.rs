@@ -21,14 +21,16 @@
 //! round, so that a shared, noisy machine slows them alike) and prints per config the median
 //! wall time and process CPU time (all threads, from /proc/self/stat: the work of a CPU
 //! adapter's threads, less sensitive to other processes than wall time) with the ratio to the
-//! first config.
+//! first config; after the forward's rounds, each config's loss from its latest forward and
+//! the largest |Δ| of its lse over all rows against the first config's.
 //! A config `wg:tk:checked` builds the shader modules with wgpu's runtime checks (bounds
 //! checks, loop bounding); without the suffix they are built trusted (the backend's default).
 //! `:fma` / `:coop` turn the cooperative-matrix forward off / on (built with the feature
 //! `wgpu-coop`; it runs for f16 inputs on adapters that offer cooperative matrices);
 //! `:coop64` / `:coop128` turn it on at 64 x 64 tiles (logits_coop.wgsl, needs wg = 8) / at
 //! 128 x 128 tiles (logits_coop128.wgsl, the default tile of `:coop`; the backward keeps the
-//! config's `wg:tk`).
+//! config's `wg:tk`); `:coop128w` at 128 x 128 tiles with 64 x 64 per subgroup
+//! (logits_coop128w.wgsl), `:coop128w16` the same with 16-deep panels.
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
@@ -42,10 +44,11 @@
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
 
-use cut_cross_entropy::cce_wgpu::{CoopTile, KernelConfig, MainLoop, WgpuBackend};
+use cut_cross_entropy::cce_wgpu::{CoopTile, KernelConfig, MainLoop, WgpuBackend, WgpuTensor};
 use cut_cross_entropy::{
-    Backend, DType, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
+    Backend, DType, ForwardOutput, HostData, HostTensor, Inputs, Options, TensorMeta, Upstream,
 };
+use std::cell::RefCell;
 use std::io::Write;
 use std::time::Instant;
 
@@ -115,7 +118,8 @@ struct Cli {
     #[arg(long)]
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
-    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det][:noco]`.
+    /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]`
+    /// `[:quad|:scalar|:named][:wN][:det][:noco]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -129,14 +133,14 @@ struct Cli {
 /// One `--configs` entry: `wg:tk`, then optionally `:checked` (wgpu's runtime checks on) and
 /// `:fma` / `:coop` (the cooperative-matrix forward off / on; it runs only where the backend
 /// can: the `wgpu-coop` build, f16 inputs, an adapter that offers it), `:coop64` / `:coop128`
-/// (on, at that tile: `KernelConfig::coop_tile`).
+/// / `:coop128w` / `:coop128w16` (on, at that tile: `KernelConfig::coop_tile`).
 #[derive(Clone, Copy, Debug)]
 struct ConfigSpec {
     wg: u32,
     tk: u32,
     checked: bool,
     coop: Option<bool>,
-    /// `:coop64` / `:coop128`: `KernelConfig::coop_tile` (else the base config's).
+    /// `:coop64` / `:coop128` / `:coop128w` / `:coop128w16`: `KernelConfig::coop_tile` (else the base config's).
     coop_tile: Option<CoopTile>,
     main_loop: Option<MainLoop>,
     /// `:w<N>`: `KernelConfig::target_workgroups` (else the base config's).
@@ -152,8 +156,8 @@ impl ConfigSpec {
         let bad = |why: String| {
             format!(
                 "--configs {c:?}: {why} (want \
-                 wg:tk[:checked][:fma|:coop|:coop64|:coop128][:quad|:scalar|:named][:wN][:det]\
-                 [:noco])"
+                 wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]\
+                 [:quad|:scalar|:named][:wN][:det][:noco])"
             )
         };
         let mut parts = c.split(':');
@@ -181,12 +185,13 @@ impl ConfigSpec {
                 "checked" => spec.checked = true,
                 "fma" => spec.coop = Some(false),
                 "coop" => spec.coop = Some(true),
-                "coop64" | "coop128" => {
+                "coop64" | "coop128" | "coop128w" | "coop128w16" => {
                     spec.coop = Some(true);
-                    spec.coop_tile = Some(if flag == "coop64" {
-                        CoopTile::T64
-                    } else {
-                        CoopTile::T128
+                    spec.coop_tile = Some(match flag {
+                        "coop64" => CoopTile::T64,
+                        "coop128" => CoopTile::T128,
+                        "coop128w" => CoopTile::T128W,
+                        _ => CoopTile::T128W16,
                     });
                 }
                 "quad" => spec.main_loop = Some(MainLoop::Quad),
@@ -399,12 +404,16 @@ fn ab(
             }
         })
         .collect();
-    type Call<'a> = &'a dyn Fn(&WgpuBackend, &Options);
+    // The latest forward output of each config (lse [N] and the loss stay on the device
+    // until the comparison reads them back).
+    let outs: RefCell<Vec<Option<ForwardOutput<WgpuTensor>>>> =
+        RefCell::new((0..backends.len()).map(|_| None).collect());
     let passes: [(&str, Call<'_>); 2] = [
-        ("forward", &|bc: &WgpuBackend, o: &Options| {
-            bc.forward(inputs, o).unwrap();
+        ("forward", &|k: usize, bc: &WgpuBackend, o: &Options| {
+            let out = bc.forward(inputs, o).unwrap();
+            outs.borrow_mut()[k] = Some(out);
         }),
-        ("fwd+bwd", &|bc: &WgpuBackend, o: &Options| {
+        ("fwd+bwd", &|_: usize, bc: &WgpuBackend, o: &Options| {
             bc.forward_backward(inputs, o, &Upstream::default())
                 .unwrap();
         }),
@@ -422,7 +431,7 @@ fn ab(
         for r in 0..=args.reps {
             let round = Instant::now();
             for (k, (name, bc, o)) in backends.iter().enumerate() {
-                let (w, c) = timed(bc, || call(bc, o));
+                let (w, c) = timed(bc, || call(k, bc, o));
                 println!("  {pass} {name} round {r}: {w:.1} ms wall, {c:.0} ms cpu");
                 if r > 0 {
                     wall[k].push(w);
@@ -451,9 +460,70 @@ fn ab(
                 wall[k].len()
             );
         }
+        if pass == "forward" {
+            compare_forwards(b, &backends, &outs.borrow(), label);
+        }
         if args.profile {
             profile(&backends, label, pass, call, args, start);
         }
+    }
+}
+
+/// A call of one `--ab` pass: (config index, backend, options).
+type Call<'a> = &'a dyn Fn(usize, &WgpuBackend, &Options);
+
+/// `--ab`: each config's loss from its latest forward, and the largest |Δ| of its lse over all
+/// rows (and the row where it occurs) against the first config's (one read-back of the lse
+/// and the loss per config).
+fn compare_forwards(
+    b: &WgpuBackend,
+    backends: &[(String, WgpuBackend, Options)],
+    outs: &[Option<ForwardOutput<WgpuTensor>>],
+    label: &str,
+) {
+    let read = |t: &WgpuTensor| b.download(t).map(|h| h.to_f32_vec());
+    let mut first: Option<Vec<f32>> = None;
+    for ((name, _, _), out) in backends.iter().zip(outs) {
+        let Some(out) = out else {
+            println!("| {label} | forward loss | {name} | no forward ran |");
+            continue;
+        };
+        let (loss, lse) = match (read(&out.loss), read(&out.lse)) {
+            (Ok(l), Ok(z)) => (l, z),
+            (Err(e), _) | (_, Err(e)) => {
+                println!("| {label} | forward loss | {name} | read-back failed: {e} |");
+                continue;
+            }
+        };
+        // Mean/sum: the scalar; reduction none: the mean of the per-row losses.
+        let loss_v = loss.iter().map(|&x| x as f64).sum::<f64>() / loss.len().max(1) as f64;
+        let vs = match &first {
+            None => {
+                first = Some(lse.clone());
+                "reference".to_string()
+            }
+            Some(z0) => {
+                let (mut worst, mut at, mut bad) = (0f32, 0usize, 0usize);
+                for (i, (a, r)) in lse.iter().zip(z0).enumerate() {
+                    let d = (a - r).abs();
+                    if d.is_nan() {
+                        bad += 1;
+                    } else if d > worst {
+                        (worst, at) = (d, i);
+                    }
+                }
+                format!(
+                    "max |Δ lse| {worst:.3e} (row {at}, lse {:.6}){}",
+                    z0.get(at).copied().unwrap_or(f32::NAN),
+                    if bad > 0 {
+                        format!(", {bad} rows NaN")
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+        };
+        println!("| {label} | forward loss | {name} | loss {loss_v:.7} | {vs} |");
     }
 }
 
@@ -462,11 +532,11 @@ fn profile(
     backends: &[(String, WgpuBackend, Options)],
     label: &str,
     pass: &str,
-    call: &dyn Fn(&WgpuBackend, &Options),
+    call: Call<'_>,
     args: &Args,
     start: Instant,
 ) {
-    for (name, bc, o) in backends {
+    for (k, (name, bc, o)) in backends.iter().enumerate() {
         if args.deadline_s - start.elapsed().as_secs_f64() < 10.0 {
             println!("  profile {pass} {name}: skipped, deadline");
             continue;
@@ -476,7 +546,7 @@ fn profile(
             return;
         }
         let _ = bc.take_pass_times();
-        let ms = sync_ms(bc, || call(bc, o));
+        let ms = sync_ms(bc, || call(k, bc, o));
         let times = bc.take_pass_times();
         bc.set_profiling(false);
         match times {

@@ -264,7 +264,7 @@ impl WgpuBackend {
                 "per-split slabs (no SHADER_FLOAT32_ATOMIC on the device)"
             }
         );
-        let usable = ctx.coop.t64 || ctx.coop.t128;
+        let usable = ctx.coop.t64 || ctx.coop.t128 || ctx.coop.t128w;
         let state = if !cfg!(feature = "coop-matrix") {
             "not compiled in (cargo feature coop-matrix)".to_string()
         } else if !usable {
@@ -279,8 +279,8 @@ impl WgpuBackend {
             }
         };
         s += &format!(
-            "cooperative-matrix forward: {state} (adapter: coop64 {}, coop128 {})\n",
-            ctx.coop.t64, ctx.coop.t128
+            "cooperative-matrix forward: {state} (adapter: coop64 {}, coop128 {}, coop128w {})\n",
+            ctx.coop.t64, ctx.coop.t128, ctx.coop.t128w
         );
         match coop {
             None => s += "cooperative_matrix_properties: (borrowed device, no adapter)\n",

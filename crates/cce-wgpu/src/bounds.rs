@@ -72,9 +72,11 @@ fn float_bytes(dtype: u32, end: u64) -> u64 {
 pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
     const GEMM: [&str; 3] = ["e", "c", "bias"];
     match kind {
-        ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128 => {
-            &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"]
-        }
+        ShaderKind::FwdPartial
+        | ShaderKind::FwdPartialCoop
+        | ShaderKind::FwdPartialCoop128
+        | ShaderKind::FwdPartialCoop128W
+        | ShaderKind::FwdPartialCoop128W16 => &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"],
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
         ShaderKind::BwdDe | ShaderKind::BwdDeAtomic | ShaderKind::BwdDeAtomicCo => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
@@ -149,6 +151,8 @@ pub(crate) fn extent(
             ShaderKind::FwdPartial
             | ShaderKind::FwdPartialCoop
             | ShaderKind::FwdPartialCoop128
+            | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
@@ -156,11 +160,19 @@ pub(crate) fn extent(
             gemm(binding)
         }
         (
-            ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
+            ShaderKind::FwdPartial
+            | ShaderKind::FwdPartialCoop
+            | ShaderKind::FwdPartialCoop128
+            | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16,
             4 | 6,
         ) => Some(per_row(4)),
         (
-            ShaderKind::FwdPartial | ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128,
+            ShaderKind::FwdPartial
+            | ShaderKind::FwdPartialCoop
+            | ShaderKind::FwdPartialCoop128
+            | ShaderKind::FwdPartialCoop128W
+            | ShaderKind::FwdPartialCoop128W16,
             5,
         ) => {
             if p.part_base as u64 + workgroups > p.part_stride as u64 {

@@ -46,14 +46,26 @@ pub enum CoopTile {
     /// per load with one barrier per panel, 48 KiB of workgroup memory. The backward and the other dtypes keep the
     /// configuration's tiles.
     T128,
+    /// logits_coop128w.wgsl: 128 x 128 tiles whatever the configuration's `wg`, 128
+    /// invocations (four subgroups of 64 x 64: 0.5 fragment loads per multiply-add against
+    /// 0.75), the panels of [`CoopTile::T128`], 48 KiB of workgroup memory, and two running
+    /// row states per invocation (kept by one of the two lanes that share a row). Where the
+    /// adapter cannot run it, [`CoopTile::T128`]'s rules apply.
+    T128W,
+    /// [`CoopTile::T128W`] with 16-deep panels (its `KC` override): 16 fewer prefetch
+    /// registers per invocation, one barrier per 16 multiply-adds per subgroup instead of 32.
+    T128W16,
 }
 
 impl CoopTile {
-    /// Short name (`coop64`, `coop128`), as the benchmark's `--configs` spells it.
+    /// Short name (`coop64`, `coop128`, `coop128w`, `coop128w16`), as the benchmark's
+    /// `--configs` spells it.
     pub fn name(self) -> &'static str {
         match self {
             CoopTile::T64 => "coop64",
             CoopTile::T128 => "coop128",
+            CoopTile::T128W => "coop128w",
+            CoopTile::T128W16 => "coop128w16",
         }
     }
 }
@@ -339,6 +351,16 @@ pub(crate) const COOP128_WORKGROUP_BYTES: u64 = 2 * 2 * 128 * 40 * 2 + 8 * 16 * 
 /// Invocations per workgroup of the 128 x 128 cooperative-matrix forward.
 pub(crate) const COOP128_INVOCATIONS: u32 = 256;
 
+/// Workgroup memory of the 128 x 128 cooperative-matrix forward with 64 x 64 per subgroup, in
+/// bytes: logits_coop128w.wgsl's panels (as [`COOP128_WORKGROUP_BYTES`]') and its f32
+/// hand-over `Ct` (two 16 x 16 fragment slots per subgroup, which also hold the end-of-split
+/// merge of the class halves): 40 KiB + 8 KiB.
+pub(crate) const COOP128W_WORKGROUP_BYTES: u64 = 2 * 2 * 128 * 40 * 2 + 4 * 2 * 16 * 16 * 4;
+
+/// Invocations per workgroup of the 128 x 128 cooperative-matrix forward with 64 x 64 per
+/// subgroup.
+pub(crate) const COOP128W_INVOCATIONS: u32 = 128;
+
 /// Which cooperative-matrix forwards an adapter can run ([`coop_capable`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CoopCaps {
@@ -346,13 +368,16 @@ pub(crate) struct CoopCaps {
     pub t64: bool,
     /// logits_coop128.wgsl (128 x 128 tiles).
     pub t128: bool,
+    /// logits_coop128w.wgsl (128 x 128 tiles, 64 x 64 per subgroup, either panel depth).
+    pub t128w: bool,
 }
 
-/// Which of logits_coop.wgsl and logits_coop128.wgsl an adapter can run: for both, the cargo
-/// feature compiled in, the device features they need (cooperative matrix, f16, subgroups),
-/// subgroups exactly 32 wide (two or eight full ones per workgroup), and a 16 x 16 x 16
-/// f16 x f16 -> f32 configuration listed; then room for each one's workgroup memory, and 256
-/// invocations per workgroup for the 128 x 128 one (`max_invocations`).
+/// Which of logits_coop.wgsl, logits_coop128.wgsl and logits_coop128w.wgsl an adapter can run:
+/// for all, the cargo feature compiled in, the device features they need (cooperative matrix,
+/// f16, subgroups), subgroups exactly 32 wide (two, eight or four full ones per workgroup), and
+/// a 16 x 16 x 16 f16 x f16 -> f32 configuration listed; then room for each one's workgroup
+/// memory, and its invocations per workgroup (256, 128: `max_invocations`) for the 128 x 128
+/// ones.
 pub(crate) fn coop_capable(
     features: wgpu::Features,
     configs: &[wgpu::CooperativeMatrixProperties],
@@ -376,13 +401,17 @@ pub(crate) fn coop_capable(
         t128: base
             && COOP128_WORKGROUP_BYTES <= max_workgroup_bytes as u64
             && COOP128_INVOCATIONS <= max_invocations,
+        t128w: base
+            && COOP128W_WORKGROUP_BYTES <= max_workgroup_bytes as u64
+            && COOP128W_INVOCATIONS <= max_invocations,
     }
 }
 
 /// The cooperative-matrix forward a call runs, if any: asked for, f16 inputs (staged as f16
 /// exactly; bf16 and f32 would be rounded), then the configuration's [`CoopTile`] where the
 /// adapter can run it (`caps`); the 64 x 64 one also needs the configuration's 64 x 64 tiles.
-/// The 128 x 128 one falls back to the 64 x 64 one on adapters without room for it.
+/// The 128 x 128 ones fall back to the 64 x 64 one on adapters without room for them
+/// ([`CoopTile::T128W`] and [`CoopTile::T128W16`] first to [`CoopTile::T128`]).
 pub(crate) fn coop_forward(
     cfg: &KernelConfig,
     caps: CoopCaps,
@@ -393,7 +422,8 @@ pub(crate) fn coop_forward(
     }
     let t64 = (caps.t64 && cfg.wg == 8).then_some(CoopTile::T64);
     match cfg.coop_tile {
-        CoopTile::T128 if caps.t128 => Some(CoopTile::T128),
+        t @ (CoopTile::T128W | CoopTile::T128W16) if caps.t128w => Some(t),
+        CoopTile::T128W | CoopTile::T128W16 | CoopTile::T128 if caps.t128 => Some(CoopTile::T128),
         _ => t64,
     }
 }
@@ -573,6 +603,7 @@ mod tests {
         let both = CoopCaps {
             t64: true,
             t128: true,
+            t128w: true,
         };
         let on = KernelConfig {
             cooperative_matrix: true,
@@ -591,11 +622,38 @@ mod tests {
         let wide = KernelConfig { wg: 4, ..on };
         assert_eq!(coop_forward(&wide, both, 1), Some(CoopTile::T128));
         assert_eq!(coop_forward(&KernelConfig { wg: 4, ..old }, both, 1), None);
-        // Without room for the 128 x 128 forward, the 64 x 64 one.
+        // The 64 x 64 per subgroup forward where asked and runnable, else the 128 x 128 one.
+        let w = KernelConfig {
+            coop_tile: CoopTile::T128W,
+            ..on
+        };
+        assert_eq!(coop_forward(&w, both, 1), Some(CoopTile::T128W));
+        assert_eq!(
+            coop_forward(&KernelConfig { wg: 4, ..w }, both, 1),
+            Some(CoopTile::T128W)
+        );
+        assert_eq!(coop_forward(&w, both, 2), None);
+        let no_w = CoopCaps {
+            t128w: false,
+            ..both
+        };
+        assert_eq!(coop_forward(&w, no_w, 1), Some(CoopTile::T128));
+        assert_eq!(coop_forward(&on, no_w, 1), Some(CoopTile::T128));
+        assert_eq!(CoopTile::T128W.name(), "coop128w");
+        let w16 = KernelConfig {
+            coop_tile: CoopTile::T128W16,
+            ..on
+        };
+        assert_eq!(coop_forward(&w16, both, 1), Some(CoopTile::T128W16));
+        assert_eq!(coop_forward(&w16, no_w, 1), Some(CoopTile::T128));
+        assert_eq!(CoopTile::T128W16.name(), "coop128w16");
+        // Without room for the 128 x 128 forwards, the 64 x 64 one.
         let small = CoopCaps {
             t64: true,
             t128: false,
+            t128w: false,
         };
+        assert_eq!(coop_forward(&w, small, 1), Some(CoopTile::T64));
         assert_eq!(coop_forward(&on, small, 1), Some(CoopTile::T64));
         assert_eq!(coop_forward(&wide, small, 1), None);
         let f16_f32 = wgpu::CooperativeMatrixProperties {
@@ -615,7 +673,8 @@ mod tests {
             capable,
             CoopCaps {
                 t64: feat,
-                t128: feat
+                t128: feat,
+                t128w: feat
             }
         );
         let f16_f16 = wgpu::CooperativeMatrixProperties {
@@ -648,14 +707,24 @@ mod tests {
             coop_capable(all, &[f16_f32], (32, 32), below_128, 1024),
             CoopCaps {
                 t64: feat,
-                t128: false
+                t128: false,
+                t128w: false
             }
         );
         assert_eq!(
             coop_capable(all, &[f16_f32], (32, 32), 48 << 10, 128),
             CoopCaps {
                 t64: feat,
-                t128: false
+                t128: false,
+                t128w: feat
+            }
+        );
+        assert_eq!(
+            coop_capable(all, &[f16_f32], (32, 32), 48 << 10, 64),
+            CoopCaps {
+                t64: feat,
+                t128: false,
+                t128w: false
             }
         );
     }
@@ -735,6 +804,119 @@ mod tests {
         assert_eq!(per_round, [32; 8]);
         // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
         const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
+    }
+
+    #[test]
+    fn coop128w_indices_stay_in_their_arrays() {
+        // logits_coop128w.wgsl's workgroup indices, enumerated (its header, "Bounds"), at
+        // both panel depths (its KC override: 32, and 16 for CoopTile::T128W16).
+        const ARRAY: u32 = 10240;
+        assert_eq!(COOP128W_WORKGROUP_BYTES, 49152);
+        assert_eq!(COOP128W_WORKGROUP_BYTES, (2 * ARRAY * 2 + 2048 * 4) as u64);
+        for kc in [32u32, 16] {
+            let sa = kc + 8;
+            let panel = 128 * sa;
+            let (gr, rs) = (kc / 8, 128 / (kc / 8));
+            assert!(2 * panel <= ARRAY);
+            // Panel stores: every depth slot of every row of a buffer written exactly once.
+            for buf in 0..2 {
+                let mut hits = vec![0u32; 2 * panel as usize];
+                for li in 0..COOP128W_INVOCATIONS {
+                    let o = buf * panel + (li / gr) * sa + 8 * (li % gr);
+                    for t in 0..gr {
+                        for x in 0..8 {
+                            hits[(o + rs * t * sa + x) as usize] += 1;
+                        }
+                    }
+                }
+                for m in 0..128 {
+                    for k in 0..sa {
+                        let at = (buf * panel + m * sa + k) as usize;
+                        assert_eq!(
+                            hits[at],
+                            u32::from(k < kc),
+                            "kc {kc} buf {buf} row {m} k {k}"
+                        );
+                    }
+                }
+            }
+            // Fragment loads: 16 rows of stride SA, 16 elements, inside the buffer, inside
+            // the panel's KC depths; the eight 16-byte rows of a load phase in distinct bank
+            // groups.
+            for s in 0..4u32 {
+                let (ra, cb) = ((s >> 1) * 64 * sa, (s & 1) * 64 * sa);
+                for kk in (0..kc).step_by(16) {
+                    for i in 0..4 {
+                        for start in [ra + 16 * i * sa, cb + 16 * i * sa] {
+                            assert!(start + kk + 15 * sa + 15 < panel);
+                            assert!((start + kk) % sa + 15 < kc);
+                        }
+                    }
+                }
+            }
+            let groups: std::collections::BTreeSet<u32> =
+                (0..8).map(|r| (r * sa * 2 / 16) % 8).collect();
+            assert_eq!(groups.len(), 8, "kc {kc}");
+        }
+        // The hand-over: in round (a, h) subgroup s stores its fragments (a, 2h + x),
+        // x < 2, column-major at stride 16 into slot 2s + x (Ct[(2s + x)*256 + 16 col + row]);
+        // lane l reads Ct[512s + 256q + rho + 16x], x < 16, as tile row 64u + 16a + rho and
+        // class 64v + 32h + 16q + x (take16). Every logit of the tile is read once.
+        let mut seen = vec![0u32; 128 * 128];
+        for s in 0..4u32 {
+            let (u, v) = (s >> 1, s & 1);
+            for (a, h) in (0..8u32).map(|r| (r / 2, r % 2)) {
+                // What the two stores put where: slot element -> (tile row, class).
+                let mut ct = vec![None; 2048];
+                for x in 0..2 {
+                    let (row0, cls0) = (64 * u + 16 * a, 64 * v + 16 * (2 * h + x));
+                    for col in 0..16 {
+                        for row in 0..16 {
+                            let at = ((2 * s + x) * 256 + 16 * col + row) as usize;
+                            assert!(at < 2048 && at < (2 * s + 2) as usize * 256);
+                            ct[at] = Some((row0 + row, cls0 + col));
+                        }
+                    }
+                }
+                for l in 0..32u32 {
+                    let (rho, q) = (l >> 1, l & 1);
+                    let o = 512 * s + 256 * q + rho;
+                    let r = 64 * u + 16 * a + rho;
+                    let j0 = 64 * v + 32 * h + 16 * q;
+                    for x in 0..16 {
+                        let at = (o + 16 * x) as usize;
+                        assert_eq!(ct[at], Some((r, j0 + x)), "s {s} round {a},{h} lane {l}");
+                        seen[(r * 128 + j0 + x) as usize] += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+        // Row states: lane l of subgroup s reads rows 64u + 16a + rho; row a is kept by the
+        // lane with q = a / 2 as state k = a % 2 (store_row's 64u + 32q + 16k + rho); each
+        // tile row is kept once per class half, and the two halves of a row share a scratch
+        // slot (32u + l)*2 + k below 128.
+        let mut kept = vec![[0u32; 2]; 128];
+        let mut slots = vec![0u32; 128];
+        for s in 0..4u32 {
+            let (u, v) = (s >> 1, s & 1);
+            for l in 0..32u32 {
+                let (rho, q) = (l >> 1, l & 1);
+                for k in 0..2 {
+                    let a = 2 * q + k;
+                    let row = 64 * u + 32 * q + 16 * k + rho;
+                    assert_eq!(row, 64 * u + 16 * a + rho);
+                    kept[row as usize][v as usize] += 1;
+                    let slot = (32 * u + l) * 2 + k;
+                    assert!(8 * slot + 7 < 1024);
+                    if v == 1 {
+                        slots[slot as usize] += 1;
+                    }
+                }
+            }
+        }
+        assert!(kept.iter().all(|&k| k == [1, 1]));
+        assert!(slots.iter().all(|&n| n == 1));
     }
 
     #[test]

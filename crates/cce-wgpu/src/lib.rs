@@ -60,8 +60,9 @@
 //! offers it, and the forward of f16 inputs computes its logits tiles with 16 x 16 x 16
 //! f16 x f16 -> f32 cooperative matrices on adapters with 32-wide subgroups that list that
 //! configuration: by default at 128 x 128 tiles (logits_coop128.wgsl, 256 invocations, 48 KiB
-//! of workgroup memory), or at 64 x 64 (logits_coop.wgsl) where [`KernelConfig::coop_tile`]
-//! asks for it or the adapter has no room for the larger one; everything else, and every
+//! of workgroup memory), at 128 x 128 with 64 x 64 per subgroup (logits_coop128w.wgsl, 128
+//! invocations, 48 KiB) or at 64 x 64 (logits_coop.wgsl) where [`KernelConfig::coop_tile`]
+//! asks for it, or the 64 x 64 one where the adapter has no room for the larger ones; everything else, and every
 //! other dtype, keeps the f32 FMA kernels. [`KernelConfig::cooperative_matrix`] turns it off
 //! per backend; [`WgpuBackend::adapter_report`] says whether it is in use.
 //!

@@ -38,6 +38,15 @@ pub enum ShaderKind {
     /// only with the cargo feature `coop-matrix` on adapters that offer it). Its `WG` override
     /// is always 16 ([`ShaderKind::constants`]).
     FwdPartialCoop128,
+    /// Forward partials by cooperative matrices at 128 x 128 tiles with 64 x 64 per subgroup
+    /// (logits_coop128w.wgsl: 128 invocations, the panels of
+    /// [`ShaderKind::FwdPartialCoop128`], its own pass over fwd_rows.wgsl's row state; f16
+    /// inputs, used only with the cargo feature `coop-matrix` on adapters that offer it). Its
+    /// `WG` override is always 16 ([`ShaderKind::constants`]).
+    FwdPartialCoop128W,
+    /// [`ShaderKind::FwdPartialCoop128W`] with 16-deep panels (the same source, override `KC`
+    /// = 16).
+    FwdPartialCoop128W16,
     /// Forward merge, per-row loss and side outputs.
     FwdMerge,
     /// Mean/sum of the per-row losses.
@@ -75,10 +84,12 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 17] = [
+    pub const ALL: [ShaderKind; 19] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
         ShaderKind::FwdPartialCoop128,
+        ShaderKind::FwdPartialCoop128W,
+        ShaderKind::FwdPartialCoop128W16,
         ShaderKind::FwdMerge,
         ShaderKind::LossReduce,
         ShaderKind::BwdPrep,
@@ -143,9 +154,10 @@ impl ShaderKind {
                     + "\n"
             };
             let generated = match self {
-                ShaderKind::FwdPartial => {
-                    Some(head(shader!("panel_a.wgsl", "fwd_partial.wgsl")) + &named::fwd_named())
-                }
+                ShaderKind::FwdPartial => Some(
+                    head(shader!("panel_a.wgsl", "fwd_rows.wgsl", "fwd_partial.wgsl"))
+                        + &named::fwd_named(),
+                ),
                 ShaderKind::BwdHist => Some(
                     head(shader!("panel_a.wgsl", "bwd_hist.wgsl"))
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
@@ -195,19 +207,32 @@ impl ShaderKind {
             };
         }
         Cow::Borrowed(match self {
-            ShaderKind::FwdPartial => tiled!("panel_a.wgsl", "fwd_partial.wgsl", "fwd_main.wgsl"),
+            ShaderKind::FwdPartial => tiled!(
+                "panel_a.wgsl",
+                "fwd_rows.wgsl",
+                "fwd_partial.wgsl",
+                "fwd_main.wgsl"
+            ),
             // The `enable` directives of logits_coop.wgsl must open the module.
             ShaderKind::FwdPartialCoop => shader!(
                 "logits_coop.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
+                "fwd_rows.wgsl",
                 "fwd_partial.wgsl"
             ),
             ShaderKind::FwdPartialCoop128 => shader!(
                 "logits_coop128.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
+                "fwd_rows.wgsl",
                 "fwd_partial.wgsl"
+            ),
+            ShaderKind::FwdPartialCoop128W | ShaderKind::FwdPartialCoop128W16 => shader!(
+                "logits_coop128w.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "fwd_rows.wgsl"
             ),
             ShaderKind::FwdMerge => shader!("common.wgsl", "fwd_merge.wgsl"),
             ShaderKind::LossReduce => shader!("common.wgsl", "loss_reduce.wgsl"),
@@ -256,19 +281,32 @@ impl ShaderKind {
     pub fn is_coop(self) -> bool {
         matches!(
             self,
-            ShaderKind::FwdPartialCoop | ShaderKind::FwdPartialCoop128
+            ShaderKind::FwdPartialCoop
+                | ShaderKind::FwdPartialCoop128
+                | ShaderKind::FwdPartialCoop128W
+                | ShaderKind::FwdPartialCoop128W16
         )
     }
 
     /// Side of the logits tiles a dispatch of this shader computes under a configuration
-    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`], else
-    /// `cfg_tile`.
+    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`] and
+    /// the 64 x 64 per subgroup ones, else `cfg_tile`.
     pub fn tile(self, cfg_tile: usize) -> usize {
-        if self == ShaderKind::FwdPartialCoop128 {
+        if self.is_coop128() {
             COOP128_TILE
         } else {
             cfg_tile
         }
+    }
+
+    /// Whether the shader is one of the 128 x 128 cooperative-matrix forwards.
+    fn is_coop128(self) -> bool {
+        matches!(
+            self,
+            ShaderKind::FwdPartialCoop128
+                | ShaderKind::FwdPartialCoop128W
+                | ShaderKind::FwdPartialCoop128W16
+        )
     }
 
     /// Whether the shader adds into its slab with f32 atomics (needs the device feature
@@ -309,6 +347,8 @@ impl ShaderKind {
             ShaderKind::FwdPartial => "fwd_partial",
             ShaderKind::FwdPartialCoop => "fwd_partial_coop",
             ShaderKind::FwdPartialCoop128 => "fwd_partial_coop128",
+            ShaderKind::FwdPartialCoop128W => "fwd_partial_coop128w",
+            ShaderKind::FwdPartialCoop128W16 => "fwd_partial_coop128w16",
             ShaderKind::FwdMerge => "fwd_merge",
             ShaderKind::LossReduce => "loss_reduce",
             ShaderKind::BwdPrep => "bwd_prep",
@@ -327,11 +367,12 @@ impl ShaderKind {
     }
 
     /// Override constants of a pipeline: `DTYPE` always, `WG` for tiled shaders (16 for
-    /// [`ShaderKind::FwdPartialCoop128`] whatever `wg`), `TK` for those with FMA panels.
+    /// the 128 x 128 cooperative-matrix forwards whatever `wg`), `TK` for those with FMA
+    /// panels, `KC` = 16 for [`ShaderKind::FwdPartialCoop128W16`].
     pub fn constants(self, dtype_code: u32, wg: u32, tk: u32) -> Vec<(&'static str, f64)> {
         let mut c = vec![("DTYPE", dtype_code as f64)];
         if self.is_tiled() {
-            let wg = if self == ShaderKind::FwdPartialCoop128 {
+            let wg = if self.is_coop128() {
                 (COOP128_TILE / 8) as u32
             } else {
                 wg
@@ -340,6 +381,9 @@ impl ShaderKind {
         }
         if self.has_panels() {
             c.push(("TK", tk as f64));
+        }
+        if self == ShaderKind::FwdPartialCoop128W16 {
+            c.push(("KC", 16.0));
         }
         c
     }

@@ -510,25 +510,45 @@ fn hostile_shapes_shallow_panels() {
 
 /// f16 cases for the cooperative-matrix forwards: more than one 128 x 128 tile each way, D a
 /// multiple of 8 (whole-vector panel reads) with a partial last panel, and D not (element
-/// reads), bias and softcap.
+/// reads), bias and softcap; many class tiles per split (the running row states extended
+/// tile after tile), a bias of −20 outside the first classes with ignored rows.
 fn coop_cases() -> Vec<Case> {
     vec![
         Case::new("coop 300x200x700 f16", 300, 200, 700, F16),
         Case::new("coop 129x32x257 f16 bias", 129, 32, 257, F16).with(|c| c.bias = true),
         Case::new("coop 257x77x385 f16 softcap", 257, 77, 385, F16)
             .with(|c| c.opts.softcap = Some(4.0)),
+        Case::new("coop 200x64x1100 f16, 2 workgroups", 200, 64, 1100, F16)
+            .with(|c| c.workgroups = Some(2)),
+        Case::new(
+            "coop 150x48x600 f16 hot classes, ignored",
+            150,
+            48,
+            600,
+            F16,
+        )
+        .with(|c| {
+            c.bias = true;
+            c.hot_classes = Some(40);
+            c.ignore_frac = 0.1;
+        }),
     ]
 }
 
 #[test]
 fn coop_forwards_64_and_128() {
     // Where the adapter runs cooperative matrices (the `coop-matrix` build on a capable GPU),
-    // each f16 case through both forwards; elsewhere (lavapipe) the FMA forward runs them, so
-    // the cases run once.
+    // each f16 case through the three forwards (64 x 64, 128 x 128, 128 x 128 with 64 x 64
+    // per subgroup); elsewhere (lavapipe) the FMA forward runs them, so the cases run once.
     let Some(b) = backend() else { return };
     let coop = b.adapter_report().contains("coop64 true");
     let tiles: &[cce_wgpu::CoopTile] = if coop {
-        &[cce_wgpu::CoopTile::T64, cce_wgpu::CoopTile::T128]
+        &[
+            cce_wgpu::CoopTile::T64,
+            cce_wgpu::CoopTile::T128,
+            cce_wgpu::CoopTile::T128W,
+            cce_wgpu::CoopTile::T128W16,
+        ]
     } else {
         &[cce_wgpu::CoopTile::T128]
     };

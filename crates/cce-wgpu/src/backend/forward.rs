@@ -25,6 +25,8 @@ impl WgpuBackend {
         let ctx = &self.ctx;
         let fwd_kind = match coop_forward(&self.cfg, ctx.coop, dt) {
             Some(CoopTile::T128) => ShaderKind::FwdPartialCoop128,
+            Some(CoopTile::T128W) => ShaderKind::FwdPartialCoop128W,
+            Some(CoopTile::T128W16) => ShaderKind::FwdPartialCoop128W16,
             Some(CoopTile::T64) => ShaderKind::FwdPartialCoop,
             None => ShaderKind::FwdPartial,
         };
