@@ -77,9 +77,9 @@
 #           dc-atomic) against coalesced through subgroup shuffles (bwd-atomic-co,
 #           dc-atomic-co), each checked on 70 x 300 x 136 first; then the backend at 8192 x
 #           2304 x 256000 c/8 exact bf16, 8:8:named with its default backward (f32 atomics
-#           coalesced where the device has SHADER_FLOAT32_ATOMIC and SUBGROUP) against
-#           8:8:named:noco (the atomics scattered) and 8:8:named:det (deterministic calls:
-#           per-split slabs), forward and forward+backward,
+#           scattered where the device has SHADER_FLOAT32_ATOMIC) against 8:8:named:co (the
+#           atomics coalesced through subgroup shuffles, off by default until measured) and
+#           8:8:named:det (deterministic calls: per-split slabs), forward and forward+backward,
 #           1 warm-up + 1 timed call each, then one call each with GPU timestamps per shader;
 #           QUICK_FWD / QUICK_BWD / QUICK_CONFIGS override the variant / config lists; its
 #           tables print last;
@@ -403,7 +403,7 @@ if [[ $PHASES == *quick* ]]; then
   status[quick]="forward / backward shaders rc=$?; "
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/quick.log" | cut -c1-220
   timeout 130 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 1 \
-    --deadline-s 120 --configs "${QUICK_CONFIGS:-8:8:named,8:8:named:noco,8:8:named:det}" \
+    --deadline-s 120 --configs "${QUICK_CONFIGS:-8:8:named,8:8:named:co,8:8:named:det}" \
     >"$OUT/quick-backend.log" 2>&1
   status[quick]+="backend rc=$?"
   grep -E "^adapter|round|deadline" "$OUT/quick-backend.log" | tail -12

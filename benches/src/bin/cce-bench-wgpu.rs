@@ -37,9 +37,9 @@
 //! `:w<N>` sets the config's `target_workgroups` (e.g. `8:8:named:w65536`: one class tile per
 //! forward workgroup at 8192 rows). `:det` (with `--ab`) runs that config's calls with
 //! `Options::deterministic` (the backward's per-split slabs instead of its f32 atomics, on
-//! devices with `SHADER_FLOAT32_ATOMIC`). `:noco` turns the coalesced atomic adds off
-//! (`KernelConfig::coalesced_adds`: the backward's f32 atomics scattered, as before subgroup
-//! shuffles). `--forward-only` (with `--ab`) skips forward+backward.
+//! devices with `SHADER_FLOAT32_ATOMIC`). `:co` turns the coalesced atomic adds on
+//! and `:noco` off (`KernelConfig::coalesced_adds`, off by default: the backward's f32 atomics
+//! through subgroup shuffles, or scattered). `--forward-only` (with `--ab`) skips forward+backward.
 //! `--profile` (with `--ab`) then runs one more call of each config and pass with GPU
 //! timestamps on (per dispatch where the adapter offers TIMESTAMP_QUERY_INSIDE_PASSES, else
 //! per compute pass) and prints the GPU time per shader.
@@ -119,7 +119,7 @@ struct Cli {
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
     /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]`
-    /// `[:quad|:scalar|:named][:wN][:det][:noco]`.
+    /// `[:quad|:scalar|:named][:wN][:det][:noco|:co]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -149,6 +149,8 @@ struct ConfigSpec {
     deterministic: bool,
     /// `:noco`: `KernelConfig::coalesced_adds` off.
     scattered: bool,
+    /// `:co`: `KernelConfig::coalesced_adds` on (off by default).
+    coalesced: bool,
 }
 
 impl ConfigSpec {
@@ -157,7 +159,7 @@ impl ConfigSpec {
             format!(
                 "--configs {c:?}: {why} (want \
                  wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]\
-                 [:quad|:scalar|:named][:wN][:det][:noco])"
+                 [:quad|:scalar|:named][:wN][:det][:noco|:co])"
             )
         };
         let mut parts = c.split(':');
@@ -179,6 +181,7 @@ impl ConfigSpec {
             target_workgroups: None,
             deterministic: false,
             scattered: false,
+            coalesced: false,
         };
         for flag in parts {
             match flag {
@@ -199,6 +202,7 @@ impl ConfigSpec {
                 "named" => spec.main_loop = Some(MainLoop::Named),
                 "det" => spec.deterministic = true,
                 "noco" => spec.scattered = true,
+                "co" => spec.coalesced = true,
                 w if w.starts_with('w') && w.len() > 1 => {
                     spec.target_workgroups =
                         Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
@@ -217,7 +221,7 @@ impl ConfigSpec {
             cooperative_matrix: self.coop.unwrap_or(base.cooperative_matrix),
             coop_tile: self.coop_tile.unwrap_or(base.coop_tile),
             target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
-            coalesced_adds: base.coalesced_adds && !self.scattered,
+            coalesced_adds: (base.coalesced_adds || self.coalesced) && !self.scattered,
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
             main_loop: self.main_loop.unwrap_or(
@@ -257,6 +261,9 @@ impl ConfigSpec {
         }
         if self.scattered {
             n += ":noco";
+        }
+        if self.coalesced {
+            n += ":co";
         }
         n
     }

@@ -116,7 +116,8 @@ pub struct KernelConfig {
     /// apart (slab_atomic_co.wgsl); it applies where the device has `SUBGROUP` with
     /// subgroups that can be 8 or more wide and `wg` is a multiple of 8, and the shader
     /// checks the subgroups' lane order at run time (the scattered adds otherwise). Default
-    /// true.
+    /// false until measured on a GPU (lavapipe's subgroups of 8 are the only ones it has run
+    /// on; docs/perf-log.md session 20 has its prediction).
     pub coalesced_adds: bool,
 }
 
@@ -144,7 +145,7 @@ impl KernelConfig {
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
             coop_tile: CoopTile::T128,
-            coalesced_adds: true,
+            coalesced_adds: false,
         };
         shapes
             .iter()

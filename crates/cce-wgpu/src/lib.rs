@@ -29,8 +29,9 @@
 //!    - on devices with `SHADER_FLOAT32_ATOMIC` (Vulkan `VK_EXT_shader_atomic_float`, Metal
 //!      3), for calls that are not `Options::deterministic`: every split adds into one f32
 //!      slab per chunk with `atomicAdd` on `atomic<f32>`, and the splits are as many as the
-//!      kernel configuration's `target_workgroups` asks; where the device also has `SUBGROUP`
-//!      (subgroups 8 or more wide, `wg` a multiple of 8,
+//!      kernel configuration's `target_workgroups` asks; with
+//!      [`KernelConfig::coalesced_adds`] (off by default) where the device also has
+//!      `SUBGROUP` (subgroups 8 or more wide, `wg` a multiple of 8,
 //!      [`WgpuBackend::has_coalesced_adds`]) each row's 8 x 8 block of a thread is first
 //!      transposed across the row's 8 lanes by subgroup shuffles, so that one add instruction
 //!      of a subgroup covers 8 consecutive floats of a row (one 32-byte sector) instead of 8

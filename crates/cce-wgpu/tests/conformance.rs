@@ -606,10 +606,10 @@ fn atomic_splits_match_the_f64_oracle() {
 
 #[test]
 fn coalesced_and_scattered_atomics_match_the_f64_oracle() {
-    // The atomic adds through subgroup shuffles (slab_atomic_co.wgsl: the default where the
-    // device has SUBGROUP with subgroups that can be 8 wide and wg is a multiple of 8;
-    // lavapipe's subgroups are 8 wide) and scattered (`coalesced_adds` off), at 64 target
-    // workgroups, each against the f64 oracle.
+    // The atomic adds through subgroup shuffles (slab_atomic_co.wgsl, `coalesced_adds` on:
+    // applies where the device has SUBGROUP with subgroups that can be 8 wide and wg is a
+    // multiple of 8; lavapipe's subgroups are 8 wide) and scattered (`coalesced_adds` off, the
+    // default), at 64 target workgroups, each against the f64 oracle.
     let Some(b) = backend() else { return };
     println!(
         "coalesced adds: {} (SHADER_FLOAT32_ATOMIC {}, {})",
