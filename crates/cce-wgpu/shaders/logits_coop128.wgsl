@@ -72,34 +72,6 @@ struct Fetch {
     b1: vec4<u32>,
 }
 
-// Bits of f16 element `i` from the word holding it.
-fn half_bits(w: u32, i: u32) -> u32 {
-    return select(w & 0xffffu, w >> 16u, (i & 1u) == 1u);
-}
-
-// Elements i, i+1 (raw words w0, w1) as one word.
-fn pair_bits(w0: u32, w1: u32, i: u32) -> u32 {
-    return half_bits(w0, i) | (half_bits(w1, i + 1u) << 16u);
-}
-
-// The f16 bits of elements i .. i+7 of a source (column col of a row that exists when `ok`),
-// 0 for elements past D or outside the chunk.
-fn fetch8(is_e: bool, ok: bool, col: u32, i: u32) -> vec4<u32> {
-    if !ok || col >= P.d {
-        return vec4<u32>(0u);
-    }
-    if (P.d & 7u) == 0u && (src_off(is_e) & 7u) == 0u {
-        return src_quad(is_e, i >> 3u);
-    }
-    let lo = load4(is_e, i, min(P.d - col, 4u));
-    var hi = vec4<u32>(0u);
-    if col + 4u < P.d {
-        hi = load4(is_e, i + 4u, min(P.d - col - 4u, 4u));
-    }
-    return vec4<u32>(pair_bits(lo.x, lo.y, i), pair_bits(lo.z, lo.w, i + 2u),
-                     pair_bits(hi.x, hi.y, i + 4u), pair_bits(hi.z, hi.w, i + 6u));
-}
-
 // This invocation's share of panel k0 .. k0+KC of the tile's e rows and c rows.
 fn fetch_panel(r_base: u32, c_base: u32, k0: u32, li: u32) -> Fetch {
     let m = li >> 2u;
@@ -113,38 +85,6 @@ fn fetch_panel(r_base: u32, c_base: u32, k0: u32, li: u32) -> Fetch {
     return Fetch(fetch8(true, r < P.n_rows, col, e0), fetch8(true, r + 64u < P.n_rows, col, e1),
                  fetch8(false, c < P.n_cls, col, c0),
                  fetch8(false, c + 64u < P.n_cls, col, c1));
-}
-
-// Eight f16 (raw words w) into Ah at o .. o+7 (exact: f16 -> f32 -> f16).
-fn put_a(o: u32, w: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    Ah[o] = h0.x;
-    Ah[o + 1u] = h0.y;
-    Ah[o + 2u] = h1.x;
-    Ah[o + 3u] = h1.y;
-    Ah[o + 4u] = h2.x;
-    Ah[o + 5u] = h2.y;
-    Ah[o + 6u] = h3.x;
-    Ah[o + 7u] = h3.y;
-}
-
-// Eight f16 (raw words w) into Bh at o .. o+7 (exact: f16 -> f32 -> f16).
-fn put_b(o: u32, w: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    Bh[o] = h0.x;
-    Bh[o + 1u] = h0.y;
-    Bh[o + 2u] = h1.x;
-    Bh[o + 3u] = h1.y;
-    Bh[o + 4u] = h2.x;
-    Bh[o + 5u] = h2.y;
-    Bh[o + 6u] = h3.x;
-    Bh[o + 7u] = h3.y;
 }
 
 // A fetched share into the panel buffer starting at element `base` (0 or PANEL).

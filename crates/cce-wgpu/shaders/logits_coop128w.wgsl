@@ -100,34 +100,6 @@ struct Fetch {
     b3: vec4<u32>,
 }
 
-// Bits of f16 element `i` from the word holding it.
-fn half_bits(w: u32, i: u32) -> u32 {
-    return select(w & 0xffffu, w >> 16u, (i & 1u) == 1u);
-}
-
-// Elements i, i+1 (raw words w0, w1) as one word.
-fn pair_bits(w0: u32, w1: u32, i: u32) -> u32 {
-    return half_bits(w0, i) | (half_bits(w1, i + 1u) << 16u);
-}
-
-// The f16 bits of elements i .. i+7 of a source (column col of a row that exists when `ok`),
-// 0 for elements past D or outside the chunk.
-fn fetch8(is_e: bool, ok: bool, col: u32, i: u32) -> vec4<u32> {
-    if !ok || col >= P.d {
-        return vec4<u32>(0u);
-    }
-    if (P.d & 7u) == 0u && (src_off(is_e) & 7u) == 0u {
-        return src_quad(is_e, i >> 3u);
-    }
-    let lo = load4(is_e, i, min(P.d - col, 4u));
-    var hi = vec4<u32>(0u);
-    if col + 4u < P.d {
-        hi = load4(is_e, i + 4u, min(P.d - col - 4u, 4u));
-    }
-    return vec4<u32>(pair_bits(lo.x, lo.y, i), pair_bits(lo.z, lo.w, i + 2u),
-                     pair_bits(hi.x, hi.y, i + 4u), pair_bits(hi.z, hi.w, i + 6u));
-}
-
 // Row m (< 128) of the tile's e rows (`is_e`) or c rows at depths col .. col+7.
 fn fetch_row(is_e: bool, base: u32, m: u32, col: u32) -> vec4<u32> {
     let n = select(P.n_cls, P.n_rows, is_e);
@@ -151,38 +123,6 @@ fn fetch_panel(r_base: u32, c_base: u32, k0: u32, li: u32) -> Fetch {
         f.b3 = fetch_row(false, c_base, m + 3u * RS, col);
     }
     return f;
-}
-
-// Eight f16 (raw words w) into Ah at o .. o+7 (exact: f16 -> f32 -> f16).
-fn put_a(o: u32, w: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    Ah[o] = h0.x;
-    Ah[o + 1u] = h0.y;
-    Ah[o + 2u] = h1.x;
-    Ah[o + 3u] = h1.y;
-    Ah[o + 4u] = h2.x;
-    Ah[o + 5u] = h2.y;
-    Ah[o + 6u] = h3.x;
-    Ah[o + 7u] = h3.y;
-}
-
-// Eight f16 (raw words w) into Bh at o .. o+7 (exact: f16 -> f32 -> f16).
-fn put_b(o: u32, w: vec4<u32>) {
-    let h0 = vec2<f16>(unpack2x16float(w.x));
-    let h1 = vec2<f16>(unpack2x16float(w.y));
-    let h2 = vec2<f16>(unpack2x16float(w.z));
-    let h3 = vec2<f16>(unpack2x16float(w.w));
-    Bh[o] = h0.x;
-    Bh[o + 1u] = h0.y;
-    Bh[o + 2u] = h1.x;
-    Bh[o + 3u] = h1.y;
-    Bh[o + 4u] = h2.x;
-    Bh[o + 5u] = h2.y;
-    Bh[o + 6u] = h3.x;
-    Bh[o + 7u] = h3.y;
 }
 
 // A fetched share into the panel buffer starting at element `base` (0 or PANEL).

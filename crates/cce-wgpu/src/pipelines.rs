@@ -223,6 +223,7 @@ impl ShaderKind {
             ),
             ShaderKind::FwdPartialCoop128 => shader!(
                 "logits_coop128.wgsl",
+                "coop_stage.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
                 "fwd_rows.wgsl",
@@ -230,6 +231,7 @@ impl ShaderKind {
             ),
             ShaderKind::FwdPartialCoop128W | ShaderKind::FwdPartialCoop128W16 => shader!(
                 "logits_coop128w.wgsl",
+                "coop_stage.wgsl",
                 "common.wgsl",
                 "tile_io.wgsl",
                 "fwd_rows.wgsl"
