@@ -23,6 +23,31 @@
 //!   atomic add instruction covers 8 consecutive floats of a row (the device needs
 //!   `SUBGROUP` besides `SHADER_FLOAT32_ATOMIC`).
 //!
+//! The second product's ablations (`prod_named`, the D-slice product of both passes): each is
+//! `noslab` (no slab update at run time) with one more part of the product made only when
+//! `P.aux != 0` (so the check runs the whole pass), the difference to `bwd-noslab` /
+//! `dc-noslab` being what that part costs:
+//! - `bwd-nog` / `dc-nog`: no staging of the G panel from the owners' registers into As
+//!   (the product reads the panel left in As);
+//! - `bwd-nox` / `dc-nox`: no global load of the X panel (C for d_e, E for d_c; the stale
+//!   registers are still decoded and stored into Bs);
+//! - `bwd-nobar` / `dc-nobar`: no barrier per panel step of the product;
+//! - `bwd-nofma` / `dc-nofma`: no depth loop in each panel step (its FMAs and its
+//!   workgroup-memory reads): the global loads, the staging and the barriers alone;
+//! - `bwd-dynk` / `dc-dynk`: the panel loop of a slice with a trip count the compiler cannot
+//!   see (`min(TILE, D + TILE)`, always TILE) instead of the constant TILE/TK steps, so that a
+//!   driver that unrolls the constant loop into 8 x 512 FMAs of straight code does not;
+//!   computes the same values.
+//!
+//! And, to weigh the product's live registers (its 64 accumulators beside the 64 of the G
+//! block) against the module: `bwd-noprodc` / `dc-noprodc`, the D-slice loop removed from
+//! the text (the `noprod` variants only skip it at run time, so they keep the module's
+//! registers): logits and G only; its check is that it writes no slab.
+//!
+//! `:scalar` builds the variant from the scalar main loop's module (`MainLoop::Scalar`: the
+//! micro-tile an `array<vec4<f32>, 16>` behind a pointer, grad.wgsl's `prod_slice`) instead
+//! of the named one; for `real`, `noslab`, `noprod`, `nobias`, `slab4` and the atomic kinds.
+//!
 //! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
 //! workgroups (N times the splits, each with its own slab, or all into the one slab for the
 //! atomic variants); `:tN` launches for N target workgroups instead of the bench's
@@ -64,6 +89,18 @@ pub enum BwdKind {
     /// The backend's coalesced atomic module: [`BwdKind::Atomic`] with each row's adds
     /// transposed across its lanes by subgroup shuffles first.
     AtomicCo,
+    /// `NoSlab` without the G panel's staging at run time.
+    NoG,
+    /// `NoSlab` without the X panel's global loads at run time.
+    NoX,
+    /// `NoSlab` without the product's barriers at run time.
+    NoBar,
+    /// `NoSlab` without the product's depth loops (FMAs and panel reads) at run time.
+    NoFma,
+    /// `NoSlab` with the slice's panel loop at a trip count opaque to the compiler.
+    DynK,
+    /// The D-slice loop removed from the module text (logits and G only; no slab written).
+    NoProdC,
 }
 
 impl BwdKind {
@@ -71,6 +108,57 @@ impl BwdKind {
     pub fn is_atomic(self) -> bool {
         matches!(self, BwdKind::Atomic | BwdKind::AtomicCo)
     }
+
+    /// Whether the variant is `noslab` with part of the second product made only when
+    /// `P.aux != 0` (or, `DynK`, its loop rewritten): the ablations of `prod_named`.
+    pub fn is_prod_ablation(self) -> bool {
+        matches!(
+            self,
+            BwdKind::NoG | BwdKind::NoX | BwdKind::NoBar | BwdKind::NoFma | BwdKind::DynK
+        )
+    }
+
+    /// Whether the variant rewrites text only the named loop's module has (the product
+    /// ablations, `noprodc`, `nobias`): no `:scalar`.
+    pub fn named_only(self) -> bool {
+        self.is_prod_ablation() || matches!(self, BwdKind::NoProdC | BwdKind::NoBias)
+    }
+
+    /// The kind's name in a variant name (`bwd-<name>`, `dc-<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BwdKind::Real => "real",
+            BwdKind::NoSlab => "noslab",
+            BwdKind::NoProd => "noprod",
+            BwdKind::NoBias => "nobias",
+            BwdKind::Slab4 => "slab4",
+            BwdKind::Atomic => "atomic",
+            BwdKind::AtomicCo => "atomic-co",
+            BwdKind::NoG => "nog",
+            BwdKind::NoX => "nox",
+            BwdKind::NoBar => "nobar",
+            BwdKind::NoFma => "nofma",
+            BwdKind::DynK => "dynk",
+            BwdKind::NoProdC => "noprodc",
+        }
+    }
+
+    /// Every kind, in [`BwdKind::name`]'s order.
+    pub const ALL: [BwdKind; 13] = [
+        BwdKind::Real,
+        BwdKind::NoSlab,
+        BwdKind::NoProd,
+        BwdKind::NoBias,
+        BwdKind::Slab4,
+        BwdKind::Atomic,
+        BwdKind::AtomicCo,
+        BwdKind::NoG,
+        BwdKind::NoX,
+        BwdKind::NoBar,
+        BwdKind::NoFma,
+        BwdKind::DynK,
+        BwdKind::NoProdC,
+    ];
 }
 
 /// Which backward pass.
@@ -96,41 +184,43 @@ pub struct BwdVariant {
     pub wmul: u32,
     /// Target workgroups of the launch (`:tN`), in place of the caller's (`None` by default).
     pub target: Option<u32>,
+    /// The module's main loop: `MainLoop::Named` (the GPU default), or `MainLoop::Scalar`
+    /// with `:scalar`.
+    pub main_loop: MainLoop,
 }
 
 impl BwdVariant {
-    /// Parse `bwd-{real|noslab|noprod|slab4|atomic|atomic-co}[:f32][:wN][:tN]` (`d_e`) or
-    /// `dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}[:f32][:wN][:tN]` (`d_c`).
+    /// Parse `bwd-<kind>[:f32][:wN][:tN][:scalar]` (`d_e`) or `dc-<kind>[..]` (`d_c`), kind
+    /// one of `real`, `noslab`, `noprod`, `slab4`, `atomic`, `atomic-co`, `nog`, `nox`,
+    /// `nobar`, `nofma`, `dynk`, `noprodc`, and for `d_c` also `nobias` (module docs).
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("backward variant {s:?}: {why}");
         let mut parts = s.split(':');
-        let (pass, kind) = match parts.next().unwrap_or_default() {
-            "bwd-real" => (BwdPass::De, BwdKind::Real),
-            "bwd-noslab" => (BwdPass::De, BwdKind::NoSlab),
-            "bwd-noprod" => (BwdPass::De, BwdKind::NoProd),
-            "bwd-slab4" => (BwdPass::De, BwdKind::Slab4),
-            "bwd-atomic" => (BwdPass::De, BwdKind::Atomic),
-            "bwd-atomic-co" => (BwdPass::De, BwdKind::AtomicCo),
-            "dc-real" => (BwdPass::Dc, BwdKind::Real),
-            "dc-noslab" => (BwdPass::Dc, BwdKind::NoSlab),
-            "dc-noprod" => (BwdPass::Dc, BwdKind::NoProd),
-            "dc-nobias" => (BwdPass::Dc, BwdKind::NoBias),
-            "dc-slab4" => (BwdPass::Dc, BwdKind::Slab4),
-            "dc-atomic" => (BwdPass::Dc, BwdKind::Atomic),
-            "dc-atomic-co" => (BwdPass::Dc, BwdKind::AtomicCo),
-            _ => {
-                return Err(bad(
-                    "want bwd-{real|noslab|noprod|slab4|atomic|atomic-co} or \
-                     dc-{real|noslab|noprod|nobias|slab4|atomic|atomic-co}",
-                ))
-            }
-        };
+        let head = parts.next().unwrap_or_default();
+        let (pass, kind) = head
+            .strip_prefix("bwd-")
+            .map(|k| (BwdPass::De, k))
+            .or_else(|| head.strip_prefix("dc-").map(|k| (BwdPass::Dc, k)))
+            .and_then(|(pass, k)| {
+                BwdKind::ALL
+                    .into_iter()
+                    .find(|kind| kind.name() == k)
+                    .filter(|&kind| kind != BwdKind::NoBias || pass == BwdPass::Dc)
+                    .map(|kind| (pass, kind))
+            })
+            .ok_or_else(|| {
+                bad(
+                    "want bwd-<kind> or dc-<kind>, kind real, noslab, noprod, slab4, atomic, \
+                     atomic-co, nog, nox, nobar, nofma, dynk, noprodc (d_c also nobias)",
+                )
+            })?;
         let mut v = BwdVariant {
             pass,
             kind,
             dtype: Dtype::Bf16,
             wmul: 1,
             target: None,
+            main_loop: MainLoop::Named,
         };
         for flag in parts {
             match flag {
@@ -152,6 +242,12 @@ impl BwdVariant {
                     )
                 }
                 "bf16" => v.dtype = Dtype::Bf16,
+                "scalar" => {
+                    if kind.named_only() {
+                        return Err(bad("this variant rewrites the named loop's module only"));
+                    }
+                    v.main_loop = MainLoop::Scalar
+                }
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
             }
         }
@@ -160,15 +256,7 @@ impl BwdVariant {
 
     /// The name [`BwdVariant::parse`] reads back.
     pub fn name(&self) -> String {
-        let kind = match self.kind {
-            BwdKind::Real => "real",
-            BwdKind::NoSlab => "noslab",
-            BwdKind::NoProd => "noprod",
-            BwdKind::NoBias => "nobias",
-            BwdKind::Slab4 => "slab4",
-            BwdKind::Atomic => "atomic",
-            BwdKind::AtomicCo => "atomic-co",
-        };
+        let kind = self.kind.name();
         let pass = match self.pass {
             BwdPass::De => "bwd",
             BwdPass::Dc => "dc",
@@ -183,6 +271,9 @@ impl BwdVariant {
         if let Some(t) = self.target {
             n += &format!(":t{t}");
         }
+        if self.main_loop == MainLoop::Scalar {
+            n += ":scalar";
+        }
         n
     }
 }
@@ -190,11 +281,44 @@ impl BwdVariant {
 /// The slab update of `add_de_half_v` / `add_dc_half_v`, made only when `P.aux != 0` in the
 /// `noslab` variants.
 const SLAB_GUARD: &str = "    if ok != 0u {\n        let base = slab_w(w)";
-/// The D-slice loop of the named entry point (`{x}`: the pass's X arguments), run only when
-/// `P.aux != 0` in the `noprod` variants.
-const SLICE_LOOP: &str = "        prod_begin_named(gt, &pb, {x}, tx, ty, li);
+/// The D-slice loop of the entry point (`{begin}`: `prod_begin_named(gt, ` in the named
+/// module, `prod_begin(&gt, ` in the scalar one; `{x}`: the pass's X arguments), run only when
+/// `P.aux != 0` in the `noprod` variants, removed in the `noprodc` variants.
+const SLICE_LOOP: &str = "        {begin}&pb, {x}, tx, ty, li);
         for (var d0 = 0u; d0 < P.d; d0 += t) {
 ";
+
+/// `prod_named`'s G panel staging (the `nog` variants gate it by `P.aux`).
+const PROD_PUT_G: &str = "            put_gp_named(gt, o.x, o.y, nk, buf ^ 1u);\n";
+/// `prod_named`'s X panel fetch (the `nox` variants gate it by `P.aux`).
+const PROD_FETCH_X: &str = "        if next {\n            fetch_cols(";
+/// `prod_named`'s barrier per panel step (the `nobar` variants gate it by `P.aux`).
+const PROD_BARRIER: &str = "        workgroupBarrier();\n        buf ^= 1u;\n";
+/// `prod_named`'s depth loop of a panel step (the `nofma` variants gate it by `P.aux`), up to
+/// the staging of the next panels that follows it.
+const PROD_DEPTH: (&str, &str) = (
+    "        for (var k = 0u; k < TK; k++) {\n            let ka",
+    "        }\n        if next {\n            put_gp_named(",
+);
+/// `prod_named`'s panel loop over a slice (the `dynk` variants give it an opaque trip count).
+const PROD_LOOP: &str = "    for (var k0 = 0u; k0 < t; k0 += TK) {\n";
+
+/// `prod_named` of `real` with one rewrite (`what` found exactly once in the function, `to` in
+/// its place); the rest of the module unchanged. Panics when `what` is not found once.
+fn in_prod(real: &str, what: &str, to: &str) -> String {
+    let f = function(real, "prod_named");
+    assert_eq!(f.matches(what).count(), 1, "prod_named: {what:?}");
+    real.replace(f, &f.replace(what, to))
+}
+
+/// `noslab`'s rewrite of `real`: the slab update made only when `P.aux != 0`.
+fn no_slab(real: &str) -> String {
+    assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_*_half_v's guard");
+    real.replace(
+        SLAB_GUARD,
+        "    if ok != 0u && P.aux != 0.0 {\n        let base = slab_w(w)",
+    )
+}
 
 /// slab_rmw.wgsl's slab binding.
 const SLAB_DECL: &str = "var<storage, read_write> slab: array<f32>;";
@@ -259,25 +383,33 @@ fn shader(pass: BwdPass, kind: BwdKind) -> ShaderKind {
     }
 }
 
-/// The module of `pass`'s variant `kind` (the backend's named module, rewritten as the module
-/// docs say). Panics when the backend's text no longer has what it rewrites (unit-tested), or
-/// for `NoBias` of `d_e`.
+/// The module of `pass`'s variant `kind` in the named main loop ([`source_with`]).
 pub fn source(pass: BwdPass, kind: BwdKind) -> String {
+    source_with(pass, kind, MainLoop::Named)
+}
+
+/// The module of `pass`'s variant `kind` built on `main_loop`'s module (the backend's,
+/// rewritten as the module docs say). Panics when the backend's text no longer has what it
+/// rewrites (unit-tested), for `NoBias` of `d_e`, or for a [`BwdKind::named_only`] kind on
+/// another loop than `MainLoop::Named`.
+pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String {
     let x = match pass {
         BwdPass::De => "false, c_base, P.n_cls",
         BwdPass::Dc => "true, r_base, P.n_rows",
     };
-    let real = shader(pass, kind).source_with(MainLoop::Named).into_owned();
-    let slice_loop = SLICE_LOOP.replace("{x}", x);
+    let begin = match main_loop {
+        MainLoop::Named => "prod_begin_named(gt, ",
+        _ => "prod_begin(&gt, ",
+    };
+    let real = shader(pass, kind).source_with(main_loop).into_owned();
+    let slice_loop = SLICE_LOOP.replace("{x}", x).replace("{begin}", begin);
+    assert!(
+        main_loop == MainLoop::Named || !kind.named_only(),
+        "{kind:?}: an ablation of the named loop"
+    );
     match kind {
         BwdKind::Real | BwdKind::Atomic | BwdKind::AtomicCo => real,
-        BwdKind::NoSlab => {
-            assert_eq!(real.matches(SLAB_GUARD).count(), 1, "add_*_half_v's guard");
-            real.replace(
-                SLAB_GUARD,
-                "    if ok != 0u && P.aux != 0.0 {\n        let base = slab_w(w)",
-            )
-        }
+        BwdKind::NoSlab => no_slab(&real),
         BwdKind::NoProd => {
             assert_eq!(real.matches(&slice_loop).count(), 1, "the D-slice loop");
             real.replace(
@@ -285,13 +417,51 @@ pub fn source(pass: BwdPass, kind: BwdKind) -> String {
                 &format!(
                     "        let d_end = select(0u, P.d, P.aux != 0.0);
         if d_end != 0u {{
-            prod_begin_named(gt, &pb, {x}, tx, ty, li);
+            {begin}&pb, {x}, tx, ty, li);
         }}
         for (var d0 = 0u; d0 < d_end; d0 += t) {{
 "
                 ),
             )
         }
+        BwdKind::NoProdC => {
+            assert_eq!(real.matches(&slice_loop).count(), 1, "the D-slice loop");
+            real.replace(
+                &slice_loop,
+                "        for (var d0 = 0u; d0 < 0u; d0 += t) {\n",
+            )
+        }
+        BwdKind::NoG => in_prod(
+            &no_slab(&real),
+            PROD_PUT_G,
+            &format!("            if P.aux != 0.0 {{\n    {PROD_PUT_G}            }}\n"),
+        ),
+        BwdKind::NoX => in_prod(
+            &no_slab(&real),
+            PROD_FETCH_X,
+            "        if next && P.aux != 0.0 {\n            fetch_cols(",
+        ),
+        BwdKind::NoBar => in_prod(
+            &no_slab(&real),
+            PROD_BARRIER,
+            "        if P.aux != 0.0 {\n            workgroupBarrier();\n        }\n        buf ^= 1u;\n",
+        ),
+        BwdKind::NoFma => {
+            let src = no_slab(&real);
+            let f = function(&src, "prod_named");
+            let (open, close) = PROD_DEPTH;
+            assert_eq!(f.matches(open).count(), 1, "prod_named's depth loop");
+            assert_eq!(f.matches(close).count(), 1, "prod_named's depth loop end");
+            let g = f
+                .replace(open, &format!("        if P.aux != 0.0 {{\n{open}"))
+                .replace(close, &format!("        }}\n{close}"));
+            src.replace(f, &g)
+        }
+        BwdKind::DynK => in_prod(
+            &no_slab(&real),
+            PROD_LOOP,
+            "    let kt = min(t, P.d + t);\n    for (var k0 = 0u; k0 < kt; k0 += TK) {\n",
+        ),
         BwdKind::NoBias => {
             assert_eq!(pass, BwdPass::Dc, "nobias is a d_c variant");
             for acc in ["bacc_lo += ", "bacc_hi += "] {
@@ -375,7 +545,7 @@ impl BwdBuilt {
         // splits (or one) · n_cls floats; the counters of 4 words per workgroup), with the
         // ablations only narrowing when the product, the slab updates and the bias sums run;
         // `BwdBuilt::launch` binds buffers of those sizes.
-        Self::with_source(g, v, source(v.pass, v.kind))
+        Self::with_source(g, v, source_with(v.pass, v.kind, v.main_loop))
     }
 
     /// [`BwdBuilt::new`] of the module text `src` (`v`'s, or a rewrite of it that keeps its
@@ -605,9 +775,20 @@ pub fn check_dc(chunk: &Chunk, slabs: u32, slab: &[f32], classes: &[usize]) -> (
     worst
 }
 
-/// [`check`] (every row) or [`check_dc`] (every class) as `v`'s pass needs.
+/// [`check`] (every row) or [`check_dc`] (every class) as `v`'s pass needs; for
+/// [`BwdKind::NoProdC`], which computes no product, that the slab stays zero (0, or infinity
+/// at the first nonzero float).
 pub fn check_all(v: BwdVariant, chunk: &Chunk, slabs: u32, slab: &[f32]) -> (f64, String) {
     let (n, nc, _) = chunk.shape;
+    if v.kind == BwdKind::NoProdC {
+        return match slab.iter().position(|&x| x != 0.0) {
+            None => (0.0, String::from("the slab stays zero")),
+            Some(i) => (
+                f64::INFINITY,
+                format!("slab float {i} written: {}", slab[i]),
+            ),
+        };
+    }
     match v.pass {
         BwdPass::De => check(chunk, slabs, slab, &(0..n as usize).collect::<Vec<_>>()),
         BwdPass::Dc => check_dc(chunk, slabs, slab, &(0..nc as usize).collect::<Vec<_>>()),
@@ -638,9 +819,24 @@ mod tests {
             "dc-atomic:w2:t64",
             "bwd-atomic-co",
             "dc-atomic-co:f32:w2",
+            "bwd-nog",
+            "dc-nox:f32",
+            "bwd-nobar",
+            "dc-nofma",
+            "bwd-dynk:t16",
+            "dc-noprodc",
+            "bwd-noslab:scalar",
+            "dc-noprod:f32:scalar",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
+        assert!(BwdVariant::parse("bwd-nog:scalar").is_err());
+        assert!(BwdVariant::parse("bwd-noprodc:scalar").is_err());
+        assert!(BwdVariant::parse("dc-nobias:scalar").is_err());
+        assert_eq!(
+            BwdVariant::parse("bwd-real:scalar").unwrap().main_loop,
+            MainLoop::Scalar
+        );
         assert!(BwdVariant::parse("bwd-fast").is_err());
         assert!(BwdVariant::parse("bwd-nobias").is_err());
         assert!(BwdVariant::parse("dc-real:w0").is_err());
@@ -653,22 +849,20 @@ mod tests {
 
     #[test]
     fn every_module_validates() {
-        for (pass, kind) in [
-            (BwdPass::De, BwdKind::Real),
-            (BwdPass::De, BwdKind::NoSlab),
-            (BwdPass::De, BwdKind::NoProd),
-            (BwdPass::Dc, BwdKind::Real),
-            (BwdPass::Dc, BwdKind::NoSlab),
-            (BwdPass::Dc, BwdKind::NoProd),
-            (BwdPass::Dc, BwdKind::NoBias),
-            (BwdPass::De, BwdKind::Slab4),
-            (BwdPass::Dc, BwdKind::Slab4),
-            (BwdPass::De, BwdKind::Atomic),
-            (BwdPass::Dc, BwdKind::Atomic),
-            (BwdPass::De, BwdKind::AtomicCo),
-            (BwdPass::Dc, BwdKind::AtomicCo),
-        ] {
-            let src = source(pass, kind);
+        let mut modules = Vec::new();
+        for pass in [BwdPass::De, BwdPass::Dc] {
+            for kind in BwdKind::ALL {
+                if kind == BwdKind::NoBias && pass == BwdPass::De {
+                    continue;
+                }
+                modules.push((pass, kind, MainLoop::Named));
+                if !kind.named_only() {
+                    modules.push((pass, kind, MainLoop::Scalar));
+                }
+            }
+        }
+        for (pass, kind, main_loop) in modules {
+            let src = source_with(pass, kind, main_loop);
             assert_eq!(
                 src.matches("array<vec4<f32>>;").count(),
                 usize::from(kind == BwdKind::Slab4),
@@ -689,11 +883,30 @@ mod tests {
             Validator::new(ValidationFlags::all(), Capabilities::all())
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
-            let ablated = matches!(kind, BwdKind::NoSlab | BwdKind::NoProd);
-            assert_eq!(src.matches("P.aux != 0.0").count(), usize::from(ablated));
+            // noslab, noprod and dynk gate one thing by P.aux, the other product ablations
+            // two (the slab update and their part of the product).
+            let gates = match kind {
+                BwdKind::NoSlab | BwdKind::NoProd | BwdKind::DynK => 1,
+                k if k.is_prod_ablation() => 2,
+                _ => 0,
+            };
+            assert_eq!(
+                src.matches("P.aux != 0.0").count(),
+                gates,
+                "{pass:?} {kind:?}"
+            );
+            assert_eq!(
+                src.matches("let kt = min(t, P.d + t);").count(),
+                usize::from(kind == BwdKind::DynK)
+            );
+            assert_eq!(
+                src.matches("for (var d0 = 0u; d0 < 0u;").count(),
+                usize::from(kind == BwdKind::NoProdC)
+            );
             assert_eq!(
                 src.matches("bacc_lo += ").count(),
-                if pass == BwdPass::Dc && kind != BwdKind::NoBias {
+                // The named entry point sums the bias row by row, the scalar one in g_bias.
+                if pass == BwdPass::Dc && kind != BwdKind::NoBias && main_loop == MainLoop::Named {
                     8
                 } else {
                     0
@@ -789,6 +1002,21 @@ mod tests {
                 "dc-atomic-co",
                 "bwd-atomic-co:f32:t16",
                 "dc-atomic-co:w2",
+                "bwd-nog",
+                "bwd-nox",
+                "bwd-nobar",
+                "bwd-nofma",
+                "bwd-dynk",
+                "bwd-noprodc",
+                "dc-nog",
+                "dc-nox",
+                "dc-nobar",
+                "dc-nofma:f32",
+                "dc-dynk",
+                "dc-noprodc",
+                "bwd-noslab:scalar",
+                "bwd-noprod:scalar",
+                "dc-real:scalar",
             ]
             .iter()
             .enumerate()
@@ -814,10 +1042,14 @@ mod tests {
                     ratio <= 1.0,
                     "{name} {shape:?}: {ratio:.2} x tolerance at {what}"
                 );
+                if v.kind == BwdKind::NoProdC {
+                    continue;
+                }
                 // The check sees a missing slab.
                 let (bad, _) = check_all(v, &chunk, l.slabs - 1, &slab);
                 assert!(bad > 1.0, "{name}: the check missed a slab");
-                if matches!(v.kind, BwdKind::NoSlab | BwdKind::NoProd) {
+                if matches!(v.kind, BwdKind::NoSlab | BwdKind::NoProd) || v.kind.is_prod_ablation()
+                {
                     let fresh = b.launch(&g, &chunk, 8).unwrap();
                     let back = g
                         .run_read(&fresh.timed, &[(&fresh.slab, fresh.slab.size())])
