@@ -87,16 +87,21 @@
 #           29120 x 2304; at 2048 target workgroups d_e 16 x 128 workgroups of 29 class tiles,
 #           d_c 5 x 455 workgroups of 26 row tiles), bf16, GPU timestamps (cce-bench-sgemm
 #           --bwd-variants, benches/src/sgemm/bwd.rs), each checked against f64 on 70 x 300 x
-#           136 first: the per-split slabs at the splits the 512 MiB budget left the backend
-#           (bwd-real:t896, dc-real:t896) against f32 atomics into one slab at 2048
-#           (bwd-atomic, dc-atomic; coalesced: bwd-atomic-co, dc-atomic-co), then the slabs at 2048 (bwd-real, dc-real), without slab
-#           updates (bwd-noslab, dc-noslab: the floor), the atomics at the old splits
-#           (bwd-atomic:t896, dc-atomic:t896: atomics against read-modify-write at one
-#           occupancy) and at 4096 (bwd-atomic:w2, dc-atomic:w2); BWD_FWD (none by default)
-#           adds forward variants on the same chunk (fwd-real; fwd-real:padN adds N KiB of
-#           workgroup memory, benches/src/sgemm/fwd.rs); ~60 s (at most 110 by its timeout,
-#           timing stops at 90); BWD_VARIANTS overrides the list (session 19's ablations:
-#           bwd-noprod, bwd-slab4, dc-noprod, dc-nobias, dc-slab4); its tables print last;
+#           136 first: where the second product's time goes (docs/perf-log.md, session 20,
+#           "why the backward's second product runs at half the forward's rate"): the logits +
+#           G alone at the module's registers (bwd-noprod) and without the product's code
+#           (bwd-noprodc), the product without slab updates (bwd-noslab) and, on top of that,
+#           without the G panel's staging (bwd-nog), the C panel's global loads (bwd-nox), the
+#           product's barriers (bwd-nobar), its depth loops (bwd-nofma), with an opaque panel
+#           loop count (bwd-dynk); the backend's default d_e (bwd-atomic); the scalar loop's
+#           module (bwd-noslab:scalar, bwd-noprod:scalar); d_c's noprod, noslab and nog; and
+#           the forward's real pass on the same chunk (BWD_FWD, default fwd-real; fwd-real:padN
+#           adds N KiB of workgroup memory, benches/src/sgemm/fwd.rs); ~60 s (at most 110 by
+#           its timeout, timing stops at 90); BWD_VARIANTS overrides the list (session 19/20's:
+#           bwd-real:t896, bwd-atomic-co, dc-real:t896, dc-atomic, dc-atomic-co, bwd-real,
+#           dc-real, bwd-atomic:t896, dc-atomic:t896, bwd-atomic:w2, dc-atomic:w2, bwd-slab4,
+#           dc-nobias, dc-slab4; d_c has every product ablation too: dc-nox, dc-nobar,
+#           dc-nofma, dc-dynk, dc-noprodc); its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
@@ -411,9 +416,9 @@ fi
 
 if [[ $PHASES == *bwd* ]]; then
   timeout 110 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-real:t896,bwd-atomic,bwd-atomic-co,dc-real:t896,dc-atomic,dc-atomic-co,bwd-real,dc-real,bwd-noslab,dc-noslab,bwd-atomic:t896,dc-atomic:t896,bwd-atomic:w2,dc-atomic:w2}" \
+    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-noprod,bwd-noprodc,bwd-noslab,bwd-nog,bwd-nox,bwd-nobar,bwd-nofma,bwd-dynk,bwd-atomic,bwd-noslab:scalar,bwd-noprod:scalar,dc-noprod,dc-noslab,dc-nog}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 \
-    --fwd-variants "${BWD_FWD-}" \
+    --fwd-variants "${BWD_FWD-fwd-real}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1
   status[bwd]="d_e / d_c ablations rc=$?"
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/bwd.log" | cut -c1-220
