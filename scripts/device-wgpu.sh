@@ -93,15 +93,15 @@
 #           (bwd-noprodc), the product without slab updates (bwd-noslab) and, on top of that,
 #           without the G panel's staging (bwd-nog), the C panel's global loads (bwd-nox), the
 #           product's barriers (bwd-nobar), its depth loops (bwd-nofma), with an opaque panel
-#           loop count (bwd-dynk); the backend's default d_e (bwd-atomic); the scalar loop's
-#           module (bwd-noslab:scalar, bwd-noprod:scalar); d_c's noprod, noslab and nog; and
-#           the forward's real pass on the same chunk (BWD_FWD, default fwd-real; fwd-real:padN
-#           adds N KiB of workgroup memory, benches/src/sgemm/fwd.rs); ~60 s (at most 110 by
-#           its timeout, timing stops at 90); BWD_VARIANTS overrides the list (session 19/20's:
-#           bwd-real:t896, bwd-atomic-co, dc-real:t896, dc-atomic, dc-atomic-co, bwd-real,
-#           dc-real, bwd-atomic:t896, dc-atomic:t896, bwd-atomic:w2, dc-atomic:w2, bwd-slab4,
-#           dc-nobias, dc-slab4; d_c has every product ablation too: dc-nox, dc-nobar,
-#           dc-nofma, dc-dynk, dc-noprodc); its tables print last;
+#           loop count (bwd-dynk); the scalar loop's module (bwd-noslab:scalar,
+#           bwd-noprod:scalar); d_c's noslab and nog; and the forward's real pass on the same
+#           chunk (BWD_FWD, default fwd-real; fwd-real:padN adds N KiB of workgroup memory,
+#           benches/src/sgemm/fwd.rs); ~60 s (at most 110 by its timeout, timing stops at 90);
+#           BWD_VARIANTS overrides the list (session 19/20's: bwd-real:t896, bwd-atomic,
+#           bwd-atomic-co, dc-real:t896, dc-atomic, dc-atomic-co, bwd-real, dc-real,
+#           bwd-atomic:t896, dc-atomic:t896, bwd-atomic:w2, dc-atomic:w2, bwd-slab4, dc-nobias,
+#           dc-slab4; d_c has every product ablation too: dc-nox, dc-nobar, dc-nofma, dc-dynk,
+#           dc-noprod, dc-noprodc); its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
@@ -416,7 +416,7 @@ fi
 
 if [[ $PHASES == *bwd* ]]; then
   timeout 110 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
-    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-noprod,bwd-noprodc,bwd-noslab,bwd-nog,bwd-nox,bwd-nobar,bwd-nofma,bwd-dynk,bwd-atomic,bwd-noslab:scalar,bwd-noprod:scalar,dc-noprod,dc-noslab,dc-nog}" \
+    --deadline-s 90 --bwd-variants "${BWD_VARIANTS:-bwd-noprod,bwd-noprodc,bwd-noslab,bwd-nog,bwd-nox,bwd-nobar,bwd-nofma,bwd-dynk,bwd-noslab:scalar,bwd-noprod:scalar,dc-noslab,dc-nog}" \
     --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 \
     --fwd-variants "${BWD_FWD-fwd-real}" \
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1
