@@ -34,6 +34,62 @@ impl MainLoop {
     }
 }
 
+/// How the `named` module writes the [`MainLoop::Named`] loop's WGSL for a tile shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NamedForm {
+    /// logits_scalar.wgsl's staging (`fetch_rows` / `put_rows_*`, grad.wgsl's `fetch_cols`
+    /// / `put_cols_b`), gemm.wgsl's panel layout, the depth step a `for` loop over `TK`: one
+    /// text for every shape.
+    Loop,
+    /// The structure of the reference SGEMM `t128r8k16nu` (docs/perf-log.md, session 17):
+    /// the depth steps of a panel written out (`tk` of them), panels whose column groups are
+    /// interleaved so that a depth step reads `As[ty]`, `As[WG + ty]`, `Bs[tx]`, `Bs[WG + tx]`
+    /// (consecutive slots across a warp), 16-byte units staged without loops or arrays
+    /// (panels_wide.wgsl); the text depends on `wg` (units per thread) and `tk` (the steps).
+    /// Needs `wg` and `tk` multiples of 8 ([`NamedForm::wide`]).
+    Wide {
+        /// Threads per tile side the text is written for (the pipeline's `WG`).
+        wg: u32,
+        /// Depth steps per panel the text is written for (the pipeline's `TK`).
+        tk: u32,
+    },
+}
+
+impl NamedForm {
+    /// The form the backend generates for a `wg:tk` shape: [`NamedForm::Wide`] at `wg` = 16
+    /// (128 x 128 tiles of 256 threads, the reference SGEMM's geometry), [`NamedForm::Loop`]
+    /// otherwise (so `8:8` runs the text it ran before the wide form existed).
+    pub fn for_shape(wg: u32, tk: u32) -> Self {
+        match Self::wide(wg, tk) {
+            Some(w) if wg == 16 => w,
+            _ => NamedForm::Loop,
+        }
+    }
+
+    /// [`NamedForm::Wide`] for `wg:tk` where its staging works: `wg` and `tk` multiples of
+    /// 8 (tiles of a multiple of 64 rows, whose row swizzle is a bijection; 16-byte units of
+    /// 8 elements of f16/bf16 that never straddle a panel) and a shape the configuration
+    /// accepts (`2·tk / wg` whole, `tk` dividing the tile, `tk` <= 64); `None` otherwise.
+    pub fn wide(wg: u32, tk: u32) -> Option<Self> {
+        let ok = wg.is_multiple_of(8)
+            && (8..=16).contains(&wg)
+            && tk.is_multiple_of(8)
+            && (8..=64).contains(&tk)
+            && (8 * wg).is_multiple_of(tk)
+            && (2 * tk).is_multiple_of(wg)
+            && 2 * tk / wg <= MAX_PANEL_GROUPS;
+        ok.then_some(NamedForm::Wide { wg, tk })
+    }
+
+    /// Short name (`loop`, `wide`), as the benchmarks' variant flags spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NamedForm::Loop => "loop",
+            NamedForm::Wide { .. } => "wide",
+        }
+    }
+}
+
 /// Which cooperative-matrix forward runs where [`KernelConfig::cooperative_matrix`] is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CoopTile {
@@ -194,13 +250,30 @@ impl KernelConfig {
         None
     }
 
-    /// Workgroup memory of the largest shader in bytes: the largest of the forward's
-    /// ([`KernelConfig::fwd_bytes`]), the threshold pass's and the backward products'
-    /// ([`KernelConfig::hist_bytes`], [`KernelConfig::grad_bytes`]).
+    /// Workgroup memory of the largest shader at this shape in bytes: the largest of the
+    /// forward's ([`KernelConfig::fwd_bytes`]), the threshold pass's and the backward
+    /// products' ([`KernelConfig::hist_bytes`], [`KernelConfig::grad_bytes`]). The threshold
+    /// pass may run at a smaller shape where its own does not fit
+    /// ([`KernelConfig::hist_shape`]).
     pub fn workgroup_bytes(&self) -> u64 {
         self.fwd_bytes()
             .max(self.hist_bytes())
             .max(self.grad_bytes())
+    }
+
+    /// The `(wg, tk)` the threshold pass (bwd_hist.wgsl) runs at on a device whose
+    /// workgroups may hold `max_workgroup_bytes`: the configuration's own where its panels and
+    /// histogram fit ([`KernelConfig::hist_bytes`]), else the first of `8:8`, `8:4`, `8:16`
+    /// that the main loop runs and that fits (its histogram is TILE x N_BINS words, 32.5 KiB
+    /// at 128 x 128 tiles: beside the panels of any `16:tk` it fits neither 32 KiB nor 48 KiB
+    /// devices); `None` when none fits. The pass computes the same per-row sums at any tile
+    /// (its histogram adds are integer: the bins do not depend on the order).
+    pub fn hist_shape(&self, max_workgroup_bytes: u64) -> Option<(u32, u32)> {
+        [(self.wg, self.tk), (8, 8), (8, 4), (8, 16)]
+            .into_iter()
+            .map(|(wg, tk)| KernelConfig { wg, tk, ..*self })
+            .find(|c| c.shape_error().is_none() && c.hist_bytes() <= max_workgroup_bytes)
+            .map(|c| (c.wg, c.tk))
     }
 
     /// The double-buffered panels As and Bs (gemm.wgsl, panel_a.wgsl).
@@ -506,6 +579,33 @@ mod tests {
         assert!(cfg(8, 16).workgroup_bytes() <= 48 << 10);
         assert!(cfg(8, 32).workgroup_bytes() > 48 << 10);
         assert!(cfg(16, 8).workgroup_bytes() > 48 << 10);
+    }
+
+    #[test]
+    fn the_threshold_pass_takes_smaller_tiles_where_its_histogram_does_not_fit() {
+        // 128 x 65 u32 of histogram (33,280 B) beside 16:8's 16 KiB or 16:16's 32 KiB of
+        // panels: over the H200's 48 KiB and lavapipe's 32 KiB, so the pass runs at 8:8.
+        let named = |wg, tk| KernelConfig {
+            main_loop: MainLoop::Named,
+            ..cfg(wg, tk)
+        };
+        assert_eq!(named(16, 8).hist_bytes(), 16384 + 33280);
+        assert_eq!(named(16, 16).hist_bytes(), 32768 + 33280);
+        for max in [32u64 << 10, 48 << 10] {
+            assert_eq!(named(16, 8).hist_shape(max), Some((8, 8)), "{max}");
+            assert_eq!(named(16, 16).hist_shape(max), Some((8, 8)), "{max}");
+            assert_eq!(named(8, 8).hist_shape(max), Some((8, 8)), "{max}");
+        }
+        assert_eq!(named(8, 16).hist_shape(48 << 10), Some((8, 16)));
+        assert_eq!(named(8, 16).hist_shape(32 << 10), Some((8, 8)));
+        assert_eq!(named(16, 16).hist_shape(96 << 10), Some((16, 16)));
+        assert_eq!(named(16, 16).hist_shape(8 << 10), None);
+        // The quad loop keeps tk = 2·wg: 8:16.
+        let quad = KernelConfig {
+            main_loop: MainLoop::Quad,
+            ..cfg(16, 32)
+        };
+        assert_eq!(quad.hist_shape(48 << 10), Some((8, 16)));
     }
 
     #[test]
