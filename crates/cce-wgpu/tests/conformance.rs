@@ -593,7 +593,8 @@ fn wide_tiles_deterministic_and_atomic_sums() {
     // scattered and coalesced through subgroup shuffles (row groups of 8 lanes in 16-wide
     // rows of threads).
     let Some(b) = backend() else { return };
-    let base: Vec<Case> = wide_cases().into_iter().skip(1).take(4).collect();
+    // f32 and bf16 (f16's staging is bf16's but for the decode), one tile plus one.
+    let base: Vec<Case> = [1, 3, 4].iter().map(|&i| wide_cases()[i].clone()).collect();
     let det = base
         .iter()
         .map(|c| c.clone().with(|c| c.opts.deterministic = true));
