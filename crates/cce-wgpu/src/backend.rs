@@ -138,10 +138,17 @@ impl WgpuBackend {
         // pass at its own where the config's does not fit (`KernelConfig::hist_shape`).
         let max = ctx.limits.max_compute_workgroup_storage_size as u64;
         let wgb = cfg.fwd_bytes().max(cfg.grad_bytes());
-        if wgb > max || cfg.hist_shape(max).is_none() {
+        let short = if wgb > max {
+            Some(wgb)
+        } else if cfg.hist_shape(max).is_none() {
+            Some(cfg.hist_bytes())
+        } else {
+            None
+        };
+        if let Some(requested) = short {
             return Err(CceError::ResourceLimit {
                 resource: format!("workgroup memory bytes for tile {}", cfg.tile()),
-                requested: wgb.max(cfg.hist_bytes()),
+                requested,
                 max,
             });
         }
