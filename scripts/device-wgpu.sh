@@ -13,7 +13,7 @@
 # into /. To carry it with the repository under the device tool's 64 MiB, gzip the executables
 # (`gzip -f` all but device-wgpu.sh and gl/, dropping the *-coop ones when the coop phase is not
 # run): `run` unpacks every $DEVBIN/*.gz in place first.
-# QUICK=1 build: only what the `report` and `quick` phases run (cce-bench-wgpu, cce-bench-sgemm,
+# QUICK=1 build: only what the `report`, `quick` and `t128` phases run (cce-bench-wgpu, cce-bench-sgemm,
 # gzipped) and the loader: a few MiB to carry beside other things.
 # COOP_ONLY=1 build: only what the `coop` phase runs (cce-wgpu's conformance tests and
 # cce-bench-wgpu, both with the cargo feature coop-matrix, as conformance-coop and
@@ -102,6 +102,21 @@
 #           bwd-atomic:t896, dc-atomic:t896, bwd-atomic:w2, dc-atomic:w2, bwd-slab4, dc-nobias,
 #           dc-slab4; d_c has every product ablation too: dc-nox, dc-nobar, dc-nofma, dc-dynk,
 #           dc-noprod, dc-noprodc); its tables print last;
+#   t128    issue 21's 128 x 128, 256-thread main loop (docs/perf-log.md, session 21; QUICK=1
+#           builds what it runs): first the forward and backward shaders on the one chunk
+#           (8192 x 29120 x 2304 bf16, cce-bench-sgemm --fwd-variants / --bwd-variants, each
+#           checked against f64 on a small chunk first, 1 warm-up + 3 timed dispatches): the
+#           forward's real pass at 8x8 (the default), 16x16 and 16x8 (the named loop's wide
+#           form: written-out depth steps, interleaved panels, 16-byte staging), 16x16:loop
+#           (the 128 x 128 geometry with 8:8's loop text: what the form adds) and fwd-loop:16x16
+#           (no epilogue); the d_e pass with f32 atomics at 8x8, 16x16, 16x8 and 16x16:loop,
+#           its noslab / noprod at 8x8 and 16x16 (the second product = noslab − noprod), d_c
+#           with atomics at 8x8, 16x16, 16x8; then the backend at 8192 x 2304 x 256000 c/8
+#           exact bf16, 8:8:named against 16:16:named and 16:8:named (the threshold pass, not
+#           run exact, would take 8:8), forward and forward+backward in alternation, each
+#           config's loss and max |Δ lse| against 8:8's, then one call each with GPU
+#           timestamps per shader; T128_FWD / T128_BWD / T128_CONFIGS override the lists;
+#           ~4 minutes (at most 150 + 330 s by its timeouts); its tables print last;
 #   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
@@ -190,7 +205,7 @@ for line in sys.stdin:
 fi
 
 if [ "$mode" != run ]; then
-  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap,quick,bwd]" >&2
+  echo "usage: $0 build | run [report,tests,sweep,bench,seed,dtypes,coop,speed,sgemm,gap,quick,bwd,t128]" >&2
   exit 2
 fi
 
@@ -243,7 +258,7 @@ declare -A status
 summary() {
   echo
   echo "==== summary ===="
-  for k in report tests sweep bench seed dtypes coop speed sgemm gap quick bwd; do
+  for k in report tests sweep bench seed dtypes coop speed sgemm gap quick bwd t128; do
     [ -n "${status[$k]:-}" ] && printf '%-8s %s\n' "$k" "${status[$k]}"
   done
   # wgpu figures against the CUDA backend and cuBLAS on this machine (the script's docs).
@@ -285,6 +300,17 @@ summary() {
     grep -E "^adapter|FAIL" "$OUT/bwd.log"
     sed -n '/^| d_e chunk/,/^$/p' "$OUT/bwd.log"
     sed -n '/^| forward chunk/,/^$/p' "$OUT/bwd.log"
+  fi
+  if [ -f "$OUT/t128.log" ]; then
+    echo
+    echo "==== t128: the forward and backward shaders at 64 x 64 against 128 x 128 tiles, one chunk (GPU timestamps, medians) ===="
+    grep -E "^adapter|FAIL" "$OUT/t128.log"
+    grep -E "^\|" "$OUT/t128.log"
+  fi
+  if [ -f "$OUT/t128-backend.log" ]; then
+    echo
+    echo "==== t128: the backend at 8:8 against 16:16 and 16:8, forward and forward+backward (wall medians, losses and |Δ lse| against 8:8, then GPU time per shader) ===="
+    grep -E "^\| " "$OUT/t128-backend.log"
   fi
   if [ -f "$OUT/coop-gemma2.log" ]; then
     echo
@@ -422,6 +448,22 @@ if [[ $PHASES == *bwd* ]]; then
     --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 >"$OUT/bwd.log" 2>&1
   status[bwd]="d_e / d_c ablations rc=$?"
   grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/bwd.log" | cut -c1-220
+fi
+
+if [[ $PHASES == *t128* ]]; then
+  timeout 150 "$D/cce-bench-sgemm" --variants "" --shapes "" --check "" --warmup 1 --reps 3 \
+    --deadline-s 120 --out "$OUT/t128.jsonl" \
+    --fwd-variants "${T128_FWD-fwd-real,fwd-real:16x16,fwd-real:16x8,fwd-real:16x16:loop,fwd-loop:16x16}" \
+    --fwd-shapes 8192x29120x2304 --fwd-check 70x136x264 \
+    --bwd-variants "${T128_BWD-bwd-atomic,bwd-atomic:16x16,bwd-atomic:16x8,bwd-atomic:16x16:loop,bwd-noslab,bwd-noprod,bwd-noslab:16x16,bwd-noprod:16x16,dc-atomic,dc-atomic:16x16,dc-atomic:16x8}" \
+    --bwd-shapes 8192x29120x2304 --bwd-check 70x300x136 >"$OUT/t128.log" 2>&1
+  status[t128]="forward / backward shaders rc=$?; "
+  grep -E "^adapter|^built|^not built|FAIL|TFLOP" "$OUT/t128.log" | cut -c1-220
+  timeout 330 "$B" --shapes gemma2 --data c/8 --exact --ab --profile --reps 2 \
+    --deadline-s 300 --configs "${T128_CONFIGS:-8:8:named,16:16:named,16:8:named}" \
+    >"$OUT/t128-backend.log" 2>&1
+  status[t128]+="backend rc=$?"
+  grep -E "^adapter|round|deadline|config " "$OUT/t128-backend.log" | tail -24
 fi
 
 if [[ $PHASES == *coop* ]]; then

@@ -395,7 +395,7 @@ fn forward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Strin
         Ok(format!(
             "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% | {ratio:.2}{} |",
             l.splits.0,
-            m.div_ceil(fwd::TILE),
+            m.div_ceil(b.variant.shape.tile()),
             l.splits.1,
             100.0 * tf / cli.peak_tflops,
             if ratio <= 1.0 { "" } else { " FAIL" }
@@ -554,8 +554,8 @@ fn backward(cli: &Cli, g: &gpu::Gpu, start: Instant) -> Result<Vec<String>, Stri
             "| {m}x{n}x{k} | {name} | {} x {}, {} | {med:.3} | {min:.3} | {tf:.2} | {:.1}% |",
             l.splits.0,
             match b.variant.pass {
-                bwd::BwdPass::De => m.div_ceil(fwd::TILE),
-                bwd::BwdPass::Dc => n.div_ceil(fwd::TILE),
+                bwd::BwdPass::De => m.div_ceil(b.variant.shape.tile()),
+                bwd::BwdPass::Dc => n.div_ceil(b.variant.shape.tile()),
             },
             l.splits.1,
             100.0 * tf / cli.peak_tflops

@@ -48,6 +48,11 @@
 //! micro-tile an `array<vec4<f32>, 16>` behind a pointer, grad.wgsl's `prod_slice`) instead
 //! of the named one; for `real`, `noslab`, `noprod`, `nobias`, `slab4` and the atomic kinds.
 //!
+//! `:WGxTK`, `:loop`, `:wide` build the module at another tile shape or named-loop form, as
+//! the forward variants' ([`super::fwd::TileShape`]; e.g. `bwd-atomic:16x16`: 128 x 128 tiles
+//! of 16 x 16 threads, the wide form). In the wide form the product's ablations gate the
+//! wide text's parts (its `fetch_colg`, its written-out depth steps).
+//!
 //! `:f32` takes f32 inputs instead of bf16; `:wN` launches with N times the target
 //! workgroups (N times the splits, each with its own slab, or all into the one slab for the
 //! atomic variants); `:tN` launches for N target workgroups instead of the bench's
@@ -59,9 +64,9 @@
 //! tiles) with [`super::fwd::split_tiles`], `d_c` (splits of the row tiles, class tiles)
 //! with [`dc_split_tiles`]; one slab per split (one in all for the atomic variants).
 
-use super::fwd::{split_tiles, Chunk, TILE};
+use super::fwd::{split_tiles, Chunk, TileShape};
 use super::{gpu, host, Dtype};
-use cut_cross_entropy::cce_wgpu::{MainLoop, ShaderKind};
+use cut_cross_entropy::cce_wgpu::{MainLoop, NamedForm, ShaderKind};
 
 /// cce-wgpu's `FLAG_VEC_E | FLAG_VEC_C`.
 const FLAG_VEC: u32 = 1024 | 2048;
@@ -187,10 +192,13 @@ pub struct BwdVariant {
     /// The module's main loop: `MainLoop::Named` (the GPU default), or `MainLoop::Scalar`
     /// with `:scalar`.
     pub main_loop: MainLoop,
+    /// The module's tile shape and named-loop form (`:WGxTK`, `:loop`, `:wide`).
+    pub shape: TileShape,
 }
 
 impl BwdVariant {
-    /// Parse `bwd-<kind>[:f32][:wN][:tN][:scalar]` (`d_e`) or `dc-<kind>[..]` (`d_c`), kind
+    /// Parse `bwd-<kind>[:f32][:wN][:tN][:scalar][:WGxTK][:loop|:wide]` (`d_e`) or
+    /// `dc-<kind>[..]` (`d_c`), kind
     /// one of `real`, `noslab`, `noprod`, `slab4`, `atomic`, `atomic-co`, `nog`, `nox`,
     /// `nobar`, `nofma`, `dynk`, `noprodc`, and for `d_c` also `nobias` (module docs).
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -221,8 +229,12 @@ impl BwdVariant {
             wmul: 1,
             target: None,
             main_loop: MainLoop::Named,
+            shape: TileShape::default(),
         };
         for flag in parts {
+            if v.shape.flag(flag).map_err(|e| bad(&e))? {
+                continue;
+            }
             match flag {
                 "f32" => v.dtype = Dtype::F32,
                 w if w.starts_with('w') => {
@@ -251,6 +263,9 @@ impl BwdVariant {
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
             }
         }
+        if let Some(e) = v.shape.error(v.main_loop) {
+            return Err(bad(&e));
+        }
         Ok(v)
     }
 
@@ -274,7 +289,7 @@ impl BwdVariant {
         if self.main_loop == MainLoop::Scalar {
             n += ":scalar";
         }
-        n
+        n + &self.shape.suffix()
     }
 }
 
@@ -290,15 +305,20 @@ const SLICE_LOOP: &str = "        {begin}&pb, {x}, tx, ty, li);
 
 /// `prod_named`'s G panel staging (the `nog` variants gate it by `P.aux`).
 const PROD_PUT_G: &str = "            put_gp_named(gt, o.x, o.y, nk, buf ^ 1u);\n";
-/// `prod_named`'s X panel fetch (the `nox` variants gate it by `P.aux`).
+/// `prod_named`'s X panel fetch (the `nox` variants gate it by `P.aux`), and the wide form's.
 const PROD_FETCH_X: &str = "        if next {\n            fetch_cols(";
+const PROD_FETCH_X_WIDE: &str = "        if next {\n            px0 = fetch_colg(";
 /// `prod_named`'s barrier per panel step (the `nobar` variants gate it by `P.aux`).
 const PROD_BARRIER: &str = "        workgroupBarrier();\n        buf ^= 1u;\n";
 /// `prod_named`'s depth loop of a panel step (the `nofma` variants gate it by `P.aux`), up to
-/// the staging of the next panels that follows it.
+/// the staging of the next panels that follows it; and the wide form's written-out steps.
 const PROD_DEPTH: (&str, &str) = (
     "        for (var k = 0u; k < TK; k++) {\n            let ka",
     "        }\n        if next {\n            put_gp_named(",
+);
+const PROD_DEPTH_WIDE: (&str, &str) = (
+    "        let at = buf * TK * W_T4 + ty;\n",
+    "        if next {\n            put_gp_named(",
 );
 /// `prod_named`'s panel loop over a slice (the `dynk` variants give it an opaque trip count).
 const PROD_LOOP: &str = "    for (var k0 = 0u; k0 < t; k0 += TK) {\n";
@@ -383,16 +403,17 @@ fn shader(pass: BwdPass, kind: BwdKind) -> ShaderKind {
     }
 }
 
-/// The module of `pass`'s variant `kind` in the named main loop ([`source_with`]).
+/// The module of `pass`'s variant `kind` in the named main loop's loop form
+/// ([`source_with`]).
 pub fn source(pass: BwdPass, kind: BwdKind) -> String {
-    source_with(pass, kind, MainLoop::Named)
+    source_with(pass, kind, MainLoop::Named, NamedForm::Loop)
 }
 
-/// The module of `pass`'s variant `kind` built on `main_loop`'s module (the backend's,
-/// rewritten as the module docs say). Panics when the backend's text no longer has what it
-/// rewrites (unit-tested), for `NoBias` of `d_e`, or for a [`BwdKind::named_only`] kind on
-/// another loop than `MainLoop::Named`.
-pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String {
+/// The module of `pass`'s variant `kind` built on `main_loop`'s module (the backend's, its
+/// named loop in `form`, rewritten as the module docs say). Panics when the backend's text no
+/// longer has what it rewrites (unit-tested), for `NoBias` of `d_e`, or for a
+/// [`BwdKind::named_only`] kind on another loop than `MainLoop::Named`.
+pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop, form: NamedForm) -> String {
     let x = match pass {
         BwdPass::De => "false, c_base, P.n_cls",
         BwdPass::Dc => "true, r_base, P.n_rows",
@@ -401,7 +422,8 @@ pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String 
         MainLoop::Named => "prod_begin_named(gt, ",
         _ => "prod_begin(&gt, ",
     };
-    let real = shader(pass, kind).source_with(main_loop).into_owned();
+    let real = shader(pass, kind).source_form(main_loop, form).into_owned();
+    let wide = matches!(form, NamedForm::Wide { .. });
     let slice_loop = SLICE_LOOP.replace("{x}", x).replace("{begin}", begin);
     assert!(
         main_loop == MainLoop::Named || !kind.named_only(),
@@ -436,6 +458,11 @@ pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String 
             PROD_PUT_G,
             &format!("            if P.aux != 0.0 {{\n    {PROD_PUT_G}            }}\n"),
         ),
+        BwdKind::NoX if wide => in_prod(
+            &no_slab(&real),
+            PROD_FETCH_X_WIDE,
+            "        if next && P.aux != 0.0 {\n            px0 = fetch_colg(",
+        ),
         BwdKind::NoX => in_prod(
             &no_slab(&real),
             PROD_FETCH_X,
@@ -449,7 +476,7 @@ pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String 
         BwdKind::NoFma => {
             let src = no_slab(&real);
             let f = function(&src, "prod_named");
-            let (open, close) = PROD_DEPTH;
+            let (open, close) = if wide { PROD_DEPTH_WIDE } else { PROD_DEPTH };
             assert_eq!(f.matches(open).count(), 1, "prod_named's depth loop");
             assert_eq!(f.matches(close).count(), 1, "prod_named's depth loop end");
             let g = f
@@ -482,10 +509,10 @@ pub fn source_with(pass: BwdPass, kind: BwdKind, main_loop: MainLoop) -> String 
 }
 
 /// Row tiles per split of the backend's `d_c` pass for one chunk of `n_rows` x `n_cls` at
-/// `target_workgroups` (its `dc_split` with no memory cap): enough splits that splits x class
-/// tiles reaches the target, at most one per row tile.
-pub fn dc_split_tiles(n_rows: u32, n_cls: u32, target_workgroups: u32) -> u32 {
-    let (rt, ct) = (n_rows.div_ceil(TILE), n_cls.div_ceil(TILE));
+/// `target_workgroups` and tiles of side `tile` (its `dc_split` with no memory cap): enough
+/// splits that splits x class tiles reaches the target, at most one per row tile.
+pub fn dc_split_tiles(n_rows: u32, n_cls: u32, target_workgroups: u32, tile: u32) -> u32 {
+    let (rt, ct) = (n_rows.div_ceil(tile), n_cls.div_ceil(tile));
     let want = target_workgroups.div_ceil(ct.max(1)).clamp(1, rt.max(1));
     rt.div_ceil(want).max(1)
 }
@@ -545,7 +572,8 @@ impl BwdBuilt {
         // splits (or one) · n_cls floats; the counters of 4 words per workgroup), with the
         // ablations only narrowing when the product, the slab updates and the bias sums run;
         // `BwdBuilt::launch` binds buffers of those sizes.
-        Self::with_source(g, v, source_with(v.pass, v.kind, v.main_loop))
+        let form = v.shape.named_form(v.main_loop);
+        Self::with_source(g, v, source_with(v.pass, v.kind, v.main_loop, form))
     }
 
     /// [`BwdBuilt::new`] of the module text `src` (`v`'s, or a rewrite of it that keeps its
@@ -569,7 +597,7 @@ impl BwdBuilt {
                 g.info.name
             ));
         }
-        let constants = shader.constants(v.dtype.cce_code(), 8, 8);
+        let constants = shader.constants(v.dtype.cce_code(), v.shape.wg, v.shape.tk);
         let pipeline = g.pipeline(&v.name(), src, "main", &constants, false)?;
         Ok(Self {
             variant: v,
@@ -590,17 +618,18 @@ impl BwdBuilt {
             return Err(format!("{}: chunk of another dtype", v.name()));
         }
         let (n, nc, d) = chunk.shape;
-        let (row_tiles, cls_tiles) = (n.div_ceil(TILE), nc.div_ceil(TILE));
+        let tile = v.shape.tile();
+        let (row_tiles, cls_tiles) = (n.div_ceil(tile), nc.div_ceil(tile));
         let target_workgroups = v.target.unwrap_or(target_workgroups).saturating_mul(v.wmul);
         // (tiles per split, splits, the grid's y extent, floats per slab).
         let (per, nsplit, gy, stride) = match v.pass {
             BwdPass::De => {
-                let per = split_tiles(n, nc, target_workgroups, false);
+                let per = split_tiles(n, nc, target_workgroups, false, tile);
                 let stride = u64::from(n) * u64::from(d);
                 (per, cls_tiles.div_ceil(per), row_tiles, stride)
             }
             BwdPass::Dc => {
-                let per = dc_split_tiles(n, nc, target_workgroups);
+                let per = dc_split_tiles(n, nc, target_workgroups, tile);
                 let stride = u64::from(nc) * u64::from(d);
                 (per, row_tiles.div_ceil(per), cls_tiles, stride)
             }
@@ -827,9 +856,16 @@ mod tests {
             "dc-noprodc",
             "bwd-noslab:scalar",
             "dc-noprod:f32:scalar",
+            "bwd-atomic:16x16",
+            "dc-atomic-co:16x8",
+            "bwd-nofma:16x16",
+            "dc-real:f32:8x16:wide",
+            "bwd-noslab:16x8:loop",
         ] {
             assert_eq!(BwdVariant::parse(s).unwrap().name(), s);
         }
+        assert!(BwdVariant::parse("bwd-real:scalar:16x8:wide").is_err());
+        assert!(BwdVariant::parse("bwd-real:16x4").is_err());
         assert!(BwdVariant::parse("bwd-nog:scalar").is_err());
         assert!(BwdVariant::parse("bwd-noprodc:scalar").is_err());
         assert!(BwdVariant::parse("dc-nobias:scalar").is_err());
@@ -861,8 +897,17 @@ mod tests {
                 }
             }
         }
-        for (pass, kind, main_loop) in modules {
-            let src = source_with(pass, kind, main_loop);
+        let wide = NamedForm::wide(16, 16).unwrap();
+        let modules = modules.into_iter().flat_map(|(pass, kind, ml)| {
+            let forms = if ml == MainLoop::Named {
+                vec![NamedForm::Loop, wide]
+            } else {
+                vec![NamedForm::Loop]
+            };
+            forms.into_iter().map(move |f| (pass, kind, ml, f))
+        });
+        for (pass, kind, main_loop, form) in modules {
+            let src = source_with(pass, kind, main_loop, form);
             assert_eq!(
                 src.matches("array<vec4<f32>>;").count(),
                 usize::from(kind == BwdKind::Slab4),
@@ -937,12 +982,20 @@ mod tests {
             return;
         }
         const FALLBACK: &str = "add_rows4_scattered(l0, h0, l1, h1, l2, h2, l3, h3, base, ok, n0);";
-        for (i, name) in ["bwd-atomic-co", "dc-atomic-co", "bwd-atomic-co:f32"]
-            .iter()
-            .enumerate()
+        for (i, name) in [
+            "bwd-atomic-co",
+            "dc-atomic-co",
+            "bwd-atomic-co:f32",
+            // Rows of 16 threads: each 8-lane row group one half of a row.
+            "bwd-atomic-co:16x8",
+            "dc-atomic-co:16x8:f32",
+        ]
+        .iter()
+        .enumerate()
         {
             let v = BwdVariant::parse(name).unwrap();
-            let src = source(v.pass, v.kind);
+            let form = v.shape.named_form(v.main_loop);
+            let src = source_with(v.pass, v.kind, v.main_loop, form);
             assert_eq!(src.matches(FALLBACK).count(), 1, "{name}: the fallback");
             let b = BwdBuilt::with_source(&g, v, src.replace(FALLBACK, "")).unwrap();
             for (s, shape) in [(70, 300, 136), (130, 136, 72), (70, 136, 132)]
@@ -1017,6 +1070,21 @@ mod tests {
                 "bwd-noslab:scalar",
                 "bwd-noprod:scalar",
                 "dc-real:scalar",
+                // 128 x 128 tiles (the wide form; 16:16's 32 KiB + 24 B of workgroup memory
+                // is over lavapipe's 32 KiB), the loop form there, and the wide form at 64 x
+                // 64 (16-deep panels: four column groups and f32 units per invocation).
+                "bwd-real:16x8",
+                "dc-real:16x8:f32",
+                "bwd-atomic:16x8:f32",
+                "dc-atomic-co:16x8",
+                "bwd-noslab:16x8:loop",
+                "bwd-nox:16x8",
+                "dc-nofma:16x8",
+                "bwd-nog:16x8",
+                "dc-dynk:16x8",
+                "bwd-real:8x16:wide:f32",
+                "dc-atomic:8x16:wide",
+                "bwd-nofma:8x8:wide",
             ]
             .iter()
             .enumerate()
@@ -1035,7 +1103,11 @@ mod tests {
                 let chunk = Chunk::new(&g, shape, v.dtype, (10 * s + i) as u64).unwrap();
                 let b = BwdBuilt::new(&g, v).unwrap();
                 let l = b.launch(&g, &chunk, 8).unwrap();
-                assert!(l.splits.0 > 1, "{shape:?}: one split");
+                // (d_c at 128 x 128 tiles has one row tile at 70 rows.)
+                assert!(
+                    l.splits.0 > 1 || v.shape.tile() > 64,
+                    "{shape:?}: one split"
+                );
                 let slab = l.run(&g).unwrap();
                 let (ratio, what) = check_all(v, &chunk, l.slabs, &slab);
                 assert!(

@@ -21,6 +21,11 @@
 //!   (`logits_named`, the GPU default); `:t1`: one class tile per workgroup (`split_tiles`
 //!   1, a grid of class tiles x row tiles, as the `ours` SGEMM) instead of the backend's
 //!   split; `:f32`: f32 inputs instead of bf16;
+//! - `:WGxTK` (e.g. `:16x16`): the module at tiles of `WG x WG` threads and `TK`-deep panels
+//!   (default `8x8`, the backend's default), the named loop in the form the backend
+//!   generates for that shape (`NamedForm::for_shape`: the wide form at `wg` 16); `:loop` /
+//!   `:wide` force the named loop's loop form or wide form (`NamedForm`) at any shape that
+//!   has it;
 //! - `:padN` (`fwd-real` only): the real pass with N KiB of workgroup memory added (an
 //!   array each thread writes one vec4 of before the pass and reads another thread's after
 //!   it, [`pad_source`]), so that the forward runs with the footprint of another shader (the
@@ -30,15 +35,115 @@
 //! 3 bias (none: a 256-byte stand-in), 4 targets `[n_rows]` i32, 5 partials
 //! `[n_rows, splits]` Part, 6 target logits `[n_rows]` f32); `Params` with the chunk at
 //! `row0 = cls0 = 0`, `v_total = n_cls`, `FLAG_VEC_E | FLAG_VEC_C` (d a multiple of 4).
-//! Tiling and thread mapping: fwd_partial.wgsl's (64 x 64 tiles, 8 x 8 threads); the grid
-//! (splits, row tiles) with `split_tiles` from [`split_tiles`].
+//! Tiling and thread mapping: fwd_partial.wgsl's (`8·WG` x `8·WG` tiles, WG x WG threads: 64 x
+//! 64 and 8 x 8 by default); the grid (splits, row tiles) with `split_tiles` from
+//! [`split_tiles`].
 
 use super::{gpu, host, Dtype};
-use cut_cross_entropy::cce_wgpu::{MainLoop, ShaderKind};
+use cut_cross_entropy::cce_wgpu::{KernelConfig, MainLoop, NamedForm, ShaderKind};
 use std::fmt::Write;
 
-/// cce-wgpu's tile side at `wg` 8.
+/// cce-wgpu's tile side at `wg` 8 (the default [`TileShape`]).
 pub const TILE: u32 = 64;
+
+/// The tile shape and named-loop form a forward or backward variant's module is built for:
+/// `:WGxTK` (threads per tile side, panel depth; default `8x8`), `:loop` / `:wide` (the
+/// named loop's [`NamedForm`]; default: the backend's for the shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileShape {
+    /// Threads per tile side (`KernelConfig::wg`).
+    pub wg: u32,
+    /// Panel depth (`KernelConfig::tk`).
+    pub tk: u32,
+    /// `Some(true)`: the wide form, `Some(false)`: the loop form, `None`: the backend's.
+    pub form: Option<bool>,
+}
+
+impl Default for TileShape {
+    fn default() -> Self {
+        TileShape {
+            wg: 8,
+            tk: 8,
+            form: None,
+        }
+    }
+}
+
+impl TileShape {
+    /// Side of the logits tile.
+    pub fn tile(&self) -> u32 {
+        8 * self.wg
+    }
+
+    /// Take `flag` if it is one of the shape's (`WGxTK`, `loop`, `wide`): `Ok(true)`; another
+    /// flag: `Ok(false)`; a malformed `WGxTK`: an error.
+    pub fn flag(&mut self, flag: &str) -> Result<bool, String> {
+        match flag {
+            "loop" => self.form = Some(false),
+            "wide" => self.form = Some(true),
+            f => {
+                let Some((a, b)) = f.split_once('x') else {
+                    return Ok(false);
+                };
+                let num = |x: &str| x.parse::<u32>().map_err(|e| format!("{f:?}: {e}"));
+                self.wg = num(a)?;
+                self.tk = num(b)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Why the backend's shaders cannot run this shape with `main_loop`, if they cannot
+    /// (`KernelConfig::shape_error`; a form asked for needs the named loop, the wide form a
+    /// shape `NamedForm::wide` takes).
+    pub fn error(&self, main_loop: MainLoop) -> Option<String> {
+        let cfg = KernelConfig {
+            wg: self.wg,
+            tk: self.tk,
+            main_loop,
+            ..KernelConfig::for_adapter(wgpu::DeviceType::Cpu, u32::MAX)
+        };
+        if let Some(e) = cfg.shape_error() {
+            return Some(e);
+        }
+        match self.form {
+            Some(_) if main_loop != MainLoop::Named => {
+                Some("loop / wide are forms of the named loop".into())
+            }
+            Some(true) if NamedForm::wide(self.wg, self.tk).is_none() => Some(format!(
+                "no wide form at {}x{} (wg and tk multiples of 8)",
+                self.wg, self.tk
+            )),
+            _ => None,
+        }
+    }
+
+    /// The named loop's form of a module with `main_loop` at this shape.
+    pub fn named_form(&self, main_loop: MainLoop) -> NamedForm {
+        if main_loop != MainLoop::Named {
+            return NamedForm::Loop;
+        }
+        match self.form {
+            None => NamedForm::for_shape(self.wg, self.tk),
+            Some(true) => NamedForm::wide(self.wg, self.tk).unwrap_or(NamedForm::Loop),
+            Some(false) => NamedForm::Loop,
+        }
+    }
+
+    /// The flags [`TileShape::flag`] reads back (empty for the default).
+    pub fn suffix(&self) -> String {
+        let mut n = String::new();
+        if (self.wg, self.tk) != (8, 8) {
+            let _ = write!(n, ":{}x{}", self.wg, self.tk);
+        }
+        match self.form {
+            Some(true) => n += ":wide",
+            Some(false) => n += ":loop",
+            None => {}
+        }
+        n
+    }
+}
 /// cce-wgpu's `FLAG_VEC_E | FLAG_VEC_C`.
 const FLAG_VEC: u32 = 1024 | 2048;
 /// Words of one `Part` (common.wgsl).
@@ -70,10 +175,12 @@ pub struct FwdVariant {
     pub dtype: Dtype,
     /// KiB of workgroup memory added to the real pass (`:padN`; 0: none).
     pub pad_kib: u32,
+    /// The module's tile shape and named-loop form (`:WGxTK`, `:loop`, `:wide`).
+    pub shape: TileShape,
 }
 
 impl FwdVariant {
-    /// Parse `fwd-{real|nowrite|loopwg|loop}[:scalar][:t1][:f32]`.
+    /// Parse `fwd-{real|nowrite|loopwg|loop}[:scalar][:WGxTK][:loop|:wide][:t1][:f32][:padN]`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let bad = |why: &str| format!("forward variant {s:?}: {why}");
         let mut parts = s.split(':');
@@ -90,8 +197,12 @@ impl FwdVariant {
             one_tile: false,
             dtype: Dtype::Bf16,
             pad_kib: 0,
+            shape: TileShape::default(),
         };
         for flag in parts {
+            if v.shape.flag(flag).map_err(|e| bad(&e))? {
+                continue;
+            }
             if let Some(n) = flag.strip_prefix("pad") {
                 v.pad_kib = match n.parse::<u32>() {
                     Ok(k) if (1..=64).contains(&k) => k,
@@ -111,6 +222,13 @@ impl FwdVariant {
                 other => return Err(bad(&format!("unknown flag {other:?}"))),
             }
         }
+        if let Some(e) = v.shape.error(v.main_loop) {
+            return Err(bad(&e));
+        }
+        // pad_source's slots below WG².
+        if v.pad_kib > 0 && 64 * v.pad_kib < v.shape.wg * v.shape.wg {
+            return Err(bad("padN wants N KiB >= WG² / 64"));
+        }
         Ok(v)
     }
 
@@ -126,6 +244,7 @@ impl FwdVariant {
         if self.main_loop == MainLoop::Scalar {
             n += ":scalar";
         }
+        n += &self.shape.suffix();
         if self.one_tile {
             n += ":t1";
         }
@@ -165,14 +284,20 @@ impl FwdVariant {
     }
 }
 
-/// Tiles per split of a chunk of `n_rows x n_cls`: 1 for `one_tile`, else as
-/// `WgpuBackend::class_splits` for one row chunk without a loop budget (GPUs): the chunk's
-/// class tiles cut into about `target_workgroups / row tiles` contiguous splits.
-pub fn split_tiles(n_rows: u32, n_cls: u32, target_workgroups: u32, one_tile: bool) -> u32 {
+/// Tiles per split of a chunk of `n_rows x n_cls` at tiles of side `tile`: 1 for `one_tile`,
+/// else as `WgpuBackend::class_splits` for one row chunk without a loop budget (GPUs): the
+/// chunk's class tiles cut into about `target_workgroups / row tiles` contiguous splits.
+pub fn split_tiles(
+    n_rows: u32,
+    n_cls: u32,
+    target_workgroups: u32,
+    one_tile: bool,
+    tile: u32,
+) -> u32 {
     if one_tile {
         return 1;
     }
-    let (rt, ct) = (n_rows.div_ceil(TILE), n_cls.div_ceil(TILE));
+    let (rt, ct) = (n_rows.div_ceil(tile), n_cls.div_ceil(tile));
     let want = target_workgroups.div_ceil(rt.max(1)).clamp(1, ct.max(1));
     ct.div_ceil(want).max(1)
 }
@@ -207,9 +332,12 @@ fn function<'a>(src: &'a str, name: &str) -> &'a str {
     &src[at..end]
 }
 
-/// The forward module for `main_loop` with the entry points of every [`FwdKind`] appended.
-pub fn source(main_loop: MainLoop) -> String {
-    let mut w = ShaderKind::FwdPartial.source_with(main_loop).into_owned();
+/// The forward module for `main_loop` (its named loop in `form`) with the entry points of
+/// every [`FwdKind`] appended.
+pub fn source(main_loop: MainLoop, form: NamedForm) -> String {
+    let mut w = ShaderKind::FwdPartial
+        .source_form(main_loop, form)
+        .into_owned();
     // row_step / put_row without the target-logit store.
     let row_step = function(&w, "row_step");
     assert!(
@@ -366,9 +494,12 @@ fn {entry}{sig} {{
 /// memory added. Thread `li` writes slot `li` of the array before the pass and, only when
 /// `P.aux < -1` (never in the bench), stores slot `(li + 1) % WG²` into `tlogit[0]` after it:
 /// the array is live across the pass, so the driver allocates it, and the pass computes
-/// exactly what `main` does. Bounds: slots below `WG² <= 64 <= 64·kib` (`kib >= 1`).
-pub fn pad_source(main_loop: MainLoop, kib: u32) -> String {
-    let mut w = ShaderKind::FwdPartial.source_with(main_loop).into_owned();
+/// exactly what `main` does. Bounds: slots below `WG² <= 64·kib` ([`FwdVariant::parse`]
+/// checks it).
+pub fn pad_source(main_loop: MainLoop, form: NamedForm, kib: u32) -> String {
+    let mut w = ShaderKind::FwdPartial
+        .source_form(main_loop, form)
+        .into_owned();
     let pass = match main_loop {
         MainLoop::Named => "fwd_named",
         _ => "fwd_partial",
@@ -394,9 +525,9 @@ fn fwd_pad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     w
 }
 
-/// Override constants of the forward pipeline for `dtype` (`wg` 8, `tk` 8).
-pub fn constants(dtype: Dtype) -> Vec<(&'static str, f64)> {
-    ShaderKind::FwdPartial.constants(dtype.cce_code(), 8, 8)
+/// Override constants of the forward pipeline for `dtype` at `shape`'s `wg:tk`.
+pub fn constants(dtype: Dtype, shape: TileShape) -> Vec<(&'static str, f64)> {
+    ShaderKind::FwdPartial.constants(dtype.cce_code(), shape.wg, shape.tk)
 }
 
 /// The forward's bindings of one chunk and its inputs' values on the host.
@@ -504,12 +635,16 @@ impl FwdBuilt {
         // `FwdBuilt::launch` on buffers of those sizes.
         // `fwd-real` runs the backend's module text unchanged (no appended entry points).
         // `:padN` adds an entry point whose only extra access is `pad_source`'s array.
+        let form = v.shape.named_form(v.main_loop);
         let src = match v.kind {
-            FwdKind::Real if v.pad_kib > 0 => pad_source(v.main_loop, v.pad_kib),
-            FwdKind::Real => ShaderKind::FwdPartial.source_with(v.main_loop).into_owned(),
-            _ => source(v.main_loop),
+            FwdKind::Real if v.pad_kib > 0 => pad_source(v.main_loop, form, v.pad_kib),
+            FwdKind::Real => ShaderKind::FwdPartial
+                .source_form(v.main_loop, form)
+                .into_owned(),
+            _ => source(v.main_loop, form),
         };
-        let pipeline = g.pipeline(&v.name(), src, v.entry(), &constants(v.dtype), false)?;
+        let constants = constants(v.dtype, v.shape);
+        let pipeline = g.pipeline(&v.name(), src, v.entry(), &constants, false)?;
         Ok(Self {
             variant: v,
             pipeline,
@@ -529,8 +664,9 @@ impl FwdBuilt {
             return Err(format!("{}: chunk of another dtype", v.name()));
         }
         let (n, nc, d) = chunk.shape;
-        let per = split_tiles(n, nc, target_workgroups, v.one_tile);
-        let nsplit = nc.div_ceil(TILE).div_ceil(per);
+        let tile = v.shape.tile();
+        let per = split_tiles(n, nc, target_workgroups, v.one_tile, tile);
+        let nsplit = nc.div_ceil(tile).div_ceil(per);
         let part = g.storage(
             "partials",
             u64::from(n) * u64::from(nsplit) * PART_WORDS as u64 * 4,
@@ -550,7 +686,7 @@ impl FwdBuilt {
             p
         };
         let flop = 2.0 * f64::from(n) * f64::from(nc) * f64::from(d);
-        let groups = (nsplit, n.div_ceil(TILE));
+        let groups = (nsplit, n.div_ceil(tile));
         let mk = |aux: f32| -> Result<gpu::Launch, String> {
             let ubuf = g.uniform(bytemuck::cast_slice(&params(aux)))?;
             let [e, c, b, t] = &chunk.bufs;
@@ -648,8 +784,8 @@ pub fn check(
             })
             .collect();
         for s in 0..nsplit as usize {
-            let lo = s * per as usize * TILE as usize;
-            let hi = ((s + 1) * per as usize * TILE as usize).min(nc);
+            let lo = s * per as usize * v.shape.tile() as usize;
+            let hi = ((s + 1) * per as usize * v.shape.tile() as usize).min(nc);
             let zs = &z[lo..hi];
             let p = &out.part[(r * nsplit as usize + s) * PART_WORDS..][..PART_WORDS];
             let f = |i: usize| f64::from(f32::from_bits(p[i]));
@@ -722,9 +858,34 @@ mod tests {
             "fwd-loop:scalar:t1:f32",
             "fwd-real:pad12",
             "fwd-real:scalar:f32:pad4",
+            "fwd-real:16x16",
+            "fwd-real:16x8:loop",
+            "fwd-loop:8x16:wide:t1",
+            "fwd-real:16x16:pad4",
         ] {
             assert_eq!(FwdVariant::parse(s).unwrap().name(), s);
         }
+        assert_eq!(
+            FwdVariant::parse("fwd-real:8x8").unwrap().name(),
+            "fwd-real"
+        );
+        assert!(
+            FwdVariant::parse("fwd-real:16x4").is_err(),
+            "2·tk / wg not whole"
+        );
+        assert!(
+            FwdVariant::parse("fwd-real:4x8:wide").is_err(),
+            "no wide form"
+        );
+        assert!(
+            FwdVariant::parse("fwd-real:scalar:wide").is_err(),
+            "a named form"
+        );
+        assert!(
+            FwdVariant::parse("fwd-real:16x16:pad1").is_err(),
+            "256 slots in 64"
+        );
+        assert!(FwdVariant::parse("fwd-real:axb").is_err());
         assert!(FwdVariant::parse("fwd-fast").is_err());
         assert!(FwdVariant::parse("fwd-real:x").is_err());
         assert!(FwdVariant::parse("fwd-loop:pad4").is_err());
@@ -736,17 +897,25 @@ mod tests {
     fn splits_follow_the_backend() {
         // 8192 rows (128 row tiles), 29120 classes (455 tiles), 2048 workgroups: 16 splits of
         // 29 tiles, as WgpuBackend::class_splits for the first class chunk at 256000 classes.
-        assert_eq!(split_tiles(8192, 29120, 2048, false), 29);
+        assert_eq!(split_tiles(8192, 29120, 2048, false, 64), 29);
         assert_eq!(29120u32.div_ceil(64).div_ceil(29), 16);
-        assert_eq!(split_tiles(8192, 8192, 2048, false), 8);
-        assert_eq!(split_tiles(8192, 8192, 2048, true), 1);
-        assert_eq!(split_tiles(200, 300, 8, false), 3);
+        assert_eq!(split_tiles(8192, 8192, 2048, false, 64), 8);
+        assert_eq!(split_tiles(8192, 8192, 2048, true, 64), 1);
+        assert_eq!(split_tiles(200, 300, 8, false, 64), 3);
+        // 128 x 128 tiles: 64 row tiles, 228 class tiles, 32 splits of 8 tiles (the last 4).
+        assert_eq!(split_tiles(8192, 29120, 2048, false, 128), 8);
+        assert_eq!(29120u32.div_ceil(128).div_ceil(8), 29);
     }
 
     #[test]
     fn every_module_validates() {
-        for ml in [MainLoop::Named, MainLoop::Scalar] {
-            let src = source(ml);
+        let wide = NamedForm::wide(16, 16).unwrap();
+        for (ml, form) in [
+            (MainLoop::Named, NamedForm::Loop),
+            (MainLoop::Scalar, NamedForm::Loop),
+            (MainLoop::Named, wide),
+        ] {
+            let src = source(ml, form);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&src)));
             Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -762,7 +931,7 @@ mod tests {
             assert!(function(&src, "row_step_nw").contains("i32(gj) == y"));
             assert!(!function(&src, "row_step_nw").contains("tlogit"));
             assert!(function(&src, "fwd_end_nw").contains("P.aux != 0.0"));
-            let padded = pad_source(ml, 12);
+            let padded = pad_source(ml, form, 12);
             let module = naga::front::wgsl::parse_str(&padded)
                 .unwrap_or_else(|e| panic!("{}", e.emit_to_string(&padded)));
             Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -796,6 +965,14 @@ mod tests {
             "fwd-real:f32",
             "fwd-real:pad12",
             "fwd-real:scalar:pad4",
+            // 128 x 128 tiles (the wide form), and the wide form at 64 x 64 and 16-deep
+            // panels (four f32 units per invocation).
+            "fwd-real:16x8",
+            "fwd-real:16x16",
+            "fwd-real:16x16:f32",
+            "fwd-loop:16x8:loop:f32",
+            "fwd-real:8x16:wide:f32",
+            "fwd-nowrite:8x8:wide",
         ];
         for (s, shape) in [(200, 300, 72), (70, 136, 264)].into_iter().enumerate() {
             for (i, name) in names.iter().enumerate() {

@@ -134,12 +134,22 @@ impl WgpuBackend {
                 reason: format!("{reason} ({cfg:?})"),
             });
         }
-        let wgb = cfg.workgroup_bytes();
-        if wgb > ctx.limits.max_compute_workgroup_storage_size as u64 {
+        // The forward and the backward products run at the config's shape; the threshold
+        // pass at its own where the config's does not fit (`KernelConfig::hist_shape`).
+        let max = ctx.limits.max_compute_workgroup_storage_size as u64;
+        let wgb = cfg.fwd_bytes().max(cfg.grad_bytes());
+        let short = if wgb > max {
+            Some(wgb)
+        } else if cfg.hist_shape(max).is_none() {
+            Some(cfg.hist_bytes())
+        } else {
+            None
+        };
+        if let Some(requested) = short {
             return Err(CceError::ResourceLimit {
                 resource: format!("workgroup memory bytes for tile {}", cfg.tile()),
-                requested: wgb,
-                max: ctx.limits.max_compute_workgroup_storage_size as u64,
+                requested,
+                max,
             });
         }
         let threads = cfg.wg * cfg.wg;
@@ -328,11 +338,6 @@ impl WgpuBackend {
         }
     }
 
-    /// Loop iterations per thread of one forward / threshold tile.
-    fn fwd_iters(&self, d: usize) -> usize {
-        self.cfg.fwd_iters(d)
-    }
-
     /// Loop iterations per thread of one backward tile.
     fn bwd_iters(&self, d: usize) -> usize {
         self.cfg.bwd_iters(d)
@@ -366,6 +371,24 @@ impl WgpuBackend {
         binds: &[Bind<'_>],
         grid: [u32; 3],
     ) -> Result<()> {
+        let shape = (self.cfg.wg, self.cfg.tk);
+        self.run_at(pass, kind, dt, shape, params, binds, grid)
+    }
+
+    /// [`WgpuBackend::run`] with the pipeline built for tiles of `shape` = `(wg, tk)`
+    /// instead of the config's (the threshold pass where the config's tiles leave its
+    /// histogram no room, `KernelConfig::hist_shape`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_at(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        kind: ShaderKind,
+        dt: u32,
+        (wg, tk): (u32, u32),
+        params: &Params,
+        binds: &[Bind<'_>],
+        grid: [u32; 3],
+    ) -> Result<()> {
         if grid.contains(&0) {
             return Ok(());
         }
@@ -381,7 +404,7 @@ impl WgpuBackend {
         let pipe = self.ctx.pipeline(
             kind,
             dt,
-            (self.cfg.wg, self.cfg.tk, self.cfg.main_loop),
+            (wg, tk, self.cfg.main_loop),
             self.cfg.runtime_checks,
         );
         let ubuf = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -585,15 +608,22 @@ impl WgpuBackend {
         }
     }
 
-    /// Splits per class chunk for the forward / threshold passes: `(tiles per split, splits,
-    /// first partial column)` per class chunk, and the total partial columns.
-    fn class_splits(&self, plan: &Plan) -> Result<(Vec<ClassSplit>, usize)> {
-        self.class_splits_t(plan, self.t())
+    /// Splits per class chunk for the forward passes at tiles of side `t` (the config's, or
+    /// the 128 x 128 cooperative-matrix forward's under a 64 x 64 configuration): `(tiles per
+    /// split, splits, first partial column)` per class chunk, and the total partial columns.
+    fn class_splits_t(&self, plan: &Plan, t: usize) -> Result<(Vec<ClassSplit>, usize)> {
+        self.class_splits_cfg(plan, t, &self.cfg)
     }
 
-    /// [`WgpuBackend::class_splits`] for tiles of side `t` (the 128 x 128 cooperative-matrix
-    /// forward's under a 64 x 64 configuration).
-    fn class_splits_t(&self, plan: &Plan, t: usize) -> Result<(Vec<ClassSplit>, usize)> {
+    /// [`WgpuBackend::class_splits_t`] for the threshold pass too: tiles of side `t` whose
+    /// loop iterations per tile are those of `cfg` (the config's, or the threshold pass's
+    /// own shape, `KernelConfig::hist_shape`).
+    pub(crate) fn class_splits_cfg(
+        &self,
+        plan: &Plan,
+        t: usize,
+        cfg: &KernelConfig,
+    ) -> Result<(Vec<ClassSplit>, usize)> {
         let max_rt = plan
             .row_chunks
             .iter()
@@ -607,7 +637,7 @@ impl WgpuBackend {
         loop {
             let mut out = Vec::new();
             let mut base = 0;
-            let cap = self.cap_tiles(self.fwd_iters(plan.problem.d));
+            let cap = self.cap_tiles(cfg.fwd_iters(plan.problem.d));
             for cc in &plan.class_chunks {
                 let (per, n) = split(tiles(cc.len(), t), want, cap);
                 out.push((per, n, base));

@@ -39,7 +39,11 @@
 //!    indices (`named_panel_reads_stay_in_the_panels` enumerates the first, the named unit
 //!    tests check the second are `prod_slice`'s text), and runs the backward entry points
 //!    with the same control flow and by-value row calls; its accumulators are named values,
-//!    not an array, so it adds no index of its own.
+//!    not an array, so it adds no index of its own. Its wide form (`NamedForm::Wide`, at
+//!    `wg` = 16) stages through panels_wide.wgsl instead: e and c only through its guarded
+//!    `load_unit` (a whole vector only for a whole, aligned unit) and gemm.wgsl's `load4`,
+//!    panel indices below `4·TK·WG` and every slot written once per panel (the named unit
+//!    tests enumerate every shape `NamedForm::wide` accepts).
 //!
 //! The hostile-shape tests (`tests/conformance.rs`) run every pass at edge sizes (1 x 1 x 1,
 //! sizes one past a tile, odd `D`, odd element offsets of 16-bit views) against the f64

@@ -85,7 +85,7 @@ mod profile;
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;
 pub use buffers::WgpuTensor;
-pub use config::{default_shapes, CoopTile, KernelConfig, MainLoop};
+pub use config::{default_shapes, CoopTile, KernelConfig, MainLoop, NamedForm};
 pub use context::{pick_adapter, WgpuError};
 pub use pipelines::ShaderKind;
 pub use profile::PassTime;

@@ -22,6 +22,15 @@
 //!   bwd_dc_main.wgsl) rewritten line by line so that every per-row call takes the row by
 //!   value from a named accumulator (the control flow stays that of the `Acc` files).
 //!
+//! Two forms ([`NamedForm`], picked per tile shape by [`NamedForm::for_shape`]): the text above
+//! ([`NamedForm::Loop`], every shape, `8:8` included) and the wide form
+//! ([`NamedForm::Wide`], 128 x 128 tiles of 16 x 16 threads): [`logits_wide`] and
+//! [`prod_wide`] replace `logits_named` and `prod_named` (same names and signatures, so the
+//! passes and entry points above are the same text) with the reference SGEMM `t128r8k16nu`'s
+//! structure: the panel's depth steps written out, interleaved panel slots read at
+//! `As[ty]`, `As[WG + ty]`, `Bs[tx]`, `Bs[WG + tx]`, and panels_wide.wgsl's loop-free staging
+//! from named prefetch words.
+//!
 //! Micro-tile layout as tile_io.wgsl: `aN` holds what `acc[N]` holds in the other main loops
 //! (row `N / 2` of the thread's rows, classes `4·(N % 2) .. +3` of its eight). Bounds: the
 //! panel indices are those of logits_scalar.wgsl's `mma_panel` (`(buf·TK + k)·2WG + 2ty + 1`
@@ -29,6 +38,7 @@
 //! and `put_gp` (the same indices with `tx` or `ty`, and `kk < TK` for the G panel's stores),
 //! see the `bounds` module.
 
+use crate::config::NamedForm;
 use std::fmt::Write;
 
 /// Accumulators of the micro-tile (8 rows x two vec4 of classes).
@@ -206,6 +216,268 @@ fn prod_named(gt: Tile, pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src:
     );
     s.push_str(&returned());
     s
+}
+
+/// The depth steps of one panel written out (the wide form): `tk` blocks, step `k` reading
+/// `As[at + k·W_T4]`, `As[at + k·W_T4 + WG]`, `Bs[bt + k·W_T4]`, `Bs[bt + k·W_T4 + WG]`
+/// (panels_wide.wgsl's interleaved slots; `at` = the buffer's first slot + `ty`, `bt` the
+/// same + `tx`) into `x0`, `x1`, `y0`, `y1`, then the sixteen FMAs ([`fma_line`]).
+fn written_steps(tk: u32) -> String {
+    let mut s = String::new();
+    for k in 0..tk {
+        let _ = writeln!(
+            s,
+            "        {{
+            let x0 = As[at + {k}u * W_T4];
+            let x1 = As[at + {k}u * W_T4 + WG];
+            let y0 = Bs[bt + {k}u * W_T4];
+            let y1 = Bs[bt + {k}u * W_T4 + WG];"
+        );
+        for n in 0..N_ACC {
+            let _ = writeln!(s, "            {}", fma_line(n));
+        }
+        s.push_str("        }\n");
+    }
+    s
+}
+
+/// Slots (units or column groups per invocation and operand) of the wide form's panels at
+/// `wg:tk`: `2·tk / wg` (the f32 row panels' units and the column panels' groups; f16/bf16
+/// row panels have half as many units, `W_UNITS`).
+fn wide_slots(wg: u32, tk: u32) -> u32 {
+    2 * tk / wg
+}
+
+/// The condition under which slot `s` of a row panel holds a unit (`u = li + s·WG²` below
+/// `W_UNITS`), or `None` when it does for every dtype (`(s + 1)·wg <= tk`: the f16/bf16
+/// panels' `wg·tk` units per `wg²` invocations). Its first term is an override expression,
+/// constant in the pipeline.
+fn unit_guard(wg: u32, tk: u32, s: u32) -> Option<String> {
+    ((s + 1) * wg > tk)
+        .then(|| format!("{s}u * WG * WG < W_UNITS && li + {s}u * WG * WG < W_UNITS"))
+}
+
+/// `fn logits_named` in the wide form ([`NamedForm::Wide`](crate::NamedForm::Wide), text for
+/// `wg:tk`): the same signature and result as [`logits_named`], the panels staged by
+/// panels_wide.wgsl's `fetch_unit` / `put_unit` from named prefetch words `pa<s>` / `pb<s>`
+/// (one `vec4<u32>` per slot and operand, slot `s` = unit `li + s·WG²`), the depth steps
+/// written out ([`written_steps`]), double buffered with one barrier per panel.
+pub fn logits_wide(wg: u32, tk: u32) -> String {
+    let ns = wide_slots(wg, tk);
+    let per_slot = |body: &dyn Fn(u32) -> String, ind: &str| -> String {
+        let mut out = String::new();
+        for sl in 0..ns {
+            let b = body(sl);
+            match unit_guard(wg, tk, sl) {
+                Some(g) => {
+                    let _ = writeln!(out, "{ind}if {g} {{");
+                    for l in b.lines() {
+                        let _ = writeln!(out, "{ind}    {l}");
+                    }
+                    let _ = writeln!(out, "{ind}}}");
+                }
+                None => {
+                    for l in b.lines() {
+                        let _ = writeln!(out, "{ind}{l}");
+                    }
+                }
+            }
+        }
+        out
+    };
+    let fetch = |k0: &'static str| {
+        move |sl: u32| {
+            format!(
+                "pa{sl} = fetch_unit(true, r_base, P.n_rows, {k0}, li + {sl}u * WG * WG);\n\
+                 pb{sl} = fetch_unit(false, c_base, P.n_cls, {k0}, li + {sl}u * WG * WG);"
+            )
+        }
+    };
+    let put = |buf: &'static str| {
+        move |sl: u32| {
+            format!(
+                "put_unit(true, pa{sl}, li + {sl}u * WG * WG, {buf});\n\
+                 put_unit(false, pb{sl}, li + {sl}u * WG * WG, {buf});"
+            )
+        }
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "// The thread's 8 x 8 micro-tile of one logits tile: aN = acc[N] of tile_io.wgsl.
+struct Tile {{"
+    );
+    for n in 0..N_ACC {
+        let _ = writeln!(s, "    a{n}: vec4<f32>,");
+    }
+    let _ = writeln!(
+        s,
+        "}}
+
+// Logits (without bias) of rows r_base.. x classes c_base.. of the chunk, in named
+// accumulators; the wide form (panels_wide.wgsl), written for WG = {wg}, TK = {tk}: {ns}
+// unit slot(s) per operand, {tk} depth steps per panel written out. Starts by writing As/Bs
+// (the caller's earlier reads of them are behind a barrier) and ends with a barrier.
+fn logits_named(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) -> Tile {{"
+    );
+    s.push_str(&zeroed());
+    for sl in 0..ns {
+        let _ = writeln!(
+            s,
+            "    var pa{sl} = vec4<u32>(0u);\n    var pb{sl} = vec4<u32>(0u);"
+        );
+    }
+    s.push_str(&per_slot(&fetch("0u"), "    "));
+    s.push_str(&per_slot(&put("0u"), "    "));
+    s.push_str(
+        "    workgroupBarrier();
+    var buf = 0u;
+    for (var k0 = 0u; k0 < P.d; k0 += TK) {
+        let more = k0 + TK < P.d;
+        if more {
+",
+    );
+    s.push_str(&per_slot(&fetch("k0 + TK"), "            "));
+    s.push_str(
+        "        }
+        let at = buf * TK * W_T4 + ty;
+        let bt = buf * TK * W_T4 + tx;
+",
+    );
+    s.push_str(&written_steps(tk));
+    s.push_str("        if more {\n");
+    s.push_str(&per_slot(&put("buf ^ 1u"), "            "));
+    s.push_str(
+        "        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+",
+    );
+    s.push_str(&returned());
+    s
+}
+
+/// [`prod_named`]'s three functions (`put_gp_named`, `prod_begin_named`, `prod_named`, same
+/// signatures; the `pb` argument unused) in the wide form, text for `wg:tk`: the G panels
+/// through panels_wide.wgsl's `put_gp_w` (interleaved slots), the X panels in column groups
+/// (`fetch_colg` / `put_colg`) from named prefetch words `px<s>` (group `li + s·WG²`, `2·tk /
+/// wg` of them, every one a group of the panel), the depth steps written out.
+pub fn prod_wide(wg: u32, tk: u32) -> String {
+    let ns = wide_slots(wg, tk);
+    let mut s = String::from(
+        "// grad.wgsl's put_gp8 on a G block by value, in the wide form's slots.
+fn put_gp_named(gt: Tile, own: u32, other: u32, k0: u32, buf: u32) {
+    if own * 8u + 8u > k0 && own * 8u < k0 + TK {
+",
+    );
+    for q in 0..N_ACC / 2 {
+        let _ = writeln!(
+            s,
+            "        put_gp_w(gt.a{}, gt.a{}, {q}u, own, other, k0, buf);",
+            2 * q,
+            2 * q + 1
+        );
+    }
+    s.push_str(
+        "    }
+}
+
+// grad.wgsl's prod_begin on a G block by value, in the wide form (`pb` unused).
+fn prod_begin_named(gt: Tile, pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32,
+                    tx: u32, ty: u32, li: u32) {
+    let o = g_own(is_e, tx, ty);
+",
+    );
+    for sl in 0..ns {
+        let _ = writeln!(
+            s,
+            "    let px{sl} = fetch_colg(is_e, j_base, n_src, 0u, li + {sl}u * WG * WG);"
+        );
+    }
+    s.push_str("    put_gp_named(gt, o.x, o.y, 0u, 0u);\n");
+    for sl in 0..ns {
+        let _ = writeln!(
+            s,
+            "    put_colg(px{sl}, is_e, j_base, n_src, 0u, li + {sl}u * WG * WG, 0u);"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "    workgroupBarrier();
+}}
+
+// grad.wgsl's prod_slice in named accumulators (the d_e / d_c product of a D slice), in the
+// wide form written for WG = {wg}, TK = {tk} (`pb` unused: the X panel's words are the
+// locals px<s>).
+fn prod_named(gt: Tile, pb: ptr<function, Pref>, is_e: bool, j_base: u32, n_src: u32, d0: u32,
+              tx: u32, ty: u32, li: u32) -> Tile {{
+    let t = tile();
+    let o = g_own(is_e, tx, ty);"
+    );
+    s.push_str(&zeroed());
+    for sl in 0..ns {
+        let _ = writeln!(s, "    var px{sl} = vec4<u32>(0u);");
+    }
+    s.push_str(
+        "    var buf = slice_buf(d0);
+    for (var k0 = 0u; k0 < t; k0 += TK) {
+        let more = k0 + TK < t;
+        let next = more || d0 + t < P.d;
+        let nk = select(0u, k0 + TK, more);
+        let nd = select(d0 + t, d0, more);
+        if next {
+",
+    );
+    for sl in 0..ns {
+        let _ = writeln!(
+            s,
+            "            px{sl} = fetch_colg(is_e, j_base + nk, n_src, nd, li + {sl}u * WG * WG);"
+        );
+    }
+    s.push_str(
+        "        }
+        let at = buf * TK * W_T4 + ty;
+        let bt = buf * TK * W_T4 + tx;
+",
+    );
+    s.push_str(&written_steps(tk));
+    s.push_str(
+        "        if next {
+            put_gp_named(gt, o.x, o.y, nk, buf ^ 1u);
+",
+    );
+    for sl in 0..ns {
+        let _ = writeln!(
+            s,
+            "            put_colg(px{sl}, is_e, j_base + nk, n_src, nd, li + {sl}u * WG * WG, buf ^ 1u);"
+        );
+    }
+    s.push_str(
+        "        }
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+",
+    );
+    s.push_str(&returned());
+    s
+}
+
+/// `struct Tile` and `fn logits_named` of `form`: [`logits_named`] or [`logits_wide`].
+pub fn logits_for(form: NamedForm) -> String {
+    match form {
+        NamedForm::Loop => logits_named(),
+        NamedForm::Wide { wg, tk } => logits_wide(wg, tk),
+    }
+}
+
+/// The backward's second product of `form`: [`prod_named`] or [`prod_wide`].
+pub fn prod_for(form: NamedForm) -> String {
+    match form {
+        NamedForm::Loop => prod_named(),
+        NamedForm::Wide { wg, tk } => prod_wide(wg, tk),
+    }
 }
 
 /// The micro-tile row `N` of a call `name(&acc, Nu, ...)` on `line` and the arguments after
@@ -481,6 +753,208 @@ mod tests {
             }
         }
         assert!(shapes >= 10, "{shapes}");
+    }
+
+    // panels_wide.wgsl's index functions, as the shader writes them.
+    fn unit_row(r: u32) -> u32 {
+        (r & 3) | (((r >> 2) & 7) << 3) | (((r >> 5) & 1) << 2) | ((r >> 6) << 6)
+    }
+    fn slot_of(q: u32, wg: u32) -> u32 {
+        (q & 1) * wg + (q >> 1)
+    }
+    fn group_of_slot(sl: u32, wg: u32) -> u32 {
+        if sl < wg {
+            2 * sl
+        } else {
+            2 * (sl - wg) + 1
+        }
+    }
+    /// put_unit's (vec4 index, component) of element x of unit u.
+    fn put_unit_at(u: u32, x: u32, buf: u32, (wg, tk, e): (u32, u32, u32)) -> (u32, u32) {
+        let t = 8 * wg;
+        let r = u % t;
+        let slot = ((r >> 5) & 1) * wg + (((r >> 2) & 7) | ((r >> 6) << 3));
+        let f = (buf * tk + (u / t) * e) * 2 * wg + slot;
+        (f + x * 2 * wg, r & 3)
+    }
+
+    /// The wide forms the tests enumerate: every shape `NamedForm::wide` accepts.
+    fn wide_shapes() -> Vec<(u32, u32)> {
+        let v: Vec<(u32, u32)> = (1..=16)
+            .flat_map(|wg| (4..=64).step_by(4).map(move |tk| (wg, tk)))
+            .filter(|&(wg, tk)| NamedForm::wide(wg, tk).is_some())
+            .collect();
+        assert_eq!(
+            v,
+            [
+                (8, 8),
+                (8, 16),
+                (8, 32),
+                (16, 8),
+                (16, 16),
+                (16, 32),
+                (16, 64)
+            ]
+        );
+        v
+    }
+
+    #[test]
+    fn wide_row_panels_are_written_once_and_read_as_the_micro_tile() {
+        for (wg, tk) in wide_shapes() {
+            let (t, len) = (8 * wg, 4 * tk * wg);
+            // unit_row is a bijection on the tile's rows; put_unit's slot is slot_of(row / 4).
+            let mut rows: Vec<u32> = (0..t).map(unit_row).collect();
+            for r in 0..t {
+                let m = unit_row(r);
+                let (f, c) = put_unit_at(r, 0, 0, (wg, tk, 4));
+                assert_eq!((f, c), (slot_of(m >> 2, wg), m & 3), "{wg}:{tk} r {r}");
+            }
+            rows.sort_unstable();
+            assert!(rows.iter().copied().eq(0..t), "{wg}:{tk}");
+            for e in [4u32, 8] {
+                let units = t * tk / e;
+                // Every slot component of a buffer once, holding tile row m at depth d.
+                for buf in 0..2 {
+                    let mut hits = vec![None; 4 * len as usize];
+                    for u in 0..units {
+                        for x in 0..e {
+                            let (f, c) = put_unit_at(u, x, buf, (wg, tk, e));
+                            assert!(f < len, "{wg}:{tk} e {e} u {u} x {x}");
+                            let at = (4 * f + c) as usize;
+                            assert_eq!(hits[at], None, "{wg}:{tk} e {e} written twice");
+                            hits[at] = Some((unit_row(u % t), (u / t) * e + x));
+                        }
+                    }
+                    let half =
+                        &hits[(2 * buf * tk * wg * 4) as usize..][..(2 * tk * wg * 4) as usize];
+                    assert!(
+                        half.iter().all(Option::is_some),
+                        "{wg}:{tk} e {e} buf {buf}"
+                    );
+                    // The depth step's reads: thread ty's x0 (slot ty) and x1 (slot WG + ty)
+                    // hold tile rows 8ty .. 8ty + 7 in order, at depth k.
+                    for ty in 0..wg {
+                        for k in 0..tk {
+                            let at = buf * tk * 2 * wg + ty + k * 2 * wg;
+                            for (v, slot) in [(0, at), (1, at + wg)] {
+                                for c in 0..4 {
+                                    let got = hits[(4 * slot + c) as usize];
+                                    assert_eq!(got, Some((8 * ty + 4 * v + c, k)), "{wg}:{tk}");
+                                }
+                            }
+                        }
+                    }
+                }
+                // A subgroup's store of one element: 32 consecutive units, 32 banks.
+                for u0 in (0..units).step_by(32) {
+                    let mut banks: Vec<u32> = (u0..u0 + 32)
+                        .map(|u| {
+                            let (f, c) = put_unit_at(u, 0, 0, (wg, tk, e));
+                            (4 * f + c) % 32
+                        })
+                        .collect();
+                    banks.sort_unstable();
+                    banks.dedup();
+                    assert_eq!(banks.len(), 32, "{wg}:{tk} e {e} u0 {u0}");
+                }
+                // The slots of every invocation cover every unit, the guards exactly those.
+                let ns = wide_slots(wg, tk);
+                let mut covered = vec![0u32; units as usize];
+                for li in 0..wg * wg {
+                    for sl in 0..ns {
+                        let u = li + sl * wg * wg;
+                        let live = u < units;
+                        if unit_guard(wg, tk, sl).is_none() {
+                            assert!(live, "{wg}:{tk} e {e} slot {sl} unguarded");
+                        }
+                        if live {
+                            covered[u as usize] += 1;
+                        }
+                    }
+                }
+                assert!(covered.iter().all(|&n| n == 1), "{wg}:{tk} e {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn wide_column_and_g_panels_fill_the_interleaved_slots() {
+        for (wg, tk) in wide_shapes() {
+            let (t4, len) = (2 * wg, 4 * tk * wg);
+            for sl in 0..t4 {
+                assert_eq!(slot_of(group_of_slot(sl, wg), wg), sl);
+            }
+            // put_colg: group g to depth row g / T4, slot g % T4 (below the panels), the
+            // slice's columns 4·group_of_slot(..) once per depth row; every group of the
+            // panel staged by one slot of one invocation.
+            let ns = wide_slots(wg, tk);
+            assert_eq!(ns * wg * wg, tk * t4, "{wg}:{tk}");
+            for buf in 0..2 {
+                let mut cols = vec![vec![0u32; (8 * wg) as usize]; tk as usize];
+                for g in 0..tk * t4 {
+                    let (k, s) = (g / t4, g % t4);
+                    assert!((buf * tk + k) * t4 + s < len);
+                    for x in 0..4 {
+                        cols[k as usize][(4 * group_of_slot(s, wg) + x) as usize] += 1;
+                    }
+                }
+                assert!(cols.iter().flatten().all(|&n| n == 1), "{wg}:{tk}");
+            }
+            // Consecutive invocations store consecutive slots (8 of them per 128 bytes).
+            for g0 in (0..tk * t4).step_by(8) {
+                let mut q: Vec<u32> = (g0..g0 + 8).map(|g| (g % t4) % 8).collect();
+                q.sort_unstable();
+                q.dedup();
+                assert_eq!(q.len(), 8);
+            }
+            // put_gp_w: the G block's columns other*8 .. +3 and +4 .. +7 are groups 2·other
+            // and 2·other + 1: slots other and WG + other, what thread ty = other reads.
+            for other in 0..wg {
+                assert_eq!(slot_of(2 * other, wg), other);
+                assert_eq!(slot_of(2 * other + 1, wg), wg + other);
+                assert!((tk + tk - 1) * t4 + wg + other < len);
+            }
+        }
+    }
+
+    #[test]
+    fn the_wide_form_writes_out_its_depth_steps() {
+        for (wg, tk) in wide_shapes() {
+            let logits = logits_wide(wg, tk);
+            let prod = prod_wide(wg, tk);
+            for src in [&logits, &prod] {
+                assert_eq!(src.matches("= fma(").count(), 16 * tk as usize, "{wg}:{tk}");
+                assert!(!src.contains("k < TK"), "no loop over the panel's depth");
+                assert!(!src.contains("array<") && !src.contains("Acc"));
+                for k in 0..tk {
+                    for read in [
+                        format!("let x0 = As[at + {k}u * W_T4];"),
+                        format!("let x1 = As[at + {k}u * W_T4 + WG];"),
+                        format!("let y0 = Bs[bt + {k}u * W_T4];"),
+                        format!("let y1 = Bs[bt + {k}u * W_T4 + WG];"),
+                    ] {
+                        assert_eq!(src.matches(&read).count(), 1, "{wg}:{tk} {read}");
+                    }
+                }
+            }
+            assert_eq!(logits.matches("for (").count(), 1, "the panel loop only");
+            assert_eq!(prod.matches("for (").count(), 1, "the panel loop only");
+            let ns = wide_slots(wg, tk) as usize;
+            assert_eq!(logits.matches("fetch_unit(true,").count(), 2 * ns);
+            assert_eq!(logits.matches("put_unit(false,").count(), 2 * ns);
+            assert_eq!(prod.matches("fetch_colg(").count(), 2 * ns);
+            assert_eq!(prod.matches("put_colg(").count(), 2 * ns);
+            assert_eq!(prod.matches("put_gp_w(").count(), 8);
+            // Same functions as the loop form, so the entry points are the same text.
+            let f = "fn logits_named(r_base: u32, c_base: u32, tx: u32, ty: u32, li: u32) -> Tile";
+            assert!(logits.contains(f) && logits_named().contains(f));
+            for f in ["fn prod_named(", "fn prod_begin_named(", "fn put_gp_named("] {
+                assert!(prod.contains(f) && prod_named().contains(f), "{f}");
+            }
+        }
+        assert_eq!(logits_for(NamedForm::Loop), logits_named());
+        assert_eq!(prod_for(NamedForm::Loop), prod_named());
     }
 
     const ACC_MAINS: [(&str, &str); 3] = [

@@ -102,6 +102,8 @@ struct Case {
     /// Run with this `KernelConfig::coalesced_adds` (the backward's atomic adds through
     /// subgroup shuffles, where the adapter allows them).
     coalesced: Option<bool>,
+    /// Run with this `KernelConfig::wg` (16: 128 x 128 tiles of 256 threads; with `tk`).
+    wg: Option<u32>,
 }
 
 impl Case {
@@ -133,6 +135,7 @@ impl Case {
             tk: None,
             coop_tile: None,
             coalesced: None,
+            wg: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -204,8 +207,12 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
         || case.tk.is_some()
         || case.coop_tile.is_some()
         || case.coalesced.is_some()
+        || case.wg.is_some()
     {
         let mut cfg = b.config();
+        if let Some(wg) = case.wg {
+            cfg.wg = wg;
+        }
         if let Some(co) = case.coalesced {
             cfg.coalesced_adds = co;
         }
@@ -506,6 +513,116 @@ fn hostile_shapes_shallow_panels() {
         .map(|c| c.with(|c| c.tk = Some(4)))
         .collect();
     run_all(&cases);
+}
+
+/// The panel depths the adapter runs at 128 x 128 tiles of 16 x 16 threads (`wg` 16) with
+/// the named main loop: 8 everywhere (16 KiB of panels; the threshold pass, whose 128 x 65
+/// histogram does not fit beside them, at its own shape), 16 where the backward's 32 KiB of
+/// panels and 24 bytes of flags fit (48 KiB devices; lavapipe has 32 KiB: a typed
+/// `ResourceLimit`, checked here).
+fn wide_depths(b: &WgpuBackend) -> Vec<u32> {
+    let mut tks = Vec::new();
+    for tk in [8, 16] {
+        let cfg = cce_wgpu::KernelConfig {
+            wg: 16,
+            tk,
+            main_loop: cce_wgpu::MainLoop::Named,
+            ..b.config()
+        };
+        match b.with_config(cfg) {
+            Ok(_) => tks.push(tk),
+            Err(CceError::ResourceLimit { .. }) if tk > 8 => {
+                println!(
+                    "16:{tk} refused on {}: too little workgroup memory",
+                    b.adapter_info().name
+                )
+            }
+            Err(e) => panic!("16:{tk}: {e}"),
+        }
+    }
+    assert!(tks.contains(&8), "16:8 must run: {tks:?}");
+    tks
+}
+
+/// `cases` at 128 x 128 tiles (`wg` 16, named main loop) for every depth of [`wide_depths`].
+fn wide(b: &WgpuBackend, cases: Vec<Case>) -> Vec<Case> {
+    wide_depths(b)
+        .into_iter()
+        .flat_map(|tk| {
+            cases.clone().into_iter().map(move |c| {
+                c.with(|c| {
+                    c.wg = Some(16);
+                    c.tk = Some(tk);
+                    c.main_loop = Some(cce_wgpu::MainLoop::Named);
+                })
+            })
+        })
+        .collect()
+}
+
+/// Hostile shapes at 128 x 128 tiles: one tile plus one, odd D, the three dtypes with bias,
+/// long loops in one workgroup.
+fn wide_cases() -> Vec<Case> {
+    vec![
+        Case::new("1x1x1", 1, 1, 1, F32),
+        Case::new("252x123x507 f32 bias", 252, 123, 507, F32).with(|c| c.bias = true),
+        Case::new("252x123x507 f16 bias", 252, 123, 507, F16).with(|c| c.bias = true),
+        Case::new("252x123x507 bf16 bias", 252, 123, 507, BF16).with(|c| c.bias = true),
+        Case::new("one tile + 1", 129, 40, 129, F32),
+        Case::new("V mod 128 = 127", 33, 19, 255, BF16),
+        Case::new("D > 256 with bias", 70, 300, 150, F16).with(|c| c.bias = true),
+        Case::new("D = 264, 3-D e", 132, 264, 300, BF16).with(|c| c.seq = Some(12)),
+        Case::new("long loops, 1 workgroup", 64, 64, 24000, F32).with(|c| {
+            c.workgroups = Some(1);
+            c.opts.label_smoothing = 0.1;
+        }),
+    ]
+}
+
+#[test]
+fn wide_tiles_hostile_shapes() {
+    // wg 16 (128 x 128 tiles, 256 threads): forward and backward with the device's default
+    // backward sums (f32 atomics where it has them).
+    let Some(b) = backend() else { return };
+    run_all(&wide(b, wide_cases()));
+}
+
+#[test]
+fn wide_tiles_deterministic_and_atomic_sums() {
+    // wg 16: per-split slabs (deterministic calls) and f32 atomics at 64 target workgroups,
+    // scattered and coalesced through subgroup shuffles (row groups of 8 lanes in 16-wide
+    // rows of threads).
+    let Some(b) = backend() else { return };
+    // f32 and bf16 (f16's staging is bf16's but for the decode), one tile plus one.
+    let base: Vec<Case> = [1, 3, 4].iter().map(|&i| wide_cases()[i].clone()).collect();
+    let det = base
+        .iter()
+        .map(|c| c.clone().with(|c| c.opts.deterministic = true));
+    let atomics = [true, false].into_iter().flat_map(|co| {
+        base.iter().map(move |c| {
+            c.clone().with(|c| {
+                c.workgroups = Some(64);
+                c.opts.deterministic = false;
+                c.coalesced = Some(co);
+            })
+        })
+    });
+    run_all(&wide(b, det.chain(atomics).collect()));
+}
+
+#[test]
+fn wide_tiles_filtered_mode() {
+    // wg 16 with the filter: the threshold pass at its own 64 x 64 tiles, the backward's
+    // skipped 128 x 128 tiles and dropped mass.
+    let Some(b) = backend() else { return };
+    // Chunked plans at a budget that holds one-tile chunks of 128 rows.
+    let cases = filtered_cases()
+        .into_iter()
+        .map(|c| {
+            c.with(|c| c.opts.workspace_budget_bytes = c.opts.workspace_budget_bytes.max(128 << 10))
+        })
+        .collect();
+    run_all(&wide(b, cases));
 }
 
 /// f16 cases for the cooperative-matrix forwards: more than one 128 x 128 tile each way, D a

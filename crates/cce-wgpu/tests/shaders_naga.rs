@@ -2,19 +2,28 @@
 //! are applied for each dtype and a few tile configurations, and translates to SPIR-V (the
 //! cooperative-matrix shader included, which no CI adapter runs).
 
-use cce_wgpu::{MainLoop, ShaderKind};
+use cce_wgpu::{MainLoop, NamedForm, ShaderKind};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+/// The named loop's wide forms the test builds (`NamedForm::Wide` texts are per shape).
+const WIDE: [(u32, u32); 4] = [(16, 8), (16, 16), (8, 8), (8, 16)];
 
 #[test]
 fn every_shader_validates_with_its_overrides() {
     let sources = ShaderKind::ALL.iter().flat_map(|&k| {
+        let wide = WIDE
+            .iter()
+            .filter_map(|&(wg, tk)| NamedForm::wide(wg, tk))
+            .filter(move |_| k.effective_main_loop(MainLoop::Named) == MainLoop::Named)
+            .map(move |f| (k, MainLoop::Named, f));
         [MainLoop::Scalar, MainLoop::Quad, MainLoop::Named]
             .into_iter()
             .filter(move |&ml| k.effective_main_loop(ml) == ml)
-            .map(move |ml| (k, ml))
+            .map(move |ml| (k, ml, NamedForm::Loop))
+            .chain(wide)
     });
-    for (kind, main_loop) in sources {
-        let src = &*kind.source_with(main_loop);
+    for (kind, main_loop, form) in sources {
+        let src = &*kind.source_form(main_loop, form);
         let module = naga::front::wgsl::parse_str(src)
             .unwrap_or_else(|e| panic!("{}: parse error\n{}", kind.name(), e.emit_to_string(src)));
         let info = Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -27,9 +36,11 @@ fn every_shader_validates_with_its_overrides() {
                 )
             });
         for dtype in 0..3u32 {
-            let shapes: &[(u32, u32)] = match main_loop {
-                MainLoop::Scalar | MainLoop::Named => &[(8, 16), (4, 8), (16, 8), (8, 4)],
-                MainLoop::Quad => &[(8, 16), (4, 8), (16, 32)],
+            let shapes: &[(u32, u32)] = match (main_loop, form) {
+                // A wide text runs at the shape it is written for.
+                (_, NamedForm::Wide { wg, tk }) => &[(wg, tk)][..],
+                (MainLoop::Scalar | MainLoop::Named, _) => &[(8, 16), (4, 8), (16, 8), (8, 4)],
+                (MainLoop::Quad, _) => &[(8, 16), (4, 8), (16, 32)],
             };
             for &(wg, tk) in shapes {
                 let constants: naga::back::PipelineConstants = kind

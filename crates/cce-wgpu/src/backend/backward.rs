@@ -265,7 +265,20 @@ impl WgpuBackend {
                 )?;
             }
             if let Some(hist) = &hist {
-                let (splits, _) = self.class_splits(plan)?;
+                // The threshold pass at its own tiles where the config's leave its histogram
+                // no room (`KernelConfig::hist_shape`; `check_cfg` found one that fits).
+                let max_wgb = u64::from(ctx.limits.max_compute_workgroup_storage_size);
+                let h_shape = self
+                    .cfg
+                    .hist_shape(max_wgb)
+                    .ok_or_else(|| crate::context::backend_err("no threshold-pass shape fits"))?;
+                let h_cfg = crate::KernelConfig {
+                    wg: h_shape.0,
+                    tk: h_shape.1,
+                    ..self.cfg
+                };
+                let h_t = h_cfg.tile();
+                let (splits, _) = self.class_splits_cfg(plan, h_t, &h_cfg)?;
                 for rc in &plan.row_chunks {
                     let rows = rc.len();
                     let (e_b, e_off) =
@@ -296,13 +309,14 @@ impl WgpuBackend {
                             eps: rule.eps,
                             ..base
                         };
-                        self.run(
+                        self.run_at(
                             &mut pass,
                             ShaderKind::BwdHist,
                             dt,
+                            h_shape,
                             &prm,
                             &[e_b, c_b, b_b, rs_b, ctx.whole(&edges_b)?, h_b],
-                            [nsplit as u32, tiles(rows, t) as u32, 1],
+                            [nsplit as u32, tiles(rows, h_t) as u32, 1],
                         )?;
                     }
                     let delta_fixed =
