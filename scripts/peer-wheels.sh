@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The side-by-side benchmark's peers as wheels, for a machine without network (the H200):
 # Liger 0.8.5 from PyPI, Apple's CCE built from apple/ml-cross-entropy at d42911f (version
-# 25.6.4), and the 12k-row real file. Writes them into .whl/ (ignored by git), which a device
-# call carries: `python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl`.
+# 25.6.4), and the 12k-row real file. Writes them into .devbin/whl (ignored by git; the default
+# PEERS of scripts/device-cuda.sh's pybench phase), which a device call carries.
 #
 # Usage: scripts/peer-wheels.sh [PYTHON]   (a Python with pip; default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:-python3}"
-OUT="$PWD/.whl"
+OUT="$PWD/.devbin/whl"
 mkdir -p "$OUT"
 "$PY" -m pip download -q --no-deps liger-kernel==0.8.5 -d "$OUT"
 SRC="$(mktemp -d)"
