@@ -82,10 +82,18 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
         | ShaderKind::FwdPartialCoop128W
         | ShaderKind::FwdPartialCoop128W16 => &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"],
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
-        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic | ShaderKind::BwdDeAtomicCo => &[
+        ShaderKind::BwdDe
+        | ShaderKind::BwdDeAtomic
+        | ShaderKind::BwdDeAtomicCo
+        | ShaderKind::BwdDeCoop
+        | ShaderKind::BwdDeCoopAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
         ],
-        ShaderKind::BwdDc | ShaderKind::BwdDcAtomic | ShaderKind::BwdDcAtomicCo => &[
+        ShaderKind::BwdDc
+        | ShaderKind::BwdDcAtomic
+        | ShaderKind::BwdDcAtomicCo
+        | ShaderKind::BwdDcCoop
+        | ShaderKind::BwdDcCoopAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters", "bslab",
         ],
         ShaderKind::FwdMerge => &[
@@ -149,7 +157,10 @@ pub(crate) fn extent(
         3 => Some(bias()),
         _ => None,
     };
-    use ShaderKind::{BwdDc, BwdDcAtomic, BwdDcAtomicCo, BwdDe, BwdDeAtomic, BwdDeAtomicCo};
+    use ShaderKind::{
+        BwdDc, BwdDcAtomic, BwdDcAtomicCo, BwdDcCoop, BwdDcCoopAtomic, BwdDe, BwdDeAtomic,
+        BwdDeAtomicCo, BwdDeCoop, BwdDeCoopAtomic,
+    };
     let out = match (kind, binding) {
         (
             ShaderKind::FwdPartial
@@ -160,7 +171,7 @@ pub(crate) fn extent(
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 1..=3) => {
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 1..=3) => {
             gemm(binding)
         }
         (
@@ -190,18 +201,18 @@ pub(crate) fn extent(
         (ShaderKind::BwdHist, 4) => Some(per_row(ROW_STATE_BYTES)),
         (ShaderKind::BwdHist, 5) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdHist, 6) => Some(per_row(4 * N_BINS as u64)),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 4) => {
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 4) => {
             Some(per_row(ROW_STATE_BYTES))
         }
-        (BwdDe | BwdDeAtomic | BwdDeAtomicCo, 5) => Some(slab(rows)?),
-        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 5) => Some(slab(cls)?),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 6) => {
+        (BwdDe | BwdDeAtomic | BwdDeAtomicCo | BwdDeCoop | BwdDeCoopAtomic, 5) => Some(slab(rows)?),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 5) => Some(slab(cls)?),
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 6) => {
             Some(if has(flags::REPORT) { per_row(4) } else { 0 })
         }
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 7) => {
+        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 7) => {
             Some(counters())
         }
-        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 8) => Some(4 * slabs * cls),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 8) => Some(4 * slabs * cls),
         (ShaderKind::FwdMerge, 1) => Some(per_row(PART_BYTES * p.part_stride as u64)),
         (ShaderKind::FwdMerge, 2..=7 | 9) => Some(per_row(4)),
         (ShaderKind::FwdMerge, 8) => Some(12),

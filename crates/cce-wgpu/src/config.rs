@@ -164,6 +164,12 @@ pub struct KernelConfig {
     /// `coop-matrix`; crate docs, "Cooperative matrix"). Default: on when that feature is
     /// compiled in.
     pub cooperative_matrix: bool,
+    /// Whether the backward's `d_e` and `d_c` products run by cooperative matrices too where
+    /// [`KernelConfig::cooperative_matrix`] is on ([`coop_backward`]: f16 inputs, an adapter
+    /// that runs the 128 x 128 forward, passes that do not filter; 128 x 128 tiles, G rounded
+    /// to f16 times a power-of-two scale, f32 accumulation); false keeps the FMA backward (for
+    /// comparing the two). Default true.
+    pub coop_backward: bool,
     /// Which cooperative-matrix forward ([`CoopTile`]); an adapter that cannot run the
     /// 128 x 128 one (workgroup memory, invocations) runs the 64 x 64 one. Default:
     /// [`CoopTile::T128`].
@@ -202,6 +208,7 @@ impl KernelConfig {
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
+            coop_backward: true,
             coop_tile: CoopTile::T128,
             coalesced_adds: false,
         };
@@ -504,6 +511,22 @@ pub(crate) fn coop_forward(
     }
 }
 
+/// Whether a backward pass (`d_e` or `d_c`) runs its products by cooperative matrices
+/// (bwd_coop.wgsl, 128 x 128 tiles): [`KernelConfig::cooperative_matrix`] and
+/// [`KernelConfig::coop_backward`] on, f16 inputs (`dtype_code` 1), an adapter that runs the
+/// 128 x 128 forward (`caps.t128`: the same 48 KiB, 256 invocations, subgroups of 32 and
+/// 16 x 16 x 16 f16 configuration), and a pass that does not filter (`filtered`: the
+/// filtered passes keep the FMA backward, whose 64 x 64 skip decisions and counters the
+/// statistics are stated in).
+pub(crate) fn coop_backward(
+    cfg: &KernelConfig,
+    caps: CoopCaps,
+    dtype_code: u32,
+    filtered: bool,
+) -> bool {
+    cfg.cooperative_matrix && cfg.coop_backward && dtype_code == 1 && caps.t128 && !filtered
+}
+
 /// The `VEC_E` / `VEC_C` flags of a tiled shader's dispatch ([`vec_loads`] of each source).
 pub(crate) fn panel_load_flags(p: &Params) -> u32 {
     let d = p.d as usize;
@@ -530,9 +553,43 @@ mod tests {
             max_loop_iterations: 0,
             runtime_checks: false,
             cooperative_matrix: false,
+            coop_backward: true,
             coop_tile: CoopTile::T128,
             coalesced_adds: true,
         }
+    }
+
+    #[test]
+    fn the_coop_backward_needs_f16_the_128_forward_and_no_filter() {
+        let on = KernelConfig {
+            cooperative_matrix: true,
+            ..cfg(8, 8)
+        };
+        let caps = CoopCaps {
+            t64: true,
+            t128: true,
+            t128w: true,
+        };
+        assert!(coop_backward(&on, caps, 1, false));
+        // Whatever the configuration's tiles: the pass runs at 128 x 128.
+        assert!(coop_backward(&KernelConfig { wg: 4, ..on }, caps, 1, false));
+        // Not for bf16 or f32, not for filtered passes, not when either switch is off.
+        assert!(!coop_backward(&on, caps, 2, false));
+        assert!(!coop_backward(&on, caps, 0, false));
+        assert!(!coop_backward(&on, caps, 1, true));
+        let fma = KernelConfig {
+            coop_backward: false,
+            ..on
+        };
+        assert!(!coop_backward(&fma, caps, 1, false));
+        assert!(!coop_backward(&cfg(8, 8), caps, 1, false));
+        // Not on adapters without room for the 128 x 128 forward (the FMA backward there).
+        let small = CoopCaps {
+            t128: false,
+            ..caps
+        };
+        assert!(!coop_backward(&on, small, 1, false));
+        assert!(!coop_backward(&on, CoopCaps::default(), 1, false));
     }
 
     #[test]
