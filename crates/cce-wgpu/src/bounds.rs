@@ -171,9 +171,11 @@ pub(crate) fn extent(
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 1..=3) => {
-            gemm(binding)
-        }
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            1..=3,
+        ) => gemm(binding),
         (
             ShaderKind::FwdPartial
             | ShaderKind::FwdPartialCoop
@@ -201,18 +203,26 @@ pub(crate) fn extent(
         (ShaderKind::BwdHist, 4) => Some(per_row(ROW_STATE_BYTES)),
         (ShaderKind::BwdHist, 5) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdHist, 6) => Some(per_row(4 * N_BINS as u64)),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 4) => {
-            Some(per_row(ROW_STATE_BYTES))
-        }
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            4,
+        ) => Some(per_row(ROW_STATE_BYTES)),
         (BwdDe | BwdDeAtomic | BwdDeAtomicCo | BwdDeCoop | BwdDeCoopAtomic, 5) => Some(slab(rows)?),
         (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 5) => Some(slab(cls)?),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 6) => {
-            Some(if has(flags::REPORT) { per_row(4) } else { 0 })
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            6,
+        ) => Some(if has(flags::REPORT) { per_row(4) } else { 0 }),
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            7,
+        ) => Some(counters()),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 8) => {
+            Some(4 * slabs * cls)
         }
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic, 7) => {
-            Some(counters())
-        }
-        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 8) => Some(4 * slabs * cls),
         (ShaderKind::FwdMerge, 1) => Some(per_row(PART_BYTES * p.part_stride as u64)),
         (ShaderKind::FwdMerge, 2..=7 | 9) => Some(per_row(4)),
         (ShaderKind::FwdMerge, 8) => Some(12),

@@ -212,26 +212,42 @@ impl ShaderKind {
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
                 ),
                 ShaderKind::BwdDe => Some(
-                    head(shader!("grad_rows.wgsl", "grad.wgsl", "slab_rmw.wgsl", "bwd_de.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_rmw.wgsl",
+                        "bwd_de.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_de_main.wgsl")),
                 ),
                 ShaderKind::BwdDc => Some(
-                    head(shader!("grad_rows.wgsl", "grad.wgsl", "slab_rmw.wgsl", "bwd_dc.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_rmw.wgsl",
+                        "bwd_dc.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_dc_main.wgsl")),
                 ),
                 ShaderKind::BwdDeAtomic => Some(
-                    head(shader!("grad_rows.wgsl", "grad.wgsl", "slab_atomic.wgsl", "bwd_de.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_atomic.wgsl",
+                        "bwd_de.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_de_main.wgsl")),
                 ),
                 ShaderKind::BwdDcAtomic => Some(
-                    head(shader!("grad_rows.wgsl", "grad.wgsl", "slab_atomic.wgsl", "bwd_dc.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_atomic.wgsl",
+                        "bwd_dc.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_dc_main.wgsl")),
                 ),
