@@ -44,6 +44,10 @@
 //!    `load_unit` (a whole vector only for a whole, aligned unit) and gemm.wgsl's `load4`,
 //!    panel indices below `4·TK·WG` and every slot written once per panel (the named unit
 //!    tests enumerate every shape `NamedForm::wide` accepts).
+//!    The cooperative-matrix backward (bwd_coop.wgsl) reads e and c only through
+//!    coop_stage.wgsl's guarded `fetch8`, adds to the slab only at rows and columns inside the
+//!    chunk (`add_one`), and indexes its workgroup arrays as its header states
+//!    (`config::tests::coop_backward_indices_stay_in_their_arrays` enumerates them).
 //!
 //! The hostile-shape tests (`tests/conformance.rs`) run every pass at edge sizes (1 x 1 x 1,
 //! sizes one past a tile, odd `D`, odd element offsets of 16-bit views) against the f64

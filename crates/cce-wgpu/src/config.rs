@@ -967,6 +967,92 @@ mod tests {
     }
 
     #[test]
+    fn coop_backward_indices_stay_in_their_arrays() {
+        // bwd_coop.wgsl's workgroup indices, enumerated (its header, "Tiling" and "Bounds"):
+        // Ah and Bh hold 10240 f16 each, Ct 2048 f32.
+        const ARRAY: u32 = 10240;
+        let (gse, gsc, sx) = (72u32, 136u32, 136u32);
+        for dc in [false, true] {
+            // G staging: (half, index) of tile row r, class j, written once each.
+            let mut at = std::collections::HashMap::new();
+            for li in 0..COOP128_INVOCATIONS {
+                let (tx, ty) = (li % 16, li / 16);
+                let (h, o, st) = if dc {
+                    (ty >> 3, (ty & 7) * 8 * gsc + tx * 8, gsc)
+                } else {
+                    (tx >> 3, ty * 8 * gse + (tx & 7) * 8, gse)
+                };
+                for i in 0..8 {
+                    for x in 0..8 {
+                        let idx = o + i * st + x;
+                        assert!(idx < ARRAY);
+                        assert!(at.insert((h, idx), (ty * 8 + i, tx * 8 + x)).is_none());
+                    }
+                }
+            }
+            assert_eq!(at.len(), 128 * 128);
+            // A fragments: subgroup s, row fragment a, depth fragment q; element (m, k) is G
+            // at output row / class ra + 16a + m and depth 16q + k.
+            for s in 0..8u32 {
+                let ra = 32 * (s >> 1);
+                for a in 0..2 {
+                    for q in 0..8 {
+                        for m in 0..16 {
+                            for k in 0..16 {
+                                let (h, idx) = if dc {
+                                    (q / 4, 16 * (q % 4) * gsc + ra + 16 * a + k * gsc + m)
+                                } else {
+                                    (q / 4, (ra + 16 * a) * gse + 16 * (q % 4) + m * gse + k)
+                                };
+                                let (out, depth) = (ra + 16 * a + m, 16 * q + k);
+                                let want = if dc { (depth, out) } else { (out, depth) };
+                                assert_eq!(at.get(&(h, idx)), Some(&want), "dc {dc} s {s}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // X panels: every (depth row, column) of a 32 x 128 panel stored once; B fragments
+        // (rows kk.., columns nb + 16j..) inside the stored part.
+        let mut hits = vec![0u32; 32 * sx as usize];
+        for li in 0..COOP128_INVOCATIONS {
+            let o = (li >> 4) * sx + 8 * (li & 15);
+            for row in [o, o + 16 * sx] {
+                for x in 0..8 {
+                    hits[(row + x) as usize] += 1;
+                }
+            }
+        }
+        for k in 0..32 {
+            for n in 0..sx {
+                assert_eq!(hits[(k * sx + n) as usize], u32::from(n < 128));
+            }
+        }
+        for s in 0..8u32 {
+            let nb = 64 * (s & 1);
+            for kk in [0, 16] {
+                for j in 0..4 {
+                    let start = kk * sx + nb + 16 * j;
+                    assert!((start % sx) + 15 < 128 && start + 15 * sx + 15 < 32 * sx);
+                }
+            }
+        }
+        // Hand-over: lane l reads slot floats 32q + l = row (2q + l/16), column l % 16 of
+        // the row-major 16 x 16 fragment; the 32 lanes read the slot once.
+        let mut seen = [0u32; 256];
+        for l in 0..32u32 {
+            for q in 0..8 {
+                let (r, c) = (2 * q + l / 16, l % 16);
+                assert_eq!(32 * q + l, 16 * r + c);
+                seen[(32 * q + l) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+        assert!(7 * 256 + 255 < 2048);
+    }
+
+    #[test]
     fn coop128w_indices_stay_in_their_arrays() {
         // logits_coop128w.wgsl's workgroup indices, enumerated (its header, "Bounds"), at
         // both panel depths (its KC override: 32, and 16 for CoopTile::T128W16).
