@@ -165,7 +165,7 @@ pub struct KernelConfig {
     /// compiled in.
     pub cooperative_matrix: bool,
     /// Whether the backward's `d_e` and `d_c` products run by cooperative matrices too where
-    /// [`KernelConfig::cooperative_matrix`] is on ([`coop_backward`]: f16 inputs, an adapter
+    /// [`KernelConfig::cooperative_matrix`] is on (f16 inputs, an adapter
     /// that runs the 128 x 128 forward, passes that do not filter; 128 x 128 tiles, G rounded
     /// to f16 times a power-of-two scale, f32 accumulation); false keeps the FMA backward (for
     /// comparing the two). Default true.
