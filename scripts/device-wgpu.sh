@@ -117,7 +117,7 @@
 #           config's loss and max |Δ lse| against 8:8's, then one call each with GPU
 #           timestamps per shader; T128_FWD / T128_BWD / T128_CONFIGS override the lists;
 #           ~4 minutes (at most 150 + 330 s by its timeouts); its tables print last;
-#   coop    the cooperative-matrix forward (build with the cargo feature coop-matrix; COOP_ONLY=1
+#   coop    the cooperative-matrix forward and backward (build with the cargo feature coop-matrix; COOP_ONLY=1
 #           builds just this): the adapter report of that build (whether it is usable and at
 #           which tile), cce-wgpu's conformance tests with it (their f16 cases take the default
 #           128 x 128 forward, `coop_forwards_64_and_128` all three), then the forward alone at
@@ -127,8 +127,14 @@
 #           64 x 64 per subgroup), 8:8:coop128w16 (the same with 16-deep panels) and
 #           8:8:named:fma (the FMA forward), with each config's loss
 #           and the largest |Δ lse| against the first's; COOP_CONFIGS overrides the list
-#           (8:8:coop64: logits_coop.wgsl, 64 x 64); ~90 s (at most 150 + 100 by its
-#           timeouts); its table prints last.
+#           (8:8:coop64: logits_coop.wgsl, 64 x 64); then the backend's forward+backward at
+#           the same shape (--ab --profile, the forward rounds too): 8:8:coop128:fmabwd (the
+#           coop forward with the FMA backward: the reference), 8:8:coop128 (the backward's
+#           d_e and d_c products by cooperative matrices, bwd_coop.wgsl, 128 x 128, f16 G) and
+#           8:8:named:fma, with each config's loss and the largest |Δ| of its d_e and d_c
+#           against the reference's (COOP_BWD_CONFIGS overrides the list; the conformance
+#           tests' coop_backward_products judge the coop backward against f64 first); ~4
+#           minutes (at most 150 + 100 + 240 s by its timeouts); its tables print last.
 # Default: report,tests. BENCH_ARGS adds arguments to every benchmark call (e.g. "--configs
 # 8:8" or "--target-workgroups 4096"). Logs and JSON lines go to $OUT; a summary table (from
 # the JSON lines of every phase run so far, scripts/device-wgpu-summary.py: TFLOP/s, share of
@@ -317,6 +323,11 @@ summary() {
     echo "==== coop: the forward at 8192 x 2304 x 256000 f16, cooperative matrix against FMA (wall medians, losses and |Δ lse| against the first config, then GPU time per shader) ===="
     grep -E "^\| " "$OUT/coop-gemma2.log"
   fi
+  if [ -f "$OUT/coop-bwd.log" ]; then
+    echo
+    echo "==== coop: forward+backward at 8192 x 2304 x 256000 f16, the coop backward against the FMA backward (wall medians, losses and max |Δ d_e|, |Δ d_c| against the first config, then GPU time per shader) ===="
+    grep -E "^\| " "$OUT/coop-bwd.log"
+  fi
   if [ -f "$OUT/gap-forward.log" ]; then
     echo
     echo "==== gap: the real forward, wall against GPU time per dispatch ===="
@@ -478,5 +489,11 @@ if [[ $PHASES == *coop* ]]; then
     >"$OUT/coop-gemma2.log" 2>&1
   rc=$?
   grep -E "^adapter|round|deadline" "$OUT/coop-gemma2.log" | tail -12
-  status[coop]="tests $ok; forward A/B rc=$rc; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
+  timeout 240 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --profile --reps 2 \
+    --deadline-s 220 \
+    --configs "${COOP_BWD_CONFIGS:-8:8:coop128:fmabwd,8:8:coop128,8:8:named:fma}" \
+    >"$OUT/coop-bwd.log" 2>&1
+  rcb=$?
+  grep -E "^adapter|round|deadline" "$OUT/coop-bwd.log" | tail -16
+  status[coop]="tests $ok; forward A/B rc=$rc; fwd+bwd A/B rc=$rcb; $(grep -h "cooperative-matrix forward" "$OUT/adapter-coop.txt")"
 fi

@@ -30,7 +30,11 @@
 //! `:coop64` / `:coop128` turn it on at 64 x 64 tiles (logits_coop.wgsl, needs wg = 8) / at
 //! 128 x 128 tiles (logits_coop128.wgsl, the default tile of `:coop`; the backward keeps the
 //! config's `wg:tk`); `:coop128w` at 128 x 128 tiles with 64 x 64 per subgroup
-//! (logits_coop128w.wgsl), `:coop128w16` the same with 16-deep panels.
+//! (logits_coop128w.wgsl), `:coop128w16` the same with 16-deep panels. The backward's products
+//! run by cooperative matrices too where the forward's would (`KernelConfig::coop_backward`,
+//! 128 x 128 tiles, f16 G, exact passes); `:fmabwd` keeps the FMA backward behind a coop
+//! forward (e.g. `8:8:coop128:fmabwd`). After the forward+backward rounds `--ab` prints each
+//! config's loss and the largest |Δ| of its d_e and d_c against the first config's.
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
 //! accumulators, in every FMA shader); without any, the adapter's default for that shape.
@@ -119,7 +123,7 @@ struct Cli {
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
     /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]`
-    /// `[:quad|:scalar|:named][:wN][:det][:noco|:co]`.
+    /// `[:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -151,6 +155,8 @@ struct ConfigSpec {
     scattered: bool,
     /// `:co`: `KernelConfig::coalesced_adds` on (off by default).
     coalesced: bool,
+    /// `:fmabwd`: `KernelConfig::coop_backward` off (the FMA backward behind a coop forward).
+    fma_bwd: bool,
 }
 
 impl ConfigSpec {
@@ -159,7 +165,7 @@ impl ConfigSpec {
             format!(
                 "--configs {c:?}: {why} (want \
                  wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]\
-                 [:quad|:scalar|:named][:wN][:det][:noco|:co])"
+                 [:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd])"
             )
         };
         let mut parts = c.split(':');
@@ -182,6 +188,7 @@ impl ConfigSpec {
             deterministic: false,
             scattered: false,
             coalesced: false,
+            fma_bwd: false,
         };
         for flag in parts {
             match flag {
@@ -203,6 +210,7 @@ impl ConfigSpec {
                 "det" => spec.deterministic = true,
                 "noco" => spec.scattered = true,
                 "co" => spec.coalesced = true,
+                "fmabwd" => spec.fma_bwd = true,
                 w if w.starts_with('w') && w.len() > 1 => {
                     spec.target_workgroups =
                         Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
@@ -222,6 +230,7 @@ impl ConfigSpec {
             coop_tile: self.coop_tile.unwrap_or(base.coop_tile),
             target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
             coalesced_adds: (base.coalesced_adds || self.coalesced) && !self.scattered,
+            coop_backward: base.coop_backward && !self.fma_bwd,
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
             main_loop: self.main_loop.unwrap_or(
@@ -264,6 +273,9 @@ impl ConfigSpec {
         }
         if self.coalesced {
             n += ":co";
+        }
+        if self.fma_bwd {
+            n += ":fmabwd";
         }
         n
     }
@@ -415,14 +427,19 @@ fn ab(
     // until the comparison reads them back).
     let outs: RefCell<Vec<Option<ForwardOutput<WgpuTensor>>>> =
         RefCell::new((0..backends.len()).map(|_| None).collect());
+    // The latest forward+backward output of each config (loss, d_e, d_c on the device).
+    let grads: RefCell<Vec<Option<FwdBwd>>> =
+        RefCell::new((0..backends.len()).map(|_| None).collect());
     let passes: [(&str, Call<'_>); 2] = [
         ("forward", &|k: usize, bc: &WgpuBackend, o: &Options| {
             let out = bc.forward(inputs, o).unwrap();
             outs.borrow_mut()[k] = Some(out);
         }),
-        ("fwd+bwd", &|_: usize, bc: &WgpuBackend, o: &Options| {
-            bc.forward_backward(inputs, o, &Upstream::default())
+        ("fwd+bwd", &|k: usize, bc: &WgpuBackend, o: &Options| {
+            let (f, g) = bc
+                .forward_backward(inputs, o, &Upstream::default())
                 .unwrap();
+            grads.borrow_mut()[k] = Some((f.loss, g.d_e, g.d_c));
         }),
     ];
     for (pass, call) in passes {
@@ -469,10 +486,74 @@ fn ab(
         }
         if pass == "forward" {
             compare_forwards(b, &backends, &outs.borrow(), label);
+        } else {
+            compare_grads(b, &backends, &grads.borrow(), label);
         }
         if args.profile {
             profile(&backends, label, pass, call, args, start);
         }
+    }
+}
+
+/// A forward+backward's loss, d_e and d_c, kept on the device for [`compare_grads`].
+type FwdBwd = (WgpuTensor, Option<WgpuTensor>, Option<WgpuTensor>);
+
+/// `--ab`: each config's loss from its latest forward+backward, and the largest |Δ| of its d_e
+/// and d_c against the first config's (with the largest |value| of the first's, for scale);
+/// one read-back of each gradient per config.
+fn compare_grads(
+    b: &WgpuBackend,
+    backends: &[(String, WgpuBackend, Options)],
+    outs: &[Option<FwdBwd>],
+    label: &str,
+) {
+    let read = |t: &Option<WgpuTensor>| -> Option<Vec<f32>> {
+        t.as_ref()
+            .and_then(|t| b.download(t).ok())
+            .map(|h| h.to_f32_vec())
+    };
+    // Largest |a − r| (NaN counted apart), its index, and the largest |r|.
+    let diff = |a: &[f32], r: &[f32]| {
+        let (mut worst, mut at, mut nan, mut scale) = (0f32, 0usize, 0usize, 0f32);
+        for (i, (x, y)) in a.iter().zip(r).enumerate() {
+            scale = scale.max(y.abs());
+            let d = (x - y).abs();
+            if d.is_nan() {
+                nan += 1;
+            } else if d > worst {
+                (worst, at) = (d, i);
+            }
+        }
+        format!(
+            "{worst:.3e} (at {at}; max |ref| {scale:.3e}{})",
+            if nan > 0 {
+                format!(", {nan} NaN")
+            } else {
+                String::new()
+            }
+        )
+    };
+    let mut first: Option<(Vec<f32>, Vec<f32>)> = None;
+    for ((name, _, _), out) in backends.iter().zip(outs) {
+        let Some((loss, de, dc)) = out else {
+            println!("| {label} | fwd+bwd grads | {name} | no forward+backward ran |");
+            continue;
+        };
+        let loss = b.download(loss).map(|h| h.to_f32_vec()).unwrap_or_default();
+        let loss_v = loss.iter().map(|&x| x as f64).sum::<f64>() / loss.len().max(1) as f64;
+        let (de, dc) = (read(de).unwrap_or_default(), read(dc).unwrap_or_default());
+        let vs = match &first {
+            None => {
+                first = Some((de, dc));
+                "reference".to_string()
+            }
+            Some((de0, dc0)) => format!(
+                "max |Δ d_e| {} | max |Δ d_c| {}",
+                diff(&de, de0),
+                diff(&dc, dc0)
+            ),
+        };
+        println!("| {label} | fwd+bwd grads | {name} | loss {loss_v:.7} | {vs} |");
     }
 }
 

@@ -1,7 +1,7 @@
 // logits_coop128.wgsl: the forward partials' logits tile by cooperative matrices (f16 inputs,
-// f32 accumulation) at 128 x 128 tiles, and that pipeline's entry point (cargo feature
-// `coop-matrix`). It opens the module (before common.wgsl), since its `enable` directives
-// must come first.
+// f32 accumulation) at 128 x 128 tiles (cargo feature `coop-matrix`), shared by the forward
+// (entry point fwd_coop128_main.wgsl) and the cooperative-matrix backward (bwd_coop.wgsl).
+// It opens the module (before common.wgsl), since its `enable` directives must come first.
 //
 // Parameters
 //   Bindings of tile_io.wgsl and fwd_partial.wgsl. DTYPE must be 1 (f16: e and c are staged
@@ -212,13 +212,4 @@ fn logits_tile(acc: ptr<function, Acc>, r_base: u32, c_base: u32, tx: u32, ty: u
     workgroupBarrier();
     ct_take(acc, 7u, tx, ty);
     workgroupBarrier();
-}
-
-// One-dimensional (subgroup builtins need it); (tx, ty) = (li mod WG, li / WG) as in the
-// WG x WG layout of the other tiled shaders.
-@compute @workgroup_size(WG * WG, 1, 1)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
-        @builtin(subgroup_id) sg: u32) {
-    sg_index = min(sg, 7u);
-    fwd_partial(wid, vec3<u32>(li % WG, li / WG, 0u), li);
 }

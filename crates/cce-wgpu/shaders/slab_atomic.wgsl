@@ -17,7 +17,9 @@
 // Bounds
 //   slab: rows of D floats at `base` (with slab_w = 0: inside slab 0) the including shader
 //   checks (a row k of add_rows4_v only with its bit of `ok` set), added at base + n0 + jj only
-//   for n0 + jj < D; bslab[j] for j < n_cls (bwd_dc.wgsl).
+//   for n0 + jj < D; add_one's slab[i] at an index the including shader checks (bwd_coop.wgsl:
+//   a row < n_rows or class < n_cls of its chunk, a column < D, inside slab 0); bslab[j] for
+//   j < n_cls (bwd_dc.wgsl).
 
 @group(0) @binding(5) var<storage, read_write> slab: array<atomic<f32>>;
 @group(0) @binding(8) var<storage, read_write> bslab: array<atomic<f32>>;
@@ -57,4 +59,10 @@ fn add_rows4_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: v
     if (ok & 8u) != 0u {
         add_row8(l3, h3, base + 3u * P.d, n0);
     }
+}
+
+// slab[i] += v, atomically (the cooperative-matrix backward's adds, bwd_coop.wgsl: one float
+// per call, the lanes of a subgroup on two runs of 16 consecutive floats).
+fn add_one(i: u32, v: f32) {
+    atomicAdd(&slab[i], v);
 }

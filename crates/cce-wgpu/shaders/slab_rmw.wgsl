@@ -17,7 +17,9 @@
 // Bounds
 //   slab: rows of D floats at `base` the including shader checks (a row k of add_rows4_v only
 //   with its bit of `ok` set), read at base + min(n0 + jj, D − 1) and written at base + n0 +
-//   jj only for n0 + jj < D; bslab[w*n_cls + j] for j < n_cls (bwd_dc.wgsl).
+//   jj only for n0 + jj < D; add_one's slab[i] at an index the including shader checks
+//   (bwd_coop.wgsl: a row < n_rows or class < n_cls of its chunk, a column < D, inside slab w);
+//   bslab[w*n_cls + j] for j < n_cls (bwd_dc.wgsl).
 
 @group(0) @binding(5) var<storage, read_write> slab: array<f32>;
 @group(0) @binding(8) var<storage, read_write> bslab: array<f32>;
@@ -89,3 +91,8 @@ fn add_rows4_v(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: v
     }
 }
 
+// slab[i] += v (the cooperative-matrix backward's adds, bwd_coop.wgsl: one float per call; the
+// float's one writer of the dispatch is the calling invocation).
+fn add_one(i: u32, v: f32) {
+    slab[i] = slab[i] + v;
+}

@@ -292,6 +292,14 @@ impl WgpuBackend {
             "cooperative-matrix forward: {state} (adapter: coop64 {}, coop128 {}, coop128w {})\n",
             ctx.coop.t64, ctx.coop.t128, ctx.coop.t128w
         );
+        s += &format!(
+            "cooperative-matrix backward: {}\n",
+            if crate::config::coop_backward(&self.cfg, ctx.coop, 1, false) {
+                "on for f16 inputs in passes that do not filter (bwd_coop.wgsl, 128 x 128, f16 G)"
+            } else {
+                "off (the FMA backward)"
+            }
+        );
         match coop {
             None => s += "cooperative_matrix_properties: (borrowed device, no adapter)\n",
             Some(v) if v.is_empty() => s += "cooperative_matrix_properties: none\n",

@@ -44,6 +44,10 @@
 //!    `load_unit` (a whole vector only for a whole, aligned unit) and gemm.wgsl's `load4`,
 //!    panel indices below `4·TK·WG` and every slot written once per panel (the named unit
 //!    tests enumerate every shape `NamedForm::wide` accepts).
+//!    The cooperative-matrix backward (bwd_coop.wgsl) reads e and c only through
+//!    coop_stage.wgsl's guarded `fetch8`, adds to the slab only at rows and columns inside the
+//!    chunk (`add_one`), and indexes its workgroup arrays as its header states
+//!    (`config::tests::coop_backward_indices_stay_in_their_arrays` enumerates them).
 //!
 //! The hostile-shape tests (`tests/conformance.rs`) run every pass at edge sizes (1 x 1 x 1,
 //! sizes one past a tile, odd `D`, odd element offsets of 16-bit views) against the f64
@@ -82,10 +86,18 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
         | ShaderKind::FwdPartialCoop128W
         | ShaderKind::FwdPartialCoop128W16 => &[GEMM[0], GEMM[1], GEMM[2], "tgt", "part", "tlogit"],
         ShaderKind::BwdHist => &[GEMM[0], GEMM[1], GEMM[2], "rs", "edges", "hist"],
-        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic | ShaderKind::BwdDeAtomicCo => &[
+        ShaderKind::BwdDe
+        | ShaderKind::BwdDeAtomic
+        | ShaderKind::BwdDeAtomicCo
+        | ShaderKind::BwdDeCoop
+        | ShaderKind::BwdDeCoopAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters",
         ],
-        ShaderKind::BwdDc | ShaderKind::BwdDcAtomic | ShaderKind::BwdDcAtomicCo => &[
+        ShaderKind::BwdDc
+        | ShaderKind::BwdDcAtomic
+        | ShaderKind::BwdDcAtomicCo
+        | ShaderKind::BwdDcCoop
+        | ShaderKind::BwdDcCoopAtomic => &[
             GEMM[0], GEMM[1], GEMM[2], "rs", "slab", "dropped", "counters", "bslab",
         ],
         ShaderKind::FwdMerge => &[
@@ -149,7 +161,10 @@ pub(crate) fn extent(
         3 => Some(bias()),
         _ => None,
     };
-    use ShaderKind::{BwdDc, BwdDcAtomic, BwdDcAtomicCo, BwdDe, BwdDeAtomic, BwdDeAtomicCo};
+    use ShaderKind::{
+        BwdDc, BwdDcAtomic, BwdDcAtomicCo, BwdDcCoop, BwdDcCoopAtomic, BwdDe, BwdDeAtomic,
+        BwdDeAtomicCo, BwdDeCoop, BwdDeCoopAtomic,
+    };
     let out = match (kind, binding) {
         (
             ShaderKind::FwdPartial
@@ -160,9 +175,11 @@ pub(crate) fn extent(
             | ShaderKind::BwdHist,
             1..=3,
         ) => gemm(binding),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 1..=3) => {
-            gemm(binding)
-        }
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            1..=3,
+        ) => gemm(binding),
         (
             ShaderKind::FwdPartial
             | ShaderKind::FwdPartialCoop
@@ -190,18 +207,26 @@ pub(crate) fn extent(
         (ShaderKind::BwdHist, 4) => Some(per_row(ROW_STATE_BYTES)),
         (ShaderKind::BwdHist, 5) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdHist, 6) => Some(per_row(4 * N_BINS as u64)),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 4) => {
-            Some(per_row(ROW_STATE_BYTES))
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            4,
+        ) => Some(per_row(ROW_STATE_BYTES)),
+        (BwdDe | BwdDeAtomic | BwdDeAtomicCo | BwdDeCoop | BwdDeCoopAtomic, 5) => Some(slab(rows)?),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 5) => Some(slab(cls)?),
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            6,
+        ) => Some(if has(flags::REPORT) { per_row(4) } else { 0 }),
+        (
+            BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo | BwdDeCoop
+            | BwdDcCoop | BwdDeCoopAtomic | BwdDcCoopAtomic,
+            7,
+        ) => Some(counters()),
+        (BwdDc | BwdDcAtomic | BwdDcAtomicCo | BwdDcCoop | BwdDcCoopAtomic, 8) => {
+            Some(4 * slabs * cls)
         }
-        (BwdDe | BwdDeAtomic | BwdDeAtomicCo, 5) => Some(slab(rows)?),
-        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 5) => Some(slab(cls)?),
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 6) => {
-            Some(if has(flags::REPORT) { per_row(4) } else { 0 })
-        }
-        (BwdDe | BwdDc | BwdDeAtomic | BwdDcAtomic | BwdDeAtomicCo | BwdDcAtomicCo, 7) => {
-            Some(counters())
-        }
-        (BwdDc | BwdDcAtomic | BwdDcAtomicCo, 8) => Some(4 * slabs * cls),
         (ShaderKind::FwdMerge, 1) => Some(per_row(PART_BYTES * p.part_stride as u64)),
         (ShaderKind::FwdMerge, 2..=7 | 9) => Some(per_row(4)),
         (ShaderKind::FwdMerge, 8) => Some(12),

@@ -164,6 +164,12 @@ pub struct KernelConfig {
     /// `coop-matrix`; crate docs, "Cooperative matrix"). Default: on when that feature is
     /// compiled in.
     pub cooperative_matrix: bool,
+    /// Whether the backward's `d_e` and `d_c` products run by cooperative matrices too where
+    /// [`KernelConfig::cooperative_matrix`] is on (f16 inputs, an adapter
+    /// that runs the 128 x 128 forward, passes that do not filter; 128 x 128 tiles, G rounded
+    /// to f16 times a power-of-two scale, f32 accumulation); false keeps the FMA backward (for
+    /// comparing the two). Default true.
+    pub coop_backward: bool,
     /// Which cooperative-matrix forward ([`CoopTile`]); an adapter that cannot run the
     /// 128 x 128 one (workgroup memory, invocations) runs the 64 x 64 one. Default:
     /// [`CoopTile::T128`].
@@ -202,6 +208,7 @@ impl KernelConfig {
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
+            coop_backward: true,
             coop_tile: CoopTile::T128,
             coalesced_adds: false,
         };
@@ -504,6 +511,22 @@ pub(crate) fn coop_forward(
     }
 }
 
+/// Whether a backward pass (`d_e` or `d_c`) runs its products by cooperative matrices
+/// (bwd_coop.wgsl, 128 x 128 tiles): [`KernelConfig::cooperative_matrix`] and
+/// [`KernelConfig::coop_backward`] on, f16 inputs (`dtype_code` 1), an adapter that runs the
+/// 128 x 128 forward (`caps.t128`: the same 48 KiB, 256 invocations, subgroups of 32 and
+/// 16 x 16 x 16 f16 configuration), and a pass that does not filter (`filtered`: the
+/// filtered passes keep the FMA backward, whose 64 x 64 skip decisions and counters the
+/// statistics are stated in).
+pub(crate) fn coop_backward(
+    cfg: &KernelConfig,
+    caps: CoopCaps,
+    dtype_code: u32,
+    filtered: bool,
+) -> bool {
+    cfg.cooperative_matrix && cfg.coop_backward && dtype_code == 1 && caps.t128 && !filtered
+}
+
 /// The `VEC_E` / `VEC_C` flags of a tiled shader's dispatch ([`vec_loads`] of each source).
 pub(crate) fn panel_load_flags(p: &Params) -> u32 {
     let d = p.d as usize;
@@ -530,9 +553,43 @@ mod tests {
             max_loop_iterations: 0,
             runtime_checks: false,
             cooperative_matrix: false,
+            coop_backward: true,
             coop_tile: CoopTile::T128,
             coalesced_adds: true,
         }
+    }
+
+    #[test]
+    fn the_coop_backward_needs_f16_the_128_forward_and_no_filter() {
+        let on = KernelConfig {
+            cooperative_matrix: true,
+            ..cfg(8, 8)
+        };
+        let caps = CoopCaps {
+            t64: true,
+            t128: true,
+            t128w: true,
+        };
+        assert!(coop_backward(&on, caps, 1, false));
+        // Whatever the configuration's tiles: the pass runs at 128 x 128.
+        assert!(coop_backward(&KernelConfig { wg: 4, ..on }, caps, 1, false));
+        // Not for bf16 or f32, not for filtered passes, not when either switch is off.
+        assert!(!coop_backward(&on, caps, 2, false));
+        assert!(!coop_backward(&on, caps, 0, false));
+        assert!(!coop_backward(&on, caps, 1, true));
+        let fma = KernelConfig {
+            coop_backward: false,
+            ..on
+        };
+        assert!(!coop_backward(&fma, caps, 1, false));
+        assert!(!coop_backward(&cfg(8, 8), caps, 1, false));
+        // Not on adapters without room for the 128 x 128 forward (the FMA backward there).
+        let small = CoopCaps {
+            t128: false,
+            ..caps
+        };
+        assert!(!coop_backward(&on, small, 1, false));
+        assert!(!coop_backward(&on, CoopCaps::default(), 1, false));
     }
 
     #[test]
@@ -907,6 +964,91 @@ mod tests {
         assert_eq!(per_round, [32; 8]);
         // The end-of-split merge's slots q < WG*WG = 256: 8q + 7 < 2048.
         const { assert!(8 * (COOP128_INVOCATIONS - 1) + 7 < 2048) };
+    }
+
+    #[test]
+    fn coop_backward_indices_stay_in_their_arrays() {
+        // bwd_coop.wgsl's workgroup indices, enumerated (its header, "Tiling" and "Bounds"):
+        // Ah and Bh hold 10240 f16 each, Ct 2048 f32.
+        const ARRAY: u32 = 10240;
+        let (gse, gsc, sx) = (72u32, 136u32, 136u32);
+        for dc in [false, true] {
+            // G staging: (half, index) of tile row r, class j, written once each.
+            let mut at = std::collections::HashMap::new();
+            for li in 0..COOP128_INVOCATIONS {
+                let (tx, ty) = (li % 16, li / 16);
+                let (h, o, st) = if dc {
+                    (ty >> 3, (ty & 7) * 8 * gsc + tx * 8, gsc)
+                } else {
+                    (tx >> 3, ty * 8 * gse + (tx & 7) * 8, gse)
+                };
+                for i in 0..8 {
+                    for x in 0..8 {
+                        let idx = o + i * st + x;
+                        assert!(idx < ARRAY);
+                        assert!(at.insert((h, idx), (ty * 8 + i, tx * 8 + x)).is_none());
+                    }
+                }
+            }
+            assert_eq!(at.len(), 128 * 128);
+            // A fragments: subgroup s, row fragment a, depth fragment q; element (m, k) is G
+            // at output row / class ra + 16a + m and depth 16q + k.
+            for s in 0..8u32 {
+                let ra = 32 * (s >> 1);
+                for a in 0..2 {
+                    for q in 0..8 {
+                        for m in 0..16 {
+                            for k in 0..16 {
+                                let (h, idx) = if dc {
+                                    (q / 4, 16 * (q % 4) * gsc + ra + 16 * a + k * gsc + m)
+                                } else {
+                                    (q / 4, (ra + 16 * a) * gse + 16 * (q % 4) + m * gse + k)
+                                };
+                                let (out, depth) = (ra + 16 * a + m, 16 * q + k);
+                                let want = if dc { (depth, out) } else { (out, depth) };
+                                assert_eq!(at.get(&(h, idx)), Some(&want), "dc {dc} s {s}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // X panels: every (depth row, column) of a 32 x 128 panel stored once; B fragments
+        // (rows kk.., columns nb + 16j..) inside the stored part.
+        let mut hits = vec![0u32; 32 * sx as usize];
+        for li in 0..COOP128_INVOCATIONS {
+            let o = (li >> 4) * sx + 8 * (li & 15);
+            for row in [o, o + 16 * sx] {
+                for x in 0..8 {
+                    hits[(row + x) as usize] += 1;
+                }
+            }
+        }
+        for k in 0..32 {
+            for n in 0..sx {
+                assert_eq!(hits[(k * sx + n) as usize], u32::from(n < 128));
+            }
+        }
+        for s in 0..8u32 {
+            let nb = 64 * (s & 1);
+            for kk in [0, 16] {
+                for j in 0..4 {
+                    let start = kk * sx + nb + 16 * j;
+                    assert!((start % sx) + 15 < 128 && start + 15 * sx + 15 < 32 * sx);
+                }
+            }
+        }
+        // Hand-over: lane l reads slot floats 32q + l = row (2q + l/16), column l % 16 of
+        // the row-major 16 x 16 fragment; the 32 lanes read the slot once.
+        let mut seen = [0u32; 256];
+        for l in 0..32u32 {
+            for q in 0..8 {
+                let (r, c) = (2 * q + l / 16, l % 16);
+                assert_eq!(32 * q + l, 16 * r + c);
+                seen[(32 * q + l) as usize] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
     }
 
     #[test]

@@ -112,7 +112,8 @@ impl Context {
         let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             // SAFETY: wgpu's experimental features may hold implementation bugs (the
             // token's docs); this one is requested only when the caller compiled in the
-            // off-by-default `coop-matrix` feature, and is used only by logits_coop.wgsl.
+            // off-by-default `coop-matrix` feature, and is used only by the cooperative-matrix
+            // shaders (logits_coop*.wgsl, bwd_coop.wgsl).
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {
             wgpu::ExperimentalFeatures::disabled()

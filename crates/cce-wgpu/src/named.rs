@@ -734,6 +734,7 @@ mod tests {
                     max_loop_iterations: 0,
                     runtime_checks: false,
                     cooperative_matrix: false,
+                    coop_backward: true,
                     coop_tile: crate::CoopTile::T128,
                     coalesced_adds: true,
                 };

@@ -75,6 +75,19 @@ pub enum ShaderKind {
     /// [`ShaderKind::BwdDcAtomic`] with its adds coalesced through subgroup shuffles
     /// (slab_atomic_co.wgsl; needs `SUBGROUP` besides `SHADER_FLOAT32_ATOMIC`).
     BwdDcAtomicCo,
+    /// [`ShaderKind::BwdDe`] by cooperative matrices at 128 x 128 tiles (bwd_coop.wgsl,
+    /// bwd_de_coop.wgsl: logits_coop128.wgsl's logits tile, f16 G times a power-of-two scale,
+    /// f32 accumulation; per-split slabs as slab_rmw.wgsl). f16 inputs, the cargo feature
+    /// `coop-matrix`, adapters that run [`ShaderKind::FwdPartialCoop128`]. Its `WG` override
+    /// is always 16.
+    BwdDeCoop,
+    /// [`ShaderKind::BwdDc`] by cooperative matrices at 128 x 128 tiles (bwd_dc_coop.wgsl;
+    /// otherwise as [`ShaderKind::BwdDeCoop`]).
+    BwdDcCoop,
+    /// [`ShaderKind::BwdDeCoop`] adding into one slab with f32 atomics (slab_atomic.wgsl).
+    BwdDeCoopAtomic,
+    /// [`ShaderKind::BwdDcCoop`] adding into one slab with f32 atomics (slab_atomic.wgsl).
+    BwdDcCoopAtomic,
     /// Slab sum + analytic term + dtype conversion.
     Finalize,
     /// Column sums for analytic label smoothing.
@@ -85,7 +98,7 @@ pub enum ShaderKind {
 
 impl ShaderKind {
     /// Every shader, for validation tests.
-    pub const ALL: [ShaderKind; 19] = [
+    pub const ALL: [ShaderKind; 23] = [
         ShaderKind::FwdPartial,
         ShaderKind::FwdPartialCoop,
         ShaderKind::FwdPartialCoop128,
@@ -102,6 +115,10 @@ impl ShaderKind {
         ShaderKind::BwdDcAtomic,
         ShaderKind::BwdDeAtomicCo,
         ShaderKind::BwdDcAtomicCo,
+        ShaderKind::BwdDeCoop,
+        ShaderKind::BwdDcCoop,
+        ShaderKind::BwdDeCoopAtomic,
+        ShaderKind::BwdDcCoopAtomic,
         ShaderKind::Finalize,
         ShaderKind::WSum,
         ShaderKind::StatReduce,
@@ -195,26 +212,42 @@ impl ShaderKind {
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
                 ),
                 ShaderKind::BwdDe => Some(
-                    head(shader!("grad.wgsl", "slab_rmw.wgsl", "bwd_de.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_rmw.wgsl",
+                        "bwd_de.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_de_main.wgsl")),
                 ),
                 ShaderKind::BwdDc => Some(
-                    head(shader!("grad.wgsl", "slab_rmw.wgsl", "bwd_dc.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_rmw.wgsl",
+                        "bwd_dc.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_dc_main.wgsl")),
                 ),
                 ShaderKind::BwdDeAtomic => Some(
-                    head(shader!("grad.wgsl", "slab_atomic.wgsl", "bwd_de.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_atomic.wgsl",
+                        "bwd_de.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_de_main.wgsl")),
                 ),
                 ShaderKind::BwdDcAtomic => Some(
-                    head(shader!("grad.wgsl", "slab_atomic.wgsl", "bwd_dc.wgsl"))
-                        + &named::prod_for(form)
+                    head(shader!(
+                        "grad_rows.wgsl",
+                        "grad.wgsl",
+                        "slab_atomic.wgsl",
+                        "bwd_dc.wgsl"
+                    )) + &named::prod_for(form)
                         + "\n"
                         + &named::entry_named(shader!("bwd_dc_main.wgsl")),
                 ),
@@ -259,7 +292,8 @@ impl ShaderKind {
                 "common.wgsl",
                 "tile_io.wgsl",
                 "fwd_rows.wgsl",
-                "fwd_partial.wgsl"
+                "fwd_partial.wgsl",
+                "fwd_coop128_main.wgsl"
             ),
             ShaderKind::FwdPartialCoop128W | ShaderKind::FwdPartialCoop128W16 => shader!(
                 "logits_coop128w.wgsl",
@@ -274,28 +308,74 @@ impl ShaderKind {
             ShaderKind::BwdHist => tiled!("panel_a.wgsl", "bwd_hist.wgsl", "bwd_hist_main.wgsl"),
             ShaderKind::BwdTau => shader!("common.wgsl", "bwd_tau.wgsl"),
             ShaderKind::BwdDe => tiled!(
+                "grad_rows.wgsl",
                 "grad.wgsl",
                 "slab_rmw.wgsl",
                 "bwd_de.wgsl",
                 "bwd_de_main.wgsl"
             ),
             ShaderKind::BwdDc => tiled!(
+                "grad_rows.wgsl",
                 "grad.wgsl",
                 "slab_rmw.wgsl",
                 "bwd_dc.wgsl",
                 "bwd_dc_main.wgsl"
             ),
             ShaderKind::BwdDeAtomic => tiled!(
+                "grad_rows.wgsl",
                 "grad.wgsl",
                 "slab_atomic.wgsl",
                 "bwd_de.wgsl",
                 "bwd_de_main.wgsl"
             ),
             ShaderKind::BwdDcAtomic => tiled!(
+                "grad_rows.wgsl",
                 "grad.wgsl",
                 "slab_atomic.wgsl",
                 "bwd_dc.wgsl",
                 "bwd_dc_main.wgsl"
+            ),
+            // The cooperative-matrix backward: the `enable` directives of logits_coop128.wgsl
+            // open the module; its `main` is the pass's own (bwd_de_coop.wgsl, bwd_dc_coop.wgsl).
+            ShaderKind::BwdDeCoop => shader!(
+                "logits_coop128.wgsl",
+                "coop_stage.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "grad_rows.wgsl",
+                "slab_rmw.wgsl",
+                "bwd_coop.wgsl",
+                "bwd_de_coop.wgsl"
+            ),
+            ShaderKind::BwdDcCoop => shader!(
+                "logits_coop128.wgsl",
+                "coop_stage.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "grad_rows.wgsl",
+                "slab_rmw.wgsl",
+                "bwd_coop.wgsl",
+                "bwd_dc_coop.wgsl"
+            ),
+            ShaderKind::BwdDeCoopAtomic => shader!(
+                "logits_coop128.wgsl",
+                "coop_stage.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "grad_rows.wgsl",
+                "slab_atomic.wgsl",
+                "bwd_coop.wgsl",
+                "bwd_de_coop.wgsl"
+            ),
+            ShaderKind::BwdDcCoopAtomic => shader!(
+                "logits_coop128.wgsl",
+                "coop_stage.wgsl",
+                "common.wgsl",
+                "tile_io.wgsl",
+                "grad_rows.wgsl",
+                "slab_atomic.wgsl",
+                "bwd_coop.wgsl",
+                "bwd_dc_coop.wgsl"
             ),
             // The coalesced kinds are their plain kinds' text rewritten (above).
             ShaderKind::BwdDeAtomicCo | ShaderKind::BwdDcAtomicCo => unreachable!(),
@@ -319,12 +399,23 @@ impl ShaderKind {
                 | ShaderKind::FwdPartialCoop128
                 | ShaderKind::FwdPartialCoop128W
                 | ShaderKind::FwdPartialCoop128W16
+        ) || self.is_coop_backward()
+    }
+
+    /// Whether the shader is one of the cooperative-matrix backward products.
+    pub fn is_coop_backward(self) -> bool {
+        matches!(
+            self,
+            ShaderKind::BwdDeCoop
+                | ShaderKind::BwdDcCoop
+                | ShaderKind::BwdDeCoopAtomic
+                | ShaderKind::BwdDcCoopAtomic
         )
     }
 
     /// Side of the logits tiles a dispatch of this shader computes under a configuration
-    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`] and
-    /// the 64 x 64 per subgroup ones, else `cfg_tile`.
+    /// whose tiles are `cfg_tile` wide: 128 for [`ShaderKind::FwdPartialCoop128`], the
+    /// 64 x 64 per subgroup ones and the cooperative-matrix backward, else `cfg_tile`.
     pub fn tile(self, cfg_tile: usize) -> usize {
         if self.is_coop128() {
             COOP128_TILE
@@ -333,14 +424,15 @@ impl ShaderKind {
         }
     }
 
-    /// Whether the shader is one of the 128 x 128 cooperative-matrix forwards.
+    /// Whether the shader is one of the 128 x 128 cooperative-matrix forwards or backward
+    /// products.
     fn is_coop128(self) -> bool {
         matches!(
             self,
             ShaderKind::FwdPartialCoop128
                 | ShaderKind::FwdPartialCoop128W
                 | ShaderKind::FwdPartialCoop128W16
-        )
+        ) || self.is_coop_backward()
     }
 
     /// Whether the shader adds into its slab with f32 atomics (needs the device feature
@@ -352,6 +444,8 @@ impl ShaderKind {
                 | ShaderKind::BwdDcAtomic
                 | ShaderKind::BwdDeAtomicCo
                 | ShaderKind::BwdDcAtomicCo
+                | ShaderKind::BwdDeCoopAtomic
+                | ShaderKind::BwdDcCoopAtomic
         )
     }
 
@@ -394,6 +488,10 @@ impl ShaderKind {
             ShaderKind::BwdDcAtomic => "bwd_dc_atomic",
             ShaderKind::BwdDeAtomicCo => "bwd_de_atomic_co",
             ShaderKind::BwdDcAtomicCo => "bwd_dc_atomic_co",
+            ShaderKind::BwdDeCoop => "bwd_de_coop",
+            ShaderKind::BwdDcCoop => "bwd_dc_coop",
+            ShaderKind::BwdDeCoopAtomic => "bwd_de_coop_atomic",
+            ShaderKind::BwdDcCoopAtomic => "bwd_dc_coop_atomic",
             ShaderKind::Finalize => "finalize",
             ShaderKind::WSum => "wsum",
             ShaderKind::StatReduce => "stat_reduce",

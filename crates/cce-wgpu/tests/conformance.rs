@@ -681,6 +681,62 @@ fn coop_forwards_64_and_128() {
     run_all(&cases);
 }
 
+/// f16 cases for the cooperative-matrix backward (`KernelConfig::coop_backward`): the
+/// forwards' coop cases and the hostile f16 shapes, every reduction (per-row `d_loss` for
+/// none), an upstream `d_lse`, ignored rows, label smoothing and z-loss, a bias of −20 outside
+/// hot classes (tiles of tiny G: the power-of-two scale), D = 300 (three slices of 128, the
+/// last partial) and more than one 128 x 128 tile each way.
+fn coop_backward_cases() -> Vec<Case> {
+    let more = vec![
+        Case::new("coopb 260x300x390 f16 sum", 260, 300, 390, F16)
+            .with(|c| c.opts.reduction = Reduction::Sum),
+        Case::new("coopb 140x40x300 f16 none, d_lse", 140, 40, 300, F16).with(|c| {
+            c.opts.reduction = Reduction::None;
+            c.d_lse = true;
+        }),
+        Case::new("coopb 200x72x520 f16 ls, z, ignored", 200, 72, 520, F16).with(|c| {
+            c.opts.label_smoothing = 0.1;
+            c.opts.z_loss = 1e-3;
+            c.ignore_frac = 0.2;
+            c.bias = true;
+        }),
+        Case::new("coopb 130x24x900 f16 hot, softcap", 130, 24, 900, F16).with(|c| {
+            c.bias = true;
+            c.hot_classes = Some(20);
+            c.opts.softcap = Some(5.0);
+        }),
+    ];
+    coop_cases()
+        .into_iter()
+        .chain(hostile_cases().into_iter().filter(|c| c.dtype == F16))
+        .chain(more)
+        .collect()
+}
+
+#[test]
+fn coop_backward_products() {
+    // Where the adapter runs cooperative matrices, the f16 backward's d_e and d_c passes by
+    // them (128 x 128 tiles, f16 G), through both sums of the splits: f32 atomics into one
+    // slab (calls that are not deterministic, where the device has them) and per-split slabs
+    // (deterministic calls), each judged against the f64 oracle; elsewhere (lavapipe) the FMA
+    // backward runs the same cases. A filtered call keeps the FMA backward (run once).
+    let cases: Vec<Case> = coop_backward_cases()
+        .into_iter()
+        .flat_map(|c| [false, true].map(|det| c.clone().with(|c| c.opts.deterministic = det)))
+        .chain([
+            Case::new("coopb 150x48x600 f16 filtered", 150, 48, 600, F16).with(|c| {
+                c.opts = Options {
+                    side_outputs: c.opts.side_outputs,
+                    ..Options::default()
+                };
+                c.bias = true;
+                c.hot_classes = Some(40);
+            }),
+        ])
+        .collect();
+    run_all(&cases);
+}
+
 #[test]
 fn hostile_shapes_deterministic() {
     // Deterministic calls keep one f32 slab per split (the only path on devices without f32

@@ -5,7 +5,7 @@
 use super::interop::BackwardDest;
 use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
-use crate::config::{accumulation, bwd_splits, Accumulation};
+use crate::config::{accumulation, bwd_splits, coop_backward, Accumulation};
 use crate::pipelines::{flags, Params, ShaderKind};
 use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::{
@@ -122,32 +122,59 @@ impl WgpuBackend {
         // the splits add into atomically (`config::accumulation`).
         let acc = accumulation(ctx.float_atomics(), opts.deterministic);
         let atomic = acc == Accumulation::Atomic;
-        let max_rt = tiles(max_rc, t);
-        let max_ct = tiles(max_cc, t);
-        let room = (budget.saturating_sub(workspace), ctx.max_binding());
-        let target = self.cfg.target_workgroups;
-        let de_split = bwd_splits(acc, target, (max_rt, max_ct), (max_rc * d * 4) as u64, room);
-        let dc_split = bwd_splits(acc, target, (max_ct, max_rt), (max_cc * d * 4) as u64, room);
-        // The atomic adds through subgroup shuffles where they apply (`config::coalesced_adds`).
-        let (de_kind, dc_kind) = if atomic && self.has_coalesced_adds() {
+        // The atomic adds through subgroup shuffles where they apply (`config::coalesced_adds`);
+        // each pass by cooperative matrices where it can (`config::coop_backward`).
+        let (mut de_kind, mut dc_kind) = if atomic && self.has_coalesced_adds() {
             (ShaderKind::BwdDeAtomicCo, ShaderKind::BwdDcAtomicCo)
         } else if atomic {
             (ShaderKind::BwdDeAtomic, ShaderKind::BwdDcAtomic)
         } else {
             (ShaderKind::BwdDe, ShaderKind::BwdDc)
         };
+        if coop_backward(&self.cfg, ctx.coop, dt, filter_e) {
+            de_kind = if atomic {
+                ShaderKind::BwdDeCoopAtomic
+            } else {
+                ShaderKind::BwdDeCoop
+            };
+        }
+        if coop_backward(&self.cfg, ctx.coop, dt, filter_c) {
+            dc_kind = if atomic {
+                ShaderKind::BwdDcCoopAtomic
+            } else {
+                ShaderKind::BwdDcCoop
+            };
+        }
+        // The passes' tiles: 128 for the cooperative-matrix ones, else the configuration's.
+        let (t_de, t_dc) = (de_kind.tile(t), dc_kind.tile(t));
+        let room = (budget.saturating_sub(workspace), ctx.max_binding());
+        let target = self.cfg.target_workgroups;
+        let de_split = bwd_splits(
+            acc,
+            target,
+            (tiles(max_rc, t_de), tiles(max_cc, t_de)),
+            (max_rc * d * 4) as u64,
+            room,
+        );
+        let dc_split = bwd_splits(
+            acc,
+            target,
+            (tiles(max_cc, t_dc), tiles(max_rc, t_dc)),
+            (max_cc * d * 4) as u64,
+            room,
+        );
         // Splits per chunk (capped per workgroup), slabs, and counter slots: every workgroup of
         // the d_e and d_c passes.
         let bcap = self.cap_tiles(self.bwd_iters(d));
         let de_splits: Vec<(usize, usize)> = plan
             .class_chunks
             .iter()
-            .map(|cc| split(tiles(cc.len(), t), de_split, bcap))
+            .map(|cc| split(tiles(cc.len(), t_de), de_split, bcap))
             .collect();
         let dc_splits: Vec<(usize, usize)> = plan
             .row_chunks
             .iter()
-            .map(|rc| split(tiles(rc.len(), t), dc_split, bcap))
+            .map(|rc| split(tiles(rc.len(), t_dc), dc_split, bcap))
             .collect();
         // Slabs: at most the budgeted split count; more splits run in waves over the same slabs
         // (`de_wave` / `dc_wave` splits per dispatch). The atomic modules add every split of a
@@ -170,8 +197,8 @@ impl WgpuBackend {
         let mut dc_slots = 0usize;
         for (ri, rc) in plan.row_chunks.iter().enumerate() {
             for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                de_slots += de_splits[ci].1 * tiles(rc.len(), t);
-                dc_slots += dc_splits[ri].1 * tiles(cc.len(), t);
+                de_slots += de_splits[ci].1 * tiles(rc.len(), t_de);
+                dc_slots += dc_splits[ri].1 * tiles(cc.len(), t_dc);
             }
         }
         let n_slots = (if want_de { de_slots } else { 0 }) + (if want_dc { dc_slots } else { 0 });
@@ -438,7 +465,7 @@ impl WgpuBackend {
                             slab_stride: u32c(rows * d, "slab stride")?,
                             ..base
                         };
-                        slot += nw * tiles(rows, t);
+                        slot += nw * tiles(rows, t_de);
                         self.run(
                             &mut pass,
                             de_kind,
@@ -453,7 +480,7 @@ impl WgpuBackend {
                                 dr_b,
                                 ctx.whole(&counters)?,
                             ],
-                            [nw as u32, tiles(rows, t) as u32, 1],
+                            [nw as u32, tiles(rows, t_de) as u32, 1],
                         )?;
                     }
                 }
@@ -547,7 +574,7 @@ impl WgpuBackend {
                             slab_stride: u32c(ncls * d, "slab stride")?,
                             ..base
                         };
-                        slot += nw * tiles(ncls, t);
+                        slot += nw * tiles(ncls, t_dc);
                         self.run(
                             &mut pass,
                             dc_kind,
@@ -563,7 +590,7 @@ impl WgpuBackend {
                                 ctx.whole(&counters)?,
                                 ctx.whole(&bslab)?,
                             ],
-                            [nw as u32, tiles(ncls, t) as u32, 1],
+                            [nw as u32, tiles(ncls, t_dc) as u32, 1],
                         )?;
                     }
                 }
