@@ -129,7 +129,7 @@
 #           and the largest |Δ lse| against the first's; COOP_CONFIGS overrides the list
 #           (8:8:coop64: logits_coop.wgsl, 64 x 64); then the backend's forward+backward at
 #           the same shape (--ab --profile, the forward rounds too): 8:8:coop128:fmabwd (the
-#           coop forward with the FMA backward: the reference), 8:8:coop128 (the backward's
+#           coop forward with the FMA backward: the reference), 8:8:coop128:coopbwd (the backward's
 #           d_e and d_c products by cooperative matrices, bwd_coop.wgsl, 128 x 128, f16 G) and
 #           8:8:named:fma, with each config's loss and the largest |Δ| of its d_e and d_c
 #           against the reference's (COOP_BWD_CONFIGS overrides the list; the conformance
@@ -491,7 +491,7 @@ if [[ $PHASES == *coop* ]]; then
   grep -E "^adapter|round|deadline" "$OUT/coop-gemma2.log" | tail -12
   timeout 240 "$C" --shapes gemma2 --data c/8 --dtype f16 --exact --ab --profile --reps 2 \
     --deadline-s 220 \
-    --configs "${COOP_BWD_CONFIGS:-8:8:coop128:fmabwd,8:8:coop128,8:8:named:fma}" \
+    --configs "${COOP_BWD_CONFIGS:-8:8:coop128:fmabwd,8:8:coop128:coopbwd,8:8:named:fma}" \
     >"$OUT/coop-bwd.log" 2>&1
   rcb=$?
   grep -E "^adapter|round|deadline" "$OUT/coop-bwd.log" | tail -16

@@ -32,8 +32,8 @@
 //! config's `wg:tk`); `:coop128w` at 128 x 128 tiles with 64 x 64 per subgroup
 //! (logits_coop128w.wgsl), `:coop128w16` the same with 16-deep panels. The backward's products
 //! run by cooperative matrices too where the forward's would (`KernelConfig::coop_backward`,
-//! 128 x 128 tiles, f16 G, exact passes); `:fmabwd` keeps the FMA backward behind a coop
-//! forward (e.g. `8:8:coop128:fmabwd`). After the forward+backward rounds `--ab` prints each
+//! 128 x 128 tiles, f16 G, exact passes; off by default): `:coopbwd` turns it on, `:fmabwd`
+//! keeps the FMA backward behind a coop forward (e.g. `8:8:coop128:fmabwd`). After the forward+backward rounds `--ab` prints each
 //! config's loss and the largest |Δ| of its d_e and d_c against the first config's.
 //! `:quad` / `:scalar` / `:named` pick the main loop of the FMA logits tile (`MainLoop`; quad
 //! needs tk = 2·wg, e.g. `8:16:quad`; named: the scalar loop's staging with named
@@ -123,7 +123,7 @@ struct Cli {
     out: Option<String>,
     /// Kernel configs, comma list, compared on the first forward:
     /// `wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]`
-    /// `[:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd]`.
+    /// `[:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd|:coopbwd]`.
     #[arg(long)]
     configs: Option<String>,
     /// With --ab: one more call per config and pass with GPU timestamps, time per shader.
@@ -155,8 +155,9 @@ struct ConfigSpec {
     scattered: bool,
     /// `:co`: `KernelConfig::coalesced_adds` on (off by default).
     coalesced: bool,
-    /// `:fmabwd`: `KernelConfig::coop_backward` off (the FMA backward behind a coop forward).
-    fma_bwd: bool,
+    /// `:fmabwd` / `:coopbwd`: `KernelConfig::coop_backward` off / on (the FMA or the
+    /// cooperative-matrix backward behind a coop forward; else the base config's, off).
+    coop_bwd: Option<bool>,
 }
 
 impl ConfigSpec {
@@ -165,7 +166,7 @@ impl ConfigSpec {
             format!(
                 "--configs {c:?}: {why} (want \
                  wg:tk[:checked][:fma|:coop|:coop64|:coop128|:coop128w|:coop128w16]\
-                 [:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd])"
+                 [:quad|:scalar|:named][:wN][:det][:noco|:co][:fmabwd|:coopbwd])"
             )
         };
         let mut parts = c.split(':');
@@ -188,7 +189,7 @@ impl ConfigSpec {
             deterministic: false,
             scattered: false,
             coalesced: false,
-            fma_bwd: false,
+            coop_bwd: None,
         };
         for flag in parts {
             match flag {
@@ -210,7 +211,8 @@ impl ConfigSpec {
                 "det" => spec.deterministic = true,
                 "noco" => spec.scattered = true,
                 "co" => spec.coalesced = true,
-                "fmabwd" => spec.fma_bwd = true,
+                "fmabwd" => spec.coop_bwd = Some(false),
+                "coopbwd" => spec.coop_bwd = Some(true),
                 w if w.starts_with('w') && w.len() > 1 => {
                     spec.target_workgroups =
                         Some(w[1..].parse().map_err(|e| bad(format!("{w}: {e}")))?)
@@ -230,7 +232,7 @@ impl ConfigSpec {
             coop_tile: self.coop_tile.unwrap_or(base.coop_tile),
             target_workgroups: self.target_workgroups.unwrap_or(base.target_workgroups),
             coalesced_adds: (base.coalesced_adds || self.coalesced) && !self.scattered,
-            coop_backward: base.coop_backward && !self.fma_bwd,
+            coop_backward: self.coop_bwd.unwrap_or(base.coop_backward),
             // Without a choice: the quad loop where the shape allows it and the adapter's
             // default has it, else the scalar loop.
             main_loop: self.main_loop.unwrap_or(
@@ -274,8 +276,10 @@ impl ConfigSpec {
         if self.coalesced {
             n += ":co";
         }
-        if self.fma_bwd {
-            n += ":fmabwd";
+        match self.coop_bwd {
+            Some(false) => n += ":fmabwd",
+            Some(true) => n += ":coopbwd",
+            None => {}
         }
         n
     }

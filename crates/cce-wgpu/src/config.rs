@@ -167,8 +167,9 @@ pub struct KernelConfig {
     /// Whether the backward's `d_e` and `d_c` products run by cooperative matrices too where
     /// [`KernelConfig::cooperative_matrix`] is on (f16 inputs, an adapter
     /// that runs the 128 x 128 forward, passes that do not filter; 128 x 128 tiles, G rounded
-    /// to f16 times a power-of-two scale, f32 accumulation); false keeps the FMA backward (for
-    /// comparing the two). Default true.
+    /// to f16 times a power-of-two scale, f32 accumulation); false keeps the FMA backward. Default
+    /// false until it has run on a GPU (lavapipe has no cooperative matrices; docs/perf-log.md
+    /// session 21 has its prediction).
     pub coop_backward: bool,
     /// Which cooperative-matrix forward ([`CoopTile`]); an adapter that cannot run the
     /// 128 x 128 one (workgroup memory, invocations) runs the 64 x 64 one. Default:
@@ -208,7 +209,7 @@ impl KernelConfig {
             max_loop_iterations: if cpu { 32768 } else { 0 },
             runtime_checks: false,
             cooperative_matrix: cfg!(feature = "coop-matrix"),
-            coop_backward: true,
+            coop_backward: false,
             coop_tile: CoopTile::T128,
             coalesced_adds: false,
         };

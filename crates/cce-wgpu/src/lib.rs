@@ -64,9 +64,10 @@
 //! of workgroup memory), at 128 x 128 with 64 x 64 per subgroup (logits_coop128w.wgsl, 128
 //! invocations, 48 KiB) or at 64 x 64 (logits_coop.wgsl) where [`KernelConfig::coop_tile`]
 //! asks for it, or the 64 x 64 one where the adapter has no room for the larger ones; everything else, and every
-//! other dtype, keeps the f32 FMA kernels. Where the 128 x 128 forward runs, the backward's
-//! `d_e` and `d_c` passes of f16 inputs run by cooperative matrices too (bwd_coop.wgsl, 128 x
-//! 128 tiles, [`KernelConfig::coop_backward`]): each recomputes its logits tile as the forward
+//! other dtype, keeps the f32 FMA kernels. With [`KernelConfig::coop_backward`] (off by default
+//! until it has run on a GPU), where the 128 x 128 forward runs, the backward's `d_e` and
+//! `d_c` passes of f16 inputs run by cooperative matrices too (bwd_coop.wgsl, 128 x 128
+//! tiles): each recomputes its logits tile as the forward
 //! does, forms G in f32, and multiplies **G rounded to f16** (times a power-of-two scale per
 //! tile that puts the tile's largest possible |G| at 2^14, undone in f32 after the product) by
 //! the f16 rows of c or e with f32 accumulation into the same f32 slabs (per-split, or f32

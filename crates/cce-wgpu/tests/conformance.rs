@@ -104,6 +104,9 @@ struct Case {
     coalesced: Option<bool>,
     /// Run with this `KernelConfig::wg` (16: 128 x 128 tiles of 256 threads; with `tk`).
     wg: Option<u32>,
+    /// Run with this `KernelConfig::coop_backward` (the cooperative-matrix backward, off by
+    /// default).
+    coop_backward: Option<bool>,
 }
 
 impl Case {
@@ -136,6 +139,7 @@ impl Case {
             coop_tile: None,
             coalesced: None,
             wg: None,
+            coop_backward: None,
         }
     }
     fn with(mut self, f: impl FnOnce(&mut Self)) -> Self {
@@ -208,8 +212,12 @@ fn run_case(b: &WgpuBackend, case: &Case, seed: u64) -> Vec<String> {
         || case.coop_tile.is_some()
         || case.coalesced.is_some()
         || case.wg.is_some()
+        || case.coop_backward.is_some()
     {
         let mut cfg = b.config();
+        if let Some(on) = case.coop_backward {
+            cfg.coop_backward = on;
+        }
         if let Some(wg) = case.wg {
             cfg.wg = wg;
         }
@@ -723,6 +731,7 @@ fn coop_backward_products() {
     let cases: Vec<Case> = coop_backward_cases()
         .into_iter()
         .flat_map(|c| [false, true].map(|det| c.clone().with(|c| c.opts.deterministic = det)))
+        .map(|c| c.with(|c| c.coop_backward = Some(true)))
         .chain([
             Case::new("coopb 150x48x600 f16 filtered", 150, 48, 600, F16).with(|c| {
                 c.opts = Options {
@@ -731,6 +740,7 @@ fn coop_backward_products() {
                 };
                 c.bias = true;
                 c.hot_classes = Some(40);
+                c.coop_backward = Some(true);
             }),
         ])
         .collect();
