@@ -95,7 +95,8 @@ pub fn dc_in_grad_dtype(problem: &Problem, opts: &cce_core::Options, knob: bool)
 /// where [`chunked_f32_grads_pay`]), then `knobs` applied; each
 /// adjustment appends its reason to the plan's. A filtered call whose last sparse try of the
 /// same key gave way (`knobs.sparse_expected` false, [`SparseMode::Remember`]) gets the plan of
-/// the exact call ([`as_exact_call`]). A budget too small for the plan is a `ResourceLimit`
+/// the exact call ([`as_exact_call`]), and so does a filtered call with no sparse try where the
+/// exact call runs chunked dense ([`untried_filter_takes_exact_plan`]). A budget too small for the plan is a `ResourceLimit`
 /// against the whole budget, the cuBLAS workspace counted in what is asked.
 pub(crate) fn plan_call(
     problem: &Problem,
@@ -119,6 +120,7 @@ pub(crate) fn plan_call(
     // G under a mean is subnormal; so filtered and f16 calls skip it. Split dense keeps
     // f16 G for d_c in every dtype.
     let filtered = cce_core::FilterRule::resolve(opts, problem.dtype).enabled;
+    let call_limits = limits;
     let mut limits = limits.clone();
     let mut notes = Vec::new();
     // bf16 inputs with f32 gradients: split dense's f16 G for d_c (11 significand bits, so a
@@ -194,6 +196,17 @@ pub(crate) fn plan_call(
     if let Some((cap_rows, cap_classes)) = knobs.chunk_cap {
         cap_plan_chunks(&mut plan, cap_rows, cap_classes);
     }
+    if untried_filter_takes_exact_plan(filtered && !as_exact, knobs.sparse, &plan) {
+        let exact_opts = cce_core::Options {
+            filter_eps: cce_core::FilterEps::Off,
+            ..opts.clone()
+        };
+        let mut exact = plan_call(problem, &exact_opts, call_limits, knobs)?;
+        if matches!(exact.strategy, Strategy::ChunkedDense { .. }) {
+            exact.reason.push_str(UNTRIED_FILTER_NOTE);
+            return Ok(exact);
+        }
+    }
     match (knobs.sparse, plan.sparse.as_mut()) {
         (SparseMode::Off, Some(_)) => {
             plan.sparse = None;
@@ -219,6 +232,27 @@ pub(crate) fn plan_call(
     }
     Ok(plan)
 }
+
+/// Whether a filtered call's plan is replaced by the exact call's when that one is chunked
+/// dense: the call filters (`filtered`, and not already planned as exact), its plan has no
+/// sparse backward to try (label smoothing, deterministic calls, a filter on one gradient
+/// only, or pairs that do not fit), and the sparse mode is not `Off` (the benchmarks' filtered
+/// split dense). Such a call would run split dense's dense passes, whose skipped entries save
+/// no GEMM work, where the exact call runs chunked dense's three GEMMs (at 16 GiB and lm
+/// rows: 1.40-1.73x against 1.09-1.25x of the floor, docs/perf-log.md); the filter's
+/// permission goes unused, nothing is dropped.
+fn untried_filter_takes_exact_plan(filtered: bool, sparse: SparseMode, plan: &Plan) -> bool {
+    filtered
+        && sparse != SparseMode::Off
+        && plan.sparse.is_none()
+        && !matches!(plan.strategy, Strategy::ChunkedDense { .. })
+}
+
+/// The plan reason's note of a filtered call with no sparse try planned as the exact call
+/// ([`untried_filter_takes_exact_plan`]).
+pub(crate) const UNTRIED_FILTER_NOTE: &str = " (the exact call's plan: this filtered call has \
+     no sparse backward to try, and chunked dense is faster than split dense here; nothing is \
+     dropped)";
 
 /// Chunked dense's plan where `d_c` accumulates in the gradient dtype ([`dc_in_grad_dtype`]):
 /// planned as for f32 gradients (no accumulator in the workspace), where its row chunks are
@@ -640,6 +674,93 @@ mod tests {
         );
         assert!(give_way_with((12288, 576, 49152), &Options::default(), SparseMode::Off).is_none());
         assert!(give_way_with((12288, 576, 49152), &Options::exact(), SparseMode::Auto).is_none());
+    }
+
+    #[test]
+    fn a_filtered_call_without_a_sparse_try_takes_the_exact_plan_where_it_is_chunked_dense() {
+        type Edit = fn(Options) -> Options;
+        let no_try: [(&str, Edit); 3] = [
+            ("deterministic", |o| Options {
+                deterministic: true,
+                ..o
+            }),
+            ("label smoothing", |o| Options {
+                label_smoothing: 0.1,
+                ..o
+            }),
+            ("d_e filtered only", |o| Options {
+                filter_c_grad: false,
+                ..o
+            }),
+        ];
+        let default_budget: Edit = |o| o;
+        let sixteen_gib: Edit = |o| Options {
+            workspace_budget_bytes: 16 << 30,
+            ..o
+        };
+        // The real-row shape (chunked dense fits the default budget) and the seed with 16 GiB.
+        for (shape, budget) in [
+            ((12288, 576, 49152), default_budget),
+            ((32768, 4096, 256000), sixteen_gib),
+        ] {
+            for (what, edit) in no_try {
+                let filtered = edit(budget(Options::default()));
+                let exact = edit(budget(Options::exact()));
+                let plan = plan_with(shape, &filtered, SparseMode::Auto, true);
+                let exact_plan = plan_with(shape, &exact, SparseMode::Auto, true);
+                assert!(
+                    matches!(plan.strategy, Strategy::ChunkedDense { .. }),
+                    "{shape:?} {what}: {}",
+                    plan.reason
+                );
+                assert_eq!(plan.strategy, exact_plan.strategy, "{shape:?} {what}");
+                assert_eq!(plan.row_chunks, exact_plan.row_chunks, "{shape:?} {what}");
+                assert_eq!(
+                    plan.class_chunks, exact_plan.class_chunks,
+                    "{shape:?} {what}"
+                );
+                assert!(
+                    plan.sparse.is_none() && !plan.filter.enabled,
+                    "{shape:?} {what}"
+                );
+                assert!(
+                    plan.reason.ends_with(UNTRIED_FILTER_NOTE),
+                    "{shape:?} {what}: {}",
+                    plan.reason
+                );
+                let cfg = dense_config(&plan, &filtered, PathSwitches::DEFAULT, true).unwrap();
+                assert!(!cfg.filtering(), "{shape:?} {what}");
+                // SparseMode::Off (the benchmarks' filtered split dense) keeps its plan.
+                let off = plan_with(shape, &filtered, SparseMode::Off, true);
+                assert!(
+                    matches!(off.strategy, Strategy::SplitDense { .. }) && off.filter.enabled,
+                    "{shape:?} {what}: {}",
+                    off.reason
+                );
+            }
+        }
+        // Where the exact call runs split dense too (the seed at 0.5 GiB), the filtered call
+        // keeps its filtered split dense.
+        let det = Options {
+            deterministic: true,
+            ..Options::default()
+        };
+        let plan = plan_with((32768, 4096, 256000), &det, SparseMode::Auto, true);
+        assert!(matches!(plan.strategy, Strategy::SplitDense { .. }));
+        assert!(plan.filter.enabled && plan.sparse.is_none());
+        assert!(
+            !plan.reason.contains(UNTRIED_FILTER_NOTE),
+            "{}",
+            plan.reason
+        );
+        // A call with a sparse try keeps it (it gives way within the call where it must).
+        let tried = plan_with(
+            (12288, 576, 49152),
+            &Options::default(),
+            SparseMode::Auto,
+            true,
+        );
+        assert!(tried.sparse.is_some() && tried.filter.enabled);
     }
 
     #[test]
