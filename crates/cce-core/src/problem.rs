@@ -266,6 +266,35 @@ pub fn check_upstream_finite(
     }
 }
 
+/// Checks the saved state of a forward ([`crate::Saved`]) that a backward reads, under
+/// `Options::check_finite`: `lse` may be −inf only at an ignored row (one whose every class is
+/// masked), never NaN or +inf; `rest_mass` (`1 − p_y`, 0 at ignored rows) is finite at every
+/// row. A forward of the same inputs never saves anything else, so a value outside this is a
+/// doctored or stale `Saved`, which would turn every gradient of its row into NaN or inf.
+///
+/// `classes`: the prepared targets ([`PreparedTargets::classes`], `-1` at ignored rows); all
+/// three slices have `N` values.
+///
+/// Errors: `NonFinite { what: "lse" | "rest_mass", index, row, value }` naming the first bad
+/// row (`lse` checked first).
+pub fn check_saved_finite(lse: &[f32], rest_mass: &[f32], classes: &[i32]) -> Result<()> {
+    let bad_lse = lse.iter().zip(classes).position(|(&x, &y)| {
+        x.is_nan() || x == f32::INFINITY || (x == f32::NEG_INFINITY && y >= 0)
+    });
+    let bad = bad_lse
+        .map(|i| ("lse", i, lse[i]))
+        .or_else(|| first_non_finite(rest_mass.iter().copied()).map(|(i, x)| ("rest_mass", i, x)));
+    match bad {
+        Some((what, index, value)) => Err(CceError::NonFinite {
+            what,
+            index,
+            row: index,
+            value,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The rule for masked classes (a −inf logit, e.g. from a −inf `bias` entry, means `p = 0`),
 /// checked per valid row. `row_of(i)` tells whether row `i`'s target logit is −inf and
 /// whether any logit of the row is.
@@ -510,6 +539,29 @@ mod tests {
             "none",
         ] {
             assert!(msg.contains(needle), "{needle:?} not in {msg:?}");
+        }
+    }
+
+    #[test]
+    fn saved_state_checks_name_the_first_bad_row() {
+        let classes = [2, -1, 0];
+        assert!(
+            check_saved_finite(&[1.0, f32::NEG_INFINITY, 3.0], &[0.5, 0.0, 0.1], &classes).is_ok()
+        );
+        let cases: [(&[f32], &[f32], &str, usize); 5] = [
+            (&[1.0, 2.0, f32::NAN], &[0.5, 0.0, 0.1], "lse", 2),
+            (&[f32::INFINITY, 2.0, 3.0], &[0.5, 0.0, 0.1], "lse", 0),
+            (&[f32::NEG_INFINITY, 2.0, 3.0], &[0.5, 0.0, 0.1], "lse", 0),
+            (&[1.0, 2.0, 3.0], &[0.5, f32::NAN, 0.1], "rest_mass", 1),
+            (&[1.0, 2.0, 3.0], &[0.5, 0.0, f32::INFINITY], "rest_mass", 2),
+        ];
+        for (lse, rest, what, row) in cases {
+            match check_saved_finite(lse, rest, &classes) {
+                Err(CceError::NonFinite {
+                    what: w, row: r, ..
+                }) if w == what && r == row => {}
+                other => panic!("{lse:?} {rest:?}: {other:?}"),
+            }
         }
     }
 
