@@ -55,7 +55,8 @@ impl Problem {
             });
         }
         for (what, s) in [("e", es), ("c", cs), ("targets", targets.shape())] {
-            if s.contains(&0) || s.is_empty() && what == "targets" {
+            // A scalar `targets` (shape `[]`, one element) is a `ShapeMismatch` below.
+            if s.contains(&0) {
                 return Err(CceError::EmptyInput {
                     what,
                     shape: s.to_vec(),
@@ -539,6 +540,22 @@ mod tests {
             "none",
         ] {
             assert!(msg.contains(needle), "{needle:?} not in {msg:?}");
+        }
+    }
+
+    #[test]
+    fn scalar_targets_are_a_shape_mismatch_not_an_empty_input() {
+        // A scalar has one element and no zero-sized dimension: naming it "empty" misleads.
+        let e = t(&[1, 3], DType::F32);
+        let c = t(&[7, 3], DType::F32);
+        let y = HostTensor::new(vec![], crate::tensor::HostData::I64(vec![2])).unwrap();
+        match Problem::new(&e, &c, None, &y, &Options::default()) {
+            Err(CceError::ShapeMismatch {
+                what: "targets",
+                ref expected,
+                ref got,
+            }) if expected == "[1]" && got == "[]" => {}
+            other => panic!("{other:?}"),
         }
     }
 
