@@ -143,6 +143,44 @@ pub struct DeviceLimits {
 }
 
 impl DeviceLimits {
+    /// Check the values the plan divides by, shifts by or iterates over: every tile dimension
+    /// and `index_bits` at least 1, at least one strategy. (Sizes too small for one tile, a zero
+    /// buffer or grid, are `ResourceLimit` from [`Plan::new`].)
+    ///
+    /// Errors: `InvalidOption { name: "DeviceLimits::<field>", .. }`, e.g. for a hand-built
+    /// `DeviceLimits` given to `CpuBackend::with_limits`.
+    pub fn validate(&self) -> Result<()> {
+        let bad =
+            |name: &'static str, reason: String| Err(CceError::InvalidOption { name, reason });
+        let TileShape {
+            rows,
+            classes,
+            depth,
+        } = self.tile;
+        if rows == 0 || classes == 0 || depth == 0 {
+            return bad(
+                "DeviceLimits::tile",
+                format!(
+                    "{}: every tile dimension must be >= 1, got {rows} rows x {classes} classes x {depth} depth",
+                    self.name
+                ),
+            );
+        }
+        if self.index_bits == 0 {
+            return bad(
+                "DeviceLimits::index_bits",
+                format!("{}: must be >= 1, got 0", self.name),
+            );
+        }
+        if self.strategies.is_empty() {
+            return bad(
+                "DeviceLimits::strategies",
+                "the backend lists no strategy".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Limits of the CPU reference: 64-bit indices, 1 TiB buffers, both strategies.
     pub fn cpu() -> Self {
         Self {
@@ -236,8 +274,10 @@ impl Plan {
     /// budget less that).
     ///
     /// Errors: `ResourceLimit` when even one tile's chunk does not fit `limits` or the budget;
-    /// `InvalidOption` when `limits` lists no strategy.
+    /// `InvalidOption` for degenerate `limits` ([`DeviceLimits::validate`]: a zero tile
+    /// dimension or `index_bits`, no strategy).
     pub fn new(problem: &Problem, opts: &Options, limits: &DeviceLimits) -> Result<Self> {
+        limits.validate()?;
         let filter = FilterRule::resolve(opts, problem.dtype);
         let tile = limits.tile;
         let (n, v, d) = (problem.n, problem.v, problem.d);
@@ -537,12 +577,6 @@ impl Plan {
                     ));
                 }
             }
-        }
-        if limits.strategies.is_empty() {
-            return Err(CceError::InvalidOption {
-                name: "DeviceLimits::strategies",
-                reason: "the backend lists no strategy".into(),
-            });
         }
         Err(CceError::ResourceLimit {
             resource: format!("workspace bytes ({})", why.join("; ")),

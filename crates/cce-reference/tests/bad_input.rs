@@ -769,3 +769,53 @@ fn backward_names_a_non_finite_saved_lse_or_rest_mass() {
         );
     }
 }
+
+#[test]
+fn degenerate_device_limits_are_an_error_not_a_panic() {
+    use cce_core::plan::DeviceLimits;
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1, 3, -100, 7]),
+    );
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &y,
+    };
+    let base = DeviceLimits::cpu();
+    let mut cases: Vec<(&str, DeviceLimits)> = Vec::new();
+    let mut l = base.clone();
+    l.tile.rows = 0;
+    cases.push(("tile rows 0", l));
+    let mut l = base.clone();
+    l.tile.classes = 0;
+    cases.push(("tile classes 0", l));
+    let mut l = base.clone();
+    l.tile.depth = 0;
+    cases.push(("tile depth 0", l));
+    for bits in [0, 1] {
+        let mut l = base.clone();
+        l.index_bits = bits;
+        cases.push(("index bits 0 / 1", l));
+    }
+    let mut l = base.clone();
+    l.strategies.clear();
+    cases.push(("no strategy", l));
+    let mut l = base.clone();
+    l.max_buffer_bytes = 0;
+    cases.push(("buffer 0", l));
+    for (what, limits) in cases {
+        let be = CpuBackend::with_limits(limits);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            be.forward(&inputs, &Options::default()).map(|_| ())
+        }));
+        match r {
+            Ok(Err(CceError::InvalidOption { name, .. })) if name.starts_with("DeviceLimits::") => {
+            }
+            Ok(Err(CceError::ResourceLimit { .. })) => {}
+            other => panic!("{what}: expected a typed error, got {other:?}"),
+        }
+    }
+}
