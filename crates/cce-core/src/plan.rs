@@ -311,6 +311,7 @@ impl Plan {
         let classes_cap = classes_cap.min(grid_classes_cap);
         let budget = opts.workspace_budget_bytes;
         let mut why = Vec::new();
+        let mut tile_ownership_least = None;
         for kind in &limits.strategies {
             match kind {
                 StrategyKind::ChunkedDense => {
@@ -533,6 +534,9 @@ impl Plan {
                             (rc as u64 * d as u64 * 4).max(cc as u64 * d as u64 * 4)
                         }
                     };
+                    // Smaller class chunks shrink the accumulator but add per-row state, so
+                    // the least need over the sizes tried is what a refusal reports.
+                    let mut least = state(class_chunk) + acc(row_chunk, class_chunk);
                     while state(class_chunk) + acc(row_chunk, class_chunk) > budget {
                         let de = row_chunk as u64 * d as u64;
                         let dc = class_chunk as u64 * d as u64;
@@ -545,12 +549,14 @@ impl Plan {
                         } else {
                             break;
                         }
+                        least = least.min(state(class_chunk) + acc(row_chunk, class_chunk));
                     }
                     let ws = state(class_chunk) + acc(row_chunk, class_chunk);
                     if ws > budget {
                         why.push(format!(
-                            "tile-ownership needs at least {ws} B with one-tile chunks, over the budget of {budget} B"
+                            "tile-ownership needs at least {least} B (the least over the chunk sizes tried), over the budget of {budget} B"
                         ));
+                        tile_ownership_least = Some(least);
                         continue;
                     }
                     let row_chunks = split(n, row_chunk);
@@ -580,7 +586,8 @@ impl Plan {
         }
         Err(CceError::ResourceLimit {
             resource: format!("workspace bytes ({})", why.join("; ")),
-            requested: row_state_bytes(div_ceil(v, tile.classes)),
+            requested: tile_ownership_least
+                .unwrap_or_else(|| row_state_bytes(div_ceil(v, tile.classes))),
             max: budget,
         })
     }
