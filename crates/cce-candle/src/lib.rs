@@ -64,7 +64,8 @@ pub struct LceOptions {
     /// pick a value they can hold (e.g. `u32::MAX as i64`).
     pub ignore_index: i64,
     /// Mean over the valid rows (default; a batch with no valid row is
-    /// [`CceError::AllTargetsIgnored`]), sum, or none (per-row losses shaped like `targets`).
+    /// [`CceError::AllTargetsIgnored`]), sum, or none (per-row losses shaped like e's leading
+    /// dims, whatever the shape of `targets`).
     pub reduction: Reduction,
     /// Label smoothing `α` in `[0, 1)`: the loss is `(1 − α)·CE + α·mean_j(lse − z_j)`.
     pub label_smoothing: f32,

@@ -338,3 +338,25 @@ fn only_needed_gradients() -> Result<()> {
     assert_eq!(grads.get(&c).unwrap().dims(), &[v, d]);
     Ok(())
 }
+
+/// `Reduction::None` returns e's leading dims, also when `targets` is given flat (`[N]`)
+/// (`LceOptions::reduction`).
+#[test]
+fn none_with_flat_targets_is_shaped_like_e() -> Result<()> {
+    let dev = Device::Cpu;
+    let e = Tensor::from_vec(values(2 * 3 * 4, 1, 1.0), (2, 3, 4), &dev)?;
+    let c = Tensor::from_vec(values(5 * 4, 2, 1.0), (5, 4), &dev)?;
+    let y = Tensor::new(&[1i64, 4, -100, 0, 2, 3], &dev)?;
+    let opts = LceOptions {
+        reduction: Reduction::None,
+        ..Default::default()
+    };
+    let loss = linear_cross_entropy(&e, &c, &y, &opts)?;
+    assert_eq!(loss.dims(), &[2, 3]);
+    let flat = linear_cross_entropy(&e, &c, &y.reshape((2, 3))?, &opts)?;
+    assert_eq!(
+        loss.flatten_all()?.to_vec1::<f32>()?,
+        flat.flatten_all()?.to_vec1::<f32>()?
+    );
+    Ok(())
+}

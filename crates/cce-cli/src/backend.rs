@@ -27,7 +27,7 @@ impl Opened {
 /// The backend `name` names (`cpu`, `cuda`, `wgpu`, `auto`), as
 /// [`cut_cross_entropy::backend_by_name`] picks it.
 ///
-/// With the `wgpu` feature, `wgpu` and `auto` open [`cut_cross_entropy::cce_wgpu::WgpuBackend`]
+/// With the `wgpu` feature, `wgpu` and `auto` open `cce_wgpu::WgpuBackend`
 /// here (after CUDA for `auto`, as `backend_by_name` does) so that the adapter's name and type
 /// reach the report; the boxed backend alone does not carry them.
 ///

@@ -102,6 +102,62 @@ fn refuse_generator_flags(args: &InputArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// The files the input flags read: `--input`, the `--npy-*` files, or the shipped fixture when
+/// neither they nor a generated `--case` is given (none for a generated case).
+pub fn input_paths(args: &InputArgs) -> Vec<PathBuf> {
+    if let Some(p) = &args.input {
+        return vec![p.clone()];
+    }
+    if args.npy_e.is_some() {
+        return [&args.npy_e, &args.npy_c, &args.npy_targets, &args.npy_bias]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+    }
+    let generated = args
+        .case
+        .as_deref()
+        .is_some_and(|c| !c.eq_ignore_ascii_case("real"));
+    if generated {
+        Vec::new()
+    } else {
+        vec![fixture_path()]
+    }
+}
+
+/// Whether `a` and `b` name the same existing file (through `..`, `.` or a symbolic link, or
+/// as two hard links on Unix).
+pub fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    if let (Ok(x), Ok(y)) = (a.canonicalize(), b.canonicalize()) {
+        if x == y {
+            return true;
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return x.dev() == y.dev() && x.ino() == y.ino();
+        }
+    }
+    false
+}
+
+/// `flag`'s output file `out` must not be one of the input files ([`input_paths`]): writing
+/// it would overwrite the data (the shipped fixture among them) with the outputs. Checked
+/// before any work.
+pub fn check_not_an_input(flag: &str, out: &std::path::Path, args: &InputArgs) -> CliResult<()> {
+    match input_paths(args).iter().find(|p| same_file(out, p)) {
+        Some(p) => Err(CliError::msg(format!(
+            "{flag} {}: is an input of this run ({}); writing it would overwrite the input, pick another file",
+            out.display(),
+            p.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Loads or generates the problem the input flags describe.
 ///
 /// Errors: every [`cce_data::DataError`] of the loaders and generators; bad `--case` names;

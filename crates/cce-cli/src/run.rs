@@ -34,6 +34,7 @@ pub fn main(args: &RunArgs) -> CliResult<()> {
     // An unwritable --save-grads path fails before any work, not after it.
     if let Some(path) = &args.save_grads {
         check_output_path("--save-grads", path)?;
+        input::check_not_an_input("--save-grads", path, &args.input)?;
         // (clap already refuses --save-grads with --no-backward.)
         if args.opts.no_d_e && args.opts.no_d_c {
             return Err(CliError::msg(

@@ -329,3 +329,30 @@ fn closed_stdout_is_not_a_panic() {
     assert!(out.status.success(), "{se}");
     assert!(!se.contains("panicked"), "{se}");
 }
+
+/// `--save-grads` naming an input file (the same path, or another spelling of it) would
+/// overwrite the input with the gradients: refused before any work, the input left intact.
+#[test]
+fn save_grads_over_an_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = small_file(dir.path(), false);
+    let before = std::fs::read(&f).unwrap();
+    let other_spelling = dir.path().join(".").join(f.file_name().unwrap());
+    for out in [f.clone(), other_spelling] {
+        fails(
+            &["run", "--input", s(&f), "--save-grads", s(&out)],
+            &["--save-grads", "is an input"],
+        );
+    }
+    assert_eq!(
+        std::fs::read(&f).unwrap(),
+        before,
+        "the input was overwritten"
+    );
+    // The shipped fixture (no --input) is an input too.
+    let fx = fixture();
+    fails(
+        &["run", "--n", "4", "--save-grads", s(&fx)],
+        &["--save-grads", "is an input"],
+    );
+}

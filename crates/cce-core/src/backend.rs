@@ -200,9 +200,12 @@ pub trait Backend {
     /// Backward from the [`Saved`] `lse` and `rest_mass` (`[N]` f32 each) of a forward with the
     /// same inputs and options: recomputes the logits (paper section 4.3). Errors as
     /// `forward`, plus `ShapeMismatch` for saved buffers or upstream gradients of the wrong
-    /// shape, and `NonFinite { what: "d_loss" | "d_lse", row, .. }` for a NaN or infinite
-    /// upstream gradient ([`crate::problem::check_upstream_finite`]: a scalar always, per-row
-    /// values under `Options::check_finite`).
+    /// shape (per-row upstream gradients must be `[N]` f32), `NonFinite { what: "d_loss" |
+    /// "d_lse", row, .. }` for a NaN or infinite upstream gradient
+    /// ([`crate::problem::check_upstream_finite`]: a scalar always, per-row values under
+    /// `Options::check_finite`), and on the CPU and wgpu `NonFinite { what: "lse" |
+    /// "rest_mass", row, .. }` for a saved state no forward writes, under `check_finite`
+    /// ([`crate::problem::check_saved_finite`]).
     fn backward(
         &self,
         inputs: &Inputs<'_, Self::Buffer>,

@@ -135,7 +135,9 @@ pub struct Options {
     pub side_outputs: SideOutputs,
     /// Reject NaN/Inf in inputs with `CceError::NonFinite` (checked through the lse of every
     /// row, so it costs no extra pass unless a value is bad), and in the backward's per-row
-    /// upstream gradients `d_loss` and `d_lse` (`4N` bytes read back on a GPU). A non-finite
+    /// upstream gradients `d_loss` and `d_lse` (`4N` bytes read back on a GPU). The CPU and
+    /// wgpu backwards also check the `Saved` lse and rest mass they are given
+    /// ([`crate::problem::check_saved_finite`]; `8N` bytes read back on wgpu). A non-finite
     /// scalar `d_loss` is an error whatever this says.
     pub check_finite: bool,
     /// dtype of the gradients.

@@ -143,6 +143,44 @@ pub struct DeviceLimits {
 }
 
 impl DeviceLimits {
+    /// Check the values the plan divides by, shifts by or iterates over: every tile dimension
+    /// and `index_bits` at least 1, at least one strategy. (Sizes too small for one tile, a zero
+    /// buffer or grid, are `ResourceLimit` from [`Plan::new`].)
+    ///
+    /// Errors: `InvalidOption { name: "DeviceLimits::<field>", .. }`, e.g. for a hand-built
+    /// `DeviceLimits` given to `CpuBackend::with_limits`.
+    pub fn validate(&self) -> Result<()> {
+        let bad =
+            |name: &'static str, reason: String| Err(CceError::InvalidOption { name, reason });
+        let TileShape {
+            rows,
+            classes,
+            depth,
+        } = self.tile;
+        if rows == 0 || classes == 0 || depth == 0 {
+            return bad(
+                "DeviceLimits::tile",
+                format!(
+                    "{}: every tile dimension must be >= 1, got {rows} rows x {classes} classes x {depth} depth",
+                    self.name
+                ),
+            );
+        }
+        if self.index_bits == 0 {
+            return bad(
+                "DeviceLimits::index_bits",
+                format!("{}: must be >= 1, got 0", self.name),
+            );
+        }
+        if self.strategies.is_empty() {
+            return bad(
+                "DeviceLimits::strategies",
+                "the backend lists no strategy".into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Limits of the CPU reference: 64-bit indices, 1 TiB buffers, both strategies.
     pub fn cpu() -> Self {
         Self {
@@ -236,8 +274,10 @@ impl Plan {
     /// budget less that).
     ///
     /// Errors: `ResourceLimit` when even one tile's chunk does not fit `limits` or the budget;
-    /// `InvalidOption` when `limits` lists no strategy.
+    /// `InvalidOption` for degenerate `limits` ([`DeviceLimits::validate`]: a zero tile
+    /// dimension or `index_bits`, no strategy).
     pub fn new(problem: &Problem, opts: &Options, limits: &DeviceLimits) -> Result<Self> {
+        limits.validate()?;
         let filter = FilterRule::resolve(opts, problem.dtype);
         let tile = limits.tile;
         let (n, v, d) = (problem.n, problem.v, problem.d);
@@ -271,6 +311,7 @@ impl Plan {
         let classes_cap = classes_cap.min(grid_classes_cap);
         let budget = opts.workspace_budget_bytes;
         let mut why = Vec::new();
+        let mut tile_ownership_least = None;
         for kind in &limits.strategies {
             match kind {
                 StrategyKind::ChunkedDense => {
@@ -493,6 +534,9 @@ impl Plan {
                             (rc as u64 * d as u64 * 4).max(cc as u64 * d as u64 * 4)
                         }
                     };
+                    // Smaller class chunks shrink the accumulator but add per-row state, so
+                    // the least need over the sizes tried is what a refusal reports.
+                    let mut least = state(class_chunk) + acc(row_chunk, class_chunk);
                     while state(class_chunk) + acc(row_chunk, class_chunk) > budget {
                         let de = row_chunk as u64 * d as u64;
                         let dc = class_chunk as u64 * d as u64;
@@ -505,12 +549,14 @@ impl Plan {
                         } else {
                             break;
                         }
+                        least = least.min(state(class_chunk) + acc(row_chunk, class_chunk));
                     }
                     let ws = state(class_chunk) + acc(row_chunk, class_chunk);
                     if ws > budget {
                         why.push(format!(
-                            "tile-ownership needs at least {ws} B with one-tile chunks, over the budget of {budget} B"
+                            "tile-ownership needs at least {least} B (the least over the chunk sizes tried), over the budget of {budget} B"
                         ));
+                        tile_ownership_least = Some(least);
                         continue;
                     }
                     let row_chunks = split(n, row_chunk);
@@ -538,15 +584,10 @@ impl Plan {
                 }
             }
         }
-        if limits.strategies.is_empty() {
-            return Err(CceError::InvalidOption {
-                name: "DeviceLimits::strategies",
-                reason: "the backend lists no strategy".into(),
-            });
-        }
         Err(CceError::ResourceLimit {
             resource: format!("workspace bytes ({})", why.join("; ")),
-            requested: row_state_bytes(div_ceil(v, tile.classes)),
+            requested: tile_ownership_least
+                .unwrap_or_else(|| row_state_bytes(div_ceil(v, tile.classes))),
             max: budget,
         })
     }

@@ -55,7 +55,8 @@ impl Problem {
             });
         }
         for (what, s) in [("e", es), ("c", cs), ("targets", targets.shape())] {
-            if s.contains(&0) || s.is_empty() && what == "targets" {
+            // A scalar `targets` (shape `[]`, one element) is a `ShapeMismatch` below.
+            if s.contains(&0) {
                 return Err(CceError::EmptyInput {
                     what,
                     shape: s.to_vec(),
@@ -257,6 +258,35 @@ pub fn check_upstream_finite(
 ) -> Result<()> {
     match first_non_finite(values) {
         Some((index, value)) => Err(CceError::NonFinite {
+            what,
+            index,
+            row: index,
+            value,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks the saved state of a forward ([`crate::Saved`]) that a backward reads, under
+/// `Options::check_finite`: `lse` may be −inf only at an ignored row (one whose every class is
+/// masked), never NaN or +inf; `rest_mass` (`1 − p_y`, 0 at ignored rows) is finite at every
+/// row. A forward of the same inputs never saves anything else, so a value outside this is a
+/// doctored or stale `Saved`, which would turn every gradient of its row into NaN or inf.
+///
+/// `classes`: the prepared targets ([`PreparedTargets::classes`], `-1` at ignored rows); all
+/// three slices have `N` values.
+///
+/// Errors: `NonFinite { what: "lse" | "rest_mass", index, row, value }` naming the first bad
+/// row (`lse` checked first).
+pub fn check_saved_finite(lse: &[f32], rest_mass: &[f32], classes: &[i32]) -> Result<()> {
+    let bad_lse = lse.iter().zip(classes).position(|(&x, &y)| {
+        x.is_nan() || x == f32::INFINITY || (x == f32::NEG_INFINITY && y >= 0)
+    });
+    let bad = bad_lse
+        .map(|i| ("lse", i, lse[i]))
+        .or_else(|| first_non_finite(rest_mass.iter().copied()).map(|(i, x)| ("rest_mass", i, x)));
+    match bad {
+        Some((what, index, value)) => Err(CceError::NonFinite {
             what,
             index,
             row: index,
@@ -510,6 +540,45 @@ mod tests {
             "none",
         ] {
             assert!(msg.contains(needle), "{needle:?} not in {msg:?}");
+        }
+    }
+
+    #[test]
+    fn scalar_targets_are_a_shape_mismatch_not_an_empty_input() {
+        // A scalar has one element and no zero-sized dimension: naming it "empty" misleads.
+        let e = t(&[1, 3], DType::F32);
+        let c = t(&[7, 3], DType::F32);
+        let y = HostTensor::new(vec![], crate::tensor::HostData::I64(vec![2])).unwrap();
+        match Problem::new(&e, &c, None, &y, &Options::default()) {
+            Err(CceError::ShapeMismatch {
+                what: "targets",
+                ref expected,
+                ref got,
+            }) if expected == "[1]" && got == "[]" => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn saved_state_checks_name_the_first_bad_row() {
+        let classes = [2, -1, 0];
+        assert!(
+            check_saved_finite(&[1.0, f32::NEG_INFINITY, 3.0], &[0.5, 0.0, 0.1], &classes).is_ok()
+        );
+        let cases: [(&[f32], &[f32], &str, usize); 5] = [
+            (&[1.0, 2.0, f32::NAN], &[0.5, 0.0, 0.1], "lse", 2),
+            (&[f32::INFINITY, 2.0, 3.0], &[0.5, 0.0, 0.1], "lse", 0),
+            (&[f32::NEG_INFINITY, 2.0, 3.0], &[0.5, 0.0, 0.1], "lse", 0),
+            (&[1.0, 2.0, 3.0], &[0.5, f32::NAN, 0.1], "rest_mass", 1),
+            (&[1.0, 2.0, 3.0], &[0.5, 0.0, f32::INFINITY], "rest_mass", 2),
+        ];
+        for (lse, rest, what, row) in cases {
+            match check_saved_finite(lse, rest, &classes) {
+                Err(CceError::NonFinite {
+                    what: w, row: r, ..
+                }) if w == what && r == row => {}
+                other => panic!("{lse:?} {rest:?}: {other:?}"),
+            }
         }
     }
 

@@ -387,25 +387,11 @@ impl CpuBackend {
         let lse = saved.lse.f32_values()?;
         let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
-        // reject them either), so a non-finite lse is passed through. An ignored row whose every
-        // class is masked has lse −inf.
-        let bad = opts
-            .check_finite
-            .then(|| {
-                lse.iter().enumerate().find(|&(i, &x)| {
-                    x.is_nan() || x == f32::INFINITY || (x == f32::NEG_INFINITY && y_valid(&p, i))
-                })
-            })
-            .flatten()
-            .map(|(i, &x)| (i, x));
-        if let Some((index, value)) = bad {
-            return Err(CceError::NonFinite {
-                what: "lse",
-                index,
-                row: index,
-                value,
-            });
+        // reject them either), so a non-finite saved state is passed through.
+        if opts.check_finite {
+            cce_core::problem::check_saved_finite(&lse, &rest, &p.targets.classes)?;
         }
+        check_upstream_rows(upstream, n)?;
         match upstream.d_loss {
             DLoss::Scalar(s) => cce_core::problem::check_upstream_finite("d_loss", [s])?,
             DLoss::PerRow(t) if opts.check_finite => {
@@ -437,10 +423,11 @@ impl CpuBackend {
                     what: "d_loss",
                     expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
                     got: format!(
-                        "{:?} with reduction {:?}",
-                        matches!(upstream.d_loss, DLoss::Scalar(_))
-                            .then_some("scalar")
-                            .unwrap_or("per-row tensor"),
+                        "{} with reduction {:?}",
+                        match upstream.d_loss {
+                            DLoss::Scalar(_) => "a scalar".to_string(),
+                            DLoss::PerRow(t) => format!("per-row {:?} {}", t.shape(), t.dtype()),
+                        },
                         opts.reduction
                     ),
                 })
@@ -740,8 +727,26 @@ impl CpuBackend {
     }
 }
 
-fn y_valid(p: &Prepared, i: usize) -> bool {
-    p.targets.classes[i] >= 0
+/// `ShapeMismatch` for a per-row upstream gradient (`d_loss` of `Reduction::None`, `d_lse`)
+/// that is not `[n]` f32, the form the contract and every backend take (not widened here from
+/// another dtype, which a GPU backend refuses).
+fn check_upstream_rows<T: HostRead>(upstream: &Upstream<'_, T>, n: usize) -> Result<()> {
+    let per_row = match upstream.d_loss {
+        DLoss::PerRow(t) => Some(t),
+        DLoss::Scalar(_) => None,
+    };
+    for (what, t) in [("d_loss", per_row), ("d_lse", upstream.d_lse)] {
+        if let Some(t) = t {
+            if t.shape() != [n] || t.dtype() != DType::F32 {
+                return Err(CceError::ShapeMismatch {
+                    what,
+                    expected: format!("[{n}] f32"),
+                    got: format!("{:?} {}", t.shape(), t.dtype()),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `−log p_y = lse − z_y` from the row's `lse`, target logit `z_y` and `rest = 1 − p_y`

@@ -62,9 +62,11 @@ pub struct HostView<'a> {
 }
 
 impl<'a> HostView<'a> {
-    /// A view of `data` with `shape`. Errors with `ShapeMismatch` if the element count differs.
+    /// A view of `data` with `shape`. Errors: `ResourceLimit` if the shape's element count
+    /// overflows `usize` ([`cce_core::checked_numel`]), `ShapeMismatch` if it differs from the
+    /// data's.
     pub fn new(shape: Vec<usize>, data: HostSlice<'a>) -> Result<Self> {
-        let n: usize = shape.iter().product();
+        let n = cce_core::checked_numel(&shape)?;
         if n != data.len() {
             return Err(CceError::ShapeMismatch {
                 what: "host view storage",
@@ -161,5 +163,21 @@ mod tests {
         let view = HostView::new(vec![2], HostSlice::I32(&t)).unwrap();
         assert_eq!(view.i64_values(), Some(vec![3, -100]));
         assert!(HostView::new(vec![3], HostSlice::I32(&t)).is_err());
+    }
+
+    #[test]
+    fn an_overflowing_shape_is_an_error_not_a_wrapped_count() {
+        let half = 1usize << (usize::BITS / 2);
+        // [2^32, 2^32] wraps to 0 elements (or panics in debug builds) without the check, and
+        // would pass for an empty view whose rows the backend then slices past its end.
+        for shape in [vec![half, half], vec![usize::MAX, 2], vec![half, half, 3]] {
+            let r = HostView::new(shape.clone(), HostSlice::F32(&[]));
+            assert!(
+                matches!(r, Err(CceError::ResourceLimit { .. })),
+                "{shape:?}: {r:?}"
+            );
+        }
+        // A zero dimension is an empty view whatever the others are.
+        assert!(HostView::new(vec![usize::MAX, 0], HostSlice::F32(&[])).is_ok());
     }
 }

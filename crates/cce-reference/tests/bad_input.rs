@@ -1,7 +1,7 @@
 //! One test per class of bad input, each asserting the exact error variant (CPU backend).
 
 use cce_core::options::{FilterEps, Options, Reduction};
-use cce_core::{Backend, CceError, DLoss, DType, HostTensor, Inputs, Saved, Upstream};
+use cce_core::{Backend, CceError, DLoss, DType, HostTensor, Inputs, Saved, TensorMeta, Upstream};
 use cce_reference::CpuBackend;
 
 fn t(shape: &[usize], dt: DType, seed: f32) -> HostTensor {
@@ -627,4 +627,195 @@ fn f32_copy_of_bf16_inputs_past_the_memory_limit_is_out_of_memory() {
         "child {:?} (a signal, e.g. SIGABRT, is an abort on allocation failure)\nstdout:\n{so}\nstderr:\n{se}",
         out.status
     );
+}
+
+/// A 4 x 8 x 10 problem with its forward (reduction `o`), for the backward's checks.
+fn saved_call(o: &Options) -> (HostTensor, HostTensor, HostTensor, HostTensor, HostTensor) {
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1, 3, -100, 7]),
+    );
+    let f = CpuBackend::new()
+        .forward(
+            &Inputs {
+                e: &e,
+                c: &c,
+                bias: None,
+                targets: &y,
+            },
+            o,
+        )
+        .unwrap();
+    (e, c, y, f.lse, f.rest_mass)
+}
+
+#[test]
+fn backward_rejects_upstream_gradients_that_are_not_f32() {
+    // The contract (`DLoss::PerRow`, `Upstream::d_lse`): `[N]` f32, as the GPU backends
+    // require; a CPU that widened other dtypes would accept calls the GPUs refuse.
+    let none = Options {
+        reduction: Reduction::None,
+        ..Options::exact()
+    };
+    let (e, c, y, lse, rest) = saved_call(&none);
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &y,
+    };
+    let saved = Saved {
+        lse: &lse,
+        rest_mass: &rest,
+    };
+    let be = CpuBackend::new();
+    for bad in [
+        HostTensor::from_i64(vec![1; 4]),
+        HostTensor::from_i32(vec![1; 4]),
+        t(&[4], DType::BF16, 0.0),
+        t(&[4], DType::F16, 0.0),
+    ] {
+        let r = be.backward(
+            &inputs,
+            &none,
+            saved,
+            &Upstream {
+                d_loss: DLoss::PerRow(&bad),
+                d_lse: None,
+            },
+        );
+        assert!(
+            matches!(r, Err(CceError::ShapeMismatch { what: "d_loss", ref got, .. }) if got.contains(&bad.dtype().to_string())),
+            "d_loss {}: {r:?}",
+            bad.dtype()
+        );
+        let ones = t(&[4], DType::F32, 0.0);
+        let r = be.backward(
+            &inputs,
+            &none,
+            saved,
+            &Upstream {
+                d_loss: DLoss::PerRow(&ones),
+                d_lse: Some(&bad),
+            },
+        );
+        assert!(
+            matches!(r, Err(CceError::ShapeMismatch { what: "d_lse", .. })),
+            "d_lse {}: {r:?}",
+            bad.dtype()
+        );
+    }
+}
+
+#[test]
+fn backward_names_a_non_finite_saved_lse_or_rest_mass() {
+    let o = Options::exact();
+    let (e, c, y, lse, rest) = saved_call(&o);
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &y,
+    };
+    let be = CpuBackend::new();
+    let with = |x: &HostTensor, row: usize, value: f32| {
+        let mut v = x.to_f32_vec();
+        v[row] = value;
+        HostTensor::from_f32(vec![4], &v, DType::F32).unwrap()
+    };
+    for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let bad = with(&rest, 3, value);
+        let r = be.backward(
+            &inputs,
+            &o,
+            Saved {
+                lse: &lse,
+                rest_mass: &bad,
+            },
+            &Upstream::default(),
+        );
+        assert!(
+            matches!(
+                r,
+                Err(CceError::NonFinite {
+                    what: "rest_mass",
+                    row: 3,
+                    ..
+                })
+            ),
+            "rest_mass {value}: {r:?}"
+        );
+        let bad = with(&lse, 1, value);
+        let r = be.backward(
+            &inputs,
+            &o,
+            Saved {
+                lse: &bad,
+                rest_mass: &rest,
+            },
+            &Upstream::default(),
+        );
+        assert!(
+            matches!(
+                r,
+                Err(CceError::NonFinite {
+                    what: "lse",
+                    row: 1,
+                    ..
+                })
+            ),
+            "lse {value}: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn degenerate_device_limits_are_an_error_not_a_panic() {
+    use cce_core::plan::DeviceLimits;
+    let (e, c, y) = (
+        t(&[4, 8], DType::F32, 1.0),
+        t(&[10, 8], DType::F32, 2.0),
+        HostTensor::from_i64(vec![1, 3, -100, 7]),
+    );
+    let inputs = Inputs {
+        e: &e,
+        c: &c,
+        bias: None,
+        targets: &y,
+    };
+    let base = DeviceLimits::cpu();
+    let mut cases: Vec<(&str, DeviceLimits)> = Vec::new();
+    let mut l = base.clone();
+    l.tile.rows = 0;
+    cases.push(("tile rows 0", l));
+    let mut l = base.clone();
+    l.tile.classes = 0;
+    cases.push(("tile classes 0", l));
+    let mut l = base.clone();
+    l.tile.depth = 0;
+    cases.push(("tile depth 0", l));
+    for bits in [0, 1] {
+        let mut l = base.clone();
+        l.index_bits = bits;
+        cases.push(("index bits 0 / 1", l));
+    }
+    let mut l = base.clone();
+    l.strategies.clear();
+    cases.push(("no strategy", l));
+    let mut l = base.clone();
+    l.max_buffer_bytes = 0;
+    cases.push(("buffer 0", l));
+    for (what, limits) in cases {
+        let be = CpuBackend::with_limits(limits);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            be.forward(&inputs, &Options::default()).map(|_| ())
+        }));
+        match r {
+            Ok(Err(CceError::InvalidOption { name, .. })) if name.starts_with("DeviceLimits::") => {
+            }
+            Ok(Err(CceError::ResourceLimit { .. })) => {}
+            other => panic!("{what}: expected a typed error, got {other:?}"),
+        }
+    }
 }

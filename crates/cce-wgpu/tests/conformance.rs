@@ -1342,3 +1342,61 @@ fn bad_inputs_are_typed_errors() {
         Err(CceError::ShapeMismatch { .. })
     ));
 }
+
+/// A saved state that a forward never writes (a doctored or stale `Saved`) is
+/// `NonFinite` under `check_finite`, as on the CPU, not NaN gradients.
+#[test]
+fn non_finite_saved_state_is_an_error() {
+    let Some(b) = backend() else { return };
+    let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
+    let c = HostTensor::from_f32(
+        vec![4, 2],
+        &[1.0, -1.0, 0.5, 0.25, 2.0, 1.0, -3.0, 0.1],
+        F32,
+    )
+    .unwrap();
+    let (eb, cb) = (b.upload(&e).unwrap(), b.upload(&c).unwrap());
+    let y = b.upload(&HostTensor::from_i64(vec![0, 3, -100])).unwrap();
+    let inputs = Inputs {
+        e: &eb,
+        c: &cb,
+        bias: None,
+        targets: &y,
+    };
+    let o = Options::exact();
+    let fwd = b.forward(&inputs, &o).unwrap();
+    let with = |t: &cce_wgpu::WgpuTensor, row: usize, value: f32| {
+        let mut v = b.download(t).unwrap().to_f32_vec();
+        v[row] = value;
+        b.upload(&HostTensor::from_f32(vec![3], &v, F32).unwrap())
+            .unwrap()
+    };
+    for value in [f32::NAN, f32::INFINITY] {
+        let bad = with(&fwd.lse, 1, value);
+        let saved = Saved {
+            lse: &bad,
+            rest_mass: &fwd.rest_mass,
+        };
+        match b.backward(&inputs, &o, saved, &Upstream::default()) {
+            Err(CceError::NonFinite {
+                what: "lse",
+                row: 1,
+                ..
+            }) => {}
+            other => panic!("lse {value}: expected NonFinite at row 1, got {other:?}"),
+        }
+        let bad = with(&fwd.rest_mass, 0, value);
+        let saved = Saved {
+            lse: &fwd.lse,
+            rest_mass: &bad,
+        };
+        match b.backward(&inputs, &o, saved, &Upstream::default()) {
+            Err(CceError::NonFinite {
+                what: "rest_mass",
+                row: 0,
+                ..
+            }) => {}
+            other => panic!("rest_mass {value}: expected NonFinite at row 0, got {other:?}"),
+        }
+    }
+}

@@ -443,3 +443,37 @@ proptest! {
         }
     }
 }
+
+/// A budget tile ownership cannot meet is reported with the least it needs over the chunk
+/// sizes it tried (the per-row state of one class chunk here, f32 gradients having no
+/// accumulator), not with the state of its last, smallest, chunks, which is larger: a caller
+/// who raises the budget to the reported figure must not be giving more than needed.
+#[test]
+fn tile_ownership_reports_its_least_workspace() {
+    let mut limits = DeviceLimits::cpu();
+    limits.strategies = vec![StrategyKind::TileOwnership];
+    let p = problem(300, 40, 2000, DType::F32);
+    let opts = |budget: u64| Options {
+        workspace_budget_bytes: budget,
+        ..Options::exact()
+    };
+    // One class chunk: 300 rows x (8 + 24) bytes of row state.
+    let least = 300 * 32;
+    match Plan::new(&p, &opts(least - 1), &limits) {
+        Err(CceError::ResourceLimit {
+            resource,
+            requested,
+            ..
+        }) => {
+            assert_eq!(requested, least, "{resource}");
+            assert!(
+                resource.contains(&format!("needs at least {least} B")),
+                "{resource}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let plan = Plan::new(&p, &opts(least), &limits).unwrap();
+    assert_eq!(plan.strategy, Strategy::TileOwnership);
+    assert_eq!(plan.workspace_bytes, least);
+}

@@ -79,6 +79,27 @@ impl WgpuBackend {
             check_rows(h, "d_lse")?;
         }
         if opts.check_finite {
+            // The saved lse and rest mass are read back in one copy (8N bytes) and checked
+            // before any work: a doctored or stale `Saved` would turn its rows' gradients into
+            // NaN or inf (`cce_core::problem::check_saved_finite`, the CPU's rule).
+            let bytes = 4 * n as u64;
+            let back = ctx.submit_and_read(
+                self.encoder(),
+                &[
+                    (&lse.buf, lse.offset, bytes),
+                    (&saved.rest_mass.buf, saved.rest_mass.offset, bytes),
+                ],
+            )?;
+            let f32s = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4)
+                    .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                    .collect()
+            };
+            cce_core::problem::check_saved_finite(
+                &f32s(&back[0]),
+                &f32s(&back[1]),
+                &prep.targets.classes,
+            )?;
             // The per-row upstream gradients are read back (4N bytes each) and checked before
             // any work: a NaN there would otherwise vanish in the kernels' zero tests.
             let named = [("d_loss", dloss_rows), ("d_lse", upstream.d_lse)];
