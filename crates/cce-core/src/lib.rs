@@ -92,7 +92,9 @@ pub mod plan;
 pub mod problem;
 pub mod stats;
 pub mod tensor;
+pub mod tile_budget;
 pub mod tolerance;
+pub mod vocab_order;
 pub mod vocab_parallel;
 
 pub use backend::{
@@ -108,3 +110,4 @@ pub use plan::{
 pub use problem::{PreparedTargets, Problem};
 pub use stats::CallStats;
 pub use tensor::{checked_bytes, checked_numel, try_filled, HostData, HostTensor, TensorMeta};
+pub use vocab_order::VocabOrder;

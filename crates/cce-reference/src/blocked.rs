@@ -9,10 +9,12 @@
 //!
 //! Backward (paper section 4.3), from the saved lse and rest mass (the target's `G` and `g0`
 //! from `1 − p_y = rest`, without cancellation on confident rows):
-//! 1. threshold: per active row, a histogram of `g0 = |p − onehot|` over the filter's bins and
-//!    the row threshold `τ_i` ([`cce_core::filter`]);
-//! 2. tile mask: a tile is skipped when every entry of its active rows has `g0 < τ_i`; the
-//!    dropped mass of a row is `Σ g0` over its skipped tiles;
+//! 1. skip decisions, a row tile at a time: each row's `Σ g0` (`g0 = |p − onehot|`) and largest
+//!    `g0` per class tile, then whole tiles skipped, smallest first, while every row's skipped
+//!    mass stays within `max_dropped_mass` and no skipped entry reaches `filter_eps`
+//!    ([`cce_core::tile_budget`]); a filtered call visits the classes by batch-mean logit
+//!    ([`cce_core::vocab_order`]) so that the classes the rows keep share tiles;
+//! 2. the dropped mass of a row is `Σ g0` over its skipped tiles;
 //! 3. `d_e` (row-owned, parallel over row tiles) and `d_c`/`d_bias` (class-owned, parallel over
 //!    class tiles), f32 accumulation in a fixed order (bitwise deterministic).
 //!
@@ -20,7 +22,7 @@
 //! `Strategy::TileOwnership` recomputes each tile in every pass. Both produce the same bits.
 
 use crate::view::HostRead;
-use cce_core::filter::{FilterRule, N_BINS};
+use cce_core::filter::FilterRule;
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
 use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
@@ -34,14 +36,17 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 mod math;
+mod order;
 mod tile_g;
 pub(crate) use math::{cap, dcap, dgemm, sgemm};
-use tile_g::{GCtx, TileG};
+use tile_g::{GCtx, SkipMask, TileG};
 
 /// The CPU backend. Buffers are [`HostTensor`]s; every computation follows the [`Plan`].
 #[derive(Clone, Debug)]
 pub struct CpuBackend {
     limits: DeviceLimits,
+    /// A filtered backward visits the classes by batch-mean logit ([`cce_core::vocab_order`]).
+    vocab_order: bool,
 }
 
 impl Default for CpuBackend {
@@ -53,15 +58,25 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A backend with [`DeviceLimits::cpu`] (prefers `ChunkedDense`).
     pub fn new() -> Self {
-        Self {
-            limits: DeviceLimits::cpu(),
-        }
+        Self::with_limits(DeviceLimits::cpu())
     }
 
     /// A backend with custom limits (tile shape, strategies, buffer sizes), e.g. to run the
     /// plan a GPU would get.
     pub fn with_limits(limits: DeviceLimits) -> Self {
-        Self { limits }
+        Self {
+            limits,
+            vocab_order: true,
+        }
+    }
+
+    /// Whether a filtered backward visits the classes by descending batch-mean logit (default
+    /// on; [`cce_core::vocab_order`]): the same bound on each row's dropped mass, more whole
+    /// tiles skipped on real rows. Off visits them in class-id order, as exact calls always do
+    /// (benches and tests compare the two).
+    pub fn with_vocab_order(mut self, on: bool) -> Self {
+        self.vocab_order = on;
+        self
     }
 }
 
@@ -384,6 +399,13 @@ impl CpuBackend {
             let masked = p.bias.as_ref().is_some_and(|b| b[yi] == f32::NEG_INFINITY);
             (masked, bias_masks)
         })?;
+        // A filtered backward may visit the classes by batch-mean logit (`order`): `p` is then
+        // the reordered problem, and `d_c`, `d_bias` go back to class order at the end.
+        let order = order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);
+        let p = match &order {
+            Some(o) => order::reordered(p, o),
+            None => p,
+        };
         let lse = saved.lse.f32_values()?;
         let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
@@ -459,42 +481,9 @@ impl CpuBackend {
             alpha,
             lambda,
             rule,
-            tau: None,
+            skips: None,
         };
 
-        // 1. Thresholds (TileOwnership: a recompute pass; ChunkedDense: from the materialized
-        // logits of each row tile, below).
-        let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
-        let tau: Vec<f32> = if rule.enabled && !materialize {
-            let tr = p.plan.tile.rows;
-            (0..n.div_ceil(tr))
-                .into_par_iter()
-                .flat_map_iter(|t| {
-                    let rows = t * tr..((t + 1) * tr).min(n);
-                    let tiles = p
-                        .plan
-                        .class_chunks
-                        .iter()
-                        .flat_map(|cc| p.plan.class_tiles(cc.clone()));
-                    g_ctx.thresholds(
-                        &rows,
-                        tiles.map(|cl| {
-                            let z = p.logits_tile(&rows, &cl, opts.softcap);
-                            let probs = g_ctx.probs(&rows, cl.len(), &z);
-                            (cl, probs)
-                        }),
-                    )
-                })
-                .collect()
-        } else {
-            vec![0.0; n]
-        };
-        let g_ctx = GCtx {
-            tau: Some(&tau),
-            ..g_ctx
-        };
-
-        // 2-3. Tile mask, d_e, d_c, per the strategy.
         let tiles_per_chunk: Vec<(Range<usize>, Vec<Range<usize>>)> = p
             .plan
             .row_chunks
@@ -507,6 +496,34 @@ impl CpuBackend {
             .iter()
             .flat_map(|cc| p.plan.class_tiles(cc.clone()))
             .collect();
+
+        // 1. Skip decisions, each row tile's at once (TileOwnership: a recompute pass;
+        // ChunkedDense: from the materialized logits of each row tile, below).
+        let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
+        let skips: SkipMask = if rule.enabled && !materialize {
+            tiles_per_chunk
+                .iter()
+                .flat_map(|(_, rts)| rts.iter().cloned())
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|rows| {
+                    let probs = class_tiles.iter().map(|cl| {
+                        let z = p.logits_tile(&rows, cl, opts.softcap);
+                        (cl.clone(), g_ctx.probs(&rows, cl.len(), &z))
+                    });
+                    let row = g_ctx.skip_row(&rows, class_tiles.len(), probs);
+                    (rows.start, row)
+                })
+                .collect()
+        } else {
+            SkipMask::new()
+        };
+        let g_ctx = GCtx {
+            skips: Some(&skips),
+            ..g_ctx
+        };
+
+        // 2-3. Tile mask, d_e, d_c, per the strategy.
         let mut d_e = cce_core::try_filled(if opts.compute_d_e { n * d } else { 0 }, 0.0f32)?;
         let mut d_c = cce_core::try_filled(if opts.compute_d_c { v * d } else { 0 }, 0.0f32)?;
         let mut d_bias = cce_core::try_filled(if opts.compute_d_c { v } else { 0 }, 0.0f32)?;
@@ -531,29 +548,28 @@ impl CpuBackend {
                             .zip(&zs)
                             .map(|(cl, x)| g_ctx.probs(rows, cl.len(), &p.capped(x, opts.softcap)))
                             .collect();
-                        let tau_rows = if rule.enabled {
-                            g_ctx.thresholds(
-                                rows,
-                                class_tiles
-                                    .iter()
-                                    .cloned()
-                                    .zip(ps.iter().map(|p| p.as_slice())),
-                            )
-                        } else {
-                            vec![0.0; rows.len()]
-                        };
+                        let skip_row = g_ctx.skip_row(
+                            rows,
+                            class_tiles.len(),
+                            class_tiles
+                                .iter()
+                                .cloned()
+                                .zip(ps.iter().map(|p| p.as_slice())),
+                        );
                         class_tiles
                             .iter()
                             .zip(zs)
                             .zip(&ps)
-                            .map(|((classes, z), pt)| {
-                                g_ctx.tile_from(rows, classes, z, pt, &tau_rows, true)
+                            .zip(skip_row)
+                            .map(|(((classes, z), pt), skip)| {
+                                g_ctx.tile_from(rows, classes, z, pt, skip, true)
                             })
                             .collect()
                     } else {
                         class_tiles
                             .iter()
-                            .map(|classes| g_ctx.tile(rows, classes, false))
+                            .enumerate()
+                            .map(|(ct, classes)| g_ctx.tile(rows, ct, classes, false))
                             .collect()
                     }
                 })
@@ -589,7 +605,7 @@ impl CpuBackend {
                     Some(gt) => Some(Cow::Borrowed(gt.as_slice())),
                     None => Some(Cow::Owned(
                         g_ctx
-                            .tile(rows, classes, true)
+                            .tile(rows, ct, classes, true)
                             .g
                             .unwrap_or_else(|| g_ctx.dense_tile(rows, classes)),
                     )),
@@ -701,6 +717,10 @@ impl CpuBackend {
         } else {
             valid_dropped.iter().sum::<f64>() / valid_dropped.len() as f64
         };
+        if let Some(o) = &order {
+            order::restore_rows(&mut d_c, d, o);
+            order::restore_rows(&mut d_bias, 1, o);
+        }
         let out_dtype = match opts.grad_dtype {
             GradDType::F32 => DType::F32,
             GradDType::Input => p.problem.dtype,

@@ -1,7 +1,14 @@
-//! `G` of one logits tile for the backward: probabilities, the filter's skip decision and its
-//! dropped mass, and `G` itself when the tile is kept (MATH.md, "Backward").
+//! `G` of one logits tile for the backward: probabilities, the filter's skip decisions (whole
+//! tiles, each row tile's decided at once: [`cce_core::tile_budget`]) and their dropped mass,
+//! and `G` itself when the tile is kept (MATH.md, "Backward").
 
 use super::*;
+use cce_core::tile_budget::TileMasses;
+use std::collections::BTreeMap;
+
+/// The skip decisions of every row tile: by the row tile's first row, per class tile (in the
+/// order of the call's class tiles).
+pub(super) type SkipMask = BTreeMap<usize, Vec<bool>>;
 
 /// A tile's backward data.
 pub(super) struct TileG {
@@ -27,7 +34,8 @@ pub(super) struct GCtx<'a> {
     pub(super) alpha: f32,
     pub(super) lambda: f32,
     pub(super) rule: FilterRule,
-    pub(super) tau: Option<&'a [f32]>,
+    /// Tile ownership's skip decisions, made in a pass before the gradient passes.
+    pub(super) skips: Option<&'a SkipMask>,
 }
 
 impl GCtx<'_> {
@@ -119,71 +127,70 @@ impl GCtx<'_> {
         out
     }
 
-    /// Row thresholds `τ_i` of a row tile from its probability tiles `(classes, p)`.
-    pub(super) fn thresholds<P: AsRef<[f32]>>(
+    /// Which of a row tile's `n_tiles` class tiles to skip, from their probability tiles
+    /// `(classes, p)` in order: each row's `g0` mass and largest `g0` per tile, then
+    /// [`TileMasses::skips`] under `filter_eps` and `max_dropped_mass`.
+    pub(super) fn skip_row<P: AsRef<[f32]>>(
         &self,
         rows: &Range<usize>,
+        n_tiles: usize,
         tiles: impl Iterator<Item = (Range<usize>, P)>,
-    ) -> Vec<f32> {
-        let mut hist = vec![0.0f64; rows.len() * N_BINS];
-        for (classes, p) in tiles {
+    ) -> Vec<bool> {
+        if !self.rule.enabled {
+            return vec![false; n_tiles];
+        }
+        let mut masses = TileMasses::zeros(rows.len(), n_tiles);
+        for (t, (classes, p)) in tiles.enumerate() {
             let p = p.as_ref();
             let k = classes.len();
             for ii in 0..rows.len() {
                 let i = rows.start + ii;
                 for jj in 0..k {
-                    let g0 = self.g0(i, classes.start + jj, p[ii * k + jj]);
-                    if let Some(b) = self.rule.bin(g0) {
-                        hist[ii * N_BINS + b] += g0 as f64;
-                    }
+                    masses.add(ii, t, self.g0(i, classes.start + jj, p[ii * k + jj]));
                 }
             }
         }
-        (0..rows.len())
-            .map(|ii| self.rule.threshold(&hist[ii * N_BINS..(ii + 1) * N_BINS]))
-            .collect()
+        masses.skips(self.rule.eps, self.rule.max_dropped_mass as f64)
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of one tile, recomputing its logits and
-    /// reading the thresholds of the threshold pass.
-    pub(super) fn tile(&self, rows: &Range<usize>, classes: &Range<usize>, keep_g: bool) -> TileG {
+    /// Skip decision (and `G` if `keep_g` and kept) of class tile `ct` of a row tile,
+    /// recomputing its logits and reading the decisions of the skip pass.
+    pub(super) fn tile(
+        &self,
+        rows: &Range<usize>,
+        ct: usize,
+        classes: &Range<usize>,
+        keep_g: bool,
+    ) -> TileG {
         let x = self.p.raw_logits_tile(rows, classes);
         let p = self.probs(rows, classes.len(), &self.p.capped(&x, self.opts.softcap));
-        let tau = self.tau.expect("thresholds before the mask");
-        self.tile_from(rows, classes, x, &p, &tau[rows.clone()], keep_g)
+        let skip = self
+            .skips
+            .and_then(|m| m.get(&rows.start))
+            .is_some_and(|row| row[ct]);
+        self.tile_from(rows, classes, x, &p, skip, keep_g)
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of one tile from its uncapped logits `x`,
-    /// their probabilities `p` and the thresholds `tau` of its rows.
-    #[allow(clippy::too_many_arguments)]
+    /// The tile (`G` if `keep_g` and kept) from its uncapped logits `x` and their
+    /// probabilities `p`; when `skip` (the row tile's decision), its dropped mass per row.
     pub(super) fn tile_from(
         &self,
         rows: &Range<usize>,
         classes: &Range<usize>,
         x: Vec<f32>,
         p: &[f32],
-        tau: &[f32],
+        skip: bool,
         keep_g: bool,
     ) -> TileG {
         let k = classes.len();
-        let mut skipped = self.rule.enabled;
+        let skipped = skip && self.rule.enabled;
         let mut dropped = vec![0.0f64; rows.len()];
         if skipped {
-            'rows: for ii in 0..rows.len() {
+            for (ii, out) in dropped.iter_mut().enumerate() {
                 let i = rows.start + ii;
-                if self.g[i] == 0.0 && self.h[i] == 0.0 {
-                    continue;
-                }
-                let mut sum = 0.0f64;
-                for jj in 0..k {
-                    let g0 = self.g0(i, classes.start + jj, p[ii * k + jj]);
-                    if g0 >= tau[ii] {
-                        skipped = false;
-                        break 'rows;
-                    }
-                    sum += g0 as f64;
-                }
-                dropped[ii] = sum;
+                *out = (0..k)
+                    .map(|jj| self.g0(i, classes.start + jj, p[ii * k + jj]) as f64)
+                    .sum();
             }
         }
         if skipped {
