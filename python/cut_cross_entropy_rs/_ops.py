@@ -42,8 +42,9 @@ the device, as the eager path does).
 
 from __future__ import annotations
 
+import inspect
 import weakref
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, get_type_hints
 
 import torch
 from torch import Tensor
@@ -128,9 +129,20 @@ def _stream(t: Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
 
 
-def _options_in(scope: dict) -> Options:
-    """The :class:`Options` among an op's arguments (``locals()``)."""
-    return Options(*(scope[name] for name in Options._fields))
+def _options_as_arguments(fn):
+    """``fn(<its own arguments>, *opts)`` as a custom op's prototype: its signature gets the
+    fields of :class:`Options`, typed by their annotations, in place of ``*opts``, so that torch
+    infers the op's schema with every option as a typed argument (declared once, in
+    :class:`Options`, for every op). The op calls ``fn`` with all of them positionally."""
+    sig = inspect.signature(fn)
+    types = get_type_hints(Options)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    options = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=types[name])
+        for name in Options._fields
+    ]
+    fn.__signature__ = sig.replace(parameters=own + options)
+    return fn
 
 
 def _native_options(o: Options) -> dict:
@@ -157,35 +169,20 @@ def _forward_outputs(e: Tensor, o: Options):
 
 
 @torch.library.custom_op("cut_cross_entropy_rs::forward", mutates_args=())
+@_options_as_arguments
 def forward_op(
     e: Tensor,
     c: Tensor,
     targets: Tensor,
     bias: Optional[Tensor],
     stats_id: int,
-    reduction: str,
-    ignore_index: int,
-    shift: int,
-    softcap: Optional[float],
-    label_smoothing: float,
-    z_loss: float,
-    filter_mode: str,
-    filter_eps: float,
-    max_dropped_mass: float,
-    filter_e_grad: bool,
-    filter_c_grad: bool,
-    workspace_budget_bytes: int,
-    deterministic: bool,
-    check_finite: bool,
-    dc_in_grad_dtype: bool,
-    entropy: bool,
-    argmax: bool,
+    *opts,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Loss (``[]`` or ``[N]`` f32), lse and rest mass ``1 − p_y`` (``[N]`` f32 each, saved for
     the backward), entropy and argmax (``[N]``, or empty when not asked) of
     ``CE(e cᵀ + bias, targets)``. The arguments after ``stats_id`` are the fields
     of :class:`Options`; ``stats_id`` files the call's statistics (-1: none)."""
-    o = _options_in(locals())
+    o = Options(*opts)
     loss, lse, rest_mass, ent, arg = _forward_outputs(e, o)
     stats = _native.forward(
         e.contiguous(),
@@ -211,6 +208,7 @@ def _forward_fake(e, c, targets, bias, stats_id, *opts):
 
 
 @torch.library.custom_op("cut_cross_entropy_rs::backward", mutates_args=())
+@_options_as_arguments
 def backward_op(
     e: Tensor,
     c: Tensor,
@@ -224,28 +222,12 @@ def backward_op(
     need_d_c: bool,
     need_d_bias: bool,
     stats_id: int,
-    reduction: str,
-    ignore_index: int,
-    shift: int,
-    softcap: Optional[float],
-    label_smoothing: float,
-    z_loss: float,
-    filter_mode: str,
-    filter_eps: float,
-    max_dropped_mass: float,
-    filter_e_grad: bool,
-    filter_c_grad: bool,
-    workspace_budget_bytes: int,
-    deterministic: bool,
-    check_finite: bool,
-    dc_in_grad_dtype: bool,
-    entropy: bool,
-    argmax: bool,
+    *opts,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``d_e``, ``d_c``, ``d_bias`` (in the input dtype; empty when not needed) from the saved
     ``lse`` and ``rest_mass`` and the upstream gradients of the loss and the lse. The arguments after
     ``stats_id`` are the fields of :class:`Options`."""
-    o = _options_in(locals())
+    o = Options(*opts)
     d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
     if need_d_e or need_d_c or (need_d_bias and bias is not None):
         # A mean's or sum's upstream gradient on CUDA without one of the lse: the gradients of an
@@ -337,6 +319,7 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("cut_cross_entropy_rs::forward_eager", mutates_args=())
+@_options_as_arguments
 def forward_eager_op(
     e: Tensor,
     c: Tensor,
@@ -346,23 +329,7 @@ def forward_eager_op(
     need_d_c: bool,
     need_d_bias: bool,
     stats_id: int,
-    reduction: str,
-    ignore_index: int,
-    shift: int,
-    softcap: Optional[float],
-    label_smoothing: float,
-    z_loss: float,
-    filter_mode: str,
-    filter_eps: float,
-    max_dropped_mass: float,
-    filter_e_grad: bool,
-    filter_c_grad: bool,
-    workspace_budget_bytes: int,
-    deterministic: bool,
-    check_finite: bool,
-    dc_in_grad_dtype: bool,
-    entropy: bool,
-    argmax: bool,
+    *opts,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`forward_op`'s outputs, then ``d_e``, ``d_c``, ``d_bias`` (input dtype; empty when
     not needed) of the loss with an upstream gradient of 1: on CUDA tensors from one call that
@@ -371,7 +338,7 @@ def forward_eager_op(
     Under autograd the three gradients belong to the backward, which scales them in place by
     the upstream gradient and returns them as the gradients of ``e``, ``c`` and ``bias``: a
     caller must not keep or use them (``linear_cross_entropy`` drops them at once)."""
-    o = _options_in(locals())
+    o = Options(*opts)
     loss, lse, rest_mass, ent, arg = _forward_outputs(e, o)
     d_e, d_c, d_bias = _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias)
     inputs = (e.contiguous(), c.contiguous(), None if bias is None else bias.contiguous(), targets.contiguous())

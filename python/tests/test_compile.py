@@ -8,35 +8,15 @@ import tempfile
 
 import pytest
 import torch
+from op_options import opts
 
 import cut_cross_entropy_rs as cce
 from cut_cross_entropy_rs._ops import backward_op, forward_op
-from cut_cross_entropy_rs.functional import _options
 
 # Inductor's on-disk caches outlive a rebuild of the package (the key does not cover the ops'
 # implementation): compile afresh.
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="cce-inductor-")
 torch._inductor.config.fx_graph_cache = False
-
-
-def opts(reduction="mean", **kw):
-    base = dict(
-        ignore_index=-100,
-        softcap=None,
-        reduction=reduction,
-        shift=0,
-        filter_eps=None,
-        filter_e_grad=False,
-        filter_c_grad=False,
-        label_smoothing=0.0,
-        z_loss=0.0,
-        max_dropped_mass=1e-3,
-        workspace_budget_bytes=None,
-        deterministic=False,
-        check_finite=True,
-    )
-    base.update(kw)
-    return _options(**base)
 
 
 def inputs(bias=True, requires_grad=True):

@@ -8,33 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_options import opts
 from test_cpu import make
 
 from cut_cross_entropy_rs._ops import forward_eager_op, forward_op
-from cut_cross_entropy_rs.functional import _options
 
 SCALES = [1.0, 0.5, 3.0]
-
-
-def opts(reduction="mean", **kw):
-    """The ops' options: exact gradients unless ``filter_eps`` is given."""
-    base = dict(
-        ignore_index=-100,
-        softcap=None,
-        reduction=reduction,
-        shift=0,
-        filter_eps=None,
-        filter_e_grad=False,
-        filter_c_grad=False,
-        label_smoothing=0.0,
-        z_loss=0.0,
-        max_dropped_mass=1e-3,
-        workspace_budget_bytes=None,
-        deterministic=False,
-        check_finite=True,
-    )
-    base.update(kw)
-    return _options(**base)
 
 
 def eager(e, c, t, b=None, reduction="mean", **kw):

@@ -121,6 +121,15 @@ impl<B> Clone for DLoss<'_, B> {
     }
 }
 impl<B> Copy for DLoss<'_, B> {}
+impl<B> DLoss<'_, B> {
+    /// What this is, for an error message: `"a scalar"` or `"a per-row tensor"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DLoss::Scalar(_) => "a scalar",
+            DLoss::PerRow(_) => "a per-row tensor",
+        }
+    }
+}
 impl<B> Clone for Upstream<'_, B> {
     fn clone(&self) -> Self {
         *self

@@ -267,6 +267,48 @@ pub fn check_upstream_finite(
     }
 }
 
+/// `g_i`, the upstream gradient of each row's loss (MATH.md "Backward"): 0 at a row without a
+/// target (`classes[i] < 0`: ignored or shifted out), else `d_loss(i)` (the row's own
+/// `∂L/∂loss_i` for reduction none, the weight of [`scalar_loss_grad`] for mean and sum).
+/// One value per entry of `classes` (`N`).
+pub fn loss_grad_rows(classes: &[i32], d_loss: impl Fn(usize) -> f32) -> Vec<f32> {
+    classes
+        .iter()
+        .enumerate()
+        .map(|(i, &y)| if y < 0 { 0.0 } else { d_loss(i) })
+        .collect()
+}
+
+/// Each valid row's weight from the upstream scalar `s` of a mean or sum: `s / n_valid` for a
+/// mean over `n_valid > 0` valid rows, else `s` (a sum, or a mean without a valid row, whose
+/// rows all get 0 from [`loss_grad_rows`] anyway).
+pub fn scalar_loss_grad(reduction: Reduction, s: f32, n_valid: usize) -> f32 {
+    if reduction == Reduction::Mean && n_valid > 0 {
+        s / n_valid as f32
+    } else {
+        s
+    }
+}
+
+/// The `ShapeMismatch` of a `d_loss` that does not fit `reduction` over `n` rows (per-row
+/// `[N]` f32 for reduction none, a scalar otherwise); `got` says what was given.
+pub fn d_loss_mismatch(n: usize, reduction: Reduction, got: &str) -> CceError {
+    CceError::ShapeMismatch {
+        what: "d_loss",
+        expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
+        got: format!("{got} with reduction {reduction:?}"),
+    }
+}
+
+/// The `ShapeMismatch` of a `d_lse` of shape `shape` where `[n]` was expected.
+pub fn d_lse_mismatch(n: usize, shape: &[usize]) -> CceError {
+    CceError::ShapeMismatch {
+        what: "d_lse",
+        expected: format!("[{n}]"),
+        got: format!("{shape:?}"),
+    }
+}
+
 /// Checks the saved state of a forward ([`crate::Saved`]) that a backward reads, under
 /// `Options::check_finite`: `lse` may be −inf only at an ignored row (one whose every class is
 /// masked), never NaN or +inf; `rest_mass` (`1 − p_y`, 0 at ignored rows) is finite at every
@@ -606,5 +648,19 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn loss_grad_rows_are_zero_at_rows_without_a_target() {
+        let classes = [2, -1, 0, -1];
+        assert_eq!(
+            loss_grad_rows(&classes, |i| i as f32 + 1.0),
+            vec![1.0, 0.0, 3.0, 0.0]
+        );
+        let s = scalar_loss_grad(Reduction::Mean, 3.0, 2);
+        assert_eq!(s, 1.5);
+        assert_eq!(scalar_loss_grad(Reduction::Sum, 3.0, 2), 3.0);
+        assert_eq!(scalar_loss_grad(Reduction::Mean, 3.0, 0), 3.0);
+        assert_eq!(loss_grad_rows(&classes, |_| s), vec![1.5, 0.0, 1.5, 0.0]);
     }
 }

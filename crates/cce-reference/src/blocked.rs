@@ -25,7 +25,10 @@ use crate::view::HostRead;
 use cce_core::filter::FilterRule;
 use cce_core::options::{GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, Plan, Strategy};
-use cce_core::problem::{check_masked_targets, PreparedTargets, Problem};
+use cce_core::problem::{
+    check_masked_targets, d_loss_mismatch, d_lse_mismatch, loss_grad_rows, scalar_loss_grad,
+    PreparedTargets, Problem,
+};
 use cce_core::stats::CallStats;
 use cce_core::{
     Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
@@ -425,45 +428,27 @@ impl CpuBackend {
             cce_core::problem::check_upstream_finite("d_lse", t.f32_values()?.iter().copied())?;
         }
         let y = &p.targets.classes;
-        let n_valid = p.targets.n_valid;
         // Upstream g_i and h_i.
         let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
             (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
                 let t = t.f32_values()?;
-                (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
+                loss_grad_rows(y, |i| t[i])
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
-                let s = if opts.reduction == Reduction::Mean && n_valid > 0 {
-                    s / n_valid as f32
-                } else {
-                    s
-                };
-                (0..n).map(|i| if y[i] < 0 { 0.0 } else { s }).collect()
+                let s = scalar_loss_grad(opts.reduction, s, p.targets.n_valid);
+                loss_grad_rows(y, |_| s)
             }
             _ => {
-                return Err(CceError::ShapeMismatch {
-                    what: "d_loss",
-                    expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
-                    got: format!(
-                        "{} with reduction {:?}",
-                        match upstream.d_loss {
-                            DLoss::Scalar(_) => "a scalar".to_string(),
-                            DLoss::PerRow(t) => format!("per-row {:?} {}", t.shape(), t.dtype()),
-                        },
-                        opts.reduction
-                    ),
-                })
+                let got = match upstream.d_loss {
+                    DLoss::Scalar(_) => "a scalar".to_string(),
+                    DLoss::PerRow(t) => format!("per-row {:?} {}", t.shape(), t.dtype()),
+                };
+                return Err(d_loss_mismatch(n, opts.reduction, &got));
             }
         };
         let h: Vec<f32> = match upstream.d_lse {
             Some(t) if t.shape() == [n] => t.f32_values()?.into_owned(),
-            Some(t) => {
-                return Err(CceError::ShapeMismatch {
-                    what: "d_lse",
-                    expected: format!("[{n}]"),
-                    got: format!("{:?}", t.shape()),
-                })
-            }
+            Some(t) => return Err(d_lse_mismatch(n, t.shape())),
             None => vec![0.0; n],
         };
         let rule = p.plan.filter;

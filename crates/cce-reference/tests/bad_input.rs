@@ -725,48 +725,22 @@ fn backward_names_a_non_finite_saved_lse_or_rest_mass() {
         HostTensor::from_f32(vec![4], &v, DType::F32).unwrap()
     };
     for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let bad = with(&rest, 3, value);
-        let r = be.backward(
-            &inputs,
-            &o,
-            Saved {
-                lse: &lse,
-                rest_mass: &bad,
-            },
-            &Upstream::default(),
-        );
-        assert!(
-            matches!(
-                r,
+        for (what, row) in [("rest_mass", 3), ("lse", 1)] {
+            let in_lse = what == "lse";
+            let bad = with(if in_lse { &lse } else { &rest }, row, value);
+            let saved = Saved {
+                lse: if in_lse { &bad } else { &lse },
+                rest_mass: if in_lse { &rest } else { &bad },
+            };
+            let r = be.backward(&inputs, &o, saved, &Upstream::default());
+            let named = match &r {
                 Err(CceError::NonFinite {
-                    what: "rest_mass",
-                    row: 3,
-                    ..
-                })
-            ),
-            "rest_mass {value}: {r:?}"
-        );
-        let bad = with(&lse, 1, value);
-        let r = be.backward(
-            &inputs,
-            &o,
-            Saved {
-                lse: &bad,
-                rest_mass: &rest,
-            },
-            &Upstream::default(),
-        );
-        assert!(
-            matches!(
-                r,
-                Err(CceError::NonFinite {
-                    what: "lse",
-                    row: 1,
-                    ..
-                })
-            ),
-            "lse {value}: {r:?}"
-        );
+                    what: w, row: at, ..
+                }) => (*w, *at) == (what, row),
+                _ => false,
+            };
+            assert!(named, "{what} {value}: {r:?}");
+        }
     }
 }
 

@@ -310,55 +310,56 @@ fn tiling_errors(v: usize, ranges: &[std::ops::Range<usize>], shard_v: &[usize])
         .collect()
 }
 
+/// Asserts that every rank of [`tiling_errors`] (vocabulary 10) fails with a
+/// `VocabParallel` error matching `$pat`.
+macro_rules! assert_tiling_error {
+    ($ranges:expr, $vs:expr, $pat:pat) => {
+        for err in tiling_errors(10, &$ranges, &$vs) {
+            assert!(
+                matches!(&err, CceError::VocabParallel($pat)),
+                "{:?}: {err:?}",
+                $ranges
+            );
+        }
+    };
+}
+
 #[test]
 fn shards_that_do_not_tile_are_typed_errors_on_every_rank() {
     use VocabParallelError as E;
-    let check = |ranges: &[std::ops::Range<usize>], vs: &[usize], is: &dyn Fn(&E) -> bool| {
-        for err in tiling_errors(10, ranges, vs) {
-            match &err {
-                CceError::VocabParallel(e) if is(e) => {}
-                other => panic!("{ranges:?}: {other:?}"),
-            }
+    assert_tiling_error!(
+        [0..4, 5..10],
+        [10, 10],
+        E::Gap {
+            shard: 1,
+            expected_start: 4,
+            start: 5
         }
-    };
-    check(&[0..4, 5..10], &[10, 10], &|e| {
-        matches!(
-            e,
-            E::Gap {
-                shard: 1,
-                expected_start: 4,
-                start: 5
-            }
-        )
-    });
-    check(&[1..4, 4..10], &[10, 10], &|e| {
-        matches!(e, E::Gap { shard: 0, .. })
-    });
-    check(&[0..6, 4..10], &[10, 10], &|e| {
-        matches!(
-            e,
-            E::Overlap {
-                shard: 1,
-                previous_end: 6,
-                start: 4
-            }
-        )
-    });
-    check(&[5..10, 0..5], &[10, 10], &|e| {
-        matches!(e, E::OutOfOrder { shard: 1, .. })
-    });
-    check(&[0..4, 4..9], &[10, 10], &|e| {
-        matches!(
-            e,
-            E::DoesNotCover {
-                vocab_size: 10,
-                covered_end: 9
-            }
-        )
-    });
-    check(&[0..4, 4..11], &[10, 11], &|e| {
-        matches!(e, E::VocabSizeMismatch { shard: 1, .. })
-    });
+    );
+    assert_tiling_error!([1..4, 4..10], [10, 10], E::Gap { shard: 0, .. });
+    assert_tiling_error!(
+        [0..6, 4..10],
+        [10, 10],
+        E::Overlap {
+            shard: 1,
+            previous_end: 6,
+            start: 4
+        }
+    );
+    assert_tiling_error!([5..10, 0..5], [10, 10], E::OutOfOrder { shard: 1, .. });
+    assert_tiling_error!(
+        [0..4, 4..9],
+        [10, 10],
+        E::DoesNotCover {
+            vocab_size: 10,
+            covered_end: 9
+        }
+    );
+    assert_tiling_error!(
+        [0..4, 4..11],
+        [10, 11],
+        E::VocabSizeMismatch { shard: 1, .. }
+    );
 }
 
 #[test]

@@ -58,7 +58,10 @@ use crate::backend::{Backend, DLoss, Inputs, Saved, Upstream};
 use crate::dtype::DType;
 use crate::error::{CceError, Result};
 use crate::options::{GradDType, Options, Reduction, SideOutputs};
-use crate::problem::{check_masked_targets, check_upstream_finite, PreparedTargets, Problem};
+use crate::problem::{
+    check_masked_targets, check_upstream_finite, d_loss_mismatch, d_lse_mismatch, loss_grad_rows,
+    scalar_loss_grad, PreparedTargets, Problem,
+};
 use crate::stats::CallStats;
 use crate::tensor::{HostTensor, TensorMeta};
 
@@ -704,35 +707,18 @@ impl<B: ShardRows + ?Sized> BackendShard<'_, B> {
                 if opts.check_finite {
                     check_upstream_finite("d_loss", t.iter().copied())?;
                 }
-                (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
+                loss_grad_rows(y, |i| t[i])
             }
             (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
                 check_upstream_finite("d_loss", [s])?;
-                let n_valid = p.targets.n_valid;
-                let s = if opts.reduction == Reduction::Mean && n_valid > 0 {
-                    s / n_valid as f32
-                } else {
-                    s
-                };
-                (0..n).map(|i| if y[i] < 0 { 0.0 } else { s }).collect()
+                let s = scalar_loss_grad(opts.reduction, s, p.targets.n_valid);
+                loss_grad_rows(y, |_| s)
             }
             _ => {
                 if let DLoss::Scalar(s) = upstream.d_loss {
                     check_upstream_finite("d_loss", [s])?;
                 }
-                return Err(CceError::ShapeMismatch {
-                    what: "d_loss",
-                    expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
-                    got: format!(
-                        "{} with reduction {:?}",
-                        if matches!(upstream.d_loss, DLoss::Scalar(_)) {
-                            "a scalar"
-                        } else {
-                            "a per-row tensor"
-                        },
-                        opts.reduction
-                    ),
-                });
+                return Err(d_loss_mismatch(n, opts.reduction, upstream.d_loss.kind()));
             }
         };
         let h = match upstream.d_lse {
@@ -743,13 +729,7 @@ impl<B: ShardRows + ?Sized> BackendShard<'_, B> {
                 }
                 t
             }
-            Some(t) => {
-                return Err(CceError::ShapeMismatch {
-                    what: "d_lse",
-                    expected: format!("[{n}]"),
-                    got: format!("{:?}", t.shape()),
-                })
-            }
+            Some(t) => return Err(d_lse_mismatch(n, t.shape())),
             None => vec![0.0; n],
         };
         Ok((g, h))

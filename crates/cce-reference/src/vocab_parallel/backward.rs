@@ -7,7 +7,10 @@ use super::CpuShard;
 use crate::blocked::sgemm;
 use crate::view::HostRead;
 use cce_core::filter::{FilterRule, N_BINS};
-use cce_core::problem::{check_masked_targets, check_upstream_finite};
+use cce_core::problem::{
+    check_masked_targets, check_upstream_finite, d_loss_mismatch, d_lse_mismatch, loss_grad_rows,
+    scalar_loss_grad,
+};
 use cce_core::vocab_parallel::{shard_filter_rule, ShardBackward, VocabShard};
 use cce_core::{
     CceError, DLoss, DType, GradDType, HostTensor, Inputs, Options, Reduction, Result, Saved,
@@ -116,45 +119,20 @@ fn upstream_rows<U: HostRead>(
     if let (Some(t), true) = (upstream.d_lse, opts.check_finite) {
         check_upstream_finite("d_lse", t.f32_values()?.iter().copied())?;
     }
-    let n_valid = p.targets.n_valid;
     let g: Vec<f32> = match (opts.reduction, upstream.d_loss) {
         (Reduction::None, DLoss::PerRow(t)) if t.shape() == [n] => {
             let t = t.f32_values()?;
-            (0..n).map(|i| if y[i] < 0 { 0.0 } else { t[i] }).collect()
+            loss_grad_rows(y, |i| t[i])
         }
         (Reduction::Mean | Reduction::Sum, DLoss::Scalar(s)) => {
-            let s = if opts.reduction == Reduction::Mean && n_valid > 0 {
-                s / n_valid as f32
-            } else {
-                s
-            };
-            (0..n).map(|i| if y[i] < 0 { 0.0 } else { s }).collect()
+            let s = scalar_loss_grad(opts.reduction, s, p.targets.n_valid);
+            loss_grad_rows(y, |_| s)
         }
-        _ => {
-            return Err(CceError::ShapeMismatch {
-                what: "d_loss",
-                expected: format!("per-row [{n}] f32 for reduction none, a scalar otherwise"),
-                got: format!(
-                    "{} with reduction {:?}",
-                    if matches!(upstream.d_loss, DLoss::Scalar(_)) {
-                        "a scalar"
-                    } else {
-                        "a per-row tensor"
-                    },
-                    opts.reduction
-                ),
-            })
-        }
+        _ => return Err(d_loss_mismatch(n, opts.reduction, upstream.d_loss.kind())),
     };
     let h = match upstream.d_lse {
         Some(t) if t.shape() == [n] => t.f32_values()?.into_owned(),
-        Some(t) => {
-            return Err(CceError::ShapeMismatch {
-                what: "d_lse",
-                expected: format!("[{n}]"),
-                got: format!("{:?}", t.shape()),
-            })
-        }
+        Some(t) => return Err(d_lse_mismatch(n, t.shape())),
         None => vec![0.0; n],
     };
     Ok((g, h))
