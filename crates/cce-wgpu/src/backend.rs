@@ -597,6 +597,34 @@ impl WgpuBackend {
         }
     }
 
+    /// Element `i` of an f32 tensor, read back on its own (a wait; for error paths only).
+    fn read_f32(&self, t: &WgpuTensor, i: usize) -> Result<f32> {
+        let at = t.offset + 4 * i as u64;
+        let back = self
+            .ctx
+            .submit_and_read(self.encoder(), &[(&t.buf, at, 4)])?;
+        Ok(f32::from_le_bytes([
+            back[0][0], back[0][1], back[0][2], back[0][3],
+        ]))
+    }
+
+    /// The error for a non-finite result of finite-looking work under `check_finite`: the
+    /// inputs are read back (an error path only) and named as the CPU backend names them
+    /// ([`cce_core::problem::locate_non_finite`]; row 0 when none is to blame, as there).
+    fn locate_non_finite(&self, inputs: &Inputs<'_, WgpuTensor>, d: usize) -> Result<CceError> {
+        let host = |t: &WgpuTensor| -> Result<Vec<f32>> {
+            Ok(<Self as Backend>::download(self, t)?.to_f32_vec())
+        };
+        let bias = inputs.bias.map(host).transpose()?;
+        Ok(cce_core::problem::locate_non_finite(
+            &host(inputs.e)?,
+            &host(inputs.c)?,
+            bias.as_deref(),
+            d,
+            0,
+        ))
+    }
+
     fn stats(&self, prep: &Prepared, workspace_bytes: u64) -> CallStats {
         CallStats {
             backend: BACKEND.into(),

@@ -7,10 +7,11 @@ use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
 use crate::config::{accumulation, bwd_splits, coop_backward, Accumulation};
 use crate::pipelines::{flags, Params, ShaderKind};
+use crate::status::{self, Finding, ROW_CHECKS, STATUS_BYTES};
 use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::{
-    Backend, BackwardOutput, CceError, DLoss, DType, GradDType, Inputs, Options, Reduction, Result,
-    Saved, TensorMeta, Upstream,
+    BackwardOutput, CceError, DLoss, DType, GradDType, Inputs, Options, Reduction, Result, Saved,
+    TensorMeta, Upstream,
 };
 use std::ops::Range;
 
@@ -78,38 +79,6 @@ impl WgpuBackend {
         if let Some(h) = upstream.d_lse {
             check_rows(h, "d_lse")?;
         }
-        if opts.check_finite {
-            // The saved lse and rest mass are read back in one copy (8N bytes) and checked
-            // before any work: a doctored or stale `Saved` would turn its rows' gradients into
-            // NaN or inf (`cce_core::problem::check_saved_finite`, the CPU's rule).
-            let bytes = 4 * n as u64;
-            let back = ctx.submit_and_read(
-                self.encoder(),
-                &[
-                    (&lse.buf, lse.offset, bytes),
-                    (&saved.rest_mass.buf, saved.rest_mass.offset, bytes),
-                ],
-            )?;
-            let f32s = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(4)
-                    .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                    .collect()
-            };
-            cce_core::problem::check_saved_finite(
-                &f32s(&back[0]),
-                &f32s(&back[1]),
-                &prep.targets.classes,
-            )?;
-            // The per-row upstream gradients are read back (4N bytes each) and checked before
-            // any work: a NaN there would otherwise vanish in the kernels' zero tests.
-            let named = [("d_loss", dloss_rows), ("d_lse", upstream.d_lse)];
-            for (what, b) in named {
-                if let Some(b) = b {
-                    let host = <Self as Backend>::download(self, b)?;
-                    cce_core::problem::check_upstream_finite(what, host.to_f32_vec())?;
-                }
-            }
-        }
         let out_dtype = if opts.grad_dtype == GradDType::F32 {
             DType::F32
         } else {
@@ -137,6 +106,8 @@ impl WgpuBackend {
         let edges_b = ctx.upload_bytes(bytemuck::cast_slice(&edges), "edges")?;
         let dropped = ctx.raw_buffer(4 * n as u64, "dropped mass")?;
         let stat = ctx.raw_buffer(8, "dropped stats")?;
+        // Under check_finite, what `bwd_prep` and `finalize` find non-finite (`crate::status`).
+        let status = ctx.upload_bytes(bytemuck::cast_slice(&status::initial()), "status")?;
         let mut workspace = rs.size() + hist.as_ref().map_or(0, |h| h.size()) + dropped.size();
 
         // Splits and slabs: one slab per split within the budget, or one slab per chunk that
@@ -284,6 +255,7 @@ impl WgpuBackend {
                 }
                 let prm = Params {
                     n_rows: rows as u32,
+                    row0: rc.start as u32,
                     flags: f,
                     aux: g_scalar,
                     ..base
@@ -308,6 +280,7 @@ impl WgpuBackend {
                         dh,
                         ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?,
                         ctx.aligned(rest_mass.as_ref(), rc.start as u64, rows as u64, 4)?,
+                        ctx.whole(&status)?,
                     ],
                     Self::grid_1d(rows),
                 )?;
@@ -541,6 +514,7 @@ impl WgpuBackend {
                         ctx.whole(csum.as_ref().unwrap_or(&ctx.dummy))?,
                         rs_b,
                         o_b,
+                        ctx.whole(&status)?,
                     ],
                     Self::grid_1d(units),
                 )?;
@@ -643,7 +617,13 @@ impl WgpuBackend {
                     ShaderKind::Finalize,
                     out_dt,
                     &prm,
-                    &[ctx.whole(&slab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
+                    &[
+                        ctx.whole(&slab)?,
+                        ev,
+                        ctx.whole(&ctx.dummy)?,
+                        o_b,
+                        ctx.whole(&status)?,
+                    ],
                     Self::grid_1d(units(ncls * d)),
                 )?;
                 if let Some(db) = &d_bias {
@@ -669,7 +649,13 @@ impl WgpuBackend {
                         ShaderKind::Finalize,
                         out_dt,
                         &prm,
-                        &[ctx.whole(&bslab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
+                        &[
+                            ctx.whole(&bslab)?,
+                            ev,
+                            ctx.whole(&ctx.dummy)?,
+                            o_b,
+                            ctx.whole(&status)?,
+                        ],
                         Self::grid_1d(units(ncls)),
                     )?;
                 }
@@ -701,15 +687,45 @@ impl WgpuBackend {
                 )?;
             }
         }
-        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = if report {
-            vec![(&counters, 0, 16 * n_slots as u64), (&stat, 0, 8)]
-        } else {
-            vec![]
-        };
+        // One wait: the status words (under check_finite) and the filter's statistics.
+        let mut ranges: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
+        if opts.check_finite {
+            ranges.push((&status, 0, STATUS_BYTES));
+        }
+        if report {
+            ranges.extend([(&counters, 0, 16 * n_slots as u64), (&stat, 0, 8)]);
+        }
         let back = ctx.submit_and_read(enc, &ranges)?;
+        let mut back = back.iter();
+        if opts.check_finite {
+            let words: &[u32] = bytemuck::cast_slice(back.next().map_or(&[][..], |b| b));
+            match status::finding(words) {
+                Finding::Clean => {}
+                Finding::Row { k, row } => {
+                    let t = [
+                        Some(&lse),
+                        Some(&rest_mass),
+                        dloss_rows.as_ref(),
+                        d_lse.as_ref(),
+                    ][k]
+                        .ok_or_else(|| crate::context::backend_err("status of an absent input"))?;
+                    let t: &WgpuTensor = t;
+                    return Err(CceError::NonFinite {
+                        what: ROW_CHECKS[k],
+                        index: row,
+                        row,
+                        value: self.read_f32(t, row)?,
+                    });
+                }
+                Finding::Gradient => return Err(self.locate_non_finite(inputs, d)?),
+            }
+        }
         let mut stats = self.stats(&prep, workspace);
         if report {
-            let words: &[u32] = bytemuck::cast_slice(&back[0]);
+            let (Some(counts), Some(st)) = (back.next(), back.next()) else {
+                return Err(crate::context::backend_err("statistics not read back"));
+            };
+            let words: &[u32] = bytemuck::cast_slice(counts);
             // Only passes that filter count (de slots first, then dc slots).
             let (de_range, dc_range): (Range<usize>, Range<usize>) = {
                 let de_n = if want_de { de_slots } else { 0 };
@@ -729,7 +745,7 @@ impl WgpuBackend {
             if filter_c {
                 add(dc_range);
             }
-            let st: &[u32] = bytemuck::cast_slice(&back[1]);
+            let st: &[u32] = bytemuck::cast_slice(st);
             stats.dropped_mass_max = st[0] as f64 / FIXED_POINT_ONE;
             let sum = f32::from_bits(st[1]) as f64;
             // The max is a fixed-point (rounded up) reduction and the sum an f32 one: clamp so

@@ -161,10 +161,7 @@ impl WgpuBackend {
             (row != u32::MAX).then_some(row as usize)
         };
         if let Some(row) = bad_row(0).filter(|_| opts.check_finite) {
-            let enc = self.encoder();
-            let v =
-                ctx.submit_and_read(enc, &[(&lse.work.buf, lse.work.offset + row as u64 * 4, 4)])?;
-            let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
+            let value = self.read_f32(&lse.work, row)?;
             return Err(CceError::NonFinite {
                 what: "lse (a NaN or Inf in e, c or bias of this row, or a -inf in e or c)",
                 index: row,
