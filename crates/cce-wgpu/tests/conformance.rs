@@ -1288,9 +1288,9 @@ fn trusted_modules_give_the_bits_of_checked_ones() {
     }
 }
 
-#[test]
-fn bad_inputs_are_typed_errors() {
-    let Some(b) = backend() else { return };
+/// A 3 x 2 x 4 f32 problem for the error tests: `e`, `c`, and targets `[0, 3, -100]` (row 2
+/// ignored).
+fn tiny() -> (HostTensor, HostTensor, HostTensor) {
     let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
     let c = HostTensor::from_f32(
         vec![4, 2],
@@ -1298,6 +1298,13 @@ fn bad_inputs_are_typed_errors() {
         F32,
     )
     .unwrap();
+    (e, c, HostTensor::from_i64(vec![0, 3, -100]))
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let Some(b) = backend() else { return };
+    let (e, c, _) = tiny();
     let (eb, cb) = (b.upload(&e).unwrap(), b.upload(&c).unwrap());
     let bad_y = b.upload(&HostTensor::from_i64(vec![0, 4, 1])).unwrap();
     let inputs = Inputs {
@@ -1348,13 +1355,7 @@ fn bad_inputs_are_typed_errors() {
 #[test]
 fn non_finite_saved_state_is_an_error() {
     let Some(b) = backend() else { return };
-    let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
-    let c = HostTensor::from_f32(
-        vec![4, 2],
-        &[1.0, -1.0, 0.5, 0.25, 2.0, 1.0, -3.0, 0.1],
-        F32,
-    )
-    .unwrap();
+    let (e, c, _) = tiny();
     let (eb, cb) = (b.upload(&e).unwrap(), b.upload(&c).unwrap());
     let y = b.upload(&HostTensor::from_i64(vec![0, 3, -100])).unwrap();
     let inputs = Inputs {
@@ -1409,14 +1410,7 @@ fn non_finite_saved_state_is_an_error() {
 fn saved_and_upstream_checks_match_the_cpu() {
     let Some(b) = backend() else { return };
     let cpu = cce_reference::blocked::CpuBackend::new();
-    let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
-    let c = HostTensor::from_f32(
-        vec![4, 2],
-        &[1.0, -1.0, 0.5, 0.25, 2.0, 1.0, -3.0, 0.1],
-        F32,
-    )
-    .unwrap();
-    let y = HostTensor::from_i64(vec![0, 3, -100]);
+    let (e, c, y) = tiny();
     let (eb, cb, yb) = (
         b.upload(&e).unwrap(),
         b.upload(&c).unwrap(),
@@ -1536,14 +1530,7 @@ fn saved_and_upstream_checks_match_the_cpu() {
 fn non_finite_gradients_are_the_cpus_error() {
     let Some(b) = backend() else { return };
     let cpu = cce_reference::blocked::CpuBackend::new();
-    let e = HostTensor::from_f32(vec![3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], F32).unwrap();
-    let c = HostTensor::from_f32(
-        vec![4, 2],
-        &[1.0, -1.0, 0.5, 0.25, 2.0, 1.0, -3.0, 0.1],
-        F32,
-    )
-    .unwrap();
-    let y = HostTensor::from_i64(vec![0, 3, -100]);
+    let (e, c, y) = tiny();
     let mut e_nan = e.to_f32_vec();
     e_nan[3] = f32::NAN;
     let e_nan = HostTensor::from_f32(vec![3, 2], &e_nan, F32).unwrap();

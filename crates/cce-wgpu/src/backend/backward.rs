@@ -3,7 +3,7 @@
 //! splits in per-split slabs or through f32 atomics into one slab (`config::accumulation`).
 
 use super::interop::BackwardDest;
-use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
+use super::{dtype_code, split, tile_params, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
 use crate::config::{accumulation, bwd_splits, coop_backward, Accumulation};
 use crate::pipelines::{flags, Params, ShaderKind};
@@ -307,28 +307,11 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                        let (c_b, c_off) = ctx.range_vec(
-                            inputs.c,
-                            (cc.start * d) as u64,
-                            (cc.len() * d) as u64,
-                            es,
-                        )?;
-                        let (b_b, b_off) = match inputs.bias {
-                            Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
-                            None => (ctx.whole(&ctx.dummy)?, 0),
-                        };
+                        let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                         let (per, nsplit, _) = splits[ci];
                         let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: cc.len() as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            split_tiles: per as u32,
                             eps: rule.eps,
-                            ..base
+                            ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
                         };
                         self.run_at(
                             &mut pass,
@@ -435,48 +418,29 @@ impl WgpuBackend {
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                    let (c_b, c_off) =
-                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
-                    let (b_b, b_off) = match inputs.bias {
-                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
-                        None => (ctx.whole(&ctx.dummy)?, 0),
-                    };
+                    let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                     let (per, ns) = de_splits[ci];
-                    for w0 in (0..ns).step_by(de_wave) {
-                        let nw = de_wave.min(ns - w0);
-                        let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: cc.len() as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            flags: f,
-                            split_tiles: per as u32,
-                            split_base: w0 as u32,
-                            slot_base: u32c(slot, "counter slots")?,
-                            slab_stride: u32c(rows * d, "slab stride")?,
-                            ..base
-                        };
-                        slot += nw * tiles(rows, t_de);
-                        self.run(
-                            &mut pass,
-                            de_kind,
-                            dt,
-                            &prm,
-                            &[
-                                e_b,
-                                c_b,
-                                b_b,
-                                rs_b,
-                                ctx.whole(&slab)?,
-                                dr_b,
-                                ctx.whole(&counters)?,
-                            ],
-                            [nw as u32, tiles(rows, t_de) as u32, 1],
-                        )?;
-                    }
+                    let prm = Params {
+                        flags: f,
+                        slab_stride: u32c(rows * d, "slab stride")?,
+                        ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
+                    };
+                    self.run_waves(
+                        &mut pass,
+                        (de_kind, dt),
+                        &prm,
+                        [ns, de_wave, tiles(rows, t_de)],
+                        &mut slot,
+                        &[
+                            e_b,
+                            c_b,
+                            b_b,
+                            rs_b,
+                            ctx.whole(&slab)?,
+                            dr_b,
+                            ctx.whole(&counters)?,
+                        ],
+                    )?;
                 }
                 let (o_b, o_off) = ctx.range(
                     d_e,
@@ -539,12 +503,7 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = self.pass(&mut enc, "d_c");
-                let (c_b, c_off) =
-                    ctx.range_vec(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
-                let (b_b, b_off) = match inputs.bias {
-                    Some(b) => ctx.range(b, cc.start as u64, ncls as u64, es)?,
-                    None => (ctx.whole(&ctx.dummy)?, 0),
-                };
+                let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                 for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
                     let (e_b, e_off) =
@@ -552,42 +511,28 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
-                    for w0 in (0..ns).step_by(dc_wave) {
-                        let nw = dc_wave.min(ns - w0);
-                        let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: ncls as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            flags: f,
-                            split_tiles: per as u32,
-                            split_base: w0 as u32,
-                            slot_base: u32c(slot, "counter slots")?,
-                            slab_stride: u32c(ncls * d, "slab stride")?,
-                            ..base
-                        };
-                        slot += nw * tiles(ncls, t_dc);
-                        self.run(
-                            &mut pass,
-                            dc_kind,
-                            dt,
-                            &prm,
-                            &[
-                                e_b,
-                                c_b,
-                                b_b,
-                                rs_b,
-                                ctx.whole(&slab)?,
-                                dr_b,
-                                ctx.whole(&counters)?,
-                                ctx.whole(&bslab)?,
-                            ],
-                            [nw as u32, tiles(ncls, t_dc) as u32, 1],
-                        )?;
-                    }
+                    let prm = Params {
+                        flags: f,
+                        slab_stride: u32c(ncls * d, "slab stride")?,
+                        ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
+                    };
+                    self.run_waves(
+                        &mut pass,
+                        (dc_kind, dt),
+                        &prm,
+                        [ns, dc_wave, tiles(ncls, t_dc)],
+                        &mut slot,
+                        &[
+                            e_b,
+                            c_b,
+                            b_b,
+                            rs_b,
+                            ctx.whole(&slab)?,
+                            dr_b,
+                            ctx.whole(&counters)?,
+                            ctx.whole(&bslab)?,
+                        ],
+                    )?;
                 }
                 let osz = out_dtype.size_bytes() as u64;
                 let units = |k: usize| if out_dt == 0 { k } else { k.div_ceil(2) };
