@@ -250,8 +250,9 @@ impl PreparedTargets {
 ///
 /// Errors: `NonFinite { what, index, row, value }` naming the first non-finite value (`index`
 /// and `row` are its row; 0 for a scalar). Every backend calls this before any work: a
-/// non-finite scalar always, per-row values when `Options::check_finite` is on (a GPU backend
-/// reads them back, `4N` bytes).
+/// non-finite scalar always, per-row values when `Options::check_finite` is on (the wgpu
+/// backend applies the same rule on the device, in the pass that reads them, and reports it
+/// after its passes).
 pub fn check_upstream_finite(
     what: &'static str,
     values: impl IntoIterator<Item = f32>,
@@ -375,6 +376,52 @@ pub fn check_masked_targets(
         }
     }
     Ok(())
+}
+
+/// The first input value `check_finite` rejects: a NaN or ±inf in `e` or `c` (`[rows, d]`
+/// row-major, f32 values), a NaN or +inf in `bias` (`[V]`; a −inf entry masks its class, see
+/// [`check_masked_targets`]).
+///
+/// Returns `NonFinite { what: "e" | "c" | "bias", index, row, value }` with `index` the flat
+/// index and `row` its row (`index / d` for `e` and `c`), or `None` when every value passes.
+pub fn non_finite_input(e: &[f32], c: &[f32], bias: Option<&[f32]>, d: usize) -> Option<CceError> {
+    let scan = |what: &'static str, vals: &[f32], width: usize| {
+        first_non_finite(vals.iter().copied()).map(|(index, value)| CceError::NonFinite {
+            what,
+            index,
+            row: index / width.max(1),
+            value,
+        })
+    };
+    scan("e", e, d).or_else(|| scan("c", c, d)).or_else(|| {
+        let (index, value) = first_bad_bias(bias?.iter().copied())?;
+        Some(CceError::NonFinite {
+            what: "bias",
+            index,
+            row: index,
+            value,
+        })
+    })
+}
+
+/// The error for a non-finite lse or gradient found after the work, under `check_finite`:
+/// the first rejected input ([`non_finite_input`]) when there is one (it caused the NaN or
+/// inf), else `NonFinite { what: "lse or gradients (overflow)", index: row, row, value: inf }`
+/// (finite inputs whose result overflows f32, e.g. a `z_loss` near `f32::MAX`). `row` is the
+/// row the caller found (0 when it does not know one).
+pub fn locate_non_finite(
+    e: &[f32],
+    c: &[f32],
+    bias: Option<&[f32]>,
+    d: usize,
+    row: usize,
+) -> CceError {
+    non_finite_input(e, c, bias, d).unwrap_or(CceError::NonFinite {
+        what: "lse or gradients (overflow)",
+        index: row,
+        row,
+        value: f32::INFINITY,
+    })
 }
 
 /// First value of a bias that `check_finite` rejects, as `(index, value)`: a NaN or +inf

@@ -786,38 +786,12 @@ fn base_stats(p: &Prepared, opts: &Options) -> CallStats {
 }
 
 fn locate_non_finite(p: &Prepared, row: usize) -> CceError {
-    non_finite_input(p).unwrap_or(CceError::NonFinite {
-        what: "lse or gradients (overflow)",
-        index: row,
-        row,
-        value: f32::INFINITY,
-    })
+    let bias = p.bias.as_deref();
+    cce_core::problem::locate_non_finite(&p.e, &p.c, bias, p.problem.d, row)
 }
 
-/// The first value `check_finite` rejects: a NaN or ±inf in `e` or `c`, a NaN or +inf in
-/// `bias` (−inf there masks a class).
+/// [`cce_core::problem::non_finite_input`] of the prepared inputs.
 fn non_finite_input(p: &Prepared) -> Option<CceError> {
-    let d = p.problem.d;
-    let scan = |what: &'static str, vals: &[f32], width: usize| {
-        cce_core::problem::first_non_finite(vals.iter().copied()).map(|(index, value)| {
-            CceError::NonFinite {
-                what,
-                index,
-                row: index / width,
-                value,
-            }
-        })
-    };
-    scan("e", &p.e, d)
-        .or_else(|| scan("c", &p.c, d))
-        .or_else(|| {
-            let b = p.bias.as_ref()?;
-            let (index, value) = cce_core::problem::first_bad_bias(b.iter().copied())?;
-            Some(CceError::NonFinite {
-                what: "bias",
-                index,
-                row: index,
-                value,
-            })
-        })
+    let bias = p.bias.as_deref();
+    cce_core::problem::non_finite_input(&p.e, &p.c, bias, p.problem.d)
 }

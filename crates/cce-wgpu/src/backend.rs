@@ -13,6 +13,7 @@ use cce_core::{
     Upstream,
 };
 use interop::{BackwardDest, ForwardDest};
+use std::ops::Range;
 use std::sync::Arc;
 use wgpu::util::DeviceExt;
 
@@ -57,6 +58,28 @@ fn u32c(x: usize, what: &str) -> Result<u32> {
         requested: x as u64,
         max: u32::MAX as u64,
     })
+}
+
+/// The uniforms of a tiled dispatch over rows `rc` and classes `cc` of the call, with the
+/// chunks' element offsets `[e, c, bias]` and `per` tiles per split; `base` for the rest.
+fn tile_params(
+    base: Params,
+    rc: &Range<usize>,
+    cc: &Range<usize>,
+    [e_off, c_off, b_off]: [u32; 3],
+    per: usize,
+) -> Params {
+    Params {
+        n_rows: rc.len() as u32,
+        n_cls: cc.len() as u32,
+        row0: rc.start as u32,
+        cls0: cc.start as u32,
+        e_off,
+        c_off,
+        b_off,
+        split_tiles: per as u32,
+        ..base
+    }
 }
 
 /// Splits of a chunk of `n_tiles` tiles into at most `want` contiguous pieces of at most
@@ -595,6 +618,78 @@ impl WgpuBackend {
             z_loss: opts.z_loss,
             ..Params::default()
         }
+    }
+
+    /// Class chunk `cc` of `c` (rows of `d` elements of `es` bytes) and of `bias` (the
+    /// stand-in without one), bound with their element offsets: `[(c, c_off), (bias, b_off)]`.
+    fn class_chunk<'a>(
+        &'a self,
+        inputs: &Inputs<'a, WgpuTensor>,
+        cc: &Range<usize>,
+        d: usize,
+        es: u64,
+    ) -> Result<[(Bind<'a>, u32); 2]> {
+        let ctx = &self.ctx;
+        let c = ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
+        let b = match inputs.bias {
+            Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
+            None => (ctx.whole(&ctx.dummy)?, 0),
+        };
+        Ok([c, b])
+    }
+
+    /// One backward product's dispatches for a pair of chunks: `splits` splits (`waves[0]`) in
+    /// waves of `waves[1]`, each workgroup of a wave given the next counter slot from `slot`
+    /// on, over `waves[2]` tiles of the owning side (the grid's y); `prm` holds the rest.
+    fn run_waves(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        (kind, dt): (ShaderKind, u32),
+        prm: &Params,
+        waves: [usize; 3],
+        slot: &mut usize,
+        binds: &[Bind<'_>],
+    ) -> Result<()> {
+        let [splits, wave, owned] = waves;
+        for w0 in (0..splits).step_by(wave) {
+            let nw = wave.min(splits - w0);
+            let p = Params {
+                split_base: w0 as u32,
+                slot_base: u32c(*slot, "counter slots")?,
+                ..*prm
+            };
+            *slot += nw * owned;
+            self.run(pass, kind, dt, &p, binds, [nw as u32, owned as u32, 1])?;
+        }
+        Ok(())
+    }
+
+    /// Element `i` of an f32 tensor, read back on its own (a wait; for error paths only).
+    fn read_f32(&self, t: &WgpuTensor, i: usize) -> Result<f32> {
+        let at = t.offset + 4 * i as u64;
+        let back = self
+            .ctx
+            .submit_and_read(self.encoder(), &[(&t.buf, at, 4)])?;
+        Ok(f32::from_le_bytes([
+            back[0][0], back[0][1], back[0][2], back[0][3],
+        ]))
+    }
+
+    /// The error for a non-finite result of finite-looking work under `check_finite`: the
+    /// inputs are read back (an error path only) and named as the CPU backend names them
+    /// ([`cce_core::problem::locate_non_finite`]; row 0 when none is to blame, as there).
+    fn locate_non_finite(&self, inputs: &Inputs<'_, WgpuTensor>, d: usize) -> Result<CceError> {
+        let host = |t: &WgpuTensor| -> Result<Vec<f32>> {
+            Ok(<Self as Backend>::download(self, t)?.to_f32_vec())
+        };
+        let bias = inputs.bias.map(host).transpose()?;
+        Ok(cce_core::problem::locate_non_finite(
+            &host(inputs.e)?,
+            &host(inputs.c)?,
+            bias.as_deref(),
+            d,
+            0,
+        ))
     }
 
     fn stats(&self, prep: &Prepared, workspace_bytes: u64) -> CallStats {

@@ -54,6 +54,7 @@
 //! oracle, so an out-of-bounds read that returned garbage would fail them.
 
 use crate::pipelines::{flags, Params, ShaderKind};
+use crate::status::STATUS_BYTES;
 use cce_core::filter::N_BINS;
 
 /// Largest storage binding the backend creates (just under 4 GiB), so that every u32 index
@@ -104,10 +105,10 @@ pub(crate) fn binding_names(kind: ShaderKind) -> &'static [&'static str] {
             "part", "tgt", "tlogit", "lse", "loss", "ent", "amax", "bad", "rest",
         ],
         ShaderKind::LossReduce => &["loss_rows", "out"],
-        ShaderKind::BwdPrep => &["tgt", "lse", "dloss", "dlse", "rs", "rest"],
+        ShaderKind::BwdPrep => &["tgt", "lse", "dloss", "dlse", "rs", "rest", "status"],
         ShaderKind::BwdTau => &["hist", "edges", "rs"],
         ShaderKind::WSum => &["x", "rs", "out"],
-        ShaderKind::Finalize => &["slab", "vec", "rs", "out"],
+        ShaderKind::Finalize => &["slab", "vec", "rs", "out", "status"],
         ShaderKind::StatReduce => &["dropped", "tgt", "out"],
     }
 }
@@ -240,6 +241,7 @@ pub(crate) fn extent(
         }),
         (ShaderKind::BwdPrep, 4) => Some(if has(flags::DLSE) { per_row(4) } else { 0 }),
         (ShaderKind::BwdPrep, 5) => Some(per_row(ROW_STATE_BYTES)),
+        (ShaderKind::BwdPrep, 7) => Some(STATUS_BYTES),
         (ShaderKind::BwdTau, 1) => Some(per_row(4 * N_BINS as u64)),
         (ShaderKind::BwdTau, 2) => Some(4 * N_BINS as u64),
         (ShaderKind::BwdTau, 3) => Some(per_row(ROW_STATE_BYTES)),
@@ -264,7 +266,7 @@ fn finalize_extent(dtype: u32, p: &Params, binding: u32) -> Result<u64, String> 
     let units = p.n_units as u64;
     let ls = p.flags & flags::LS_ANALYTIC != 0;
     let weighted = p.flags & flags::WEIGHTED != 0;
-    if !(1..=4).contains(&binding) {
+    if !(1..=5).contains(&binding) {
         return Err(format!("finalize has no storage binding {binding}"));
     }
     if ls && p.d == 0 {
@@ -274,6 +276,7 @@ fn finalize_extent(dtype: u32, p: &Params, binding: u32) -> Result<u64, String> 
         return Ok(0);
     }
     Ok(match binding {
+        5 => STATUS_BYTES,
         1 => {
             let slabs = (p.n_slabs as u64).max(1);
             4 * ((slabs - 1) * p.slab_stride as u64 + units)
@@ -282,7 +285,7 @@ fn finalize_extent(dtype: u32, p: &Params, binding: u32) -> Result<u64, String> 
         3 if ls && weighted => ROW_STATE_BYTES * units.div_ceil(p.d as u64),
         2 | 3 => 0,
         4 if dtype == 0 => 4 * (p.out_off as u64 + units),
-        // Binding 4 (checked in 1..=4 above), 16-bit output.
+        // Binding 4 (checked in 1..=5 above), 16-bit output.
         _ => {
             if !p.out_off.is_multiple_of(2) {
                 return Err(format!(

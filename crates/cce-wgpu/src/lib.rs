@@ -91,6 +91,7 @@ mod context;
 mod named;
 mod pipelines;
 mod profile;
+mod status;
 
 pub use backend::interop::{BackwardDest, ForwardDest};
 pub use backend::WgpuBackend;

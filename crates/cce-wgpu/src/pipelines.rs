@@ -211,46 +211,27 @@ impl ShaderKind {
                     head(shader!("panel_a.wgsl", "bwd_hist.wgsl"))
                         + &named::entry_named(shader!("bwd_hist_main.wgsl")),
                 ),
-                ShaderKind::BwdDe => Some(
-                    head(shader!(
-                        "grad_rows.wgsl",
-                        "grad.wgsl",
-                        "slab_rmw.wgsl",
-                        "bwd_de.wgsl"
-                    )) + &named::prod_for(form)
-                        + "\n"
-                        + &named::entry_named(shader!("bwd_de_main.wgsl")),
-                ),
-                ShaderKind::BwdDc => Some(
-                    head(shader!(
-                        "grad_rows.wgsl",
-                        "grad.wgsl",
-                        "slab_rmw.wgsl",
-                        "bwd_dc.wgsl"
-                    )) + &named::prod_for(form)
-                        + "\n"
-                        + &named::entry_named(shader!("bwd_dc_main.wgsl")),
-                ),
-                ShaderKind::BwdDeAtomic => Some(
-                    head(shader!(
-                        "grad_rows.wgsl",
-                        "grad.wgsl",
-                        "slab_atomic.wgsl",
-                        "bwd_de.wgsl"
-                    )) + &named::prod_for(form)
-                        + "\n"
-                        + &named::entry_named(shader!("bwd_de_main.wgsl")),
-                ),
-                ShaderKind::BwdDcAtomic => Some(
-                    head(shader!(
-                        "grad_rows.wgsl",
-                        "grad.wgsl",
-                        "slab_atomic.wgsl",
-                        "bwd_dc.wgsl"
-                    )) + &named::prod_for(form)
-                        + "\n"
-                        + &named::entry_named(shader!("bwd_dc_main.wgsl")),
-                ),
+                ShaderKind::BwdDe
+                | ShaderKind::BwdDc
+                | ShaderKind::BwdDeAtomic
+                | ShaderKind::BwdDcAtomic => {
+                    // G, the slab updates (owned or atomic), the pass, the named product, and
+                    // its entry point.
+                    let slab = match self {
+                        ShaderKind::BwdDeAtomic | ShaderKind::BwdDcAtomic => {
+                            shader!("slab_atomic.wgsl")
+                        }
+                        _ => shader!("slab_rmw.wgsl"),
+                    };
+                    let (pass, main) = match self {
+                        ShaderKind::BwdDe | ShaderKind::BwdDeAtomic => {
+                            (shader!("bwd_de.wgsl"), shader!("bwd_de_main.wgsl"))
+                        }
+                        _ => (shader!("bwd_dc.wgsl"), shader!("bwd_dc_main.wgsl")),
+                    };
+                    let files = shader!("grad_rows.wgsl", "grad.wgsl").to_string() + slab + pass;
+                    Some(head(&files) + &named::prod_for(form) + "\n" + &named::entry_named(main))
+                }
                 // Shaders without panels never run Named (effective_main_loop).
                 _ => None,
             };

@@ -3,14 +3,15 @@
 //! splits in per-split slabs or through f32 atomics into one slab (`config::accumulation`).
 
 use super::interop::BackwardDest;
-use super::{dtype_code, split, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
+use super::{dtype_code, split, tile_params, tiles, u32c, WgpuBackend, ROW_STATE_BYTES};
 use crate::buffers::WgpuTensor;
 use crate::config::{accumulation, bwd_splits, coop_backward, Accumulation};
 use crate::pipelines::{flags, Params, ShaderKind};
+use crate::status::{self, Finding, ROW_CHECKS, STATUS_BYTES};
 use cce_core::filter::{FilterRule, FIXED_POINT_ONE, N_BINS};
 use cce_core::{
-    Backend, BackwardOutput, CceError, DLoss, DType, GradDType, Inputs, Options, Reduction, Result,
-    Saved, TensorMeta, Upstream,
+    BackwardOutput, CceError, DLoss, DType, GradDType, Inputs, Options, Reduction, Result, Saved,
+    TensorMeta, Upstream,
 };
 use std::ops::Range;
 
@@ -78,38 +79,6 @@ impl WgpuBackend {
         if let Some(h) = upstream.d_lse {
             check_rows(h, "d_lse")?;
         }
-        if opts.check_finite {
-            // The saved lse and rest mass are read back in one copy (8N bytes) and checked
-            // before any work: a doctored or stale `Saved` would turn its rows' gradients into
-            // NaN or inf (`cce_core::problem::check_saved_finite`, the CPU's rule).
-            let bytes = 4 * n as u64;
-            let back = ctx.submit_and_read(
-                self.encoder(),
-                &[
-                    (&lse.buf, lse.offset, bytes),
-                    (&saved.rest_mass.buf, saved.rest_mass.offset, bytes),
-                ],
-            )?;
-            let f32s = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(4)
-                    .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]))
-                    .collect()
-            };
-            cce_core::problem::check_saved_finite(
-                &f32s(&back[0]),
-                &f32s(&back[1]),
-                &prep.targets.classes,
-            )?;
-            // The per-row upstream gradients are read back (4N bytes each) and checked before
-            // any work: a NaN there would otherwise vanish in the kernels' zero tests.
-            let named = [("d_loss", dloss_rows), ("d_lse", upstream.d_lse)];
-            for (what, b) in named {
-                if let Some(b) = b {
-                    let host = <Self as Backend>::download(self, b)?;
-                    cce_core::problem::check_upstream_finite(what, host.to_f32_vec())?;
-                }
-            }
-        }
         let out_dtype = if opts.grad_dtype == GradDType::F32 {
             DType::F32
         } else {
@@ -137,6 +106,8 @@ impl WgpuBackend {
         let edges_b = ctx.upload_bytes(bytemuck::cast_slice(&edges), "edges")?;
         let dropped = ctx.raw_buffer(4 * n as u64, "dropped mass")?;
         let stat = ctx.raw_buffer(8, "dropped stats")?;
+        // Under check_finite, what `bwd_prep` and `finalize` find non-finite (`crate::status`).
+        let status = ctx.upload_bytes(bytemuck::cast_slice(&status::initial()), "status")?;
         let mut workspace = rs.size() + hist.as_ref().map_or(0, |h| h.size()) + dropped.size();
 
         // Splits and slabs: one slab per split within the budget, or one slab per chunk that
@@ -284,6 +255,7 @@ impl WgpuBackend {
                 }
                 let prm = Params {
                     n_rows: rows as u32,
+                    row0: rc.start as u32,
                     flags: f,
                     aux: g_scalar,
                     ..base
@@ -308,6 +280,7 @@ impl WgpuBackend {
                         dh,
                         ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?,
                         ctx.aligned(rest_mass.as_ref(), rc.start as u64, rows as u64, 4)?,
+                        ctx.whole(&status)?,
                     ],
                     Self::grid_1d(rows),
                 )?;
@@ -334,28 +307,11 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let h_b = ctx.aligned(hist, rc.start as u64, rows as u64, 4 * N_BINS as u64)?;
                     for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                        let (c_b, c_off) = ctx.range_vec(
-                            inputs.c,
-                            (cc.start * d) as u64,
-                            (cc.len() * d) as u64,
-                            es,
-                        )?;
-                        let (b_b, b_off) = match inputs.bias {
-                            Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
-                            None => (ctx.whole(&ctx.dummy)?, 0),
-                        };
+                        let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                         let (per, nsplit, _) = splits[ci];
                         let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: cc.len() as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            split_tiles: per as u32,
                             eps: rule.eps,
-                            ..base
+                            ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
                         };
                         self.run_at(
                             &mut pass,
@@ -462,48 +418,29 @@ impl WgpuBackend {
                 let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                 let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                    let (c_b, c_off) =
-                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
-                    let (b_b, b_off) = match inputs.bias {
-                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
-                        None => (ctx.whole(&ctx.dummy)?, 0),
-                    };
+                    let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                     let (per, ns) = de_splits[ci];
-                    for w0 in (0..ns).step_by(de_wave) {
-                        let nw = de_wave.min(ns - w0);
-                        let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: cc.len() as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            flags: f,
-                            split_tiles: per as u32,
-                            split_base: w0 as u32,
-                            slot_base: u32c(slot, "counter slots")?,
-                            slab_stride: u32c(rows * d, "slab stride")?,
-                            ..base
-                        };
-                        slot += nw * tiles(rows, t_de);
-                        self.run(
-                            &mut pass,
-                            de_kind,
-                            dt,
-                            &prm,
-                            &[
-                                e_b,
-                                c_b,
-                                b_b,
-                                rs_b,
-                                ctx.whole(&slab)?,
-                                dr_b,
-                                ctx.whole(&counters)?,
-                            ],
-                            [nw as u32, tiles(rows, t_de) as u32, 1],
-                        )?;
-                    }
+                    let prm = Params {
+                        flags: f,
+                        slab_stride: u32c(rows * d, "slab stride")?,
+                        ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
+                    };
+                    self.run_waves(
+                        &mut pass,
+                        (de_kind, dt),
+                        &prm,
+                        [ns, de_wave, tiles(rows, t_de)],
+                        &mut slot,
+                        &[
+                            e_b,
+                            c_b,
+                            b_b,
+                            rs_b,
+                            ctx.whole(&slab)?,
+                            dr_b,
+                            ctx.whole(&counters)?,
+                        ],
+                    )?;
                 }
                 let (o_b, o_off) = ctx.range(
                     d_e,
@@ -541,6 +478,7 @@ impl WgpuBackend {
                         ctx.whole(csum.as_ref().unwrap_or(&ctx.dummy))?,
                         rs_b,
                         o_b,
+                        ctx.whole(&status)?,
                     ],
                     Self::grid_1d(units),
                 )?;
@@ -565,12 +503,7 @@ impl WgpuBackend {
                 enc.clear_buffer(&slab, 0, None);
                 enc.clear_buffer(&bslab, 0, None);
                 let mut pass = self.pass(&mut enc, "d_c");
-                let (c_b, c_off) =
-                    ctx.range_vec(inputs.c, (cc.start * d) as u64, (ncls * d) as u64, es)?;
-                let (b_b, b_off) = match inputs.bias {
-                    Some(b) => ctx.range(b, cc.start as u64, ncls as u64, es)?,
-                    None => (ctx.whole(&ctx.dummy)?, 0),
-                };
+                let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                 for (ri, rc) in plan.row_chunks.iter().enumerate() {
                     let rows = rc.len();
                     let (e_b, e_off) =
@@ -578,42 +511,28 @@ impl WgpuBackend {
                     let rs_b = ctx.aligned(&rs, rc.start as u64, rows as u64, ROW_STATE_BYTES)?;
                     let dr_b = ctx.aligned(&dropped, rc.start as u64, rows as u64, 4)?;
                     let (per, ns) = dc_splits[ri];
-                    for w0 in (0..ns).step_by(dc_wave) {
-                        let nw = dc_wave.min(ns - w0);
-                        let prm = Params {
-                            n_rows: rows as u32,
-                            n_cls: ncls as u32,
-                            row0: rc.start as u32,
-                            cls0: cc.start as u32,
-                            e_off,
-                            c_off,
-                            b_off,
-                            flags: f,
-                            split_tiles: per as u32,
-                            split_base: w0 as u32,
-                            slot_base: u32c(slot, "counter slots")?,
-                            slab_stride: u32c(ncls * d, "slab stride")?,
-                            ..base
-                        };
-                        slot += nw * tiles(ncls, t_dc);
-                        self.run(
-                            &mut pass,
-                            dc_kind,
-                            dt,
-                            &prm,
-                            &[
-                                e_b,
-                                c_b,
-                                b_b,
-                                rs_b,
-                                ctx.whole(&slab)?,
-                                dr_b,
-                                ctx.whole(&counters)?,
-                                ctx.whole(&bslab)?,
-                            ],
-                            [nw as u32, tiles(ncls, t_dc) as u32, 1],
-                        )?;
-                    }
+                    let prm = Params {
+                        flags: f,
+                        slab_stride: u32c(ncls * d, "slab stride")?,
+                        ..tile_params(base, rc, cc, [e_off, c_off, b_off], per)
+                    };
+                    self.run_waves(
+                        &mut pass,
+                        (dc_kind, dt),
+                        &prm,
+                        [ns, dc_wave, tiles(ncls, t_dc)],
+                        &mut slot,
+                        &[
+                            e_b,
+                            c_b,
+                            b_b,
+                            rs_b,
+                            ctx.whole(&slab)?,
+                            dr_b,
+                            ctx.whole(&counters)?,
+                            ctx.whole(&bslab)?,
+                        ],
+                    )?;
                 }
                 let osz = out_dtype.size_bytes() as u64;
                 let units = |k: usize| if out_dt == 0 { k } else { k.div_ceil(2) };
@@ -643,7 +562,13 @@ impl WgpuBackend {
                     ShaderKind::Finalize,
                     out_dt,
                     &prm,
-                    &[ctx.whole(&slab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
+                    &[
+                        ctx.whole(&slab)?,
+                        ev,
+                        ctx.whole(&ctx.dummy)?,
+                        o_b,
+                        ctx.whole(&status)?,
+                    ],
                     Self::grid_1d(units(ncls * d)),
                 )?;
                 if let Some(db) = &d_bias {
@@ -669,7 +594,13 @@ impl WgpuBackend {
                         ShaderKind::Finalize,
                         out_dt,
                         &prm,
-                        &[ctx.whole(&bslab)?, ev, ctx.whole(&ctx.dummy)?, o_b],
+                        &[
+                            ctx.whole(&bslab)?,
+                            ev,
+                            ctx.whole(&ctx.dummy)?,
+                            o_b,
+                            ctx.whole(&status)?,
+                        ],
                         Self::grid_1d(units(ncls)),
                     )?;
                 }
@@ -701,15 +632,45 @@ impl WgpuBackend {
                 )?;
             }
         }
-        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = if report {
-            vec![(&counters, 0, 16 * n_slots as u64), (&stat, 0, 8)]
-        } else {
-            vec![]
-        };
+        // One wait: the status words (under check_finite) and the filter's statistics.
+        let mut ranges: Vec<(&wgpu::Buffer, u64, u64)> = Vec::new();
+        if opts.check_finite {
+            ranges.push((&status, 0, STATUS_BYTES));
+        }
+        if report {
+            ranges.extend([(&counters, 0, 16 * n_slots as u64), (&stat, 0, 8)]);
+        }
         let back = ctx.submit_and_read(enc, &ranges)?;
+        let mut back = back.iter();
+        if opts.check_finite {
+            let words: &[u32] = bytemuck::cast_slice(back.next().map_or(&[][..], |b| b));
+            match status::finding(words) {
+                Finding::Clean => {}
+                Finding::Row { k, row } => {
+                    let t = [
+                        Some(&lse),
+                        Some(&rest_mass),
+                        dloss_rows.as_ref(),
+                        d_lse.as_ref(),
+                    ][k]
+                        .ok_or_else(|| crate::context::backend_err("status of an absent input"))?;
+                    let t: &WgpuTensor = t;
+                    return Err(CceError::NonFinite {
+                        what: ROW_CHECKS[k],
+                        index: row,
+                        row,
+                        value: self.read_f32(t, row)?,
+                    });
+                }
+                Finding::Gradient => return Err(self.locate_non_finite(inputs, d)?),
+            }
+        }
         let mut stats = self.stats(&prep, workspace);
         if report {
-            let words: &[u32] = bytemuck::cast_slice(&back[0]);
+            let (Some(counts), Some(st)) = (back.next(), back.next()) else {
+                return Err(crate::context::backend_err("statistics not read back"));
+            };
+            let words: &[u32] = bytemuck::cast_slice(counts);
             // Only passes that filter count (de slots first, then dc slots).
             let (de_range, dc_range): (Range<usize>, Range<usize>) = {
                 let de_n = if want_de { de_slots } else { 0 };
@@ -729,7 +690,7 @@ impl WgpuBackend {
             if filter_c {
                 add(dc_range);
             }
-            let st: &[u32] = bytemuck::cast_slice(&back[1]);
+            let st: &[u32] = bytemuck::cast_slice(st);
             stats.dropped_mass_max = st[0] as f64 / FIXED_POINT_ONE;
             let sum = f32::from_bits(st[1]) as f64;
             // The max is a fixed-point (rounded up) reduction and the sum an f32 one: clamp so

@@ -1,7 +1,7 @@
 //! The forward pass: `fwd_partial` + `fwd_merge` (+ `loss_reduce`) over the plan's chunks.
 
 use super::interop::ForwardDest;
-use super::{dtype_code, tiles, WgpuBackend};
+use super::{dtype_code, tile_params, tiles, WgpuBackend};
 use crate::buffers::WgpuTensor;
 use crate::config::{coop_forward, CoopTile};
 use crate::pipelines::{flags, Params, ShaderKind};
@@ -70,25 +70,18 @@ impl WgpuBackend {
                 let tl_b = ctx.aligned(&tlogit, rc.start as u64, rows as u64, 4)?;
                 let part_b = ctx.whole(&part)?;
                 for (ci, cc) in plan.class_chunks.iter().enumerate() {
-                    let (c_b, c_off) =
-                        ctx.range_vec(inputs.c, (cc.start * d) as u64, (cc.len() * d) as u64, es)?;
-                    let (b_b, b_off) = match inputs.bias {
-                        Some(b) => ctx.range(b, cc.start as u64, cc.len() as u64, es)?,
-                        None => (ctx.whole(&ctx.dummy)?, 0),
-                    };
+                    let [(c_b, c_off), (b_b, b_off)] = self.class_chunk(inputs, cc, d, es)?;
                     let (per, nsplit, base) = splits[ci];
                     let prm = Params {
-                        n_rows: rows as u32,
-                        n_cls: cc.len() as u32,
-                        row0: rc.start as u32,
-                        cls0: cc.start as u32,
-                        e_off,
-                        c_off,
-                        b_off,
-                        split_tiles: per as u32,
                         part_base: base as u32,
                         part_stride: stride as u32,
-                        ..self.base_params(&p, opts)
+                        ..tile_params(
+                            self.base_params(&p, opts),
+                            rc,
+                            cc,
+                            [e_off, c_off, b_off],
+                            per,
+                        )
                     };
                     self.run(
                         &mut pass,
@@ -161,10 +154,7 @@ impl WgpuBackend {
             (row != u32::MAX).then_some(row as usize)
         };
         if let Some(row) = bad_row(0).filter(|_| opts.check_finite) {
-            let enc = self.encoder();
-            let v =
-                ctx.submit_and_read(enc, &[(&lse.work.buf, lse.work.offset + row as u64 * 4, 4)])?;
-            let value = f32::from_le_bytes(v[0][..4].try_into().unwrap());
+            let value = self.read_f32(&lse.work, row)?;
             return Err(CceError::NonFinite {
                 what: "lse (a NaN or Inf in e, c or bias of this row, or a -inf in e or c)",
                 index: row,

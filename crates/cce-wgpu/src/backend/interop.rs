@@ -218,7 +218,9 @@ impl WgpuBackend {
     /// (see [`BackwardDest`]); the returned [`BackwardOutput`] holds those views.
     ///
     /// Errors: those of `backward`; `ForeignBuffer`, `ShapeMismatch` or `DTypeMismatch` for a
-    /// destination as in [`WgpuBackend::forward_into`].
+    /// destination as in [`WgpuBackend::forward_into`]. Destinations may have been written when
+    /// a `NonFinite` is found after the passes (under `check_finite`: a saved state or per-row
+    /// upstream gradient the CPU's rule rejects, or a non-finite gradient).
     pub fn backward_into(
         &self,
         inputs: &Inputs<'_, WgpuTensor>,

@@ -1,3 +1,4 @@
+use super::coop::*;
 use super::*;
 
 fn cfg(wg: u32, tk: u32) -> KernelConfig {
