@@ -309,7 +309,10 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
         "id order skipped {} of the tiles, the mean-logit order {skipped}",
         natural.stats.skipped_fraction()
     );
-    assert!(rc_natural <= 0.0005, "d_c rel error {rc_natural} in id order");
+    assert!(
+        rc_natural <= 0.0005,
+        "d_c rel error {rc_natural} in id order"
+    );
 }
 
 /// Random rows aimed at their target class, `e_i = 4·c_{y_i} + 0.1·e_i`: `p_target` rounds to
