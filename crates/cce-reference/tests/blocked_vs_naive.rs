@@ -5,7 +5,7 @@ mod common;
 
 use cce_core::options::{FilterEps, GradDType, Options, Reduction};
 use cce_core::plan::{DeviceLimits, StrategyKind, TileShape};
-use cce_core::{Backend, DType, HostTensor, Inputs, TensorMeta, Upstream};
+use cce_core::{Backend, DType, HostTensor, Inputs, Upstream};
 use cce_reference::{naive, CpuBackend, OracleDLoss, Precision};
 use common::*;
 
