@@ -1,8 +1,9 @@
-//! The CPU backend's backward on real rows: exact, filtered with the classes in id order, and
-//! filtered with the classes by batch-mean logit (`CpuBackend::with_vocab_order`). Per case the
-//! median backward time after a warm-up, the tiles skipped, the dropped mass per row, and the
-//! filtered gradients' distance from the exact call's (`‖Δ‖_F / ‖exact‖_F`, bf16 inputs, f32
-//! gradients).
+//! The CPU backend on real rows: exact, filtered with the classes in id order, and filtered
+//! with the classes by batch-mean logit (`CpuBackend::with_vocab_order`). Per case the median
+//! time (after a warm-up) of the backward alone and of `forward_backward` (whose filtered calls
+//! decide their skips from the forward's per-tile statistics), the tiles skipped, the dropped
+//! mass per row, and the filtered gradients' distance from the exact call's
+//! (`‖Δ‖_F / ‖exact‖_F`, bf16 inputs, f32 gradients; from the `forward_backward` calls).
 //!
 //! `cargo run --release -p cce-benches --bin cce-bench-cpu -- [--e12k] [--rows N] [--repeats K]`
 
@@ -45,10 +46,29 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 
 struct Case {
     label: &'static str,
+    /// Median of the backward alone (after a separate forward), ms.
+    bwd_ms: f64,
+    /// Median of `forward_backward` (the fused path where it applies), ms.
     ms: f64,
     stats: CallStats,
     d_e: Vec<f32>,
     d_c: Vec<f32>,
+}
+
+/// Median wall time of `repeats` runs of `f` after a warm-up, and the last run's result.
+fn median_ms<R>(
+    repeats: usize,
+    f: impl Fn() -> cce_core::Result<R>,
+) -> Result<(f64, R), Box<dyn std::error::Error>> {
+    let mut last = f()?;
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats.max(1) {
+        let t0 = Instant::now();
+        last = f()?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], last))
 }
 
 fn grads(out: &BackwardOutput<HostTensor>) -> (Vec<f32>, Vec<f32>) {
@@ -102,33 +122,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut done: Vec<Case> = Vec::new();
     for (label, be, opts) in cases {
         let fwd = be.forward(&inputs, opts)?;
-        let mut times = Vec::new();
-        let mut last = None;
-        for _ in 0..=args.repeats {
-            let t0 = Instant::now();
-            let out = be.backward(&inputs, opts, fwd.saved(), &Upstream::default())?;
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
-            last = Some(out);
-        }
-        times.remove(0);
-        times.sort_by(f64::total_cmp);
-        let out = last.ok_or("no run")?;
+        let backward = || be.backward(&inputs, opts, fwd.saved(), &Upstream::default());
+        let (bwd_ms, _) = median_ms(args.repeats, backward)?;
+        let both = || be.forward_backward(&inputs, opts, &Upstream::default());
+        let (ms, (_, out)) = median_ms(args.repeats, both)?;
         let (d_e, d_c) = grads(&out);
         done.push(Case {
             label,
-            ms: times[times.len() / 2],
+            bwd_ms,
+            ms,
             stats: out.stats,
             d_e,
             d_c,
         });
     }
-    println!("| case | backward ms | tiles skipped | dropped mass max / mean | d_e vs exact | d_c vs exact |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| case | backward ms | forward+backward ms | tiles skipped | dropped mass max / mean | d_e vs exact | d_c vs exact |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     for case in &done {
         let s = &case.stats;
         println!(
-            "| {} | {:.0} | {:.1}% | {:.2e} / {:.2e} | {:.2e} | {:.2e} |",
+            "| {} | {:.0} | {:.0} | {:.1}% | {:.2e} / {:.2e} | {:.2e} | {:.2e} |",
             case.label,
+            case.bwd_ms,
             case.ms,
             100.0 * s.skipped_fraction(),
             s.dropped_mass_max,

@@ -30,9 +30,10 @@ use cce_core::problem::{
     PreparedTargets, Problem,
 };
 use cce_core::stats::CallStats;
+use cce_core::vocab_order::VocabOrder;
 use cce_core::{
-    Backend, BackwardOutput, CceError, DLoss, DType, ForwardOutput, HostTensor, Inputs, Result,
-    Saved, Upstream,
+    Backend, BackwardOutput, CceError, DLoss, DType, ForwardBackward, ForwardOutput, HostTensor,
+    Inputs, Result, Saved, Upstream,
 };
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -40,9 +41,11 @@ use std::ops::Range;
 
 mod math;
 mod order;
+mod row_acc;
 mod tile_g;
 pub(crate) use math::{cap, dcap, dgemm, sgemm};
-use tile_g::{GCtx, SkipMask, TileG};
+use row_acc::{RowAcc, TileStats};
+use tile_g::{GCtx, RowTileSkips, SkipMask, TileG};
 
 /// The CPU backend. Buffers are [`HostTensor`]s; every computation follows the [`Plan`].
 #[derive(Clone, Debug)]
@@ -174,22 +177,30 @@ impl Prepared<'_> {
     }
 }
 
-/// Per-row forward accumulators.
-#[derive(Clone, Copy)]
-struct RowAcc {
-    /// Running max of the finite logits.
-    m: f64,
-    /// `Σ_j e^{z_j − m}`.
-    s: f64,
-    /// `Σ_{j≠y} e^{z_j − m}`: the non-target part of `s`, so `1 − p_y = r / s` without
-    /// cancellation.
-    r: f64,
-    /// Whether a logit of the row is −inf.
-    masked: bool,
-    pz: f64,
-    zsum: f64,
-    zy: f64,
-    argmax: i32,
+/// What a fused forward hands its backward: the order its classes took and its per-(row, class
+/// tile) statistics ([`CpuBackend::forward_backward_host`]).
+struct Fused {
+    order: Option<VocabOrder>,
+    stats: TileStats,
+}
+
+/// Whether a forward-and-backward call of `p` keeps its forward's per-tile statistics for the
+/// backward's skip decisions: when the filter is on and the statistics (and the order's copy,
+/// when taken) fit in the budget beside the plan's workspace.
+fn fuses(p: &Prepared, opts: &Options, order: Option<&VocabOrder>) -> bool {
+    let Problem { n, v, d, .. } = p.problem;
+    let tiles: usize = (p.plan.class_chunks.iter())
+        .map(|cc| p.plan.class_tiles(cc.clone()).count())
+        .sum();
+    let tiles = tiles as u64;
+    let stats = (n as u64) * tiles * TileStats::BYTES_PER_ENTRY;
+    let copy = order.map_or(0, |_| VocabOrder::copy_bytes(v, d, p.bias.is_some()));
+    p.plan.filter.enabled
+        && p.plan
+            .workspace_bytes
+            .saturating_add(copy)
+            .saturating_add(stats)
+            <= opts.workspace_budget_bytes
 }
 
 impl Backend for CpuBackend {
@@ -228,6 +239,15 @@ impl Backend for CpuBackend {
     ) -> Result<BackwardOutput<HostTensor>> {
         self.backward_host(inputs, opts, saved, upstream)
     }
+
+    fn forward_backward(
+        &self,
+        inputs: &Inputs<'_, HostTensor>,
+        opts: &Options,
+        upstream: &Upstream<'_, HostTensor>,
+    ) -> Result<ForwardBackward<HostTensor>> {
+        self.forward_backward_host(inputs, opts, upstream)
+    }
 }
 
 impl CpuBackend {
@@ -240,75 +260,68 @@ impl CpuBackend {
         opts: &Options,
     ) -> Result<ForwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
-        let Problem { n, v, .. } = p.problem;
         // Up front: a −inf in `e` or `c` would otherwise pass for a masked logit.
         if let Some(err) = opts.check_finite.then(|| non_finite_input(&p)).flatten() {
             return Err(err);
         }
+        Ok(self.forward_prepared(&p, opts, None, false)?.0)
+    }
+
+    /// The forward of a prepared problem, its classes in `order` when given (`p` then the
+    /// reordered problem; the argmax comes back as a class id); with `keep_stats` also each
+    /// `(row, class tile)`'s largest logit and `Σ e^{z − max}` ([`TileStats`], empty without).
+    fn forward_prepared(
+        &self,
+        p: &Prepared,
+        opts: &Options,
+        order: Option<&VocabOrder>,
+        keep_stats: bool,
+    ) -> Result<(ForwardOutput<HostTensor>, TileStats)> {
+        let Problem { n, v, .. } = p.problem;
         let y = &p.targets.classes;
-        let mut acc = vec![
-            RowAcc {
-                m: f64::NEG_INFINITY,
-                s: 0.0,
-                r: 0.0,
-                masked: false,
-                pz: 0.0,
-                zsum: 0.0,
-                zy: 0.0,
-                argmax: 0
-            };
-            n
-        ];
+        let id = |j: usize| order.map_or(j as i32, |o| o.perm()[j] as i32);
+        let class_tiles: Vec<Range<usize>> = p
+            .plan
+            .class_chunks
+            .iter()
+            .flat_map(|cc| p.plan.class_tiles(cc.clone()))
+            .collect();
+        let n_tiles = class_tiles.len();
+        let mut acc = vec![RowAcc::new(); n];
         let tile_rows = p.plan.tile.rows;
-        acc.par_chunks_mut(tile_rows)
+        // Per row tile, its rows' (max, Σexp) per class tile when kept (row-major).
+        let per_row_tile: Vec<Vec<(f32, f32)>> = acc
+            .par_chunks_mut(tile_rows)
             .enumerate()
-            .for_each(|(t, accs)| {
+            .map(|(t, accs)| {
                 let rows = t * tile_rows..(t * tile_rows + accs.len());
-                for cc in &p.plan.class_chunks {
-                    for classes in p.plan.class_tiles(cc.clone()) {
-                        let z = p.logits_tile(&rows, &classes, opts.softcap);
-                        let k = classes.len();
-                        for (ii, a) in accs.iter_mut().enumerate() {
-                            let zr = &z[ii * k..(ii + 1) * k];
-                            let yi = y[rows.start + ii];
-                            for (jj, &x) in zr.iter().enumerate() {
-                                let x = x as f64;
-                                let j = classes.start + jj;
-                                let target = yi == j as i32;
-                                if target {
-                                    a.zy = x;
-                                }
-                                // A −inf logit (a class masked by the bias) has p = 0: it adds
-                                // nothing, and never meets a −inf running max (NaN).
-                                if x == f64::NEG_INFINITY {
-                                    a.masked = true;
-                                    continue;
-                                }
-                                if x > a.m {
-                                    let scale = (a.m - x).exp();
-                                    a.s *= scale;
-                                    a.r *= scale;
-                                    a.pz *= scale;
-                                    a.m = x;
-                                    a.argmax = j as i32;
-                                }
-                                let w = (x - a.m).exp();
-                                a.s += w;
-                                if !target {
-                                    a.r += w;
-                                }
-                                a.pz += w * x;
-                                a.zsum += x;
-                            }
+                let mut stats =
+                    vec![(0.0f32, 0.0f32); if keep_stats { accs.len() * n_tiles } else { 0 }];
+                for (ct, classes) in class_tiles.iter().enumerate() {
+                    let z = p.logits_tile(&rows, classes, opts.softcap);
+                    let k = classes.len();
+                    for (ii, a) in accs.iter_mut().enumerate() {
+                        let zr = &z[ii * k..(ii + 1) * k];
+                        let st = a.fold(zr, classes.start, y[rows.start + ii], id);
+                        if keep_stats {
+                            stats[ii * n_tiles + ct] = st;
                         }
                     }
                 }
-            });
+                stats
+            })
+            .collect();
+        let all = per_row_tile.concat();
+        let tile_stats = TileStats {
+            tiles: n_tiles,
+            max: all.iter().map(|s| s.0).collect(),
+            sum: all.iter().map(|s| s.1).collect(),
+        };
         // A row whose every class is masked has lse −inf (only an ignored row may).
         let lse: Vec<f64> = acc.iter().map(|a| a.m + a.s.ln()).collect();
         if opts.check_finite {
             if let Some(row) = lse.iter().position(|x| x.is_nan() || *x == f64::INFINITY) {
-                return Err(locate_non_finite(&p, row));
+                return Err(locate_non_finite(p, row));
             }
         }
         check_masked_targets(&p.targets, opts, |i| {
@@ -353,28 +366,31 @@ impl CpuBackend {
                 DType::F32,
             )
         };
-        Ok(ForwardOutput {
-            loss,
-            lse: f32v(&|i| lse[i])?,
-            rest_mass: f32v(&|i| rest[i])?,
-            entropy: if opts.side_outputs.entropy {
-                Some(f32v(&|i| {
-                    if acc[i].s > 0.0 {
-                        lse[i] - acc[i].pz / acc[i].s
-                    } else {
-                        0.0
-                    }
-                })?)
-            } else {
-                None
+        Ok((
+            ForwardOutput {
+                loss,
+                lse: f32v(&|i| lse[i])?,
+                rest_mass: f32v(&|i| rest[i])?,
+                entropy: if opts.side_outputs.entropy {
+                    Some(f32v(&|i| {
+                        if acc[i].s > 0.0 {
+                            lse[i] - acc[i].pz / acc[i].s
+                        } else {
+                            0.0
+                        }
+                    })?)
+                } else {
+                    None
+                },
+                argmax: if opts.side_outputs.argmax {
+                    Some(HostTensor::from_i32(acc.iter().map(|a| a.argmax).collect()))
+                } else {
+                    None
+                },
+                stats: base_stats(p, opts),
             },
-            argmax: if opts.side_outputs.argmax {
-                Some(HostTensor::from_i32(acc.iter().map(|a| a.argmax).collect()))
-            } else {
-                None
-            },
-            stats: base_stats(&p, opts),
-        })
+            tile_stats,
+        ))
     }
 
     /// [`Backend::backward`] on any host buffers ([`HostRead`]), as
@@ -387,11 +403,71 @@ impl CpuBackend {
         upstream: &Upstream<'_, T>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let p = prepare(inputs, opts, &self.limits)?;
-        let Problem { n, d, v, .. } = p.problem;
-        saved.check(n)?;
+        saved.check(p.problem.n)?;
         if let Some(err) = opts.check_finite.then(|| non_finite_input(&p)).flatten() {
             return Err(err);
         }
+        let lse = saved.lse.f32_values()?;
+        let rest = saved.rest_mass.f32_values()?;
+        self.backward_prepared(p, inputs.e.shape(), opts, (&lse, &rest), upstream, None)
+    }
+
+    /// [`Backend::forward_backward`] on any host buffers ([`HostRead`]), as
+    /// [`CpuBackend::forward_host`]. A filtered call whose statistics fit in the budget beside
+    /// the plan keeps each `(row, class tile)`'s largest logit and `Σ e^{z − max}`
+    /// from its forward (with the classes by batch-mean logit, [`cce_core::vocab_order`]), so
+    /// that its backward decides its whole-tile skips before recomputing any logits and
+    /// recomputes only the kept tiles; otherwise the forward then the backward. Same errors as
+    /// [`Backend::forward`] and [`Backend::backward`].
+    pub fn forward_backward_host<T: HostRead>(
+        &self,
+        inputs: &Inputs<'_, T>,
+        opts: &Options,
+        upstream: &Upstream<'_, T>,
+    ) -> Result<(ForwardOutput<HostTensor>, BackwardOutput<HostTensor>)> {
+        let p = prepare(inputs, opts, &self.limits)?;
+        if let Some(err) = opts.check_finite.then(|| non_finite_input(&p)).flatten() {
+            return Err(err);
+        }
+        let order = order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);
+        if !fuses(&p, opts, order.as_ref()) {
+            let (fwd, _) = self.forward_prepared(&p, opts, None, false)?;
+            let (lse, rest) = (fwd.lse.f32_values()?, fwd.rest_mass.f32_values()?);
+            let bwd =
+                self.backward_prepared(p, inputs.e.shape(), opts, (&lse, &rest), upstream, None)?;
+            return Ok((fwd, bwd));
+        }
+        let p = match &order {
+            Some(o) => order::reordered(p, o),
+            None => p,
+        };
+        let (fwd, stats) = self.forward_prepared(&p, opts, order.as_ref(), true)?;
+        let (lse, rest) = (fwd.lse.f32_values()?, fwd.rest_mass.f32_values()?);
+        let bwd = self.backward_prepared(
+            p,
+            inputs.e.shape(),
+            opts,
+            (&lse, &rest),
+            upstream,
+            Some(Fused { order, stats }),
+        )?;
+        Ok((fwd, bwd))
+    }
+
+    /// The backward of a prepared problem from the saved `(lse, rest_mass)`, checked here
+    /// (upstream gradients, masked targets, a non-finite saved state). `fused`: the problem is
+    /// already in the fused forward's order and its statistics decide the skips; without it
+    /// the backward takes its own order ([`order::order_for`]) and decides from its logits.
+    fn backward_prepared<T: HostRead>(
+        &self,
+        p: Prepared,
+        e_shape: &[usize],
+        opts: &Options,
+        (lse, rest): (&[f32], &[f32]),
+        upstream: &Upstream<'_, T>,
+        fused: Option<Fused>,
+    ) -> Result<BackwardOutput<HostTensor>> {
+        let Problem { n, d, v, .. } = p.problem;
         // Only the bias can hold −inf (checked above, or the caller's choice).
         let bias_masks = p
             .bias
@@ -404,17 +480,22 @@ impl CpuBackend {
         })?;
         // A filtered backward may visit the classes by batch-mean logit (`order`): `p` is then
         // the reordered problem, and `d_c`, `d_bias` go back to class order at the end.
-        let order = order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);
-        let p = match &order {
-            Some(o) => order::reordered(p, o),
-            None => p,
+        let (p, order, stats) = match fused {
+            Some(Fused { order, stats }) => (p, order, Some(stats)),
+            None => {
+                let order =
+                    order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);
+                let p = match &order {
+                    Some(o) => order::reordered(p, o),
+                    None => p,
+                };
+                (p, order, None)
+            }
         };
-        let lse = saved.lse.f32_values()?;
-        let rest = saved.rest_mass.f32_values()?;
         // With `check_finite` off the caller asked for NaN/Inf to propagate (the forward did not
         // reject them either), so a non-finite saved state is passed through.
         if opts.check_finite {
-            cce_core::problem::check_saved_finite(&lse, &rest, &p.targets.classes)?;
+            cce_core::problem::check_saved_finite(lse, rest, &p.targets.classes)?;
         }
         check_upstream_rows(upstream, n)?;
         match upstream.d_loss {
@@ -457,8 +538,8 @@ impl CpuBackend {
         let active: Vec<bool> = (0..n).map(|i| g[i] != 0.0 || h[i] != 0.0).collect();
         let g_ctx = GCtx {
             p: &p,
-            lse: &lse,
-            rest: &rest,
+            lse,
+            rest,
             g: &g,
             h: &h,
             y,
@@ -485,23 +566,35 @@ impl CpuBackend {
         // 1. Skip decisions, each row tile's at once (TileOwnership: a recompute pass;
         // ChunkedDense: from the materialized logits of each row tile, below).
         let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
-        let skips: SkipMask = if rule.enabled && !materialize {
-            tiles_per_chunk
-                .iter()
-                .flat_map(|(_, rts)| rts.iter().cloned())
-                .collect::<Vec<_>>()
+        let row_tiles: Vec<Range<usize>> = tiles_per_chunk
+            .iter()
+            .flat_map(|(_, rts)| rts.iter().cloned())
+            .collect();
+        let skips: SkipMask = match &stats {
+            Some(st) if rule.enabled => row_tiles
+                .into_par_iter()
+                .map(|rows| {
+                    let mass = st.masses(&rows, lse, &active, y, &class_tiles);
+                    let skip = mass.skips(rule.eps, rule.max_dropped_mass as f64);
+                    let decided = RowTileSkips {
+                        skip,
+                        mass: Some(mass),
+                    };
+                    (rows.start, decided)
+                })
+                .collect(),
+            _ if rule.enabled && !materialize => row_tiles
                 .into_par_iter()
                 .map(|rows| {
                     let probs = class_tiles.iter().map(|cl| {
                         let z = p.logits_tile(&rows, cl, opts.softcap);
                         (cl.clone(), g_ctx.probs(&rows, cl.len(), &z))
                     });
-                    let row = g_ctx.skip_row(&rows, class_tiles.len(), probs);
-                    (rows.start, row)
+                    let skip = g_ctx.skip_row(&rows, class_tiles.len(), probs);
+                    (rows.start, RowTileSkips { skip, mass: None })
                 })
-                .collect()
-        } else {
-            SkipMask::new()
+                .collect(),
+            _ => SkipMask::new(),
         };
         let g_ctx = GCtx {
             skips: Some(&skips),
@@ -521,7 +614,15 @@ impl CpuBackend {
             let per_row_tile: Vec<Vec<TileG>> = row_tiles
                 .par_iter()
                 .map(|rows| {
-                    if materialize {
+                    let decided = g_ctx.skips.and_then(|m| m.get(&rows.start));
+                    if materialize && decided.is_some_and(|d| d.mass.is_some()) {
+                        // Decided from the fused forward: the kept tiles' logits only.
+                        class_tiles
+                            .iter()
+                            .enumerate()
+                            .map(|(ct, classes)| g_ctx.tile(rows, ct, classes, true))
+                            .collect()
+                    } else if materialize {
                         // The row tile's logits for every class, computed once.
                         let zs: Vec<Vec<f32>> = class_tiles
                             .iter()
@@ -710,7 +811,7 @@ impl CpuBackend {
             GradDType::F32 => DType::F32,
             GradDType::Input => p.problem.dtype,
         };
-        let e_shape = inputs.e.shape().to_vec();
+        let e_shape = e_shape.to_vec();
         Ok(BackwardOutput {
             d_e: if opts.compute_d_e {
                 Some(HostTensor::from_f32(e_shape, &d_e, out_dtype)?)

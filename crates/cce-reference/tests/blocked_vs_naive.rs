@@ -395,3 +395,89 @@ fn z_loss_never_skips_a_confident_target() {
         );
     }
 }
+
+/// A filtered `forward_backward` decides its skips from its forward's per-tile statistics, with
+/// the classes by batch-mean logit: its forward must be the separate forward's (argmax as a
+/// class id, lowest on ties), its skips must hold the per-row bound, and its `d_e` must stay
+/// within what the dropped mass explains, for both strategies.
+#[test]
+fn fused_forward_backward_keeps_the_separate_forward_and_the_bound() {
+    let mut rng = seeded();
+    for (kind, tr, tc) in [
+        (StrategyKind::ChunkedDense, 16, 64),
+        (StrategyKind::TileOwnership, 8, 32),
+    ] {
+        for (bias, scale) in [(false, 2.0), (true, 1.0)] {
+            let (n, d, v) = (70, 48, 1100);
+            let mut case = random_case(&mut rng, n, d, v, bias, 0.1, scale);
+            // Two equal classes, large enough to be many rows' largest logit: the argmax's ties
+            // come back as the lower class id.
+            let (a, b) = (3 * d, 900 * d);
+            for k in 0..d {
+                case.c[a + k] *= 6.0;
+                case.c[b + k] = case.c[a + k];
+            }
+            if let Some(bias) = case.bias.as_mut() {
+                bias[900] = bias[3];
+            }
+            let (e, c, bt, t) = case.tensors(DType::F32);
+            let opts = Options {
+                filter_eps: FilterEps::Value(1e-3),
+                max_dropped_mass: 1e-2,
+                side_outputs: cce_core::SideOutputs {
+                    entropy: true,
+                    argmax: true,
+                },
+                ..Default::default()
+            };
+            let be = CpuBackend::with_limits(limits(kind, tr, tc));
+            let inputs = Inputs {
+                e: &e,
+                c: &c,
+                bias: bt.as_ref(),
+                targets: &t,
+            };
+            let sep = be.forward(&inputs, &opts).unwrap();
+            let (fwd, g) = be
+                .forward_backward(&inputs, &opts, &Upstream::default())
+                .unwrap();
+            let what = format!("{kind:?} bias {bias} scale {scale}");
+            let (l0, l1) = (sep.loss.to_f64_vec()[0], fwd.loss.to_f64_vec()[0]);
+            assert!(
+                (l0 - l1).abs() <= 1e-6 * l0.abs().max(1.0),
+                "{what}: loss {l0} {l1}"
+            );
+            for (x, y) in sep.lse.to_f64_vec().iter().zip(fwd.lse.to_f64_vec()) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                    "{what}: lse {x} {y}"
+                );
+            }
+            let (a0, a1) = (sep.argmax.unwrap(), fwd.argmax.unwrap());
+            assert_eq!(a0.to_f64_vec(), a1.to_f64_vec(), "{what}: argmax");
+            let ties = a1.to_f64_vec().iter().filter(|&&j| j == 3.0).count();
+            assert!(ties > 0, "{what}: no row's largest logit is the tied class");
+            for (x, y) in
+                (sep.entropy.unwrap().to_f64_vec().iter()).zip(fwd.entropy.unwrap().to_f64_vec())
+            {
+                assert!((x - y).abs() <= 1e-4, "{what}: entropy {x} {y}");
+            }
+            let s = &g.stats;
+            assert!(s.dropped_mass_max <= 1e-2 + 1e-7, "{what}: {s}");
+            assert!(s.tiles_skipped > 0, "{what}: nothing skipped: {s}");
+            let exact = naive(
+                &e,
+                &c,
+                bt.as_ref(),
+                &t,
+                &opts,
+                &OracleDLoss::Scalar(1.0),
+                None,
+                Precision::F64,
+            )
+            .unwrap();
+            let d_e = g.d_e.unwrap().to_f64_vec();
+            assert_de_within_dropped_mass(&case, &d_e, &exact.d_e, s, &what);
+        }
+    }
+}

@@ -6,9 +6,17 @@ use super::*;
 use cce_core::tile_budget::TileMasses;
 use std::collections::BTreeMap;
 
-/// The skip decisions of every row tile: by the row tile's first row, per class tile (in the
-/// order of the call's class tiles).
-pub(super) type SkipMask = BTreeMap<usize, Vec<bool>>;
+/// A row tile's skip decisions, per class tile (in the order of the call's class tiles).
+pub(super) struct RowTileSkips {
+    /// Whether class tile `t` is skipped.
+    pub(super) skip: Vec<bool>,
+    /// Each row's `g0` mass per class tile, when the decisions were made from a fused
+    /// forward's statistics before any logits of the backward (the skipped tiles' dropped mass).
+    pub(super) mass: Option<TileMasses>,
+}
+
+/// The skip decisions of every row tile, by the row tile's first row.
+pub(super) type SkipMask = BTreeMap<usize, RowTileSkips>;
 
 /// A tile's backward data.
 pub(super) struct TileG {
@@ -162,13 +170,27 @@ impl GCtx<'_> {
         classes: &Range<usize>,
         keep_g: bool,
     ) -> TileG {
+        let decided = self.skips.and_then(|m| m.get(&rows.start));
+        let skip = decided.is_some_and(|d| d.skip[ct]);
+        if let (true, Some(mass)) = (skip, decided.and_then(|d| d.mass.as_ref())) {
+            return Self::skipped_from(classes.len(), ct, mass);
+        }
         let x = self.p.raw_logits_tile(rows, classes);
         let p = self.probs(rows, classes.len(), &self.p.capped(&x, self.opts.softcap));
-        let skip = self
-            .skips
-            .and_then(|m| m.get(&rows.start))
-            .is_some_and(|row| row[ct]);
         self.tile_from(rows, classes, x, &p, skip, keep_g)
+    }
+
+    /// Skipped class tile `ct` (of `k` classes) of a row tile whose masses are known
+    /// beforehand: no logits, the dropped mass from `mass`.
+    pub(super) fn skipped_from(k: usize, ct: usize, mass: &TileMasses) -> TileG {
+        TileG {
+            classes: k,
+            skipped: true,
+            dropped: (0..mass.rows)
+                .map(|r| mass.mass[r * mass.tiles + ct])
+                .collect(),
+            g: None,
+        }
     }
 
     /// The tile (`G` if `keep_g` and kept) from its uncapped logits `x` and their
