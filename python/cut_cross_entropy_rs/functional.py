@@ -216,6 +216,13 @@ def _empty_batch(e, c, targets, bias, reduction: str) -> bool:
     return bias is None or tuple(bias.shape) == (c.shape[0],)
 
 
+def _zero_of(x: Tensor) -> Tensor:
+    """A 0 (f32 scalar) whose gradient reaches ``x`` (as zeros), from one element of ``x``: no
+    copy or pass over a classifier-sized tensor."""
+    one = x[(0,) * x.dim()] if x.numel() > 0 else x.sum()
+    return one.float() * 0.0
+
+
 def _empty_call(e, c, bias, reduction: str):
     """``(loss, lse, stats)`` of a batch of no rows (:func:`_empty_batch`): the loss 0 (``sum``)
     or empty (``none``), f32, tied to ``e``, ``c`` and ``bias`` so that a backward gives them
@@ -223,10 +230,10 @@ def _empty_call(e, c, bias, reduction: str):
     from ._ops import CallStats
 
     batch = e.shape[:-1]
-    tie = c.float().sum() * 0.0
+    tie = _zero_of(c)
     if bias is not None:
-        tie = tie + bias.float().sum() * 0.0
-    rows = e.float().sum(-1) * 0.0 + tie
+        tie = tie + _zero_of(bias)
+    rows = e.sum(-1).float() * 0.0 + tie  # e has no rows: nothing is read or copied
     loss = rows if reduction == "none" else rows.sum() + tie
     lse = torch.zeros(batch, dtype=torch.float32, device=e.device)
     return loss, lse, CallStats()
