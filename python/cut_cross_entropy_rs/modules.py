@@ -182,6 +182,8 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             argmax=want_argmax,
         )
         loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, False)
+        if not (mean or self.return_z_loss or want_argmax):
+            return loss
         valid = target.reshape(-1) != self.ignore_index
         n_valid = valid.sum().clamp_min(1).to(torch.float32)
         if mean:
