@@ -270,6 +270,25 @@ def backward_op(
     return d_e, d_c, d_bias
 
 
+def _no_second_derivative(ctx, *grads):
+    """The backward of :func:`backward_op`: none (there is no second-order formula); reached by a
+    backward through gradients taken with ``create_graph=True``."""
+    err = CceError(
+        "cut_cross_entropy_rs has no second derivative: the gradients of linear_cross_entropy "
+        "(taken with create_graph=True) cannot be differentiated again (double backward, "
+        "gradient penalties, Hessian-vector products)"
+    )
+    err.kind = "Unsupported"
+    raise err
+
+
+def _setup_backward_context(ctx, inputs, output):
+    """Nothing to save: :func:`_no_second_derivative` only raises."""
+
+
+backward_op.register_autograd(_no_second_derivative, setup_context=_setup_backward_context)
+
+
 def _gradient_outputs(e, c, bias, need_d_e, need_d_c, need_d_bias):
     """Fresh contiguous gradients (empty when not needed)."""
 

@@ -116,11 +116,14 @@ def linear_cross_entropy(
         ``"sum"`` or ``"none"`` gives 0 or an empty loss (and zero gradients), as
         ``F.cross_entropy`` does.
     :param shift: n-th next token prediction: row ``(..., t)`` of ``e`` pairs with target
-        ``(..., t + shift)`` along the second-to-last axis of ``e``; True is 1. With
-        ``reduction="none"`` the loss of that pair stands at position ``t + shift``, as in Apple's
-        CCE (the first ``shift`` positions are 0).
-    :param return_lse: Also return the log-sum-exp per row, shape ``e.shape[:-1]`` f32 (every
-        row, ignored or not, at the row of ``e``); differentiable (for a z-loss).
+        ``(..., t + shift)`` along the second-to-last axis of ``e``; True is 1. As in Apple's
+        CCE, ``reduction="none"`` then gives shape ``(..., T - shift)`` (``T`` that axis's
+        length), entry ``t`` the loss of that pair: the loss of
+        ``F.cross_entropy(e[..., :-shift, :] @ c.T, targets[..., shift:])``; so does the lse.
+    :param return_lse: Also return the log-sum-exp per row, shape ``e.shape[:-1]`` f32, or
+        ``(..., T - shift)`` with ``shift`` (the rows of ``e`` that pair with a target); every
+        row's value, ignored or not (Apple's CCE writes 0 at ignored rows); differentiable (for
+        a z-loss).
     :param filter_eps: Gradient filtering: ``"auto"`` (the dtype's epsilon / 32), a float, or
         None for the exact gradient. Skipped entries are bounded per row by ``max_dropped_mass``.
     :param accum_e_fp32: Accepted for compatibility: gradients always accumulate in f32.
@@ -213,6 +216,13 @@ def _empty_batch(e, c, targets, bias, reduction: str) -> bool:
     return bias is None or tuple(bias.shape) == (c.shape[0],)
 
 
+def _zero_of(x: Tensor) -> Tensor:
+    """A 0 (f32 scalar) whose gradient reaches ``x`` (as zeros), from one element of ``x``: no
+    copy or pass over a classifier-sized tensor."""
+    one = x[(0,) * x.dim()] if x.numel() > 0 else x.sum()
+    return one.float() * 0.0
+
+
 def _empty_call(e, c, bias, reduction: str):
     """``(loss, lse, stats)`` of a batch of no rows (:func:`_empty_batch`): the loss 0 (``sum``)
     or empty (``none``), f32, tied to ``e``, ``c`` and ``bias`` so that a backward gives them
@@ -220,10 +230,10 @@ def _empty_call(e, c, bias, reduction: str):
     from ._ops import CallStats
 
     batch = e.shape[:-1]
-    tie = c.float().sum() * 0.0
+    tie = _zero_of(c)
     if bias is not None:
-        tie = tie + bias.float().sum() * 0.0
-    rows = e.float().sum(-1) * 0.0 + tie
+        tie = tie + _zero_of(bias)
+    rows = e.sum(-1).float() * 0.0 + tie  # e has no rows: nothing is read or copied
     loss = rows if reduction == "none" else rows.sum() + tie
     lse = torch.zeros(batch, dtype=torch.float32, device=e.device)
     return loss, lse, CallStats()
@@ -266,9 +276,14 @@ def _shaped(e: Tensor, opts: Options, loss: Tensor, lse: Tensor) -> tuple[Tensor
     ``reduction="none"``)."""
     reduction, shift = opts.reduction, opts.shift
     batch = e.shape[:-1] if e.dim() >= 2 else e.shape
+    lse = lse.view(batch)
     if reduction == "none":
         loss = loss.view(batch)
-        if shift > 0 and len(batch) >= 1 and shift < batch[-1]:
-            # The pair (t, t + shift) is reported at the target's position, as Apple's CCE does.
-            loss = torch.nn.functional.pad(loss[..., : batch[-1] - shift], (shift, 0))
-    return loss, lse.view(batch)
+    if shift > 0 and len(batch) >= 1:
+        # As Apple's CCE (``loss[..., shift:]`` of the target layout): the rows that pair with a
+        # target, ``e[..., :-shift, :]``; entry t is the pair (t, t + shift).
+        keep = max(batch[-1] - shift, 0)
+        lse = lse[..., :keep]
+        if reduction == "none":
+            loss = loss[..., :keep]
+    return loss, lse

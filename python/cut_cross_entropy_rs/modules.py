@@ -104,7 +104,9 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     ``lse_square_scale`` is the z-loss weight (included in the loss; ``return_z_loss`` also
     returns it, detached), ``return_token_accuracy`` the fraction of rows with a target whose
     argmax is the target, ``return_predicted_tokens`` the argmax per row (int64, -1 at ignored
-    rows). The gradient is exact (no filtering), as Liger's. ``accum_dtype=None`` (Liger's
+    rows). The gradient is exact (no filtering), as Liger's. As Liger's, the mean divides by
+    ``max(n_valid, 1)``: a batch whose targets are all ignored gives a loss of 0 and zero
+    gradients (where :func:`~cut_cross_entropy_rs.linear_cross_entropy`'s mean raises). ``accum_dtype=None`` (Liger's
     default: the gradient of ``lin_weight`` accumulated in its own dtype) sets
     ``dc_in_grad_dtype=True`` of :func:`~cut_cross_entropy_rs.linear_cross_entropy` where
     ``lin_weight`` is bfloat16 (the same trade, its measured error there; f32 weights under
@@ -156,10 +158,14 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
                 "InvalidOption", f"invalid option reduction: unknown reduction '{self.reduction}' (none, mean, sum)"
             )
         want_argmax = self.return_token_accuracy or self.return_predicted_tokens
+        mean = self.reduction == "mean"
         opts = _options(
             self.ignore_index,
             self.softcap,
-            self.reduction,
+            # Liger's mean divides the sum by max(n_valid, 1): a batch whose targets are all
+            # ignored gives 0 and zero gradients (the library's mean refuses it), so the mean is
+            # taken here, on the device (no host read of the count).
+            "sum" if mean else self.reduction,
             0,
             None,
             False,
@@ -176,10 +182,14 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
             argmax=want_argmax,
         )
         loss, lse, _, argmax, _ = _call(_input, lin_weight, target, bias, opts, False)
-        if not (self.return_z_loss or want_argmax):
+        if not (mean or self.return_z_loss or want_argmax):
             return loss
         valid = target.reshape(-1) != self.ignore_index
-        n_valid = valid.sum()
+        n_valid = valid.sum().clamp_min(1).to(torch.float32)
+        if mean:
+            loss = loss / n_valid
+        if not (self.return_z_loss or want_argmax):
+            return loss
         out = CrossEntropyOutput(loss=loss)
         if self.return_z_loss:
             z = self.lse_square_scale * lse.detach().reshape(-1).square() * valid

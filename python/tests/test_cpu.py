@@ -30,15 +30,16 @@ def make(n_shape, d, v, dtype=torch.float32, bias=False, seed=0, scale=1.0, igno
 def reference(
     e, c, t, b=None, ignore_index=-100, softcap=None, reduction="mean", shift=0, label_smoothing=0.0, z_loss=0.0
 ):
-    """Loss and lse in f64 from the materialized logits; the loss placed as Apple's CCE does."""
+    """Loss and lse in f64 from the materialized logits; with ``shift`` both of the rows
+    ``e[..., :-shift, :]``, as Apple's CCE returns them."""
     shift = int(shift)
     x = F.linear(e.double(), c.double(), None if b is None else b.double())
     if softcap is not None:
         x = softcap * torch.tanh(x / softcap)
     lse = torch.logsumexp(x, -1)
-    batch = t.shape
     if shift:
         xs, ts = x[..., :-shift, :], t[..., shift:]
+        lse = lse[..., :-shift]
     else:
         xs, ts = x, t
     v = c.shape[0]
@@ -52,10 +53,7 @@ def reference(
     valid = ts.reshape(-1) != ignore_index
     rows = rows + z_loss * torch.logsumexp(xs.reshape(-1, v), -1).square() * valid
     if reduction == "none":
-        rows = rows.view(ts.shape)
-        if shift:
-            rows = F.pad(rows, (shift, 0))
-        return rows.view(batch), lse
+        return rows.view(ts.shape), lse
     if reduction == "sum":
         return rows.sum(), lse
     return rows.sum() / valid.sum(), lse
