@@ -184,22 +184,25 @@ struct Fused {
     stats: TileStats,
 }
 
+/// Bytes of a fused call's per-(row, class tile) statistics and masses ([`TileStats`]).
+fn stats_bytes(p: &Prepared) -> u64 {
+    let tiles: usize = (p.plan.class_chunks.iter())
+        .map(|cc| p.plan.class_tiles(cc.clone()).count())
+        .sum();
+    p.problem.n as u64 * tiles as u64 * TileStats::BYTES_PER_ENTRY
+}
+
 /// Whether a forward-and-backward call of `p` keeps its forward's per-tile statistics for the
 /// backward's skip decisions: when the filter is on and the statistics (and the order's copy,
 /// when taken) fit in the budget beside the plan's workspace.
 fn fuses(p: &Prepared, opts: &Options, order: Option<&VocabOrder>) -> bool {
-    let Problem { n, v, d, .. } = p.problem;
-    let tiles: usize = (p.plan.class_chunks.iter())
-        .map(|cc| p.plan.class_tiles(cc.clone()).count())
-        .sum();
-    let tiles = tiles as u64;
-    let stats = (n as u64) * tiles * TileStats::BYTES_PER_ENTRY;
+    let Problem { v, d, .. } = p.problem;
     let copy = order.map_or(0, |_| VocabOrder::copy_bytes(v, d, p.bias.is_some()));
     p.plan.filter.enabled
         && p.plan
             .workspace_bytes
             .saturating_add(copy)
-            .saturating_add(stats)
+            .saturating_add(stats_bytes(p))
             <= opts.workspace_budget_bytes
 }
 
@@ -437,10 +440,11 @@ impl CpuBackend {
                 self.backward_prepared(p, inputs.e.shape(), opts, (&lse, &rest), upstream, None)?;
             return Ok((fwd, bwd));
         }
-        let p = match &order {
+        let mut p = match &order {
             Some(o) => order::reordered(p, o),
             None => p,
         };
+        p.plan.workspace_bytes += stats_bytes(&p);
         let (fwd, stats) = self.forward_prepared(&p, opts, order.as_ref(), true)?;
         let (lse, rest) = (fwd.lse.f32_values()?, fwd.rest_mass.f32_values()?);
         let bwd = self.backward_prepared(
