@@ -128,6 +128,7 @@ pub fn try_linear_cross_entropy(
     config: &LinearCrossEntropyConfig,
 ) -> Result<Tensor<1>, CceError> {
     config.options.validate()?;
+    one_device(&e, &c, config.bias.as_ref(), &targets)?;
     let (e, c, t, opts) = (
         e.into_dispatch(),
         c.into_dispatch(),
@@ -152,6 +153,39 @@ pub fn try_linear_cross_entropy(
             "the backend returned neither a loss nor an error",
         )),
     }
+}
+
+/// Whether the inputs of one call are on one device: burn's dispatch routing panics ("input
+/// tensor `c` is on the wrong backend") on inputs of two backends, and our engines take one
+/// device. Inputs on different devices are [`CceError::Unsupported`]: moving a tensor between
+/// devices is the caller's choice (`Tensor::to_device`). A mix of one device with and without
+/// autodiff (a frozen head loaded without it, targets made on the plain device) is one device:
+/// burn's routing takes it, as its own operations do.
+fn one_device(
+    e: &Tensor<2>,
+    c: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+    targets: &Tensor<1, Int>,
+) -> Result<(), CceError> {
+    let home = e.device();
+    let foreign = |what: &str, device: burn::tensor::Device| CceError::Unsupported {
+        backend: kernels::NAME,
+        what: format!(
+            "{what} on {device:?} while e is on {home:?} (one device for all inputs: move them \
+             with `Tensor::to_device`)"
+        ),
+    };
+    // `Device`'s equality is the hardware's, not the autodiff context's.
+    if c.device() != home {
+        return Err(foreign("c", c.device()));
+    }
+    if let Some(b) = bias.filter(|b| b.device() != home) {
+        return Err(foreign("bias", b.device()));
+    }
+    if targets.device() != home {
+        return Err(foreign("targets", targets.device()));
+    }
+    Ok(())
 }
 
 /// [`try_linear_cross_entropy`], panicking with the error's message on bad input (burn's own

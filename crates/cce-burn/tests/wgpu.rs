@@ -197,3 +197,74 @@ fn an_unregistered_wgpu_device_goes_through_the_host() {
     let (a, b) = (e.grad(&ga).map(to_vec), e.grad(&gb).map(to_vec));
     assert_close("d_e", &a.unwrap(), &b.unwrap(), 2e-5, 1e-7);
 }
+
+/// A new user's checks (`common/user.rs`) on `Autodiff<Wgpu>` on the registered device.
+macro_rules! on_wgpu {
+    ($($name:ident),* $(,)?) => {
+        mod user_checks {
+            use super::*;
+            $(#[test] fn $name() {
+                let _serial = lock();
+                let Some(device) = device() else { return };
+                common::user::$name(&device.autodiff());
+            })*
+        }
+    };
+}
+
+on_wgpu!(
+    sliced_and_transposed_inputs,
+    f16_inputs,
+    bf16_inputs,
+    f64_inputs,
+    mixed_float_dtypes_are_a_typed_error,
+    bias_of_another_dtype_is_a_typed_error,
+    bias_of_wrong_length_is_a_typed_error,
+    targets_of_other_int_dtypes,
+    inputs_on_a_plain_device_beside_an_autodiff_one,
+    targets_on_a_plain_device,
+    two_uses_in_one_graph_accumulate,
+    embedding_lm_with_bias_and_gradient_accumulation,
+    frozen_head_with_trained_bias,
+    nothing_requires_grad_on_an_autodiff_device,
+    backward_twice_panics_like_burns_own_ops,
+    deterministic_repeat,
+    all_ignored_sum_and_none_have_zero_gradients,
+    empty_batch_is_a_typed_error,
+    bad_softcap_is_a_typed_error,
+    negative_target_that_is_not_ignore_index,
+);
+
+/// Views (a slice of `e`, a transposed `c`) stay on the device: copied there, not through the
+/// host.
+#[test]
+fn views_stay_on_the_device() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    let before = host_copies();
+    common::user::sliced_and_transposed_inputs(&device.autodiff());
+    assert_eq!(host_copies(), before, "tensors went through the host");
+}
+
+/// Inputs on two backends (`e` on wgpu, `c` on NdArray): a typed error, not a panic in burn's
+/// routing.
+#[cfg(feature = "ndarray")]
+#[test]
+fn inputs_on_two_backends_are_a_typed_error() {
+    let _serial = lock();
+    let Some(device) = device() else { return };
+    let cpu = Device::ndarray();
+    let (e, _) = errors::small(&device);
+    let (_, c) = errors::small(&cpu);
+    for (e, c, y) in [
+        (e.clone(), c.clone(), int(vec![1, 2, 3, 4], &device)),
+        (e.clone(), errors::small(&device).1, int(vec![1, 2, 3, 4], &cpu)),
+    ] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            try_linear_cross_entropy(e, c, y, &Default::default())
+        }));
+        let err = r.expect("no panic").unwrap_err();
+        assert!(matches!(err, CceError::Unsupported { .. }), "{err}");
+        assert!(err.to_string().contains("to_device"), "{err}");
+    }
+}

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod errors;
+pub mod user;
 
 use burn::module::{Module, Param};
 use burn::optim::{GradientsParams, SgdConfig};
