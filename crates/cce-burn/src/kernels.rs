@@ -9,12 +9,13 @@
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{try_read_sync, Backend, ExecutionError, TensorMetadata};
-use burn::tensor::{DType as BurnDType, TensorData};
+use burn::tensor::{bf16, f16, DType as BurnDType, TensorData};
 use cce_core::{
-    Backend as CceBackend, CceError, DLoss, DType, GradDType, HostTensor, Inputs, Options,
+    Backend as CceBackend, CceError, DLoss, GradDType, HostData, HostTensor, Inputs, Options,
     Reduction, Result, Saved, SideOutputs, TensorMeta, Upstream,
 };
 use cce_reference::CpuBackend;
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Name used in the errors this crate raises itself.
@@ -131,11 +132,15 @@ where
 fn float_to_host(what: &'static str, data: TensorData) -> Result<(HostTensor, BurnDType)> {
     let dtype = data.dtype();
     let shape = data.shape().to_vec();
-    let (ours, data) = match dtype {
-        BurnDType::F32 => (DType::F32, data),
-        BurnDType::F16 => (DType::F16, data),
-        BurnDType::BF16 => (DType::BF16, data),
-        BurnDType::F64 | BurnDType::Flex32 => (DType::F32, data.convert_dtype(BurnDType::F32)),
+    let bad = |e: burn::tensor::DataError| CceError::backend(NAME, format!("{what}: {e:?}"));
+    // `try_into_vec` takes burn's allocation over when it can (no copy).
+    let host = match dtype {
+        BurnDType::F32 => HostData::F32(data.try_into_vec::<f32>().map_err(bad)?),
+        BurnDType::F16 => HostData::F16(data.try_into_vec::<f16>().map_err(bad)?),
+        BurnDType::BF16 => HostData::BF16(data.try_into_vec::<bf16>().map_err(bad)?),
+        BurnDType::F64 | BurnDType::Flex32 => {
+            HostData::F32(data.try_into_vec_as::<f32>().map_err(bad)?)
+        }
         other => {
             return Err(CceError::Unsupported {
                 backend: NAME,
@@ -143,23 +148,57 @@ fn float_to_host(what: &'static str, data: TensorData) -> Result<(HostTensor, Bu
             })
         }
     };
-    Ok((HostTensor::from_bytes(shape, ours, data.as_bytes())?, dtype))
+    Ok((HostTensor::new(shape, host)?, dtype))
+}
+
+/// A host tensor as burn data, its allocation taken over (no copy).
+fn host_to_data(t: HostTensor) -> TensorData {
+    let shape = t.shape().to_vec();
+    match t.into_data() {
+        HostData::F32(v) => TensorData::new(v, shape),
+        HostData::F16(v) => TensorData::new(v, shape),
+        HostData::BF16(v) => TensorData::new(v, shape),
+        HostData::I32(v) => TensorData::new(v, shape),
+        HostData::I64(v) => TensorData::new(v, shape),
+    }
+}
+
+/// `h` as engine `K`'s buffer: `h` itself when `K`'s buffers are host tensors (the CPU
+/// reference: its `upload` would copy), else uploaded into `slot`.
+fn engine_buffer<'a, K: CceBackend<Buffer: 'static>>(
+    k: &K,
+    h: &'a HostTensor,
+    slot: &'a mut Option<K::Buffer>,
+) -> Result<&'a K::Buffer> {
+    if let Some(same) = (h as &dyn Any).downcast_ref::<K::Buffer>() {
+        return Ok(same);
+    }
+    Ok(slot.insert(k.upload(h)?))
+}
+
+/// Engine `K`'s buffer on the host: moved when `K`'s buffers are host tensors (the CPU
+/// reference: its `download` would copy), else downloaded.
+fn host_buffer<K: CceBackend<Buffer: 'static>>(k: &K, b: K::Buffer) -> Result<HostTensor> {
+    let mut slot = Some(b);
+    if let Some(h) = (&mut slot as &mut dyn Any).downcast_mut::<Option<HostTensor>>() {
+        if let Some(h) = h.take() {
+            return Ok(h);
+        }
+    }
+    match slot {
+        Some(b) => k.download(&b),
+        None => unreachable!("the slot is only taken when it holds a host tensor"),
+    }
 }
 
 fn float_from_host<B: Backend>(
-    t: &HostTensor,
+    t: HostTensor,
     dtype: BurnDType,
     device: &burn::backend::tensor::Device<B>,
 ) -> FloatTensor<B> {
-    let burn_dtype = match t.dtype() {
-        DType::F16 => BurnDType::F16,
-        DType::BF16 => BurnDType::BF16,
-        _ => BurnDType::F32,
-    };
     HOST_COPIES.fetch_add(1, Ordering::Relaxed);
-    let mut data =
-        TensorData::from_bytes_vec(t.as_bytes().to_vec(), t.shape().to_vec(), burn_dtype);
-    if dtype != burn_dtype {
+    let mut data = host_to_data(t);
+    if dtype != data.dtype() {
         data = data.convert_dtype(dtype);
     }
     B::float_from_data(data, device)
@@ -170,7 +209,7 @@ fn f32_to_host(what: &'static str, data: TensorData) -> Result<HostTensor> {
     let v: Vec<f32> = data
         .try_into_vec_as::<f32>()
         .map_err(|e| CceError::backend(NAME, format!("{what}: {e:?}")))?;
-    HostTensor::from_f32(shape, &v, DType::F32)
+    HostTensor::new(shape, HostData::F32(v))
 }
 
 fn targets_to_host(data: TensorData) -> Result<HostTensor> {
@@ -234,7 +273,7 @@ fn inputs_to_host<B: Backend>(
 
 /// The forward on engine `k` through host copies. Loss `[1]` for mean/sum (burn's scalar
 /// shape), `[N]` for none.
-pub fn host_forward<B: Backend, K: CceBackend>(
+pub fn host_forward<B: Backend, K: CceBackend<Buffer: 'static>>(
     k: &K,
     e: FloatTensor<B>,
     c: FloatTensor<B>,
@@ -245,31 +284,35 @@ pub fn host_forward<B: Backend, K: CceBackend>(
     let device = e.device();
     let opts = engine_options(opts);
     let h = inputs_to_host::<B>(e, c, bias, targets)?;
-    let (e_b, c_b, t_b) = (k.upload(&h.e)?, k.upload(&h.c)?, k.upload(&h.targets)?);
-    let bias_b = h.bias.as_ref().map(|b| k.upload(b)).transpose()?;
+    let mut slots: [Option<K::Buffer>; 4] = Default::default();
+    let [s_e, s_c, s_t, s_b] = &mut slots;
     let inputs = Inputs {
-        e: &e_b,
-        c: &c_b,
-        bias: bias_b.as_ref(),
-        targets: &t_b,
+        e: engine_buffer(k, &h.e, s_e)?,
+        c: engine_buffer(k, &h.c, s_c)?,
+        bias: h
+            .bias
+            .as_ref()
+            .map(|b| engine_buffer(k, b, s_b))
+            .transpose()?,
+        targets: engine_buffer(k, &h.targets, s_t)?,
     };
     let fwd = k.forward(&inputs, &opts)?;
-    let mut loss = k.download(&fwd.loss)?;
+    let mut loss = host_buffer(k, fwd.loss)?;
     if loss.shape().is_empty() {
         loss = loss.reshape(vec![1])?;
     }
-    let lse = k.download(&fwd.lse)?;
-    let rest_mass = k.download(&fwd.rest_mass)?;
+    let lse = host_buffer(k, fwd.lse)?;
+    let rest_mass = host_buffer(k, fwd.rest_mass)?;
     Ok(CceForward {
-        loss: float_from_host::<B>(&loss, BurnDType::F32, &device),
-        lse: float_from_host::<B>(&lse, BurnDType::F32, &device),
-        rest_mass: float_from_host::<B>(&rest_mass, BurnDType::F32, &device),
+        loss: float_from_host::<B>(loss, BurnDType::F32, &device),
+        lse: float_from_host::<B>(lse, BurnDType::F32, &device),
+        rest_mass: float_from_host::<B>(rest_mass, BurnDType::F32, &device),
     })
 }
 
 /// The backward on engine `k` through host copies (see [`CceKernels::cce_backward`]).
 #[allow(clippy::too_many_arguments)]
-pub fn host_backward<B: Backend, K: CceBackend>(
+pub fn host_backward<B: Backend, K: CceBackend<Buffer: 'static>>(
     k: &K,
     e: FloatTensor<B>,
     c: FloatTensor<B>,
@@ -288,21 +331,24 @@ pub fn host_backward<B: Backend, K: CceBackend>(
         read("rest_mass", B::float_into_data(saved.rest_mass))?,
     )?;
     let d_loss = f32_to_host("d_loss", read("d_loss", B::float_into_data(d_loss))?)?;
-    let (e_b, c_b, t_b) = (k.upload(&h.e)?, k.upload(&h.c)?, k.upload(&h.targets)?);
-    let bias_b = h.bias.as_ref().map(|b| k.upload(b)).transpose()?;
-    let (lse_b, rest_b) = (k.upload(&lse)?, k.upload(&rest)?);
+    let mut slots: [Option<K::Buffer>; 7] = Default::default();
+    let [s_e, s_c, s_t, s_b, s_lse, s_rest, s_d] = &mut slots;
     let inputs = Inputs {
-        e: &e_b,
-        c: &c_b,
-        bias: bias_b.as_ref(),
-        targets: &t_b,
+        e: engine_buffer(k, &h.e, s_e)?,
+        c: engine_buffer(k, &h.c, s_c)?,
+        bias: h
+            .bias
+            .as_ref()
+            .map(|b| engine_buffer(k, b, s_b))
+            .transpose()?,
+        targets: engine_buffer(k, &h.targets, s_t)?,
     };
-    let per_row;
+    let (lse_b, rest_b) = (
+        engine_buffer(k, &lse, s_lse)?,
+        engine_buffer(k, &rest, s_rest)?,
+    );
     let d_loss = match opts.reduction {
-        Reduction::None => {
-            per_row = k.upload(&d_loss)?;
-            DLoss::PerRow(&per_row)
-        }
+        Reduction::None => DLoss::PerRow(engine_buffer(k, &d_loss, s_d)?),
         Reduction::Mean | Reduction::Sum => {
             let v = d_loss.to_f32_vec();
             if v.len() != 1 {
@@ -319,8 +365,8 @@ pub fn host_backward<B: Backend, K: CceBackend>(
         &inputs,
         &opts,
         Saved {
-            lse: &lse_b,
-            rest_mass: &rest_b,
+            lse: lse_b,
+            rest_mass: rest_b,
         },
         &Upstream {
             d_loss,
@@ -328,11 +374,8 @@ pub fn host_backward<B: Backend, K: CceBackend>(
         },
     )?;
     let back = |t: Option<K::Buffer>, dtype: BurnDType| -> Result<Option<FloatTensor<B>>> {
-        t.map(|t| {
-            let t = k.download(&t)?;
-            Ok(float_from_host::<B>(&t, dtype, &device))
-        })
-        .transpose()
+        t.map(|t| Ok(float_from_host::<B>(host_buffer(k, t)?, dtype, &device)))
+            .transpose()
     };
     Ok(CceGrads {
         d_e: back(bwd.d_e, h.e_dtype)?,
@@ -342,4 +385,43 @@ pub fn host_backward<B: Backend, K: CceBackend>(
             None => None,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU reference's buffers are host tensors: no upload or download copy.
+    #[test]
+    fn the_cpu_engine_takes_host_tensors_in_place() {
+        let k = CpuBackend::new();
+        let h = HostTensor::new(vec![2, 2], HostData::F32(vec![1.0, 2.0, 3.0, 4.0])).unwrap();
+        let mut slot = None;
+        let b = engine_buffer(&k, &h, &mut slot).unwrap();
+        assert!(std::ptr::eq(b, &h));
+        assert!(slot.is_none());
+        let ptr = h.as_bytes().as_ptr();
+        let back = host_buffer(&k, h).unwrap();
+        assert_eq!(back.as_bytes().as_ptr(), ptr);
+    }
+
+    /// burn's data to a host tensor and back keeps the allocation (f32, f16, bf16).
+    #[test]
+    fn host_conversions_keep_the_allocation() {
+        for data in [
+            TensorData::new(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3]),
+            TensorData::new(vec![f16::ONE; 6], [2, 3]),
+            TensorData::new(vec![bf16::ONE; 6], [2, 3]),
+        ] {
+            let dtype = data.dtype();
+            let ptr = data.as_bytes().as_ptr();
+            let (h, d) = float_to_host("x", data).unwrap();
+            assert_eq!(d, dtype);
+            assert_eq!(h.shape(), &[2, 3]);
+            assert_eq!(h.as_bytes().as_ptr(), ptr, "{dtype:?} in");
+            let back = host_to_data(h);
+            assert_eq!(back.dtype(), dtype);
+            assert_eq!(back.as_bytes().as_ptr(), ptr, "{dtype:?} out");
+        }
+    }
 }

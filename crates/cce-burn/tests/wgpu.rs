@@ -258,7 +258,11 @@ fn inputs_on_two_backends_are_a_typed_error() {
     let (_, c) = errors::small(&cpu);
     for (e, c, y) in [
         (e.clone(), c.clone(), int(vec![1, 2, 3, 4], &device)),
-        (e.clone(), errors::small(&device).1, int(vec![1, 2, 3, 4], &cpu)),
+        (
+            e.clone(),
+            errors::small(&device).1,
+            int(vec![1, 2, 3, 4], &cpu),
+        ),
     ] {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             try_linear_cross_entropy(e, c, y, &Default::default())

@@ -7,13 +7,11 @@ use burn::module::{Module, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
 use burn::tensor::{DType, Device, Int, IntDType, Tensor, TensorData};
 use cce_burn::{
-    linear_cross_entropy, try_linear_cross_entropy, CceError, LinearCrossEntropyConfig,
-    Reduction,
+    linear_cross_entropy, try_linear_cross_entropy, CceError, LinearCrossEntropyConfig, Reduction,
 };
 
 /// Relative tolerance in f32 (as in ndarray.rs).
 const REL: f32 = 2e-5;
-
 
 fn grads_match(
     what: &str,
@@ -51,7 +49,13 @@ pub fn sliced_and_transposed_inputs(device: &Device) {
     let cfg = LinearCrossEntropyConfig::new();
     let ours = linear_cross_entropy(e(), c(), int(t.clone(), &device), &cfg);
     let theirs = materialized(e(), c(), None, &t, &cfg.options);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 0.0);
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        REL,
+        0.0,
+    );
     let (ga, gb) = (ours.backward(), theirs.backward());
     assert_close(
         "d_big",
@@ -92,7 +96,13 @@ fn half_precision(device: &Device, dtype: DType, rel: f32) {
         c.clone().cast(DType::F32).detach().require_grad(),
     );
     let theirs = materialized(er.clone(), cr.clone(), None, &t, &cfg.options);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), rel, 0.0);
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        rel,
+        0.0,
+    );
     let (ga, gb) = (ours.backward(), theirs.backward());
     let de = e.grad(&ga).expect("d_e");
     let dc = c.grad(&ga).expect("d_c");
@@ -169,7 +179,13 @@ pub fn targets_of_other_int_dtypes(device: &Device) {
     let c = float(uniform(v * d, 42, 0.5), [v, d], &device);
     let cfg = LinearCrossEntropyConfig::new();
     let want = to_vec(materialized(e.clone(), c.clone(), None, &t, &cfg.options));
-    for dt in [IntDType::I32, IntDType::I64, IntDType::U8, IntDType::U32, IntDType::I16] {
+    for dt in [
+        IntDType::I32,
+        IntDType::I64,
+        IntDType::U8,
+        IntDType::U32,
+        IntDType::I16,
+    ] {
         if !device.supports_dtype(DType::from(dt)) {
             continue;
         }
@@ -189,13 +205,27 @@ pub fn inputs_on_a_plain_device_beside_an_autodiff_one(device: &Device) {
     let t = targets(n, v, 0, -100);
     let cfg = LinearCrossEntropyConfig::new();
     for plain_e in [false, true] {
-        let (de, dc) = if plain_e { (&plain, &device) } else { (&device, &plain) };
+        let (de, dc) = if plain_e {
+            (&plain, &device)
+        } else {
+            (&device, &plain)
+        };
         let e = float(uniform(n * d, 51, 1.0), [n, d], de);
         let c = float(uniform(v * d, 52, 0.5), [v, d], dc);
-        let (e, c) = if plain_e { (e, c.require_grad()) } else { (e.require_grad(), c) };
+        let (e, c) = if plain_e {
+            (e, c.require_grad())
+        } else {
+            (e.require_grad(), c)
+        };
         let ours = linear_cross_entropy(e.clone(), c.clone(), int(t.clone(), &device), &cfg);
         let theirs = materialized(e.clone(), c.clone(), None, &t, &cfg.options);
-        assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 0.0);
+        assert_close(
+            "loss",
+            &to_vec(ours.clone()),
+            &to_vec(theirs.clone()),
+            REL,
+            0.0,
+        );
         let (ga, gb) = (ours.backward(), theirs.backward());
         let trained = if plain_e { &c } else { &e };
         assert_close(
@@ -218,15 +248,30 @@ pub fn targets_on_a_plain_device(device: &Device) {
     let cfg = LinearCrossEntropyConfig::new();
     let ours = linear_cross_entropy(e.clone(), c.clone(), int(t.clone(), &plain), &cfg);
     let theirs = materialized(e.clone(), c.clone(), None, &t, &cfg.options);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 0.0);
-    grads_match("plain targets", &e, &c, &ours.backward(), &theirs.backward());
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        REL,
+        0.0,
+    );
+    grads_match(
+        "plain targets",
+        &e,
+        &c,
+        &ours.backward(),
+        &theirs.backward(),
+    );
 }
 
 pub fn two_uses_in_one_graph_accumulate(device: &Device) {
     let device = device.clone();
     let (n, d, v) = (10, 8, 16);
     let t1 = targets(n, v, 4, -100);
-    let t2: Vec<i64> = t1.iter().map(|&x| if x < 0 { 0 } else { (x + 3) % v as i64 }).collect();
+    let t2: Vec<i64> = t1
+        .iter()
+        .map(|&x| if x < 0 { 0 } else { (x + 3) % v as i64 })
+        .collect();
     let e = float(uniform(n * d, 61, 1.0), [n, d], &device).require_grad();
     let c = float(uniform(v * d, 62, 0.5), [v, d], &device).require_grad();
     let cfg = LinearCrossEntropyConfig::new();
@@ -236,7 +281,13 @@ pub fn two_uses_in_one_graph_accumulate(device: &Device) {
             .mul_scalar(0.25);
     let theirs = materialized(e.clone(), c.clone(), None, &t1, &cfg.options)
         + materialized(e.clone() * 2.0, c.clone(), None, &t2, &sum.options).mul_scalar(0.25);
-    assert_close("loss", &to_vec(ours.clone()), &to_vec(theirs.clone()), REL, 0.0);
+    assert_close(
+        "loss",
+        &to_vec(ours.clone()),
+        &to_vec(theirs.clone()),
+        REL,
+        0.0,
+    );
     grads_match("two uses", &e, &c, &ours.backward(), &theirs.backward());
 }
 
@@ -271,7 +322,13 @@ pub fn embedding_lm_with_bias_and_gradient_accumulation(device: &Device) {
     let (n, d, v) = (16, 8, 30);
     let tokens: Vec<i64> = (0..2 * n).map(|i| ((i * 13 + 5) % v) as i64).collect();
     let next: Vec<i64> = (0..2 * n)
-        .map(|i| if i % 7 == 2 { -100 } else { tokens[(i + 1) % (2 * n)] })
+        .map(|i| {
+            if i % 7 == 2 {
+                -100
+            } else {
+                tokens[(i + 1) % (2 * n)]
+            }
+        })
         .collect();
     let mut a = Lm::new(d, v, &device);
     let mut b = Lm::new(d, v, &device);
@@ -283,9 +340,26 @@ pub fn embedding_lm_with_bias_and_gradient_accumulation(device: &Device) {
         for mb in 0..2 {
             let tok = &tokens[mb * n..(mb + 1) * n];
             let y = &next[mb * n..(mb + 1) * n];
-            let la = linear_cross_entropy(a.hidden(tok), a.head.val(), int(y.to_vec(), &device), &cfg_for(&a));
-            let lb = materialized(b.hidden(tok), b.head.val(), Some(b.bias.val()), y, &cfg_for(&b).options);
-            assert_close(&format!("step {step} mb {mb} loss"), &to_vec(la.clone()), &to_vec(lb.clone()), REL, 0.0);
+            let la = linear_cross_entropy(
+                a.hidden(tok),
+                a.head.val(),
+                int(y.to_vec(), &device),
+                &cfg_for(&a),
+            );
+            let lb = materialized(
+                b.hidden(tok),
+                b.head.val(),
+                Some(b.bias.val()),
+                y,
+                &cfg_for(&b).options,
+            );
+            assert_close(
+                &format!("step {step} mb {mb} loss"),
+                &to_vec(la.clone()),
+                &to_vec(lb.clone()),
+                REL,
+                0.0,
+            );
             acc_a.accumulate(&a, GradientsParams::from_grads(la.backward(), &a));
             acc_b.accumulate(&b, GradientsParams::from_grads(lb.backward(), &b));
         }
@@ -295,7 +369,13 @@ pub fn embedding_lm_with_bias_and_gradient_accumulation(device: &Device) {
             ("emb", a.emb.val(), b.emb.val()),
             ("head", a.head.val(), b.head.val()),
         ] {
-            assert_close(&format!("step {step} {name}"), &to_vec(x), &to_vec(y), REL, 1e-6);
+            assert_close(
+                &format!("step {step} {name}"),
+                &to_vec(x),
+                &to_vec(y),
+                REL,
+                1e-6,
+            );
         }
         assert_close(
             &format!("step {step} bias"),
@@ -319,7 +399,13 @@ pub fn frozen_head_with_trained_bias(device: &Device) {
     let theirs = materialized(e.clone(), c.clone(), Some(bias.clone()), &t, &cfg.options);
     let (ga, gb) = (ours.backward(), theirs.backward());
     assert!(c.grad(&ga).is_none());
-    assert_close("d_e", &to_vec(e.grad(&ga).unwrap()), &to_vec(e.grad(&gb).unwrap()), REL, 1e-7);
+    assert_close(
+        "d_e",
+        &to_vec(e.grad(&ga).unwrap()),
+        &to_vec(e.grad(&gb).unwrap()),
+        REL,
+        1e-7,
+    );
     assert_close(
         "d_bias",
         &to_vec(bias.grad(&ga).unwrap()),
@@ -354,7 +440,11 @@ pub fn backward_twice_panics_like_burns_own_ops(device: &Device) {
     let second = |l: Tensor<1>| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.backward())).is_err()
     };
-    assert_eq!(second(ours), second(theirs), "ours and burn's differ on a second backward");
+    assert_eq!(
+        second(ours),
+        second(theirs),
+        "ours and burn's differ on a second backward"
+    );
     // A fresh forward on the same leaves works.
     let ours = linear_cross_entropy(e.clone(), c.clone(), int(t.clone(), &device), &cfg);
     let theirs = materialized(e.clone(), c.clone(), None, &t, &cfg.options);
@@ -367,17 +457,35 @@ pub fn deterministic_repeat(device: &Device) {
     let t = targets(n, v, 3, -100);
     let e = float(uniform(n * d, 93, 1.0), [n, d], &device).require_grad();
     let c = float(uniform(v * d, 94, 0.5), [v, d], &device).require_grad();
-    let cfg = LinearCrossEntropyConfig::new().with_softcap(5.0).with_z_loss(1e-3);
+    let cfg = LinearCrossEntropyConfig::new()
+        .with_softcap(5.0)
+        .with_z_loss(1e-3);
     let run = || {
         let l = linear_cross_entropy(e.clone(), c.clone(), int(t.clone(), &device), &cfg);
         let g = l.backward();
-        (to_vec(l), to_vec(e.grad(&g).unwrap()), to_vec(c.grad(&g).unwrap()))
+        (
+            to_vec(l),
+            to_vec(e.grad(&g).unwrap()),
+            to_vec(c.grad(&g).unwrap()),
+        )
     };
     let a = run();
     let b = run();
-    assert!(a.0.iter().zip(&b.0).all(|(x, y)| x.to_bits() == y.to_bits()));
-    assert!(a.1.iter().zip(&b.1).all(|(x, y)| x.to_bits() == y.to_bits()));
-    assert!(a.2.iter().zip(&b.2).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(a
+        .0
+        .iter()
+        .zip(&b.0)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(a
+        .1
+        .iter()
+        .zip(&b.1)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(a
+        .2
+        .iter()
+        .zip(&b.2)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
 pub fn all_ignored_sum_and_none_have_zero_gradients(device: &Device) {
@@ -404,7 +512,12 @@ pub fn empty_batch_is_a_typed_error(device: &Device) {
     let c = float(uniform(10 * 8, 2, 0.5), [10, 8], &device);
     let y = Tensor::<1, Int>::from_data(TensorData::new(Vec::<i64>::new(), [0]), &device);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        try_linear_cross_entropy(e, c, y, &LinearCrossEntropyConfig::new().with_reduction(Reduction::Sum))
+        try_linear_cross_entropy(
+            e,
+            c,
+            y,
+            &LinearCrossEntropyConfig::new().with_reduction(Reduction::Sum),
+        )
     }));
     let r = r.expect("no panic");
     eprintln!("{r:?}");
@@ -419,8 +532,9 @@ pub fn bad_softcap_is_a_typed_error(device: &Device) {
     let c = float(uniform(10 * 8, 2, 0.5), [10, 8], &device);
     for s in [0.0, -1.0, f32::NAN] {
         let cfg = LinearCrossEntropyConfig::new().with_softcap(s);
-        let err = try_linear_cross_entropy(e.clone(), c.clone(), int(vec![1, 2, 3, 4], &device), &cfg)
-            .unwrap_err();
+        let err =
+            try_linear_cross_entropy(e.clone(), c.clone(), int(vec![1, 2, 3, 4], &device), &cfg)
+                .unwrap_err();
         assert!(matches!(err, CceError::InvalidOption { .. }), "{s}: {err}");
     }
 }
@@ -431,5 +545,8 @@ pub fn negative_target_that_is_not_ignore_index(device: &Device) {
     let c = float(uniform(10 * 8, 2, 0.5), [10, 8], &device);
     let err = try_linear_cross_entropy(e, c, int(vec![1, -1, 3, 4], &device), &Default::default())
         .unwrap_err();
-    assert!(matches!(err, CceError::TargetOutOfRange { row: 1, .. }), "{err}");
+    assert!(
+        matches!(err, CceError::TargetOutOfRange { row: 1, .. }),
+        "{err}"
+    );
 }
