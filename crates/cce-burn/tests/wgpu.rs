@@ -250,6 +250,7 @@ fn views_stay_on_the_device() {
 /// routing.
 #[cfg(feature = "ndarray")]
 #[test]
+#[allow(deprecated)] // NdArray: burn 0.22's documented CPU backend, deprecated for Flex.
 fn inputs_on_two_backends_are_a_typed_error() {
     let _serial = lock();
     let Some(device) = device() else { return };
