@@ -43,4 +43,6 @@ on_ndarray!(
     empty_batch_is_a_typed_error,
     bad_softcap_is_a_typed_error,
     negative_target_that_is_not_ignore_index,
+    per_row_losses_under_burns_reductions,
+    three_d_views_with_shift_and_per_row_losses,
 );

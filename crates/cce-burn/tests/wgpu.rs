@@ -233,6 +233,8 @@ on_wgpu!(
     empty_batch_is_a_typed_error,
     bad_softcap_is_a_typed_error,
     negative_target_that_is_not_ignore_index,
+    per_row_losses_under_burns_reductions,
+    three_d_views_with_shift_and_per_row_losses,
 );
 
 /// Views (a slice of `e`, a transposed `c`) stay on the device: copied there, not through the

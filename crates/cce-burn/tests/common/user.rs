@@ -550,3 +550,93 @@ pub fn negative_target_that_is_not_ignore_index(device: &Device) {
         "{err}"
     );
 }
+
+/// Per-row losses reduced in the ways a training loop does (`sum`, `mean`, a slice, a
+/// per-sequence mean through a reshape, a broadcast weight): burn's upstream gradients of
+/// those can be strided or broadcast views.
+pub fn per_row_losses_under_burns_reductions(device: &Device) {
+    let device = device.clone();
+    let (b, t, d, v) = (3, 6, 8, 20);
+    let n = b * t;
+    let y = targets(n, v, 5, -100);
+    let cfg = LinearCrossEntropyConfig::new().with_reduction(Reduction::None);
+    type Reduce = fn(Tensor<1>) -> Tensor<1>;
+    let ways: [(&str, Reduce); 5] = [
+        ("sum", |l| l.sum()),
+        ("mean", |l| l.mean()),
+        ("slice", |l| l.slice(4..11).sum()),
+        ("per sequence", |l| {
+            l.reshape([3, 6]).mean_dim(1).reshape([3]).sum()
+        }),
+        ("broadcast", |l| {
+            let w = l
+                .clone()
+                .detach()
+                .ones_like()
+                .reshape([3, 6])
+                .sum_dim(0)
+                .reshape([6]);
+            (l.reshape([3, 6]) * w.unsqueeze::<2>()).sum()
+        }),
+    ];
+    for (name, reduce) in ways {
+        let e = float(uniform(n * d, 97, 1.0), [n, d], &device).require_grad();
+        let c = float(uniform(v * d, 98, 0.5), [v, d], &device).require_grad();
+        let ours = reduce(linear_cross_entropy(
+            e.clone(),
+            c.clone(),
+            int(y.clone(), &device),
+            &cfg,
+        ));
+        let theirs = reduce(materialized(e.clone(), c.clone(), None, &y, &cfg.options));
+        assert_close(
+            name,
+            &to_vec(ours.clone()),
+            &to_vec(theirs.clone()),
+            REL,
+            1e-7,
+        );
+        grads_match(name, &e, &c, &ours.backward(), &theirs.backward());
+    }
+}
+
+/// 3-D inputs that are views (`[T, B, D]` hidden states transposed to `[B, T, D]`), shift 1,
+/// per-row losses: row `(b, t)` against target `(b, t + 1)`, the last position 0.
+pub fn three_d_views_with_shift_and_per_row_losses(device: &Device) {
+    let device = device.clone();
+    let (b, t, d, v) = (2, 5, 8, 16);
+    let tok: Vec<i64> = (0..b * t).map(|i| ((i * 7 + 3) % v) as i64).collect();
+    let tbd = float(uniform(t * b * d, 99, 1.0), [t, b, d], &device).require_grad();
+    let c = float(uniform(v * d, 100, 0.5), [v, d], &device).require_grad();
+    let mut cfg = LinearCrossEntropyConfig::new().with_reduction(Reduction::None);
+    cfg.options.shift = 1;
+    let y2 = Tensor::<2, Int>::from_data(TensorData::new(tok.clone(), [b, t]), &device);
+    let ours = cce_burn::linear_cross_entropy_3d(tbd.clone().swap_dims(0, 1), c.clone(), y2, &cfg);
+    assert_eq!(ours.dims(), [b * t]);
+    let shifted: Vec<i64> = (0..b * t)
+        .map(|i| if i % t == t - 1 { -100 } else { tok[i + 1] })
+        .collect();
+    let mut plain = cfg.options.clone();
+    plain.shift = 0;
+    let e2 = tbd.clone().swap_dims(0, 1).reshape([b * t, d]);
+    let theirs = materialized(e2, c.clone(), None, &shifted, &plain);
+    let (lo, lt) = (to_vec(ours.clone()), to_vec(theirs.clone()));
+    assert_close("loss", &lo, &lt, REL, 1e-7);
+    assert!((0..b).all(|s| lo[s * t + t - 1] == 0.0));
+    let w = float(
+        (0..b * t).map(|i| 1.0 + i as f32).collect(),
+        [b * t],
+        &device,
+    );
+    let (ga, gb) = (
+        (ours * w.clone()).sum().backward(),
+        (theirs * w).sum().backward(),
+    );
+    assert_close(
+        "d_tbd",
+        &to_vec(tbd.grad(&ga).unwrap()),
+        &to_vec(tbd.grad(&gb).unwrap()),
+        REL,
+        1e-7,
+    );
+}
