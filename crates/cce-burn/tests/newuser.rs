@@ -45,4 +45,5 @@ on_ndarray!(
     negative_target_that_is_not_ignore_index,
     per_row_losses_under_burns_reductions,
     three_d_views_with_shift_and_per_row_losses,
+    wide_i64_targets,
 );

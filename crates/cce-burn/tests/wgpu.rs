@@ -235,6 +235,7 @@ on_wgpu!(
     negative_target_that_is_not_ignore_index,
     per_row_losses_under_burns_reductions,
     three_d_views_with_shift_and_per_row_losses,
+    wide_i64_targets,
 );
 
 /// Views (a slice of `e`, a transposed `c`) stay on the device: copied there, not through the

@@ -640,3 +640,31 @@ pub fn three_d_views_with_shift_and_per_row_losses(device: &Device) {
         1e-7,
     );
 }
+
+/// i64 targets past `i32`: out of range, never truncated to a valid class (`2^32 + 1` would
+/// be class 1 in 32 bits); an `ignore_index` past `i32` ignores only its own value.
+pub fn wide_i64_targets(device: &Device) {
+    if !device.supports_dtype(DType::I64) {
+        eprintln!("skipped: i64 not supported on {device:?}");
+        return;
+    }
+    let device = device.clone();
+    let (e, c) = errors::small(&device);
+    let wide = (1i64 << 32) + 1;
+    let i64s =
+        |v: Vec<i64>| Tensor::<1, Int>::from_data(TensorData::new(v, [4]), (&device, DType::I64));
+    let y = i64s(vec![1, wide, 3, 4]);
+    assert_eq!(y.dtype(), DType::I64);
+    let err = try_linear_cross_entropy(e.clone(), c.clone(), y, &Default::default()).unwrap_err();
+    assert!(
+        matches!(err, CceError::TargetOutOfRange { row: 1, value, .. } if value == wide),
+        "{err}"
+    );
+    let cfg = LinearCrossEntropyConfig::new().with_ignore_index(wide);
+    let y = i64s(vec![1, wide, 3, 4]);
+    let ours = to_vec(linear_cross_entropy(e.clone(), c.clone(), y, &cfg));
+    let mut opts = cfg.options.clone();
+    opts.ignore_index = -100;
+    let theirs = to_vec(materialized(e, c, None, &[1, -100, 3, 4], &opts));
+    assert_close("loss", &ours, &theirs, REL, 0.0);
+}
