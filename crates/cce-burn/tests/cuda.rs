@@ -13,11 +13,11 @@
 
 mod common;
 
-use burn::tensor::{Device, FloatDType, Int, IntDType, Tensor};
+use burn::tensor::{Device, FloatDType, IntDType};
 use cce_burn::cube::{cuda_host_syncs, cuda_ready};
 use cce_burn::{
-    host_copies, linear_cross_entropy, try_linear_cross_entropy, try_linear_cross_entropy_3d,
-    CceError, LinearCrossEntropyConfig, Reduction,
+    host_copies, linear_cross_entropy, try_linear_cross_entropy, CceError,
+    LinearCrossEntropyConfig, Reduction,
 };
 use common::*;
 use std::sync::{Mutex, MutexGuard, OnceLock};
