@@ -177,11 +177,12 @@ impl Prepared<'_> {
     }
 }
 
-/// What a fused forward hands its backward: the order its classes took and its per-(row, class
-/// tile) statistics ([`CpuBackend::forward_backward_host`]).
-struct Fused {
+/// What a forward-and-backward call's forward hands its backward
+/// ([`CpuBackend::forward_backward_host`]): the order its classes took (the problem is already
+/// in it) and, when the call fuses ([`fuses`]), its per-(row, class tile) statistics.
+struct Decided {
     order: Option<VocabOrder>,
-    stats: TileStats,
+    stats: Option<TileStats>,
 }
 
 /// Bytes of a fused call's per-(row, class tile) statistics and masses ([`TileStats`]).
@@ -272,14 +273,14 @@ impl CpuBackend {
 
     /// The forward of a prepared problem, its classes in `order` when given (`p` then the
     /// reordered problem; the argmax comes back as a class id); with `keep_stats` also each
-    /// `(row, class tile)`'s largest logit and `Σ e^{z − max}` ([`TileStats`], empty without).
+    /// `(row, class tile)`'s largest logit and `Σ e^{z − max}` ([`TileStats`]).
     fn forward_prepared(
         &self,
         p: &Prepared,
         opts: &Options,
         order: Option<&VocabOrder>,
         keep_stats: bool,
-    ) -> Result<(ForwardOutput<HostTensor>, TileStats)> {
+    ) -> Result<(ForwardOutput<HostTensor>, Option<TileStats>)> {
         let Problem { n, v, .. } = p.problem;
         let y = &p.targets.classes;
         let id = |j: usize| order.map_or(j as i32, |o| o.perm()[j] as i32);
@@ -314,12 +315,10 @@ impl CpuBackend {
                 stats
             })
             .collect();
-        let all = per_row_tile.concat();
-        let tile_stats = TileStats {
+        let tile_stats = keep_stats.then(|| TileStats {
             tiles: n_tiles,
-            max: all.iter().map(|s| s.0).collect(),
-            sum: all.iter().map(|s| s.1).collect(),
-        };
+            stat: per_row_tile.concat(),
+        });
         // A row whose every class is masked has lse −inf (only an ignored row may).
         let lse: Vec<f64> = acc.iter().map(|a| a.m + a.s.ln()).collect();
         if opts.check_finite {
@@ -420,7 +419,8 @@ impl CpuBackend {
     /// the plan keeps each `(row, class tile)`'s largest logit and `Σ e^{z − max}`
     /// from its forward (with the classes by batch-mean logit, [`cce_core::vocab_order`]), so
     /// that its backward decides its whole-tile skips before recomputing any logits and
-    /// recomputes only the kept tiles; otherwise the forward then the backward. Same errors as
+    /// recomputes only the kept tiles; otherwise its backward decides from its own logits, as
+    /// [`CpuBackend::backward_host`] does (the order taken once for both). Same errors as
     /// [`Backend::forward`] and [`Backend::backward`].
     pub fn forward_backward_host<T: HostRead>(
         &self,
@@ -433,19 +433,15 @@ impl CpuBackend {
             return Err(err);
         }
         let order = order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);
-        if !fuses(&p, opts, order.as_ref()) {
-            let (fwd, _) = self.forward_prepared(&p, opts, None, false)?;
-            let (lse, rest) = (fwd.lse.f32_values()?, fwd.rest_mass.f32_values()?);
-            let bwd =
-                self.backward_prepared(p, inputs.e.shape(), opts, (&lse, &rest), upstream, None)?;
-            return Ok((fwd, bwd));
-        }
+        let keep_stats = fuses(&p, opts, order.as_ref());
         let mut p = match &order {
             Some(o) => order::reordered(p, o),
             None => p,
         };
-        p.plan.workspace_bytes += stats_bytes(&p);
-        let (fwd, stats) = self.forward_prepared(&p, opts, order.as_ref(), true)?;
+        if keep_stats {
+            p.plan.workspace_bytes += stats_bytes(&p);
+        }
+        let (fwd, stats) = self.forward_prepared(&p, opts, order.as_ref(), keep_stats)?;
         let (lse, rest) = (fwd.lse.f32_values()?, fwd.rest_mass.f32_values()?);
         let bwd = self.backward_prepared(
             p,
@@ -453,15 +449,15 @@ impl CpuBackend {
             opts,
             (&lse, &rest),
             upstream,
-            Some(Fused { order, stats }),
+            Some(Decided { order, stats }),
         )?;
         Ok((fwd, bwd))
     }
 
     /// The backward of a prepared problem from the saved `(lse, rest_mass)`, checked here
-    /// (upstream gradients, masked targets, a non-finite saved state). `fused`: the problem is
-    /// already in the fused forward's order and its statistics decide the skips; without it
-    /// the backward takes its own order ([`order::order_for`]) and decides from its logits.
+    /// (upstream gradients, masked targets, a non-finite saved state). `decided`: the problem is
+    /// already in the forward's order, and its statistics, when kept, decide the skips; without
+    /// it the backward takes its own order ([`order::order_for`]) and decides from its logits.
     fn backward_prepared<T: HostRead>(
         &self,
         p: Prepared,
@@ -469,7 +465,7 @@ impl CpuBackend {
         opts: &Options,
         (lse, rest): (&[f32], &[f32]),
         upstream: &Upstream<'_, T>,
-        fused: Option<Fused>,
+        decided: Option<Decided>,
     ) -> Result<BackwardOutput<HostTensor>> {
         let Problem { n, d, v, .. } = p.problem;
         // Only the bias can hold −inf (checked above, or the caller's choice).
@@ -484,8 +480,8 @@ impl CpuBackend {
         })?;
         // A filtered backward may visit the classes by batch-mean logit (`order`): `p` is then
         // the reordered problem, and `d_c`, `d_bias` go back to class order at the end.
-        let (p, order, stats) = match fused {
-            Some(Fused { order, stats }) => (p, order, Some(stats)),
+        let (p, order, stats) = match decided {
+            Some(Decided { order, stats }) => (p, order, stats),
             None => {
                 let order =
                     order::order_for(&p, opts.workspace_budget_bytes).filter(|_| self.vocab_order);

@@ -249,18 +249,15 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
         Precision::F64,
     )
     .unwrap();
+    let inputs16 = Inputs {
+        e: &e16,
+        c: &c16,
+        bias: None,
+        targets: &t,
+    };
     let t0 = std::time::Instant::now();
     let (_, g) = be
-        .forward_backward(
-            &Inputs {
-                e: &e16,
-                c: &c16,
-                bias: None,
-                targets: &t,
-            },
-            &opts,
-            &Upstream::default(),
-        )
+        .forward_backward(&inputs16, &opts, &Upstream::default())
         .unwrap();
     eprintln!(
         "blocked forward+backward on the real fixture (bf16, filtered): {:.2} s",
@@ -291,16 +288,7 @@ fn real_fixture_loss_lse_and_filtered_accuracy() {
     let (_, natural) = be
         .clone()
         .with_vocab_order(false)
-        .forward_backward(
-            &Inputs {
-                e: &e16,
-                c: &c16,
-                bias: None,
-                targets: &t,
-            },
-            &opts,
-            &Upstream::default(),
-        )
+        .forward_backward(&inputs16, &opts, &Upstream::default())
         .unwrap();
     let rc_natural = rel(&natural.d_c.unwrap().to_f64_vec(), &gt.d_c);
     assert!(natural.stats.dropped_mass_max <= 1e-3);

@@ -120,10 +120,9 @@ impl RowAcc {
 pub(super) struct TileStats {
     /// Class tiles per row.
     pub(super) tiles: usize,
-    /// Largest logit per `(row, tile)` (−∞ when every class of the tile is masked).
-    pub(super) max: Vec<f32>,
-    /// `Σ e^{z − max}` per `(row, tile)`.
-    pub(super) sum: Vec<f32>,
+    /// Per `(row, tile)`: the largest logit (−∞ when every class of the tile is masked) and
+    /// `Σ e^{z − max}`.
+    pub(super) stat: Vec<(f32, f32)>,
 }
 
 impl TileStats {
@@ -153,9 +152,10 @@ impl TileStats {
                     m.max_g0[at] = f32::INFINITY;
                     continue;
                 }
-                let pmax = (self.max[i * self.tiles + t] as f64 - lse[i] as f64).exp();
+                let (max, sum) = self.stat[i * self.tiles + t];
+                let pmax = (max as f64 - lse[i] as f64).exp();
                 m.max_g0[at] = pmax as f32;
-                m.mass[at] = self.sum[i * self.tiles + t] as f64 * pmax;
+                m.mass[at] = sum as f64 * pmax;
             }
         }
         m
@@ -208,8 +208,7 @@ mod tests {
     fn masses_read_probabilities_from_the_lse_and_never_offer_the_target_tile() {
         let stats = TileStats {
             tiles: 2,
-            max: vec![0.0, -2.0, 1.0, 1.0],
-            sum: vec![1.5, 2.0, 1.0, 1.0],
+            stat: vec![(0.0, 1.5), (-2.0, 2.0), (1.0, 1.0), (1.0, 1.0)],
         };
         let lse = [1.0f32, 3.0];
         let tiles = [0..4, 4..8];
