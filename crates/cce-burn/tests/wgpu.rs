@@ -212,31 +212,7 @@ macro_rules! on_wgpu {
     };
 }
 
-on_wgpu!(
-    sliced_and_transposed_inputs,
-    f16_inputs,
-    bf16_inputs,
-    f64_inputs,
-    mixed_float_dtypes_are_a_typed_error,
-    bias_of_another_dtype_is_a_typed_error,
-    bias_of_wrong_length_is_a_typed_error,
-    targets_of_other_int_dtypes,
-    inputs_on_a_plain_device_beside_an_autodiff_one,
-    targets_on_a_plain_device,
-    two_uses_in_one_graph_accumulate,
-    embedding_lm_with_bias_and_gradient_accumulation,
-    frozen_head_with_trained_bias,
-    nothing_requires_grad_on_an_autodiff_device,
-    backward_twice_panics_like_burns_own_ops,
-    deterministic_repeat,
-    all_ignored_sum_and_none_have_zero_gradients,
-    empty_batch_is_a_typed_error,
-    bad_softcap_is_a_typed_error,
-    negative_target_that_is_not_ignore_index,
-    per_row_losses_under_burns_reductions,
-    three_d_views_with_shift_and_per_row_losses,
-    wide_i64_targets,
-);
+common::user::with_user_checks!(on_wgpu);
 
 /// Views (a slice of `e`, a transposed `c`) stay on the device: copied there, not through the
 /// host.
