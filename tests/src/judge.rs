@@ -30,6 +30,10 @@
 //!     relative defect in an f32 gradient still exceeds it ~4x at peaked logits
 //!     (`|z| ≈ 70`, `D = 64`) and more at smaller ones (the self-test checks that it fails).
 //!     The forward outputs take `κ = 1`: their `unit` below is already `zmag`.
+//!     Under a softcap `s` the gradients' `zmag` is at least `‖e‖_max·‖c‖_max / s`
+//!     (`cce_core::tolerance::softcapped_zmag`): the factor `1 − tanh²(z/s)` amplifies the
+//!     raw logit's dot-product error by up to `~0.77/s` (a fuzz case at `s = 3e-3` erred 1.6x
+//!     past the uncapped tolerance on lavapipe, 12x the same-precision reference's error).
 //! - `unit_o`, what "order 1" means for the output:
 //!   - lse, entropy, per-row and mean loss: `zmag` (their error is an absolute error of the
 //!     logits; entropy and loss are small differences of logit-sized terms on peaked rows);

@@ -508,6 +508,14 @@ pub fn judge_outputs(
         GradDType::Input => dtype,
         GradDType::F32 => DType::F32,
     };
+    // The gradients' logit magnitude: under a softcap, the raw logits' dot-product error over
+    // the softcap (cce_core::tolerance::softcapped_zmag).
+    let zmag_grad = cce_core::tolerance::softcapped_zmag(
+        zmag,
+        opts.softcap.map(f64::from),
+        max_row_norm(&ev, d),
+        max_row_norm(&cv, d),
+    );
     let rms_e = judge::rms(&ev);
     let rms_c = judge::rms(&cv);
     // Per-element term magnitudes (module docs of `judge`), for every input dtype; 16-bit
@@ -600,7 +608,7 @@ pub fn judge_outputs(
                         gt: gtv,
                         reference: refv,
                         cols: if name == "d_bias" { 1 } else { d },
-                        tau: judge::tau(dtype, len, judge::kappa(zmag, d)),
+                        tau: judge::tau(dtype, len, judge::kappa(zmag_grad, d)),
                         unit: if dtype == DType::F32 {
                             0.0
                         } else {
@@ -620,7 +628,7 @@ pub fn judge_outputs(
                     _ => None,
                 };
                 if let Some((row_name, sums, m_other)) = rows {
-                    let tau = judge::tau(dtype, len, judge::kappa(zmag, d));
+                    let tau = judge::tau(dtype, len, judge::kappa(zmag_grad, d));
                     let g_max = gt.g_terms_rows.iter().fold(0.0f64, |a, &x| a.max(x));
                     let errors = row_errors(&ours, gtv, d, |i, truth_norm| {
                         let row = i * d..(i + 1) * d;

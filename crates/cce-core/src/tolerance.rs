@@ -28,6 +28,27 @@ pub fn kappa(zmag: f64, d: usize) -> f64 {
     (zmag * (d as f64).sqrt() / KAPPA_BASE).max(1.0)
 }
 
+/// The `zmag` of [`kappa`] for the gradients under a softcap `s`:
+/// `max(zmag, ‖e‖_max · ‖c‖_max / s)` (`zmag` unchanged without a softcap).
+///
+/// Why: the softcap multiplies every `G_ij` by `1 − tanh²(z_ij / s)`, whose relative error is
+/// `2·|tanh(z_ij / s)| / s` times the raw logit's absolute error. That error is an f32 dot
+/// product's, `~u·sqrt(D)·Σ_k |e_ik c_jk|` (at most `‖e_i‖₂·‖c_j‖₂`, Cauchy–Schwarz), not
+/// `~u·sqrt(D)·|z_ij|`: a logit whose terms cancel to within `s` of 0, where the factor is
+/// steepest, keeps the error of its terms. Relative to the term scale `p + onehot` (which
+/// carries no softcap factor) the amplification is at most `2·max_x tanh(x)·sech²(x) / s
+/// ≈ 0.77 / s`, so the product of the operands' largest row norms over `s` stands in for
+/// `zmag`. The softcaps in use (15-50) leave `zmag` unchanged on model data; a softcap of
+/// `3e-3` over `‖e‖·‖c‖ ≈ 3` widens the gradients' tolerance ~70x (an ill-conditioned problem:
+/// the same-precision reference itself errs ~10x above the uncapped tolerance there). The bias
+/// is left out: it is added once, with one rounding, and may be −∞ (a masked class).
+pub fn softcapped_zmag(zmag: f64, softcap: Option<f64>, max_e_norm: f64, max_c_norm: f64) -> f64 {
+    match softcap {
+        Some(s) if s > 0.0 && s.is_finite() => zmag.max(max_e_norm * max_c_norm / s),
+        _ => zmag,
+    }
+}
+
 /// The relative tolerance `τ = max(tol(dtype), tol(f32) · ρ(len) · κ)` of an output with
 /// reduction length `len` from inputs of `dtype`.
 pub fn tau(dtype: DType, len: usize, kappa: f64) -> f64 {
@@ -201,6 +222,9 @@ mod tests {
         assert_eq!(rho(4096), 2.0);
         assert_eq!(kappa(1.0, 64), 1.0);
         assert_eq!(kappa(32.0, 16), 2.0);
+        assert_eq!(softcapped_zmag(5.0, None, 3.0, 4.0), 5.0);
+        assert_eq!(softcapped_zmag(5.0, Some(30.0), 3.0, 4.0), 5.0);
+        assert_eq!(softcapped_zmag(5.0, Some(1e-2), 3.0, 4.0), 1200.0);
         assert_eq!(tau(DType::BF16, 49152, kappa(20.0, 576)), 1e-2);
         assert!((tau(DType::F32, 4096, kappa(32.0, 16)) - 4e-5).abs() < 1e-12);
     }
