@@ -203,7 +203,9 @@ impl Judged<'_> {
             let r = self.reference.map_or(g, |r| r[k]);
             let err = (o - g).abs();
             let unit = self.unit + self.unit_elem.map_or(0.0, |u| u[k]);
-            let mut allowed = (r - g).abs() + self.tau * (g.abs() + unit);
+            // A reference that overflowed its own dtype (f16 logits past 65504) allows nothing.
+            let ref_err = Some((r - g).abs()).filter(|x| x.is_finite()).unwrap_or(0.0);
+            let mut allowed = ref_err + self.tau * (g.abs() + unit);
             if let Some(extra) = self.extra {
                 allowed += extra(k);
             }

@@ -646,7 +646,9 @@ pub fn judge_outputs(
                         // reference's own cancellation on confident rows would hide that defect.
                         let reference = refv
                             .filter(|r| r.len() == gtv.len() && opts.softcap.is_some())
-                            .map_or(0.0, |r| judge::row_distance(&r[row.clone()], &gtv[row]));
+                            .map(|r| judge::row_distance(&r[row.clone()], &gtv[row]))
+                            .filter(|x| x.is_finite())
+                            .unwrap_or(0.0);
                         row_allowance(
                             tau,
                             truth_norm,
