@@ -23,9 +23,9 @@
 //!
 //! `τ_i` is one way to meet the contract (every skipped entry `< filter_eps`, each row's skipped
 //! `Σ g0 ≤ δ`), the one for backends that skip single entries (CUDA's sparse backward) or decide
-//! each tile alone (wgpu). A backend that decides all of a row tile's class tiles at once spends
-//! each row's `δ` on whole tiles instead ([`crate::tile_budget`], the CPU backend's rule), which
-//! meets the same contract and skips far more tiles on real rows.
+//! each tile alone (wgpu). A backend that decides all of a row's class tiles at once spends
+//! each row's `δ` on a suffix of whole tiles instead ([`crate::tile_budget`], the CPU backend's
+//! rule), which meets the same contract and skips far more tiles on real rows.
 //!
 //! `τ_i` comes from a histogram of `g0` over the grid's bins ([`FilterRule::bin`]), which a GPU
 //! builds in one recompute pass with integer atomics ([`FilterRule::mass_to_fixed`]).

@@ -1,25 +1,28 @@
-//! Whole-tile skips of a row tile under each row's dropped-mass bound: which class tiles a
-//! backward that skips whole tiles leaves out, decided over all of a row tile's class tiles at
-//! once.
+//! Each row's dropped-mass budget spent on a suffix of whole class tiles: which class tiles of
+//! the vocabulary order a filtered backward leaves out for each row, and the order of the rows
+//! that lets it skip whole blocks.
 //!
 //! The contract ([`crate::filter`], MATH.md "Gradient filtering") lets a backward skip an entry
 //! when `g0 < filter_eps`, as long as each row's skipped `Σ g0` stays `≤ δ`. The per-row
-//! threshold `τ_i` is one way to meet it: it skips a tile only when every entry of every row is
-//! below that row's `τ_i`, the level under which *all* of the row's entries sum to `≤ δ`. Real
-//! rows spread their last `δ` of mass over thousands of tiny entries, so `τ_i` is tiny and
-//! almost no tile of 64 rows is below it everywhere (0.2% of 64 x 256 tiles on the shipped
-//! SmolLM2 rows at `δ = 1e-3`). Spending each row's budget on whole tiles instead, the tiles
-//! whose largest row mass is smallest first, skips 20% of the same tiles with the classes in
-//! batch-mean-logit order ([`crate::vocab_order`]), 42% at `δ = 1e-2` (docs/perf-log.md,
-//! session 22). The rule:
+//! threshold `τ_i` is one way to meet it, but it skips a tile only when every entry of every
+//! row is below its row's `τ_i`, and real rows spread their last `δ` of mass over thousands of
+//! tiny entries, so `τ_i` is tiny (0.2% of 64 x 256 tiles on the shipped SmolLM2 rows at
+//! `δ = 1e-3`). With the classes in batch-mean-logit order ([`crate::vocab_order`]) a row's
+//! small entries gather at the end of the order, so each row spends its budget on the longest
+//! suffix of whole tiles it can drop:
 //!
-//! 1. a class tile is a candidate when every active row's entries in it have `g0 < eps`;
-//! 2. candidates in ascending order of their largest row mass (ties by tile index);
-//! 3. a candidate is skipped when every row's mass in it fits in what is left of that row's
-//!    budget `δ`, which it then takes.
+//! 1. row `i` keeps the first `kept_i` class tiles, the smallest count such that every entry of
+//!    the tiles after them has `g0 < eps` and their `Σ g0 ≤ δ` ([`TileMasses::kept_prefix`]);
+//!    a row without a gradient keeps none;
+//! 2. the rows sorted by descending `kept_i` (ties by row id, [`rows_by_kept`]) form row tiles
+//!    whose rows keep about as many tiles, so that a block of `R` sorted rows x a class tile is
+//!    computed for the rows that keep it, a prefix of the block, and skipped whole past the
+//!    block's first row's `kept`.
 //!
-//! Greedy, not optimal; deterministic, so every pass over a row tile makes the same skips. Rows
-//! without a gradient have `g0 = 0` everywhere and constrain nothing.
+//! On the shipped real rows (12 windows of 1024, 256-class tiles) the rows keep 38% of the
+//! tiles at `δ = 1e-3` (17% at `1e-2`), where deciding whole 128-row tiles jointly (the
+//! smallest-first greedy of session 22) kept 89% (70%): docs/perf-log.md, session 23. A row's
+//! dropped mass is its suffix's `Σ g0`, `≤ δ` by construction; deterministic.
 
 /// Per `(row, class tile)` of one row tile, row-major `[rows x tiles]`: the row's `Σ g0` over the
 /// tile's classes and its largest `g0` there.
@@ -53,31 +56,33 @@ impl TileMasses {
         self.max_g0[at] = self.max_g0[at].max(g0);
     }
 
-    /// Which tiles to skip (`[tiles]`) under `eps` (entries at or above it are never skipped)
-    /// and the per-row budget `delta` (module docs for the rule).
-    pub fn skips(&self, eps: f32, delta: f64) -> Vec<bool> {
-        let (rows, tiles) = (self.rows, self.tiles);
-        let at = |r: usize, t: usize| r * tiles + t;
-        let mut candidates: Vec<(f64, usize)> = (0..tiles)
-            .filter(|&t| (0..rows).all(|r| self.max_g0[at(r, t)] < eps))
-            .map(|t| {
-                let key = (0..rows).map(|r| self.mass[at(r, t)]).fold(0.0, f64::max);
-                (key, t)
-            })
-            .collect();
-        candidates.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut budget = vec![delta; rows];
-        let mut skip = vec![false; tiles];
-        for (_, t) in candidates {
-            if (0..rows).all(|r| self.mass[at(r, t)] <= budget[r]) {
-                for (r, b) in budget.iter_mut().enumerate() {
-                    *b -= self.mass[at(r, t)];
+    /// Per row (`[rows]`): how many leading class tiles it keeps, and the `Σ g0` of the tiles
+    /// it drops (`≤ delta`): the longest suffix of tiles whose entries are all `< eps` (an
+    /// entry at or above `eps` is never skipped; a target's tile carries `max_g0 = ∞` where the
+    /// caller wants it kept) and whose masses sum to at most `delta`.
+    pub fn kept_prefix(&self, eps: f32, delta: f64) -> Vec<(usize, f64)> {
+        (0..self.rows)
+            .map(|r| {
+                let mass = &self.mass[r * self.tiles..(r + 1) * self.tiles];
+                let max_g0 = &self.max_g0[r * self.tiles..(r + 1) * self.tiles];
+                let mut kept = self.tiles;
+                let mut dropped = 0.0f64;
+                while kept > 0 && max_g0[kept - 1] < eps && dropped + mass[kept - 1] <= delta {
+                    dropped += mass[kept - 1];
+                    kept -= 1;
                 }
-                skip[t] = true;
-            }
-        }
-        skip
+                (kept, dropped)
+            })
+            .collect()
     }
+}
+
+/// The rows in the order a backward visits them (`[n]`, row ids): by descending `kept` (tiles
+/// each row keeps), ties by ascending row id.
+pub fn rows_by_kept(kept: &[usize]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..kept.len() as u32).collect();
+    order.sort_by(|&a, &b| kept[b as usize].cmp(&kept[a as usize]).then(a.cmp(&b)));
+    order
 }
 
 #[cfg(test)]
@@ -94,31 +99,38 @@ mod tests {
     }
 
     #[test]
-    fn smallest_tiles_first_until_a_row_runs_out() {
-        // Two rows, four tiles (binary fractions: exact sums); row 1's budget binds.
+    fn each_row_drops_the_longest_suffix_that_fits() {
+        // Two rows, four tiles (binary fractions: exact sums).
         let t = masses(
             2,
             4,
-            &[0.125, 0.25, 0.875, 0.0, 0.375, 0.75, 0.125, 0.5],
+            &[0.125, 0.25, 0.375, 0.0, 0.5, 0.75, 0.125, 0.25],
             &[0.01; 8],
         );
-        // Keys (largest row mass): t0 0.375, t1 0.75, t2 0.875, t3 0.5 → order 0, 3, 1, 2.
-        // t0: row budgets 0.875 / 0.625; t3: 0.875 / 0.125; t1 needs 0.75 of row 1: kept; t2
-        // needs 0.875 of row 0 (left 0.875) and 0.125 of row 1 (left 0.125): skipped.
-        assert_eq!(t.skips(1.0, 1.0), [true, false, true, true]);
+        // Row 0: 0.0 + 0.375 = 0.375 fits 0.5, + 0.25 does not: keeps 2. Row 1: 0.25 + 0.125
+        // fits, + 0.75 does not: keeps 2.
+        assert_eq!(t.kept_prefix(1.0, 0.5), [(2, 0.375), (2, 0.375)]);
+        assert_eq!(t.kept_prefix(1.0, 0.0), [(3, 0.0), (4, 0.0)]);
+        assert_eq!(t.kept_prefix(1.0, 10.0), [(0, 0.75), (0, 1.625)]);
     }
 
     #[test]
-    fn an_entry_at_eps_keeps_its_tile_and_budgets_are_per_row() {
-        let t = masses(2, 2, &[0.0, 0.0, 0.0, 0.0], &[0.0, 0.5, 0.0, 0.0]);
-        assert_eq!(t.skips(0.5, 1.0), [true, false]);
-        let t = masses(1, 3, &[0.3, 0.3, 0.3], &[0.1; 3]);
-        assert_eq!(t.skips(1.0, 0.6), [true, true, false]);
-        assert_eq!(t.skips(1.0, 0.0), [false; 3]);
+    fn an_entry_at_eps_stops_the_suffix() {
+        let t = masses(1, 3, &[0.0, 0.0, 0.0], &[0.0, 0.5, 0.0]);
+        assert_eq!(t.kept_prefix(0.5, 1.0), [(2, 0.0)]);
+        assert_eq!(t.kept_prefix(0.6, 1.0), [(0, 0.0)]);
+        let t = masses(1, 2, &[0.0, 0.0], &[0.0, f32::INFINITY]);
+        assert_eq!(t.kept_prefix(1.0, 1.0), [(2, 0.0)]);
     }
 
     #[test]
-    fn skipped_mass_never_exceeds_the_budget() {
+    fn rows_sort_by_descending_kept_then_id() {
+        assert_eq!(rows_by_kept(&[1, 3, 0, 3, 1]), [1, 3, 0, 4, 2]);
+        assert!(rows_by_kept(&[]).is_empty());
+    }
+
+    #[test]
+    fn dropped_mass_never_exceeds_the_budget_and_is_the_suffix_sum() {
         let mut x = 0x2545_f491u32;
         let mut next = || {
             x ^= x << 13;
@@ -136,13 +148,14 @@ mod tests {
                 }
             }
             let delta = 2e-3;
-            let skip = t.skips(1e-3, delta);
-            for r in 0..rows {
-                let dropped: f64 = (0..tiles)
-                    .filter(|&k| skip[k])
-                    .map(|k| t.mass[r * tiles + k])
-                    .sum();
-                assert!(dropped <= delta * (1.0 + 1e-12), "row {r}: {dropped}");
+            for (r, &(kept, dropped)) in t.kept_prefix(1e-3, delta).iter().enumerate() {
+                let suffix: f64 = (kept..tiles).map(|k| t.mass[r * tiles + k]).sum();
+                assert!((suffix - dropped).abs() <= 1e-15, "row {r}");
+                assert!(dropped <= delta, "row {r}: {dropped}");
+                if kept > 0 {
+                    let more = dropped + t.mass[r * tiles + kept - 1];
+                    assert!(more > delta || t.max_g0[r * tiles + kept - 1] >= 1e-3);
+                }
             }
         }
     }

@@ -9,12 +9,13 @@
 //!
 //! Backward (paper section 4.3), from the saved lse and rest mass (the target's `G` and `g0`
 //! from `1 − p_y = rest`, without cancellation on confident rows):
-//! 1. skip decisions, a row tile at a time: each row's `Σ g0` (`g0 = |p − onehot|`) and largest
-//!    `g0` per class tile, then whole tiles skipped, smallest first, while every row's skipped
-//!    mass stays within `max_dropped_mass` and no skipped entry reaches `filter_eps`
-//!    ([`cce_core::tile_budget`]); a filtered call visits the classes by batch-mean logit
-//!    ([`cce_core::vocab_order`]) so that the classes the rows keep share tiles;
-//! 2. the dropped mass of a row is `Σ g0` over its skipped tiles;
+//! 1. the filter's decisions, per row: each row's `Σ g0` (`g0 = |p − onehot|`) and largest `g0`
+//!    per class tile, then the longest suffix of tiles it can drop within `max_dropped_mass`
+//!    with no entry at `filter_eps` ([`cce_core::tile_budget`]); a filtered call visits the
+//!    classes by batch-mean logit ([`cce_core::vocab_order`]), so that a row's small entries
+//!    gather at the end, and the rows by descending count of kept tiles, so that a row tile
+//!    computes a class tile for a prefix of its rows and skips it past its first row's count;
+//! 2. the dropped mass of a row is `Σ g0` over its dropped suffix;
 //! 3. `d_e` (row-owned, parallel over row tiles) and `d_c`/`d_bias` (class-owned, parallel over
 //!    class tiles), f32 accumulation in a fixed order (bitwise deterministic).
 //!
@@ -45,7 +46,7 @@ mod row_acc;
 mod tile_g;
 pub(crate) use math::{cap, dcap, dgemm, sgemm};
 use row_acc::{RowAcc, TileStats};
-use tile_g::{GCtx, RowTileSkips, SkipMask, TileG};
+use tile_g::{GCtx, TileG};
 
 /// The CPU backend. Buffers are [`HostTensor`]s; every computation follows the [`Plan`].
 #[derive(Clone, Debug)]
@@ -418,8 +419,8 @@ impl CpuBackend {
     /// [`CpuBackend::forward_host`]. A filtered call whose statistics fit in the budget beside
     /// the plan keeps each `(row, class tile)`'s largest logit and `Σ e^{z − max}`
     /// from its forward (with the classes by batch-mean logit, [`cce_core::vocab_order`]), so
-    /// that its backward decides its whole-tile skips before recomputing any logits and
-    /// recomputes only the kept tiles; otherwise its backward decides from its own logits, as
+    /// that its backward decides each row's kept tiles before recomputing any logits and
+    /// recomputes only those; otherwise its backward decides from its own logits, as
     /// [`CpuBackend::backward_host`] does (the order taken once for both). Same errors as
     /// [`Backend::forward`] and [`Backend::backward`].
     pub fn forward_backward_host<T: HostRead>(
@@ -536,10 +537,90 @@ impl CpuBackend {
         let alpha = opts.label_smoothing;
         let lambda = opts.z_loss;
         let active: Vec<bool> = (0..n).map(|i| g[i] != 0.0 || h[i] != 0.0).collect();
+        let class_tiles: Vec<Range<usize>> = p
+            .plan
+            .class_chunks
+            .iter()
+            .flat_map(|cc| p.plan.class_tiles(cc.clone()))
+            .collect();
+        let row_tiles_of =
+            |rc: &Range<usize>| -> Vec<Range<usize>> { p.plan.row_tiles(rc.clone()).collect() };
+        let tiles_per_chunk: Vec<(Range<usize>, Vec<Range<usize>>)> = (p.plan.row_chunks.iter())
+            .map(|rc| (rc.clone(), row_tiles_of(rc)))
+            .collect();
+
+        // 1. The filter's decisions, per row: the class tiles it keeps (a prefix of the order)
+        // and the mass it drops ([`cce_core::tile_budget`]), from the fused forward's
+        // statistics or from a pass over the logits.
+        let decisions: Option<Vec<(usize, f64)>> = rule.enabled.then(|| {
+            let g_ctx = GCtx {
+                p: &p,
+                lse,
+                rest,
+                g: &g,
+                h: &h,
+                y: &p.targets.classes,
+                opts,
+                alpha,
+                lambda,
+                rule,
+                kept: None,
+            };
+            let (eps, delta) = (rule.eps, rule.max_dropped_mass as f64);
+            let row_tiles: Vec<&Range<usize>> =
+                tiles_per_chunk.iter().flat_map(|(_, rts)| rts).collect();
+            let per_tile: Vec<Vec<(usize, f64)>> = row_tiles
+                .into_par_iter()
+                .map(|rows| match &stats {
+                    Some(st) => st
+                        .masses(rows, lse, &active, &p.targets.classes, &class_tiles)
+                        .kept_prefix(eps, delta),
+                    None => {
+                        let probs = class_tiles.iter().map(|cl| {
+                            let z = p.logits_tile(rows, cl, opts.softcap);
+                            (cl.clone(), g_ctx.probs(rows, cl.len(), &z))
+                        });
+                        g_ctx.decide_rows(rows, class_tiles.len(), probs)
+                    }
+                })
+                .collect();
+            per_tile.concat()
+        });
+        // The rows by descending kept tiles: `p` and every per-row array then in that order,
+        // `d_e` and the dropped masses back in row order at the end.
+        let row_order = decisions.as_ref().map(|dec| {
+            let kept: Vec<usize> = dec.iter().map(|&(k, _)| k).collect();
+            cce_core::tile_budget::rows_by_kept(&kept)
+        });
+        fn by_row<'x>(x: &'x [f32], row_order: Option<&[u32]>) -> Cow<'x, [f32]> {
+            match row_order {
+                Some(ro) => Cow::Owned(order::gather(x, ro)),
+                None => Cow::Borrowed(x),
+            }
+        }
+        let ro = row_order.as_deref();
+        let (lse, rest) = (by_row(lse, ro), by_row(rest, ro));
+        let (g, h) = (by_row(&g, ro), by_row(&h, ro));
+        let (kept, dropped): (Option<Vec<usize>>, Vec<f64>) = match (&decisions, &row_order) {
+            (Some(dec), Some(ro)) => {
+                let dec = order::gather(dec, ro);
+                (
+                    Some(dec.iter().map(|&(k, _)| k).collect()),
+                    dec.iter().map(|&(_, m)| m).collect(),
+                )
+            }
+            _ => (None, vec![0.0; n]),
+        };
+        let p = match &row_order {
+            Some(ro) => order::reordered_rows(p, ro),
+            None => p,
+        };
+        let active: Vec<bool> = (0..n).map(|i| g[i] != 0.0 || h[i] != 0.0).collect();
+        let y = &p.targets.classes;
         let g_ctx = GCtx {
             p: &p,
-            lse,
-            rest,
+            lse: &lse,
+            rest: &rest,
             g: &g,
             h: &h,
             y,
@@ -547,155 +628,63 @@ impl CpuBackend {
             alpha,
             lambda,
             rule,
-            skips: None,
+            kept: kept.as_deref(),
         };
 
-        let tiles_per_chunk: Vec<(Range<usize>, Vec<Range<usize>>)> = p
-            .plan
-            .row_chunks
-            .iter()
-            .map(|rc| (rc.clone(), p.plan.row_tiles(rc.clone()).collect()))
-            .collect();
-        let class_tiles: Vec<Range<usize>> = p
-            .plan
-            .class_chunks
-            .iter()
-            .flat_map(|cc| p.plan.class_tiles(cc.clone()))
-            .collect();
-
-        // 1. Skip decisions, each row tile's at once (TileOwnership: a recompute pass;
-        // ChunkedDense: from the materialized logits of each row tile, below).
+        // 2-3. d_e, d_c per row chunk, per the strategy, each tile for the rows that keep it.
         let materialize = matches!(p.plan.strategy, Strategy::ChunkedDense { .. });
-        let row_tiles: Vec<Range<usize>> = tiles_per_chunk
-            .iter()
-            .flat_map(|(_, rts)| rts.iter().cloned())
-            .collect();
-        let skips: SkipMask = match &stats {
-            Some(st) if rule.enabled => row_tiles
-                .into_par_iter()
-                .map(|rows| {
-                    let mass = st.masses(&rows, lse, &active, y, &class_tiles);
-                    let skip = mass.skips(rule.eps, rule.max_dropped_mass as f64);
-                    let decided = RowTileSkips {
-                        skip,
-                        mass: Some(mass),
-                    };
-                    (rows.start, decided)
-                })
-                .collect(),
-            _ if rule.enabled && !materialize => row_tiles
-                .into_par_iter()
-                .map(|rows| {
-                    let probs = class_tiles.iter().map(|cl| {
-                        let z = p.logits_tile(&rows, cl, opts.softcap);
-                        (cl.clone(), g_ctx.probs(&rows, cl.len(), &z))
-                    });
-                    let skip = g_ctx.skip_row(&rows, class_tiles.len(), probs);
-                    (rows.start, RowTileSkips { skip, mass: None })
-                })
-                .collect(),
-            _ => SkipMask::new(),
-        };
-        let g_ctx = GCtx {
-            skips: Some(&skips),
-            ..g_ctx
-        };
-
-        // 2-3. Tile mask, d_e, d_c, per the strategy.
         let mut d_e = cce_core::try_filled(if opts.compute_d_e { n * d } else { 0 }, 0.0f32)?;
         let mut d_c = cce_core::try_filled(if opts.compute_d_c { v * d } else { 0 }, 0.0f32)?;
         let mut d_bias = cce_core::try_filled(if opts.compute_d_c { v } else { 0 }, 0.0f32)?;
-        let mut dropped = vec![0.0f64; n];
         let (mut kept_tiles, mut skipped_tiles, mut kept_entries, mut skipped_entries) =
             (0u64, 0u64, 0u64, 0u64);
         for (rc, row_tiles) in &tiles_per_chunk {
-            // G of every tile of the chunk: Some(G) when kept, None when skipped (ChunkedDense),
-            // or only the mask (TileOwnership, recomputed in each pass).
+            // Every tile of the chunk: its kept rows, and their G when materialized
+            // (ChunkedDense); tile ownership recomputes G in each pass.
             let per_row_tile: Vec<Vec<TileG>> = row_tiles
                 .par_iter()
                 .map(|rows| {
-                    let decided = g_ctx.skips.and_then(|m| m.get(&rows.start));
-                    if materialize && decided.is_some_and(|d| d.mass.is_some()) {
-                        // Decided from the fused forward: the kept tiles' logits only.
-                        class_tiles
-                            .iter()
-                            .enumerate()
-                            .map(|(ct, classes)| g_ctx.tile(rows, ct, classes, true))
-                            .collect()
-                    } else if materialize {
-                        // The row tile's logits for every class, computed once.
-                        let zs: Vec<Vec<f32>> = class_tiles
-                            .iter()
-                            .map(|cl| p.raw_logits_tile(rows, cl))
-                            .collect();
-                        // One exp per entry, shared by the thresholds, the mask and G.
-                        let ps: Vec<Vec<f32>> = class_tiles
-                            .iter()
-                            .zip(&zs)
-                            .map(|(cl, x)| g_ctx.probs(rows, cl.len(), &p.capped(x, opts.softcap)))
-                            .collect();
-                        let skip_row = g_ctx.skip_row(
-                            rows,
-                            class_tiles.len(),
-                            class_tiles
-                                .iter()
-                                .cloned()
-                                .zip(ps.iter().map(|p| p.as_slice())),
-                        );
-                        class_tiles
-                            .iter()
-                            .zip(zs)
-                            .zip(&ps)
-                            .zip(skip_row)
-                            .map(|(((classes, z), pt), skip)| {
-                                g_ctx.tile_from(rows, classes, z, pt, skip, true)
-                            })
-                            .collect()
-                    } else {
-                        class_tiles
-                            .iter()
-                            .enumerate()
-                            .map(|(ct, classes)| g_ctx.tile(rows, ct, classes, false))
-                            .collect()
-                    }
+                    (class_tiles.iter().enumerate())
+                        .map(|(ct, classes)| g_ctx.tile(rows, ct, classes, materialize))
+                        .collect()
                 })
                 .collect();
             for (rows, tiles) in row_tiles.iter().zip(&per_row_tile) {
                 for t in tiles {
-                    let active_rows = (rows.clone()).filter(|&i| active[i]).count() as u64;
-                    let entries = active_rows * t.classes as u64;
-                    if t.skipped {
+                    let (keep, drop) = rows
+                        .clone()
+                        .partition::<Vec<usize>, _>(|&i| i - rows.start < t.rows_kept);
+                    let count = |x: &[usize]| x.iter().filter(|&&i| active[i]).count() as u64;
+                    kept_entries += count(&keep) * t.classes as u64;
+                    skipped_entries += count(&drop) * t.classes as u64;
+                    if t.rows_kept == 0 {
                         skipped_tiles += 1;
-                        skipped_entries += entries;
-                        for (ii, m) in t.dropped.iter().enumerate() {
-                            dropped[rows.start + ii] += m;
-                        }
                     } else {
                         kept_tiles += 1;
-                        kept_entries += entries;
                     }
                 }
             }
+            // G of a tile for a product: its kept rows when that product is filtered, else
+            // every row of the tile; `None` when no row keeps it.
             let g_of = |rows: &Range<usize>,
                         rt: usize,
                         ct: usize,
                         classes: &Range<usize>,
                         filtered: bool|
-             -> Option<Cow<'_, [f32]>> {
+             -> Option<(usize, Cow<'_, [f32]>)> {
                 let t = &per_row_tile[rt][ct];
-                if t.skipped && filtered {
+                if !filtered && t.rows_kept < rows.len() {
+                    return Some((rows.len(), Cow::Owned(g_ctx.dense_tile(rows, classes))));
+                }
+                if t.rows_kept == 0 {
                     return None;
                 }
                 // Materialized G is borrowed; tile ownership recomputes it.
-                match &t.g {
-                    Some(gt) => Some(Cow::Borrowed(gt.as_slice())),
-                    None => Some(Cow::Owned(
-                        g_ctx
-                            .tile(rows, ct, classes, true)
-                            .g
-                            .unwrap_or_else(|| g_ctx.dense_tile(rows, classes)),
-                    )),
-                }
+                let g = match &t.g {
+                    Some(gt) => Cow::Borrowed(gt.as_slice()),
+                    None => Cow::Owned(g_ctx.tile(rows, ct, classes, true).g.unwrap_or_default()),
+                };
+                Some((t.rows_kept, g))
             };
             if opts.compute_d_e {
                 let rows_slice = &mut d_e[rc.start * d..rc.end * d];
@@ -705,9 +694,9 @@ impl CpuBackend {
                     .for_each(|(rt, out)| {
                         let rows = &row_tiles[rt];
                         for (ct, classes) in class_tiles.iter().enumerate() {
-                            if let Some(gt) = g_of(rows, rt, ct, classes, rule.filter_e_grad) {
+                            if let Some((r, gt)) = g_of(rows, rt, ct, classes, rule.filter_e_grad) {
                                 sgemm(
-                                    rows.len(),
+                                    r,
                                     classes.len(),
                                     d,
                                     &gt,
@@ -715,7 +704,7 @@ impl CpuBackend {
                                     &p.c[classes.start * d..classes.end * d],
                                     (d, 1),
                                     1.0,
-                                    out,
+                                    &mut out[..r * d],
                                     d,
                                 );
                             }
@@ -730,21 +719,21 @@ impl CpuBackend {
                     .for_each(|(ct, (out, bias_out))| {
                         let classes = &class_tiles[ct];
                         for (rt, rows) in row_tiles.iter().enumerate() {
-                            if let Some(gt) = g_of(rows, rt, ct, classes, rule.filter_c_grad) {
+                            if let Some((r, gt)) = g_of(rows, rt, ct, classes, rule.filter_c_grad) {
                                 let k = classes.len();
                                 sgemm(
                                     k,
-                                    rows.len(),
+                                    r,
                                     d,
                                     &gt,
                                     (1, k),
-                                    &p.e[rows.start * d..rows.end * d],
+                                    &p.e[rows.start * d..(rows.start + r) * d],
                                     (d, 1),
                                     1.0,
                                     out,
                                     d,
                                 );
-                                for ii in 0..rows.len() {
+                                for ii in 0..r {
                                     for jj in 0..k {
                                         bias_out[jj] += gt[ii * k + jj];
                                     }
@@ -804,8 +793,11 @@ impl CpuBackend {
             valid_dropped.iter().sum::<f64>() / valid_dropped.len() as f64
         };
         if let Some(o) = &order {
-            order::restore_rows(&mut d_c, d, o);
-            order::restore_rows(&mut d_bias, 1, o);
+            order::restore_rows(&mut d_c, d, o.perm());
+            order::restore_rows(&mut d_bias, 1, o.perm());
+        }
+        if let Some(ro) = &row_order {
+            order::restore_rows(&mut d_e, d, ro);
         }
         let out_dtype = match opts.grad_dtype {
             GradDType::F32 => DType::F32,

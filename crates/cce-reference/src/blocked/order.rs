@@ -1,8 +1,10 @@
-//! The CPU backward's vocabulary order ([`cce_core::vocab_order`]): a filtered backward visits
-//! the classes sorted by their batch-mean logit, so that the classes a batch keeps share class
-//! tiles and more whole tiles are skipped. The backward runs on a reordered copy of the
-//! problem (rows of `c`, the bias, the targets mapped into the order) and writes `d_c` and
-//! `d_bias` back in class order at the end.
+//! The CPU backward's visiting orders: a filtered backward visits the classes sorted by their
+//! batch-mean logit ([`cce_core::vocab_order`]), so that each row's small entries gather in a
+//! suffix of whole tiles it can drop, and the rows by descending count of kept tiles
+//! ([`cce_core::tile_budget::rows_by_kept`]), so that a row tile's rows keep about as many. The
+//! backward runs on a reordered copy of the problem (rows of `c`, the bias, the targets mapped
+//! into the order; rows of `e` and the targets by row) and writes `d_c`, `d_bias` and `d_e`
+//! back in class and row order at the end.
 
 use super::Prepared;
 use cce_core::vocab_order::{takes_order, OrderFacts, VocabOrder};
@@ -93,14 +95,47 @@ pub(super) fn reordered<'a>(p: Prepared<'a>, order: &VocabOrder) -> Prepared<'a>
     }
 }
 
-/// `x` (`[V, width]`, row `k` belonging to class `order.perm()[k]`) rewritten in class order.
-/// An empty `x` (a gradient not computed) stays empty.
-pub(super) fn restore_rows(x: &mut Vec<f32>, width: usize, order: &VocabOrder) {
+/// `p` with its rows in `rows` (row `k` of the result is row `rows[k]` of `p`: rows of `e` and
+/// the targets); the plan's workspace counts the copy of `e`.
+pub(super) fn reordered_rows<'a>(p: Prepared<'a>, rows: &[u32]) -> Prepared<'a> {
+    let d = p.problem.d;
+    let mut e = Vec::with_capacity(p.e.len());
+    for &i in rows {
+        e.extend_from_slice(&p.e[i as usize * d..(i as usize + 1) * d]);
+    }
+    let mut plan = p.plan;
+    plan.reason.push_str(
+        "; the backward visits the rows by descending count of kept tiles, so that a row \
+         tile's rows drop about as many",
+    );
+    plan.workspace_bytes += e.len() as u64 * 4;
+    Prepared {
+        targets: PreparedTargets {
+            classes: gather(&p.targets.classes, rows),
+            n_valid: p.targets.n_valid,
+        },
+        e: Cow::Owned(e),
+        problem: p.problem,
+        plan,
+        c: p.c,
+        bias: p.bias,
+        wide_logits: p.wide_logits,
+    }
+}
+
+/// `[order.len()]`: `x[order[k]]` at `k`.
+pub(super) fn gather<T: Copy>(x: &[T], order: &[u32]) -> Vec<T> {
+    order.iter().map(|&i| x[i as usize]).collect()
+}
+
+/// `x` (`[len, width]`, row `k` belonging to row `perm[k]` of the original order) rewritten in
+/// the original order. An empty `x` (a gradient not computed) stays empty.
+pub(super) fn restore_rows(x: &mut Vec<f32>, width: usize, perm: &[u32]) {
     if x.is_empty() || width == 0 {
         return;
     }
     let mut out = vec![0.0f32; x.len()];
-    for (k, &j) in order.perm().iter().enumerate() {
+    for (k, &j) in perm.iter().enumerate() {
         let j = j as usize;
         out[j * width..(j + 1) * width].copy_from_slice(&x[k * width..(k + 1) * width]);
     }
@@ -117,10 +152,11 @@ mod tests {
         assert_eq!(order.perm(), &[1, 0, 2]);
         // Rows in visiting order: class 1, class 0, class 2.
         let mut x = vec![10.0, 11.0, 0.0, 1.0, 20.0, 21.0];
-        restore_rows(&mut x, 2, &order);
+        restore_rows(&mut x, 2, order.perm());
         assert_eq!(x, [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]);
+        assert_eq!(gather(&[5, 6, 7], order.perm()), [6, 5, 7]);
         let mut empty = Vec::new();
-        restore_rows(&mut empty, 2, &order);
+        restore_rows(&mut empty, 2, order.perm());
         assert!(empty.is_empty());
     }
 }

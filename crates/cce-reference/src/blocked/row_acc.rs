@@ -5,7 +5,7 @@
 //! merged into the running row: the online log-sum-exp of the paper's forward (section 4.2),
 //! f64 throughout. The tile's `(max, Σ e^{z − max})` are what a GPU forward's epilogue has per
 //! `(row, tile)` too; with the row's lse they give each row's probability mass in the tile and
-//! its largest probability, so the backward can decide its whole-tile skips
+//! its largest probability, so the backward can decide each row's kept tiles
 //! ([`cce_core::tile_budget`]) before recomputing any logits.
 
 use cce_core::tile_budget::TileMasses;

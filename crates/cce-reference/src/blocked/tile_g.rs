@@ -1,30 +1,17 @@
-//! `G` of one logits tile for the backward: probabilities, the filter's skip decisions (whole
-//! tiles, each row tile's decided at once: [`cce_core::tile_budget`]) and their dropped mass,
-//! and `G` itself when the tile is kept (MATH.md, "Backward").
+//! `G` of one logits tile for the backward: probabilities, each row's kept class tiles (the
+//! filter's suffix of dropped tiles: [`cce_core::tile_budget`]) and `G` itself for the rows of
+//! the tile that keep it (MATH.md, "Backward").
 
 use super::*;
 use cce_core::tile_budget::TileMasses;
-use std::collections::BTreeMap;
 
-/// A row tile's skip decisions, per class tile (in the order of the call's class tiles).
-pub(super) struct RowTileSkips {
-    /// Whether class tile `t` is skipped.
-    pub(super) skip: Vec<bool>,
-    /// Each row's `g0` mass per class tile, when the decisions were made from a fused
-    /// forward's statistics before any logits of the backward (the skipped tiles' dropped mass).
-    pub(super) mass: Option<TileMasses>,
-}
-
-/// The skip decisions of every row tile, by the row tile's first row.
-pub(super) type SkipMask = BTreeMap<usize, RowTileSkips>;
-
-/// A tile's backward data.
+/// A tile's backward data: the tile's rows that keep it are the first `rows_kept` (the rows
+/// visit in descending order of their kept tiles, [`cce_core::tile_budget::rows_by_kept`]).
 pub(super) struct TileG {
     pub(super) classes: usize,
-    pub(super) skipped: bool,
-    /// Per row of the tile, `Σ g0` (skipped tiles only).
-    pub(super) dropped: Vec<f64>,
-    /// `G` of the tile (row-major), when materialized and kept.
+    /// Rows of the row tile that keep this class tile (a prefix; 0: skipped whole).
+    pub(super) rows_kept: usize,
+    /// `G` of the kept rows (row-major `[rows_kept x classes]`), when materialized.
     pub(super) g: Option<Vec<f32>>,
 }
 
@@ -42,8 +29,9 @@ pub(super) struct GCtx<'a> {
     pub(super) alpha: f32,
     pub(super) lambda: f32,
     pub(super) rule: FilterRule,
-    /// Tile ownership's skip decisions, made in a pass before the gradient passes.
-    pub(super) skips: Option<&'a SkipMask>,
+    /// Per row (visiting order), the class tiles it keeps (the filter's decisions, made before
+    /// the gradient passes); `None`: every row keeps every tile.
+    pub(super) kept: Option<&'a [usize]>,
 }
 
 impl GCtx<'_> {
@@ -135,18 +123,15 @@ impl GCtx<'_> {
         out
     }
 
-    /// Which of a row tile's `n_tiles` class tiles to skip, from their probability tiles
-    /// `(classes, p)` in order: each row's `g0` mass and largest `g0` per tile, then
-    /// [`TileMasses::skips`] under `filter_eps` and `max_dropped_mass`.
-    pub(super) fn skip_row<P: AsRef<[f32]>>(
+    /// Each row's kept class tiles and dropped mass ([`TileMasses::kept_prefix`] under
+    /// `filter_eps` and `max_dropped_mass`) of the row tile `rows`, from its probability tiles
+    /// `(classes, p)` in order.
+    pub(super) fn decide_rows<P: AsRef<[f32]>>(
         &self,
         rows: &Range<usize>,
         n_tiles: usize,
         tiles: impl Iterator<Item = (Range<usize>, P)>,
-    ) -> Vec<bool> {
-        if !self.rule.enabled {
-            return vec![false; n_tiles];
-        }
+    ) -> Vec<(usize, f64)> {
         let mut masses = TileMasses::zeros(rows.len(), n_tiles);
         for (t, (classes, p)) in tiles.enumerate() {
             let p = p.as_ref();
@@ -158,11 +143,19 @@ impl GCtx<'_> {
                 }
             }
         }
-        masses.skips(self.rule.eps, self.rule.max_dropped_mass as f64)
+        masses.kept_prefix(self.rule.eps, self.rule.max_dropped_mass as f64)
     }
 
-    /// Skip decision (and `G` if `keep_g` and kept) of class tile `ct` of a row tile,
-    /// recomputing its logits and reading the decisions of the skip pass.
+    /// How many of the rows `rows` keep class tile `ct` (a prefix of them).
+    pub(super) fn rows_kept(&self, rows: &Range<usize>, ct: usize) -> usize {
+        match self.kept {
+            Some(kept) => kept[rows.clone()].partition_point(|&k| k > ct),
+            None => rows.len(),
+        }
+    }
+
+    /// Class tile `ct` of a row tile: its kept rows and, if `keep_g`, their `G` (logits
+    /// recomputed for those rows only).
     pub(super) fn tile(
         &self,
         rows: &Range<usize>,
@@ -170,73 +163,12 @@ impl GCtx<'_> {
         classes: &Range<usize>,
         keep_g: bool,
     ) -> TileG {
-        let decided = self.skips.and_then(|m| m.get(&rows.start));
-        let skip = decided.is_some_and(|d| d.skip[ct]);
-        if let (true, Some(mass)) = (skip, decided.and_then(|d| d.mass.as_ref())) {
-            return Self::skipped_from(classes.len(), ct, mass);
-        }
-        let x = self.p.raw_logits_tile(rows, classes);
-        let p = self.probs(rows, classes.len(), &self.p.capped(&x, self.opts.softcap));
-        self.tile_from(rows, classes, x, &p, skip, keep_g)
-    }
-
-    /// Skipped class tile `ct` (of `k` classes) of a row tile whose masses are known
-    /// beforehand: no logits, the dropped mass from `mass`.
-    pub(super) fn skipped_from(k: usize, ct: usize, mass: &TileMasses) -> TileG {
+        let rows_kept = self.rows_kept(rows, ct);
+        let g = (keep_g && rows_kept > 0)
+            .then(|| self.dense_tile(&(rows.start..rows.start + rows_kept), classes));
         TileG {
-            classes: k,
-            skipped: true,
-            dropped: (0..mass.rows)
-                .map(|r| mass.mass[r * mass.tiles + ct])
-                .collect(),
-            g: None,
-        }
-    }
-
-    /// The tile (`G` if `keep_g` and kept) from its uncapped logits `x` and their
-    /// probabilities `p`; when `skip` (the row tile's decision), its dropped mass per row.
-    pub(super) fn tile_from(
-        &self,
-        rows: &Range<usize>,
-        classes: &Range<usize>,
-        x: Vec<f32>,
-        p: &[f32],
-        skip: bool,
-        keep_g: bool,
-    ) -> TileG {
-        let k = classes.len();
-        let skipped = skip && self.rule.enabled;
-        let mut dropped = vec![0.0f64; rows.len()];
-        if skipped {
-            for (ii, out) in dropped.iter_mut().enumerate() {
-                let i = rows.start + ii;
-                *out = (0..k)
-                    .map(|jj| self.g0(i, classes.start + jj, p[ii * k + jj]) as f64)
-                    .sum();
-            }
-        }
-        if skipped {
-            return TileG {
-                classes: k,
-                skipped,
-                dropped,
-                g: None,
-            };
-        }
-        let g = keep_g.then(|| {
-            let mut out = x;
-            for ii in 0..rows.len() {
-                for jj in 0..k {
-                    let at = ii * k + jj;
-                    out[at] = self.g_entry(rows.start + ii, classes.start + jj, p[at], out[at]);
-                }
-            }
-            out
-        });
-        TileG {
-            classes: k,
-            skipped: false,
-            dropped: vec![],
+            classes: classes.len(),
+            rows_kept,
             g,
         }
     }
