@@ -130,6 +130,7 @@
 //! | `row_pass.rs` | the row chunks: forward rows, `G` in place, `d_e`, chunked dense's `d_c` |
 //! | `class_pass.rs` | split dense's class pass |
 //! | `sparse.rs` | the sparse backward |
+//! | `staircase.rs` | the staircase backward's device steps (orders, kept tiles, gathers); not yet in a schedule |
 //! | `forward.rs` | forward-only passes: the fused WGMMA forward, the class tiles |
 //! | `wgmma.rs` | the WGMMA launches and their TMA tensor maps |
 //! | `scales.rs` | scales, f16 copies, conversions, test data |
@@ -150,6 +151,7 @@ mod scales;
 pub(crate) mod schedule;
 mod sparse;
 pub(crate) mod sparse_memory;
+pub mod staircase;
 mod wgmma;
 mod workspace;
 
@@ -195,7 +197,7 @@ use std::sync::Arc;
 const BACKEND: &str = "cuda";
 
 /// The kernel source: the dense kernel files in order (`kernels/dense_common.cu`, `forward.cu`,
-/// `rows.cu`, `classes.cu`, `dense_util.cu`, `sparse.cu`, `sparse_gather.cu`), then
+/// `rows.cu`, `classes.cu`, `dense_util.cu`, `sparse.cu`, `sparse_gather.cu`, `staircase.cu`), then
 /// `kernels/wgmma.cu` (the WGMMA GEMMs) and `kernels/wgmma_rows.cu` (their dense row pass),
 /// compiled only for sm_90a; one NVRTC module.
 pub const KERNEL_SOURCE: &str = concat!(
@@ -206,6 +208,7 @@ pub const KERNEL_SOURCE: &str = concat!(
     include_str!("../../kernels/dense_util.cu"),
     include_str!("../../kernels/sparse.cu"),
     include_str!("../../kernels/sparse_gather.cu"),
+    include_str!("../../kernels/staircase.cu"),
     include_str!("../../kernels/wgmma.cu"),
     include_str!("../../kernels/wgmma_rows.cu")
 );
@@ -600,6 +603,9 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
             "cce_split_gcols",
             "cce_split_de_finish",
             "cce_sparse_select",
+            "cce_stair_col_sums",
+            "cce_stair_class_keys",
+            "cce_stair_scatter_rows",
         ] {
             names.push(format!("{k}_{dt}"));
         }
@@ -662,6 +668,16 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
         "cce_sparse_tile_sums",
         "cce_sparse_scan_tiles",
         "cce_sparse_scatter",
+        "cce_stair_mean",
+        "cce_stair_row_keys",
+        "cce_stair_bitonic_local",
+        "cce_stair_bitonic_step",
+        "cce_stair_perm",
+        "cce_stair_kept_rows",
+        "cce_stair_chunk_rows",
+        "cce_stair_gather_u32",
+        "cce_stair_map_targets",
+        "cce_stair_gather_rows16",
     ] {
         names.push(n.into());
     }
