@@ -100,7 +100,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         name = m["target"]["name"]
-        if name in ("conformance", "wgmma", "wgmma_chunked", "errors", "large", "api", "numerics", "capture", "accumulate", "vocab_parallel"):
+        if name in ("conformance", "wgmma", "wgmma_chunked", "errors", "large", "api", "numerics", "capture", "accumulate", "vocab_parallel", "staircase"):
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
@@ -179,7 +179,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,n
 
 if [[ $PHASES == *tests* ]]; then
   ok=1
-  for t in errors numerics conformance wgmma wgmma_chunked api capture accumulate vocab_parallel; do
+  for t in staircase errors numerics conformance wgmma wgmma_chunked api capture accumulate vocab_parallel; do
     echo "==== $t ===="
     # TEST_FILTER (optional): a test-name filter, e.g. "wgmma_" (both binaries get it).
     # shellcheck disable=SC2086
