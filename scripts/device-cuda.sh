@@ -298,7 +298,7 @@ if [[ $PHASES == *pybench* ]]; then
   rm -rf /tmp/cce-bench-site
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cce-bench-site \
     "$D"/py/cut_cross_entropy_rs-*.whl "$W"/*.whl >"$OUT/pybench.log" 2>&1
-  args=${PYBENCH_ARGS:---iters 5 --warmup 2 --peers ours,ours-exact,ours-bf16dc,liger,compile,cce --shapes 8192,2304,256000;8192,4096,128256 --data lm}
+  args=${PYBENCH_ARGS:---iters 5 --warmup 2 --peers ours,ours-exact,ours-bf16dc,staircase,liger,compile,cce --shapes 8192,2304,256000;8192,4096,128256 --data lm,real}
   # shellcheck disable=SC2086
   if PYTHONPATH=/tmp/cce-bench-site timeout "${PYBENCH_TIMEOUT:-500}" python3 -m cut_cross_entropy_rs.bench \
     $args --out "$OUT/pybench.md" >>"$OUT/pybench.log" 2>&1; then

@@ -78,7 +78,7 @@ __all__ = [
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 DEFAULT_PEERS = "ours,ours-exact,liger,cce,compile,torch"
-KNOWN_PEERS = ("ours", "ours-exact", "ours-bf16dc", "liger", "cce", "cce-exact", "compile", "torch")
+KNOWN_PEERS = ("ours", "ours-exact", "ours-bf16dc", "liger", "cce", "cce-exact", "compile", "torch", "staircase")
 GIB = float(1 << 30)
 
 
@@ -337,6 +337,16 @@ def _make_peer(name: str, budget: int | None) -> Peer:
     if name == "compile":
         compiled = torch.compile(_dense_loss, dynamic=False)
         return Peer(name, lambda e, c, t, softcap, stats: (compiled(e, c, t, softcap), None), torch.__version__)
+    if name == "staircase":
+        # The pure-torch prototype of the staircase backward (bench_staircase.py): not this
+        # library's code path; its notes give the kept share and the time of its GEMMs alone.
+        from .bench_staircase import staircase_loss
+
+        def call_staircase(e, c, t, softcap, stats):
+            out: dict | None = {} if stats else None
+            return staircase_loss(e, c, t, softcap=softcap, stats=out), out
+
+        return Peer(name, call_staircase, "prototype")
     if name == "torch":
         return Peer(name, lambda e, c, t, softcap, stats: (_dense_loss(e, c, t, softcap), None), torch.__version__)
     raise ValueError(f"unknown peer {name!r} (known: {', '.join(KNOWN_PEERS)})")

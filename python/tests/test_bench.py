@@ -165,3 +165,45 @@ def test_forward_failure_keeps_the_forward_backward_figures():
     assert "| half | " in bench.format_row(case.label, case.data, row, None) and "| OOM |" in bench.format_row(
         case.label, case.data, row, None
     )
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_staircase_prototype_is_exact_unfiltered_and_bounded_filtered(softcap):
+    from cut_cross_entropy_rs.bench_staircase import staircase_loss
+
+    case = bench.make_synthetic("lm", 200, 48, 2000, softcap, torch.float32, CPU, seed=4)
+    e = case.e.clone().requires_grad_(True)
+    c = case.c.clone().requires_grad_(True)
+    t = case.targets.clone()
+    t[3] = -100
+    z = e @ c.T
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    ref = F.cross_entropy(z, t, ignore_index=-100)
+    de_ref, dc_ref = torch.autograd.grad(ref, (e, c))
+    # Unfiltered: the staircase keeps everything and is the dense gradient.
+    stats = {}
+    exact = dict(filter_eps=0.0, max_dropped_mass=0.0, chunk_classes=512)
+    loss = staircase_loss(e, c, t, softcap=softcap, stats=stats, **exact)
+    d_e, d_c = torch.autograd.grad(loss, (e, c))
+    assert abs(float(loss.detach()) - float(ref.detach())) < 1e-5
+    assert bench.rel_err(d_e, de_ref) < 1e-5 and bench.rel_err(d_c, dc_ref) < 1e-5
+    assert stats["backward"]["entries_skipped"] == 0
+    # Filtered: each row drops at most its budget, and the gradients stay within it.
+    stats = {}
+    loss = staircase_loss(e, c, t, softcap=softcap, max_dropped_mass=1e-2, chunk_classes=256, stats=stats)
+    d_e, d_c = torch.autograd.grad(loss, (e, c))
+    b = stats["backward"]
+    assert b["dropped_mass_max"] <= 1e-2 * (1 + 1e-9)
+    assert b["entries_kept"] + b["entries_skipped"] == 199 * 2000
+    assert bench.rel_err(d_e, de_ref) < 2e-2 and bench.rel_err(d_c, dc_ref) < 2e-2
+    assert sorted(b["chunk_rows"], reverse=True) == b["chunk_rows"]
+
+
+def test_staircase_is_a_peer_of_the_benchmark():
+    peer = bench.load_peers(["staircase"], None)[0][0]
+    case = bench.make_synthetic("lm", 64, 32, 700, None, torch.bfloat16, CPU, seed=5)
+    row = bench.run_peer(peer, case, bench.truth(case), warmup=0, iters=1)
+    assert row["status"] == "ok", row
+    assert row["notes"].startswith("staircase prototype (kept"), row["notes"]
+    assert row["de_err"] < 5e-2 and row["dc_err"] < 5e-2
