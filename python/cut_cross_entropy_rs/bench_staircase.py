@@ -20,7 +20,6 @@ ignored, optional softcap; no label smoothing or z-loss.
 from __future__ import annotations
 
 import math
-import statistics
 
 import torch
 from torch import Tensor
@@ -218,22 +217,6 @@ def gemm_only_ms(e: Tensor, c: Tensor, counts: list[int], chunk: int, iters: int
             _mm_f32(g[:n_c, :k], cc)
             _mm_f32(g[:n_c, :k].T, e[:n_c])
 
-    run()
-    if not e.is_cuda:
-        import time
+    from .bench import time_ms
 
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return time_ms(run, e.device, 1, iters)

@@ -66,7 +66,7 @@ pub(super) struct CallPtrs {
 }
 
 /// A buffer must hold `bytes`.
-fn need(s: &CudaSlice<u8>, bytes: usize, what: &'static str) -> Result<()> {
+pub(super) fn need(s: &CudaSlice<u8>, bytes: usize, what: &'static str) -> Result<()> {
     if s.len() < bytes {
         Err(CceError::ShapeMismatch {
             what,

@@ -16,6 +16,7 @@
 //! Every buffer is raw bytes on the engine's device; the methods check each one's length
 //! before launching and return `ShapeMismatch` (or `ResourceLimit` past 32-bit sizes).
 
+use super::exec::need;
 use super::*;
 
 /// Classes per tile of the visiting order: the WGMMA forward's partials are per 256 classes.
@@ -232,19 +233,6 @@ kernel_params! {
 kernel_params! {
     /// `STAIR_SCATTER_PARAMS` of `cce_stair_scatter_rows_*`.
     ScatterRowsParams { src: u64, idx: u64, rows: i32, d: i32, dst: u64, accumulate: i32 }
-}
-
-/// A buffer must hold `bytes`.
-fn need(s: &CudaSlice<u8>, bytes: usize, what: &'static str) -> Result<()> {
-    if s.len() < bytes {
-        Err(CceError::ShapeMismatch {
-            what,
-            expected: format!("at least {bytes} bytes"),
-            got: format!("{} bytes", s.len()),
-        })
-    } else {
-        Ok(())
-    }
 }
 
 impl DenseEngine {
