@@ -22,8 +22,8 @@
 //                 for every row with a target; dlse f32 [N] or 0): a row with neither keeps
 //                 nothing.
 //   eps, delta    filter_eps and max_dropped_mass (cce-core FilterRule).
-//   kept, dropped u32 [N] tiles kept (a prefix of the visiting order), f32 [N] the Σ g0 of
-//                 the dropped suffix (≤ delta).
+//   kept, dropped u32 [N] tiles kept (a prefix of the visiting order, rounded up to
+//                 `granule` tiles), f32 [N] the Σ g0 of the dropped suffix (≤ delta).
 //   idx           u32 [rows]: row k of a gather's output is row idx[k] of its input; row k of
 //                 a scatter's input goes to row idx[k] of its output.
 //
@@ -217,11 +217,19 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_perm(const u64* keys
 // Each row's kept tiles and dropped mass (cce-core TileMasses::kept_prefix): the longest
 // suffix of tiles, from the end of the visiting order, whose every class has p < eps (the
 // tile's largest p is e^{m − lse}), that does not hold the row's target, and whose masses
-// Σexp·e^{m − lse} sum to at most delta. One warp per row.
+// Σexp·e^{m − lse} sum to at most delta; then the kept count rounded up to a multiple of
+// `granule` tiles (the backward's class chunk: what it computes) and the dropped mass summed
+// again past it. kept_entries (when not 0): the classes kept, min(kept·256, V), or
+// INACTIVE_ROW for a row without a gradient (cce_dense_stats' input). One warp per row.
+__device__ __forceinline__ double stair_tile_mass(const float2* row, int t, float l) {
+    const float2 pm = row[t];
+    return pm.x == NEG_INF ? 0.0 : (double)pm.y * (double)__expf(pm.x - l);
+}
+
 extern "C" __global__ void __launch_bounds__(256) cce_stair_kept_rows(
-    const float2* partial, long long ld_tiles, int n, int n_tiles, const float* lse,
+    const float2* partial, long long ld_tiles, int n, int n_tiles, int v, const float* lse,
     const int* ytile, const float* dl_rows, float dl_scalar, const float* dlse, float eps,
-    float delta, u32* kept, float* dropped) {
+    float delta, int granule, u32* kept, float* dropped, u32* kept_entries) {
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -233,6 +241,7 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_kept_rows(
             if (lane == 0) {
                 kept[r] = 0;
                 dropped[r] = 0.0f;
+                if (kept_entries) kept_entries[r] = INACTIVE_ROW;
             }
             continue;
         }
@@ -249,7 +258,7 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_kept_rows(
                 const float2 pm = row[t];
                 const float pmax = pm.x == NEG_INF ? 0.0f : __expf(pm.x - l);
                 ok = t != yt && pmax < eps;
-                m = pm.x == NEG_INF ? 0.0 : (double)pm.y * (double)pmax;
+                m = stair_tile_mass(row, t, l);
             }
             // Inclusive suffix sums in lane order (tiles from the end).
             double s = m;
@@ -267,28 +276,56 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_kept_rows(
             base -= cnt;
             if (cnt < group) break;
         }
+        const int g_len = granule > 1 ? granule : 1;
+        int rounded = (base + g_len - 1) / g_len * g_len;
+        if (rounded > n_tiles) rounded = n_tiles;
+        if (rounded != base) {
+            // What the chunk's rounding still drops: the tiles past it, strided over the
+            // lanes, then a fixed shuffle tree.
+            double part = 0.0;
+            for (int t = rounded + lane; t < n_tiles; t += 32) part += stair_tile_mass(row, t, l);
+            for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(FULL_MASK, part, o);
+            acc = part;
+        }
         if (lane == 0) {
-            kept[r] = (u32)base;
+            kept[r] = (u32)rounded;
             dropped[r] = (float)acc;
+            if (kept_entries) {
+                const long long e = (long long)rounded * STAIR_TILE;
+                kept_entries[r] = (u32)(e < v ? e : v);
+            }
         }
     }
 }
 
-// counts[c] = the sorted rows that keep tile chunk_tile[c] (kept_sorted descending: a
-// partition point, by bisection). One thread per chunk.
+// counts[c] = the sorted rows that keep tile c·step, the first tile of class chunk c
+// (kept_sorted descending: a partition point, by bisection). One thread per chunk.
 extern "C" __global__ void __launch_bounds__(256) cce_stair_chunk_rows(const u32* kept_sorted,
-                                                                       int n,
-                                                                       const int* chunk_tile,
+                                                                       int n, int step,
                                                                        int chunks, u32* counts) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= chunks) return;
-    const u32 t = (u32)chunk_tile[c];
+    const u32 t = (u32)c * (u32)step;
     int lo = 0, hi = n;  // first sorted row with kept <= t
     while (lo < hi) {
         const int mid = (lo + hi) >> 1;
         if (kept_sorted[mid] > t) lo = mid + 1; else hi = mid;
     }
     counts[c] = (u32)lo;
+}
+
+// Columns [t0, t0 + k_tiles) of dst (float2 [n, ld]) = src (float2 [n, k_tiles]): a class
+// chunk's partials placed among all the tiles. Grid-stride over the n·k_tiles entries.
+extern "C" __global__ void __launch_bounds__(256) cce_stair_place_tiles(const float2* src, int n,
+                                                                        int k_tiles,
+                                                                        float2* dst,
+                                                                        long long ld, int t0) {
+    const long long total = (long long)n * k_tiles;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / k_tiles;
+        dst[r * ld + t0 + (i - r * k_tiles)] = src[i];
+    }
 }
 
 // dst[k] = src[idx[k]] for 32-bit words (f32 or i32 per-row arrays, kept counts).
@@ -300,14 +337,18 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_gather_u32(const u32
     }
 }
 
-// The rows' targets in the visiting orders: out[k] = class_inv[targets[row_perm[k]]] (−1
-// stays), and the tile holding it (position / 256, or −1) when ytile is not 0.
+// The rows' targets in the visiting orders: pos = class_inv[targets[row_perm[k]]] (row_perm
+// 0: the rows in their own order), out[k] = pos − offset where that lies in [0, limit) (a
+// class chunk's own columns), else −1; and the tile holding pos (pos / 256, or −1) when ytile
+// is not 0.
 extern "C" __global__ void __launch_bounds__(256) cce_stair_map_targets(
-    const int* targets, const u32* row_perm, const u32* class_inv, int n, int* out, int* ytile) {
+    const int* targets, const u32* row_perm, const u32* class_inv, int n, int offset, int limit,
+    int* out, int* ytile) {
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
         const int y = targets[row_perm ? row_perm[k] : (u32)k];
-        const int pos = y >= 0 ? (int)class_inv[y] : y;
-        if (out) out[k] = pos;
+        const int pos = y >= 0 ? (int)class_inv[y] : -1;
+        const int rel = pos - offset;
+        if (out) out[k] = pos >= 0 && rel >= 0 && rel < limit ? rel : -1;
         if (ytile) ytile[k] = pos >= 0 ? pos / STAIR_TILE : -1;
     }
 }

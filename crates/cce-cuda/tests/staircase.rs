@@ -10,9 +10,7 @@ use cce_core::tile_budget::{rows_by_kept, TileMasses};
 use cce_core::vocab_order::VocabOrder;
 use cce_core::{DType, HostTensor};
 use cce_cuda::cudarc::driver::CudaSlice;
-use cce_cuda::dense::staircase::{
-    chunk_first_tiles, kept_by_warp_groups, mean_scratch_bytes, sort_len,
-};
+use cce_cuda::dense::staircase::{chunk_rows, kept_by_warp_groups, mean_scratch_bytes, sort_len};
 use cce_cuda::dense::DenseEngine;
 use common::{backend, seeded};
 use rand::Rng;
@@ -166,16 +164,18 @@ fn row_order_sorts_by_kept_then_id() {
         let mut kept_sorted = zeros(&eng, n * 4);
         eng.stair_gather_u32(&kept_d, &perm, n, &mut kept_sorted)
             .unwrap();
-        let firsts = chunk_first_tiles(n_tiles * 256, 512);
-        let firsts_d = up(&eng, &le(&firsts, i32::to_le_bytes));
-        let mut counts = zeros(&eng, firsts.len() * 4);
-        eng.stair_chunk_rows(&kept_sorted, n, (&firsts_d, firsts.len()), &mut counts)
+        let (step, chunks) = (2, n_tiles.div_ceil(2));
+        let mut counts = zeros(&eng, chunks * 4);
+        eng.stair_chunk_rows(&kept_sorted, n, (step, chunks), &mut counts)
             .unwrap();
-        let counts_h = words(&down(&eng, &counts), firsts.len(), u32::from_le_bytes);
-        for (c, &t) in firsts.iter().enumerate() {
-            let want = kept.iter().filter(|&&k| k > t as u32).count() as u32;
-            assert_eq!(counts_h[c], want, "chunk {c}");
-        }
+        let counts_h = words(&down(&eng, &counts), chunks, u32::from_le_bytes);
+        let mut sorted = kept.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        let want: Vec<u32> = chunk_rows(&sorted, step, chunks)
+            .into_iter()
+            .map(|x| x as u32)
+            .collect();
+        assert_eq!(counts_h, want, "n {n}");
     }
 }
 
@@ -186,7 +186,14 @@ fn kept_rows_follow_the_rule() {
     };
     let mut rng = seeded();
     let (eps, delta) = (2f32.powi(-12), 1e-3f32);
-    for (n, n_tiles, ld) in [(700usize, 37usize, 40usize), (64, 1000, 1000), (5, 1, 1)] {
+    let cases = [
+        (700usize, 37usize, 40usize, 1usize),
+        (64, 1000, 1000, 32),
+        (5, 1, 1, 4),
+    ];
+    for (n, n_tiles, ld, granule) in cases {
+        // The last tile partly past V.
+        let v = n_tiles * 256 - 100;
         let lse: Vec<f32> = (0..n).map(|_| rng.random_range(-5.0..30.0)).collect();
         let mut partial = vec![0.0f32; n * ld * 2];
         for i in 0..n {
@@ -222,28 +229,37 @@ fn kept_rows_follow_the_rule() {
             .collect();
         let mut kept = zeros(&eng, n * 4);
         let mut dropped = zeros(&eng, n * 4);
+        let mut entries = zeros(&eng, n * 4);
         eng.stair_kept_rows(
             &up(&eng, &le(&partial, f32::to_le_bytes)),
-            (n, n_tiles, ld),
+            (n, v, ld),
             (
                 &up(&eng, &le(&lse, f32::to_le_bytes)),
                 &up(&eng, &le(&ytile, i32::to_le_bytes)),
             ),
             (Some(&up(&eng, &le(&dl_rows, f32::to_le_bytes))), 0.0, None),
-            (eps, delta),
+            (eps, delta, granule),
             (&mut kept, &mut dropped),
+            Some(&mut entries),
         )
         .unwrap();
         let kept_h = words(&down(&eng, &kept), n, u32::from_le_bytes);
         let dropped_h = words(&down(&eng, &dropped), n, f32::from_le_bytes);
+        let entries_h = words(&down(&eng, &entries), n, u32::from_le_bytes);
         let mut agree = 0;
         for i in 0..n {
             let active = ytile[i] >= 0 && dl_rows[i] != 0.0;
             if !active {
                 assert_eq!((kept_h[i], dropped_h[i]), (0, 0.0), "inactive row {i}");
+                assert_eq!(entries_h[i], u32::MAX, "inactive row {i}");
                 agree += 1;
                 continue;
             }
+            assert_eq!(
+                entries_h[i] as usize,
+                (kept_h[i] as usize * 256).min(v),
+                "row {i}"
+            );
             let row = &partial[i * ld * 2..(i * ld + n_tiles) * 2];
             let pmax: Vec<f32> = row
                 .chunks(2)
@@ -261,7 +277,8 @@ fn kept_rows_follow_the_rule() {
                 })
                 .collect();
             let target = usize::try_from(ytile[i]).ok();
-            let (k, m) = kept_by_warp_groups(&mass, &pmax, target, eps, delta as f64);
+            let (k, _) = kept_by_warp_groups(&mass, &pmax, target, (eps, delta as f64), granule);
+            let (k1, m1) = kept_by_warp_groups(&mass, &pmax, target, (eps, delta as f64), 1);
             let mut tm = TileMasses::zeros(1, n_tiles);
             tm.mass.copy_from_slice(&mass);
             tm.max_g0.copy_from_slice(&pmax);
@@ -269,7 +286,7 @@ fn kept_rows_follow_the_rule() {
                 tm.max_g0[t] = f32::INFINITY;
             }
             assert_eq!(
-                (k, m),
+                (k1, m1),
                 tm.kept_prefix(eps, delta as f64)[0],
                 "twin, row {i}"
             );
@@ -359,10 +376,12 @@ fn gathers_and_scatters_move_whole_rows() {
         let class_inv: Vec<u32> = perm.clone();
         let mut mapped = zeros(&eng, rows * 4);
         let mut ytile = zeros(&eng, rows * 4);
+        let (offset, limit) = (rows / 3, rows / 2);
         eng.stair_map_targets(
             &up(&eng, &le(&targets, i32::to_le_bytes)),
             rows,
             (Some(&perm_d), &up(&eng, &le(&class_inv, u32::to_le_bytes))),
+            (offset, limit),
             (Some(&mut mapped), Some(&mut ytile)),
         )
         .unwrap();
@@ -370,13 +389,19 @@ fn gathers_and_scatters_move_whole_rows() {
         let ytile_h = words(&down(&eng, &ytile), rows, i32::from_le_bytes);
         for k in 0..rows {
             let y = targets[perm[k] as usize];
-            let want = if y < 0 {
+            let pos = if y < 0 {
                 -1
             } else {
                 class_inv[y as usize] as i32
             };
+            let rel = pos - offset as i32;
+            let want = if pos >= 0 && rel >= 0 && rel < limit as i32 {
+                rel
+            } else {
+                -1
+            };
             assert_eq!(mapped_h[k], want, "row {k}");
-            assert_eq!(ytile_h[k], if want < 0 { -1 } else { want / 256 });
+            assert_eq!(ytile_h[k], if pos < 0 { -1 } else { pos / 256 });
         }
     }
 }

@@ -9,7 +9,7 @@
 //! prefix of the sorted rows, so every product of the backward is a dense GEMM over the first
 //! `n_c` rows of a gathered chunk: the kept share of the work without a block-sparse kernel.
 //! The pure decisions ([`sort_len`], [`bitonic_steps`], [`kept_by_warp_groups`],
-//! [`chunk_first_tiles`]) are here beside their launches and tested on the CPU; the steps
+//! [`chunk_rows`]) are here beside their launches and tested on the CPU; the steps
 //! themselves are checked against these and against `cce-core` on the device
 //! (`tests/staircase.rs`). Not yet wired into a call's schedule.
 //!
@@ -78,27 +78,29 @@ pub fn bitonic_steps(len: usize) -> Vec<SortStep> {
 }
 
 /// The host twin of one row of `cce_stair_kept_rows` (the same groups of 32 tiles from the end,
-/// suffix sums in lane order, the same stops): `(kept, dropped)` from the row's tile masses,
-/// largest `p` per tile and target tile (`None`: no target). Equal to
+/// suffix sums in lane order, the same stops, then the kept count rounded up to a multiple of
+/// `granule` and the mass past it summed again): `(kept, dropped)` from the row's tile masses,
+/// largest `p` per tile and target tile (`None`: no target). With `granule` 1, equal to
 /// [`cce_core::tile_budget::TileMasses::kept_prefix`] up to the order of the f64 sums.
 pub fn kept_by_warp_groups(
     mass: &[f64],
     pmax: &[f32],
     target_tile: Option<usize>,
-    eps: f32,
-    delta: f64,
+    (eps, delta): (f32, f64),
+    granule: usize,
 ) -> (usize, f64) {
-    let mut base = mass.len();
+    let tiles = mass.len();
+    let mut base = tiles;
     let mut acc = 0.0f64;
     while base > 0 {
         let group = base.min(32);
-        let tiles: Vec<usize> = (0..group).map(|l| base - 1 - l).collect();
+        let order: Vec<usize> = (0..group).map(|l| base - 1 - l).collect();
         let ok = |t: usize| Some(t) != target_tile && pmax[t] < eps;
-        let first_bad = tiles.iter().position(|&t| !ok(t)).unwrap_or(group);
+        let first_bad = order.iter().position(|&t| !ok(t)).unwrap_or(group);
         let mut s = 0.0f64;
         let mut cnt = 0;
         let mut last = 0.0f64;
-        for (lane, &t) in tiles.iter().enumerate() {
+        for (lane, &t) in order.iter().enumerate() {
             s += mass[t];
             if lane < first_bad && acc + s <= delta {
                 cnt += 1;
@@ -113,17 +115,19 @@ pub fn kept_by_warp_groups(
             break;
         }
     }
-    (base, acc)
+    let rounded = base.div_ceil(granule.max(1)) * granule.max(1);
+    let rounded = rounded.min(tiles);
+    if rounded != base {
+        acc = mass[rounded..].iter().sum();
+    }
+    (rounded, acc)
 }
 
-/// The first tile of each class chunk of `chunk_classes` classes over `v` classes (the tiles
-/// `cce_stair_chunk_rows` counts the rows that keep): `[0, K/256, 2K/256, ...]`. `chunk_classes`
-/// is a multiple of [`STAIR_TILE`].
-pub fn chunk_first_tiles(v: usize, chunk_classes: usize) -> Vec<i32> {
-    let step = (chunk_classes / STAIR_TILE).max(1);
-    (0..v.div_ceil(STAIR_TILE))
-        .step_by(step)
-        .map(|t| t as i32)
+/// How many of the rows, sorted by descending `kept` tiles, keep class chunk `c` of `step`
+/// tiles (its first tile `c·step`): the host twin of `cce_stair_chunk_rows`.
+pub fn chunk_rows(kept_sorted: &[u32], step: usize, chunks: usize) -> Vec<usize> {
+    (0..chunks)
+        .map(|c| kept_sorted.partition_point(|&k| k as usize > c * step))
         .collect()
 }
 
@@ -198,6 +202,7 @@ kernel_params! {
         ld_tiles: i64,
         n: i32,
         n_tiles: i32,
+        v: i32,
         lse: u64,
         ytile: u64,
         dl_rows: u64,
@@ -205,14 +210,16 @@ kernel_params! {
         dlse: u64,
         eps: f32,
         delta: f32,
+        granule: i32,
         kept: u64,
         dropped: u64,
+        kept_entries: u64,
     }
 }
 
 kernel_params! {
     /// The parameters of `cce_stair_chunk_rows`.
-    ChunkRowsParams { kept_sorted: u64, n: i32, chunk_tile: u64, chunks: i32, counts: u64 }
+    ChunkRowsParams { kept_sorted: u64, n: i32, step: i32, chunks: i32, counts: u64 }
 }
 
 kernel_params! {
@@ -222,7 +229,21 @@ kernel_params! {
 
 kernel_params! {
     /// The parameters of `cce_stair_map_targets`.
-    MapTargetsParams { targets: u64, row_perm: u64, class_inv: u64, n: i32, out: u64, ytile: u64 }
+    MapTargetsParams {
+        targets: u64,
+        row_perm: u64,
+        class_inv: u64,
+        n: i32,
+        offset: i32,
+        limit: i32,
+        out: u64,
+        ytile: u64,
+    }
+}
+
+kernel_params! {
+    /// The parameters of `cce_stair_place_tiles`.
+    PlaceTilesParams { src: u64, n: i32, k_tiles: i32, dst: u64, ld: i64, t0: i32 }
 }
 
 kernel_params! {
@@ -380,19 +401,23 @@ impl DenseEngine {
 
     /// Each row's kept tiles and dropped mass (`kept` u32 `[N]`, `dropped` f32 `[N]`) from the
     /// forward's `partial` (float2 `[N, ld_tiles]`, the first `n_tiles` of each row in the
-    /// visiting order), `lse` f32 `[N]`, `ytile` i32 `[N]` (the target's tile, −1 none) and the
-    /// upstream gradients (a row with neither keeps nothing), under `eps` and `delta`
-    /// ([`kept_by_warp_groups`]).
+    /// visiting order of `V` classes), `lse` f32 `[N]`, `ytile` i32 `[N]` (the target's tile,
+    /// −1 none) and the upstream gradients (a row with neither keeps nothing), under `eps` and
+    /// `delta`, the kept count rounded up to a multiple of `granule` tiles
+    /// ([`kept_by_warp_groups`]); `kept_entries` (u32 `[N]`, optional): the classes each row
+    /// keeps, or `0xffffffff` for a row without a gradient (the filter statistics' input).
     #[allow(clippy::too_many_arguments)]
     pub fn stair_kept_rows(
         &self,
         partial: &CudaSlice<u8>,
-        (n, n_tiles, ld_tiles): (usize, usize, usize),
+        (n, v, ld_tiles): (usize, usize, usize),
         (lse, ytile): (&CudaSlice<u8>, &CudaSlice<u8>),
         (dl_rows, dl_scalar, dlse): (Option<&CudaSlice<u8>>, f32, Option<&CudaSlice<u8>>),
-        (eps, delta): (f32, f32),
+        (eps, delta, granule): (f32, f32, usize),
         (kept, dropped): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
+        kept_entries: Option<&mut CudaSlice<u8>>,
     ) -> Result<()> {
+        let n_tiles = v.div_ceil(STAIR_TILE);
         if n_tiles > ld_tiles {
             return Err(CceError::ShapeMismatch {
                 what: "partials",
@@ -409,11 +434,19 @@ impl DenseEngine {
         }
         need(kept, n * 4, "kept tiles")?;
         need(dropped, n * 4, "dropped mass")?;
+        let kept_entries = match kept_entries {
+            Some(k) => {
+                need(k, n * 4, "kept entries")?;
+                self.ptr(k)
+            }
+            None => 0,
+        };
         let p = KeptRowsParams {
             partial: self.ptr(partial),
             ld_tiles: ld_tiles as i64,
             n: to_i32(n, "N")?,
             n_tiles: to_i32(n_tiles, "tiles")?,
+            v: to_i32(v, "V")?,
             lse: self.ptr(lse),
             ytile: self.ptr(ytile),
             dl_rows: self.opt_ptr(dl_rows),
@@ -421,13 +454,47 @@ impl DenseEngine {
             dlse: self.opt_ptr(dlse),
             eps,
             delta,
+            granule: to_i32(granule.max(1), "granule")?,
             kept: self.ptr(kept),
             dropped: self.ptr(dropped),
+            kept_entries,
         };
         let f = self.func("cce_stair_kept_rows")?;
         // SAFETY: KeptRowsParams is cce_stair_kept_rows' list; every buffer holds what it
         // reads or writes for n rows (checked above); one warp per row, grid-stride.
         unsafe { self.launch_params(&self.stream, f, strided(n * 32, 256), &p) }
+    }
+
+    /// Columns `[t0, t0 + k_tiles)` of `dst` (float2 `[N, ld]`) = `src` (float2
+    /// `[N, k_tiles]`): a class chunk's partials placed among all the tiles.
+    pub fn stair_place_tiles(
+        &self,
+        src: &CudaSlice<u8>,
+        (n, k_tiles): (usize, usize),
+        dst: &mut CudaSlice<u8>,
+        (ld, t0): (usize, usize),
+    ) -> Result<()> {
+        if t0 + k_tiles > ld {
+            return Err(CceError::ShapeMismatch {
+                what: "placed tiles",
+                expected: format!("at most {ld} tiles per row"),
+                got: format!("{} from tile {t0}", k_tiles),
+            });
+        }
+        need(src, n * k_tiles * 8, "chunk partials")?;
+        need(dst, n * ld * 8, "partials")?;
+        let p = PlaceTilesParams {
+            src: self.ptr(src),
+            n: to_i32(n, "N")?,
+            k_tiles: to_i32(k_tiles, "tiles")?,
+            dst: self.ptr(dst),
+            ld: ld as i64,
+            t0: to_i32(t0, "tile")?,
+        };
+        let f = self.func("cce_stair_place_tiles")?;
+        // SAFETY: PlaceTilesParams is cce_stair_place_tiles' list; src holds n x k_tiles and
+        // dst n x ld float2 with t0 + k_tiles ≤ ld (checked); grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n * k_tiles, 256), &p) }
     }
 
     /// The rows by descending `kept` (u32 `[N]`), ties by row id: `perm` (u32 `[N]`, the row
@@ -479,15 +546,17 @@ impl DenseEngine {
         }
     }
 
-    /// The rows' targets in the visiting orders: `out[k] = class_inv[targets[row_perm[k]]]`
-    /// (−1 stays; `row_perm` `None`: the rows in their own order) and `ytile[k]`, the tile of
-    /// that position (`/ 256`, −1 without a target). Every buffer i32 / u32 `[N]`, `class_inv`
-    /// u32 `[V]`.
+    /// The rows' targets in the visiting orders: with `pos = class_inv[targets[row_perm[k]]]`
+    /// (`row_perm` `None`: the rows in their own order), `out[k] = pos − offset` where that lies
+    /// in `[0, limit)` (a class chunk's own columns), else −1, and `ytile[k]` the tile of `pos`
+    /// (`/ 256`, −1 without a target). Every buffer i32 / u32 `[N]`, `class_inv` u32 `[V]`.
+    #[allow(clippy::too_many_arguments)]
     pub fn stair_map_targets(
         &self,
         targets: &CudaSlice<u8>,
         n: usize,
         (row_perm, class_inv): (Option<&CudaSlice<u8>>, &CudaSlice<u8>),
+        (offset, limit): (usize, usize),
         (out, ytile): (Option<&mut CudaSlice<u8>>, Option<&mut CudaSlice<u8>>),
     ) -> Result<()> {
         need(targets, n * 4, "targets")?;
@@ -501,6 +570,8 @@ impl DenseEngine {
             row_perm: self.opt_ptr(row_perm),
             class_inv: self.ptr(class_inv),
             n: to_i32(n, "N")?,
+            offset: to_i32(offset, "offset")?,
+            limit: to_i32(limit.min(i32::MAX as usize), "limit")?,
             out: out.transpose()?.unwrap_or(0),
             ytile: ytile.transpose()?.unwrap_or(0),
         };
@@ -517,23 +588,22 @@ impl DenseEngine {
         }
     }
 
-    /// `counts[c]` (u32 `[chunks]`) = how many of the sorted rows keep the tile
-    /// `chunk_tile[c]` (i32 `[chunks]`, [`chunk_first_tiles`]), from their kept counts in the
-    /// visiting order (`kept_sorted` u32 `[N]`, descending).
+    /// `counts[c]` (u32 `[chunks]`) = how many of the sorted rows keep class chunk `c` of
+    /// `step` tiles (its first tile `c·step`), from their kept counts in the visiting order
+    /// (`kept_sorted` u32 `[N]`, descending; [`chunk_rows`]).
     pub fn stair_chunk_rows(
         &self,
         kept_sorted: &CudaSlice<u8>,
         n: usize,
-        (chunk_tile, chunks): (&CudaSlice<u8>, usize),
+        (step, chunks): (usize, usize),
         counts: &mut CudaSlice<u8>,
     ) -> Result<()> {
         need(kept_sorted, n * 4, "sorted kept tiles")?;
-        need(chunk_tile, chunks * 4, "chunk tiles")?;
         need(counts, chunks * 4, "chunk rows")?;
         let p = ChunkRowsParams {
             kept_sorted: self.ptr(kept_sorted),
             n: to_i32(n, "N")?,
-            chunk_tile: self.ptr(chunk_tile),
+            step: to_i32(step, "tiles per chunk")?,
             chunks: to_i32(chunks, "chunks")?,
             counts: self.ptr(counts),
         };
@@ -751,24 +821,25 @@ mod tests {
                     tm.max_g0[t] = f32::INFINITY;
                 }
                 let want = tm.kept_prefix(2.4e-4, 1e-3)[0];
-                let got = kept_by_warp_groups(&mass, &pmax, target, 2.4e-4, 1e-3);
+                let got = kept_by_warp_groups(&mass, &pmax, target, (2.4e-4, 1e-3), 1);
                 assert_eq!(got.0, want.0, "tiles {tiles} trial {trial}");
                 assert!(
                     (got.1 - want.1).abs() <= 1e-15,
                     "tiles {tiles} trial {trial}"
                 );
+                // Rounded up to chunks of 7 tiles: what is past the rounding, never more.
+                let (k7, m7) = kept_by_warp_groups(&mass, &pmax, target, (2.4e-4, 1e-3), 7);
+                assert!(k7 >= got.0 && (k7 % 7 == 0 || k7 == tiles) && k7 < got.0 + 7);
+                let past: f64 = mass[k7..].iter().sum();
+                assert!((m7 - past).abs() <= 1e-15 && m7 <= got.1 + 1e-15);
             }
         }
     }
 
     #[test]
-    fn chunks_start_at_their_first_tile() {
-        assert_eq!(chunk_first_tiles(1000, 512), [0, 2]);
-        assert_eq!(
-            chunk_first_tiles(256000, 32768),
-            [0, 128, 256, 384, 512, 640, 768, 896]
-        );
-        assert_eq!(chunk_first_tiles(1, 8192), [0]);
+    fn chunk_rows_count_the_rows_past_each_chunk_start() {
+        assert_eq!(chunk_rows(&[9, 5, 5, 2, 0], 2, 5), [4, 3, 3, 1, 1]);
+        assert_eq!(chunk_rows(&[], 4, 2), [0, 0]);
         assert_eq!(mean_scratch_bytes(100, 10), 2 * 2 * 10 * 8 + 2 * 4);
     }
 }
