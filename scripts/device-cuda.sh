@@ -114,6 +114,16 @@ for line in sys.stdin:
         shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite"))
         print("staged suite")
 ' "$DEVBIN"
+  # The same suite with the staircase backward switched on (tests/tests/cuda_staircase.rs).
+  cargo test --release -p cce-conformance --features cuda --test cuda_staircase --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda_staircase":
+        shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite_staircase"))
+        print("staged suite_staircase")
+' "$DEVBIN"
   # The property-based harness (tests/tests/fuzz.rs), CUDA arm only at run time.
   cargo test --release -p cce-conformance --features cuda --test fuzz --no-run --message-format=json 2>/dev/null |
     python3 -c '
@@ -126,7 +136,7 @@ for line in sys.stdin:
 ' "$DEVBIN"
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
+  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/suite_staircase "$DEVBIN"/staircase "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
@@ -169,7 +179,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite fuzz large memcheck racecheck dense bench burn python pybench; do
+  for k in tests suite staircase fuzz large memcheck racecheck dense bench burn python pybench; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -196,6 +206,14 @@ if [[ $PHASES == *suite* ]]; then
     status[suite]=FAIL
   fi
   grep -E "^test |test result|panicked" "$OUT/suite.log" | tail -40
+  if [ -x "$D/suite_staircase" ]; then
+    if CCE_REQUIRE_CUDA=1 timeout 400 "$D/suite_staircase" --test-threads=1 >"$OUT/suite_staircase.log" 2>&1; then
+      status[staircase]=PASS
+    else
+      status[staircase]=FAIL
+    fi
+    grep -E "^test |test result|panicked" "$OUT/suite_staircase.log" | tail -30
+  fi
   if [ -x "$D/fuzz" ]; then
     if CCE_REQUIRE_CUDA=1 timeout 300 "$D/fuzz" fuzz_cuda --test-threads=1 >"$OUT/fuzz.log" 2>&1; then
       status[fuzz]=PASS

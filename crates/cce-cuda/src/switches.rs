@@ -64,6 +64,13 @@ pub struct CudaSwitches {
     /// backend is dropped) instead of mapping it again on each call. Default `true`; `false`
     /// takes the stream's pool, which returns freed memory at each synchronization.
     pub keep_workspace: bool,
+    /// Filtered forward-and-backward calls on Hopper (16-bit inputs, `D` a multiple of 64, no
+    /// label smoothing, entropy or argmax, not accumulating, not under a graph capture) run the
+    /// staircase (`dense/stair_pass.rs`: the classes by batch-mean logit, each row keeping a
+    /// prefix of 256-class tiles within its dropped-mass budget, the rows sorted by it, dense
+    /// GEMMs per class chunk over the rows that keep it; docs/perf-log.md session 23) instead
+    /// of the sparse try and split dense. Default `false`: never run on a GPU yet.
+    pub staircase: bool,
 }
 
 impl Default for CudaSwitches {
@@ -80,6 +87,7 @@ impl Default for CudaSwitches {
             sparse_select_threads: SPARSE_SELECT_THREADS,
             sparse_fold_forward: true,
             keep_workspace: true,
+            staircase: false,
         }
     }
 }

@@ -100,20 +100,31 @@ impl DenseEngine {
         let kind = mode.kind();
         self.check_call(cfg, ws, inp, up, fwd.as_deref(), grads, &mode)?;
         let p = self.call_ptrs(cfg, ws, inp, up, fwd.as_deref(), grads, &mode)?;
-        let sched = schedule::schedule(
-            cfg,
-            kind,
-            &self.facts,
-            CallFacts {
-                scratch: ws.logits.len(),
-                aligned: p.e.is_multiple_of(16) && p.c.is_multiple_of(16),
-                capturing: self.capturing()?,
-                accumulate: grads.accumulate,
-            },
-        );
+        let facts = CallFacts {
+            scratch: ws.logits.len(),
+            aligned: p.e.is_multiple_of(16) && p.c.is_multiple_of(16),
+            capturing: self.capturing()?,
+            accumulate: grads.accumulate,
+        };
+        let sched = schedule::schedule(cfg, kind, &self.facts, facts);
         let row_args = RowArgs::of_call(cfg, ws.ld, &p)?;
         if kind.backward() {
             self.zero_backward_state(ws, grads, &sched, &p)?;
+        }
+        // The staircase (stair_pass.rs), where its switch is on and the call fits it.
+        let stair_why =
+            stair_pass::refusal(cfg, kind, &self.facts, self.switches.staircase, &facts);
+        let stair = stair_why
+            .is_none()
+            .then(|| stair_pass::StairLayout::fitting(cfg.n, cfg.d, cfg.v, facts.scratch))
+            .flatten();
+        if let Some(lay) = stair {
+            let stats = self.staircase(cfg, ws, inp, &p, &row_args, grads, &lay)?;
+            if cfg.reduction != Reduction::None {
+                let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
+                self.reduce_loss(cfg, inp, p.row_loss, out)?;
+            }
+            return Ok(stats);
         }
         // Chunked dense's row chunks hold about twice the rows where the row pass takes the
         // WGMMA epilogue (16-bit q instead of f32 logits: `DenseConfig::wgmma_chunk_rows`).
@@ -194,6 +205,13 @@ impl DenseEngine {
         }
         if kind.backward() {
             self.finish_backward(cfg, ws, inp, grads, &p, &sched, sparse_used, &mut stats)?;
+        }
+        if let (true, Some(why)) = (self.switches.staircase, stair_why) {
+            let note = format!("staircase not taken: {why}");
+            stats.row_pass_note = Some(match stats.row_pass_note.take() {
+                Some(n) => format!("{n}; {note}"),
+                None => note,
+            });
         }
         Ok(stats)
     }
@@ -609,7 +627,7 @@ impl DenseEngine {
     /// `cce_dense_stats` over the rows' kept / dropped counts and the tile flags: into the
     /// status buffer when `inp.device_status` is set (read there by the backend), else read
     /// back (one host sync) into `stats`.
-    fn filter_stats(
+    pub(super) fn filter_stats(
         &self,
         cfg: &DenseConfig,
         ws: &DenseWorkspace,

@@ -130,7 +130,8 @@
 //! | `row_pass.rs` | the row chunks: forward rows, `G` in place, `d_e`, chunked dense's `d_c` |
 //! | `class_pass.rs` | split dense's class pass |
 //! | `sparse.rs` | the sparse backward |
-//! | `staircase.rs` | the staircase backward's device steps (orders, kept tiles, gathers); not yet in a schedule |
+//! | `staircase.rs` | the staircase backward's device steps (orders, kept tiles, gathers, scatters) |
+//! | `stair_pass.rs` | the staircase forward-and-backward of a filtered call (behind `CudaSwitches::staircase`) |
 //! | `forward.rs` | forward-only passes: the fused WGMMA forward, the class tiles |
 //! | `wgmma.rs` | the WGMMA launches and their TMA tensor maps |
 //! | `scales.rs` | scales, f16 copies, conversions, test data |
@@ -151,6 +152,7 @@ mod scales;
 pub(crate) mod schedule;
 mod sparse;
 pub(crate) mod sparse_memory;
+mod stair_pass;
 pub mod staircase;
 mod wgmma;
 mod workspace;

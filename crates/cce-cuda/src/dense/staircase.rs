@@ -256,11 +256,64 @@ kernel_params! {
     ScatterRowsParams { src: u64, idx: u64, rows: i32, d: i32, dst: u64, accumulate: i32 }
 }
 
+/// Device addresses of one call of [`DenseEngine::stair_kept_rows_at`] (0 = absent).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KeptRowsAt {
+    pub(super) partial: u64,
+    pub(super) lse: u64,
+    pub(super) ytile: u64,
+    pub(super) dl_rows: u64,
+    pub(super) dl_scalar: f32,
+    pub(super) dlse: u64,
+    pub(super) kept: u64,
+    pub(super) dropped: u64,
+    pub(super) kept_entries: u64,
+}
+
 impl DenseEngine {
+    /// [`DenseEngine::stair_mean_rows`] on device addresses.
+    ///
+    /// # Safety
+    /// `e` holds `n x d` of `dtype`, `targets` `n` i32, `scratch` [`mean_scratch_bytes`] and
+    /// `mean` `d` f32, all live on the engine's stream.
+    pub(super) unsafe fn stair_mean_rows_at(
+        &self,
+        dtype: DType,
+        (e, n, d): (u64, usize, usize),
+        targets: u64,
+        (scratch, mean): (u64, u64),
+    ) -> Result<()> {
+        let blocks = n.div_ceil(COL_SUM_ROWS).max(1);
+        let sums = ColSumsParams {
+            e,
+            n: to_i32(n, "N")?,
+            d: to_i32(d, "D")?,
+            targets,
+            rows_per_block: COL_SUM_ROWS as i32,
+            part: scratch,
+            cnt: scratch + (blocks * 2 * d * 8) as u64,
+        };
+        let f = self.func(&format!("cce_stair_col_sums_{}", dtype_code(dtype)?))?;
+        // SAFETY: ColSumsParams is STAIR_COLS_PARAMS; the buffers as this function's contract
+        // says (the scratch: blocks x 2 x d f64, then blocks i32); one block per 64 rows.
+        unsafe { self.launch_params(&self.stream, f, per_row(blocks, 256), &sums) }?;
+        let mp = MeanParams {
+            part: scratch,
+            cnt: sums.cnt,
+            blocks: blocks as i32,
+            n: sums.n,
+            d: sums.d,
+            mean,
+        };
+        let f = self.func("cce_stair_mean")?;
+        // SAFETY: MeanParams is cce_stair_mean's list; the scratch written above (stream
+        // order); mean holds d f32 (the contract).
+        unsafe { self.launch_params(&self.stream, f, strided(d, 256), &mp) }
+    }
+
     /// `mean` (f32 `[D]`) = the mean of the rows of `e` (`dtype` `[N, D]`) whose `targets`
     /// (i32 `[N]`) is a class, or of all rows when none is (f64 sums in a fixed order: bitwise
     /// deterministic). `scratch`: [`mean_scratch_bytes`].
-    #[allow(clippy::too_many_arguments)]
     pub fn stair_mean_rows(
         &self,
         dtype: DType,
@@ -274,40 +327,51 @@ impl DenseEngine {
         need(targets, n * 4, "targets")?;
         need(scratch, mean_scratch_bytes(n, d), "mean scratch")?;
         need(mean, d * 4, "mean")?;
-        let blocks = n.div_ceil(COL_SUM_ROWS).max(1);
-        let part = self.ptr(scratch);
-        let sums = ColSumsParams {
-            e: self.ptr(e),
-            n: to_i32(n, "N")?,
+        let at = (self.ptr(scratch), self.ptr(mean));
+        // SAFETY: every buffer's length checked above against what the step reads and writes.
+        unsafe { self.stair_mean_rows_at(dtype, (self.ptr(e), n, d), self.ptr(targets), at) }
+    }
+
+    /// [`DenseEngine::stair_class_order`] on device addresses (`bias` 0: none).
+    ///
+    /// # Safety
+    /// `c` holds `v x d` of `dtype`, `bias` `v` of `dtype` (or is 0), `mean` `d` f32, `keys`
+    /// `8 ·` [`sort_len`]`(v)` bytes, `perm` and `inv` `v` u32 each, all live on the stream.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn stair_class_order_at(
+        &self,
+        dtype: DType,
+        (c, v, d): (u64, usize, usize),
+        (mean, bias): (u64, u64),
+        keys: u64,
+        (perm, inv): (u64, u64),
+    ) -> Result<()> {
+        let len = sort_len(v);
+        let kp = ClassKeysParams {
+            c,
+            v: to_i32(v, "V")?,
             d: to_i32(d, "D")?,
-            targets: self.ptr(targets),
-            rows_per_block: COL_SUM_ROWS as i32,
-            part,
-            cnt: part + (blocks * 2 * d * 8) as u64,
+            mean,
+            bias,
+            n_pow2: to_i32(len, "sort length")?,
+            keys,
         };
-        let f = self.func(&format!("cce_stair_col_sums_{}", dtype_code(dtype)?))?;
-        // SAFETY: ColSumsParams is STAIR_COLS_PARAMS; e holds n x d of dtype, targets n i32,
-        // the scratch blocks x 2 x d f64 then blocks i32 (checked above); one block per 64
-        // rows.
-        unsafe { self.launch_params(&self.stream, f, per_row(blocks, 256), &sums) }?;
-        let mp = MeanParams {
-            part,
-            cnt: sums.cnt,
-            blocks: blocks as i32,
-            n: sums.n,
-            d: sums.d,
-            mean: self.ptr(mean),
+        let f = self.func(&format!("cce_stair_class_keys_{}", dtype_code(dtype)?))?;
+        // SAFETY: ClassKeysParams is STAIR_KEYS_PARAMS; the buffers as the contract says; one
+        // warp per key, grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(len * 32, 256), &kp) }?;
+        // SAFETY: keys holds len u64 (the contract).
+        unsafe { self.stair_sort(keys, len) }?;
+        let pp = PermParams {
+            keys,
+            n: kp.v,
+            perm,
+            inv,
         };
-        // SAFETY: MeanParams is cce_stair_mean's list; the scratch was written above on this
-        // stream; mean holds d f32 (checked).
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_mean")?,
-                strided(d, 256),
-                &mp,
-            )
-        }
+        let f = self.func("cce_stair_perm")?;
+        // SAFETY: PermParams is cce_stair_perm's list; keys holds len ≥ v sorted keys whose
+        // ids are < v (written above, stream order); perm and inv hold v u32.
+        unsafe { self.launch_params(&self.stream, f, strided(v, 256), &pp) }
     }
 
     /// The classes by descending `mean · c_j + bias_j` (ties by id; NaN as −∞: the order of
@@ -325,49 +389,27 @@ impl DenseEngine {
         keys: &mut CudaSlice<u8>,
         (perm, inv): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
     ) -> Result<()> {
-        let len = sort_len(v);
         need(c, v * d * dtype.size_bytes(), "c")?;
         need(mean, d * 4, "mean")?;
         if let Some(b) = bias {
             need(b, v * dtype.size_bytes(), "bias")?;
         }
-        need(keys, len * 8, "sort keys")?;
+        need(keys, sort_len(v) * 8, "sort keys")?;
         need(perm, v * 4, "class order")?;
         need(inv, v * 4, "class positions")?;
-        let kp = ClassKeysParams {
-            c: self.ptr(c),
-            v: to_i32(v, "V")?,
-            d: to_i32(d, "D")?,
-            mean: self.ptr(mean),
-            bias: self.opt_ptr(bias),
-            n_pow2: to_i32(len, "sort length")?,
-            keys: self.ptr(keys),
-        };
-        let f = self.func(&format!("cce_stair_class_keys_{}", dtype_code(dtype)?))?;
-        // SAFETY: ClassKeysParams is STAIR_KEYS_PARAMS; c holds v x d, bias v (or 0), mean d
-        // f32, keys len u64 (checked); one warp per key, grid-stride.
-        unsafe { self.launch_params(&self.stream, f, strided(len * 32, 256), &kp) }?;
-        self.stair_sort(kp.keys, len)?;
-        let pp = PermParams {
-            keys: kp.keys,
-            n: kp.v,
-            perm: self.ptr(perm),
-            inv: self.ptr(inv),
-        };
-        // SAFETY: PermParams is cce_stair_perm's list; keys holds len ≥ v sorted keys whose ids
-        // are < v; perm and inv hold v u32 (checked).
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_perm")?,
-                strided(v, 256),
-                &pp,
-            )
-        }
+        let (mb, out) = (
+            (self.ptr(mean), self.opt_ptr(bias)),
+            (self.ptr(perm), self.ptr(inv)),
+        );
+        // SAFETY: every buffer's length checked above.
+        unsafe { self.stair_class_order_at(dtype, (self.ptr(c), v, d), mb, self.ptr(keys), out) }
     }
 
     /// Sort `len` u64 keys at `keys` ascending in place ([`bitonic_steps`]).
-    fn stair_sort(&self, keys: u64, len: usize) -> Result<()> {
+    ///
+    /// # Safety
+    /// `keys` holds `len` u64 live on the stream; `len` a power of two ≥ [`SORT_BLOCK`].
+    unsafe fn stair_sort(&self, keys: u64, len: usize) -> Result<()> {
         for step in bitonic_steps(len) {
             match step {
                 SortStep::Local { k_first, k_last } => {
@@ -379,7 +421,7 @@ impl DenseEngine {
                     let cfg = per_row(len / SORT_BLOCK, 1024);
                     let f = self.func("cce_stair_bitonic_local")?;
                     // SAFETY: LocalSortParams is cce_stair_bitonic_local's list; keys holds
-                    // len u64 (the callers' checks), one block per 2048 of them.
+                    // len u64 (the contract), one block per 2048 of them.
                     unsafe { self.launch_params(&self.stream, f, cfg, &p) }?;
                 }
                 SortStep::Global { k, j } => {
@@ -399,11 +441,47 @@ impl DenseEngine {
         Ok(())
     }
 
+    /// [`DenseEngine::stair_kept_rows`] on device addresses.
+    ///
+    /// # Safety
+    /// `at.partial` holds `n x ld_tiles` float2 with `ceil(v / 256) ≤ ld_tiles`; `lse`,
+    /// `ytile`, `kept`, `dropped`, and `dl_rows`, `dlse`, `kept_entries` unless 0, hold `n`
+    /// 4-byte words each; all live on the stream.
+    pub(super) unsafe fn stair_kept_rows_at(
+        &self,
+        at: &KeptRowsAt,
+        (n, v, ld_tiles): (usize, usize, usize),
+        (eps, delta, granule): (f32, f32, usize),
+    ) -> Result<()> {
+        let p = KeptRowsParams {
+            partial: at.partial,
+            ld_tiles: ld_tiles as i64,
+            n: to_i32(n, "N")?,
+            n_tiles: to_i32(v.div_ceil(STAIR_TILE), "tiles")?,
+            v: to_i32(v, "V")?,
+            lse: at.lse,
+            ytile: at.ytile,
+            dl_rows: at.dl_rows,
+            dl_scalar: at.dl_scalar,
+            dlse: at.dlse,
+            eps,
+            delta,
+            granule: to_i32(granule.max(1), "granule")?,
+            kept: at.kept,
+            dropped: at.dropped,
+            kept_entries: at.kept_entries,
+        };
+        let f = self.func("cce_stair_kept_rows")?;
+        // SAFETY: KeptRowsParams is cce_stair_kept_rows' list; the buffers as the contract
+        // says; one warp per row, grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n * 32, 256), &p) }
+    }
+
     /// Each row's kept tiles and dropped mass (`kept` u32 `[N]`, `dropped` f32 `[N]`) from the
-    /// forward's `partial` (float2 `[N, ld_tiles]`, the first `n_tiles` of each row in the
-    /// visiting order of `V` classes), `lse` f32 `[N]`, `ytile` i32 `[N]` (the target's tile,
-    /// −1 none) and the upstream gradients (a row with neither keeps nothing), under `eps` and
-    /// `delta`, the kept count rounded up to a multiple of `granule` tiles
+    /// forward's `partial` (float2 `[N, ld_tiles]`, the first `ceil(V / 256)` of each row in
+    /// the visiting order of `V` classes), `lse` f32 `[N]`, `ytile` i32 `[N]` (the target's
+    /// tile, −1 none) and the upstream gradients (a row with neither keeps nothing), under
+    /// `eps` and `delta`, the kept count rounded up to a multiple of `granule` tiles
     /// ([`kept_by_warp_groups`]); `kept_entries` (u32 `[N]`, optional): the classes each row
     /// keeps, or `0xffffffff` for a row without a gradient (the filter statistics' input).
     #[allow(clippy::too_many_arguments)]
@@ -441,28 +519,43 @@ impl DenseEngine {
             }
             None => 0,
         };
-        let p = KeptRowsParams {
+        let at = KeptRowsAt {
             partial: self.ptr(partial),
-            ld_tiles: ld_tiles as i64,
-            n: to_i32(n, "N")?,
-            n_tiles: to_i32(n_tiles, "tiles")?,
-            v: to_i32(v, "V")?,
             lse: self.ptr(lse),
             ytile: self.ptr(ytile),
             dl_rows: self.opt_ptr(dl_rows),
             dl_scalar,
             dlse: self.opt_ptr(dlse),
-            eps,
-            delta,
-            granule: to_i32(granule.max(1), "granule")?,
             kept: self.ptr(kept),
             dropped: self.ptr(dropped),
             kept_entries,
         };
-        let f = self.func("cce_stair_kept_rows")?;
-        // SAFETY: KeptRowsParams is cce_stair_kept_rows' list; every buffer holds what it
-        // reads or writes for n rows (checked above); one warp per row, grid-stride.
-        unsafe { self.launch_params(&self.stream, f, strided(n * 32, 256), &p) }
+        // SAFETY: every buffer's length checked above.
+        unsafe { self.stair_kept_rows_at(&at, (n, v, ld_tiles), (eps, delta, granule)) }
+    }
+
+    /// [`DenseEngine::stair_place_tiles`] on device addresses.
+    ///
+    /// # Safety
+    /// `src` holds `n x k_tiles` float2 and `dst` `n x ld` with `t0 + k_tiles ≤ ld`, live on
+    /// the stream.
+    pub(super) unsafe fn stair_place_tiles_at(
+        &self,
+        (src, n, k_tiles): (u64, usize, usize),
+        (dst, ld, t0): (u64, usize, usize),
+    ) -> Result<()> {
+        let p = PlaceTilesParams {
+            src,
+            n: to_i32(n, "N")?,
+            k_tiles: to_i32(k_tiles, "tiles")?,
+            dst,
+            ld: ld as i64,
+            t0: to_i32(t0, "tile")?,
+        };
+        let f = self.func("cce_stair_place_tiles")?;
+        // SAFETY: PlaceTilesParams is cce_stair_place_tiles' list; the buffers as the contract
+        // says; grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n * k_tiles, 256), &p) }
     }
 
     /// Columns `[t0, t0 + k_tiles)` of `dst` (float2 `[N, ld]`) = `src` (float2
@@ -478,23 +571,50 @@ impl DenseEngine {
             return Err(CceError::ShapeMismatch {
                 what: "placed tiles",
                 expected: format!("at most {ld} tiles per row"),
-                got: format!("{} from tile {t0}", k_tiles),
+                got: format!("{k_tiles} from tile {t0}"),
             });
         }
         need(src, n * k_tiles * 8, "chunk partials")?;
         need(dst, n * ld * 8, "partials")?;
-        let p = PlaceTilesParams {
-            src: self.ptr(src),
+        // SAFETY: lengths checked above.
+        unsafe { self.stair_place_tiles_at((self.ptr(src), n, k_tiles), (self.ptr(dst), ld, t0)) }
+    }
+
+    /// [`DenseEngine::stair_row_order`] on device addresses.
+    ///
+    /// # Safety
+    /// `kept` holds `n` u32 (each ≤ `n_tiles`), `keys` `8 ·` [`sort_len`]`(n)` bytes, `perm`
+    /// `n` u32, live on the stream.
+    pub(super) unsafe fn stair_row_order_at(
+        &self,
+        (kept, n, n_tiles): (u64, usize, usize),
+        keys: u64,
+        perm: u64,
+    ) -> Result<()> {
+        let len = sort_len(n);
+        let kp = RowKeysParams {
+            kept,
             n: to_i32(n, "N")?,
-            k_tiles: to_i32(k_tiles, "tiles")?,
-            dst: self.ptr(dst),
-            ld: ld as i64,
-            t0: to_i32(t0, "tile")?,
+            n_tiles: to_i32(n_tiles, "tiles")?,
+            n_pow2: to_i32(len, "sort length")?,
+            keys,
         };
-        let f = self.func("cce_stair_place_tiles")?;
-        // SAFETY: PlaceTilesParams is cce_stair_place_tiles' list; src holds n x k_tiles and
-        // dst n x ld float2 with t0 + k_tiles ≤ ld (checked); grid-stride.
-        unsafe { self.launch_params(&self.stream, f, strided(n * k_tiles, 256), &p) }
+        let f = self.func("cce_stair_row_keys")?;
+        // SAFETY: RowKeysParams is cce_stair_row_keys' list; the buffers as the contract says;
+        // grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(len, 256), &kp) }?;
+        // SAFETY: keys holds len u64 (the contract).
+        unsafe { self.stair_sort(keys, len) }?;
+        let pp = PermParams {
+            keys,
+            n: kp.n,
+            perm,
+            inv: 0,
+        };
+        let f = self.func("cce_stair_perm")?;
+        // SAFETY: PermParams is cce_stair_perm's list; keys holds len ≥ n sorted keys whose
+        // ids are < n; perm holds n u32; no inverse.
+        unsafe { self.launch_params(&self.stream, f, strided(n, 256), &pp) }
     }
 
     /// The rows by descending `kept` (u32 `[N]`), ties by row id: `perm` (u32 `[N]`, the row
@@ -506,50 +626,50 @@ impl DenseEngine {
         keys: &mut CudaSlice<u8>,
         perm: &mut CudaSlice<u8>,
     ) -> Result<()> {
-        let len = sort_len(n);
         need(kept, n * 4, "kept tiles")?;
-        need(keys, len * 8, "sort keys")?;
+        need(keys, sort_len(n) * 8, "sort keys")?;
         need(perm, n * 4, "row order")?;
-        let kp = RowKeysParams {
-            kept: self.ptr(kept),
-            n: to_i32(n, "N")?,
-            n_tiles: to_i32(n_tiles, "tiles")?,
-            n_pow2: to_i32(len, "sort length")?,
-            keys: self.ptr(keys),
-        };
-        // SAFETY: RowKeysParams is cce_stair_row_keys' list; kept holds n u32 (each ≤
-        // n_tiles), keys len u64 (checked); grid-stride.
+        // SAFETY: lengths checked above (the kept counts are the caller's ≤ n_tiles: a larger
+        // one only sorts that row first).
         unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_row_keys")?,
-                strided(len, 256),
-                &kp,
-            )
-        }?;
-        self.stair_sort(kp.keys, len)?;
-        let pp = PermParams {
-            keys: kp.keys,
-            n: kp.n,
-            perm: self.ptr(perm),
-            inv: 0,
-        };
-        // SAFETY: PermParams is cce_stair_perm's list; keys holds len ≥ n sorted keys whose ids
-        // are < n; perm holds n u32 (checked); no inverse.
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_perm")?,
-                strided(n, 256),
-                &pp,
-            )
+            self.stair_row_order_at((self.ptr(kept), n, n_tiles), self.ptr(keys), self.ptr(perm))
         }
+    }
+
+    /// [`DenseEngine::stair_map_targets`] on device addresses (`row_perm`, `out`, `ytile` 0:
+    /// absent).
+    ///
+    /// # Safety
+    /// `targets`, and `row_perm`, `out`, `ytile` unless 0, hold `n` 4-byte words; `class_inv`
+    /// an entry for every class a target names; all live on the stream.
+    pub(super) unsafe fn stair_map_targets_at(
+        &self,
+        (targets, n): (u64, usize),
+        (row_perm, class_inv): (u64, u64),
+        (offset, limit): (usize, usize),
+        (out, ytile): (u64, u64),
+    ) -> Result<()> {
+        let p = MapTargetsParams {
+            targets,
+            row_perm,
+            class_inv,
+            n: to_i32(n, "N")?,
+            offset: to_i32(offset, "offset")?,
+            limit: to_i32(limit.min(i32::MAX as usize), "limit")?,
+            out,
+            ytile,
+        };
+        let f = self.func("cce_stair_map_targets")?;
+        // SAFETY: MapTargetsParams is cce_stair_map_targets' list; the buffers as the contract
+        // says; grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n, 256), &p) }
     }
 
     /// The rows' targets in the visiting orders: with `pos = class_inv[targets[row_perm[k]]]`
     /// (`row_perm` `None`: the rows in their own order), `out[k] = pos − offset` where that lies
     /// in `[0, limit)` (a class chunk's own columns), else −1, and `ytile[k]` the tile of `pos`
-    /// (`/ 256`, −1 without a target). Every buffer i32 / u32 `[N]`, `class_inv` u32 `[V]`.
+    /// (`/ 256`, −1 without a target). Every buffer i32 / u32 `[N]`, `class_inv` u32 `[V]`
+    /// (`V` its length: every target must be below it).
     #[allow(clippy::too_many_arguments)]
     pub fn stair_map_targets(
         &self,
@@ -565,27 +685,36 @@ impl DenseEngine {
         }
         let out = out.map(|o| need(o, n * 4, "targets out").map(|_| self.ptr(o)));
         let ytile = ytile.map(|o| need(o, n * 4, "target tiles").map(|_| self.ptr(o)));
-        let p = MapTargetsParams {
-            targets: self.ptr(targets),
-            row_perm: self.opt_ptr(row_perm),
-            class_inv: self.ptr(class_inv),
+        let outs = (
+            out.transpose()?.unwrap_or(0),
+            ytile.transpose()?.unwrap_or(0),
+        );
+        let maps = (self.opt_ptr(row_perm), self.ptr(class_inv));
+        // SAFETY: lengths checked above; class_inv is [V] for the caller's targets < V.
+        unsafe { self.stair_map_targets_at((self.ptr(targets), n), maps, (offset, limit), outs) }
+    }
+
+    /// [`DenseEngine::stair_chunk_rows`] on device addresses.
+    ///
+    /// # Safety
+    /// `kept_sorted` holds `n` u32 and `counts` `chunks` u32, live on the stream.
+    pub(super) unsafe fn stair_chunk_rows_at(
+        &self,
+        (kept_sorted, n): (u64, usize),
+        (step, chunks): (usize, usize),
+        counts: u64,
+    ) -> Result<()> {
+        let p = ChunkRowsParams {
+            kept_sorted,
             n: to_i32(n, "N")?,
-            offset: to_i32(offset, "offset")?,
-            limit: to_i32(limit.min(i32::MAX as usize), "limit")?,
-            out: out.transpose()?.unwrap_or(0),
-            ytile: ytile.transpose()?.unwrap_or(0),
+            step: to_i32(step, "tiles per chunk")?,
+            chunks: to_i32(chunks, "chunks")?,
+            counts,
         };
-        // SAFETY: MapTargetsParams is cce_stair_map_targets' list; targets, row_perm, out and
-        // ytile hold n words (checked); class_inv holds an entry for every class a target
-        // names (the caller's prepared targets are < V, class_inv is [V]).
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_map_targets")?,
-                strided(n, 256),
-                &p,
-            )
-        }
+        let f = self.func("cce_stair_chunk_rows")?;
+        // SAFETY: ChunkRowsParams is cce_stair_chunk_rows' list; the buffers as the contract
+        // says; one thread per chunk.
+        unsafe { self.launch_params(&self.stream, f, strided(chunks, 256), &p) }
     }
 
     /// `counts[c]` (u32 `[chunks]`) = how many of the sorted rows keep class chunk `c` of
@@ -600,27 +729,36 @@ impl DenseEngine {
     ) -> Result<()> {
         need(kept_sorted, n * 4, "sorted kept tiles")?;
         need(counts, chunks * 4, "chunk rows")?;
-        let p = ChunkRowsParams {
-            kept_sorted: self.ptr(kept_sorted),
-            n: to_i32(n, "N")?,
-            step: to_i32(step, "tiles per chunk")?,
-            chunks: to_i32(chunks, "chunks")?,
-            counts: self.ptr(counts),
-        };
-        // SAFETY: ChunkRowsParams is cce_stair_chunk_rows' list; buffers checked; one thread per
-        // chunk.
+        // SAFETY: lengths checked above.
         unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_chunk_rows")?,
-                strided(chunks, 256),
-                &p,
-            )
+            self.stair_chunk_rows_at((self.ptr(kept_sorted), n), (step, chunks), self.ptr(counts))
         }
     }
 
-    /// `dst[k] = src[idx[k]]` for `n` 32-bit words (`idx` u32 `[n]`, every entry a valid index
-    /// of `src`).
+    /// [`DenseEngine::stair_gather_u32`] on device addresses.
+    ///
+    /// # Safety
+    /// `idx` and `dst` hold `n` u32, every `idx` entry indexes `src`; live on the stream.
+    pub(super) unsafe fn stair_gather_u32_at(
+        &self,
+        (src, idx, n): (u64, u64, usize),
+        dst: u64,
+    ) -> Result<()> {
+        let p = GatherU32Params {
+            src,
+            idx,
+            n: to_i32(n, "rows")?,
+            dst,
+        };
+        let f = self.func("cce_stair_gather_u32")?;
+        // SAFETY: GatherU32Params is cce_stair_gather_u32's list; the buffers as the contract
+        // says; grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n, 256), &p) }
+    }
+
+    /// `dst[k] = src[idx[k]]` for `n` 32-bit words (`idx` u32 `[n]`, every entry below the
+    /// length of `src` in words, else `ShapeMismatch` is not detected: the caller's
+    /// permutation).
     pub fn stair_gather_u32(
         &self,
         src: &CudaSlice<u8>,
@@ -630,22 +768,32 @@ impl DenseEngine {
     ) -> Result<()> {
         need(idx, n * 4, "gather index")?;
         need(dst, n * 4, "gather output")?;
-        let p = GatherU32Params {
-            src: self.ptr(src),
-            idx: self.ptr(idx),
-            n: to_i32(n, "rows")?,
-            dst: self.ptr(dst),
+        // SAFETY: lengths checked above; idx is the caller's permutation of src's words.
+        unsafe { self.stair_gather_u32_at((self.ptr(src), self.ptr(idx), n), self.ptr(dst)) }
+    }
+
+    /// [`DenseEngine::stair_gather_rows16`] on device addresses.
+    ///
+    /// # Safety
+    /// `idx` holds `rows` u32, each a row of `src` (`d` 16-bit values per row); `dst` holds
+    /// `rows x d` 16-bit values; both bases 16-byte aligned; live on the stream.
+    pub(super) unsafe fn stair_gather_rows16_at(
+        &self,
+        (src, idx): (u64, u64),
+        (rows, d): (usize, usize),
+        dst: u64,
+    ) -> Result<()> {
+        let p = GatherRowsParams {
+            src,
+            idx,
+            rows: to_i32(rows, "rows")?,
+            d: to_i32(d, "D")?,
+            dst,
         };
-        // SAFETY: GatherU32Params is cce_stair_gather_u32's list; idx and dst hold n words
-        // (checked), every idx entry indexes src (the caller's permutation of src's length).
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_gather_u32")?,
-                strided(n, 256),
-                &p,
-            )
-        }
+        let f = self.func("cce_stair_gather_rows16")?;
+        // SAFETY: GatherRowsParams is cce_stair_gather_rows16's list; the buffers as the
+        // contract says; one block per row.
+        unsafe { self.launch_params(&self.stream, f, per_row(rows, 128), &p) }
     }
 
     /// Row `k` of `dst` (16-bit `[rows, d]`) = row `idx[k]` of `src` (16-bit, `d` per row;
@@ -659,30 +807,40 @@ impl DenseEngine {
     ) -> Result<()> {
         need(idx, rows * 4, "gather index")?;
         need(dst, rows * d * 2, "gather output")?;
-        let p = GatherRowsParams {
-            src: self.ptr(src),
-            idx: self.ptr(idx),
+        // SAFETY: lengths checked above; idx is the caller's permutation of src's rows.
+        unsafe {
+            self.stair_gather_rows16_at((self.ptr(src), self.ptr(idx)), (rows, d), self.ptr(dst))
+        }
+    }
+
+    /// [`DenseEngine::stair_scatter_rows`] on device addresses.
+    ///
+    /// # Safety
+    /// `src` holds `rows x d` f32, `idx` `rows` distinct rows of `dst` (`d` values of `dtype`
+    /// per row); live on the stream; `accumulate` only with an f32 `dst`.
+    pub(super) unsafe fn stair_scatter_rows_at(
+        &self,
+        (src, idx): (u64, u64),
+        (rows, d): (usize, usize),
+        (dtype, dst, accumulate): (DType, u64, bool),
+    ) -> Result<()> {
+        let p = ScatterRowsParams {
+            src,
+            idx,
             rows: to_i32(rows, "rows")?,
             d: to_i32(d, "D")?,
-            dst: self.ptr(dst),
+            dst,
+            accumulate: accumulate as i32,
         };
-        // SAFETY: GatherRowsParams is cce_stair_gather_rows16's list; idx holds rows u32 and
-        // dst rows x d u16 (checked); every idx entry is a row of src (the caller's
-        // permutation); one block per row.
-        unsafe {
-            self.launch_params(
-                &self.stream,
-                self.func("cce_stair_gather_rows16")?,
-                per_row(rows, 128),
-                &p,
-            )
-        }
+        let f = self.func(&format!("cce_stair_scatter_rows_{}", dtype_code(dtype)?))?;
+        // SAFETY: ScatterRowsParams is STAIR_SCATTER_PARAMS; the buffers as the contract says;
+        // one block per row.
+        unsafe { self.launch_params(&self.stream, f, per_row(rows, 128), &p) }
     }
 
     /// Row `idx[k]` of `dst` (`dtype`, `d` per row) = row `k` of `src` (f32 `[rows, d]`),
     /// converted; with `accumulate` (f32 `dst` only) added to it. `idx` u32 `[rows]`, distinct
     /// entries, each a row of `dst`.
-    #[allow(clippy::too_many_arguments)]
     pub fn stair_scatter_rows(
         &self,
         src: &CudaSlice<u8>,
@@ -700,19 +858,9 @@ impl DenseEngine {
         }
         need(src, rows * d * 4, "scatter input")?;
         need(idx, rows * 4, "scatter index")?;
-        let p = ScatterRowsParams {
-            src: self.ptr(src),
-            idx: self.ptr(idx),
-            rows: to_i32(rows, "rows")?,
-            d: to_i32(d, "D")?,
-            dst: self.ptr(dst),
-            accumulate: accumulate as i32,
-        };
-        let f = self.func(&format!("cce_stair_scatter_rows_{}", dtype_code(dtype)?))?;
-        // SAFETY: ScatterRowsParams is STAIR_SCATTER_PARAMS; src holds rows x d f32 and idx
-        // rows u32 (checked); every idx entry is a distinct row of dst (the caller's
-        // permutation); one block per row.
-        unsafe { self.launch_params(&self.stream, f, per_row(rows, 128), &p) }
+        let out = (dtype, self.ptr(dst), accumulate);
+        // SAFETY: lengths checked above; idx is the caller's permutation of dst's rows.
+        unsafe { self.stair_scatter_rows_at((self.ptr(src), self.ptr(idx)), (rows, d), out) }
     }
 }
 
