@@ -189,19 +189,20 @@ extern "C" __global__ void __launch_bounds__(1024) cce_stair_bitonic_local(u64* 
     keys[base + t + 1024] = sh[t + 1024];
 }
 
-// One global step (k, j), j ≥ 2048, of the bitonic network over n_pow2 keys: thread p owns
-// the pair p.
+// One global step (k, j), j ≥ 2048, of the bitonic network over n_pow2 keys: the pairs p
+// grid-strided over the threads.
 extern "C" __global__ void __launch_bounds__(256) cce_stair_bitonic_step(u64* keys,
                                                                           long long n_pow2,
                                                                           long long k,
                                                                           long long j) {
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= n_pow2 / 2) return;
-    const long long i = 2 * j * (p / j) + (p % j);
-    u64 a = keys[i], b = keys[i + j];
-    stair_cmp_swap(a, b, (i & k) == 0);
-    keys[i] = a;
-    keys[i + j] = b;
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < n_pow2 / 2;
+         p += (long long)gridDim.x * blockDim.x) {
+        const long long i = 2 * j * (p / j) + (p % j);
+        u64 a = keys[i], b = keys[i + j];
+        stair_cmp_swap(a, b, (i & k) == 0);
+        keys[i] = a;
+        keys[i + j] = b;
+    }
 }
 
 // perm[k] = the id of sorted key k (k < n); inv[perm[k]] = k when inv is not 0.
@@ -325,6 +326,15 @@ extern "C" __global__ void __launch_bounds__(256) cce_stair_place_tiles(const fl
          i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / k_tiles;
         dst[r * ld + t0 + (i - r * k_tiles)] = src[i];
+    }
+}
+
+// dst[k] = src[idx[k]] for 16-bit values (the bias in the class order).
+extern "C" __global__ void __launch_bounds__(256) cce_stair_gather_u16(const u16* src,
+                                                                       const u32* idx, int n,
+                                                                       u16* dst) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n; k += gridDim.x * blockDim.x) {
+        dst[k] = src[idx[k]];
     }
 }
 

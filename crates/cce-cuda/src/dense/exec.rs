@@ -116,7 +116,7 @@ impl DenseEngine {
             stair_pass::refusal(cfg, kind, &self.facts, self.switches.staircase, &facts);
         let stair = stair_why
             .is_none()
-            .then(|| stair_pass::StairLayout::fitting(cfg.n, cfg.d, cfg.v, facts.scratch))
+            .then(|| stair_pass::StairLayout::fitting(cfg, facts.scratch))
             .flatten();
         if let Some(lay) = stair {
             let stats = self.staircase(cfg, ws, inp, &p, &row_args, grads, &lay)?;

@@ -679,6 +679,7 @@ fn kernel_names(facts: &schedule::DeviceFacts) -> Vec<String> {
         "cce_stair_chunk_rows",
         "cce_stair_place_tiles",
         "cce_stair_gather_u32",
+        "cce_stair_gather_u16",
         "cce_stair_map_targets",
         "cce_stair_gather_rows16",
     ] {

@@ -64,14 +64,19 @@ pub(super) struct StairLayout {
     pub(super) de_acc: usize,
     pub(super) dc_tmp: usize,
     pub(super) dbias_tmp: usize,
+    /// The filter statistics' inputs (`cce_dense_stats`): each row's kept entries and dropped
+    /// mass, the plan's tile flags (all set: the staircase does not count plan tiles).
+    pub(super) kept_entries: usize,
+    pub(super) dropped: usize,
+    pub(super) flags: usize,
     /// Bytes of the whole layout.
     pub(super) end: usize,
 }
 
 impl StairLayout {
     /// The layout for `n` rows, `v` classes, hidden size `d`, 16-bit inputs, chunks of
-    /// `chunk` classes.
-    pub(super) fn new(n: usize, d: usize, v: usize, chunk: usize) -> Self {
+    /// `chunk` classes, `n_flags` plan tiles.
+    pub(super) fn new(n: usize, d: usize, v: usize, chunk: usize, n_flags: usize) -> Self {
         let mut at = 0usize;
         let mut take = |bytes: usize| {
             let here = at;
@@ -111,19 +116,24 @@ impl StairLayout {
             de_acc: take(4 * n * d),
             dc_tmp: take(4 * chunk * d),
             dbias_tmp: take(4 * chunk),
+            kept_entries: take(4 * n),
+            dropped: take(4 * n),
+            flags: take(4 * n_flags),
             end: 0,
         };
         l.end = at;
         l
     }
 
-    /// The layout with the largest of [`STAIR_CHUNKS`] (at most `V` rounded up to 256) that
-    /// fits `scratch` bytes, or `None`.
-    pub(super) fn fitting(n: usize, d: usize, v: usize, scratch: usize) -> Option<Self> {
+    /// The layout of `cfg`'s call with the largest of [`STAIR_CHUNKS`] (at most `V` rounded up
+    /// to 256) that fits `scratch` bytes, or `None`.
+    pub(super) fn fitting(cfg: &DenseConfig, scratch: usize) -> Option<Self> {
+        let (n, d, v) = (cfg.n, cfg.d, cfg.v);
+        let n_flags = cfg.row_tiles() * cfg.class_tiles();
         let cap = v.next_multiple_of(STAIR_TILE);
         STAIR_CHUNKS
             .iter()
-            .map(|&k| Self::new(n, d, v, k.min(cap)))
+            .map(|&k| Self::new(n, d, v, k.min(cap), n_flags))
             .find(|l| l.end <= scratch)
     }
 }
@@ -160,7 +170,9 @@ pub(super) fn refusal(
         schedule::wgmma_unfit(cfg, dev, true, call.aligned, STAIR_CHUNKS[0].min(cfg.v))
     {
         Some(why)
-    } else if StairLayout::fitting(cfg.n, cfg.d, cfg.v, call.scratch).is_none() {
+    } else if i32::try_from(cfg.n * cfg.d).is_err() {
+        Some("N x D past 32 bits")
+    } else if StairLayout::fitting(cfg, call.scratch).is_none() {
         Some("the scratch holds no staircase layout")
     } else {
         None
@@ -188,7 +200,7 @@ impl DenseEngine {
         let k = lay.chunk;
         let n_tiles = v.div_ceil(STAIR_TILE);
         let chunks = v.div_ceil(k);
-        if ws.logits.len() < lay.end || i32::try_from(n * d).is_err() {
+        if ws.logits.len() < lay.end {
             return Err(CceError::InvalidOption {
                 name: "workspace",
                 reason: "allocated for another configuration".into(),
@@ -222,7 +234,7 @@ impl DenseEngine {
                 (at(lay.class_perm), at(lay.class_inv)),
             )?;
             if p.bias != 0 {
-                self.stair_gather_rows16_at((p.bias, at(lay.class_perm)), (v, 1), bias_perm)?;
+                self.stair_gather_u16_at((p.bias, at(lay.class_perm), v), bias_perm)?;
             }
         }
         PhaseTimer::mark(&mut prof, "order")?;
@@ -317,8 +329,8 @@ impl DenseEngine {
             dl_scalar: p.dl_scalar,
             dlse: p.dlse,
             kept: at(lay.kept),
-            dropped: p.dropped,
-            kept_entries: p.kept,
+            dropped: at(lay.dropped),
+            kept_entries: at(lay.kept_entries),
         };
         // SAFETY: the staircase layout's regions and the checked buffers (the note
         // before step 1).
@@ -368,7 +380,9 @@ impl DenseEngine {
         PhaseTimer::mark(&mut prof, "kept tiles, row order, gathers")?;
 
         // The scales of the f16 operands: G and e's copy (the class pass's set), c's copies
-        // (the row-chunk set, with the same G bound).
+        // (the row-chunk set). Both sets take the same rows, whose G bound is an exact maximum
+        // (an atomicMax of bit patterns), so their kg agree: d_e's alpha 2^(−kc−kg) from the
+        // row-chunk set undoes the class pass's 2^kg on G.
         let rows = ScaleRows {
             targets: at(lay.targets_s),
             dl_rows: dl_s,
@@ -408,8 +422,8 @@ impl DenseEngine {
         let d_c_out = self.opt_ptr(grads.d_c.as_deref());
         let out_ty = cfg.grad_dtype();
         // SAFETY: d_c holds v x d of the gradient dtype (`check_grads`), so the classes no
-        // sorted row keeps get 0; flags holds the plan's row x class tile flags (its length),
-        // all set (module docs); both live buffers on this stream.
+        // sorted row keeps get 0; the layout's flags region holds the plan's row x class tile
+        // flags, all set (module docs); both live buffers on this stream.
         unsafe {
             let stream = self.stream.cu_stream();
             cudarc::driver::result::memset_d8_async(
@@ -419,7 +433,8 @@ impl DenseEngine {
                 stream,
             )
             .map_err(drv)?;
-            cudarc::driver::result::memset_d8_async(p.flags, 1, ws.flags.len(), stream)
+            let n_flags = cfg.row_tiles() * cfg.class_tiles();
+            cudarc::driver::result::memset_d8_async(at(lay.flags), 1, 4 * n_flags, stream)
                 .map_err(drv)?;
         }
 
@@ -558,7 +573,14 @@ impl DenseEngine {
             )),
             ..Default::default()
         };
-        self.filter_stats(cfg, ws, inp, p, &mut stats)?;
+        // The statistics from the layout's kept entries, dropped masses and flags.
+        let sp = CallPtrs {
+            kept: at(lay.kept_entries),
+            dropped: at(lay.dropped),
+            flags: at(lay.flags),
+            ..*p
+        };
+        self.filter_stats(cfg, ws, inp, &sp, &mut stats)?;
         Ok(stats)
     }
 
@@ -589,15 +611,45 @@ mod tests {
     fn the_layout_fits_the_budget_at_the_issue_shapes() {
         // 8192 x 2304 x 256000 bf16 within 0.5 GiB less the cuBLAS workspace: 4096 classes
         // per chunk.
-        let l = StairLayout::fitting(8192, 2304, 256000, (512 << 20) - (32 << 20)).unwrap();
+        let cfg = |n, d, v| DenseConfig {
+            n,
+            d,
+            v,
+            dtype: DType::BF16,
+            has_bias: false,
+            chunk_rows: 1024,
+            chunk_classes: Some(32768),
+            de_f16: false,
+            tile: (128, 128),
+            softcap: None,
+            label_smoothing: 0.0,
+            z_loss: 0.0,
+            reduction: Reduction::Mean,
+            filter: cce_core::FilterRule::resolve(&cce_core::Options::default(), DType::BF16),
+            grad_f32: false,
+            compute_d_e: true,
+            compute_d_c: true,
+            want_entropy: false,
+            want_argmax: false,
+            row_pass: RowPass::TwoPass,
+            sparse: None,
+            class_forward: None,
+            wgmma_forward: true,
+            wgmma_gcols: true,
+            wgmma_rows: true,
+            stop_on_give_way: false,
+            dc_in_grad_dtype: false,
+        };
+        let big = cfg(8192, 2304, 256000);
+        let l = StairLayout::fitting(&big, (512 << 20) - (32 << 20)).unwrap();
         assert_eq!(l.chunk, 4096);
         assert!(l.end <= (480 << 20));
+        assert!(StairLayout::fitting(&big, 1 << 20).is_none());
         // A small vocabulary: one chunk of V rounded up to 256.
-        let l = StairLayout::new(300, 64, 1000, 1024);
+        let l = StairLayout::fitting(&cfg(300, 64, 1000), 1 << 30).unwrap();
         assert_eq!((l.chunk, l.ldg), (1024, 1024));
-        assert!(StairLayout::fitting(8192, 2304, 256000, 1 << 20).is_none());
         // Regions are disjoint and in order.
-        let l = StairLayout::new(1000, 128, 5000, 2048);
+        let l = StairLayout::new(1000, 128, 5000, 2048, 40 * 8);
         let offs = [
             l.keys,
             l.class_perm,

@@ -735,6 +735,29 @@ impl DenseEngine {
         }
     }
 
+    /// `dst[k] = src[idx[k]]` for `n` 16-bit values on device addresses (the bias in the
+    /// class order).
+    ///
+    /// # Safety
+    /// `idx` holds `n` u32, each an index of `src`'s 16-bit values; `dst` holds `n` of them;
+    /// live on the stream.
+    pub(super) unsafe fn stair_gather_u16_at(
+        &self,
+        (src, idx, n): (u64, u64, usize),
+        dst: u64,
+    ) -> Result<()> {
+        let p = GatherU32Params {
+            src,
+            idx,
+            n: to_i32(n, "rows")?,
+            dst,
+        };
+        let f = self.func("cce_stair_gather_u16")?;
+        // SAFETY: GatherU32Params matches cce_stair_gather_u16's list (u16*, u32*, int, u16*:
+        // the same addresses and count); the buffers as the contract says; grid-stride.
+        unsafe { self.launch_params(&self.stream, f, strided(n, 256), &p) }
+    }
+
     /// [`DenseEngine::stair_gather_u32`] on device addresses.
     ///
     /// # Safety
