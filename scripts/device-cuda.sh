@@ -41,6 +41,19 @@ set -uo pipefail
 DEVBIN=${DEVBIN:-/work/main/.devbin/cuda}
 mode=${1:-}
 
+# Stage cce-conformance's test binary TARGET (built with the cuda feature) as $DEVBIN/NAME.
+stage_conformance() {
+  cargo test --release -p cce-conformance --features cuda --test "$1" --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[2]:
+        shutil.copy(m["executable"], os.path.join(sys.argv[1], sys.argv[3]))
+        print("staged", sys.argv[3])
+' "$DEVBIN" "$1" "$2"
+}
+
 # cce-burn's CUDA test binary, staged as $DEVBIN/burn-cuda.gz (see the header).
 build_burn() {
   local target=${BURN_TARGET_DIR:-target/burn}
@@ -104,36 +117,12 @@ for line in sys.stdin:
             shutil.copy(m["executable"], os.path.join(dst, name))
             print("staged", name)
 ' "$DEVBIN"
-  # The workspace conformance suite (tests/tests/cuda.rs) stamped on the CUDA backend.
-  cargo test --release -p cce-conformance --features cuda --test cuda --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
-        shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite"))
-        print("staged suite")
-' "$DEVBIN"
-  # The same suite with the staircase backward switched on (tests/tests/cuda_staircase.rs).
-  cargo test --release -p cce-conformance --features cuda --test cuda_staircase --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda_staircase":
-        shutil.copy(m["executable"], os.path.join(sys.argv[1], "suite_staircase"))
-        print("staged suite_staircase")
-' "$DEVBIN"
-  # The property-based harness (tests/tests/fuzz.rs), CUDA arm only at run time.
-  cargo test --release -p cce-conformance --features cuda --test fuzz --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys, shutil, os
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fuzz":
-        shutil.copy(m["executable"], os.path.join(sys.argv[1], "fuzz"))
-        print("staged fuzz")
-' "$DEVBIN"
+  # The workspace conformance suite (tests/tests/cuda.rs) stamped on the CUDA backend, the same
+  # suite with the staircase backward switched on (tests/tests/cuda_staircase.rs), and the
+  # property-based harness (tests/tests/fuzz.rs, CUDA arm only at run time).
+  stage_conformance cuda suite
+  stage_conformance cuda_staircase suite_staircase
+  stage_conformance fuzz fuzz
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
   strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/suite_staircase "$DEVBIN"/staircase "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense

@@ -592,15 +592,9 @@ impl CpuBackend {
             let kept: Vec<usize> = dec.iter().map(|&(k, _)| k).collect();
             cce_core::tile_budget::rows_by_kept(&kept)
         });
-        fn by_row<'x>(x: &'x [f32], row_order: Option<&[u32]>) -> Cow<'x, [f32]> {
-            match row_order {
-                Some(ro) => Cow::Owned(order::gather(x, ro)),
-                None => Cow::Borrowed(x),
-            }
-        }
         let ro = row_order.as_deref();
-        let (lse, rest) = (by_row(lse, ro), by_row(rest, ro));
-        let (g, h) = (by_row(&g, ro), by_row(&h, ro));
+        let (lse, rest) = (order::in_order(lse, ro), order::in_order(rest, ro));
+        let (g, h) = (order::in_order(&g, ro), order::in_order(&h, ro));
         let (kept, dropped): (Option<Vec<usize>>, Vec<f64>) = match (&decisions, &row_order) {
             (Some(dec), Some(ro)) => {
                 let dec = order::gather(dec, ro);

@@ -112,14 +112,10 @@ impl DenseEngine {
             self.zero_backward_state(ws, grads, &sched, &p)?;
         }
         // The staircase (stair_pass.rs), where its switch is on and the call fits it.
-        let stair_why =
-            stair_pass::refusal(cfg, kind, &self.facts, self.switches.staircase, &facts);
-        let stair = stair_why
-            .is_none()
-            .then(|| stair_pass::StairLayout::fitting(cfg, facts.scratch))
-            .flatten();
-        if let Some(lay) = stair {
-            let stats = self.staircase(cfg, ws, inp, &p, &row_args, grads, &lay)?;
+        let stair =
+            stair_pass::stair_layout(cfg, kind, &self.facts, self.switches.staircase, &facts);
+        if let Ok(lay) = &stair {
+            let stats = self.staircase(cfg, ws, inp, &p, &row_args, grads, lay)?;
             if cfg.reduction != Reduction::None {
                 let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
                 self.reduce_loss(cfg, inp, p.row_loss, out)?;
@@ -206,7 +202,7 @@ impl DenseEngine {
         if kind.backward() {
             self.finish_backward(cfg, ws, inp, grads, &p, &sched, sparse_used, &mut stats)?;
         }
-        if let (true, Some(why)) = (self.switches.staircase, stair_why) {
+        if let (true, Err(why)) = (self.switches.staircase, stair) {
             let note = format!("staircase not taken: {why}");
             stats.row_pass_note = Some(match stats.row_pass_note.take() {
                 Some(n) => format!("{n}; {note}"),

@@ -130,7 +130,7 @@
 //! | `row_pass.rs` | the row chunks: forward rows, `G` in place, `d_e`, chunked dense's `d_c` |
 //! | `class_pass.rs` | split dense's class pass |
 //! | `sparse.rs` | the sparse backward |
-//! | `staircase.rs` | the staircase backward's device steps (orders, kept tiles, gathers, scatters) |
+//! | `staircase.rs`, `staircase/` | the staircase backward's device steps (orders, kept tiles, gathers, scatters): decisions and host twins; `launch.rs` on addresses, `checked.rs` on checked buffers |
 //! | `stair_pass.rs` | the staircase forward-and-backward of a filtered call (behind `CudaSwitches::staircase`) |
 //! | `forward.rs` | forward-only passes: the fused WGMMA forward, the class tiles |
 //! | `wgmma.rs` | the WGMMA launches and their TMA tensor maps |

@@ -138,11 +138,25 @@ impl StairLayout {
     }
 }
 
-/// Why a call does not take the staircase (`None`: it does), from plain data: the switch,
-/// a filtered forward-and-backward call with both gradients, the WGMMA kernels' conditions
-/// (`schedule::wgmma_unfit`), no label smoothing, entropy or argmax, no accumulation, no CUDA
-/// graph capture (one host read), a layout that fits the scratch.
-pub(super) fn refusal(
+/// The staircase's layout for a call that takes it, or why it does not, from plain data: the
+/// switch, a filtered forward-and-backward call with both gradients, the WGMMA kernels'
+/// conditions (`schedule::wgmma_unfit`), no label smoothing, entropy or argmax, no
+/// accumulation, no CUDA graph capture (one host read), a layout that fits the scratch.
+pub(super) fn stair_layout(
+    cfg: &DenseConfig,
+    kind: CallKind,
+    dev: &schedule::DeviceFacts,
+    on: bool,
+    call: &CallFacts,
+) -> std::result::Result<StairLayout, &'static str> {
+    refusal(cfg, kind, dev, on, call).map_or_else(
+        || StairLayout::fitting(cfg, call.scratch).ok_or("the scratch holds no staircase layout"),
+        Err,
+    )
+}
+
+/// Why a call does not take the staircase before its layout is looked at ([`stair_layout`]).
+fn refusal(
     cfg: &DenseConfig,
     kind: CallKind,
     dev: &schedule::DeviceFacts,
@@ -172,16 +186,14 @@ pub(super) fn refusal(
         Some(why)
     } else if i32::try_from(cfg.n * cfg.d).is_err() {
         Some("N x D past 32 bits")
-    } else if StairLayout::fitting(cfg, call.scratch).is_none() {
-        Some("the scratch holds no staircase layout")
     } else {
         None
     }
 }
 
 impl DenseEngine {
-    /// The staircase forward and backward of a call the schedule let through ([`refusal`]
-    /// is `None`), in the layout `lay` of the scratch: module docs. Returns the call's
+    /// The staircase forward and backward of a call [`stair_layout`] let through, in the
+    /// layout `lay` of the scratch: module docs. Returns the call's
     /// statistics (the filter's figures read as for the other filtered passes).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn staircase(

@@ -123,6 +123,14 @@ pub(super) fn reordered_rows<'a>(p: Prepared<'a>, rows: &[u32]) -> Prepared<'a> 
     }
 }
 
+/// `x` in `order` ([`gather`]), or `x` itself without one.
+pub(super) fn in_order<'x, T: Copy>(x: &'x [T], order: Option<&[u32]>) -> Cow<'x, [T]> {
+    match order {
+        Some(o) => Cow::Owned(gather(x, o)),
+        None => Cow::Borrowed(x),
+    }
+}
+
 /// `[order.len()]`: `x[order[k]]` at `k`.
 pub(super) fn gather<T: Copy>(x: &[T], order: &[u32]) -> Vec<T> {
     order.iter().map(|&i| x[i as usize]).collect()
