@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA device runner for cce-cuda (issue 5).
 #
-#   scripts/device-cuda.sh build [burn|python] # here (no GPU needed): build, strip and stage binaries
+#   scripts/device-cuda.sh build [core|burn|python] # here (no GPU needed): build, strip and stage binaries
 #   scripts/device-cuda.sh run [PHASES] # on the device machine, from the repository root
 #
 # build: `cargo test --release -p cce-cuda --no-run --message-format=json` gives the test
@@ -131,11 +131,18 @@ for line in sys.stdin:
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" "$DEVBIN/cce-bench-dense" --mode compile
   gzip -f "$DEVBIN"/kcache/*.cubin
+  # The executables gzipped too (a third of their size): run unzips every $DEVBIN/*.gz.
+  for f in "$DEVBIN"/*; do
+    [ -f "$f" ] && [ -x "$f" ] && [[ $f != *.sh && $f != *.gz ]] && gzip -f "$f"
+  done
   cp scripts/device-cuda.sh "$DEVBIN/"
   # cce-data finds the shipped fixture through a path fixed at compile time (this checkout).
   pwd >"$DEVBIN/build_root"
-  build_burn
-  build_python
+  # `build core`: the binaries above only (cce-burn's test and the wheel are built on request).
+  if [ "${2:-}" != core ]; then
+    build_burn
+    build_python
+  fi
   du -ch "$DEVBIN"/* "$DEVBIN"/kcache/* | tail -1
   ls -la "$DEVBIN" "$DEVBIN/kcache"
   exit 0
@@ -160,7 +167,7 @@ if [ -f "$D/build_root" ]; then
   fi
 fi
 # The build gzips the kernel caches (see build); unzip them once here.
-for f in "$D"/kcache/*.cubin.gz "$D"/burn-cuda.gz; do
+for f in "$D"/kcache/*.cubin.gz "$D"/*.gz; do
   [ -e "$f" ] && gunzip -f "$f"
 done
 declare -A status
