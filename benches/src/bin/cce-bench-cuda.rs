@@ -26,6 +26,9 @@ enum Data {
     EDiv8,
     /// cce-data's `lm` generator (preset for V), generated on the host, rounded to bf16.
     Lm,
+    /// The 12k-row real file of SmolLM2-135M (`cce_data::e12k_path`: `$CCE_E12K` or
+    /// `shared/data/`) with the shipped fixture's head; the case is skipped where it is missing.
+    Real,
 }
 
 struct Case {
@@ -68,6 +71,30 @@ const CASES: &[Case] = &[
         d: 4096,
         v: 256000,
         data: Data::Lm,
+        softcap: None,
+    },
+    Case {
+        name: "gemma2-lm",
+        n: 8192,
+        d: 2304,
+        v: 256000,
+        data: Data::Lm,
+        softcap: None,
+    },
+    Case {
+        name: "llama3-lm",
+        n: 8192,
+        d: 4096,
+        v: 128256,
+        data: Data::Lm,
+        softcap: None,
+    },
+    Case {
+        name: "smollm2-real",
+        n: 12288,
+        d: 576,
+        v: 49152,
+        data: Data::Real,
         softcap: None,
     },
     Case {
@@ -286,12 +313,26 @@ fn main() {
         let t_data = Instant::now();
         let (n, d, v) = (case.n, case.d, case.v);
         let (e, c, t) = match case.data {
-            Data::Lm => {
-                // Host-side generator (targets sampled from the softmax), then bf16.
-                let ds = cce_data::generate(&cce_data::Distribution::Lm, n, d, v, 7)
-                    .expect("lm generator");
+            Data::Lm | Data::Real => {
+                // Host-side data (the generator samples targets from the softmax), then bf16.
+                let ds = if matches!(case.data, Data::Lm) {
+                    cce_data::generate(&cce_data::Distribution::Lm, n, d, v, 7)
+                        .expect("lm generator")
+                } else {
+                    let Some(path) = cce_data::e12k_path() else {
+                        eprintln!(
+                            "{}: skipped (no 12k-row real file; set CCE_E12K)",
+                            case.name
+                        );
+                        continue;
+                    };
+                    let ds = cce_data::load_real_e12k(path, cce_data::fixture_path())
+                        .expect("real data");
+                    assert_eq!((ds.n, ds.d, ds.v), (n, d, v), "real file's shape");
+                    ds
+                };
                 eprintln!(
-                    "{}: lm data generated in {:.1} s",
+                    "{}: data ready in {:.1} s",
                     case.name,
                     t_data.elapsed().as_secs_f64()
                 );
