@@ -118,14 +118,14 @@ for line in sys.stdin:
             print("staged", name)
 ' "$DEVBIN"
   # The workspace conformance suite (tests/tests/cuda.rs) stamped on the CUDA backend, the same
-  # suite with the staircase backward switched on (tests/tests/cuda_staircase.rs), and the
+  # suite with the staircase backward switched off (tests/tests/cuda_no_staircase.rs), and the
   # property-based harness (tests/tests/fuzz.rs, CUDA arm only at run time).
   stage_conformance cuda suite
-  stage_conformance cuda_staircase suite_staircase
+  stage_conformance cuda_no_staircase suite_no_staircase
   stage_conformance fuzz fuzz
   cargo build --release -p cce-benches --features cuda --bin cce-bench-cuda --bin cce-bench-dense
   cp "${CARGO_TARGET_DIR:-target}"/release/cce-bench-cuda "${CARGO_TARGET_DIR:-target}"/release/cce-bench-dense "$DEVBIN/"
-  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/suite_staircase "$DEVBIN"/staircase "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
+  strip "$DEVBIN"/conformance "$DEVBIN"/capture "$DEVBIN"/accumulate "$DEVBIN"/wgmma "$DEVBIN"/wgmma_chunked "$DEVBIN"/errors "$DEVBIN"/large "$DEVBIN"/api "$DEVBIN"/numerics "$DEVBIN"/suite "$DEVBIN"/suite_no_staircase "$DEVBIN"/staircase "$DEVBIN"/fuzz "$DEVBIN"/cce-bench-cuda "$DEVBIN"/cce-bench-dense
   CCE_CUDA_CACHE_DIR="$DEVBIN/kcache" cargo test --release -p cce-cuda --test nvrtc_compile fill_kernel_cache -- --nocapture
   # The dense engine's module too (chunked.cu + wgmma.cu), then gzip both CUBINs: the carried
   # tree must stay under the device tool's 64 MiB with the repository (run unzips them).
@@ -175,7 +175,7 @@ summary() {
   echo
   echo "==== summary ===="
   printf '%-12s %s\n' phase result
-  for k in tests suite staircase fuzz large memcheck racecheck dense bench burn python pybench; do
+  for k in tests suite no_stair fuzz large memcheck racecheck dense bench burn python pybench; do
     [ -n "${status[$k]:-}" ] && printf '%-12s %s\n' "$k" "${status[$k]}"
   done
 }
@@ -202,13 +202,13 @@ if [[ $PHASES == *suite* ]]; then
     status[suite]=FAIL
   fi
   grep -E "^test |test result|panicked" "$OUT/suite.log" | tail -40
-  if [ -x "$D/suite_staircase" ]; then
-    if CCE_REQUIRE_CUDA=1 timeout 400 "$D/suite_staircase" --test-threads=1 >"$OUT/suite_staircase.log" 2>&1; then
-      status[staircase]=PASS
+  if [ -x "$D/suite_no_staircase" ]; then
+    if CCE_REQUIRE_CUDA=1 timeout 400 "$D/suite_no_staircase" --test-threads=1 >"$OUT/suite_no_staircase.log" 2>&1; then
+      status[no_stair]=PASS
     else
-      status[staircase]=FAIL
+      status[no_stair]=FAIL
     fi
-    grep -E "^test |test result|panicked" "$OUT/suite_staircase.log" | tail -30
+    grep -E "^test |test result|panicked" "$OUT/suite_no_staircase.log" | tail -30
   fi
   if [ -x "$D/fuzz" ]; then
     if CCE_REQUIRE_CUDA=1 timeout 300 "$D/fuzz" fuzz_cuda --test-threads=1 >"$OUT/fuzz.log" 2>&1; then
@@ -312,7 +312,7 @@ if [[ $PHASES == *pybench* ]]; then
   rm -rf /tmp/cce-bench-site
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/cce-bench-site \
     "$D"/py/cut_cross_entropy_rs-*.whl "$W"/*.whl >"$OUT/pybench.log" 2>&1
-  args=${PYBENCH_ARGS:---iters 5 --warmup 2 --peers ours,ours-exact,ours-bf16dc,staircase,liger,compile,cce --shapes 8192,2304,256000;8192,4096,128256 --data lm,real}
+  args=${PYBENCH_ARGS:---iters 5 --warmup 2 --peers ours,ours-exact,liger,compile,cce --shapes 8192,2304,256000;8192,4096,128256 --data lm,real}
   # shellcheck disable=SC2086
   if PYTHONPATH=/tmp/cce-bench-site timeout "${PYBENCH_TIMEOUT:-500}" python3 -m cut_cross_entropy_rs.bench \
     $args --out "$OUT/pybench.md" >>"$OUT/pybench.log" 2>&1; then

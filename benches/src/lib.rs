@@ -36,10 +36,10 @@ pub struct SwitchArgs {
     /// engine's own pool (`cce_cuda::CudaSwitches::keep_workspace` off).
     #[arg(long)]
     pub no_keep_workspace: bool,
-    /// Filtered forward-and-backward calls through the staircase backward where it applies
-    /// (`cce_cuda::CudaSwitches::staircase`; never run on a GPU before session 24).
+    /// Filtered forward-and-backward calls without the staircase backward (the sparse try and
+    /// split dense instead; `cce_cuda::CudaSwitches::staircase` off).
     #[arg(long)]
-    pub staircase: bool,
+    pub no_staircase: bool,
 }
 
 #[cfg(feature = "cuda-dense")]
@@ -55,7 +55,7 @@ impl SwitchArgs {
             sparse_fold_forward: !self.separate_sparse_forward,
             keep_workspace: !self.no_keep_workspace,
             dc_in_grad_dtype: self.dc_in_grad_dtype,
-            staircase: self.staircase,
+            staircase: !self.no_staircase,
             sparse: if self.remember_give_way {
                 cce_cuda::SparseMode::Remember
             } else {

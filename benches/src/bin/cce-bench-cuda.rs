@@ -115,6 +115,19 @@ const CASES: &[Case] = &[
     },
 ];
 
+/// `‖a − b‖₂ / ‖b‖₂` in f64 (NaN when the lengths differ or `b` is zero).
+fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        num += (x as f64 - y as f64).powi(2);
+        den += (y as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
@@ -245,6 +258,8 @@ struct Row {
     peak_extra_bytes: u64,
     stats: CallStats,
     loss: f32,
+    /// A filtered call's `d_e` and `d_c` relative distance from the exact call's.
+    vs_exact: Option<(f64, f64)>,
 }
 
 /// Command line.
@@ -361,6 +376,8 @@ fn main() {
                 (e, c, t)
             }
         };
+        // The exact call's gradients (host f32), to give each filtered call's distance from them.
+        let mut exact_grads: Option<(Vec<f32>, Vec<f32>)> = None;
         for mode in modes {
             let label = format!("{} {mode}", case.name);
             let t0 = Instant::now();
@@ -418,6 +435,19 @@ fn main() {
                 .sum::<u64>();
             let peak_extra = high.saturating_sub(before).saturating_sub(grads);
             let loss = be.download(&fwd.loss).unwrap().to_f32_vec()[0];
+            let host = |g: &Option<CudaTensor>| {
+                g.as_ref()
+                    .map(|g| be.download(g).unwrap().to_f32_vec())
+                    .unwrap_or_default()
+            };
+            let (d_e, d_c) = (host(&bwd.d_e), host(&bwd.d_c));
+            let vs_exact = match (&exact_grads, mode) {
+                (Some((xe, xc)), "filtered") => Some((rel_diff(&d_e, xe), rel_diff(&d_c, xc))),
+                _ => None,
+            };
+            if mode == "exact" {
+                exact_grads = Some((d_e, d_c));
+            }
             drop((fwd, bwd.d_e, bwd.d_c));
             let gemm_ms = blas.as_ref().map_or(f64::NAN, |b| {
                 gemm_floor(&be, b, &e, &c, n, d, v);
@@ -436,6 +466,7 @@ fn main() {
                 peak_extra_bytes: peak_extra,
                 stats: bwd.stats,
                 loss,
+                vs_exact,
             };
             println!(
                 "{label}: fwd {:.1} ms ({:.2}x GEMM), fwd+bwd {:.1} ms ({:.2}x 3 GEMMs), GEMM {:.1} ms, peak extra {:.2} GiB, loss {:.4}, case wall {:.0} s\n{}",
@@ -454,13 +485,13 @@ fn main() {
         }
     }
     let mut table = String::new();
-    table.push_str("| case | mode | fwd ms | fwd / GEMM | fwd+bwd ms | fwd+bwd / 3 GEMM | GEMM ms | TFLOP/s GEMM | peak extra GiB | tiles skipped | dropped max | workspace MiB |\n");
-    table.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    table.push_str("| case | mode | fwd ms | fwd / GEMM | fwd+bwd ms | fwd+bwd / 3 GEMM | GEMM ms | TFLOP/s GEMM | peak extra GiB | tiles skipped | dropped max | d_e / d_c from exact | workspace MiB |\n");
+    table.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &rows {
         let case = CASES.iter().find(|c| c.name == r.case).unwrap();
         let flop = 2.0 * case.n as f64 * case.v as f64 * case.d as f64;
         table.push_str(&format!(
-            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {:.0} | {:.2} | {:.1}% | {:.2e} | {:.0} |\n",
+            "| {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {:.0} | {:.2} | {:.1}% | {:.2e} | {} | {:.0} |\n",
             r.case,
             r.mode,
             r.fwd_ms,
@@ -472,9 +503,21 @@ fn main() {
             r.peak_extra_bytes as f64 / (1u64 << 30) as f64,
             100.0 * r.stats.skipped_fraction(),
             r.stats.dropped_mass_max,
+            r.vs_exact
+                .map_or("".to_string(), |(a, b)| format!("{a:.1e} / {b:.1e}")),
             r.stats.workspace_bytes as f64 / (1u64 << 20) as f64,
         ));
     }
+    // The path each filtered call took, in its own words (the staircase's kept share).
+    for r in rows.iter().filter(|r| r.mode == "filtered") {
+        let note = r
+            .stats
+            .plan_reason
+            .split("; ")
+            .find(|p| p.contains("% of the logits"));
+        table.push_str(&format!("\n{} filtered: {}", r.case, note.unwrap_or("-")));
+    }
+    table.push('\n');
     println!("\n{table}");
     if let Some(p) = out_path {
         std::fs::write(p, &table).expect("write --out");

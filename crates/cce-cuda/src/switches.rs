@@ -69,7 +69,8 @@ pub struct CudaSwitches {
     /// staircase (`dense/stair_pass.rs`: the classes by batch-mean logit, each row keeping a
     /// prefix of 256-class tiles within its dropped-mass budget, the rows sorted by it, dense
     /// GEMMs per class chunk over the rows that keep it; docs/perf-log.md session 23) instead
-    /// of the sparse try and split dense. Default `false`: never run on a GPU yet.
+    /// of the sparse try and split dense. Default `true` (measured on the H200 in
+    /// docs/perf-log.md, session 24); `false` takes the sparse try and split dense.
     pub staircase: bool,
 }
 
@@ -87,7 +88,7 @@ impl Default for CudaSwitches {
             sparse_select_threads: SPARSE_SELECT_THREADS,
             sparse_fold_forward: true,
             keep_workspace: true,
-            staircase: false,
+            staircase: true,
         }
     }
 }

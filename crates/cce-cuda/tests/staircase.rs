@@ -285,10 +285,13 @@ fn kept_rows_follow_the_rule() {
             if let Some(t) = target {
                 tm.max_g0[t] = f32::INFINITY;
             }
-            assert_eq!(
-                (k1, m1),
-                tm.kept_prefix(eps, delta as f64)[0],
-                "twin, row {i}"
+            // The two twins sum the dropped masses in different orders: the counts agree
+            // exactly, the masses to rounding.
+            let (k_ref, m_ref) = tm.kept_prefix(eps, delta as f64)[0];
+            assert_eq!(k1, k_ref, "twin, row {i}");
+            assert!(
+                (m1 - m_ref).abs() <= 1e-12 * m_ref.abs().max(1e-300),
+                "twin, row {i}: dropped mass {m1} against {m_ref}"
             );
             // The contract on the device's own decision: its suffix holds no entry ≥ eps nor
             // the target, and its mass is the reported one, within delta.
