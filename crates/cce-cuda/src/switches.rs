@@ -68,9 +68,10 @@ pub struct CudaSwitches {
     /// label smoothing, entropy or argmax, not accumulating, not under a graph capture) run the
     /// staircase (`dense/stair_pass.rs`: the classes by batch-mean logit, each row keeping a
     /// prefix of 256-class tiles within its dropped-mass budget, the rows sorted by it, dense
-    /// GEMMs per class chunk over the rows that keep it; docs/perf-log.md session 23) instead
-    /// of the sparse try and split dense. Default `true` (measured on the H200 in
-    /// docs/perf-log.md, session 24); `false` takes the sparse try and split dense.
+    /// GEMMs per class chunk over the rows that keep it; docs/perf-log.md sessions 23-24)
+    /// instead of split dense: at once where the plan has no sparse try, else once the sparse
+    /// try gave way (peaked rows finish in the sparse backward). Default `true`; `false` takes
+    /// split dense (or the exact call's plan) after a sparse try that gave way.
     pub staircase: bool,
 }
 

@@ -111,16 +111,14 @@ impl DenseEngine {
         if kind.backward() {
             self.zero_backward_state(ws, grads, &sched, &p)?;
         }
-        // The staircase (stair_pass.rs), where its switch is on and the call fits it.
+        // The staircase (stair_pass.rs), where its switch is on and the call fits it: at once
+        // when the plan has no sparse try, else once the try gave way (peaked rows finish in
+        // the sparse backward at a fraction of the staircase's cost).
         let stair =
             stair_pass::stair_layout(cfg, kind, &self.facts, self.switches.staircase, &facts);
-        if let Ok(lay) = &stair {
-            let stats = self.staircase(cfg, ws, inp, &p, &row_args, grads, lay)?;
-            if cfg.reduction != Reduction::None {
-                let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
-                self.reduce_loss(cfg, inp, p.row_loss, out)?;
-            }
-            return Ok(stats);
+        if let (Ok(lay), false) = (&stair, sched.try_sparse) {
+            let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
+            return self.stair_call(cfg, ws, inp, &p, &row_args, grads, lay, out);
         }
         // Chunked dense's row chunks hold about twice the rows where the row pass takes the
         // WGMMA epilogue (16-bit q instead of f32 logits: `DenseConfig::wgmma_chunk_rows`).
@@ -145,6 +143,14 @@ impl DenseEngine {
         } else {
             (false, 0)
         };
+        if let (true, false, Ok(lay)) = (sched.try_sparse, sparse_used, &stair) {
+            // The try gave way: the staircase from a clean state, the try's note kept.
+            self.zero_backward_state(ws, grads, &sched, &p)?;
+            let out = fwd.as_deref().map(|o| self.ptr(o.loss)).unwrap_or(0);
+            let mut st = self.stair_call(cfg, ws, inp, &p, &row_args, grads, lay, out)?;
+            st.sparse = stats.sparse.take();
+            return Ok(st);
+        }
         if sched.try_sparse && !sparse_used && cfg.stop_on_give_way {
             stats.gave_way_stop = true;
             return Ok(stats);
@@ -208,6 +214,27 @@ impl DenseEngine {
                 Some(n) => format!("{n}; {note}"),
                 None => note,
             });
+        }
+        Ok(stats)
+    }
+
+    /// The staircase call ([`Self::staircase`]) and the loss's reduction into `loss_out`
+    /// (0: no loss output).
+    #[allow(clippy::too_many_arguments)]
+    fn stair_call(
+        &self,
+        cfg: &DenseConfig,
+        ws: &mut DenseWorkspace,
+        inp: &DenseInputs<'_>,
+        p: &CallPtrs,
+        row_args: &RowArgs,
+        grads: &mut DenseGradOut<'_>,
+        lay: &stair_pass::StairLayout,
+        loss_out: u64,
+    ) -> Result<DenseStats> {
+        let stats = self.staircase(cfg, ws, inp, p, row_args, grads, lay)?;
+        if cfg.reduction != Reduction::None {
+            self.reduce_loss(cfg, inp, p.row_loss, loss_out)?;
         }
         Ok(stats)
     }
